@@ -1,0 +1,80 @@
+//! The crate's error type.
+
+use crate::oom::OutOfMemory;
+
+/// Everything that can go wrong in this crate. No operation panics or aborts on bad input; it
+/// returns one of these instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A request would exceed the global or a per-tag budget. The report says what was asked,
+    /// what is in use, and which knob to turn.
+    #[error("{0}")]
+    OutOfMemory(Box<OutOfMemory>),
+
+    /// The byte count of a request does not fit in the address space.
+    #[error(
+        "size overflow: {len} elements of {elem_bytes} bytes each exceed the largest possible allocation"
+    )]
+    SizeOverflow {
+        /// Number of elements requested.
+        len: usize,
+        /// Size of one element in bytes.
+        elem_bytes: usize,
+    },
+
+    /// The element type needs a stricter alignment than the allocator guarantees.
+    #[error("{type_name} needs {align}-byte alignment, but blocks are only {max}-byte aligned")]
+    Alignment {
+        /// The element type.
+        type_name: &'static str,
+        /// Its alignment.
+        align: usize,
+        /// The alignment every block has.
+        max: usize,
+    },
+
+    /// A buffer was viewed with a shape whose element count differs from its length.
+    #[error("shape mismatch: shape {shape:?} holds {expected} elements, but the buffer has {got}")]
+    ShapeMismatch {
+        /// The shape asked for.
+        shape: Vec<usize>,
+        /// Elements that shape holds.
+        expected: usize,
+        /// Elements the buffer holds.
+        got: usize,
+    },
+
+    /// An arena checkpoint cannot be rewound to.
+    #[error("invalid arena checkpoint: {reason}")]
+    InvalidCheckpoint {
+        /// Why it is invalid.
+        reason: &'static str,
+    },
+
+    /// The memory backend could not provide a block.
+    #[error("{backend} backend failed to allocate {bytes} bytes: {message}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// The block size asked for.
+        bytes: usize,
+        /// What the backend reported.
+        message: String,
+    },
+
+    /// Allocation counting was asked for, but `CountingAlloc` is not the global allocator.
+    #[error(
+        "the counting allocator is not installed: add `#[global_allocator] static A: dp_mem::CountingAlloc = dp_mem::CountingAlloc::system();` to the binary or test"
+    )]
+    CountingAllocatorNotInstalled,
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<OutOfMemory> for Error {
+    fn from(report: OutOfMemory) -> Self {
+        Error::OutOfMemory(Box::new(report))
+    }
+}

@@ -1,0 +1,78 @@
+//! The roles a buffer can play in training, used to attribute every byte.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// What a buffer is for. Every allocation through this crate carries one, so a memory report can
+/// say where each byte went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Tag {
+    /// Model parameters.
+    Param,
+    /// Gradients of the parameters.
+    Grad,
+    /// Optimizer state (momentum, Adam moments).
+    OptState,
+    /// Activations saved for backward, and their gradients.
+    Activation,
+    /// Input data: decompressed blocks, decoded records, batches.
+    Data,
+    /// Communication buffers (collective staging, compression).
+    Comm,
+    /// Short-lived scratch space.
+    Temp,
+}
+
+/// The number of tags; the length of every per-tag table.
+pub(crate) const TAG_COUNT: usize = 7;
+
+impl Tag {
+    /// Every tag, in report order.
+    pub const ALL: [Tag; TAG_COUNT] = [
+        Tag::Param,
+        Tag::Grad,
+        Tag::OptState,
+        Tag::Activation,
+        Tag::Data,
+        Tag::Comm,
+        Tag::Temp,
+    ];
+
+    /// The tag's name as it appears in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tag::Param => "Param",
+            Tag::Grad => "Grad",
+            Tag::OptState => "OptState",
+            Tag::Activation => "Activation",
+            Tag::Data => "Data",
+            Tag::Comm => "Comm",
+            Tag::Temp => "Temp",
+        }
+    }
+
+    /// The tag's position in [`Tag::ALL`], used to index per-tag tables.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_matches_position_in_all() {
+        for (i, tag) in Tag::ALL.iter().enumerate() {
+            assert_eq!(tag.index(), i, "{tag}");
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! `cargo xtask`: the workspace's one automation surface. It parses, calls and prints; the logic
+//! lives in the library crates and in `.ci/run`.
+
+mod bench;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Automation for the dp workspace")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run exactly what CI runs (`.ci/run`): format check, clippy, tests, bench build.
+    Ci,
+    /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians.
+    Bench {
+        /// The crate whose benchmarks to run, e.g. `dp-mem`; all crates when omitted.
+        #[arg(value_name = "CRATE")]
+        krate: Option<String>,
+        /// Only benchmarks whose name contains this text (passed to criterion).
+        #[arg(long)]
+        filter: Option<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.command {
+        Cmd::Ci => run(Command::new("bash")
+            .arg(root.join(".ci/run"))
+            .current_dir(&root)),
+        Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .into()
+}
+
+/// Runs a command with inherited output and fails if it fails.
+fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(())
+}
