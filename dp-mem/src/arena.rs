@@ -1,7 +1,7 @@
 //! A per-step scratch arena: bump allocation, O(1) reset that keeps its chunks.
 
 use std::any::type_name;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::mem::{align_of, size_of};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,7 +45,15 @@ pub struct Arena<B: HostMemory = SystemBackend> {
     tag: Tag,
     backend: B,
     chunk_bytes: usize,
-    state: RefCell<ArenaState>,
+    chunks: RefCell<Vec<Chunk>>,
+    // The bump state lives in `Cell`s so the fast path is a few loads and stores, with no
+    // borrow flag to check.
+    pos: Cell<Position>,
+    /// Start and size of the chunk being filled (dangling and 0 before the first chunk).
+    window: Cell<(NonNull<u8>, usize)>,
+    high_water: Cell<usize>,
+    /// Bumped by every reset, so older checkpoints are refused.
+    generation: Cell<u64>,
 }
 
 struct Chunk {
@@ -53,27 +61,19 @@ struct Chunk {
     bytes: usize,
 }
 
-#[derive(Default)]
-struct ArenaState {
-    chunks: Vec<Chunk>,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Position {
     /// The chunk being filled.
-    current: usize,
-    /// Bytes used in the current chunk, alignment padding included.
+    chunk: usize,
+    /// Bytes used in it, alignment padding included.
     offset: usize,
-    /// Bytes used in the chunks before the current one when they were left.
+    /// Bytes used in the chunks before it when they were left.
     used_before: usize,
-    high_water: usize,
-    /// Bumped by every reset, so older checkpoints are refused.
-    generation: u64,
 }
 
-impl ArenaState {
+impl Position {
     fn used(&self) -> usize {
         self.used_before + self.offset
-    }
-
-    fn note_use(&mut self) {
-        self.high_water = self.high_water.max(self.used());
     }
 }
 
@@ -82,18 +82,17 @@ impl ArenaState {
 pub struct ArenaCheckpoint {
     arena: u64,
     generation: u64,
-    chunk: usize,
-    offset: usize,
-    used_before: usize,
+    pos: Position,
 }
 
 // SAFETY: the arena exclusively owns its chunks; nothing in it is tied to a thread. It is not
-// `Sync` (the state is a `RefCell`), so only one thread allocates from it at a time.
+// `Sync` (its state is in `Cell`s), so only one thread allocates from it at a time.
 unsafe impl<B: HostMemory> Send for Arena<B> {}
 
 impl Arena<SystemBackend> {
-    /// An arena on the system heap whose chunks are `chunk_bytes` (or larger when one request
-    /// needs more), accounted under `tag`.
+    /// An arena on the system heap, accounted under `tag`. Its first chunk is `chunk_bytes`
+    /// (or the first request, if larger); each later chunk is at least as large as all earlier
+    /// ones together.
     pub fn new(tracker: &Tracker, tag: Tag, chunk_bytes: usize) -> Self {
         Self::with_backend(tracker, tag, chunk_bytes, SystemBackend)
     }
@@ -109,7 +108,11 @@ impl<B: HostMemory> Arena<B> {
             tag,
             backend,
             chunk_bytes: chunk_bytes.max(BLOCK_ALIGN),
-            state: RefCell::default(),
+            chunks: RefCell::default(),
+            pos: Cell::default(),
+            window: Cell::new((NonNull::dangling(), 0)),
+            high_water: Cell::new(0),
+            generation: Cell::new(0),
         }
     }
 
@@ -126,22 +129,20 @@ impl<B: HostMemory> Arena<B> {
                 max: BLOCK_ALIGN,
             });
         }
+        // A chunk is the request rounded up to BLOCK_ALIGN, which must still fit in `isize`.
         let bytes = len
             .checked_mul(size_of::<T>())
-            .filter(|&b| b <= isize::MAX as usize)
-            .ok_or(Error::SizeOverflow {
-                len,
-                elem_bytes: size_of::<T>(),
-            })?;
+            .filter(|&b| b <= isize::MAX as usize - BLOCK_ALIGN)
+            .ok_or(Error::SizeOverflow { len, elem_bytes: size_of::<T>() })?;
         let ptr = if bytes == 0 {
-            NonNull::dangling()
+            NonNull::<T>::dangling()
         } else {
-            self.bump(bytes, align_of::<T>())?
+            self.bump(bytes, align_of::<T>())?.cast::<T>()
         };
         // SAFETY: `bump` returned `bytes` bytes that no other live slice covers, aligned for
         // `T`, inside a chunk that was zeroed when taken, so every byte is initialized and any
-        // bytes are a valid `T` (`Pod`). Zero-byte slices use an aligned dangling pointer.
-        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>().as_ptr(), len) })
+        // bytes are a valid `T` (`Pod`). Zero-byte slices use a dangling pointer aligned for `T`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) })
     }
 
     /// A slice of `len` zeros.
@@ -162,34 +163,24 @@ impl<B: HostMemory> Arena<B> {
 
     /// Releases every slice at once, keeping the chunks for the next step. O(1).
     pub fn reset(&mut self) {
-        let state = self.state.get_mut();
-        state.current = 0;
-        state.offset = 0;
-        state.used_before = 0;
-        state.generation += 1;
+        self.move_to(Position::default());
+        *self.generation.get_mut() += 1;
     }
 
     /// The current position, to [`rewind`](Arena::rewind) to later.
     pub fn checkpoint(&self) -> ArenaCheckpoint {
-        let state = self.state.borrow();
-        ArenaCheckpoint {
-            arena: self.id,
-            generation: state.generation,
-            chunk: state.current,
-            offset: state.offset,
-            used_before: state.used_before,
-        }
+        ArenaCheckpoint { arena: self.id, generation: self.generation.get(), pos: self.pos.get() }
     }
 
     /// Releases every slice allocated after `checkpoint`. Fails for a checkpoint of another
     /// arena, one taken before the last reset, or one ahead of the current position.
     pub fn rewind(&mut self, checkpoint: ArenaCheckpoint) -> Result<()> {
-        let state = self.state.get_mut();
+        let pos = self.pos.get();
         let reason = if checkpoint.arena != self.id {
             Some("it belongs to another arena")
-        } else if checkpoint.generation != state.generation {
+        } else if checkpoint.generation != self.generation.get() {
             Some("the arena was reset after it was taken")
-        } else if (checkpoint.chunk, checkpoint.offset) > (state.current, state.offset) {
+        } else if (checkpoint.pos.chunk, checkpoint.pos.offset) > (pos.chunk, pos.offset) {
             Some("it is ahead of the current position (an earlier rewind went past it)")
         } else {
             None
@@ -197,119 +188,124 @@ impl<B: HostMemory> Arena<B> {
         if let Some(reason) = reason {
             return Err(Error::InvalidCheckpoint { reason });
         }
-        state.current = checkpoint.chunk;
-        state.offset = checkpoint.offset;
-        state.used_before = checkpoint.used_before;
+        self.move_to(checkpoint.pos);
         Ok(())
     }
 
     /// Bytes in use now, alignment padding included.
     pub fn used(&self) -> usize {
-        self.state.borrow().used()
+        self.pos.get().used()
     }
 
     /// The most bytes in use at once since creation or [`Arena::reset_high_water`]: what one
     /// chunk would need to hold a whole step.
     pub fn high_water(&self) -> usize {
-        self.state.borrow().high_water
+        self.high_water.get()
     }
 
     /// Starts a new high-water window at the current use.
     pub fn reset_high_water(&mut self) {
-        let state = self.state.get_mut();
-        state.high_water = state.used();
+        self.high_water.set(self.used());
     }
 
     /// Bytes of all chunks held.
     pub fn reserved(&self) -> usize {
-        self.state.borrow().chunks.iter().map(|c| c.bytes).sum()
+        self.chunks.borrow().iter().map(|c| c.bytes).sum()
     }
 
     /// Number of chunks held.
     pub fn chunk_count(&self) -> usize {
-        self.state.borrow().chunks.len()
+        self.chunks.borrow().len()
     }
 
     /// Returns the chunks after the current one to the backend (after a `reset`, all but the
     /// first). Returns the bytes released.
     pub fn release_unused(&mut self) -> usize {
-        let state = self.state.get_mut();
-        let keep = (state.current + 1).min(state.chunks.len());
-        let released: Vec<Chunk> = state.chunks.drain(keep..).collect();
+        let keep = self.pos.get().chunk + 1;
+        let chunks = self.chunks.get_mut();
+        let released: Vec<Chunk> = chunks.drain(keep.min(chunks.len())..).collect();
         released.iter().map(|chunk| self.free_chunk(chunk)).sum()
     }
 
+    /// Points the bump state at `pos`, whose chunk (if it exists) becomes the window.
+    fn move_to(&mut self, pos: Position) {
+        let window = self
+            .chunks
+            .get_mut()
+            .get(pos.chunk)
+            .map_or((NonNull::dangling(), 0), |c| (c.ptr, c.bytes));
+        self.window.set(window);
+        self.pos.set(pos);
+    }
+
     /// `bytes > 0` bytes aligned to `align <= BLOCK_ALIGN`.
+    #[inline]
     fn bump(&self, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        let mut state = self.state.borrow_mut();
-        if let Some(chunk) = state.chunks.get(state.current) {
-            let start = state.offset.next_multiple_of(align);
-            if start <= chunk.bytes && bytes <= chunk.bytes - start {
-                let ptr = chunk.ptr;
-                state.offset = start + bytes;
-                state.note_use();
-                // SAFETY: start + bytes <= chunk.bytes, so the pointer stays inside the chunk.
-                return Ok(unsafe { ptr.add(start) });
-            }
+        let pos = self.pos.get();
+        let (base, capacity) = self.window.get();
+        // `align` is a power of two; masking avoids the division `next_multiple_of` does.
+        let start = (pos.offset + align - 1) & !(align - 1);
+        if start <= capacity && bytes <= capacity - start {
+            let pos = Position { offset: start + bytes, ..pos };
+            self.pos.set(pos);
+            self.high_water.set(self.high_water.get().max(pos.used()));
+            // SAFETY: start + bytes <= capacity, so the pointer stays inside the chunk.
+            return Ok(unsafe { base.add(start) });
         }
-        self.bump_into_next_chunk(&mut state, bytes)
+        self.bump_into_next_chunk(bytes)
     }
 
     /// Moves to the first later chunk that holds `bytes`, taking a new chunk when none does.
     /// Chunks start at BLOCK_ALIGN, so the request starts at offset 0.
-    fn bump_into_next_chunk(&self, state: &mut ArenaState, bytes: usize) -> Result<NonNull<u8>> {
-        let first = if state.chunks.is_empty() {
-            0
-        } else {
-            state.current + 1
-        };
-        let fits = state
-            .chunks
-            .iter()
-            .skip(first)
-            .position(|c| c.bytes >= bytes);
-        let next = match fits {
+    #[cold]
+    fn bump_into_next_chunk(&self, bytes: usize) -> Result<NonNull<u8>> {
+        let mut chunks = self.chunks.borrow_mut();
+        let pos = self.pos.get();
+        let first = if chunks.is_empty() { 0 } else { pos.chunk + 1 };
+        let next = match chunks.iter().skip(first).position(|c| c.bytes >= bytes) {
             Some(skip) => first + skip,
             None => {
-                let chunk = self.take_chunk(bytes.max(self.chunk_bytes))?;
-                state.chunks.push(chunk);
-                state.chunks.len() - 1
+                // Each new chunk is at least as large as all before it together, so a step
+                // settles into a few chunks however small the first one was.
+                let held: usize = chunks.iter().map(|c| c.bytes).sum();
+                chunks.push(self.take_chunk(bytes.max(self.chunk_bytes).max(held))?);
+                chunks.len() - 1
             }
         };
         // What was used of the chunk being left (nothing when there was none).
-        state.used_before += state.offset;
-        state.current = next;
-        state.offset = bytes;
-        state.note_use();
-        Ok(state.chunks[next].ptr)
+        let pos = Position { chunk: next, offset: bytes, used_before: pos.used() };
+        self.pos.set(pos);
+        self.window.set((chunks[next].ptr, chunks[next].bytes));
+        self.high_water.set(self.high_water.get().max(pos.used()));
+        Ok(chunks[next].ptr)
     }
 
+    /// A new chunk of at least `bytes <= isize::MAX - BLOCK_ALIGN` bytes, within the budgets.
     fn take_chunk(&self, bytes: usize) -> Result<Chunk> {
-        let bytes = bytes
-            .checked_next_multiple_of(BLOCK_ALIGN)
-            .filter(|&b| b <= isize::MAX as usize)
-            .ok_or(Error::SizeOverflow {
-                len: bytes,
-                elem_bytes: 1,
-            })?;
+        let bytes = bytes.next_multiple_of(BLOCK_ALIGN);
         let size = bytes as u64;
-        {
-            let mut tracker = self.tracker.lock();
-            let ledger = &mut tracker.ledger;
-            if let Err(limit) = ledger.check(self.tag, size, size) {
-                return Err(ledger
-                    .out_of_memory("arena", self.tag, size, size, limit, 0)
-                    .into());
-            }
-            ledger.grant(self.tag, size, size, size);
+        // Check before asking the backend, and again before counting, so that neither a failed
+        // backend call nor a racing request leaves a trace in the counters.
+        let over_budget = |tracker: &Tracker| {
+            let state = tracker.lock();
+            let ledger = &state.ledger;
+            let refused = ledger.check(self.tag, size, size).err();
+            refused.map(|limit| ledger.out_of_memory("arena", self.tag, size, size, limit, 0))
+        };
+        if let Some(oom) = over_budget(&self.tracker) {
+            return Err(oom.into());
         }
-        match self.backend.allocate(bytes, BLOCK_ALIGN) {
-            Ok(ptr) => Ok(Chunk { ptr, bytes }),
-            Err(err) => {
-                self.untrack(size);
-                Err(err)
-            }
+        let chunk = Chunk { ptr: self.backend.allocate(bytes, BLOCK_ALIGN)?, bytes };
+        let mut state = self.tracker.lock();
+        if let Err(limit) = state.ledger.check(self.tag, size, size) {
+            let oom = state.ledger.out_of_memory("arena", self.tag, size, size, limit, 0);
+            drop(state);
+            // SAFETY: just allocated with this size and alignment, never handed out.
+            unsafe { self.backend.deallocate(chunk.ptr, bytes, BLOCK_ALIGN) };
+            return Err(oom.into());
         }
+        state.ledger.grant(self.tag, size, size, size);
+        Ok(chunk)
     }
 
     fn free_chunk(&self, chunk: &Chunk) -> usize {
@@ -329,9 +325,8 @@ impl<B: HostMemory> Arena<B> {
 
 impl<B: HostMemory> Drop for Arena<B> {
     fn drop(&mut self) {
-        let chunks = std::mem::take(&mut self.state.get_mut().chunks);
-        for chunk in &chunks {
-            self.free_chunk(chunk);
+        for chunk in std::mem::take(self.chunks.get_mut()) {
+            self.free_chunk(&chunk);
         }
     }
 }

@@ -97,13 +97,7 @@ mod tests {
     #[test]
     fn impossible_requests_are_errors() {
         let backend = SystemBackend;
-        assert!(matches!(
-            backend.allocate(0, 64),
-            Err(Error::Backend { .. })
-        ));
-        assert!(matches!(
-            backend.allocate(usize::MAX - 8, 64),
-            Err(Error::Backend { .. })
-        ));
+        assert!(matches!(backend.allocate(0, 64), Err(Error::Backend { .. })));
+        assert!(matches!(backend.allocate(usize::MAX - 8, 64), Err(Error::Backend { .. })));
     }
 }

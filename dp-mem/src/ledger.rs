@@ -47,18 +47,22 @@ impl Ledger {
         if !self.enabled {
             return Ok(());
         }
-        if let Some(budget) = self.tag_budgets[tag.index()] {
-            let reserved = self.tags[tag.index()].reserved;
-            if reserved.saturating_add(block) > budget {
-                return Err(Limit::Tag { budget });
-            }
+        if let Some(budget) = self.tag_budgets[tag.index()]
+            && self.tags[tag.index()].reserved.saturating_add(block) > budget
+        {
+            return Err(Limit::Tag { budget });
         }
-        if let Some(budget) = self.budget {
-            if self.held.saturating_add(new_held) > budget {
-                return Err(Limit::Global { budget });
-            }
+        if let Some(budget) = self.budget
+            && self.held.saturating_add(new_held) > budget
+        {
+            return Err(Limit::Global { budget });
         }
         Ok(())
+    }
+
+    /// How many bytes `held` would exceed the global budget by after taking `new_held` more.
+    pub(crate) fn held_over_budget(&self, new_held: u64) -> u64 {
+        self.budget.map_or(0, |budget| (self.held + new_held).saturating_sub(budget))
     }
 
     /// Records that `tag` took a block; call only after [`Ledger::check`] passed.
@@ -111,10 +115,7 @@ impl Ledger {
             block,
             tag,
             limit,
-            reserved_by_tag: Tag::ALL
-                .iter()
-                .map(|&t| (t, self.tags[t.index()].reserved))
-                .collect(),
+            reserved_by_tag: Tag::ALL.iter().map(|&t| (t, self.tags[t.index()].reserved)).collect(),
             held: self.held,
             cached: self.held - self.total.reserved,
             largest_cached_block,
@@ -123,10 +124,7 @@ impl Ledger {
 
     pub(crate) fn snapshot(&self) -> MemorySnapshot {
         MemorySnapshot {
-            tags: Tag::ALL
-                .iter()
-                .map(|&t| (t, self.tags[t.index()]))
-                .collect(),
+            tags: Tag::ALL.iter().map(|&t| (t, self.tags[t.index()])).collect(),
             total: self.total,
             held: self.held,
             peak_held: self.peak_held,

@@ -49,6 +49,7 @@ mod bytes;
 mod counting;
 mod error;
 mod ledger;
+mod lock;
 mod oom;
 mod pool;
 mod pool_buf;

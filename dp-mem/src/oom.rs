@@ -127,16 +127,7 @@ mod tests {
             limit,
             reserved_by_tag: Tag::ALL
                 .iter()
-                .map(|&t| {
-                    (
-                        t,
-                        if t == Tag::Activation {
-                            60 << 20
-                        } else {
-                            1 << 20
-                        },
-                    )
-                })
+                .map(|&t| (t, if t == Tag::Activation { 60 << 20 } else { 1 << 20 }))
                 .collect(),
             held: 70 << 20,
             cached: 4 << 20,
@@ -150,14 +141,8 @@ mod tests {
         assert!(text.lines().count() <= 15, "{text}");
         assert!(text.contains("pool request for 8.00 MiB"), "{text}");
         assert!(text.contains("Activation budget of 64.00 MiB"), "{text}");
-        assert!(
-            text.contains("60.00 MiB already reserved by Activation"),
-            "{text}"
-        );
-        assert!(
-            text.contains("largest cached free block 2.00 MiB"),
-            "{text}"
-        );
+        assert!(text.contains("60.00 MiB already reserved by Activation"), "{text}");
+        assert!(text.contains("largest cached free block 2.00 MiB"), "{text}");
         assert!(text.contains("Tracker::set_tag_budget"), "{text}");
         for tag in Tag::ALL {
             assert!(text.contains(tag.name()), "{tag} missing from {text}");
@@ -170,9 +155,6 @@ mod tests {
         assert!(text.lines().count() <= 15, "{text}");
         assert!(text.contains("global budget of 70.00 MiB"), "{text}");
         assert!(text.contains("Pool::empty_cache"), "{text}");
-        assert!(
-            text.contains("held 70.00 MiB = in use 66.00 MiB + cached 4.00 MiB"),
-            "{text}"
-        );
+        assert!(text.contains("held 70.00 MiB = in use 66.00 MiB + cached 4.00 MiB"), "{text}");
     }
 }

@@ -79,11 +79,7 @@ impl PoolStats {
     /// Fraction of requests served from the cache (0 before the first request).
     pub fn hit_rate(&self) -> f64 {
         let total = self.hits + self.misses;
-        if total == 0 {
-            0.0
-        } else {
-            self.hits as f64 / total as f64
-        }
+        if total == 0 { 0.0 } else { self.hits as f64 / total as f64 }
     }
 
     /// `1 - largest_free / total_free`: 0 when the cached bytes form one block (or there are
@@ -119,34 +115,25 @@ pub(crate) struct PoolCache {
     /// Cached blocks by size class index; every block in `free[i]` is of class `i`.
     free: Vec<Vec<Block>>,
     stats: PoolStats,
+    /// Set when the last `Pool` handle is gone; the last live buffer then frees the pool.
+    orphaned: bool,
 }
 
 impl PoolCache {
     fn new() -> Self {
-        PoolCache {
-            free: Vec::new(),
-            stats: PoolStats::default(),
-        }
+        PoolCache { free: Vec::new(), stats: PoolStats::default(), orphaned: false }
     }
 
     /// A cached block of `class` or up to `span` classes larger, smallest first.
     fn take(&mut self, class: SizeClass, span: usize) -> Option<Block> {
         let end = (class.index + span + 1).min(self.free.len());
-        let list = self
-            .free
-            .get_mut(class.index..end)?
-            .iter_mut()
-            .find(|l| !l.is_empty())?;
+        let list = self.free.get_mut(class.index..end)?.iter_mut().find(|l| !l.is_empty())?;
         list.pop()
     }
 
     /// The smallest cached block that is large enough, however large.
     fn take_larger(&mut self, class: SizeClass) -> Option<Block> {
-        self.free
-            .get_mut(class.index..)?
-            .iter_mut()
-            .find(|l| !l.is_empty())?
-            .pop()
+        self.free.get_mut(class.index..)?.iter_mut().find(|l| !l.is_empty())?.pop()
     }
 
     fn put(&mut self, block: Block) {
@@ -160,11 +147,7 @@ impl PoolCache {
     }
 
     fn largest(&self) -> u64 {
-        self.free
-            .iter()
-            .rev()
-            .find_map(|l| l.last())
-            .map_or(0, Block::bytes)
+        self.free.iter().rev().find_map(|l| l.last()).map_or(0, Block::bytes)
     }
 
     /// Moves cached blocks, largest first, into `out` until at most `keep` bytes stay cached.
@@ -231,7 +214,36 @@ impl PoolCache {
 /// # Ok::<(), dp_mem::Error>(())
 /// ```
 pub struct Pool<B: Backend = SystemBackend> {
-    shared: Arc<PoolShared<B>>,
+    handle: Arc<PoolHandle<B>>,
+}
+
+/// Owns the pool's shared state on behalf of all `Pool` clones. Buffers point at the shared
+/// state without a reference count (saving two atomic operations per buffer); instead the live
+/// buffer count, kept under the tracker's lock, decides who frees it: the last handle to go if
+/// no buffer is live, otherwise the last buffer.
+struct PoolHandle<B: Backend> {
+    shared: NonNull<PoolShared<B>>,
+}
+
+// SAFETY: the handle only gives shared access to `PoolShared`, which is `Send + Sync` (its
+// fields are, and the cache it refers to is behind the tracker's lock).
+unsafe impl<B: Backend> Send for PoolHandle<B> {}
+// SAFETY: as above.
+unsafe impl<B: Backend> Sync for PoolHandle<B> {}
+
+impl<B: Backend> Drop for PoolHandle<B> {
+    fn drop(&mut self) {
+        // SAFETY: the shared state lives until both the handle and every buffer are gone.
+        let last = unsafe { self.shared.as_ref() }.with_cache(|_, cache| {
+            cache.orphaned = true;
+            cache.stats.live_buffers == 0
+        });
+        if last {
+            // SAFETY: no handle and no buffer is left, and `orphaned` is set, so no one else
+            // will free it.
+            unsafe { PoolShared::destroy(self.shared) };
+        }
+    }
 }
 
 pub(crate) struct PoolShared<B: Backend> {
@@ -244,17 +256,15 @@ pub(crate) struct PoolShared<B: Backend> {
 
 impl<B: Backend> Clone for Pool<B> {
     fn clone(&self) -> Self {
-        Pool {
-            shared: Arc::clone(&self.shared),
-        }
+        Pool { handle: Arc::clone(&self.handle) }
     }
 }
 
 impl<B: Backend> std::fmt::Debug for Pool<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
-            .field("backend", &self.shared.backend.name())
-            .field("config", &self.shared.config)
+            .field("backend", &self.shared().backend.name())
+            .field("config", &self.shared().config)
             .field("stats", &self.stats())
             .finish()
     }
@@ -280,14 +290,13 @@ impl<B: Backend> Pool<B> {
         };
         state.caches[slot] = Some(PoolCache::new());
         drop(state);
-        Pool {
-            shared: Arc::new(PoolShared {
-                tracker: tracker.clone(),
-                slot,
-                backend,
-                config,
-            }),
-        }
+        let shared = Box::new(PoolShared { tracker: tracker.clone(), slot, backend, config });
+        Pool { handle: Arc::new(PoolHandle { shared: NonNull::from(Box::leak(shared)) }) }
+    }
+
+    fn shared(&self) -> &PoolShared<B> {
+        // SAFETY: a `Pool` holds a handle, and the shared state outlives every handle.
+        unsafe { self.handle.shared.as_ref() }
     }
 
     /// A buffer of `len` elements tagged `tag`. Its contents are unspecified (zeros or what a
@@ -300,34 +309,23 @@ impl<B: Backend> Pool<B> {
                 max: BLOCK_ALIGN,
             });
         }
-        let overflow = Error::SizeOverflow {
-            len,
-            elem_bytes: size_of::<T>(),
-        };
+        let overflow = Error::SizeOverflow { len, elem_bytes: size_of::<T>() };
         let bytes = len
             .checked_mul(size_of::<T>())
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or(overflow)?;
         if bytes == 0 {
-            return Ok(PoolBuf::empty(Arc::clone(&self.shared), len, tag));
+            return Ok(PoolBuf::empty(len, tag));
         }
-        let class = SizeClass::of(bytes).ok_or(Error::SizeOverflow {
-            len,
-            elem_bytes: size_of::<T>(),
-        })?;
-        let block = self.shared.acquire(class, bytes as u64, tag)?;
-        Ok(PoolBuf::new(
-            Arc::clone(&self.shared),
-            block,
-            len,
-            bytes as u64,
-            tag,
-        ))
+        let class =
+            SizeClass::of(bytes).ok_or(Error::SizeOverflow { len, elem_bytes: size_of::<T>() })?;
+        let block = self.shared().acquire(class, bytes as u64, tag)?;
+        Ok(PoolBuf::new(self.handle.shared, block, len, bytes as u64, tag))
     }
 
     /// The pool's statistics.
     pub fn stats(&self) -> PoolStats {
-        self.shared.with_cache(|_, cache| PoolStats {
+        self.shared().with_cache(|_, cache| PoolStats {
             largest_cached_block: cache.largest(),
             ..cache.stats
         })
@@ -335,7 +333,7 @@ impl<B: Backend> Pool<B> {
 
     /// Starts a new window for [`PoolStats::peak_reserved_bytes`].
     pub fn reset_peak(&self) {
-        self.shared.with_cache(|_, cache| {
+        self.shared().with_cache(|_, cache| {
             cache.stats.peak_reserved_bytes = cache.stats.reserved_bytes();
         });
     }
@@ -344,12 +342,12 @@ impl<B: Backend> Pool<B> {
     /// cached. Live buffers are never touched. Returns the bytes released.
     pub fn trim(&self, keep_bytes: u64) -> u64 {
         let mut victims = Vec::new();
-        let released = self.shared.with_cache(|ledger, cache| {
+        let released = self.shared().with_cache(|ledger, cache| {
             let moved = cache.drain(keep_bytes, &mut victims);
             ledger.release_held(moved);
             moved
         });
-        self.shared.free_blocks(victims);
+        self.shared().free_blocks(victims);
         released
     }
 
@@ -360,12 +358,12 @@ impl<B: Backend> Pool<B> {
 
     /// The tracker this pool reports to.
     pub fn tracker(&self) -> &Tracker {
-        &self.shared.tracker
+        &self.shared().tracker
     }
 
     /// The backend this pool takes blocks from.
     pub fn backend(&self) -> &B {
-        &self.shared.backend
+        &self.shared().backend
     }
 }
 
@@ -390,9 +388,8 @@ impl<B: Backend> PoolShared<B> {
     fn with_cache<R>(&self, f: impl FnOnce(&mut crate::ledger::Ledger, &mut PoolCache) -> R) -> R {
         let mut state = self.tracker.lock();
         let TrackerState { ledger, caches } = &mut *state;
-        let cache = caches[self.slot]
-            .as_mut()
-            .expect("a pool's cache slot lives as long as the pool");
+        let cache =
+            caches[self.slot].as_mut().expect("a pool's cache slot lives as long as the pool");
         f(ledger, cache)
     }
 
@@ -426,7 +423,10 @@ impl<B: Backend> PoolShared<B> {
                         }
                         cache.put(block);
                     }
-                    let moved = cache.drain(0, &mut victims);
+                    // Return just enough cached blocks, largest first, to make room.
+                    let short = ledger.held_over_budget(want);
+                    let moved =
+                        cache.drain(cache.stats.cached_bytes.saturating_sub(short), &mut victims);
                     ledger.release_held(moved);
                     if let Err(limit) = ledger.check(tag, want, want) {
                         return Err(oom(ledger, cache, limit));
@@ -434,53 +434,80 @@ impl<B: Backend> PoolShared<B> {
                 }
                 Err(limit) => return Err(oom(ledger, cache, limit)),
             }
-            ledger.grant(tag, requested, want, want);
             Ok(None)
         });
         self.free_blocks(victims);
         if let Some(block) = cached? {
             return Ok(block);
         }
-        match self.backend.allocate(class.bytes, BLOCK_ALIGN) {
-            Ok(ptr) => {
-                let block = Block { ptr, class };
-                self.with_cache(|_, cache| cache.note_handed_out(block, requested, false));
-                Ok(block)
+        // The budget allowed a new block. Take it from the backend outside the lock, then check
+        // again before counting it (another thread may have used the room meanwhile), so that
+        // neither a backend failure nor a race leaves a trace in the counters.
+        let block = Block { ptr: self.backend.allocate(class.bytes, BLOCK_ALIGN)?, class };
+        let refused = self.with_cache(|ledger, cache| match ledger.check(tag, want, want) {
+            Ok(()) => {
+                ledger.grant(tag, requested, want, want);
+                cache.note_handed_out(block, requested, false);
+                None
             }
-            Err(err) => {
-                self.with_cache(|ledger, _| {
-                    ledger.give_back(tag, requested, want);
-                    ledger.release_held(want);
-                });
-                Err(err)
+            Err(limit) => {
+                let largest = cache.largest();
+                Some(ledger.out_of_memory("pool", tag, requested, want, limit, largest))
+            }
+        });
+        match refused {
+            None => Ok(block),
+            Some(oom) => {
+                self.free_blocks(vec![block]);
+                Err(oom.into())
             }
         }
     }
 
-    /// Takes back the block of a dropped buffer into the cache.
-    pub(crate) fn release(&self, block: Block, requested: u64, tag: Tag) {
-        self.with_cache(|ledger, cache| {
+    /// Takes back the block of a dropped buffer into the cache, and frees the pool if this was
+    /// its last buffer and no handle is left.
+    ///
+    /// # Safety
+    ///
+    /// `shared` must be the pool of a live buffer that owns `block` and is being dropped.
+    pub(crate) unsafe fn release(shared: NonNull<Self>, block: Block, requested: u64, tag: Tag) {
+        // SAFETY: the buffer being dropped keeps the shared state alive until this call.
+        let this = unsafe { shared.as_ref() };
+        let last = this.with_cache(|ledger, cache| {
             ledger.give_back(tag, requested, block.bytes());
             cache.note_returned(block, requested);
             cache.put(block);
+            cache.orphaned && cache.stats.live_buffers == 0
         });
+        if last {
+            // SAFETY: the last buffer of an orphaned pool: no one else can reach it.
+            unsafe { Self::destroy(shared) };
+        }
+    }
+
+    /// Frees the shared state (and, through its `Drop`, every cached block).
+    ///
+    /// # Safety
+    ///
+    /// `shared` came from `Box::leak` in `Pool::with_backend`, no handle or buffer refers to it
+    /// any more, and it is destroyed once.
+    unsafe fn destroy(shared: NonNull<Self>) {
+        // SAFETY: guaranteed by the caller.
+        drop(unsafe { Box::from_raw(shared.as_ptr()) });
     }
 
     fn free_blocks(&self, blocks: Vec<Block>) {
         for block in blocks {
             // SAFETY: every cached block came from this backend with its class size and
             // BLOCK_ALIGN, and a block leaves the cache exactly once.
-            unsafe {
-                self.backend
-                    .deallocate(block.ptr, block.class.bytes, BLOCK_ALIGN)
-            };
+            unsafe { self.backend.deallocate(block.ptr, block.class.bytes, BLOCK_ALIGN) };
         }
     }
 }
 
 impl<B: Backend> Drop for PoolShared<B> {
     fn drop(&mut self) {
-        // Buffers hold the shared state alive, so when it drops every block is cached.
+        // The shared state drops after the last buffer, so every block is cached.
         let mut victims = Vec::new();
         {
             let mut state = self.tracker.lock();

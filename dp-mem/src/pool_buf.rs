@@ -4,7 +4,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use bytemuck::Pod;
 use ndarray::{ArrayView, ArrayView1, ArrayViewMut, ArrayViewMut1, Dimension, IntoDimension};
@@ -19,23 +18,24 @@ use crate::tag::Tag;
 pub struct PoolBuf<T: Pod, B: Backend = SystemBackend> {
     ptr: NonNull<T>,
     len: usize,
-    /// `None` for zero-byte buffers, which hold no memory.
-    block: Option<Block>,
+    /// The block and the pool it goes back to; `None` for zero-byte buffers, which hold no
+    /// memory.
+    block: Option<(Block, NonNull<PoolShared<B>>)>,
     requested: u64,
     tag: Tag,
-    pool: Arc<PoolShared<B>>,
     _owns: PhantomData<T>,
 }
 
 // SAFETY: the buffer exclusively owns its block; sending it sends the `T`s in it, and the pool
-// state it points to is `Send + Sync` (backends are, and the rest is behind the tracker's lock).
+// state it points to is only used through `&` and is `Send + Sync` (backends are, and the cache
+// is behind the tracker's lock).
 unsafe impl<T: Pod + Send, B: Backend> Send for PoolBuf<T, B> {}
 // SAFETY: shared access only reads the `T`s.
 unsafe impl<T: Pod + Sync, B: Backend> Sync for PoolBuf<T, B> {}
 
 impl<T: Pod, B: Backend> PoolBuf<T, B> {
     pub(crate) fn new(
-        pool: Arc<PoolShared<B>>,
+        pool: NonNull<PoolShared<B>>,
         block: Block,
         len: usize,
         requested: u64,
@@ -44,22 +44,20 @@ impl<T: Pod, B: Backend> PoolBuf<T, B> {
         PoolBuf {
             ptr: block.ptr.cast(),
             len,
-            block: Some(block),
+            block: Some((block, pool)),
             requested,
             tag,
-            pool,
             _owns: PhantomData,
         }
     }
 
-    pub(crate) fn empty(pool: Arc<PoolShared<B>>, len: usize, tag: Tag) -> Self {
+    pub(crate) fn empty(len: usize, tag: Tag) -> Self {
         PoolBuf {
             ptr: NonNull::dangling(),
             len,
             block: None,
             requested: 0,
             tag,
-            pool,
             _owns: PhantomData,
         }
     }
@@ -81,7 +79,7 @@ impl<T: Pod, B: Backend> PoolBuf<T, B> {
 
     /// Bytes of the block behind the buffer (its size class; 0 for zero-byte buffers).
     pub fn block_bytes(&self) -> usize {
-        self.block.map_or(0, |b| b.class.bytes)
+        self.block.map_or(0, |(b, _)| b.class.bytes)
     }
 
     /// The start of the buffer (a device address for device backends).
@@ -112,7 +110,7 @@ impl<T: Pod, B: HostMemory> PoolBuf<T, B> {
         shape: impl IntoDimension<Dim = D>,
     ) -> Result<ArrayView<'_, T, D>> {
         let dim = self.checked_shape(shape)?;
-        ArrayView::from_shape(dim, &**self).map_err(|_| self.mismatch(&[]))
+        ArrayView::from_shape(dim.clone(), self).map_err(|_| self.mismatch(dim.slice()))
     }
 
     /// A mutable row-major view with `shape`, which must hold exactly `len()` elements.
@@ -121,8 +119,12 @@ impl<T: Pod, B: HostMemory> PoolBuf<T, B> {
         shape: impl IntoDimension<Dim = D>,
     ) -> Result<ArrayViewMut<'_, T, D>> {
         let dim = self.checked_shape(shape)?;
-        let err = self.mismatch(dim.slice());
-        ArrayViewMut::from_shape(dim, &mut **self).map_err(|_| err)
+        let len = self.len;
+        ArrayViewMut::from_shape(dim.clone(), self).map_err(|_| Error::ShapeMismatch {
+            shape: dim.slice().to_vec(),
+            expected: len,
+            got: len,
+        })
     }
 
     fn checked_shape<D: Dimension>(&self, shape: impl IntoDimension<Dim = D>) -> Result<D> {
@@ -164,8 +166,9 @@ impl<T: Pod, B: HostMemory> DerefMut for PoolBuf<T, B> {
 
 impl<T: Pod, B: Backend> Drop for PoolBuf<T, B> {
     fn drop(&mut self) {
-        if let Some(block) = self.block.take() {
-            self.pool.release(block, self.requested, self.tag);
+        if let Some((block, pool)) = self.block.take() {
+            // SAFETY: this live buffer owns `block`, and its pool outlives it.
+            unsafe { PoolShared::release(pool, block, self.requested, self.tag) };
         }
     }
 }

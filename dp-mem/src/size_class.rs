@@ -29,10 +29,7 @@ impl SizeClass {
             let step = (u >> shift) - STEPS; // in 0..STEPS
             STEPS + shift as usize * STEPS + step
         };
-        let class = SizeClass {
-            index,
-            bytes: Self::bytes_of(index)?,
-        };
+        let class = SizeClass { index, bytes: Self::bytes_of(index)? };
         debug_assert!(class.bytes >= bytes);
         Some(class)
     }
@@ -46,9 +43,7 @@ impl SizeClass {
             let step = (index - STEPS) % STEPS;
             (STEPS + step + 1).checked_shl(shift as u32)?
         };
-        units
-            .checked_mul(BLOCK_ALIGN)
-            .filter(|&b| b <= isize::MAX as usize)
+        units.checked_mul(BLOCK_ALIGN).filter(|&b| b <= isize::MAX as usize)
     }
 }
 
@@ -59,13 +54,7 @@ mod tests {
 
     #[test]
     fn small_sizes_round_to_the_block_alignment() {
-        assert_eq!(
-            SizeClass::of(1),
-            Some(SizeClass {
-                index: 0,
-                bytes: 64
-            })
-        );
+        assert_eq!(SizeClass::of(1), Some(SizeClass { index: 0, bytes: 64 }));
         assert_eq!(SizeClass::of(64).unwrap().bytes, 64);
         assert_eq!(SizeClass::of(65).unwrap().bytes, 128);
         assert_eq!(SizeClass::of(2048).unwrap().bytes, 2048);

@@ -99,10 +99,7 @@ impl fmt::Display for MemorySnapshot {
             "{:<10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
             "tag", "in use", "peak", "reserved", "allocs", "frees", "budget"
         )?;
-        let rows = self
-            .tags
-            .iter()
-            .map(|(tag, s)| (tag.name(), s, self.tag_budgets.get(tag)));
+        let rows = self.tags.iter().map(|(tag, s)| (tag.name(), s, self.tag_budgets.get(tag)));
         for (name, s, budget) in rows.chain([("total", &self.total, None)]) {
             let budget = budget.map_or_else(|| "-".to_string(), |&b| ByteSize(b).to_string());
             writeln!(
@@ -115,9 +112,7 @@ impl fmt::Display for MemorySnapshot {
                 s.freed_count,
             )?;
         }
-        let budget = self
-            .budget
-            .map_or_else(|| "none".to_string(), |b| ByteSize(b).to_string());
+        let budget = self.budget.map_or_else(|| "none".to_string(), |b| ByteSize(b).to_string());
         write!(
             f,
             "held {} (reserved {} + cached {}), peak held {}, global budget {budget}",

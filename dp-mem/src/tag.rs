@@ -30,15 +30,8 @@ pub(crate) const TAG_COUNT: usize = 7;
 
 impl Tag {
     /// Every tag, in report order.
-    pub const ALL: [Tag; TAG_COUNT] = [
-        Tag::Param,
-        Tag::Grad,
-        Tag::OptState,
-        Tag::Activation,
-        Tag::Data,
-        Tag::Comm,
-        Tag::Temp,
-    ];
+    pub const ALL: [Tag; TAG_COUNT] =
+        [Tag::Param, Tag::Grad, Tag::OptState, Tag::Activation, Tag::Data, Tag::Comm, Tag::Temp];
 
     /// The tag's name as it appears in reports.
     pub fn name(self) -> &'static str {

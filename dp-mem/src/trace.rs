@@ -38,10 +38,7 @@ impl AllocTrace {
     /// The trace of a step through `layers` layers; the same seed gives the same trace.
     pub fn training_step(layers: usize, seed: u64) -> Self {
         let mut rng = SplitMix64(seed);
-        let mut trace = AllocTrace {
-            events: Vec::new(),
-            buffers: 0,
-        };
+        let mut trace = AllocTrace { events: Vec::new(), buffers: 0 };
         let input = trace.alloc(rng.log_uniform(256 << 10, 8 << 20));
         let mut saved = Vec::with_capacity(layers);
         let mut prev = input;

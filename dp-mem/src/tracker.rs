@@ -1,9 +1,10 @@
 //! The tracker: one memory domain whose every byte is attributed to a [`Tag`].
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use crate::error::Result;
 use crate::ledger::Ledger;
+use crate::lock::{SpinGuard, SpinLock};
 use crate::pool::PoolCache;
 use crate::snapshot::MemorySnapshot;
 use crate::tag::Tag;
@@ -25,7 +26,7 @@ use crate::tag::Tag;
 /// below current use is allowed and makes later requests fail until use drops.
 #[derive(Clone)]
 pub struct Tracker {
-    shared: Arc<Mutex<TrackerState>>,
+    shared: Arc<SpinLock<TrackerState>>,
 }
 
 /// What the tracker's lock guards.
@@ -54,12 +55,7 @@ impl Tracker {
     }
 
     fn with_ledger(ledger: Ledger) -> Self {
-        Tracker {
-            shared: Arc::new(Mutex::new(TrackerState {
-                ledger,
-                caches: Vec::new(),
-            })),
-        }
+        Tracker { shared: Arc::new(SpinLock::new(TrackerState { ledger, caches: Vec::new() })) }
     }
 
     /// Whether this tracker counts (false only for [`Tracker::disabled`]).
@@ -93,22 +89,16 @@ impl Tracker {
         let mut state = self.lock();
         let ledger = &mut state.ledger;
         if let Err(limit) = ledger.check(tag, bytes, bytes) {
-            return Err(ledger
-                .out_of_memory("reservation", tag, bytes, bytes, limit, 0)
-                .into());
+            return Err(ledger.out_of_memory("reservation", tag, bytes, bytes, limit, 0).into());
         }
         ledger.grant(tag, bytes, bytes, bytes);
-        Ok(Reservation {
-            tracker: self.clone(),
-            tag,
-            bytes,
-        })
+        Ok(Reservation { tracker: self.clone(), tag, bytes })
     }
 
-    /// Locks the state. A panic while the lock was held cannot leave the counters half-updated
-    /// (no code under the lock panics), so a poisoned lock is simply taken over.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, TrackerState> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Locks the state. Nothing under the lock calls user code or a backend, so a hold is
+    /// short.
+    pub(crate) fn lock(&self) -> SpinGuard<'_, TrackerState> {
+        self.shared.lock()
     }
 }
 
@@ -120,9 +110,7 @@ impl Default for Tracker {
 
 impl std::fmt::Debug for Tracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracker")
-            .field("enabled", &self.is_enabled())
-            .finish_non_exhaustive()
+        f.debug_struct("Tracker").field("enabled", &self.is_enabled()).finish_non_exhaustive()
     }
 }
 
@@ -225,10 +213,7 @@ mod tests {
         let tracker = Tracker::disabled();
         tracker.set_budget(Some(1));
         let _r = tracker.reserve(Tag::Param, 1 << 20).unwrap();
-        assert_eq!(
-            tracker.snapshot().total,
-            crate::snapshot::TagStats::default()
-        );
+        assert_eq!(tracker.snapshot().total, crate::snapshot::TagStats::default());
         assert!(!tracker.is_enabled());
     }
 

@@ -27,10 +27,7 @@ pub(crate) fn run(root: &Path, krate: Option<&str>, filter: Option<&str>) -> Res
     let mut rows = Vec::new();
     collect(&root.join("target/criterion"), started, &mut rows)?;
     rows.sort();
-    println!(
-        "\n{:<60} {:>14} {:>16}",
-        "benchmark", "median", "throughput"
-    );
+    println!("\n{:<60} {:>14} {:>16}", "benchmark", "median", "throughput");
     for row in &rows {
         println!("{:<60} {:>14} {:>16}", row.0, row.1, row.2);
     }
@@ -51,9 +48,7 @@ fn collect(dir: &Path, since: SystemTime, rows: &mut Vec<(String, String, String
             continue;
         }
         let estimates = path.join("new/estimates.json");
-        let fresh = fs::metadata(&estimates)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t >= since);
+        let fresh = fs::metadata(&estimates).and_then(|m| m.modified()).is_ok_and(|t| t >= since);
         if fresh {
             rows.push(summarize(&path)?);
         } else {
@@ -72,9 +67,7 @@ fn summarize(dir: &Path) -> Result<(String, String, String)> {
     let benchmark = read("benchmark.json")?;
     let estimates = read("estimates.json")?;
     let name = benchmark["full_id"].as_str().unwrap_or("?").to_string();
-    let median_ns = estimates["median"]["point_estimate"]
-        .as_f64()
-        .unwrap_or(f64::NAN);
+    let median_ns = estimates["median"]["point_estimate"].as_f64().unwrap_or(f64::NAN);
     let throughput = match &benchmark["throughput"] {
         Value::Object(t) if t.contains_key("Bytes") => {
             let bytes = t["Bytes"].as_f64().unwrap_or(0.0);

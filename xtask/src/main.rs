@@ -35,26 +35,19 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     match cli.command {
-        Cmd::Ci => run(Command::new("bash")
-            .arg(root.join(".ci/run"))
-            .current_dir(&root)),
+        Cmd::Ci => run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root)),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
     }
 }
 
 /// The workspace root: the parent of this crate's manifest directory.
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .into()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").into()
 }
 
 /// Runs a command with inherited output and fails if it fails.
 fn run(command: &mut Command) -> Result<()> {
-    let status = command
-        .status()
-        .with_context(|| format!("cannot start {command:?}"))?;
+    let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed: {status}");
     }
