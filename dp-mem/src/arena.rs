@@ -59,6 +59,9 @@ pub struct Arena<B: HostMemory = SystemBackend> {
 struct Chunk {
     ptr: NonNull<u8>,
     bytes: usize,
+    /// How far this chunk was filled when the bump position last moved past it (0 when it was
+    /// skipped as too small). Valid for the chunks before the current one.
+    filled: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,7 +70,7 @@ struct Position {
     chunk: usize,
     /// Bytes used in it, alignment padding included.
     offset: usize,
-    /// Bytes used in the chunks before it when they were left.
+    /// Bytes used in the chunks before it: the sum of their `filled`.
     used_before: usize,
 }
 
@@ -107,7 +110,9 @@ impl<B: HostMemory> Arena<B> {
             tracker: tracker.clone(),
             tag,
             backend,
-            chunk_bytes: chunk_bytes.max(BLOCK_ALIGN),
+            // A chunk must stay representable once rounded up to BLOCK_ALIGN; a larger size
+            // could never be allocated anyway, and the backend reports that as an error.
+            chunk_bytes: chunk_bytes.clamp(BLOCK_ALIGN, isize::MAX as usize - BLOCK_ALIGN),
             chunks: RefCell::default(),
             pos: Cell::default(),
             window: Cell::new((NonNull::dangling(), 0)),
@@ -182,13 +187,24 @@ impl<B: HostMemory> Arena<B> {
             Some("the arena was reset after it was taken")
         } else if (checkpoint.pos.chunk, checkpoint.pos.offset) > (pos.chunk, pos.offset) {
             Some("it is ahead of the current position (an earlier rewind went past it)")
+        } else if self
+            .chunks
+            .get_mut()
+            .get(checkpoint.pos.chunk)
+            .map_or(checkpoint.pos.offset > 0, |chunk| checkpoint.pos.offset > chunk.bytes)
+        {
+            Some("the chunk it points into was released")
         } else {
             None
         };
         if let Some(reason) = reason {
             return Err(Error::InvalidCheckpoint { reason });
         }
-        self.move_to(checkpoint.pos);
+        // The chunks before the checkpoint's may have been filled differently since it was
+        // taken; what is in use is what they hold now.
+        let chunks = self.chunks.get_mut();
+        let used_before = chunks.iter().take(checkpoint.pos.chunk).map(|c| c.filled).sum();
+        self.move_to(Position { used_before, ..checkpoint.pos });
         Ok(())
     }
 
@@ -262,17 +278,23 @@ impl<B: HostMemory> Arena<B> {
         let mut chunks = self.chunks.borrow_mut();
         let pos = self.pos.get();
         let first = if chunks.is_empty() { 0 } else { pos.chunk + 1 };
+        if let Some(left) = chunks.get_mut(pos.chunk) {
+            left.filled = pos.offset;
+        }
         let next = match chunks.iter().skip(first).position(|c| c.bytes >= bytes) {
             Some(skip) => first + skip,
             None => {
                 // Each new chunk is at least as large as all before it together, so a step
                 // settles into a few chunks however small the first one was.
-                let held: usize = chunks.iter().map(|c| c.bytes).sum();
-                chunks.push(self.take_chunk(bytes.max(self.chunk_bytes).max(held))?);
+                let held = chunks.iter().map(|c| c.bytes).sum::<usize>();
+                let size = bytes.max(self.chunk_bytes).max(held.min(isize::MAX as usize / 2));
+                chunks.push(self.take_chunk(size)?);
                 chunks.len() - 1
             }
         };
-        // What was used of the chunk being left (nothing when there was none).
+        for skipped in &mut chunks[first..next] {
+            skipped.filled = 0;
+        }
         let pos = Position { chunk: next, offset: bytes, used_before: pos.used() };
         self.pos.set(pos);
         self.window.set((chunks[next].ptr, chunks[next].bytes));
@@ -295,7 +317,7 @@ impl<B: HostMemory> Arena<B> {
         if let Some(oom) = over_budget(&self.tracker) {
             return Err(oom.into());
         }
-        let chunk = Chunk { ptr: self.backend.allocate(bytes, BLOCK_ALIGN)?, bytes };
+        let chunk = Chunk { ptr: self.backend.allocate(bytes, BLOCK_ALIGN)?, bytes, filled: 0 };
         let mut state = self.tracker.lock();
         if let Err(limit) = state.ledger.check(self.tag, size, size) {
             let oom = state.ledger.out_of_memory("arena", self.tag, size, size, limit, 0);

@@ -126,7 +126,7 @@ impl PoolCache {
 
     /// A cached block of `class` or up to `span` classes larger, smallest first.
     fn take(&mut self, class: SizeClass, span: usize) -> Option<Block> {
-        let end = (class.index + span + 1).min(self.free.len());
+        let end = class.index.saturating_add(span).saturating_add(1).min(self.free.len());
         let list = self.free.get_mut(class.index..end)?.iter_mut().find(|l| !l.is_empty())?;
         list.pop()
     }
@@ -134,6 +134,12 @@ impl PoolCache {
     /// The smallest cached block that is large enough, however large.
     fn take_larger(&mut self, class: SizeClass) -> Option<Block> {
         self.free.get_mut(class.index..)?.iter_mut().find(|l| !l.is_empty())?.pop()
+    }
+
+    /// Puts back a block that `take` or `take_larger` just returned (whose statistics did not
+    /// change).
+    fn restore(&mut self, block: Block) {
+        self.free[block.class.index].push(block);
     }
 
     fn put(&mut self, block: Block) {
@@ -234,10 +240,16 @@ unsafe impl<B: Backend> Sync for PoolHandle<B> {}
 impl<B: Backend> Drop for PoolHandle<B> {
     fn drop(&mut self) {
         // SAFETY: the shared state lives until both the handle and every buffer are gone.
-        let last = unsafe { self.shared.as_ref() }.with_cache(|_, cache| {
+        let shared = unsafe { self.shared.as_ref() };
+        // No one can allocate from the pool any more: return its cache now rather than holding
+        // it, against the budget, until the last buffer drops.
+        let mut victims = Vec::new();
+        let last = shared.with_cache(|ledger, cache| {
             cache.orphaned = true;
+            ledger.release_held(cache.drain(0, &mut victims));
             cache.stats.live_buffers == 0
         });
+        shared.free_blocks(victims);
         if last {
             // SAFETY: no handle and no buffer is left, and `orphaned` is set, so no one else
             // will free it.
@@ -403,13 +415,13 @@ impl<B: Backend> PoolShared<B> {
                 Error::from(ledger.out_of_memory("pool", tag, requested, want, limit, largest))
             };
             if let Some(block) = cache.take(class, self.config.reuse_span) {
-                if let Err(limit) = ledger.check(tag, block.bytes(), 0) {
-                    cache.put(block);
-                    return Err(oom(ledger, cache, limit));
+                if ledger.check(tag, block.bytes(), 0).is_ok() {
+                    ledger.grant(tag, requested, block.bytes(), 0);
+                    cache.note_handed_out(block, requested, true);
+                    return Ok(Some(block));
                 }
-                ledger.grant(tag, requested, block.bytes(), 0);
-                cache.note_handed_out(block, requested, true);
-                return Ok(Some(block));
+                // A larger cached block broke the tag budget; an exact-class one may not.
+                cache.restore(block);
             }
             match ledger.check(tag, want, want) {
                 Ok(()) => {}
@@ -421,7 +433,7 @@ impl<B: Backend> PoolShared<B> {
                             cache.note_handed_out(block, requested, true);
                             return Ok(Some(block));
                         }
-                        cache.put(block);
+                        cache.restore(block);
                     }
                     // Return just enough cached blocks, largest first, to make room.
                     let short = ledger.held_over_budget(want);
@@ -473,12 +485,21 @@ impl<B: Backend> PoolShared<B> {
     pub(crate) unsafe fn release(shared: NonNull<Self>, block: Block, requested: u64, tag: Tag) {
         // SAFETY: the buffer being dropped keeps the shared state alive until this call.
         let this = unsafe { shared.as_ref() };
-        let last = this.with_cache(|ledger, cache| {
+        let (orphaned, last) = this.with_cache(|ledger, cache| {
             ledger.give_back(tag, requested, block.bytes());
             cache.note_returned(block, requested);
-            cache.put(block);
-            cache.orphaned && cache.stats.live_buffers == 0
+            if cache.orphaned {
+                // No handle is left to reuse it.
+                ledger.release_held(block.bytes());
+                cache.stats.backend_frees += 1;
+            } else {
+                cache.put(block);
+            }
+            (cache.orphaned, cache.orphaned && cache.stats.live_buffers == 0)
         });
+        if orphaned {
+            this.free_blocks(vec![block]);
+        }
         if last {
             // SAFETY: the last buffer of an orphaned pool: no one else can reach it.
             unsafe { Self::destroy(shared) };
