@@ -13,9 +13,6 @@ use crate::error::{Error, Result};
 use crate::tag::Tag;
 use crate::tracker::Tracker;
 
-/// The default chunk size: large enough that a small step fits in one chunk.
-pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
-
 /// Scratch memory for one step (or one layer): slices are bump-allocated from chunks and all
 /// released at once by [`Arena::reset`], which keeps the chunks, so a step that repeats the same
 /// requests touches the backend only in its first run.

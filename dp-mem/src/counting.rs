@@ -165,33 +165,35 @@ impl CountingAlloc {
 fn count_alloc(bytes: usize) {
     ALLOCS.fetch_add(1, Ordering::Relaxed);
     add_live(bytes);
-    let _ = THREAD.try_with(|c| {
-        let mut counts = c.get();
+    update_thread(|counts| {
         counts.allocs += 1;
         counts.bytes += bytes as u64;
-        c.set(counts);
     });
 }
 
 fn count_dealloc(bytes: usize) {
     DEALLOCS.fetch_add(1, Ordering::Relaxed);
     LIVE.fetch_sub(bytes as u64, Ordering::Relaxed);
-    let _ = THREAD.try_with(|c| {
-        let mut counts = c.get();
-        counts.deallocs += 1;
-        c.set(counts);
-    });
+    update_thread(|counts| counts.deallocs += 1);
 }
 
 fn count_realloc(old: usize, new: usize) {
     REALLOCS.fetch_add(1, Ordering::Relaxed);
     LIVE.fetch_sub(old as u64, Ordering::Relaxed);
     add_live(new);
-    let _ = THREAD.try_with(|c| {
-        let mut counts = c.get();
+    update_thread(|counts| {
         counts.reallocs += 1;
         counts.bytes += new as u64;
-        c.set(counts);
+    });
+}
+
+/// Updates the calling thread's counts; a thread whose locals are already torn down (an
+/// allocation in a late destructor) is only counted process-wide.
+fn update_thread(update: impl FnOnce(&mut AllocCounts)) {
+    let _ = THREAD.try_with(|cell| {
+        let mut counts = cell.get();
+        update(&mut counts);
+        cell.set(counts);
     });
 }
 

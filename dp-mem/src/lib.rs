@@ -59,7 +59,7 @@ mod tag;
 mod trace;
 mod tracker;
 
-pub use arena::{Arena, ArenaCheckpoint, DEFAULT_CHUNK_BYTES};
+pub use arena::{Arena, ArenaCheckpoint};
 pub use backend::{BLOCK_ALIGN, Backend, HostMemory, SystemBackend};
 pub use bytes::ByteSize;
 pub use counting::{AllocCounts, CountingAlloc, ProcessAllocStats};

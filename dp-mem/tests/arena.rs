@@ -1,12 +1,12 @@
 //! Public-API tests of [`Arena`]: aligned and disjoint slices, resets that keep chunks,
 //! checkpoints, the high-water mark, budgets, bad input and what the tracker sees.
 
-use std::ptr::NonNull;
+#[path = "support/failing_backend.rs"]
+mod failing_backend;
 
 use bytemuck::{Pod, Zeroable};
-use dp_mem::{
-    Arena, Backend, Error, HostMemory, Limit, OutOfMemory, SystemBackend, Tag, TagStats, Tracker,
-};
+use dp_mem::{Arena, Error, Limit, OutOfMemory, SystemBackend, Tag, TagStats, Tracker};
+use failing_backend::FailingBackend;
 
 /// A cache-line sized type with the largest alignment arenas support.
 #[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]
@@ -48,28 +48,6 @@ fn expect_oom<T: std::fmt::Debug>(result: Result<T, Error>) -> OutOfMemory {
 fn is_invalid_checkpoint(result: Result<(), Error>) -> bool {
     matches!(result, Err(Error::InvalidCheckpoint { .. }))
 }
-
-/// A backend that never has memory.
-#[derive(Debug, Clone, Copy)]
-struct FailingBackend;
-
-impl Backend for FailingBackend {
-    fn name(&self) -> &'static str {
-        "failing"
-    }
-
-    fn allocate(&self, bytes: usize, _align: usize) -> dp_mem::Result<NonNull<u8>> {
-        Err(Error::Backend { backend: self.name(), bytes, message: "no memory here".to_string() })
-    }
-
-    unsafe fn deallocate(&self, _ptr: NonNull<u8>, _bytes: usize, _align: usize) {
-        unreachable!("the failing backend never hands out a block");
-    }
-}
-
-// SAFETY: `allocate` never returns a block, so there is no block that could fail to be
-// host-accessible or initialized.
-unsafe impl HostMemory for FailingBackend {}
 
 /// One "training step" of mixed scratch requests, one of them larger than the chunk size.
 /// Writes a pattern into every slice and checks them all before returning the bytes used and

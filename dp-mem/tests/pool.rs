@@ -1,6 +1,9 @@
 //! Public-API tests of [`Pool`] and [`PoolBuf`]: cache reuse, accounting against the tracker,
 //! budgets, bad input, buffer lifetimes, concurrent use and the typed views.
 
+#[path = "support/failing_backend.rs"]
+mod failing_backend;
+
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +13,7 @@ use dp_mem::{
     Backend, Error, Limit, MemorySnapshot, OutOfMemory, Pool, PoolConfig, PoolStats, SystemBackend,
     Tag, TagStats, Tracker,
 };
+use failing_backend::FailingBackend;
 
 /// A type that needs more alignment than any pool block has.
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
@@ -91,24 +95,6 @@ impl Backend for CountingBackend {
         // SAFETY: the pool passes back a block from `allocate`, which forwarded to the system
         // backend with the same size and alignment, and does not use it afterwards.
         unsafe { SystemBackend.deallocate(ptr, bytes, align) }
-    }
-}
-
-/// A backend that never has memory.
-#[derive(Debug, Clone, Copy)]
-struct FailingBackend;
-
-impl Backend for FailingBackend {
-    fn name(&self) -> &'static str {
-        "failing"
-    }
-
-    fn allocate(&self, bytes: usize, _align: usize) -> dp_mem::Result<NonNull<u8>> {
-        Err(Error::Backend { backend: self.name(), bytes, message: "no memory here".to_string() })
-    }
-
-    unsafe fn deallocate(&self, _ptr: NonNull<u8>, _bytes: usize, _align: usize) {
-        unreachable!("the failing backend never hands out a block");
     }
 }
 
