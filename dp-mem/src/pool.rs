@@ -321,16 +321,15 @@ impl<B: Backend> Pool<B> {
                 max: BLOCK_ALIGN,
             });
         }
-        let overflow = Error::SizeOverflow { len, elem_bytes: size_of::<T>() };
+        let overflow = || Error::SizeOverflow { len, elem_bytes: size_of::<T>() };
         let bytes = len
             .checked_mul(size_of::<T>())
             .filter(|&b| b <= isize::MAX as usize)
-            .ok_or(overflow)?;
+            .ok_or_else(overflow)?;
         if bytes == 0 {
             return Ok(PoolBuf::empty(len, tag));
         }
-        let class =
-            SizeClass::of(bytes).ok_or(Error::SizeOverflow { len, elem_bytes: size_of::<T>() })?;
+        let class = SizeClass::of(bytes).ok_or_else(overflow)?;
         let block = self.shared().acquire(class, bytes as u64, tag)?;
         Ok(PoolBuf::new(self.handle.shared, block, len, bytes as u64, tag))
     }
