@@ -1,6 +1,61 @@
-//! Datasets and the input pipeline for data-parallel training.
+//! Datasets for data-parallel training: a sharded, block-compressed record format, importers
+//! from the formats people already have, and (next) a tf.data-like input pipeline.
 //!
-//! This crate will hold a sharded, block-wise zstd-compressed record format with checksums and
-//! an index, importers from NumPy, IDX, CSV and TFRecord, and a tf.data-like pipeline (per-rank
-//! sharding, shuffle, parallel map, batching, cache, prefetch, exact resume). Its API is not
-//! written yet; the crate exists so the workspace layout is fixed from the start.
+//! A dataset is a directory of shard files and a `manifest.json` written last and atomically.
+//! A shard is a sequence of independently zstd-compressed blocks with CRC32C checksums and a
+//! footer index, so a reader decompresses only the block it needs. Inside a block, fixed-shape
+//! features are stored column-wise, so a batch is a copy, not a parse. See `FORMAT.md`.
+//!
+//! ```
+//! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};
+//!
+//! let dir = std::env::temp_dir().join(format!("dp-data-doc-{}", std::process::id()));
+//! # let _ = std::fs::remove_dir_all(&dir);
+//! let schema = Schema::new(vec![
+//!     Feature::dense("image", DType::U8, &[28, 28]),
+//!     Feature::dense("label", DType::I64, &[]),
+//! ])?;
+//! let mut writer = DatasetWriter::create(&dir, schema, WriterOptions::default())?;
+//! for i in 0..1000i64 {
+//!     let image = [(i % 256) as u8; 784];
+//!     writer.append(&[Value::dense(&image), Value::dense(&[i % 10])])?;
+//! }
+//! writer.finish()?;
+//!
+//! let dataset = Dataset::open(&dir)?;
+//! assert_eq!(dataset.len(), 1000);
+//! let record = dataset.get(123)?;
+//! assert_eq!(record.dense::<i64>("label")?.into_iter().next(), Some(&3));
+//! for block in dataset.blocks() {
+//!     let block = block?;
+//!     let images = block.dense::<u8>("image")?; // [records, 28, 28]
+//!     assert_eq!(&images.shape()[1..], &[28, 28]);
+//! }
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok::<(), dp_data::Error>(())
+//! ```
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("dp-data stores little-endian data and supports little-endian hosts only");
+
+mod atomic;
+mod block;
+mod dataset;
+mod element;
+mod error;
+mod manifest;
+mod schema;
+mod shard;
+mod value;
+mod writer;
+
+pub use block::Block;
+pub use dataset::{Dataset, ReadOptions, RecordRef};
+pub use element::Element;
+pub use error::{Error, Result};
+pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo};
+pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
+pub use value::Value;
+pub use writer::{DatasetWriter, WriterOptions};
+
+// Importers, exporters and the synthetic dataset.

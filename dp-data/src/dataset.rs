@@ -1,0 +1,282 @@
+//! Reading a dataset: open and check, random access through a small block cache, sequential
+//! iteration by block, and a full verification.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use dp_mem::{Pool, Tracker};
+use ndarray::ArrayViewD;
+
+use crate::block::Block;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::manifest::Manifest;
+use crate::schema::Schema;
+use crate::shard::{ShardReader, schema_fingerprint};
+
+/// How a [`Dataset`] reads.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// Where decompression buffers come from (accounted under `Tag::Data`); by default a pool
+    /// on the process-wide tracker.
+    pub pool: Option<Pool>,
+    /// Decompressed blocks kept for random access (default 8).
+    pub cache_blocks: usize,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions { pool: None, cache_blocks: 8 }
+    }
+}
+
+/// An open dataset.
+pub struct Dataset {
+    dir: PathBuf,
+    manifest: Manifest,
+    schema: Arc<Schema>,
+    shards: Vec<ShardReader>,
+    /// Dataset index of each shard's first record.
+    shard_starts: Vec<u64>,
+    pool: Pool,
+    cache: Mutex<BlockCache>,
+}
+
+/// The most recently used blocks, most recent last.
+struct BlockCache {
+    capacity: usize,
+    blocks: Vec<((usize, usize), Arc<Block>)>,
+}
+
+impl Dataset {
+    /// Opens the dataset in `dir` with default options.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(dir, ReadOptions::default())
+    }
+
+    /// Opens the dataset in `dir`: reads the manifest and checks every shard's header, index
+    /// and trailer against it (sizes, record and block counts, schema). Block contents are
+    /// checked when read, or all at once by [`Dataset::verify`].
+    pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let manifest = Manifest::read(&dir)?;
+        let fingerprint = schema_fingerprint(&manifest.schema);
+        let mut shards = Vec::with_capacity(manifest.shards.len());
+        let mut shard_starts = Vec::with_capacity(manifest.shards.len());
+        let mut start = 0;
+        for info in &manifest.shards {
+            let path = dir.join(&info.file);
+            let stale = |what: String| Error::Incomplete {
+                path: dir.clone(),
+                what: format!(
+                    "{}: {what}; the manifest is stale or the shard was replaced",
+                    info.file
+                ),
+            };
+            let len = match std::fs::metadata(&path) {
+                Ok(meta) => meta.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(stale("missing".into()));
+                }
+                Err(e) => return Err(Error::io(&path, "stat", e)),
+            };
+            if len != info.bytes {
+                return Err(stale(format!("{len} bytes, the manifest says {}", info.bytes)));
+            }
+            let shard = ShardReader::open(path, fingerprint)?;
+            if shard.records() != info.records || shard.entries().len() as u64 != info.blocks {
+                return Err(stale(format!(
+                    "{} records in {} blocks, the manifest says {} in {}",
+                    shard.records(),
+                    shard.entries().len(),
+                    info.records,
+                    info.blocks
+                )));
+            }
+            shard_starts.push(start);
+            start += info.records;
+            shards.push(shard);
+        }
+        let pool = options.pool.unwrap_or_else(|| Pool::new(Tracker::global()));
+        Ok(Dataset {
+            dir,
+            schema: Arc::new(manifest.schema.clone()),
+            manifest,
+            shards,
+            shard_starts,
+            pool,
+            cache: Mutex::new(BlockCache {
+                capacity: options.cache_blocks.max(1),
+                blocks: Vec::new(),
+            }),
+        })
+    }
+
+    /// Records in the dataset.
+    pub fn len(&self) -> u64 {
+        self.manifest.records
+    }
+
+    /// Whether the dataset has no records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The features of every record.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The dataset directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The pool decompression buffers come from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Blocks over all shards.
+    pub fn block_count(&self) -> usize {
+        self.shards.iter().map(|s| s.entries().len()).sum()
+    }
+
+    /// Record `index`, decompressing only its block (or finding it in the cache).
+    pub fn get(&self, index: u64) -> Result<RecordRef> {
+        if index >= self.len() {
+            return Err(Error::OutOfRange { index, len: self.len() });
+        }
+        let shard = self.shard_starts.partition_point(|&s| s <= index) - 1;
+        let local = index - self.shard_starts[shard];
+        let block = self.shards[shard].block_of(local);
+        let block = self.cached_block(shard, block)?;
+        let row = (index - block.first_record()) as usize;
+        Ok(RecordRef { block, row })
+    }
+
+    /// Block `block` of shard `shard`, through the cache.
+    fn cached_block(&self, shard: usize, block: usize) -> Result<Arc<Block>> {
+        let key = (shard, block);
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(pos) = cache.blocks.iter().position(|(k, _)| *k == key) {
+                let entry = cache.blocks.remove(pos);
+                let found = Arc::clone(&entry.1);
+                cache.blocks.push(entry);
+                return Ok(found);
+            }
+        }
+        // Decompress outside the lock so that threads reading other blocks are not held up.
+        let loaded = Arc::new(self.read_block(shard, block)?);
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.blocks.len() >= cache.capacity {
+            cache.blocks.remove(0);
+        }
+        cache.blocks.push((key, Arc::clone(&loaded)));
+        Ok(loaded)
+    }
+
+    fn read_block(&self, shard: usize, block: usize) -> Result<Block> {
+        let reader = &self.shards[shard];
+        let first = self.shard_starts[shard] + reader.entries()[block].first_record;
+        reader.read_block(block, &self.pool, &self.schema, first)
+    }
+
+    /// Every block in order, each read, checked and decompressed once (not through the cache).
+    pub fn blocks(&self) -> impl Iterator<Item = Result<Arc<Block>>> + '_ {
+        self.shards.iter().enumerate().flat_map(move |(s, shard)| {
+            (0..shard.entries().len()).map(move |b| self.read_block(s, b).map(Arc::new))
+        })
+    }
+
+    /// Checks every byte: each shard's whole-file CRC32C against the manifest, and each block's
+    /// checksum, decompression and layout. Returns every problem found (empty when sound), each
+    /// naming the file, the block and the byte offset.
+    pub fn verify(&self) -> Vec<Error> {
+        let mut problems = Vec::new();
+        for (s, (shard, info)) in self.shards.iter().zip(&self.manifest.shards).enumerate() {
+            match file_crc32c(shard.path()) {
+                Ok(crc) if crc == info.crc32c => {}
+                Ok(crc) => problems.push(Error::corrupt(
+                    shard.path(),
+                    0,
+                    format!("file CRC32C is {crc:08x}, the manifest says {:08x}", info.crc32c),
+                )),
+                Err(e) => problems.push(e),
+            }
+            for b in 0..shard.entries().len() {
+                if let Err(e) = self.read_block(s, b) {
+                    problems.push(e);
+                }
+            }
+        }
+        problems
+    }
+}
+
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset")
+            .field("dir", &self.dir)
+            .field("schema", &self.schema.to_string())
+            .field("records", &self.len())
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+fn file_crc32c(path: &Path) -> Result<u32> {
+    let mut file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut crc = 0;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| Error::io(path, "read", e))?;
+        if n == 0 {
+            return Ok(crc);
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+    }
+}
+
+/// One record, holding its decompressed block alive.
+#[derive(Debug, Clone)]
+pub struct RecordRef {
+    block: Arc<Block>,
+    row: usize,
+}
+
+impl RecordRef {
+    /// The record's index in the dataset.
+    pub fn index(&self) -> u64 {
+        self.block.first_record() + self.row as u64
+    }
+
+    /// A dense feature, shaped like the feature.
+    pub fn dense<T: Element>(&self, name: &str) -> Result<ArrayViewD<'_, T>> {
+        self.block.dense_row(name, self.row)
+    }
+
+    /// A bytes feature.
+    pub fn bytes(&self, name: &str) -> Result<&[u8]> {
+        self.block.bytes(name, self.row)
+    }
+
+    /// A sparse feature: positions and values.
+    pub fn sparse<T: Element>(&self, name: &str) -> Result<(&[u64], &[T])> {
+        self.block.sparse(name, self.row)
+    }
+
+    /// The block the record lives in.
+    pub fn block(&self) -> &Arc<Block> {
+        &self.block
+    }
+}

@@ -1,0 +1,109 @@
+//! The crate's error type. Every variant about a file names it, and where it matters the byte
+//! offset and what was expected.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong reading, writing or importing a dataset.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O operation on a file failed.
+    #[error("{path}: {op}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done (`"open"`, `"read"`, `"rename"` ...).
+        op: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
+    /// A file's bytes are not what the format says they must be.
+    #[error("{path}: corrupt at byte {offset}: {what}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the problem in the file.
+        offset: u64,
+        /// What was expected and what was found.
+        what: String,
+    },
+
+    /// A directory is not a complete dataset (no manifest, or one that does not match its
+    /// shards).
+    #[error("{path}: not a complete dataset: {what}")]
+    Incomplete {
+        /// The dataset directory.
+        path: PathBuf,
+        /// What is missing or stale.
+        what: String,
+    },
+
+    /// A schema is invalid, or data does not match it.
+    #[error("schema: {0}")]
+    Schema(String),
+
+    /// A record does not match the schema.
+    #[error("record {record}, feature `{feature}`: {what}")]
+    Record {
+        /// Index of the record in the write (or read) order.
+        record: u64,
+        /// The feature's name.
+        feature: String,
+        /// What was expected and what was found.
+        what: String,
+    },
+
+    /// An option is out of range.
+    #[error("invalid option `{field}`: {what}")]
+    Config {
+        /// The option's name.
+        field: &'static str,
+        /// What is wrong and what is allowed.
+        what: String,
+    },
+
+    /// A record index past the end.
+    #[error("record {index} is out of range: the dataset has {len} records")]
+    OutOfRange {
+        /// The index asked for.
+        index: u64,
+        /// Records in the dataset.
+        len: u64,
+    },
+
+    /// A row past the end of a block.
+    #[error("row {row} is out of range: the block has {records} records")]
+    RowOutOfRange {
+        /// The row asked for.
+        row: usize,
+        /// Records in the block.
+        records: usize,
+    },
+
+    /// A feature was accessed under the wrong name, kind or type.
+    #[error("feature `{feature}`: {what}")]
+    Access {
+        /// The feature's name (or the name asked for).
+        feature: String,
+        /// What is wrong.
+        what: String,
+    },
+
+    /// A memory budget refused a buffer.
+    #[error(transparent)]
+    Memory(#[from] dp_mem::Error),
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), op, source }
+    }
+
+    pub(crate) fn corrupt(path: impl Into<PathBuf>, offset: u64, what: impl Into<String>) -> Self {
+        Error::Corrupt { path: path.into(), offset, what: what.into() }
+    }
+}

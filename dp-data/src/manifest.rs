@@ -1,0 +1,150 @@
+//! The manifest: the schema and the list of shards. Written last, atomically; a directory
+//! without a valid one is not a dataset.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::atomic;
+use crate::error::{Error, Result};
+use crate::schema::Schema;
+
+/// The manifest's file name inside a dataset directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// The value of [`Manifest::format`].
+pub(crate) const FORMAT_NAME: &str = "dp-dataset";
+
+/// The format version this crate writes and reads.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+/// Manifests are O(shards); anything larger than this is not one of ours.
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+/// A dataset's table of contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Manifest {
+    /// Always `"dp-dataset"`.
+    pub format: String,
+    /// The format version.
+    pub version: u32,
+    /// The features of every record.
+    pub schema: Schema,
+    /// Records over all shards.
+    pub records: u64,
+    /// Uncompressed block size the writer aimed for, in bytes.
+    pub block_size: usize,
+    /// zstd level the blocks were compressed with.
+    pub level: i32,
+    /// The shards, in record order.
+    pub shards: Vec<ShardInfo>,
+}
+
+/// One shard file as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ShardInfo {
+    /// File name inside the dataset directory.
+    pub file: String,
+    /// Records in the shard.
+    pub records: u64,
+    /// Blocks in the shard.
+    pub blocks: u64,
+    /// Size of the file.
+    pub bytes: u64,
+    /// Size of its blocks before compression.
+    pub raw_bytes: u64,
+    /// CRC32C of the whole file.
+    pub crc32c: u32,
+}
+
+impl Manifest {
+    /// Bytes of all shard files.
+    pub fn bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Bytes of all blocks before compression.
+    pub fn raw_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.raw_bytes).sum()
+    }
+
+    /// Reads and checks the manifest of the dataset in `dir`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(MANIFEST_FILE);
+        let incomplete = |what: String| Error::Incomplete { path: dir.to_path_buf(), what };
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(incomplete(format!(
+                    "no {MANIFEST_FILE} (a dataset whose writer did not finish has none)"
+                )));
+            }
+            Err(e) => return Err(Error::io(&path, "open", e)),
+        };
+        let mut text = String::new();
+        file.take(MAX_MANIFEST_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| Error::io(&path, "read", e))?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(Error::corrupt(&path, MAX_MANIFEST_BYTES, "manifest larger than 64 MiB"));
+        }
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| {
+            let offset = text
+                .lines()
+                .take(e.line().saturating_sub(1))
+                .map(|l| l.len() as u64 + 1)
+                .sum::<u64>()
+                + e.column().saturating_sub(1) as u64;
+            Error::corrupt(&path, offset, format!("not a valid manifest: {e}"))
+        })?;
+        manifest.check(&path)?;
+        Ok(manifest)
+    }
+
+    fn check(&self, path: &Path) -> Result<()> {
+        let bad = |what: String| Error::corrupt(path, 0, what);
+        if self.format != FORMAT_NAME {
+            return Err(bad(format!("format is `{}`, expected `{FORMAT_NAME}`", self.format)));
+        }
+        if self.version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format version {} is not supported (this build reads version {FORMAT_VERSION})",
+                self.version
+            )));
+        }
+        let mut total = 0u64;
+        for shard in &self.shards {
+            let plain = !shard.file.is_empty()
+                && !shard.file.starts_with('.')
+                && shard.file.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !plain {
+                return Err(bad(format!(
+                    "shard file name `{}` is not a plain file name",
+                    shard.file
+                )));
+            }
+            total = total
+                .checked_add(shard.records)
+                .ok_or_else(|| bad("shard record counts overflow".to_string()))?;
+        }
+        if total != self.records {
+            return Err(bad(format!(
+                "shards hold {total} records but the manifest says {}",
+                self.records
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the manifest into `dir` atomically.
+    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
+        let mut text = serde_json::to_string_pretty(self)
+            .map_err(|e| Error::Schema(format!("cannot serialize the manifest: {e}")))?;
+        text.push('\n');
+        atomic::write_file(&dir.join(MANIFEST_FILE), text.as_bytes())
+    }
+}

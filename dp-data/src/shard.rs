@@ -1,0 +1,463 @@
+//! Shard files: a header, independently compressed blocks each with a CRC32C, a footer index
+//! and a trailer. See FORMAT.md for the byte layout.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dp_mem::{Pool, Tag};
+
+use crate::atomic;
+use crate::block::Block;
+use crate::error::{Error, Result};
+use crate::schema::Schema;
+
+pub(crate) const SHARD_MAGIC: [u8; 8] = *b"DPSHARD\0";
+pub(crate) const TRAILER_MAGIC: [u8; 8] = *b"DPSHEND\0";
+pub(crate) const SHARD_VERSION: u32 = 1;
+pub(crate) const HEADER_LEN: u64 = 24;
+pub(crate) const BLOCK_HEADER_LEN: u64 = 24;
+pub(crate) const INDEX_ENTRY_LEN: u64 = 40;
+pub(crate) const TRAILER_LEN: u64 = 48;
+
+/// zstd cannot expand data by more than this factor (a 128 KiB block compresses to no less
+/// than a few bytes); a block header claiming more is lying, and must not make us allocate.
+const MAX_ZSTD_RATIO: u64 = 1 << 15;
+
+/// Identifies the schema a shard was written with: CRC32C of the schema's JSON in the low 32
+/// bits, its length in the high 32.
+pub(crate) fn schema_fingerprint(schema: &Schema) -> u64 {
+    let json = serde_json::to_vec(schema).unwrap_or_default();
+    u64::from(crc32c::crc32c(&json)) | ((json.len() as u64) << 32)
+}
+
+/// Where one block lies in its shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockEntry {
+    /// Offset of the block header in the file.
+    pub(crate) offset: u64,
+    pub(crate) compressed: u64,
+    pub(crate) raw: u64,
+    /// Index of the block's first record within the shard.
+    pub(crate) first_record: u64,
+    pub(crate) records: u32,
+    pub(crate) crc: u32,
+}
+
+impl BlockEntry {
+    fn encode(&self, out: &mut Vec<u8>) {
+        for v in [self.offset, self.compressed, self.raw, self.first_record] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.records.to_le_bytes());
+        out.extend_from_slice(&self.crc.to_le_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> BlockEntry {
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or_default());
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap_or_default());
+        BlockEntry {
+            offset: u64_at(0),
+            compressed: u64_at(8),
+            raw: u64_at(16),
+            first_record: u64_at(24),
+            records: u32_at(32),
+            crc: u32_at(36),
+        }
+    }
+
+    fn header(&self) -> [u8; BLOCK_HEADER_LEN as usize] {
+        let mut header = [0; BLOCK_HEADER_LEN as usize];
+        header[0..8].copy_from_slice(&self.compressed.to_le_bytes());
+        header[8..16].copy_from_slice(&self.raw.to_le_bytes());
+        header[16..20].copy_from_slice(&self.records.to_le_bytes());
+        header[20..24].copy_from_slice(&self.crc.to_le_bytes());
+        header
+    }
+}
+
+/// What a finished shard looks like, for the manifest.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardSummary {
+    pub(crate) records: u64,
+    pub(crate) blocks: u64,
+    pub(crate) bytes: u64,
+    pub(crate) raw_bytes: u64,
+    pub(crate) crc32c: u32,
+}
+
+/// Writes one shard under a temporary name; `finish` makes it durable and renames it.
+pub(crate) struct ShardWriter {
+    path: PathBuf,
+    temp: PathBuf,
+    file: BufWriter<File>,
+    position: u64,
+    crc: u32,
+    entries: Vec<BlockEntry>,
+    records: u64,
+    raw_bytes: u64,
+}
+
+impl ShardWriter {
+    pub(crate) fn create(path: PathBuf, fingerprint: u64) -> Result<Self> {
+        let temp = atomic::temp_path(&path);
+        let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
+        let mut writer = ShardWriter {
+            path,
+            temp,
+            file: BufWriter::with_capacity(1 << 20, file),
+            position: 0,
+            crc: 0,
+            entries: Vec::new(),
+            records: 0,
+            raw_bytes: 0,
+        };
+        let mut header = Vec::with_capacity(HEADER_LEN as usize);
+        header.extend_from_slice(&SHARD_MAGIC);
+        header.extend_from_slice(&SHARD_VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        header.extend_from_slice(&fingerprint.to_le_bytes());
+        writer.write(&header)?;
+        Ok(writer)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file.write_all(bytes).map_err(|e| Error::io(&self.temp, "write", e))?;
+        self.crc = crc32c::crc32c_append(self.crc, bytes);
+        self.position += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn position(&self) -> u64 {
+        self.position
+    }
+
+    pub(crate) fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Appends one compressed block of `records` records whose uncompressed size is `raw`.
+    pub(crate) fn write_block(&mut self, compressed: &[u8], raw: u64, records: u32) -> Result<()> {
+        let entry = BlockEntry {
+            offset: self.position,
+            compressed: compressed.len() as u64,
+            raw,
+            first_record: self.records,
+            records,
+            crc: crc32c::crc32c(compressed),
+        };
+        self.write(&entry.header())?;
+        self.write(compressed)?;
+        self.entries.push(entry);
+        self.records += u64::from(records);
+        self.raw_bytes += raw;
+        Ok(())
+    }
+
+    /// Writes the index and trailer, fsyncs, and renames the file into place.
+    pub(crate) fn finish(mut self) -> Result<ShardSummary> {
+        let index_offset = self.position;
+        let mut index = Vec::with_capacity(self.entries.len() * INDEX_ENTRY_LEN as usize);
+        for entry in &self.entries {
+            entry.encode(&mut index);
+        }
+        self.write(&index)?;
+        let mut trailer = Vec::with_capacity(TRAILER_LEN as usize);
+        for v in [index_offset, self.entries.len() as u64, self.records, self.raw_bytes] {
+            trailer.extend_from_slice(&v.to_le_bytes());
+        }
+        trailer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
+        trailer.extend_from_slice(&SHARD_VERSION.to_le_bytes());
+        trailer.extend_from_slice(&TRAILER_MAGIC);
+        self.write(&trailer)?;
+        let file =
+            self.file.into_inner().map_err(|e| Error::io(&self.temp, "write", e.into_error()))?;
+        atomic::commit(file, &self.temp, &self.path)?;
+        Ok(ShardSummary {
+            records: self.records,
+            blocks: self.entries.len() as u64,
+            bytes: self.position,
+            raw_bytes: self.raw_bytes,
+            crc32c: self.crc,
+        })
+    }
+}
+
+/// Reads `buf.len()` bytes at `offset`, naming the file in errors.
+pub(crate) fn read_at(file: &File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+    #[cfg(unix)]
+    let read = std::os::unix::fs::FileExt::read_exact_at(file, buf, offset);
+    #[cfg(windows)]
+    let read = {
+        let mut done = 0;
+        let mut result = Ok(());
+        while done < buf.len() {
+            match std::os::windows::fs::FileExt::seek_read(
+                file,
+                &mut buf[done..],
+                offset + done as u64,
+            ) {
+                Ok(0) => {
+                    result = Err(std::io::ErrorKind::UnexpectedEof.into());
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        result
+    };
+    read.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::corrupt(
+                path,
+                offset,
+                format!("file ends before the {} bytes expected here", buf.len()),
+            )
+        } else {
+            Error::io(path, "read", e)
+        }
+    })
+}
+
+/// An open, validated shard.
+pub(crate) struct ShardReader {
+    path: PathBuf,
+    file: File,
+    entries: Vec<BlockEntry>,
+    records: u64,
+}
+
+thread_local! {
+    /// One decompression context per thread, reused across blocks and shards.
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+impl ShardReader {
+    /// Opens `path`, checking the header against `fingerprint` and the trailer and index
+    /// against the file's size. Nothing is allocated beyond what the file's size justifies.
+    pub(crate) fn open(path: PathBuf, fingerprint: u64) -> Result<Self> {
+        let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
+        let len = file.metadata().map_err(|e| Error::io(&path, "stat", e))?.len();
+        let corrupt = |offset: u64, what: String| Error::corrupt(&path, offset, what);
+        if len < HEADER_LEN + TRAILER_LEN {
+            return Err(corrupt(
+                0,
+                format!("{len} bytes is too short for a shard header and trailer"),
+            ));
+        }
+        let mut header = [0u8; HEADER_LEN as usize];
+        read_at(&file, &path, 0, &mut header)?;
+        if header[0..8] != SHARD_MAGIC {
+            return Err(corrupt(
+                0,
+                format!("magic is {:?}, expected {:?}", &header[0..8], SHARD_MAGIC),
+            ));
+        }
+        let version = u32::from_le_bytes(header[8..12].try_into().unwrap_or_default());
+        if version != SHARD_VERSION {
+            return Err(corrupt(8, format!("shard version {version}, expected {SHARD_VERSION}")));
+        }
+        let stored = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
+        if stored != fingerprint {
+            return Err(corrupt(
+                16,
+                "shard was written with a different schema than the manifest's".into(),
+            ));
+        }
+
+        let trailer_at = len - TRAILER_LEN;
+        let mut trailer = [0u8; TRAILER_LEN as usize];
+        read_at(&file, &path, trailer_at, &mut trailer)?;
+        let u64_at =
+            |i: usize| u64::from_le_bytes(trailer[i..i + 8].try_into().unwrap_or_default());
+        if trailer[40..48] != TRAILER_MAGIC {
+            return Err(corrupt(
+                trailer_at + 40,
+                "trailer magic missing: the shard is truncated or not a shard".into(),
+            ));
+        }
+        let (index_offset, blocks, records) = (u64_at(0), u64_at(8), u64_at(16));
+        let index_crc = u32::from_le_bytes(trailer[32..36].try_into().unwrap_or_default());
+        let index_len = blocks.checked_mul(INDEX_ENTRY_LEN);
+        if index_offset < HEADER_LEN
+            || index_len.and_then(|l| l.checked_add(index_offset)) != Some(trailer_at)
+        {
+            return Err(corrupt(
+                trailer_at,
+                format!(
+                    "trailer says {blocks} blocks indexed at byte {index_offset}, which does not end where the trailer starts ({trailer_at})"
+                ),
+            ));
+        }
+        // Bounded by the file's size: index_len == trailer_at - index_offset.
+        let mut index = vec![0u8; (trailer_at - index_offset) as usize];
+        read_at(&file, &path, index_offset, &mut index)?;
+        if crc32c::crc32c(&index) != index_crc {
+            return Err(corrupt(index_offset, "index checksum mismatch".into()));
+        }
+        let mut entries = Vec::with_capacity(blocks as usize);
+        let mut expected_offset = HEADER_LEN;
+        let mut expected_record = 0u64;
+        for (i, bytes) in index.chunks_exact(INDEX_ENTRY_LEN as usize).enumerate() {
+            let entry = BlockEntry::decode(bytes);
+            let at = index_offset + i as u64 * INDEX_ENTRY_LEN;
+            let end = entry
+                .offset
+                .checked_add(BLOCK_HEADER_LEN)
+                .and_then(|e| e.checked_add(entry.compressed));
+            if entry.offset != expected_offset || end.is_none_or(|e| e > index_offset) {
+                return Err(corrupt(
+                    at,
+                    format!(
+                        "index entry {i} places block at byte {} with {} bytes, expected it at byte {expected_offset} and before the index",
+                        entry.offset, entry.compressed
+                    ),
+                ));
+            }
+            if entry.first_record != expected_record || entry.records == 0 {
+                return Err(corrupt(
+                    at,
+                    format!(
+                        "index entry {i} starts at record {} with {} records, expected record {expected_record} and at least one",
+                        entry.first_record, entry.records
+                    ),
+                ));
+            }
+            if entry.raw > entry.compressed.saturating_mul(MAX_ZSTD_RATIO).saturating_add(1 << 16) {
+                return Err(corrupt(
+                    at,
+                    format!(
+                        "index entry {i} claims {} uncompressed bytes from {} compressed",
+                        entry.raw, entry.compressed
+                    ),
+                ));
+            }
+            expected_offset = end.unwrap_or(0);
+            expected_record += u64::from(entry.records);
+            entries.push(entry);
+        }
+        if expected_offset != index_offset || expected_record != records {
+            return Err(corrupt(
+                trailer_at,
+                format!(
+                    "blocks end at byte {expected_offset} and hold {expected_record} records; the trailer says {index_offset} and {records}"
+                ),
+            ));
+        }
+        Ok(ShardReader { path, file, entries, records })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn records(&self) -> u64 {
+        self.records
+    }
+
+    pub(crate) fn entries(&self) -> &[BlockEntry] {
+        &self.entries
+    }
+
+    /// The block holding shard-local record `record`.
+    pub(crate) fn block_of(&self, record: u64) -> usize {
+        self.entries.partition_point(|e| e.first_record + u64::from(e.records) <= record)
+    }
+
+    /// Reads block `index`'s compressed bytes (after its header) into `buf`, checking the
+    /// header against the index and the CRC32C when `verify` is set.
+    pub(crate) fn read_compressed(
+        &self,
+        index: usize,
+        pool: &Pool,
+        verify: bool,
+    ) -> Result<dp_mem::PoolBuf<u8>> {
+        let entry = &self.entries[index];
+        let total = (BLOCK_HEADER_LEN + entry.compressed) as usize;
+        let mut buf = pool.alloc::<u8>(total, Tag::Data)?;
+        read_at(&self.file, &self.path, entry.offset, &mut buf)?;
+        if buf[..BLOCK_HEADER_LEN as usize] != entry.header() {
+            return Err(Error::corrupt(
+                &self.path,
+                entry.offset,
+                format!("block {index} header does not match the index"),
+            ));
+        }
+        if verify && crc32c::crc32c(&buf[BLOCK_HEADER_LEN as usize..]) != entry.crc {
+            return Err(Error::corrupt(
+                &self.path,
+                entry.offset + BLOCK_HEADER_LEN,
+                format!("block {index} checksum mismatch"),
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// Reads, checks and decompresses block `index`. `first_record` is its first record's index
+    /// in the dataset.
+    pub(crate) fn read_block(
+        &self,
+        index: usize,
+        pool: &Pool,
+        schema: &Arc<Schema>,
+        first_record: u64,
+    ) -> Result<Block> {
+        let compressed = self.read_compressed(index, pool, true)?;
+        self.decompress(index, &compressed[BLOCK_HEADER_LEN as usize..], pool, schema, first_record)
+    }
+
+    /// Decompresses the compressed bytes of block `index` and validates the block.
+    pub(crate) fn decompress(
+        &self,
+        index: usize,
+        compressed: &[u8],
+        pool: &Pool,
+        schema: &Arc<Schema>,
+        first_record: u64,
+    ) -> Result<Block> {
+        let entry = &self.entries[index];
+        let at = entry.offset + BLOCK_HEADER_LEN;
+        let raw = entry.raw as usize;
+        let mut data = pool.alloc::<u8>(raw, Tag::Data)?;
+        let written = DECOMPRESSOR.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(
+                    zstd::bulk::Decompressor::new()
+                        .map_err(|e| Error::io(&self.path, "zstd init", e))?,
+                );
+            }
+            let decompressor = slot.as_mut().unwrap_or_else(|| unreachable!("initialized above"));
+            decompressor.decompress_to_buffer(compressed, &mut data[..]).map_err(|e| {
+                Error::corrupt(
+                    &self.path,
+                    at,
+                    format!("block {index} does not decompress to {raw} bytes: {e}"),
+                )
+            })
+        })?;
+        if written != raw {
+            return Err(Error::corrupt(
+                &self.path,
+                at,
+                format!("block {index} decompresses to {written} bytes, the index says {raw}"),
+            ));
+        }
+        Block::decode(
+            data,
+            raw,
+            entry.records as usize,
+            first_record,
+            Arc::clone(schema),
+            &self.path,
+            entry.offset,
+        )
+    }
+}

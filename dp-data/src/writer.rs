@@ -1,0 +1,335 @@
+//! The dataset writer: streams records into blocks, compresses blocks on worker threads, writes
+//! them in order into shards, and writes the manifest last.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crate::block::BlockBuilder;
+use crate::error::{Error, Result};
+use crate::manifest::{FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardInfo};
+use crate::schema::Schema;
+use crate::shard::{ShardWriter, schema_fingerprint};
+use crate::value::Value;
+
+/// How a [`DatasetWriter`] cuts and compresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriterOptions {
+    /// Uncompressed bytes per block (4 KiB to 64 MiB; default 256 KiB). Larger blocks compress
+    /// better; smaller ones make random access cheaper. A record larger than this gets a block
+    /// of its own.
+    pub block_size: usize,
+    /// Bytes per shard file before a new one is started (at least `block_size`; default 256 MiB).
+    pub shard_size: u64,
+    /// zstd level (1 to 19; default 3).
+    pub level: i32,
+    /// Compression threads (1 to 256; default: the available cores). The bytes written do not
+    /// depend on it.
+    pub threads: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            block_size: 256 << 10,
+            shard_size: 256 << 20,
+            level: 3,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl WriterOptions {
+    fn check(&self) -> Result<()> {
+        let fail = |field, what: String| Err(Error::Config { field, what });
+        if !(4 << 10..=64 << 20).contains(&self.block_size) {
+            return fail("block_size", format!("{} is outside 4 KiB..=64 MiB", self.block_size));
+        }
+        if self.shard_size < self.block_size as u64 {
+            return fail(
+                "shard_size",
+                format!("{} is smaller than block_size {}", self.shard_size, self.block_size),
+            );
+        }
+        if !(1..=19).contains(&self.level) {
+            return fail("level", format!("{} is outside 1..=19", self.level));
+        }
+        if !(1..=256).contains(&self.threads) {
+            return fail("threads", format!("{} is outside 1..=256", self.threads));
+        }
+        Ok(())
+    }
+}
+
+/// A block on its way to the disk.
+struct Job {
+    seq: u64,
+    raw: Vec<u8>,
+    records: u32,
+}
+
+struct Compressed {
+    compressed: Vec<u8>,
+    raw: Vec<u8>,
+    records: u32,
+}
+
+/// Compression on worker threads, results collected back in order.
+struct Workers {
+    jobs: Option<SyncSender<Job>>,
+    done: Receiver<(u64, std::io::Result<Compressed>)>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    fn spawn(threads: usize, level: i32) -> Self {
+        let (jobs, job_rx) = mpsc::sync_channel::<Job>(threads);
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let (done_tx, done) = mpsc::channel();
+        let handles = (0..threads)
+            .map(|_| {
+                let job_rx = Arc::clone(&job_rx);
+                let done_tx = done_tx.clone();
+                std::thread::spawn(move || {
+                    let mut compressor = zstd::bulk::Compressor::new(level);
+                    loop {
+                        let job = match job_rx.lock().map(|rx| rx.recv()) {
+                            Ok(Ok(job)) => job,
+                            _ => return,
+                        };
+                        let result = match &mut compressor {
+                            Ok(c) => c.compress(&job.raw).map(|compressed| Compressed {
+                                compressed,
+                                raw: job.raw,
+                                records: job.records,
+                            }),
+                            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                        };
+                        if done_tx.send((job.seq, result)).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Workers { jobs: Some(jobs), done, handles }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.jobs = None; // closes the queue, so every worker returns
+        for handle in self.handles.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Writes a dataset: records in, shards and a manifest out.
+///
+/// Memory stays bounded whatever the dataset's size: one block being filled plus at most two
+/// blocks per compression thread in flight. Each shard is written under a temporary name and
+/// renamed when complete; the manifest is written last, atomically. A writer that is dropped
+/// or killed before [`DatasetWriter::finish`] leaves no manifest, so the directory never reads
+/// as a dataset. The same records and options give the same bytes, whatever the thread count.
+pub struct DatasetWriter {
+    dir: PathBuf,
+    schema: Arc<Schema>,
+    options: WriterOptions,
+    fingerprint: u64,
+    builder: BlockBuilder,
+    records: u64,
+    workers: Option<Workers>,
+    next_seq: u64,
+    next_to_write: u64,
+    ready: BTreeMap<u64, Compressed>,
+    spare: Vec<Vec<u8>>,
+    shard: Option<ShardWriter>,
+    shards: Vec<ShardInfo>,
+}
+
+impl DatasetWriter {
+    /// Starts a dataset in `dir` (created if missing). Fails if `dir` already holds a dataset.
+    pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriterOptions) -> Result<Self> {
+        options.check()?;
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
+        if dir.join(MANIFEST_FILE).exists() {
+            return Err(Error::Config {
+                field: "out",
+                what: format!(
+                    "{} already holds a dataset; remove it or choose another directory",
+                    dir.display()
+                ),
+            });
+        }
+        let workers = (options.threads > 1).then(|| Workers::spawn(options.threads, options.level));
+        Ok(DatasetWriter {
+            fingerprint: schema_fingerprint(&schema),
+            builder: BlockBuilder::new(&schema),
+            schema: Arc::new(schema),
+            dir,
+            options,
+            records: 0,
+            workers,
+            next_seq: 0,
+            next_to_write: 0,
+            ready: BTreeMap::new(),
+            spare: Vec::new(),
+            shard: None,
+            shards: Vec::new(),
+        })
+    }
+
+    /// The schema records must follow.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Records appended so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Appends one record: one value per feature, in schema order.
+    pub fn append(&mut self, record: &[Value<'_>]) -> Result<()> {
+        let features = self.schema.features();
+        if record.len() != features.len() {
+            return Err(Error::Record {
+                record: self.records,
+                feature: String::new(),
+                what: format!(
+                    "{} values given for {} features ({})",
+                    record.len(),
+                    features.len(),
+                    self.schema
+                ),
+            });
+        }
+        for (value, feature) in record.iter().zip(features) {
+            value.check(feature, self.records)?;
+        }
+        self.builder.push(record);
+        self.records += 1;
+        if self.builder.encoded_len() >= self.options.block_size {
+            self.seal_block()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the last block, finishes the last shard and writes the manifest.
+    pub fn finish(mut self) -> Result<Manifest> {
+        if self.builder.records() > 0 {
+            self.seal_block()?;
+        }
+        while self.next_to_write < self.next_seq {
+            self.collect_one()?;
+        }
+        self.finish_shard()?;
+        let manifest = Manifest {
+            format: FORMAT_NAME.to_string(),
+            version: FORMAT_VERSION,
+            schema: (*self.schema).clone(),
+            records: self.records,
+            block_size: self.options.block_size,
+            level: self.options.level,
+            shards: std::mem::take(&mut self.shards),
+        };
+        manifest.write(&self.dir)?;
+        Ok(manifest)
+    }
+
+    /// Encodes the current block and sends it to be compressed (or compresses it here).
+    fn seal_block(&mut self) -> Result<()> {
+        let mut raw = self.spare.pop().unwrap_or_default();
+        let records = self.builder.records() as u32;
+        self.builder.encode_into(&mut raw);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        match &self.workers {
+            None => {
+                let compressed = zstd::bulk::compress(&raw, self.options.level)
+                    .map_err(|e| Error::io(&self.dir, "zstd compress", e))?;
+                self.ready.insert(seq, Compressed { compressed, raw, records });
+                self.write_ready()
+            }
+            Some(workers) => {
+                let jobs = workers.jobs.as_ref().ok_or_else(|| self.worker_gone())?;
+                jobs.send(Job { seq, raw, records }).map_err(|_| self.worker_gone())?;
+                // Keep at most two blocks per thread in flight.
+                while self.next_seq - self.next_to_write > 2 * self.options.threads as u64 {
+                    self.collect_one()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn worker_gone(&self) -> Error {
+        Error::io(&self.dir, "compress", std::io::Error::other("a compression thread stopped"))
+    }
+
+    /// Waits for one compressed block, then writes whatever is ready in order.
+    fn collect_one(&mut self) -> Result<()> {
+        if let Some(workers) = &self.workers {
+            let (seq, result) = workers.done.recv().map_err(|_| self.worker_gone())?;
+            let compressed = result.map_err(|e| Error::io(&self.dir, "zstd compress", e))?;
+            self.ready.insert(seq, compressed);
+        }
+        self.write_ready()
+    }
+
+    fn write_ready(&mut self) -> Result<()> {
+        while let Some(block) = self.ready.remove(&self.next_to_write) {
+            self.write_block(&block)?;
+            self.next_to_write += 1;
+            self.spare.push(block.raw);
+        }
+        Ok(())
+    }
+
+    fn write_block(&mut self, block: &Compressed) -> Result<()> {
+        let full = self.shard.as_ref().is_some_and(|s| {
+            s.records() > 0
+                && s.position() + block.compressed.len() as u64 > self.options.shard_size
+        });
+        if full {
+            self.finish_shard()?;
+        }
+        if self.shard.is_none() {
+            let name = format!("shard-{:05}.dps", self.shards.len());
+            self.shard = Some(ShardWriter::create(self.dir.join(name), self.fingerprint)?);
+        }
+        let shard = self.shard.as_mut().unwrap_or_else(|| unreachable!("created above"));
+        shard.write_block(&block.compressed, block.raw.len() as u64, block.records)
+    }
+
+    fn finish_shard(&mut self) -> Result<()> {
+        let Some(shard) = self.shard.take() else { return Ok(()) };
+        let file = format!("shard-{:05}.dps", self.shards.len());
+        let summary = shard.finish()?;
+        self.shards.push(ShardInfo {
+            file,
+            records: summary.records,
+            blocks: summary.blocks,
+            bytes: summary.bytes,
+            raw_bytes: summary.raw_bytes,
+            crc32c: summary.crc32c,
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for DatasetWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetWriter")
+            .field("dir", &self.dir)
+            .field("schema", &self.schema.to_string())
+            .field("records", &self.records)
+            .finish()
+    }
+}

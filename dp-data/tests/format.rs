@@ -1,0 +1,365 @@
+//! The dataset format end to end: round trips of every feature kind, shards, determinism,
+//! atomicity, and what corrupt, truncated or mismatched files produce.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use dp_data::{
+    DType, Dataset, DatasetWriter, Error, Feature, MANIFEST_FILE, Schema, Value, WriterOptions,
+};
+use proptest::prelude::*;
+
+/// A fresh directory for one test.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dp-data-format-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+fn schema() -> Schema {
+    Schema::new(vec![
+        Feature::dense("image", DType::U8, &[4, 3]),
+        Feature::dense("label", DType::I64, &[]),
+        Feature::dense("weight", DType::F32, &[2]),
+        Feature::bytes("text"),
+        Feature::sparse("tokens", DType::F32, &[1000]),
+    ])
+    .unwrap()
+}
+
+/// Record `i` of the test dataset, a pure function of `i`.
+struct Rec {
+    image: [u8; 12],
+    label: i64,
+    weight: [f32; 2],
+    text: Vec<u8>,
+    positions: Vec<u64>,
+    values: Vec<f32>,
+}
+
+fn record(i: u64) -> Rec {
+    let nnz = (i % 7) as usize;
+    Rec {
+        image: std::array::from_fn(|k| (i as usize * 31 + k * 7) as u8),
+        label: (i % 10) as i64 - 3,
+        weight: [i as f32 * 0.5, -(i as f32)],
+        text: format!("record number {i}").repeat((i % 4) as usize).into_bytes(),
+        positions: (0..nnz).map(|k| (k as u64) * 100 + i % 100).collect(),
+        values: (0..nnz).map(|k| k as f32 + i as f32).collect(),
+    }
+}
+
+fn write(dir: &Path, records: u64, options: WriterOptions) -> dp_data::Manifest {
+    let mut writer = DatasetWriter::create(dir, schema(), options).unwrap();
+    for i in 0..records {
+        let r = record(i);
+        writer
+            .append(&[
+                Value::dense(&r.image),
+                Value::dense(&[r.label]),
+                Value::dense(&r.weight),
+                Value::Bytes(&r.text),
+                Value::sparse(&r.positions, &r.values),
+            ])
+            .unwrap();
+    }
+    writer.finish().unwrap()
+}
+
+fn small_blocks(threads: usize) -> WriterOptions {
+    let mut options = WriterOptions::default();
+    options.block_size = 4 << 10;
+    options.shard_size = 16 << 10;
+    options.threads = threads;
+    options
+}
+
+fn check_record(dataset: &Dataset, i: u64) {
+    let r = record(i);
+    let got = dataset.get(i).unwrap();
+    assert_eq!(got.index(), i);
+    let image: Vec<u8> = got.dense::<u8>("image").unwrap().iter().copied().collect();
+    assert_eq!(image, r.image);
+    assert_eq!(got.dense::<u8>("image").unwrap().shape(), &[4, 3]);
+    assert_eq!(
+        got.dense::<i64>("label").unwrap().iter().copied().collect::<Vec<_>>(),
+        vec![r.label]
+    );
+    assert_eq!(got.dense::<f32>("weight").unwrap().iter().copied().collect::<Vec<_>>(), r.weight);
+    assert_eq!(got.bytes("text").unwrap(), r.text.as_slice());
+    let (positions, values) = got.sparse::<f32>("tokens").unwrap();
+    assert_eq!((positions, values), (r.positions.as_slice(), r.values.as_slice()));
+}
+
+#[test]
+fn every_feature_kind_round_trips_across_blocks_and_shards() {
+    let dir = temp_dir("round-trip");
+    let manifest = write(&dir, 3000, small_blocks(2));
+    assert!(manifest.shards.len() > 2, "{} shards", manifest.shards.len());
+    let dataset = Dataset::open(&dir).unwrap();
+    assert_eq!(dataset.len(), 3000);
+    assert!(dataset.block_count() > manifest.shards.len());
+    for i in (0..3000).step_by(7).chain([0, 2999]) {
+        check_record(&dataset, i);
+    }
+    // Sequential iteration sees every record once, in order, with column-wise dense data.
+    let mut next = 0;
+    for block in dataset.blocks() {
+        let block = block.unwrap();
+        assert_eq!(block.first_record(), next);
+        let labels = block.dense::<i64>("label").unwrap();
+        assert_eq!(labels.shape(), &[block.len()]);
+        for (row, &label) in labels.iter().enumerate() {
+            assert_eq!(label, record(next + row as u64).label);
+        }
+        let images = block.dense::<u8>("image").unwrap();
+        assert_eq!(images.shape(), &[block.len(), 4, 3]);
+        next += block.len() as u64;
+    }
+    assert_eq!(next, 3000);
+    assert!(dataset.verify().is_empty());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bytes_do_not_depend_on_the_thread_count() {
+    let (a, b) = (temp_dir("threads-1"), temp_dir("threads-3"));
+    let ma = write(&a, 2000, small_blocks(1));
+    let mb = write(&b, 2000, small_blocks(3));
+    assert_eq!(ma, mb);
+    for shard in &ma.shards {
+        assert_eq!(fs::read(a.join(&shard.file)).unwrap(), fs::read(b.join(&shard.file)).unwrap());
+    }
+    assert_eq!(fs::read(a.join(MANIFEST_FILE)).unwrap(), fs::read(b.join(MANIFEST_FILE)).unwrap());
+    fs::remove_dir_all(&a).unwrap();
+    fs::remove_dir_all(&b).unwrap();
+}
+
+#[test]
+fn records_that_do_not_match_the_schema_are_refused_by_name() {
+    let dir = temp_dir("bad-records");
+    let mut writer = DatasetWriter::create(&dir, schema(), WriterOptions::default()).unwrap();
+    let r = record(0);
+    let err = writer
+        .append(&[
+            Value::dense(&[1u8; 11]),
+            Value::dense(&[r.label]),
+            Value::dense(&r.weight),
+            Value::Bytes(&r.text),
+            Value::sparse(&r.positions, &r.values),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Record { record: 0, feature, .. } if feature == "image"),
+        "{err}"
+    );
+    let err = writer
+        .append(&[
+            Value::dense(&r.image),
+            Value::dense(&[r.label]),
+            Value::dense(&r.weight),
+            Value::Bytes(&r.text),
+            Value::sparse(&[5, 3], &[1.0f32, 2.0]),
+        ])
+        .unwrap_err();
+    assert!(err.to_string().contains("strictly increasing"), "{err}");
+    let err = writer
+        .append(&[
+            Value::dense(&r.image),
+            Value::dense(&[r.label]),
+            Value::dense(&r.weight),
+            Value::Bytes(&r.text),
+            Value::sparse(&[1000], &[1.0f32]),
+        ])
+        .unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    assert!(writer.append(&[Value::dense(&r.image)]).is_err());
+    assert_eq!(writer.records(), 0);
+    drop(writer);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_unfinished_writer_leaves_no_dataset() {
+    let dir = temp_dir("unfinished");
+    let mut writer = DatasetWriter::create(&dir, schema(), small_blocks(2)).unwrap();
+    for i in 0..500 {
+        let r = record(i);
+        writer
+            .append(&[
+                Value::dense(&r.image),
+                Value::dense(&[r.label]),
+                Value::dense(&r.weight),
+                Value::Bytes(&r.text),
+                Value::sparse(&r.positions, &r.values),
+            ])
+            .unwrap();
+    }
+    drop(writer);
+    assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
+    // A finished dataset is not overwritten by accident.
+    let done = temp_dir("unfinished-2");
+    write(&done, 10, WriterOptions::default());
+    assert!(matches!(
+        DatasetWriter::create(&done, schema(), WriterOptions::default()),
+        Err(Error::Config { field: "out", .. })
+    ));
+    fs::remove_dir_all(&dir).unwrap();
+    fs::remove_dir_all(&done).unwrap();
+}
+
+#[test]
+fn absurd_options_are_refused() {
+    let dir = temp_dir("options");
+    for change in [
+        |o: &mut WriterOptions| o.block_size = 10,
+        |o: &mut WriterOptions| o.block_size = 1 << 40,
+        |o: &mut WriterOptions| o.shard_size = 1,
+        |o: &mut WriterOptions| o.level = 99,
+        |o: &mut WriterOptions| o.threads = 0,
+    ] {
+        let mut options = WriterOptions::default();
+        change(&mut options);
+        assert!(matches!(
+            DatasetWriter::create(&dir, schema(), options),
+            Err(Error::Config { .. })
+        ));
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Writes a small dataset and returns its directory and first shard's path.
+fn one_shard(name: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let mut options = small_blocks(1);
+    options.shard_size = 1 << 30;
+    let manifest = write(&dir, 400, options);
+    assert_eq!(manifest.shards.len(), 1);
+    let shard = dir.join(&manifest.shards[0].file);
+    (dir, shard)
+}
+
+#[test]
+fn a_flipped_byte_in_a_block_is_found_and_located() {
+    let (dir, shard) = one_shard("flip");
+    let mut bytes = fs::read(&shard).unwrap();
+    let at = 200;
+    bytes[at] ^= 0x40;
+    fs::write(&shard, &bytes).unwrap();
+    let dataset = Dataset::open(&dir).unwrap();
+    let problems = dataset.verify();
+    assert!(!problems.is_empty());
+    let text = problems.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n");
+    assert!(text.contains("shard-00000.dps"), "{text}");
+    assert!(text.contains("checksum mismatch"), "{text}");
+    assert!(dataset.get(0).is_err(), "the first block is corrupt");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn truncated_and_foreign_shards_are_refused_at_open() {
+    let (dir, shard) = one_shard("truncate");
+    let bytes = fs::read(&shard).unwrap();
+    // Truncation: the manifest's size no longer matches.
+    fs::write(&shard, &bytes[..bytes.len() - 10]).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
+    // Wrong magic, same size.
+    let mut wrong = bytes.clone();
+    wrong[0] = b'X';
+    fs::write(&shard, &wrong).unwrap();
+    let err = Dataset::open(&dir).unwrap_err();
+    assert!(matches!(&err, Error::Corrupt { offset: 0, .. }), "{err}");
+    // A lying trailer.
+    let mut lying = bytes.clone();
+    let n = lying.len();
+    lying[n - 40] ^= 1; // block count
+    fs::write(&shard, &lying).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
+    fs::write(&shard, &bytes).unwrap();
+    assert!(Dataset::open(&dir).is_ok());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_shard_from_another_schema_is_refused() {
+    let (dir, shard) = one_shard("foreign");
+    let other = temp_dir("foreign-other");
+    let other_schema = Schema::new(vec![Feature::dense("x", DType::F32, &[3])]).unwrap();
+    let mut writer = DatasetWriter::create(&other, other_schema, small_blocks(1)).unwrap();
+    for _ in 0..400 {
+        writer.append(&[Value::dense(&[1.0f32, 2.0, 3.0])]).unwrap();
+    }
+    let m = writer.finish().unwrap();
+    fs::copy(other.join(&m.shards[0].file), &shard).unwrap();
+    let err = Dataset::open(&dir).unwrap_err();
+    assert!(err.to_string().contains("shard-00000.dps"), "{err}");
+    fs::remove_dir_all(&dir).unwrap();
+    fs::remove_dir_all(&other).unwrap();
+}
+
+#[test]
+fn missing_or_garbled_manifests_are_errors() {
+    let (dir, _) = one_shard("manifest");
+    let manifest = dir.join(MANIFEST_FILE);
+    let text = fs::read_to_string(&manifest).unwrap();
+    // The total no longer matches the shards' sum.
+    fs::write(&manifest, text.replacen("\"records\": 400", "\"records\": 401", 1)).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
+    // Total and shard agree with each other but not with the shard file: stale.
+    fs::write(&manifest, text.replace("\"records\": 400", "\"records\": 401")).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
+    fs::write(&manifest, "{ not json").unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
+    fs::write(&manifest, text.replace("shard-00000.dps", "../etc/passwd")).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
+    fs::remove_file(&manifest).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn out_of_range_and_wrongly_typed_access_are_errors() {
+    let (dir, _) = one_shard("access");
+    let dataset = Dataset::open(&dir).unwrap();
+    assert!(matches!(dataset.get(400), Err(Error::OutOfRange { index: 400, len: 400 })));
+    let record = dataset.get(3).unwrap();
+    assert!(matches!(record.dense::<f32>("image"), Err(Error::Access { .. })));
+    assert!(matches!(record.dense::<u8>("nope"), Err(Error::Access { .. })));
+    assert!(matches!(record.bytes("image"), Err(Error::Access { .. })));
+    assert!(matches!(record.sparse::<f32>("text"), Err(Error::Access { .. })));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random damage to a shard (flipped bytes, truncation) never panics: opening and reading
+    /// every record either works or returns an error.
+    #[test]
+    fn damaged_shards_never_panic(
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..6),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let (dir, shard) = one_shard(&format!("fuzz-{}", std::thread::current().name().unwrap_or("t").replace("::", "-")));
+        let mut bytes = fs::read(&shard).unwrap();
+        for (at, mask) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] ^= mask;
+        }
+        if let Some(cut) = cut {
+            let keep = cut.index(bytes.len());
+            bytes.truncate(keep);
+        }
+        fs::write(&shard, &bytes).unwrap();
+        if let Ok(dataset) = Dataset::open(&dir) {
+            for i in 0..dataset.len() {
+                if let Ok(record) = dataset.get(i) {
+                    let _ = record.bytes("text");
+                    let _ = record.sparse::<f32>("tokens");
+                }
+            }
+            let _ = dataset.verify();
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
