@@ -420,6 +420,29 @@ impl Block {
         }
     }
 
+    /// Appends record `row`'s raw bytes, feature after feature (dense elements; bytes; sparse
+    /// positions then values): the record as a row-oriented format would store it.
+    pub(crate) fn append_record_bytes(&self, row: usize, out: &mut Vec<u8>) {
+        for (feature, view) in self.schema.features().iter().zip(&self.columns) {
+            let size = feature.dtype.size();
+            match *view {
+                ColumnView::Dense { start } => {
+                    let per = feature.dense_bytes().unwrap_or(0);
+                    out.extend_from_slice(&self.data[start + row * per..start + (row + 1) * per]);
+                }
+                ColumnView::Bytes { ends, data } => {
+                    let (a, b) = (self.end_at(ends, row), self.end_at(ends, row + 1));
+                    out.extend_from_slice(&self.data[data + a..data + b]);
+                }
+                ColumnView::Sparse { ends, indices, values } => {
+                    let (a, b) = (self.end_at(ends, row), self.end_at(ends, row + 1));
+                    out.extend_from_slice(&self.data[indices + 8 * a..indices + 8 * b]);
+                    out.extend_from_slice(&self.data[values + size * a..values + size * b]);
+                }
+            }
+        }
+    }
+
     fn check_row(&self, row: usize) -> Result<()> {
         if row < self.records {
             Ok(())

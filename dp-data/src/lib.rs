@@ -44,6 +44,7 @@ mod dataset;
 mod element;
 mod error;
 mod manifest;
+mod measure;
 mod schema;
 mod shard;
 mod value;
@@ -54,8 +55,17 @@ pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo};
+pub use measure::{ReadReport, gzip_reference, measure_read};
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use value::Value;
 pub use writer::{DatasetWriter, WriterOptions};
 
 // Importers, exporters and the synthetic dataset.
+mod synthetic;
+pub use synthetic::{Split, SyntheticDigits, generate_digits, render_digit};
+mod export;
+mod import;
+pub use export::{ExportOptions, ExportSummary, export_npy};
+pub use import::{
+    CsvOptions, TfRecordCompression, import_csv, import_idx, import_npy, import_tfrecord,
+};

@@ -400,16 +400,17 @@ impl ShardReader {
         Ok(buf)
     }
 
-    /// Reads, checks and decompresses block `index`. `first_record` is its first record's index
-    /// in the dataset.
+    /// Reads, checks (the CRC32C only when `verify`) and decompresses block `index`.
+    /// `first_record` is its first record's index in the dataset.
     pub(crate) fn read_block(
         &self,
         index: usize,
         pool: &Pool,
         schema: &Arc<Schema>,
         first_record: u64,
+        verify: bool,
     ) -> Result<Block> {
-        let compressed = self.read_compressed(index, pool, true)?;
+        let compressed = self.read_compressed(index, pool, verify)?;
         self.decompress(index, &compressed[BLOCK_HEADER_LEN as usize..], pool, schema, first_record)
     }
 

@@ -2,9 +2,10 @@
 //! lives in the library crates and in `.ci/run`.
 
 mod bench;
+mod data;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -29,15 +30,22 @@ enum Cmd {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Work with datasets: import, inspect, verify, export, gen, bench-read.
+    Data {
+        #[command(subcommand)]
+        command: data::DataCmd,
+    },
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     let root = workspace_root();
     match cli.command {
         Cmd::Ci => run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root)),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
+        Cmd::Data { command } => return data::run(command),
     }
+    .map(|()| ExitCode::SUCCESS)
 }
 
 /// The workspace root: the parent of this crate's manifest directory.

@@ -1,0 +1,176 @@
+//! Read throughput measured against its references in the same run: raw zstd decompression of
+//! the same blocks, and the cost of checksumming them. Used by the benchmark and by
+//! `cargo xtask data bench-read`.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::dataset::{Dataset, ReadOptions};
+use crate::error::{Error, Result};
+use crate::shard::BLOCK_HEADER_LEN;
+
+/// What [`measure_read`] found. Throughputs are uncompressed bytes per second on one thread;
+/// times are medians over the passes.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct ReadReport {
+    /// Records in the dataset.
+    pub records: u64,
+    /// Blocks in the dataset.
+    pub blocks: usize,
+    /// Bytes of the shard files.
+    pub bytes_on_disk: u64,
+    /// Bytes of the blocks before compression.
+    pub raw_bytes: u64,
+    /// Raw zstd decompression of the blocks, already in memory, into one reused buffer.
+    pub zstd_bytes_per_s: f64,
+    /// A sequential pass over the dataset: read, CRC32C, decompress, lay out as records.
+    pub read_bytes_per_s: f64,
+    /// `read_bytes_per_s / zstd_bytes_per_s`.
+    pub read_vs_zstd: f64,
+    /// What checking CRC32Cs adds to a sequential pass, as a fraction of it: the pass with
+    /// checks against the same pass without (0 when the difference is below the noise).
+    pub crc_fraction: f64,
+    /// An upper bound on the same: CRC32C of every compressed block, alone and from memory
+    /// that is not in cache, as a fraction of the sequential pass.
+    pub crc_alone_fraction: f64,
+    /// Median latency of `get(i)` for random `i` (a cold block each time), in microseconds.
+    pub get_median_us: f64,
+    /// 99th percentile of the same.
+    pub get_p99_us: f64,
+}
+
+/// Measures sequential and random reads of `dataset` over `passes` passes (at least 3), the
+/// same blocks decompressed by raw zstd as the reference, and `samples` random `get`s.
+pub fn measure_read(
+    dataset: &Dataset,
+    passes: usize,
+    samples: usize,
+    seed: u64,
+) -> Result<ReadReport> {
+    let passes = passes.max(3);
+    let blocks = dataset.block_count();
+    if blocks == 0 {
+        return Err(Error::Config { field: "dataset", what: "has no blocks to measure".into() });
+    }
+    // The reference: the compressed bytes of every block, already in memory.
+    let mut compressed = Vec::with_capacity(blocks);
+    let mut largest = 0;
+    for (shard, reader) in dataset.shards().iter().enumerate() {
+        for b in 0..reader.entries().len() {
+            let buf = reader.read_compressed(b, dataset.pool(), false)?;
+            largest = largest.max(reader.entries()[b].raw as usize);
+            compressed.push((shard, buf));
+        }
+    }
+    let raw_bytes = dataset.manifest().raw_bytes();
+    let mut out = vec![0u8; largest];
+    let mut decompressor =
+        zstd::bulk::Decompressor::new().map_err(|e| Error::io(dataset.dir(), "zstd init", e))?;
+
+    let unchecked = Dataset::open_with(
+        dataset.dir(),
+        ReadOptions {
+            pool: Some(dataset.pool().clone()),
+            verify_checksums: false,
+            ..ReadOptions::default()
+        },
+    )?;
+    let pass = |dataset: &Dataset| -> Result<f64> {
+        let start = Instant::now();
+        for block in dataset.blocks() {
+            std::hint::black_box(block?.len());
+        }
+        Ok(start.elapsed().as_secs_f64())
+    };
+
+    let (mut zstd_s, mut read_s, mut crc_s, mut unchecked_s) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..passes {
+        let start = Instant::now();
+        for (_, buf) in &compressed {
+            decompressor
+                .decompress_to_buffer(&buf[BLOCK_HEADER_LEN as usize..], &mut out)
+                .map_err(|e| Error::io(dataset.dir(), "zstd decompress", e))?;
+        }
+        zstd_s.push(start.elapsed().as_secs_f64());
+
+        let start = Instant::now();
+        let mut crc = 0;
+        for (_, buf) in &compressed {
+            crc ^= crc32c::crc32c(&buf[BLOCK_HEADER_LEN as usize..]);
+        }
+        std::hint::black_box(crc);
+        crc_s.push(start.elapsed().as_secs_f64());
+
+        read_s.push(pass(dataset)?);
+        unchecked_s.push(pass(&unchecked)?);
+    }
+    let (zstd_t, read_t, crc_t) = (median(zstd_s), median(read_s), median(crc_s));
+    let unchecked_t = median(unchecked_s);
+
+    // Random access: every sample misses the cache unless it lands in a recent block.
+    let mut latencies = Vec::with_capacity(samples);
+    let mut state = seed;
+    for _ in 0..samples {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let index = (state >> 11) % dataset.len().max(1);
+        let start = Instant::now();
+        std::hint::black_box(dataset.get(index)?);
+        latencies.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    latencies.sort_by(f64::total_cmp);
+    let percentile = |p: f64| {
+        latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0)
+    };
+
+    Ok(ReadReport {
+        records: dataset.len(),
+        blocks,
+        bytes_on_disk: dataset.manifest().bytes(),
+        raw_bytes,
+        zstd_bytes_per_s: raw_bytes as f64 / zstd_t,
+        read_bytes_per_s: raw_bytes as f64 / read_t,
+        read_vs_zstd: zstd_t / read_t,
+        crc_fraction: ((read_t - unchecked_t) / read_t).max(0.0),
+        crc_alone_fraction: crc_t / read_t,
+        get_median_us: percentile(0.5),
+        get_p99_us: percentile(0.99),
+    })
+}
+
+/// Bytes of the dataset's records, row after row, compressed as `gzip -6` would: the
+/// reference for bytes on disk.
+pub fn gzip_reference(dataset: &Dataset) -> Result<u64> {
+    use std::io::Write;
+
+    /// Counts what is written to it.
+    struct Counter(u64);
+    impl Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let mut gzip = flate2::write::GzEncoder::new(Counter(0), flate2::Compression::new(6));
+    let mut row_bytes = Vec::new();
+    for block in dataset.blocks() {
+        let block = block?;
+        for row in 0..block.len() {
+            row_bytes.clear();
+            block.append_record_bytes(row, &mut row_bytes);
+            gzip.write_all(&row_bytes).map_err(|e| Error::io(dataset.dir(), "gzip", e))?;
+        }
+    }
+    Ok(gzip.finish().map_err(|e| Error::io(dataset.dir(), "gzip", e))?.0)
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}

@@ -1,0 +1,301 @@
+//! `cargo xtask data`: import, inspect, verify, export, generate and benchmark datasets. The
+//! logic lives in dp-data; this parses arguments and prints.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use dp_data::{Dataset, WriterOptions};
+use dp_mem::ByteSize;
+
+#[derive(Subcommand)]
+pub(crate) enum DataCmd {
+    /// Import NumPy, IDX, CSV or TFRecord files into a new dataset.
+    Import(ImportArgs),
+    /// Write every dense feature of a dataset to one .npy file each.
+    Export {
+        /// Output format (only npy).
+        #[arg(long, value_enum, default_value_t = ExportFormat::Npy)]
+        format: ExportFormat,
+        /// The dataset directory.
+        dir: PathBuf,
+        /// Directory for the .npy files.
+        #[arg(long)]
+        out: PathBuf,
+        /// Export only these features (comma-separated), in this order.
+        #[arg(long, value_delimiter = ',')]
+        features: Option<Vec<String>>,
+    },
+    /// Write the built-in synthetic digits dataset: OUT/train and OUT/eval.
+    Gen {
+        /// Directory for the two splits.
+        #[arg(long)]
+        out: PathBuf,
+        /// Training records.
+        #[arg(long, default_value_t = 60_000)]
+        records: u64,
+        /// Held-out evaluation records.
+        #[arg(long, default_value_t = 10_000)]
+        eval_records: u64,
+        /// Seed of every record's randomness.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[command(flatten)]
+        write: WriteArgs,
+    },
+    /// Print a dataset's schema, size and compression ratio.
+    Inspect {
+        /// The dataset directory.
+        dir: PathBuf,
+    },
+    /// Check every shard's hash and every block; exit non-zero naming each problem.
+    Verify {
+        /// The dataset directory.
+        dir: PathBuf,
+    },
+    /// Measure sequential and random reads against raw zstd; prints one JSON line.
+    BenchRead {
+        /// The dataset directory.
+        dir: PathBuf,
+        /// Sequential passes (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        passes: usize,
+        /// Random `get` samples.
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+    },
+}
+
+/// Writer options shared by the commands that write datasets.
+#[derive(Args, Clone)]
+pub(crate) struct WriteArgs {
+    /// Uncompressed bytes per block.
+    #[arg(long, default_value_t = 256 << 10)]
+    block_size: usize,
+    /// Bytes per shard file.
+    #[arg(long, default_value_t = 256 << 20)]
+    shard_size: u64,
+    /// zstd level (1-19).
+    #[arg(long, default_value_t = 3)]
+    level: i32,
+    /// Compression threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl WriteArgs {
+    pub(crate) fn options(&self) -> WriterOptions {
+        let mut options = WriterOptions::default();
+        options.block_size = self.block_size;
+        options.shard_size = self.shard_size;
+        options.level = self.level;
+        if let Some(threads) = self.threads {
+            options.threads = threads;
+        }
+        options
+    }
+}
+
+/// Input formats `data import` reads.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ImportFormat {
+    /// NumPy .npy arrays, one per feature (first axis = records).
+    Npy,
+    /// MNIST-style IDX files: images, then optionally labels.
+    Idx,
+    /// CSV with a header row and numeric columns.
+    Csv,
+    /// TFRecord files of tf.train.Example (plain or GZIP).
+    Tfrecord,
+}
+
+/// Output formats `data export` writes.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ExportFormat {
+    /// One .npy file per dense feature.
+    Npy,
+}
+
+/// TFRecord compression as given on the command line.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Compression {
+    /// Detect per file.
+    Auto,
+    /// Uncompressed.
+    None,
+    /// GZIP.
+    Gzip,
+}
+
+#[derive(Args)]
+pub(crate) struct ImportArgs {
+    /// Input format.
+    #[arg(long, value_enum)]
+    format: ImportFormat,
+    /// Input files: for idx, the images then (optionally) the labels; for csv, one file; for
+    /// tfrecord, any number; for npy, `NAME=PATH` pairs (or use --feature).
+    inputs: Vec<String>,
+    /// Output dataset directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// npy: a feature and its array, `NAME=PATH` (repeatable).
+    #[arg(long = "feature", value_name = "NAME=PATH")]
+    features: Vec<String>,
+    /// npy: store float64 arrays as float32.
+    #[arg(long)]
+    narrow_f64: bool,
+    /// csv: the column that becomes the scalar `label`.
+    #[arg(long)]
+    label: Option<String>,
+    /// csv: the columns that become the `features` vector (comma-separated; default: all but
+    /// the label).
+    #[arg(long, value_delimiter = ',')]
+    columns: Option<Vec<String>>,
+    /// csv: the field separator.
+    #[arg(long, default_value_t = ',')]
+    delimiter: char,
+    /// tfrecord: compression of the inputs.
+    #[arg(long, value_enum, default_value_t = Compression::Auto)]
+    compression: Compression,
+    #[command(flatten)]
+    write: WriteArgs,
+}
+
+pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
+    match cmd {
+        DataCmd::Import(args) => import(args),
+        DataCmd::Export { format: ExportFormat::Npy, dir, out, features } => {
+            let summary = dp_data::export_npy(&dir, &out, &dp_data::ExportOptions { features })?;
+            for (name, path) in &summary.written {
+                println!("{name:<20} -> {}", path.display());
+            }
+            for (name, why) in &summary.skipped {
+                println!("{name:<20} skipped: {why}");
+            }
+            println!("{} records exported", summary.records);
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCmd::Gen { out, records, eval_records, seed, write } => {
+            let spec = dp_data::SyntheticDigits { records, eval_records, seed };
+            let (train, eval) = dp_data::generate_digits(&out, &spec, write.options())?;
+            println!(
+                "{}: train {} records ({}), eval {} records ({})",
+                out.display(),
+                train.records,
+                ByteSize(train.bytes()),
+                eval.records,
+                ByteSize(eval.bytes())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCmd::Inspect { dir } => inspect(&dir),
+        DataCmd::Verify { dir } => verify(&dir),
+        DataCmd::BenchRead { dir, passes, samples } => {
+            let dataset = open(&dir)?;
+            let report = dp_data::measure_read(&dataset, passes, samples, 0)?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn open(dir: &PathBuf) -> Result<Dataset> {
+    Dataset::open(dir).with_context(|| format!("cannot open the dataset in {}", dir.display()))
+}
+
+fn inspect(dir: &PathBuf) -> Result<ExitCode> {
+    let dataset = open(dir)?;
+    let m = dataset.manifest();
+    println!("dataset   {}", dir.display());
+    println!("format    {} v{}", m.format, m.version);
+    println!("schema    {}", m.schema);
+    println!("records   {}", m.records);
+    println!(
+        "shards    {} ({} blocks of ~{}, zstd level {})",
+        m.shards.len(),
+        dataset.block_count(),
+        ByteSize(m.block_size as u64),
+        m.level
+    );
+    println!("on disk   {} ({} uncompressed)", ByteSize(m.bytes()), ByteSize(m.raw_bytes()));
+    let ratio = if m.bytes() == 0 { 0.0 } else { m.raw_bytes() as f64 / m.bytes() as f64 };
+    println!("ratio     {ratio:.2}x");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(dir: &PathBuf) -> Result<ExitCode> {
+    let dataset = open(dir)?;
+    let problems = dataset.verify();
+    if problems.is_empty() {
+        println!(
+            "{}: sound ({} records, {} shards, {} blocks)",
+            dir.display(),
+            dataset.len(),
+            dataset.manifest().shards.len(),
+            dataset.block_count()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for problem in &problems {
+        eprintln!("{problem}");
+    }
+    eprintln!("{}: {} problem(s) found", dir.display(), problems.len());
+    Ok(ExitCode::FAILURE)
+}
+
+fn import(args: ImportArgs) -> Result<ExitCode> {
+    let options = args.write.options();
+    let out = &args.out;
+    let manifest = match args.format {
+        ImportFormat::Npy => {
+            let mut features = Vec::new();
+            for pair in args.features.iter().chain(&args.inputs) {
+                let Some((name, path)) = pair.split_once('=') else {
+                    bail!("npy inputs are NAME=PATH pairs, got `{pair}`");
+                };
+                features.push((name.to_string(), PathBuf::from(path)));
+            }
+            dp_data::import_npy(&features, out, args.narrow_f64, options)?
+        }
+        ImportFormat::Idx => match args.inputs.as_slice() {
+            [images] => dp_data::import_idx(images.as_ref(), None, out, options)?,
+            [images, labels] => {
+                dp_data::import_idx(images.as_ref(), Some(labels.as_ref()), out, options)?
+            }
+            _ => bail!("idx takes the images file and optionally the labels file"),
+        },
+        ImportFormat::Csv => {
+            let [path] = args.inputs.as_slice() else { bail!("csv takes exactly one input file") };
+            let csv = dp_data::CsvOptions {
+                label: args.label,
+                columns: args.columns,
+                delimiter: u8::try_from(args.delimiter)
+                    .context("the delimiter must be one byte")?,
+                ..Default::default()
+            };
+            dp_data::import_csv(path.as_ref(), out, &csv, options)?
+        }
+        ImportFormat::Tfrecord => {
+            if args.inputs.is_empty() {
+                bail!("tfrecord takes one or more input files");
+            }
+            let paths: Vec<PathBuf> = args.inputs.iter().map(PathBuf::from).collect();
+            let compression = match args.compression {
+                Compression::Auto => dp_data::TfRecordCompression::Auto,
+                Compression::None => dp_data::TfRecordCompression::None,
+                Compression::Gzip => dp_data::TfRecordCompression::Gzip,
+            };
+            dp_data::import_tfrecord(&paths, out, compression, options)?
+        }
+    };
+    println!(
+        "{}: {} records, schema {}, {} shards, {} on disk",
+        out.display(),
+        manifest.records,
+        manifest.schema,
+        manifest.shards.len(),
+        ByteSize(manifest.bytes())
+    );
+    Ok(ExitCode::SUCCESS)
+}
