@@ -6,6 +6,15 @@
 //! footer index, so a reader decompresses only the block it needs. Inside a block, fixed-shape
 //! features are stored column-wise, so a batch is a copy, not a parse. See `FORMAT.md`.
 //!
+//! * Writing and reading: [`DatasetWriter`], [`Dataset`] (random access through a small block
+//!   cache, sequential iteration by [`Block`], [`Dataset::verify`]).
+//! * Importers: [`import_npy`], [`import_idx`], [`import_csv`], [`import_tfrecord`]; and
+//!   [`export_npy`], so any import can be round-tripped and compared byte for byte.
+//! * The built-in dataset: [`generate_digits`] writes synthetic 28x28 digits with a held-out
+//!   eval split, the default data everywhere in the project.
+//! * Measurement: [`measure_read`] and [`gzip_reference`], used by the benchmark and
+//!   `cargo xtask data bench-read`.
+//!
 //! ```
 //! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};
 //!

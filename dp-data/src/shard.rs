@@ -394,7 +394,11 @@ impl ShardReader {
             return Err(Error::corrupt(
                 &self.path,
                 entry.offset + BLOCK_HEADER_LEN,
-                format!("block {index} checksum mismatch"),
+                format!(
+                    "block {index} checksum mismatch in its compressed bytes {}..{}",
+                    entry.offset + BLOCK_HEADER_LEN,
+                    entry.offset + BLOCK_HEADER_LEN + entry.compressed
+                ),
             ));
         }
         Ok(buf)
