@@ -367,6 +367,18 @@ impl Block {
         }
     }
 
+    /// The raw bytes of dense feature number `feature` for all records; the pipeline resolves
+    /// names once and uses this per record.
+    pub(crate) fn dense_column(&self, feature: usize) -> &[u8] {
+        match self.columns[feature] {
+            ColumnView::Dense { start } => {
+                let per = self.schema.features()[feature].dense_bytes().unwrap_or(0);
+                &self.data[start..start + self.records * per]
+            }
+            _ => &[],
+        }
+    }
+
     /// A dense feature for all records, shaped `[len(), shape...]`.
     pub fn dense<T: Element>(&self, name: &str) -> Result<ArrayViewD<'_, T>> {
         let (feature, _) = self.lookup(name)?;

@@ -154,6 +154,29 @@ impl Dataset {
         &self.shards
     }
 
+    /// Records in each block, over all shards in order.
+    pub(crate) fn block_records(&self) -> Vec<u64> {
+        self.shards.iter().flat_map(|s| s.entries().iter().map(|e| u64::from(e.records))).collect()
+    }
+
+    /// The largest uncompressed and compressed block sizes.
+    pub(crate) fn largest_block(&self) -> (u64, u64) {
+        let entries = self.shards.iter().flat_map(|s| s.entries());
+        entries.fold((0, 0), |(raw, packed), e| (raw.max(e.raw), packed.max(e.compressed)))
+    }
+
+    /// Reads block `global` (counting blocks over all shards in order), bypassing the cache.
+    pub(crate) fn read_global_block(&self, global: usize) -> Result<Block> {
+        let mut rest = global;
+        for (s, shard) in self.shards.iter().enumerate() {
+            if rest < shard.entries().len() {
+                return self.read_block(s, rest);
+            }
+            rest -= shard.entries().len();
+        }
+        Err(Error::OutOfRange { index: global as u64, len: self.block_count() as u64 })
+    }
+
     /// Blocks over all shards.
     pub fn block_count(&self) -> usize {
         self.shards.iter().map(|s| s.entries().len()).sum()

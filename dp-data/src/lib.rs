@@ -54,6 +54,7 @@ mod element;
 mod error;
 mod manifest;
 mod measure;
+mod pipeline;
 mod schema;
 mod shard;
 mod value;
@@ -64,7 +65,11 @@ pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo};
-pub use measure::{ReadReport, gzip_reference, measure_read};
+pub use measure::{PipelineReport, ReadReport, gzip_reference, measure_pipeline, measure_read};
+pub use pipeline::{
+    Batch, CorruptionPolicy, Normalize, Pipeline, PipelineConfig, PipelineState, PipelineStats,
+    RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+};
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use value::Value;
 pub use writer::{DatasetWriter, WriterOptions};

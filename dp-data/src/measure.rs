@@ -174,3 +174,124 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
 }
+
+/// What [`measure_pipeline`] found.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct PipelineReport {
+    /// Records per epoch that reach this rank.
+    pub records_per_epoch: u64,
+    /// Worker threads of the pipeline and of the zstd reference.
+    pub workers: usize,
+    /// First epoch (nothing cached): records per second.
+    pub records_per_s: f64,
+    /// First epoch: uncompressed dataset bytes per second.
+    pub bytes_per_s: f64,
+    /// Raw zstd decompression of the same blocks on the same number of threads.
+    pub zstd_bytes_per_s: f64,
+    /// `bytes_per_s / zstd_bytes_per_s`.
+    pub first_epoch_vs_zstd: f64,
+    /// Second epoch records per second (served from the cache when it is on and fits).
+    pub warm_records_per_s: f64,
+    /// `warm_records_per_s / records_per_s`.
+    pub warm_vs_first: f64,
+    /// Whether the whole dataset was cached.
+    pub cached: bool,
+    /// Share of the first epoch's wall time the consumer waited for batches.
+    pub consumer_wait_share: f64,
+    /// Share spent loading blocks (read, CRC, decompress) on the workers.
+    pub load_share: f64,
+    /// Share spent decoding, transforming and collating on the workers.
+    pub map_share: f64,
+    /// The most `Data` bytes held at once.
+    pub peak_bytes: u64,
+    /// The configured budget.
+    pub memory_budget: u64,
+}
+
+/// Runs two epochs of a pipeline over the dataset in `dir` with `config` (the usual
+/// normalization as its transform), and raw zstd decompression of the same blocks on as many
+/// threads, and compares them.
+pub fn measure_pipeline(
+    dir: &std::path::Path,
+    config: crate::PipelineConfig,
+) -> Result<PipelineReport> {
+    use rayon::prelude::*;
+
+    let dataset = Dataset::open(dir)?;
+    let mut compressed = Vec::new();
+    let mut largest = 0;
+    for reader in dataset.shards() {
+        for b in 0..reader.entries().len() {
+            compressed.push(reader.read_compressed(b, dataset.pool(), false)?);
+            largest = largest.max(reader.entries()[b].raw as usize);
+        }
+    }
+    let raw_bytes = dataset.manifest().raw_bytes();
+    let threads = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.workers)
+        .build()
+        .map_err(|e| Error::Config { field: "workers", what: e.to_string() })?;
+    let mut zstd_s = Vec::new();
+    for _ in 0..3 {
+        let start = Instant::now();
+        threads.install(|| {
+            compressed.par_iter().try_for_each_init(
+                || (zstd::bulk::Decompressor::new(), vec![0u8; largest]),
+                |(decompressor, out), buf| {
+                    let d = decompressor.as_mut().map_err(|e| {
+                        Error::io(
+                            dataset.dir(),
+                            "zstd init",
+                            std::io::Error::new(e.kind(), e.to_string()),
+                        )
+                    })?;
+                    d.decompress_to_buffer(&buf[BLOCK_HEADER_LEN as usize..], out)
+                        .map_err(|e| Error::io(dataset.dir(), "zstd decompress", e))?;
+                    Ok::<(), Error>(())
+                },
+            )
+        })?;
+        zstd_s.push(start.elapsed().as_secs_f64());
+    }
+    drop(compressed);
+    let zstd_t = median(zstd_s);
+
+    let budget = config.memory_budget;
+    let workers = config.workers;
+    let mut pipeline = crate::Pipeline::new(
+        dir,
+        config,
+        vec![Box::new(crate::Normalize::pixels(0.1307, 0.3081))],
+    )?;
+    let per_epoch = pipeline.batches_per_epoch();
+    let epoch = |pipeline: &mut crate::Pipeline| -> Result<(f64, u64)> {
+        let start = Instant::now();
+        let mut records = 0;
+        for _ in 0..per_epoch {
+            records += pipeline.next_batch()?.len() as u64;
+        }
+        Ok((start.elapsed().as_secs_f64(), records))
+    };
+    let (first_t, records) = epoch(&mut pipeline)?;
+    let first = pipeline.stats();
+    let (warm_t, _) = epoch(&mut pipeline)?;
+    let stats = pipeline.stats();
+    let bytes_per_s = raw_bytes as f64 / first_t;
+    Ok(PipelineReport {
+        records_per_epoch: records,
+        workers,
+        records_per_s: records as f64 / first_t,
+        bytes_per_s,
+        zstd_bytes_per_s: raw_bytes as f64 / zstd_t,
+        first_epoch_vs_zstd: zstd_t / first_t,
+        warm_records_per_s: records as f64 / warm_t,
+        warm_vs_first: first_t / warm_t,
+        cached: pipeline.caches_everything(),
+        consumer_wait_share: first.consumer_wait_s / first_t,
+        load_share: first.load_s / first_t,
+        map_share: first.map_s / first_t,
+        peak_bytes: stats.peak_bytes,
+        memory_budget: budget,
+    })
+}

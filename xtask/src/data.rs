@@ -54,6 +54,29 @@ pub(crate) enum DataCmd {
         /// The dataset directory.
         dir: PathBuf,
     },
+    /// Measure the input pipeline (two epochs) against raw zstd; prints one JSON line.
+    Bench {
+        /// The dataset directory.
+        dir: PathBuf,
+        /// Records per batch.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Blocks whose records are shuffled together (0: no shuffle).
+        #[arg(long, default_value_t = 8)]
+        shuffle_window: usize,
+        /// Batches prepared ahead.
+        #[arg(long, default_value_t = 4)]
+        prefetch: usize,
+        /// Do not cache decoded blocks after the first epoch.
+        #[arg(long)]
+        no_cache: bool,
+        /// Memory budget in MiB.
+        #[arg(long, default_value_t = 512)]
+        budget_mib: u64,
+    },
     /// Measure sequential and random reads against raw zstd; prints one JSON line.
     BenchRead {
         /// The dataset directory.
@@ -191,6 +214,20 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
         }
         DataCmd::Inspect { dir } => inspect(&dir),
         DataCmd::Verify { dir } => verify(&dir),
+        DataCmd::Bench { dir, batch, workers, shuffle_window, prefetch, no_cache, budget_mib } => {
+            let mut config = dp_data::PipelineConfig::default();
+            config.batch_size = batch;
+            if let Some(workers) = workers {
+                config.workers = workers;
+            }
+            config.shuffle_window = (shuffle_window > 0).then_some(shuffle_window);
+            config.prefetch = prefetch;
+            config.cache = !no_cache;
+            config.memory_budget = budget_mib << 20;
+            let report = dp_data::measure_pipeline(&dir, config)?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(ExitCode::SUCCESS)
+        }
         DataCmd::BenchRead { dir, passes, samples } => {
             let dataset = open(&dir)?;
             let report = dp_data::measure_read(&dataset, passes, samples, 0)?;

@@ -1,0 +1,150 @@
+//! What a pipeline is asked to do, and the small state it resumes from.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What happens to the last records of an epoch that do not fill a global batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TailPolicy {
+    /// Drop them: every batch is full, and an epoch is `floor(records / global batch)` batches.
+    Drop,
+    /// Fill the last global batch with records from the start of the epoch's order: every
+    /// record is seen, and [`Batch::padded`](super::Batch::padded) counts the repeats.
+    Pad,
+}
+
+/// What happens when a block cannot be read (bad checksum, truncated, undecodable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CorruptionPolicy {
+    /// Stop with the error, which names the shard, block and byte offset.
+    Fail,
+    /// Count and skip the block: each of its records is replaced by the next readable record in
+    /// the epoch's order, so every rank still yields the same number of batches.
+    Skip,
+}
+
+/// The configuration of a [`Pipeline`](super::Pipeline).
+///
+/// `rank`, `world_size`, `workers`, `prefetch`, `cache` and `memory_budget` change how the
+/// stream is produced, never what it contains; everything else is part of the stream's
+/// identity, checked when resuming.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PipelineConfig {
+    /// The dense feature that becomes the batch input `x` (as `f32`).
+    pub input: String,
+    /// The scalar integer feature that becomes the batch labels `y` (as `i64`).
+    pub label: String,
+    /// Records per batch on each rank; the global batch is `batch_size * world_size`.
+    pub batch_size: usize,
+    /// This replica's rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of replicas sharing each epoch.
+    pub world_size: usize,
+    /// Seed of the shuffle and of every record's augmentation.
+    pub seed: u64,
+    /// `None`: dataset order. `Some(w)`: blocks in a random order per epoch, and the records
+    /// of each `w` consecutive blocks shuffled together (`w` blocks are held decoded).
+    pub shuffle_window: Option<usize>,
+    /// The last, partial global batch of an epoch.
+    pub tail: TailPolicy,
+    /// Threads decoding and transforming records.
+    pub workers: usize,
+    /// Batches prepared ahead by a background thread (0: prepared on demand).
+    pub prefetch: usize,
+    /// Keep decoded blocks after the first epoch when the whole dataset fits the budget.
+    pub cache: bool,
+    /// Bytes for everything the pipeline holds: decoded blocks, cache, batches in flight.
+    pub memory_budget: u64,
+    /// What to do with unreadable blocks.
+    pub on_corruption: CorruptionPolicy,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            input: "image".into(),
+            label: "label".into(),
+            batch_size: 256,
+            rank: 0,
+            world_size: 1,
+            seed: 0,
+            shuffle_window: Some(8),
+            tail: TailPolicy::Drop,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            prefetch: 2,
+            cache: true,
+            memory_budget: 512 << 20,
+            on_corruption: CorruptionPolicy::Fail,
+        }
+    }
+}
+
+impl PipelineConfig {
+    pub(crate) fn check(&self) -> Result<()> {
+        let fail = |field, what: String| Err(Error::Config { field, what });
+        if self.batch_size == 0 || self.batch_size > 1 << 24 {
+            return fail("batch_size", format!("{} is outside 1..=16777216", self.batch_size));
+        }
+        if self.world_size == 0 || self.world_size > 1 << 16 {
+            return fail("world_size", format!("{} is outside 1..=65536", self.world_size));
+        }
+        if self.rank >= self.world_size {
+            return fail(
+                "rank",
+                format!("{} is not below world_size {}", self.rank, self.world_size),
+            );
+        }
+        if self.shuffle_window == Some(0) {
+            return fail(
+                "shuffle_window",
+                "must be at least 1 block (or None for no shuffle)".into(),
+            );
+        }
+        if !(1..=256).contains(&self.workers) {
+            return fail("workers", format!("{} is outside 1..=256", self.workers));
+        }
+        if self.prefetch > 1024 {
+            return fail("prefetch", format!("{} is above 1024", self.prefetch));
+        }
+        Ok(())
+    }
+
+    /// Records per global batch.
+    pub fn global_batch(&self) -> usize {
+        self.batch_size * self.world_size
+    }
+}
+
+/// Where a pipeline is: enough to produce exactly the rest of the stream. A few dozen bytes
+/// serialized; [`PipelineState::to_bytes`] and [`PipelineState::from_bytes`] use JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PipelineState {
+    /// The epoch of the next batch.
+    pub epoch: u64,
+    /// The index within its epoch of the next batch.
+    pub batch: u64,
+    /// Records per global batch of the run (a resumed run may change the world size only if
+    /// this stays the same).
+    pub global_batch: u64,
+    /// A hash of everything that defines the stream: dataset, seed, shuffle, tail, global
+    /// batch, features, transforms.
+    pub config_hash: u64,
+}
+
+impl PipelineState {
+    /// The state as bytes (JSON), for a checkpoint.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A state from [`PipelineState::to_bytes`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Config {
+            field: "state",
+            what: format!("not a pipeline state: {e}"),
+        })
+    }
+}

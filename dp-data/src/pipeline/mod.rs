@@ -1,0 +1,354 @@
+//! The input pipeline: what tf.data with `distribute` does, without its failure modes.
+//!
+//! Every epoch has one global order of records, a pure function of (seed, epoch, position):
+//! blocks in a computed random order, records shuffled within windows of a few blocks (see
+//! `plan.rs`). The global order is cut into global batches of `batch_size * world_size`
+//! records, and rank `r` takes the `r`-th slice of each. So every rank gets the same number of
+//! batches, the ranks' slices of an epoch are disjoint and cover it (up to the tail policy),
+//! and neither the worker count, the prefetch depth, nor resuming (even with another world
+//! size, as long as the global batch is the same) changes what the model sees.
+//!
+//! Records are decoded and transformed on worker threads, each into its fixed slot of a
+//! contiguous batch in pooled buffers; a background thread keeps `prefetch` batches ready.
+//! Everything the pipeline holds (decoded blocks, the cache, batches in flight) is sized at
+//! construction to fit `memory_budget`, and a dp-mem budget enforces it.
+//!
+//! Each rank reads the blocks its slices draw from; ranks of one process that want to share
+//! the decompression can run one pipeline with `world_size = 1` and split its batches.
+
+mod batch;
+mod config;
+mod permutation;
+mod plan;
+mod producer;
+mod stats;
+mod transform;
+
+use std::path::Path;
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use dp_mem::{Pool, Tracker};
+
+pub use batch::Batch;
+pub use config::{CorruptionPolicy, PipelineConfig, PipelineState, TailPolicy};
+pub use stats::PipelineStats;
+pub use transform::{Normalize, RandomCrop, RandomFlip, Rng, Sample, Transform};
+
+use crate::dataset::{Dataset, ReadOptions};
+use crate::error::{Error, Result};
+use crate::schema::{DType, Kind};
+use permutation::hash;
+use producer::{Columns, Producer};
+
+/// Batches for one rank, forever (epoch after epoch), in a deterministic order.
+pub struct Pipeline {
+    mode: Mode,
+    next: (u64, u64),
+    batches_per_epoch: u64,
+    global_batch: u64,
+    config_hash: u64,
+    stats: Arc<Mutex<PipelineStats>>,
+    tracker: Tracker,
+    started: Option<Instant>,
+    cached: bool,
+}
+
+enum Mode {
+    Inline(Box<Producer>),
+    Background { batches: Option<Receiver<Result<Batch>>>, thread: Option<JoinHandle<()>> },
+}
+
+impl Pipeline {
+    /// A pipeline over the dataset in `dir`, starting at epoch 0.
+    pub fn new(
+        dir: impl AsRef<Path>,
+        config: PipelineConfig,
+        transforms: Vec<Box<dyn Transform>>,
+    ) -> Result<Self> {
+        Self::build(dir.as_ref(), config, transforms, None)
+    }
+
+    /// A pipeline that continues exactly where `state` was taken. The configuration may differ
+    /// in rank, world size (with the same global batch), workers, prefetch, cache and budget.
+    pub fn resume(
+        dir: impl AsRef<Path>,
+        config: PipelineConfig,
+        transforms: Vec<Box<dyn Transform>>,
+        state: &PipelineState,
+    ) -> Result<Self> {
+        Self::build(dir.as_ref(), config, transforms, Some(state))
+    }
+
+    fn build(
+        dir: &Path,
+        config: PipelineConfig,
+        transforms: Vec<Box<dyn Transform>>,
+        state: Option<&PipelineState>,
+    ) -> Result<Self> {
+        config.check()?;
+        let tracker = Tracker::new();
+        tracker.set_budget(Some(config.memory_budget));
+        let pool = Pool::new(&tracker);
+        let read =
+            ReadOptions { pool: Some(pool.clone()), cache_blocks: 1, ..ReadOptions::default() };
+        let dataset = Arc::new(Dataset::open_with(dir, read)?);
+        let columns = resolve(&dataset, &config)?;
+        let transforms: Arc<[Box<dyn Transform>]> = transforms.into();
+        let config_hash = stream_hash(&dataset, &config, &transforms);
+        let global_batch = config.global_batch() as u64;
+        let batches_per_epoch = Producer::batches_per_epoch(dataset.len(), &config);
+        let next = match state {
+            None => (0, 0),
+            Some(s) => {
+                if s.global_batch != global_batch {
+                    return Err(Error::Config {
+                        field: "batch_size",
+                        what: format!(
+                            "the state was taken with a global batch of {}, this run has {global_batch} ({} x {} ranks)",
+                            s.global_batch, config.batch_size, config.world_size
+                        ),
+                    });
+                }
+                if s.config_hash != config_hash {
+                    return Err(Error::Config {
+                        field: "state",
+                        what: "the state belongs to another dataset, seed, shuffle, tail policy, features or transforms".into(),
+                    });
+                }
+                (s.epoch, s.batch)
+            }
+        };
+        let cached = plan_memory(&dataset, &config, &columns)?;
+        let stats = Arc::new(Mutex::new(PipelineStats::default()));
+        let producer = Producer::new(
+            Arc::clone(&dataset),
+            config.clone(),
+            transforms,
+            columns,
+            pool,
+            Arc::clone(&stats),
+            cached,
+            next,
+        )?;
+        let mode = if config.prefetch == 0 {
+            Mode::Inline(Box::new(producer))
+        } else {
+            spawn(producer, config.prefetch, Arc::clone(&stats))?
+        };
+        Ok(Pipeline {
+            mode,
+            next,
+            batches_per_epoch,
+            global_batch,
+            config_hash,
+            stats,
+            tracker,
+            started: None,
+            cached,
+        })
+    }
+
+    /// The next batch of this rank. Batches run through epoch after epoch: see
+    /// [`Batch::epoch`] and [`Pipeline::batches_per_epoch`].
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        let started = *self.started.get_or_insert_with(Instant::now);
+        let waiting = Instant::now();
+        let batch = match &mut self.mode {
+            Mode::Inline(producer) => producer.next_batch()?,
+            Mode::Background { batches, .. } => {
+                let received = batches.as_ref().and_then(|rx| rx.recv().ok());
+                received.ok_or_else(|| Error::Config {
+                    field: "prefetch",
+                    what: "the producer thread stopped".into(),
+                })??
+            }
+        };
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(self.mode, Mode::Background { .. }) {
+            stats.consumer_wait_s += waiting.elapsed().as_secs_f64();
+        }
+        stats.wall_s = started.elapsed().as_secs_f64();
+        stats.peak_bytes = self.tracker.snapshot().peak_held;
+        self.next = if batch.index() + 1 == self.batches_per_epoch {
+            (batch.epoch() + 1, 0)
+        } else {
+            (batch.epoch(), batch.index() + 1)
+        };
+        Ok(batch)
+    }
+
+    /// Where the pipeline is: resuming from this state yields exactly the batches that
+    /// [`Pipeline::next_batch`] would have returned next.
+    pub fn state(&self) -> PipelineState {
+        PipelineState {
+            epoch: self.next.0,
+            batch: self.next.1,
+            global_batch: self.global_batch,
+            config_hash: self.config_hash,
+        }
+    }
+
+    /// Batches each rank gets per epoch.
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.batches_per_epoch
+    }
+
+    /// Whether decoded blocks are kept after the first epoch (the dataset fits the budget).
+    pub fn caches_everything(&self) -> bool {
+        self.cached
+    }
+
+    /// What the pipeline has done so far.
+    pub fn stats(&self) -> PipelineStats {
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The tracker that accounts (and budgets) everything the pipeline holds.
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        if let Mode::Background { batches, thread } = &mut self.mode {
+            // Closing the queue makes a producer blocked on it return.
+            *batches = None;
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("next", &self.next)
+            .field("batches_per_epoch", &self.batches_per_epoch)
+            .finish()
+    }
+}
+
+/// Runs the producer on a thread that keeps up to `depth` batches ready.
+fn spawn(mut producer: Producer, depth: usize, stats: Arc<Mutex<PipelineStats>>) -> Result<Mode> {
+    let (tx, rx) = sync_channel(depth);
+    let thread = std::thread::Builder::new()
+        .name("dp-data-prefetch".into())
+        .spawn(move || {
+            loop {
+                let batch = producer.next_batch();
+                let failed = batch.is_err();
+                let waiting = Instant::now();
+                if tx.send(batch).is_err() || failed {
+                    return;
+                }
+                stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
+                    waiting.elapsed().as_secs_f64();
+            }
+        })
+        .map_err(|e| Error::Config {
+            field: "prefetch",
+            what: format!("cannot start the prefetch thread: {e}"),
+        })?;
+    Ok(Mode::Background { batches: Some(rx), thread: Some(thread) })
+}
+
+/// Finds the input and label features and checks they can be batched.
+fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
+    let schema = dataset.schema();
+    let find = |name: &str, field: &'static str| {
+        schema.index_of(name).ok_or_else(|| Error::Config {
+            field,
+            what: format!("no feature `{name}` (the schema is: {schema})"),
+        })
+    };
+    let (input, label) = (find(&config.input, "input")?, find(&config.label, "label")?);
+    let (fi, fl) = (&schema.features()[input], &schema.features()[label]);
+    let Kind::Dense { shape } = &fi.kind else {
+        return Err(Error::Config { field: "input", what: format!("{fi} is not a dense feature") });
+    };
+    if matches!(fi.dtype, DType::F16 | DType::Bf16) {
+        return Err(Error::Config {
+            field: "input",
+            what: format!("{fi}: f16 and bf16 inputs are not batched yet"),
+        });
+    }
+    let scalar = matches!(&fl.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1);
+    if !scalar || !matches!(fl.dtype, DType::U8 | DType::I32 | DType::I64) {
+        return Err(Error::Config {
+            field: "label",
+            what: format!("{fl} is not a scalar integer feature"),
+        });
+    }
+    let mut batch_shape = vec![config.batch_size];
+    batch_shape.extend_from_slice(shape);
+    Ok(Columns {
+        input,
+        input_dtype: fi.dtype,
+        elements: fi.elements().unwrap_or(0),
+        shape: batch_shape.into(),
+        label,
+        label_dtype: fl.dtype,
+    })
+}
+
+/// Checks that the working set fits the budget, and says whether the whole dataset can be
+/// cached on top of it.
+fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) -> Result<bool> {
+    let (max_raw, max_packed) = dataset.largest_block();
+    let sizes = dataset.block_records();
+    let blocks = sizes.len() as u64;
+    let min_records = sizes.iter().copied().min().unwrap_or(1).max(1);
+    let window = config.shuffle_window.unwrap_or(1) as u64;
+    // Windows one batch can touch, plus the window kept for the next batch.
+    let spans = (config.batch_size as u64).div_ceil(window * min_records) + 2;
+    let held = (spans * window).min(blocks.max(1));
+    let batch_bytes = config.batch_size as u64 * (columns.elements as u64 * 4 + 16);
+    // Batches queued, being filled, held by the consumer, and being dropped.
+    let batches = (config.prefetch as u64 + 3) * batch_bytes;
+    let reads = config.workers as u64 * (max_packed + 64);
+    // Size classes round up by at most ~3%.
+    let rounding = |bytes: u64| bytes + bytes / 25;
+    let working = rounding(held * max_raw + reads + batches);
+    if working > config.memory_budget {
+        return Err(Error::Config {
+            field: "memory_budget",
+            what: format!(
+                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, {} read buffers); raise it or lower shuffle_window, prefetch or batch_size",
+                config.memory_budget,
+                config.prefetch + 3,
+                config.workers
+            ),
+        });
+    }
+    let everything = rounding(dataset.manifest().raw_bytes() + reads + batches);
+    Ok(config.cache && everything <= config.memory_budget)
+}
+
+/// A hash of everything that defines the stream a pipeline yields.
+fn stream_hash(
+    dataset: &Dataset,
+    config: &PipelineConfig,
+    transforms: &[Box<dyn Transform>],
+) -> u64 {
+    let text = |s: &str| u64::from(crc32c::crc32c(s.as_bytes()));
+    let mut words = vec![
+        dataset.len(),
+        config.seed,
+        config.shuffle_window.map_or(u64::MAX, |w| w as u64),
+        config.global_batch() as u64,
+    ];
+    words.push(match config.tail {
+        TailPolicy::Drop => 1,
+        TailPolicy::Pad => 2,
+    });
+    words.extend(dataset.manifest().shards.iter().map(|s| u64::from(s.crc32c)));
+    words.push(text(&config.input));
+    words.push(text(&config.label));
+    words.extend(transforms.iter().map(|t| text(&t.describe())));
+    hash(&words)
+}

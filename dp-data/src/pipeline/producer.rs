@@ -1,0 +1,341 @@
+//! Makes one rank's batches, in order: locate the records of the next batch in the epoch's
+//! plan, make sure their blocks are decoded, then decode, transform and collate the records on
+//! the worker threads, each into its fixed slot of the batch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use dp_mem::{Pool, Tag};
+use rayon::prelude::*;
+
+use super::batch::Batch;
+use super::config::{CorruptionPolicy, PipelineConfig, TailPolicy};
+use super::permutation::hash;
+use super::plan::{BlockSizes, EpochPlan, WindowCursor};
+use super::stats::PipelineStats;
+use super::transform::{Rng, Sample, Transform};
+use crate::block::Block;
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::schema::DType;
+
+/// How the input and label features are read out of a block.
+#[derive(Debug, Clone)]
+pub(crate) struct Columns {
+    pub(crate) input: usize,
+    pub(crate) input_dtype: DType,
+    pub(crate) elements: usize,
+    /// `[batch_size, input shape...]`.
+    pub(crate) shape: Arc<[usize]>,
+    pub(crate) label: usize,
+    pub(crate) label_dtype: DType,
+}
+
+/// One record of the batch being made.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    position: u64,
+    block: usize,
+    row: usize,
+}
+
+pub(crate) struct Producer {
+    pub(crate) dataset: Arc<Dataset>,
+    pub(crate) config: PipelineConfig,
+    pub(crate) transforms: Arc<[Box<dyn Transform>]>,
+    pub(crate) columns: Columns,
+    pub(crate) sizes: Arc<BlockSizes>,
+    pub(crate) pool: Pool,
+    pub(crate) threads: rayon::ThreadPool,
+    pub(crate) stats: Arc<Mutex<PipelineStats>>,
+    /// Keep every decoded block (the whole dataset fits the budget).
+    pub(crate) cache_all: bool,
+    pub(crate) plan: Option<(u64, EpochPlan)>,
+    pub(crate) cursor: WindowCursor,
+    /// Decoded blocks: those of the current window(s), or all of them when caching.
+    pub(crate) held: HashMap<usize, Arc<Block>>,
+    pub(crate) bad: HashSet<usize>,
+    slots: Vec<Slot>,
+    missing: Vec<usize>,
+    /// The next batch: (epoch, index in epoch).
+    pub(crate) next: (u64, u64),
+}
+
+impl Producer {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        dataset: Arc<Dataset>,
+        config: PipelineConfig,
+        transforms: Arc<[Box<dyn Transform>]>,
+        columns: Columns,
+        pool: Pool,
+        stats: Arc<Mutex<PipelineStats>>,
+        cache_all: bool,
+        next: (u64, u64),
+    ) -> Result<Self> {
+        let threads = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.workers)
+            .thread_name(|i| format!("dp-data-worker-{i}"))
+            .build()
+            .map_err(|e| Error::Config {
+                field: "workers",
+                what: format!("cannot start worker threads: {e}"),
+            })?;
+        let sizes = Arc::new(BlockSizes::new(dataset.block_records()));
+        Ok(Producer {
+            dataset,
+            transforms,
+            columns,
+            sizes,
+            pool,
+            threads,
+            stats,
+            cache_all,
+            plan: None,
+            cursor: WindowCursor::default(),
+            held: HashMap::new(),
+            bad: HashSet::new(),
+            slots: Vec::with_capacity(config.batch_size),
+            missing: Vec::new(),
+            config,
+            next,
+        })
+    }
+
+    /// Batches per epoch for every rank.
+    pub(crate) fn batches_per_epoch(records: u64, config: &PipelineConfig) -> u64 {
+        let global = config.global_batch() as u64;
+        match config.tail {
+            TailPolicy::Drop => records / global,
+            TailPolicy::Pad => records.div_ceil(global),
+        }
+    }
+
+    fn plan(&mut self, epoch: u64) -> &EpochPlan {
+        if self.plan.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            let plan = EpochPlan::new(
+                Arc::clone(&self.sizes),
+                self.config.seed,
+                epoch,
+                self.config.shuffle_window,
+            );
+            self.plan = Some((epoch, plan));
+            self.cursor = WindowCursor::default();
+        }
+        &self.plan.as_ref().unwrap_or_else(|| unreachable!("set above")).1
+    }
+
+    /// Makes the next batch of this rank.
+    pub(crate) fn next_batch(&mut self) -> Result<Batch> {
+        let (epoch, index) = self.next;
+        let per_epoch = Self::batches_per_epoch(self.dataset.len(), &self.config);
+        if per_epoch == 0 {
+            return Err(Error::Config {
+                field: "batch_size",
+                what: format!(
+                    "a global batch of {} is larger than the {} records of the dataset (with TailPolicy::Drop)",
+                    self.config.global_batch(),
+                    self.dataset.len()
+                ),
+            });
+        }
+        let started = Instant::now();
+        self.locate(epoch, index)?;
+        let loaded = Instant::now();
+        let batch = self.fill(epoch, index)?;
+        let filled = Instant::now();
+        self.release_blocks(index);
+        self.next = if index + 1 == per_epoch { (epoch + 1, 0) } else { (epoch, index + 1) };
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.batches += 1;
+        stats.records += batch.len() as u64;
+        stats.load_s += (loaded - started).as_secs_f64();
+        stats.map_s += (filled - loaded).as_secs_f64();
+        Ok(batch)
+    }
+
+    /// Finds this rank's records of batch `index` and makes sure their blocks are decoded,
+    /// replacing records of unreadable blocks under `CorruptionPolicy::Skip`.
+    fn locate(&mut self, epoch: u64, index: u64) -> Result<()> {
+        let b = self.config.batch_size as u64;
+        let start = index * self.config.global_batch() as u64 + self.config.rank as u64 * b;
+        let len = self.plan(epoch).len();
+        self.slots.clear();
+        for k in 0..b {
+            // Positions past the end only occur with TailPolicy::Pad: they wrap to the start.
+            let position = (start + k) % len;
+            let (block, row) = self.locate_one(epoch, position);
+            self.slots.push(Slot { position, block, row });
+        }
+        loop {
+            self.missing.clear();
+            self.missing
+                .extend(self.slots.iter().map(|s| s.block).filter(|b| !self.held.contains_key(b)));
+            self.missing.sort_unstable();
+            self.missing.dedup();
+            if self.missing.is_empty() {
+                break;
+            }
+            self.load_missing()?;
+            if self.bad.is_empty() {
+                continue;
+            }
+            // Replace each record of a bad block by the next readable one in the epoch's order.
+            for i in 0..self.slots.len() {
+                let mut slot = self.slots[i];
+                let mut steps = 0;
+                while self.bad.contains(&slot.block) {
+                    steps += 1;
+                    if steps > len {
+                        return Err(Error::Config {
+                            field: "on_corruption",
+                            what: "every block of the dataset is unreadable".into(),
+                        });
+                    }
+                    slot.position = (slot.position + 1) % len;
+                    let (block, row) = self.locate_one(epoch, slot.position);
+                    slot.block = block;
+                    slot.row = row;
+                }
+                if slot.position != self.slots[i].position {
+                    self.stats.lock().unwrap_or_else(PoisonError::into_inner).replaced_records += 1;
+                }
+                self.slots[i] = slot;
+            }
+        }
+        Ok(())
+    }
+
+    fn locate_one(&mut self, epoch: u64, position: u64) -> (usize, usize) {
+        self.plan(epoch);
+        let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by plan()")).1;
+        plan.locate(position, &mut self.cursor)
+    }
+
+    /// Decodes the missing blocks on the worker threads.
+    fn load_missing(&mut self) -> Result<()> {
+        let dataset = &self.dataset;
+        let missing = &self.missing;
+        let results: Vec<(usize, Result<Block>)> = self
+            .threads
+            .install(|| missing.par_iter().map(|&b| (b, dataset.read_global_block(b))).collect());
+        for (block, result) in results {
+            match result {
+                Ok(decoded) => {
+                    self.held.insert(block, Arc::new(decoded));
+                }
+                Err(err) => match (self.config.on_corruption, &err) {
+                    (CorruptionPolicy::Skip, Error::Corrupt { .. }) => {
+                        if self.bad.insert(block) {
+                            let mut stats =
+                                self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                            stats.skipped_blocks += 1;
+                            stats.last_skipped = Some(err.to_string());
+                        }
+                    }
+                    _ => return Err(err),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes, transforms and collates the located records into pooled buffers.
+    fn fill(&mut self, epoch: u64, index: u64) -> Result<Batch> {
+        let b = self.slots.len();
+        let columns = &self.columns;
+        let mut x = self.pool.alloc::<f32>(b * columns.elements, Tag::Data)?;
+        let mut y = self.pool.alloc::<i64>(b, Tag::Data)?;
+        let mut ids = self.pool.alloc::<u64>(b, Tag::Data)?;
+        let (held, slots, transforms, seed) =
+            (&self.held, &self.slots, &self.transforms, self.config.seed);
+        let elements = columns.elements.max(1);
+        self.threads.install(|| {
+            x.par_chunks_mut(elements)
+                .zip(y.par_iter_mut())
+                .zip(ids.par_iter_mut())
+                .zip(slots.par_iter())
+                .for_each(|(((x, y), id), slot)| {
+                    let block = &held[&slot.block];
+                    *id = block.first_record() + slot.row as u64;
+                    read_input(block, columns, slot.row, x);
+                    *y = read_label(block, columns, slot.row);
+                    let mut rng = Rng::new(hash(&[seed, epoch, *id]));
+                    let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
+                    for transform in transforms.iter() {
+                        transform.apply(&mut sample, &mut rng);
+                    }
+                });
+        });
+        let records = self.dataset.len();
+        let global_start =
+            index * self.config.global_batch() as u64 + self.config.rank as u64 * b as u64;
+        let padded = (global_start + b as u64).saturating_sub(records.max(global_start)) as usize;
+        Ok(Batch {
+            epoch,
+            index,
+            x,
+            y,
+            ids,
+            shape: Arc::clone(&columns.shape),
+            padded: padded.min(b),
+        })
+    }
+
+    /// Drops decoded blocks the next batch cannot need (unless everything is cached).
+    fn release_blocks(&mut self, index: u64) {
+        if self.cache_all {
+            return;
+        }
+        let next_start = (index + 1) * self.config.global_batch() as u64
+            + self.config.rank as u64 * self.config.batch_size as u64;
+        let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by locate")).1;
+        if next_start >= plan.len() {
+            self.held.clear();
+            return;
+        }
+        let window = plan.window_of(next_start);
+        let keep: HashSet<usize> = plan.blocks_of(window).collect();
+        self.held.retain(|block, _| keep.contains(block));
+    }
+}
+
+/// Converts one record's input to `f32`.
+fn read_input(block: &Block, columns: &Columns, row: usize, out: &mut [f32]) {
+    let size = columns.input_dtype.size();
+    let bytes = &block.dense_column(columns.input)
+        [row * columns.elements * size..(row + 1) * columns.elements * size];
+    match columns.input_dtype {
+        DType::U8 => out.iter_mut().zip(bytes).for_each(|(o, &v)| *o = f32::from(v)),
+        DType::F32 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(4))
+            .for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::I32 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(4))
+            .for_each(|(o, c)| *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32),
+        DType::I64 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(8))
+            .for_each(|(o, c)| *o = i64::from_le_bytes(c.try_into().unwrap_or_default()) as f32),
+        DType::F64 => out
+            .iter_mut()
+            .zip(bytes.chunks_exact(8))
+            .for_each(|(o, c)| *o = f64::from_le_bytes(c.try_into().unwrap_or_default()) as f32),
+        DType::F16 | DType::Bf16 => unreachable!("rejected when the pipeline is built"),
+    }
+}
+
+/// Reads one record's label as `i64`.
+fn read_label(block: &Block, columns: &Columns, row: usize) -> i64 {
+    let size = columns.label_dtype.size();
+    let bytes = &block.dense_column(columns.label)[row * size..(row + 1) * size];
+    match columns.label_dtype {
+        DType::U8 => i64::from(bytes[0]),
+        DType::I32 => i64::from(i32::from_le_bytes(bytes.try_into().unwrap_or_default())),
+        DType::I64 => i64::from_le_bytes(bytes.try_into().unwrap_or_default()),
+        _ => unreachable!("rejected when the pipeline is built"),
+    }
+}

@@ -1,0 +1,55 @@
+//! What a pipeline spent its time on.
+
+use serde::Serialize;
+
+/// Counters of a [`Pipeline`](super::Pipeline). Times are in seconds, summed over batches.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct PipelineStats {
+    /// Batches produced.
+    pub batches: u64,
+    /// Records produced.
+    pub records: u64,
+    /// Reading, checking and decompressing blocks (on the worker threads).
+    pub load_s: f64,
+    /// Decoding, transforming and collating records (on the worker threads).
+    pub map_s: f64,
+    /// The consumer waiting for a batch.
+    pub consumer_wait_s: f64,
+    /// The producer waiting for room in the prefetch queue.
+    pub producer_wait_s: f64,
+    /// Wall time from the first request to the latest batch.
+    pub wall_s: f64,
+    /// Unreadable blocks skipped (`CorruptionPolicy::Skip`).
+    pub skipped_blocks: u64,
+    /// Records replaced because their block was skipped.
+    pub replaced_records: u64,
+    /// The error of the latest skipped block.
+    pub last_skipped: Option<String>,
+    /// The most `Data` bytes held at once (blocks, cache, batches).
+    pub peak_bytes: u64,
+}
+
+impl PipelineStats {
+    /// Records per second of wall time.
+    pub fn records_per_s(&self) -> f64 {
+        if self.wall_s > 0.0 { self.records as f64 / self.wall_s } else { 0.0 }
+    }
+
+    /// A one-line summary.
+    pub fn summary(&self) -> String {
+        let share = |t: f64| if self.wall_s > 0.0 { 100.0 * t / self.wall_s } else { 0.0 };
+        format!(
+            "{} batches, {} records, {:.0} records/s; load {:.0}%, map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} blocks skipped; peak {:.1} MiB",
+            self.batches,
+            self.records,
+            self.records_per_s(),
+            share(self.load_s),
+            share(self.map_s),
+            share(self.consumer_wait_s),
+            share(self.producer_wait_s),
+            self.skipped_blocks,
+            self.peak_bytes as f64 / (1 << 20) as f64
+        )
+    }
+}

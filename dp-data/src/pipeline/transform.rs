@@ -1,0 +1,232 @@
+//! Per-record transforms: normalization and augmentation, each drawing its randomness from the
+//! record's own stream so the output does not depend on which worker ran it or when.
+
+use std::fmt::Debug;
+
+/// A record as transforms see it: its input as `f32` in row-major `shape` (`[H, W]` or
+/// `[C, H, W]` for images), and its label.
+#[derive(Debug)]
+pub struct Sample<'a> {
+    /// The input values.
+    pub x: &'a mut [f32],
+    /// The shape of `x` (the input feature's shape).
+    pub shape: &'a [usize],
+    /// The label.
+    pub label: &'a mut i64,
+}
+
+/// A record's random stream, seeded from (seed, epoch, record id) by the pipeline.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A stream starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits (SplitMix64).
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+/// A per-record transform. Implementations must be pure functions of the sample and the
+/// random stream, so results do not depend on the worker count, prefetching or resumption.
+pub trait Transform: Send + Sync + Debug {
+    /// A description that changes whenever the transform's output would (it is part of the
+    /// pipeline's configuration hash, which resumption checks).
+    fn describe(&self) -> String;
+
+    /// Transforms `sample` in place.
+    fn apply(&self, sample: &mut Sample<'_>, rng: &mut Rng);
+}
+
+/// `x = (x * scale - mean) / std`: e.g. `scale = 1/255` turns `u8` pixels into `[0, 1]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalize {
+    /// Applied first.
+    pub scale: f32,
+    /// Subtracted after scaling.
+    pub mean: f32,
+    /// Divided by last.
+    pub std: f32,
+}
+
+impl Normalize {
+    /// Pixels in `0..=255` to `[0, 1]`, then standardized with `mean` and `std`.
+    pub fn pixels(mean: f32, std: f32) -> Self {
+        Normalize { scale: 1.0 / 255.0, mean, std }
+    }
+}
+
+impl Transform for Normalize {
+    fn describe(&self) -> String {
+        format!("normalize(scale={}, mean={}, std={})", self.scale, self.mean, self.std)
+    }
+
+    fn apply(&self, sample: &mut Sample<'_>, _rng: &mut Rng) {
+        let (scale, shift) = (self.scale / self.std, self.mean / self.std);
+        for v in sample.x.iter_mut() {
+            *v = *v * scale - shift;
+        }
+    }
+}
+
+/// The last two dimensions as (height, width), and how many planes of that size `x` holds.
+fn planes(shape: &[usize]) -> (usize, usize, usize) {
+    match shape {
+        [.., h, w] => (shape[..shape.len() - 2].iter().product(), *h, *w),
+        [w] => (1, 1, *w),
+        [] => (1, 1, 1),
+    }
+}
+
+/// Mirrors images left-right and/or up-down, each with probability `p`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RandomFlip {
+    /// Flip left-right.
+    pub horizontal: bool,
+    /// Flip up-down.
+    pub vertical: bool,
+    /// Probability of each flip.
+    pub p: f32,
+}
+
+impl Transform for RandomFlip {
+    fn describe(&self) -> String {
+        format!("flip(h={}, v={}, p={})", self.horizontal, self.vertical, self.p)
+    }
+
+    fn apply(&self, sample: &mut Sample<'_>, rng: &mut Rng) {
+        // Draw both decisions whatever is enabled, so enabling one does not shift the other.
+        let (flip_h, flip_v) = (rng.next_f32() < self.p, rng.next_f32() < self.p);
+        let (n, h, w) = planes(sample.shape);
+        for plane in sample.x.chunks_exact_mut(h * w).take(n) {
+            if self.horizontal && flip_h {
+                plane.chunks_exact_mut(w).for_each(<[f32]>::reverse);
+            }
+            if self.vertical && flip_v {
+                for y in 0..h / 2 {
+                    let (top, bottom) = plane.split_at_mut((h - 1 - y) * w);
+                    top[y * w..(y + 1) * w].swap_with_slice(&mut bottom[..w]);
+                }
+            }
+        }
+    }
+}
+
+/// Pads images with `padding` zeros on every side, then crops a random window of the original
+/// size: a random shift of up to `padding` pixels in each direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RandomCrop {
+    /// The padding (the largest shift).
+    pub padding: usize,
+}
+
+impl Transform for RandomCrop {
+    fn describe(&self) -> String {
+        format!("crop(padding={})", self.padding)
+    }
+
+    fn apply(&self, sample: &mut Sample<'_>, rng: &mut Rng) {
+        let span = 2 * self.padding as u64 + 1;
+        let dy = rng.below(span) as isize - self.padding as isize;
+        let dx = rng.below(span) as isize - self.padding as isize;
+        let (n, h, w) = planes(sample.shape);
+        let (hi, wi) = (h as isize, w as isize);
+        for plane in sample.x.chunks_exact_mut(h * w).take(n) {
+            // out[y][x] = in[y + dy][x + dx], zero outside. Walking away from the source
+            // direction reads every input before it is overwritten, so no scratch is needed.
+            for j in 0..hi {
+                let y = if dy >= 0 { j } else { hi - 1 - j };
+                for i in 0..wi {
+                    let x = if dx >= 0 { i } else { wi - 1 - i };
+                    let (sy, sx) = (y + dy, x + dx);
+                    let value = if (0..hi).contains(&sy) && (0..wi).contains(&sx) {
+                        plane[(sy * wi + sx) as usize]
+                    } else {
+                        0.0
+                    };
+                    plane[(y * wi + x) as usize] = value;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(t: &dyn Transform, x: &mut [f32], shape: &[usize], seed: u64) {
+        let mut label = 0;
+        t.apply(&mut Sample { x, shape, label: &mut label }, &mut Rng::new(seed));
+    }
+
+    #[test]
+    fn normalize_scales_then_standardizes() {
+        let mut x = [0.0, 255.0, 127.5];
+        run(&Normalize::pixels(0.5, 0.25), &mut x, &[3], 0);
+        assert_eq!(x, [-2.0, 2.0, 0.0]);
+    }
+
+    #[test]
+    fn flips_mirror_each_plane() {
+        let always = RandomFlip { horizontal: true, vertical: true, p: 1.0 };
+        let mut x: Vec<f32> = (0..12).map(|v| v as f32).collect(); // 2 planes of 2x3
+        run(&always, &mut x, &[2, 2, 3], 1);
+        assert_eq!(x, [5.0, 4.0, 3.0, 2.0, 1.0, 0.0, 11.0, 10.0, 9.0, 8.0, 7.0, 6.0]);
+        let never = RandomFlip { p: 0.0, ..always };
+        let mut y: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        run(&never, &mut y, &[2, 2, 3], 1);
+        assert_eq!(y, (0..12).map(|v| v as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn crop_shifts_within_the_padding_and_fills_zeros() {
+        let crop = RandomCrop { padding: 2 };
+        let original: Vec<f32> = (1..=25).map(|v| v as f32).collect(); // 5x5, no zeros
+        let mut shifts = std::collections::HashSet::new();
+        for seed in 0..200 {
+            let mut x = original.clone();
+            run(&crop, &mut x, &[5, 5], seed);
+            // Find the shift: where did the original top-left value go?
+            let kept: Vec<_> = x.iter().filter(|&&v| v != 0.0).collect();
+            assert!(kept.len() >= 9, "at most 2 rows and 2 columns are lost");
+            // Every kept value keeps its neighbours' relative order (a pure shift).
+            let pos = |v: f32| x.iter().position(|&u| u == v);
+            if let (Some(a), Some(b)) = (pos(13.0), pos(14.0)) {
+                assert_eq!(b, a + 1);
+            }
+            shifts.insert(x.iter().position(|&v| v == 13.0));
+        }
+        assert!(shifts.len() >= 20, "shifts seen: {}", shifts.len());
+    }
+
+    #[test]
+    fn rng_is_deterministic_and_below_stays_in_range() {
+        let (mut a, mut b) = (Rng::new(5), Rng::new(5));
+        for _ in 0..100 {
+            assert_eq!(a.next_u64(), b.next_u64());
+            assert!(a.below(7) < 7);
+            assert!((0.0..1.0).contains(&a.next_f32()));
+            b.below(7);
+            b.next_f32();
+        }
+    }
+}

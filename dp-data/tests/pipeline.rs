@@ -1,0 +1,285 @@
+//! The input pipeline's guarantees: each epoch exactly once over the ranks, equal batch counts,
+//! output independent of workers and prefetch, exact resume (also with another world size),
+//! the memory budget, and the corruption policies.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use dp_data::{
+    CorruptionPolicy, DType, DatasetWriter, Error, Feature, Normalize, Pipeline, PipelineConfig,
+    PipelineState, RandomCrop, RandomFlip, Schema, TailPolicy, Transform, Value, WriterOptions,
+};
+use proptest::prelude::*;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dp-data-pipeline-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A dataset of `records` 4x4 u8 images whose pixels and label encode the record index, in
+/// blocks of a few dozen records.
+fn dataset(dir: &Path, records: u64) {
+    let schema = Schema::new(vec![
+        Feature::dense("image", DType::U8, &[4, 4]),
+        Feature::dense("label", DType::I64, &[]),
+    ])
+    .unwrap();
+    let mut options = WriterOptions::default();
+    options.block_size = 4 << 10;
+    options.shard_size = 64 << 10;
+    options.threads = 1;
+    let mut writer = DatasetWriter::create(dir, schema, options).unwrap();
+    for i in 0..records {
+        let image: [u8; 16] =
+            std::array::from_fn(|k| ((i >> (8 * (k % 3))) as u8).wrapping_add(k as u8));
+        writer.append(&[Value::dense(&image), Value::dense(&[i as i64])]).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+fn config(
+    batch: usize,
+    rank: usize,
+    world: usize,
+    workers: usize,
+    prefetch: usize,
+) -> PipelineConfig {
+    let mut c = PipelineConfig::default();
+    c.batch_size = batch;
+    c.rank = rank;
+    c.world_size = world;
+    c.workers = workers;
+    c.prefetch = prefetch;
+    c.seed = 17;
+    c.shuffle_window = Some(3);
+    c.memory_budget = 64 << 20;
+    c
+}
+
+fn augment() -> Vec<Box<dyn Transform>> {
+    vec![
+        Box::new(Normalize::pixels(0.5, 0.5)),
+        Box::new(RandomFlip { horizontal: true, vertical: false, p: 0.5 }),
+        Box::new(RandomCrop { padding: 1 }),
+    ]
+}
+
+/// A batch's (epoch, index, record ids, x, y).
+type Seen = (u64, u64, Vec<u64>, Vec<f32>, Vec<i64>);
+
+/// The next `n` batches.
+fn take(p: &mut Pipeline, n: u64) -> Vec<Seen> {
+    (0..n)
+        .map(|_| {
+            let b = p.next_batch().unwrap();
+            (b.epoch(), b.index(), b.record_ids().to_vec(), b.x_flat().to_vec(), b.y().to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn labels_follow_their_records_and_inputs_are_transformed() {
+    let dir = temp_dir("labels");
+    dataset(&dir, 500);
+    let mut p =
+        Pipeline::new(&dir, config(32, 0, 1, 2, 2), vec![Box::new(Normalize::pixels(0.0, 1.0))])
+            .unwrap();
+    let batch = p.next_batch().unwrap();
+    assert_eq!(batch.x().shape(), &[32, 4, 4]);
+    for (row, (&id, &label)) in batch.record_ids().iter().zip(batch.y()).enumerate() {
+        assert_eq!(id as i64, label);
+        let expected = f32::from(id as u8) / 255.0;
+        assert!((batch.x_flat()[row * 16] - expected).abs() < 1e-6);
+    }
+    let mut one_hot = vec![0.0; 32 * 1000];
+    batch.one_hot(1000, &mut one_hot).unwrap();
+    assert_eq!(one_hot.iter().sum::<f32>(), 32.0);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn shuffled_epochs_differ_and_are_not_in_dataset_order() {
+    let dir = temp_dir("shuffle");
+    dataset(&dir, 600);
+    let mut p = Pipeline::new(&dir, config(50, 0, 1, 1, 0), vec![]).unwrap();
+    let per_epoch = p.batches_per_epoch();
+    let e0: Vec<u64> = take(&mut p, per_epoch).into_iter().flat_map(|b| b.2).collect();
+    let e1: Vec<u64> = take(&mut p, per_epoch).into_iter().flat_map(|b| b.2).collect();
+    assert_ne!(e0, e1);
+    let in_order = e0.windows(2).filter(|w| w[1] == w[0] + 1).count();
+    assert!(
+        in_order < e0.len() / 10,
+        "{in_order} of {} neighbours are consecutive records",
+        e0.len()
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_budget_is_checked_at_construction_and_never_exceeded() {
+    let dir = temp_dir("budget");
+    dataset(&dir, 2000);
+    let mut tight = config(64, 0, 1, 2, 2);
+    tight.memory_budget = 10 << 10;
+    assert!(matches!(
+        Pipeline::new(&dir, tight, vec![]),
+        Err(Error::Config { field: "memory_budget", .. })
+    ));
+    let mut c = config(64, 0, 1, 2, 2);
+    c.memory_budget = 256 << 10;
+    c.cache = true;
+    let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+    let n = 3 * p.batches_per_epoch();
+    take(&mut p, n);
+    let peak = p.tracker().snapshot().peak_held;
+    assert!(peak <= 256 << 10, "peak {peak}");
+    assert!(p.stats().peak_bytes > 0);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
+    let dir = temp_dir("skip");
+    dataset(&dir, 1000);
+    // Damage one block in the middle of the first shard.
+    let shard = dir.join("shard-00000.dps");
+    let mut bytes = fs::read(&shard).unwrap();
+    bytes[2000] ^= 0xFF;
+    fs::write(&shard, &bytes).unwrap();
+    let mut fail = config(25, 0, 1, 2, 0);
+    fail.shuffle_window = None;
+    let mut p = Pipeline::new(&dir, fail.clone(), vec![]).unwrap();
+    let err = (0..40).find_map(|_| p.next_batch().err()).expect("the corrupt block is hit");
+    assert!(err.to_string().contains("shard-00000.dps"), "{err}");
+
+    let mut per_rank = Vec::new();
+    for rank in 0..2 {
+        let mut c = config(25, rank, 2, 2, 1);
+        c.on_corruption = CorruptionPolicy::Skip;
+        let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+        let n = p.batches_per_epoch();
+        let batches = take(&mut p, n);
+        assert_eq!(batches.len() as u64, p.batches_per_epoch());
+        assert_eq!(p.stats().skipped_blocks, 1);
+        per_rank.push(batches.into_iter().flat_map(|b| b.2).collect::<Vec<u64>>());
+    }
+    assert_eq!(per_rank[0].len(), per_rank[1].len());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn absurd_configurations_are_refused() {
+    let dir = temp_dir("config");
+    dataset(&dir, 100);
+    for change in [
+        |c: &mut PipelineConfig| c.batch_size = 0,
+        |c: &mut PipelineConfig| c.rank = 5,
+        |c: &mut PipelineConfig| c.workers = 0,
+        |c: &mut PipelineConfig| c.shuffle_window = Some(0),
+        |c: &mut PipelineConfig| c.input = "nope".into(),
+        |c: &mut PipelineConfig| c.label = "image".into(),
+    ] {
+        let mut c = config(10, 0, 1, 1, 0);
+        change(&mut c);
+        assert!(matches!(Pipeline::new(&dir, c, vec![]), Err(Error::Config { .. })));
+    }
+    let mut huge = config(200, 0, 1, 1, 0);
+    huge.tail = TailPolicy::Drop;
+    let mut p = Pipeline::new(&dir, huge, vec![]).unwrap();
+    assert!(matches!(p.next_batch(), Err(Error::Config { field: "batch_size", .. })));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Over one epoch, the ranks' batches are disjoint, cover the epoch (drop: all but fewer
+    /// than a global batch; pad: everything, with the padding counted), and every rank gets the
+    /// same number of batches.
+    #[test]
+    fn ranks_cover_each_epoch_exactly_once(records in 60u64..700, world in 1usize..4, batch in 1usize..40, pad in any::<bool>()) {
+        let dir = temp_dir(&format!("cover-{records}-{world}-{batch}-{pad}"));
+        dataset(&dir, records);
+        let global = (world * batch) as u64;
+        prop_assume!(pad || records >= global);
+        let mut seen: HashMap<u64, usize> = HashMap::new();
+        let mut counts = Vec::new();
+        let mut padded = 0;
+        for rank in 0..world {
+            let mut c = config(batch, rank, world, 2, 1);
+            c.tail = if pad { TailPolicy::Pad } else { TailPolicy::Drop };
+            let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+            counts.push(p.batches_per_epoch());
+            for _ in 0..p.batches_per_epoch() {
+                let b = p.next_batch().unwrap();
+                prop_assert_eq!(b.epoch(), 0);
+                padded += b.padded();
+                let real = b.len() - b.padded();
+                for &id in &b.record_ids()[..real] {
+                    *seen.entry(id).or_default() += 1;
+                }
+            }
+        }
+        prop_assert!(counts.iter().all(|&c| c == counts[0]));
+        prop_assert!(seen.values().all(|&n| n == 1), "a record was seen twice");
+        if pad {
+            prop_assert_eq!(seen.len() as u64, records);
+            prop_assert_eq!((seen.len() + padded) as u64, counts[0] * global);
+        } else {
+            prop_assert_eq!(seen.len() as u64, records / global * global);
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Workers and prefetch change nothing in the output, augmentation included.
+    #[test]
+    fn output_does_not_depend_on_workers_or_prefetch(records in 100u64..500, batch in 4usize..40, workers in 2usize..5, prefetch in 1usize..4) {
+        let dir = temp_dir(&format!("workers-{records}-{batch}-{workers}-{prefetch}"));
+        dataset(&dir, records);
+        let mut a = Pipeline::new(&dir, config(batch, 0, 1, 1, 0), augment()).unwrap();
+        let mut b = Pipeline::new(&dir, config(batch, 0, 1, workers, prefetch), augment()).unwrap();
+        let n = a.batches_per_epoch() + 3;
+        prop_assert_eq!(take(&mut a, n), take(&mut b, n));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Stopping anywhere and resuming from the serialized state continues the stream exactly,
+    /// also on another world size with the same global batch.
+    #[test]
+    fn resume_equals_an_uninterrupted_run(records in 100u64..500, stop in 0u64..25, half in any::<bool>()) {
+        let dir = temp_dir(&format!("resume-{records}-{stop}-{half}"));
+        dataset(&dir, records);
+        // World 2 x batch 8, resumed as world 1 x batch 16 (or the same world).
+        let run = |rank: usize, world: usize, batch: usize, state: Option<&PipelineState>, n: u64| {
+            let c = config(batch, rank, world, 2, 1);
+            let mut p = match state {
+                None => Pipeline::new(&dir, c, augment()).unwrap(),
+                Some(s) => Pipeline::resume(&dir, c, augment(), s).unwrap(),
+            };
+            let batches = take(&mut p, n);
+            (batches, p.state())
+        };
+        let total = stop + 20;
+        let (whole0, _) = run(0, 2, 8, None, total);
+        let (whole1, _) = run(1, 2, 8, None, total);
+        let (_, state) = run(0, 2, 8, None, stop);
+        let state = PipelineState::from_bytes(&state.to_bytes()).unwrap();
+        prop_assert!(state.to_bytes().len() < 300);
+        if half {
+            // One rank with the whole global batch sees rank 0's then rank 1's records.
+            let (rest, _) = run(0, 1, 16, Some(&state), 20);
+            for (k, batch) in rest.iter().enumerate() {
+                let i = (stop + k as u64) as usize;
+                let mut expected = whole0[i].2.clone();
+                expected.extend(&whole1[i].2);
+                prop_assert_eq!(&batch.2, &expected);
+            }
+        } else {
+            let (rest, _) = run(0, 2, 8, Some(&state), 20);
+            prop_assert_eq!(&rest[..], &whole0[stop as usize..]);
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
