@@ -1,31 +1,85 @@
 //! The counters and budgets behind a tracker. Plain integers: the tracker's lock guards them, and
 //! pools update them inside the critical section they need for their own cache anyway, which is
 //! what makes accounting cheap enough to leave on.
+//!
+//! The counters are kept in the form that costs the fewest writes per operation, since every
+//! write in a critical section delays the next lock acquisition (a locked instruction waits for
+//! the store buffer to drain): a tag's `current` is `allocated_bytes - freed_bytes`, the totals
+//! keep only the running sums their peaks need, and the rest of [`TagStats`] is derived when a
+//! snapshot is taken. An allocation writes five counters and a free five.
 
 use crate::oom::{Limit, OutOfMemory};
 use crate::snapshot::{MemorySnapshot, TagStats};
 use crate::tag::{TAG_COUNT, Tag};
 
+/// One tag's counters; [`TagCounters::stats`] turns them into [`TagStats`].
+#[derive(Debug, Clone, Copy, Default)]
+struct TagCounters {
+    reserved: u64,
+    allocated_bytes: u64,
+    allocated_count: u64,
+    freed_bytes: u64,
+    freed_count: u64,
+    peak: u64,
+    peak_reserved: u64,
+}
+
+impl TagCounters {
+    fn current(&self) -> u64 {
+        self.allocated_bytes - self.freed_bytes
+    }
+
+    fn stats(&self) -> TagStats {
+        TagStats {
+            current: self.current(),
+            peak: self.peak,
+            reserved: self.reserved,
+            peak_reserved: self.peak_reserved,
+            allocated_bytes: self.allocated_bytes,
+            allocated_count: self.allocated_count,
+            freed_bytes: self.freed_bytes,
+            freed_count: self.freed_count,
+        }
+    }
+}
+
+/// The running sums over all tags that the total peaks need; the cumulative totals are sums
+/// over the tags.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    current: u64,
+    reserved: u64,
+    peak: u64,
+    peak_reserved: u64,
+}
+
 pub(crate) struct Ledger {
     enabled: bool,
-    tags: [TagStats; TAG_COUNT],
-    total: TagStats,
+    tags: [TagCounters; TAG_COUNT],
+    total: Totals,
     held: u64,
     peak_held: u64,
+    /// The budgets as set, for reports.
     budget: Option<u64>,
     tag_budgets: [Option<u64>; TAG_COUNT],
+    /// The same budgets with `u64::MAX` for none, so that a check is one compare each. A budget
+    /// of `u64::MAX` refuses nothing either way, since the checks saturate.
+    limit: u64,
+    tag_limits: [u64; TAG_COUNT],
 }
 
 impl Ledger {
     pub(crate) fn new(enabled: bool) -> Self {
         Ledger {
             enabled,
-            tags: [TagStats::default(); TAG_COUNT],
-            total: TagStats::default(),
+            tags: [TagCounters::default(); TAG_COUNT],
+            total: Totals::default(),
             held: 0,
             peak_held: 0,
             budget: None,
             tag_budgets: [None; TAG_COUNT],
+            limit: u64::MAX,
+            tag_limits: [u64::MAX; TAG_COUNT],
         }
     }
 
@@ -35,27 +89,27 @@ impl Ledger {
 
     pub(crate) fn set_budget(&mut self, budget: Option<u64>) {
         self.budget = budget;
+        self.limit = budget.unwrap_or(u64::MAX);
     }
 
     pub(crate) fn set_tag_budget(&mut self, tag: Tag, budget: Option<u64>) {
         self.tag_budgets[tag.index()] = budget;
+        self.tag_limits[tag.index()] = budget.unwrap_or(u64::MAX);
     }
 
     /// Whether `tag` may take a block of `block` bytes, `new_held` of which must first be
     /// obtained from a backend.
+    #[inline]
     pub(crate) fn check(&self, tag: Tag, block: u64, new_held: u64) -> Result<(), Limit> {
         if !self.enabled {
             return Ok(());
         }
-        if let Some(budget) = self.tag_budgets[tag.index()]
-            && self.tags[tag.index()].reserved.saturating_add(block) > budget
-        {
+        let budget = self.tag_limits[tag.index()];
+        if self.tags[tag.index()].reserved.saturating_add(block) > budget {
             return Err(Limit::Tag { budget });
         }
-        if let Some(budget) = self.budget
-            && self.held.saturating_add(new_held) > budget
-        {
-            return Err(Limit::Global { budget });
+        if self.held.saturating_add(new_held) > self.limit {
+            return Err(Limit::Global { budget: self.limit });
         }
         Ok(())
     }
@@ -66,23 +120,50 @@ impl Ledger {
     }
 
     /// Records that `tag` took a block; call only after [`Ledger::check`] passed.
+    #[inline]
     pub(crate) fn grant(&mut self, tag: Tag, requested: u64, block: u64, new_held: u64) {
         if !self.enabled {
             return;
         }
-        self.tags[tag.index()].record_alloc(requested, block);
-        self.total.record_alloc(requested, block);
-        self.held += new_held;
-        self.peak_held = self.peak_held.max(self.held);
+        let t = &mut self.tags[tag.index()];
+        t.allocated_bytes += requested;
+        t.allocated_count += 1;
+        t.reserved += block;
+        // Peaks move only on growth, so the stores behind these branches are rare.
+        let current = t.current();
+        if current > t.peak {
+            t.peak = current;
+        }
+        if t.reserved > t.peak_reserved {
+            t.peak_reserved = t.reserved;
+        }
+        let total = &mut self.total;
+        total.current += requested;
+        total.reserved += block;
+        if total.current > total.peak {
+            total.peak = total.current;
+        }
+        if total.reserved > total.peak_reserved {
+            total.peak_reserved = total.reserved;
+        }
+        if new_held != 0 {
+            self.held += new_held;
+            self.peak_held = self.peak_held.max(self.held);
+        }
     }
 
     /// Records that `tag` gave a block back; the block stays held until `release_held`.
+    #[inline]
     pub(crate) fn give_back(&mut self, tag: Tag, requested: u64, block: u64) {
         if !self.enabled {
             return;
         }
-        self.tags[tag.index()].record_free(requested, block);
-        self.total.record_free(requested, block);
+        let t = &mut self.tags[tag.index()];
+        t.freed_bytes += requested;
+        t.freed_count += 1;
+        t.reserved -= block;
+        self.total.current -= requested;
+        self.total.reserved -= block;
     }
 
     /// Records that `bytes` went back to a backend.
@@ -93,10 +174,12 @@ impl Ledger {
     }
 
     pub(crate) fn reset_peak(&mut self) {
-        for stats in &mut self.tags {
-            stats.reset_peak();
+        for t in &mut self.tags {
+            t.peak = t.current();
+            t.peak_reserved = t.reserved;
         }
-        self.total.reset_peak();
+        self.total.peak = self.total.current;
+        self.total.peak_reserved = self.total.reserved;
         self.peak_held = self.held;
     }
 
@@ -124,8 +207,8 @@ impl Ledger {
 
     pub(crate) fn snapshot(&self) -> MemorySnapshot {
         MemorySnapshot {
-            tags: Tag::ALL.iter().map(|&t| (t, self.tags[t.index()])).collect(),
-            total: self.total,
+            tags: Tag::ALL.iter().map(|&t| (t, self.tags[t.index()].stats())).collect(),
+            total: self.total_stats(),
             held: self.held,
             peak_held: self.peak_held,
             cached: self.held - self.total.reserved,
@@ -134,6 +217,20 @@ impl Ledger {
                 .iter()
                 .filter_map(|&t| self.tag_budgets[t.index()].map(|b| (t, b)))
                 .collect(),
+        }
+    }
+
+    fn total_stats(&self) -> TagStats {
+        let sum = |field: fn(&TagCounters) -> u64| self.tags.iter().map(field).sum::<u64>();
+        TagStats {
+            current: self.total.current,
+            peak: self.total.peak,
+            reserved: self.total.reserved,
+            peak_reserved: self.total.peak_reserved,
+            allocated_bytes: sum(|t| t.allocated_bytes),
+            allocated_count: sum(|t| t.allocated_count),
+            freed_bytes: sum(|t| t.freed_bytes),
+            freed_count: sum(|t| t.freed_count),
         }
     }
 }

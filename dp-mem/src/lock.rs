@@ -30,13 +30,25 @@ impl<T> SpinLock<T> {
         SpinLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
     }
 
+    /// Takes the lock. The uncontended case is one compare-exchange, inlined at the call site;
+    /// waiting is out of line.
+    #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
-        let mut spins = 0;
-        while self
+        if self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
+            self.lock_contended();
+        }
+        SpinGuard { lock: self }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
+        let mut spins = 0;
+        loop {
             // Wait with plain loads, which keep the cache line shared, until it looks free.
             while self.locked.load(Ordering::Relaxed) {
                 if spins < SPINS_BEFORE_YIELD {
@@ -46,8 +58,14 @@ impl<T> SpinLock<T> {
                     std::thread::yield_now();
                 }
             }
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
         }
-        SpinGuard { lock: self }
     }
 }
 
@@ -58,6 +76,7 @@ pub(crate) struct SpinGuard<'a, T> {
 impl<T> Deref for SpinGuard<'_, T> {
     type Target = T;
 
+    #[inline]
     fn deref(&self) -> &T {
         // SAFETY: the guard exists only while this thread holds the lock.
         unsafe { &*self.lock.value.get() }
@@ -65,6 +84,7 @@ impl<T> Deref for SpinGuard<'_, T> {
 }
 
 impl<T> DerefMut for SpinGuard<'_, T> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the guard exists only while this thread holds the lock, and `&mut self`
         // makes this the only reference through it.
@@ -73,6 +93,7 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 }
 
 impl<T> Drop for SpinGuard<'_, T> {
+    #[inline]
     fn drop(&mut self) {
         self.lock.locked.store(false, Ordering::Release);
     }

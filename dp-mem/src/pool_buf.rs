@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::size_of;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
@@ -15,51 +16,67 @@ use crate::tag::Tag;
 
 /// A buffer of `T` from a [`Pool`](crate::Pool). Dropping it returns its block to the pool's
 /// cache. With a host backend it dereferences to `[T]` and can be viewed as an ndarray array.
+//
+// Four words without padding, half the old size: callers move buffers around (into `Result`s,
+// `Option`s, collections), so every byte here is copied on each allocation, and a one-byte field
+// followed by padding was copied in pieces that the 16-byte loads of the next copy had to wait
+// for. The block's address is `ptr`, its size follows from its class, and the bytes requested are
+// `len * size_of::<T>()`.
 pub struct PoolBuf<T: Pod, B: Backend = SystemBackend> {
     ptr: NonNull<T>,
     len: usize,
-    /// The block and the pool it goes back to; `None` for zero-byte buffers, which hold no
-    /// memory.
-    block: Option<(Block, NonNull<PoolShared<B>>)>,
-    requested: u64,
-    tag: Tag,
+    /// The pool the block goes back to; `None` for zero-byte buffers, which hold no memory.
+    pool: Option<NonNull<PoolShared<B>>>,
+    /// The block's size class (meaningless without a pool) and the tag's index.
+    meta: Meta,
     _owns: PhantomData<T>,
 }
 
+/// A size class index in the low 32 bits and a tag index above them, in one word.
+#[derive(Clone, Copy)]
+struct Meta(u64);
+
+impl Meta {
+    #[inline]
+    fn new(class: u32, tag: Tag) -> Self {
+        Meta(u64::from(class) | (tag.index() as u64) << 32)
+    }
+
+    #[inline]
+    fn class(self) -> u32 {
+        self.0 as u32
+    }
+
+    #[inline]
+    fn tag(self) -> Tag {
+        Tag::from_index((self.0 >> 32) as usize)
+    }
+}
+
 // SAFETY: the buffer exclusively owns its block; sending it sends the `T`s in it, and the pool
-// state it points to is only used through `&` and is `Send + Sync` (backends are, and the cache
-// is behind the tracker's lock).
+// state it points to is only used through `&` and is safe to share (backends are `Send + Sync`,
+// and the cache is reached only under the tracker's lock).
 unsafe impl<T: Pod + Send, B: Backend> Send for PoolBuf<T, B> {}
 // SAFETY: shared access only reads the `T`s.
 unsafe impl<T: Pod + Sync, B: Backend> Sync for PoolBuf<T, B> {}
 
 impl<T: Pod, B: Backend> PoolBuf<T, B> {
-    pub(crate) fn new(
-        pool: NonNull<PoolShared<B>>,
-        block: Block,
-        len: usize,
-        requested: u64,
-        tag: Tag,
-    ) -> Self {
+    /// A buffer of `len` elements in `block`, whose `len * size_of::<T>() > 0` bytes were
+    /// requested from `pool`.
+    #[inline]
+    pub(crate) fn new(pool: NonNull<PoolShared<B>>, block: Block, len: usize, tag: Tag) -> Self {
         PoolBuf {
             ptr: block.ptr.cast(),
             len,
-            block: Some((block, pool)),
-            requested,
-            tag,
+            pool: Some(pool),
+            meta: Meta::new(block.class, tag),
             _owns: PhantomData,
         }
     }
 
     pub(crate) fn empty(len: usize, tag: Tag) -> Self {
-        PoolBuf {
-            ptr: NonNull::dangling(),
-            len,
-            block: None,
-            requested: 0,
-            tag,
-            _owns: PhantomData,
-        }
+        let meta = Meta::new(0, tag);
+        PoolBuf { ptr: NonNull::dangling(), len, pool: None, meta, _owns: PhantomData }
     }
 
     /// Number of elements.
@@ -73,13 +90,19 @@ impl<T: Pod, B: Backend> PoolBuf<T, B> {
     }
 
     /// The tag the buffer is accounted under.
+    #[inline]
     pub fn tag(&self) -> Tag {
-        self.tag
+        self.meta.tag()
     }
 
     /// Bytes of the block behind the buffer (its size class; 0 for zero-byte buffers).
     pub fn block_bytes(&self) -> usize {
-        self.block.map_or(0, |(b, _)| b.class.bytes)
+        self.pool.map_or(0, |_| self.block().bytes())
+    }
+
+    #[inline]
+    fn block(&self) -> Block {
+        Block { ptr: self.ptr.cast(), class: self.meta.class() }
     }
 
     /// The start of the buffer (a device address for device backends).
@@ -165,10 +188,14 @@ impl<T: Pod, B: HostMemory> DerefMut for PoolBuf<T, B> {
 }
 
 impl<T: Pod, B: Backend> Drop for PoolBuf<T, B> {
+    #[inline]
     fn drop(&mut self) {
-        if let Some((block, pool)) = self.block.take() {
-            // SAFETY: this live buffer owns `block`, and its pool outlives it.
-            unsafe { PoolShared::release(pool, block, self.requested, self.tag) };
+        if let Some(pool) = self.pool {
+            // The product was checked when the buffer was made.
+            let requested = (self.len * size_of::<T>()) as u64;
+            // SAFETY: this live buffer owns its block, and its pool outlives it; the buffer is
+            // gone after this call.
+            unsafe { PoolShared::release(pool, self.block(), requested, self.tag()) };
         }
     }
 }
@@ -178,7 +205,7 @@ impl<T: Pod, B: Backend> fmt::Debug for PoolBuf<T, B> {
         f.debug_struct("PoolBuf")
             .field("type", &std::any::type_name::<T>())
             .field("len", &self.len)
-            .field("tag", &self.tag)
+            .field("tag", &self.tag())
             .field("block_bytes", &self.block_bytes())
             .finish()
     }

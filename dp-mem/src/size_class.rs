@@ -6,43 +6,65 @@ use crate::backend::BLOCK_ALIGN;
 /// Classes per doubling of size.
 const STEPS_LOG2: u32 = 5;
 const STEPS: usize = 1 << STEPS_LOG2;
+/// log2 of [`BLOCK_ALIGN`], the size of one unit of the grid.
+const UNIT_LOG2: u32 = BLOCK_ALIGN.trailing_zeros();
+const _: () = assert!(BLOCK_ALIGN.is_power_of_two());
 
 /// A rounded block size and its index in the class table.
+///
+/// The grid in units of `BLOCK_ALIGN` bytes: classes `0..2 * STEPS` are `1..=2 * STEPS` units,
+/// one unit apart; above that every doubling holds `STEPS` classes, `2^shift` units apart. With
+/// `u = units - 1` and `shift = max(0, log2(u) - STEPS_LOG2)`, the class index is
+/// `shift * STEPS + (u >> shift)` and the class holds `((u >> shift) + 1) << shift` units. Both
+/// ways are a few shifts with no branch and no table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SizeClass {
-    pub(crate) index: usize,
+    pub(crate) index: u32,
     pub(crate) bytes: usize,
 }
 
 impl SizeClass {
     /// The smallest class holding `bytes > 0`; `None` when the rounded size would not fit in
     /// `isize`.
+    #[inline]
     pub(crate) fn of(bytes: usize) -> Option<SizeClass> {
         debug_assert!(bytes > 0);
-        let units = bytes.div_ceil(BLOCK_ALIGN);
-        let index = if units <= STEPS {
-            units - 1
-        } else {
-            let u = units - 1;
-            let octave = usize::BITS - 1 - u.leading_zeros(); // >= STEPS_LOG2
-            let shift = octave - STEPS_LOG2;
-            let step = (u >> shift) - STEPS; // in 0..STEPS
-            STEPS + shift as usize * STEPS + step
-        };
-        let class = SizeClass { index, bytes: Self::bytes_of(index)? };
+        let u = (bytes - 1) >> UNIT_LOG2;
+        // `u | STEPS` keeps the octave at least STEPS_LOG2, so the shift is never negative.
+        let shift = usize::BITS - 1 - STEPS_LOG2 - (u | STEPS).leading_zeros();
+        let step = u >> shift;
+        let index = (shift as usize * STEPS + step) as u32;
+        // Rounding up at most doubles `u + 1`, which is below 2^(64 - UNIT_LOG2), so `units`
+        // cannot overflow; checking it against isize::MAX in units keeps the shift to bytes exact.
+        let units = (step + 1) << shift;
+        if units > (isize::MAX as usize) >> UNIT_LOG2 {
+            return None;
+        }
+        let class = SizeClass { index, bytes: units << UNIT_LOG2 };
         debug_assert!(class.bytes >= bytes);
+        debug_assert_eq!(Self::bytes_of(index), Some(class.bytes));
         Some(class)
     }
 
-    /// The block size of class `index`.
-    pub(crate) fn bytes_of(index: usize) -> Option<usize> {
-        let units = if index < STEPS {
-            index + 1
-        } else {
-            let shift = (index - STEPS) / STEPS;
-            let step = (index - STEPS) % STEPS;
-            (STEPS + step + 1).checked_shl(shift as u32)?
-        };
+    /// The block size of class `index`, which must be the index of a class that [`SizeClass::of`]
+    /// returned (so that the size fits in `isize`).
+    #[inline]
+    pub(crate) fn bytes_of_valid(index: u32) -> usize {
+        let index = index as usize;
+        let shift = (index >> STEPS_LOG2).saturating_sub(1);
+        let step = index - shift * STEPS;
+        ((step + 1) << shift) << UNIT_LOG2
+    }
+
+    /// The block size of class `index`; `None` when it would not fit in `isize`.
+    pub(crate) fn bytes_of(index: u32) -> Option<usize> {
+        let index = index as usize;
+        let shift = (index >> STEPS_LOG2).saturating_sub(1);
+        let step = index - shift * STEPS;
+        let units = (step + 1).checked_shl(shift as u32)?;
+        if units >> shift != step + 1 {
+            return None;
+        }
         units.checked_mul(BLOCK_ALIGN).filter(|&b| b <= isize::MAX as usize)
     }
 }
@@ -77,6 +99,20 @@ mod tests {
             assert_eq!(SizeClass::of(bytes).unwrap().index, index);
             last = bytes;
         }
+    }
+
+    #[test]
+    fn the_branchless_size_agrees_with_the_checked_one_for_every_class() {
+        let mut index = 0;
+        while let Some(bytes) = SizeClass::bytes_of(index) {
+            assert_eq!(SizeClass::bytes_of_valid(index), bytes, "class {index}");
+            assert_eq!(SizeClass::of(bytes), Some(SizeClass { index, bytes }));
+            index += 1;
+        }
+        // The last class ends at or below isize::MAX, and the one after it is out of range.
+        let last = SizeClass::bytes_of(index - 1).unwrap();
+        assert!(last <= isize::MAX as usize && last > isize::MAX as usize / 2);
+        assert_eq!(SizeClass::of(last + 1), None);
     }
 
     #[test]

@@ -39,27 +39,6 @@ impl TagStats {
     pub fn live_count(&self) -> u64 {
         self.allocated_count - self.freed_count
     }
-
-    pub(crate) fn record_alloc(&mut self, requested: u64, block: u64) {
-        self.current += requested;
-        self.reserved += block;
-        self.allocated_bytes += requested;
-        self.allocated_count += 1;
-        self.peak = self.peak.max(self.current);
-        self.peak_reserved = self.peak_reserved.max(self.reserved);
-    }
-
-    pub(crate) fn record_free(&mut self, requested: u64, block: u64) {
-        self.current -= requested;
-        self.reserved -= block;
-        self.freed_bytes += requested;
-        self.freed_count += 1;
-    }
-
-    pub(crate) fn reset_peak(&mut self) {
-        self.peak = self.current;
-        self.peak_reserved = self.reserved;
-    }
 }
 
 /// Everything a [`Tracker`](crate::Tracker) knows at one moment.

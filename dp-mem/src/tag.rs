@@ -47,8 +47,25 @@ impl Tag {
     }
 
     /// The tag's position in [`Tag::ALL`], used to index per-tag tables.
+    #[inline]
     pub(crate) fn index(self) -> usize {
         self as usize
+    }
+
+    /// The tag at `index` in [`Tag::ALL`], which must be below [`TAG_COUNT`]; the inverse of
+    /// [`Tag::index`].
+    #[inline]
+    pub(crate) fn from_index(index: usize) -> Tag {
+        match index {
+            0 => Tag::Param,
+            1 => Tag::Grad,
+            2 => Tag::OptState,
+            3 => Tag::Activation,
+            4 => Tag::Data,
+            5 => Tag::Comm,
+            6 => Tag::Temp,
+            _ => panic!("tag index {index} out of range"),
+        }
     }
 }
 
@@ -66,6 +83,7 @@ mod tests {
     fn index_matches_position_in_all() {
         for (i, tag) in Tag::ALL.iter().enumerate() {
             assert_eq!(tag.index(), i, "{tag}");
+            assert_eq!(Tag::from_index(i), *tag);
         }
     }
 }

@@ -5,7 +5,6 @@ use std::sync::{Arc, OnceLock};
 use crate::error::Result;
 use crate::ledger::Ledger;
 use crate::lock::{SpinGuard, SpinLock};
-use crate::pool::PoolCache;
 use crate::snapshot::MemorySnapshot;
 use crate::tag::Tag;
 
@@ -29,11 +28,11 @@ pub struct Tracker {
     shared: Arc<SpinLock<TrackerState>>,
 }
 
-/// What the tracker's lock guards.
+/// What the tracker's lock guards. The free lists of the tracker's pools are guarded by it too,
+/// but live in each pool (see `PoolShared::with_cache`), one pointer away from the pool's
+/// other fields.
 pub(crate) struct TrackerState {
     pub(crate) ledger: Ledger,
-    /// One slot per live pool of this tracker.
-    pub(crate) caches: Vec<Option<PoolCache>>,
 }
 
 impl Tracker {
@@ -55,7 +54,7 @@ impl Tracker {
     }
 
     fn with_ledger(ledger: Ledger) -> Self {
-        Tracker { shared: Arc::new(SpinLock::new(TrackerState { ledger, caches: Vec::new() })) }
+        Tracker { shared: Arc::new(SpinLock::new(TrackerState { ledger })) }
     }
 
     /// Whether this tracker counts (false only for [`Tracker::disabled`]).
@@ -97,6 +96,7 @@ impl Tracker {
 
     /// Locks the state. Nothing under the lock calls user code or a backend, so a hold is
     /// short.
+    #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, TrackerState> {
         self.shared.lock()
     }
