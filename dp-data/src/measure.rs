@@ -207,6 +207,10 @@ pub struct PipelineReport {
     pub peak_bytes: u64,
     /// The configured budget.
     pub memory_budget: u64,
+    /// How far records move from their dataset position in the first epoch, relative to a
+    /// uniform shuffle: the mean of |position - record index| / records, divided by 1/3 (its
+    /// value for a uniformly random order). 0 without shuffling, about 1 for a full shuffle.
+    pub shuffle_displacement: f64,
 }
 
 /// Runs two epochs of a pipeline over the dataset in `dir` with `config` (the usual
@@ -259,6 +263,7 @@ pub fn measure_pipeline(
 
     let budget = config.memory_budget;
     let workers = config.workers;
+    let pipeline_batch = config.global_batch() as u64;
     let mut pipeline = crate::Pipeline::new(
         dir,
         config,
@@ -273,7 +278,17 @@ pub fn measure_pipeline(
         }
         Ok((start.elapsed().as_secs_f64(), records))
     };
-    let (first_t, records) = epoch(&mut pipeline)?;
+    let start = Instant::now();
+    let (mut records, mut displacement) = (0u64, 0.0f64);
+    let n = (per_epoch * pipeline_batch) as f64;
+    for _ in 0..per_epoch {
+        let batch = pipeline.next_batch()?;
+        for &id in batch.record_ids() {
+            displacement += (records as f64 - id as f64).abs() / n;
+            records += 1;
+        }
+    }
+    let first_t = start.elapsed().as_secs_f64();
     let first = pipeline.stats();
     let (warm_t, _) = epoch(&mut pipeline)?;
     let stats = pipeline.stats();
@@ -293,5 +308,6 @@ pub fn measure_pipeline(
         map_share: first.map_s / first_t,
         peak_bytes: stats.peak_bytes,
         memory_budget: budget,
+        shuffle_displacement: displacement / records.max(1) as f64 * 3.0,
     })
 }

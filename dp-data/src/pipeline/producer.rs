@@ -2,7 +2,7 @@
 //! plan, make sure their blocks are decoded, then decode, transform and collate the records on
 //! the worker threads, each into its fixed slot of the batch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -53,8 +53,9 @@ pub(crate) struct Producer {
     pub(crate) cache_all: bool,
     pub(crate) plan: Option<(u64, EpochPlan)>,
     pub(crate) cursor: WindowCursor,
-    /// Decoded blocks: those of the current window(s), or all of them when caching.
-    pub(crate) held: HashMap<usize, Arc<Block>>,
+    /// Decoded blocks by dataset block index: those of the current window(s), or all of them
+    /// when caching. A table, not a map: it is looked up once per record.
+    pub(crate) held: Vec<Option<Arc<Block>>>,
     pub(crate) bad: HashSet<usize>,
     slots: Vec<Slot>,
     missing: Vec<usize>,
@@ -83,6 +84,7 @@ impl Producer {
                 what: format!("cannot start worker threads: {e}"),
             })?;
         let sizes = Arc::new(BlockSizes::new(dataset.block_records()));
+        let held = vec![None; sizes.count()];
         Ok(Producer {
             dataset,
             transforms,
@@ -94,7 +96,7 @@ impl Producer {
             cache_all,
             plan: None,
             cursor: WindowCursor::default(),
-            held: HashMap::new(),
+            held,
             bad: HashSet::new(),
             slots: Vec::with_capacity(config.batch_size),
             missing: Vec::new(),
@@ -171,7 +173,7 @@ impl Producer {
         loop {
             self.missing.clear();
             self.missing
-                .extend(self.slots.iter().map(|s| s.block).filter(|b| !self.held.contains_key(b)));
+                .extend(self.slots.iter().map(|s| s.block).filter(|&b| self.held[b].is_none()));
             self.missing.sort_unstable();
             self.missing.dedup();
             if self.missing.is_empty() {
@@ -222,9 +224,7 @@ impl Producer {
             .install(|| missing.par_iter().map(|&b| (b, dataset.read_global_block(b))).collect());
         for (block, result) in results {
             match result {
-                Ok(decoded) => {
-                    self.held.insert(block, Arc::new(decoded));
-                }
+                Ok(decoded) => self.held[block] = Some(Arc::new(decoded)),
                 Err(err) => match (self.config.on_corruption, &err) {
                     (CorruptionPolicy::Skip, Error::Corrupt { .. }) => {
                         if self.bad.insert(block) {
@@ -248,8 +248,12 @@ impl Producer {
         let mut x = self.pool.alloc::<f32>(b * columns.elements, Tag::Data)?;
         let mut y = self.pool.alloc::<i64>(b, Tag::Data)?;
         let mut ids = self.pool.alloc::<u64>(b, Tag::Data)?;
-        let (held, slots, transforms, seed) =
-            (&self.held, &self.slots, &self.transforms, self.config.seed);
+        let (held, slots, seed) = (&self.held, &self.slots, self.config.seed);
+        // A leading normalization is folded into the conversion to f32.
+        let (affine, transforms) = match self.transforms.first().and_then(|t| t.as_affine()) {
+            Some(affine) => (affine, &self.transforms[1..]),
+            None => ((1.0, 0.0), &self.transforms[..]),
+        };
         let elements = columns.elements.max(1);
         self.threads.install(|| {
             x.par_chunks_mut(elements)
@@ -257,9 +261,11 @@ impl Producer {
                 .zip(ids.par_iter_mut())
                 .zip(slots.par_iter())
                 .for_each(|(((x, y), id), slot)| {
-                    let block = &held[&slot.block];
+                    let block = held[slot.block]
+                        .as_ref()
+                        .unwrap_or_else(|| unreachable!("located blocks are loaded"));
                     *id = block.first_record() + slot.row as u64;
-                    read_input(block, columns, slot.row, x);
+                    read_input(block, columns, slot.row, affine, x);
                     *y = read_label(block, columns, slot.row);
                     let mut rng = Rng::new(hash(&[seed, epoch, *id]));
                     let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
@@ -292,38 +298,41 @@ impl Producer {
             + self.config.rank as u64 * self.config.batch_size as u64;
         let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by locate")).1;
         if next_start >= plan.len() {
-            self.held.clear();
+            self.held.iter_mut().for_each(|slot| *slot = None);
             return;
         }
         let window = plan.window_of(next_start);
-        let keep: HashSet<usize> = plan.blocks_of(window).collect();
-        self.held.retain(|block, _| keep.contains(block));
+        self.missing.clear();
+        self.missing.extend(plan.blocks_of(window));
+        for (block, slot) in self.held.iter_mut().enumerate() {
+            if slot.is_some() && !self.missing.contains(&block) {
+                *slot = None;
+            }
+        }
     }
 }
 
-/// Converts one record's input to `f32`.
-fn read_input(block: &Block, columns: &Columns, row: usize, out: &mut [f32]) {
+/// Converts one record's input to `f32` as `a * value + b`.
+fn read_input(block: &Block, columns: &Columns, row: usize, (a, b): (f32, f32), out: &mut [f32]) {
     let size = columns.input_dtype.size();
     let bytes = &block.dense_column(columns.input)
         [row * columns.elements * size..(row + 1) * columns.elements * size];
+    fn convert<const N: usize>(
+        out: &mut [f32],
+        bytes: &[u8],
+        (a, b): (f32, f32),
+        f: impl Fn([u8; N]) -> f32,
+    ) {
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(N)) {
+            *o = f(c.try_into().unwrap_or([0; N])) * a + b;
+        }
+    }
     match columns.input_dtype {
-        DType::U8 => out.iter_mut().zip(bytes).for_each(|(o, &v)| *o = f32::from(v)),
-        DType::F32 => out
-            .iter_mut()
-            .zip(bytes.chunks_exact(4))
-            .for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        DType::I32 => out
-            .iter_mut()
-            .zip(bytes.chunks_exact(4))
-            .for_each(|(o, c)| *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32),
-        DType::I64 => out
-            .iter_mut()
-            .zip(bytes.chunks_exact(8))
-            .for_each(|(o, c)| *o = i64::from_le_bytes(c.try_into().unwrap_or_default()) as f32),
-        DType::F64 => out
-            .iter_mut()
-            .zip(bytes.chunks_exact(8))
-            .for_each(|(o, c)| *o = f64::from_le_bytes(c.try_into().unwrap_or_default()) as f32),
+        DType::U8 => out.iter_mut().zip(bytes).for_each(|(o, &v)| *o = f32::from(v) * a + b),
+        DType::F32 => convert(out, bytes, (a, b), f32::from_le_bytes),
+        DType::I32 => convert(out, bytes, (a, b), |c| i32::from_le_bytes(c) as f32),
+        DType::I64 => convert(out, bytes, (a, b), |c| i64::from_le_bytes(c) as f32),
+        DType::F64 => convert(out, bytes, (a, b), |c| f64::from_le_bytes(c) as f32),
         DType::F16 | DType::Bf16 => unreachable!("rejected when the pipeline is built"),
     }
 }

@@ -54,6 +54,12 @@ pub trait Transform: Send + Sync + Debug {
 
     /// Transforms `sample` in place.
     fn apply(&self, sample: &mut Sample<'_>, rng: &mut Rng);
+
+    /// `Some((a, b))` if the transform is `x = a * x + b` elementwise with no randomness: the
+    /// pipeline then folds it into the conversion to `f32` instead of making another pass.
+    fn as_affine(&self) -> Option<(f32, f32)> {
+        None
+    }
 }
 
 /// `x = (x * scale - mean) / std`: e.g. `scale = 1/255` turns `u8` pixels into `[0, 1]`.
@@ -74,16 +80,26 @@ impl Normalize {
     }
 }
 
+impl Normalize {
+    fn affine(&self) -> (f32, f32) {
+        (self.scale / self.std, -self.mean / self.std)
+    }
+}
+
 impl Transform for Normalize {
     fn describe(&self) -> String {
         format!("normalize(scale={}, mean={}, std={})", self.scale, self.mean, self.std)
     }
 
     fn apply(&self, sample: &mut Sample<'_>, _rng: &mut Rng) {
-        let (scale, shift) = (self.scale / self.std, self.mean / self.std);
+        let (a, b) = self.affine();
         for v in sample.x.iter_mut() {
-            *v = *v * scale - shift;
+            *v = *v * a + b;
         }
+    }
+
+    fn as_affine(&self) -> Option<(f32, f32)> {
+        Some(self.affine())
     }
 }
 
