@@ -1,5 +1,5 @@
 //! Datasets for data-parallel training: a sharded, block-compressed record format, importers
-//! from the formats people already have, and (next) a tf.data-like input pipeline.
+//! from the formats people already have, and a tf.data-like input pipeline.
 //!
 //! A dataset is a directory of shard files and a `manifest.json` written last and atomically.
 //! A shard is a sequence of independently zstd-compressed blocks with CRC32C checksums and a
@@ -12,8 +12,11 @@
 //!   [`export_npy`], so any import can be round-tripped and compared byte for byte.
 //! * The built-in dataset: [`generate_digits`] writes synthetic 28x28 digits with a held-out
 //!   eval split, the default data everywhere in the project.
-//! * Measurement: [`measure_read`] and [`gzip_reference`], used by the benchmark and
-//!   `cargo xtask data bench-read`.
+//! * The input pipeline: [`Pipeline`] gives each rank its share of every epoch in batches,
+//!   shuffled, transformed on worker threads, prefetched, within a memory budget, resumable
+//!   from a [`PipelineState`].
+//! * Measurement: [`measure_read`], [`gzip_reference`] and [`measure_pipeline`], used by the
+//!   benchmarks and `cargo xtask data bench-read|bench`.
 //!
 //! ```
 //! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};

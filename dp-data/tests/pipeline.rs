@@ -233,6 +233,29 @@ proptest! {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Whatever the budget, a pipeline is either refused at construction or never holds more
+    /// than the budget, cache included.
+    #[test]
+    fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>()) {
+        let dir = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}"));
+        dataset(&dir, 1500);
+        let mut c = config(batch, 0, 1, 2, prefetch);
+        c.memory_budget = budget_kib << 10;
+        c.shuffle_window = Some(window);
+        c.cache = cache;
+        match Pipeline::new(&dir, c, augment()) {
+            Err(Error::Config { field, .. }) => prop_assert_eq!(field, "memory_budget"),
+            Err(other) => prop_assert!(false, "unexpected error {}", other),
+            Ok(mut p) => {
+                let n = 2 * p.batches_per_epoch();
+                take(&mut p, n);
+                let peak = p.tracker().snapshot().peak_held;
+                prop_assert!(peak <= budget_kib << 10, "peak {} over a budget of {} KiB", peak, budget_kib);
+            }
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Workers and prefetch change nothing in the output, augmentation included.
     #[test]
     fn output_does_not_depend_on_workers_or_prefetch(records in 100u64..500, batch in 4usize..40, workers in 2usize..5, prefetch in 1usize..4) {
