@@ -73,6 +73,9 @@ pub(crate) enum DataCmd {
         /// Do not cache decoded blocks after the first epoch.
         #[arg(long)]
         no_cache: bool,
+        /// Keep the worker count and prefetch depth fixed.
+        #[arg(long)]
+        no_autotune: bool,
         /// Memory budget in MiB.
         #[arg(long, default_value_t = 512)]
         budget_mib: u64,
@@ -214,7 +217,16 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
         }
         DataCmd::Inspect { dir } => inspect(&dir),
         DataCmd::Verify { dir } => verify(&dir),
-        DataCmd::Bench { dir, batch, workers, shuffle_window, prefetch, no_cache, budget_mib } => {
+        DataCmd::Bench {
+            dir,
+            batch,
+            workers,
+            shuffle_window,
+            prefetch,
+            no_cache,
+            no_autotune,
+            budget_mib,
+        } => {
             let mut config = dp_data::PipelineConfig::default();
             config.batch_size = batch;
             if let Some(workers) = workers {
@@ -223,6 +235,7 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             config.shuffle_window = (shuffle_window > 0).then_some(shuffle_window);
             config.prefetch = prefetch;
             config.cache = !no_cache;
+            config.autotune = !no_autotune;
             config.memory_budget = budget_mib << 20;
             let report = dp_data::measure_pipeline(&dir, config)?;
             println!("{}", serde_json::to_string(&report)?);

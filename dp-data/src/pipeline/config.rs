@@ -51,8 +51,13 @@ pub struct PipelineConfig {
     pub tail: TailPolicy,
     /// Threads decoding and transforming records.
     pub workers: usize,
-    /// Batches prepared ahead by a background thread (0: prepared on demand).
+    /// Batches prepared ahead by a background thread (0: prepared on demand). With
+    /// `autotune`, the most that may be prepared ahead.
     pub prefetch: usize,
+    /// Adjust the worker threads in use (up to `workers`) and the prefetch depth (up to
+    /// `prefetch`) from measured waits: more when the consumer waits for batches, fewer workers
+    /// when the producer mostly waits for the consumer. Never changes the output.
+    pub autotune: bool,
     /// Keep decoded blocks after the first epoch when the whole dataset fits the budget.
     pub cache: bool,
     /// Bytes for everything the pipeline holds: decoded blocks, cache, batches in flight.
@@ -74,6 +79,7 @@ impl Default for PipelineConfig {
             tail: TailPolicy::Drop,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             prefetch: 2,
+            autotune: true,
             cache: true,
             memory_budget: 512 << 20,
             on_corruption: CorruptionPolicy::Fail,

@@ -23,6 +23,7 @@ mod plan;
 mod producer;
 mod stats;
 mod transform;
+mod tuning;
 
 use std::path::Path;
 use std::sync::mpsc::{Receiver, sync_channel};
@@ -42,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::schema::{DType, Kind};
 use permutation::hash;
 use producer::{Columns, Producer};
+use tuning::Tuning;
 
 /// Batches for one rank, forever (epoch after epoch), in a deterministic order.
 pub struct Pipeline {
@@ -54,6 +56,9 @@ pub struct Pipeline {
     tracker: Tracker,
     started: Option<Instant>,
     cached: bool,
+    tuning: Arc<Tuning>,
+    /// Statistics at the last autotuning step (`None` without autotuning).
+    tuned: Option<PipelineStats>,
 }
 
 enum Mode {
@@ -123,6 +128,9 @@ impl Pipeline {
         };
         let cached = plan_memory(&dataset, &config, &columns)?;
         let stats = Arc::new(Mutex::new(PipelineStats::default()));
+        // Without autotuning the depth stays at `prefetch` and every worker is used.
+        let tuning = Arc::new(Tuning::new(config.workers, config.prefetch, config.autotune));
+        let tuned = config.autotune.then(PipelineStats::default);
         let producer = Producer::new(
             Arc::clone(&dataset),
             config.clone(),
@@ -130,13 +138,14 @@ impl Pipeline {
             columns,
             pool,
             Arc::clone(&stats),
+            Arc::clone(&tuning),
             cached,
             next,
         )?;
         let mode = if config.prefetch == 0 {
             Mode::Inline(Box::new(producer))
         } else {
-            spawn(producer, config.prefetch, Arc::clone(&stats))?
+            spawn(producer, config.prefetch, Arc::clone(&stats), Arc::clone(&tuning))?
         };
         Ok(Pipeline {
             mode,
@@ -148,6 +157,8 @@ impl Pipeline {
             tracker,
             started: None,
             cached,
+            tuning,
+            tuned,
         })
     }
 
@@ -160,6 +171,7 @@ impl Pipeline {
             Mode::Inline(producer) => producer.next_batch()?,
             Mode::Background { batches, .. } => {
                 let received = batches.as_ref().and_then(|rx| rx.recv().ok());
+                self.tuning.taken();
                 received.ok_or_else(|| Error::Config {
                     field: "prefetch",
                     what: "the producer thread stopped".into(),
@@ -172,6 +184,12 @@ impl Pipeline {
         }
         stats.wall_s = started.elapsed().as_secs_f64();
         stats.peak_bytes = self.tracker.snapshot().peak_held;
+        if let Some(last) = &mut self.tuned {
+            self.tuning.adjust(&stats, last);
+        }
+        stats.workers = self.tuning.workers();
+        stats.prefetch_depth = self.tuning.depth();
+        drop(stats);
         self.next = if batch.index() + 1 == self.batches_per_epoch {
             (batch.epoch() + 1, 0)
         } else {
@@ -216,6 +234,7 @@ impl Drop for Pipeline {
     fn drop(&mut self) {
         if let Mode::Background { batches, thread } = &mut self.mode {
             // Closing the queue makes a producer blocked on it return.
+            self.tuning.close();
             *batches = None;
             if let Some(thread) = thread.take() {
                 let _ = thread.join();
@@ -233,21 +252,31 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// Runs the producer on a thread that keeps up to `depth` batches ready.
-fn spawn(mut producer: Producer, depth: usize, stats: Arc<Mutex<PipelineStats>>) -> Result<Mode> {
+/// Runs the producer on a thread that keeps batches ready: as many as the tuned depth, at most
+/// `depth`.
+fn spawn(
+    mut producer: Producer,
+    depth: usize,
+    stats: Arc<Mutex<PipelineStats>>,
+    tuning: Arc<Tuning>,
+) -> Result<Mode> {
+    // Room for the largest depth, so sending never blocks: `reserve` is what waits.
     let (tx, rx) = sync_channel(depth);
     let thread = std::thread::Builder::new()
         .name("dp-data-prefetch".into())
         .spawn(move || {
             loop {
-                let batch = producer.next_batch();
-                let failed = batch.is_err();
                 let waiting = Instant::now();
-                if tx.send(batch).is_err() || failed {
+                if !tuning.reserve() {
                     return;
                 }
                 stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
                     waiting.elapsed().as_secs_f64();
+                let batch = producer.next_batch();
+                let failed = batch.is_err();
+                if tx.send(batch).is_err() || failed {
+                    return;
+                }
             }
         })
         .map_err(|e| Error::Config {

@@ -15,6 +15,7 @@ use super::permutation::hash;
 use super::plan::{BlockSizes, EpochPlan, WindowCursor};
 use super::stats::PipelineStats;
 use super::transform::{Rng, Sample, Transform};
+use super::tuning::Tuning;
 use crate::block::Block;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
@@ -49,6 +50,7 @@ pub(crate) struct Producer {
     pub(crate) pool: Pool,
     pub(crate) threads: rayon::ThreadPool,
     pub(crate) stats: Arc<Mutex<PipelineStats>>,
+    pub(crate) tuning: Arc<Tuning>,
     /// Keep every decoded block (the whole dataset fits the budget).
     pub(crate) cache_all: bool,
     pub(crate) plan: Option<(u64, EpochPlan)>,
@@ -72,6 +74,7 @@ impl Producer {
         columns: Columns,
         pool: Pool,
         stats: Arc<Mutex<PipelineStats>>,
+        tuning: Arc<Tuning>,
         cache_all: bool,
         next: (u64, u64),
     ) -> Result<Self> {
@@ -93,6 +96,7 @@ impl Producer {
             pool,
             threads,
             stats,
+            tuning,
             cache_all,
             plan: None,
             cursor: WindowCursor::default(),
@@ -219,9 +223,15 @@ impl Producer {
     fn load_missing(&mut self) -> Result<()> {
         let dataset = &self.dataset;
         let missing = &self.missing;
-        let results: Vec<(usize, Result<Block>)> = self
-            .threads
-            .install(|| missing.par_iter().map(|&b| (b, dataset.read_global_block(b))).collect());
+        let workers = self.tuning.workers();
+        let results: Vec<(usize, Result<Block>)> = self.threads.install(|| {
+            let pieces = missing.len().div_ceil(workers);
+            missing
+                .par_iter()
+                .with_min_len(pieces)
+                .map(|&b| (b, dataset.read_global_block(b)))
+                .collect()
+        });
         for (block, result) in results {
             match result {
                 Ok(decoded) => self.held[block] = Some(Arc::new(decoded)),
@@ -255,11 +265,14 @@ impl Producer {
             None => ((1.0, 0.0), &self.transforms[..]),
         };
         let elements = columns.elements.max(1);
+        // As many pieces as the tuned worker count: that many threads work on this batch.
+        let workers = self.tuning.workers();
         self.threads.install(|| {
             x.par_chunks_mut(elements)
                 .zip(y.par_iter_mut())
                 .zip(ids.par_iter_mut())
                 .zip(slots.par_iter())
+                .with_min_len(b.div_ceil(workers))
                 .for_each(|(((x, y), id), slot)| {
                     let block = held[slot.block]
                         .as_ref()

@@ -28,6 +28,10 @@ pub struct PipelineStats {
     pub last_skipped: Option<String>,
     /// The most `Data` bytes held at once (blocks, cache, batches).
     pub peak_bytes: u64,
+    /// Worker threads in use now (tuned when autotuning).
+    pub workers: usize,
+    /// Prefetch depth now (tuned when autotuning).
+    pub prefetch_depth: usize,
 }
 
 impl PipelineStats {
@@ -40,7 +44,7 @@ impl PipelineStats {
     pub fn summary(&self) -> String {
         let share = |t: f64| if self.wall_s > 0.0 { 100.0 * t / self.wall_s } else { 0.0 };
         format!(
-            "{} batches, {} records, {:.0} records/s; load {:.0}%, map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} blocks skipped; peak {:.1} MiB",
+            "{} batches, {} records, {:.0} records/s; load {:.0}%, map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} workers, prefetch {}; {} blocks skipped; peak {:.1} MiB",
             self.batches,
             self.records,
             self.records_per_s(),
@@ -48,6 +52,8 @@ impl PipelineStats {
             share(self.map_s),
             share(self.consumer_wait_s),
             share(self.producer_wait_s),
+            self.workers,
+            self.prefetch_depth,
             self.skipped_blocks,
             self.peak_bytes as f64 / (1 << 20) as f64
         )
