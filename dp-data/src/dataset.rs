@@ -166,11 +166,18 @@ impl Dataset {
     }
 
     /// Reads block `global` (counting blocks over all shards in order), bypassing the cache.
-    pub(crate) fn read_global_block(&self, global: usize) -> Result<Block> {
+    /// Also returns the seconds spent reading (and checksumming) and decompressing it.
+    pub(crate) fn read_global_block(&self, global: usize) -> Result<(Block, f64, f64)> {
         let mut rest = global;
         for (s, shard) in self.shards.iter().enumerate() {
             if rest < shard.entries().len() {
-                return self.read_block(s, rest);
+                let first = self.shard_starts[s] + shard.entries()[rest].first_record;
+                let started = std::time::Instant::now();
+                let compressed = shard.read_compressed(rest, &self.pool, self.verify_checksums)?;
+                let read = started.elapsed().as_secs_f64();
+                let payload = &compressed[crate::shard::BLOCK_HEADER_LEN as usize..];
+                let block = shard.decompress(rest, payload, &self.pool, &self.schema, first)?;
+                return Ok((block, read, started.elapsed().as_secs_f64() - read));
             }
             rest -= shard.entries().len();
         }

@@ -199,8 +199,13 @@ pub struct PipelineReport {
     pub cached: bool,
     /// Share of the first epoch's wall time the consumer waited for batches.
     pub consumer_wait_share: f64,
-    /// Share spent loading blocks (read, CRC, decompress) on the workers.
+    /// Share of the wall time the producer spent loading blocks.
     pub load_share: f64,
+    /// Work spent reading blocks and checking their CRC32C, over the wall time (summed over
+    /// workers, so it can exceed 1 with several).
+    pub read_share: f64,
+    /// Work spent decompressing and validating blocks, over the wall time (summed over workers).
+    pub decompress_share: f64,
     /// Share spent decoding, transforming and collating on the workers.
     pub map_share: f64,
     /// The most `Data` bytes held at once.
@@ -305,6 +310,8 @@ pub fn measure_pipeline(
         cached: pipeline.caches_everything(),
         consumer_wait_share: first.consumer_wait_s / first_t,
         load_share: first.load_s / first_t,
+        read_share: first.read_s / first_t,
+        decompress_share: first.decompress_s / first_t,
         map_share: first.map_s / first_t,
         peak_bytes: stats.peak_bytes,
         memory_budget: budget,

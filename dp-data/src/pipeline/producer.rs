@@ -224,7 +224,7 @@ impl Producer {
         let dataset = &self.dataset;
         let missing = &self.missing;
         let workers = self.tuning.workers();
-        let results: Vec<(usize, Result<Block>)> = self.threads.install(|| {
+        let results: Vec<(usize, Result<(Block, f64, f64)>)> = self.threads.install(|| {
             let pieces = missing.len().div_ceil(workers);
             missing
                 .par_iter()
@@ -234,7 +234,12 @@ impl Producer {
         });
         for (block, result) in results {
             match result {
-                Ok(decoded) => self.held[block] = Some(Arc::new(decoded)),
+                Ok((decoded, read_s, decompress_s)) => {
+                    self.held[block] = Some(Arc::new(decoded));
+                    let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                    stats.read_s += read_s;
+                    stats.decompress_s += decompress_s;
+                }
                 Err(err) => match (self.config.on_corruption, &err) {
                     (CorruptionPolicy::Skip, Error::Corrupt { .. }) => {
                         if self.bad.insert(block) {

@@ -10,8 +10,12 @@ pub struct PipelineStats {
     pub batches: u64,
     /// Records produced.
     pub records: u64,
-    /// Reading, checking and decompressing blocks (on the worker threads).
+    /// The producer loading the blocks a batch needs, in wall time.
     pub load_s: f64,
+    /// Of the work of loading: reading blocks and checking their CRC32C, summed over workers.
+    pub read_s: f64,
+    /// Of the work of loading: decompressing and validating blocks, summed over workers.
+    pub decompress_s: f64,
     /// Decoding, transforming and collating records (on the worker threads).
     pub map_s: f64,
     /// The consumer waiting for a batch.
@@ -44,11 +48,13 @@ impl PipelineStats {
     pub fn summary(&self) -> String {
         let share = |t: f64| if self.wall_s > 0.0 { 100.0 * t / self.wall_s } else { 0.0 };
         format!(
-            "{} batches, {} records, {:.0} records/s; load {:.0}%, map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} workers, prefetch {}; {} blocks skipped; peak {:.1} MiB",
+            "{} batches, {} records, {:.0} records/s; load {:.0}% (read {:.2} s, decompress {:.2} s), map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} workers, prefetch {}; {} blocks skipped; peak {:.1} MiB",
             self.batches,
             self.records,
             self.records_per_s(),
             share(self.load_s),
+            self.read_s,
+            self.decompress_s,
             share(self.map_s),
             share(self.consumer_wait_s),
             share(self.producer_wait_s),
