@@ -33,6 +33,9 @@ pub(crate) struct Columns {
     pub(crate) label_dtype: DType,
 }
 
+/// A block index and its read result: the block, then seconds reading and decompressing.
+type Loaded = (usize, Result<(Block, f64, f64)>);
+
 /// One record of the batch being made.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -224,7 +227,7 @@ impl Producer {
         let dataset = &self.dataset;
         let missing = &self.missing;
         let workers = self.tuning.workers();
-        let results: Vec<(usize, Result<(Block, f64, f64)>)> = self.threads.install(|| {
+        let results: Vec<Loaded> = self.threads.install(|| {
             let pieces = missing.len().div_ceil(workers);
             missing
                 .par_iter()
