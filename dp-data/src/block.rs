@@ -224,6 +224,9 @@ impl Block {
             columns.push(view);
             floor = end;
         }
+        if floor != len {
+            return Err(fail(format!("the columns end at byte {floor} of a {len}-byte block")));
+        }
         Ok(Block { data, bytes: len, records, first_record, schema, columns })
     }
 

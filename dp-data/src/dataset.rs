@@ -91,13 +91,18 @@ impl Dataset {
                 return Err(stale(format!("{len} bytes, the manifest says {}", info.bytes)));
             }
             let shard = ShardReader::open(path, fingerprint)?;
-            if shard.records() != info.records || shard.entries().len() as u64 != info.blocks {
+            let raw: u64 = shard.entries().iter().map(|e| e.raw).sum();
+            if shard.records() != info.records
+                || shard.entries().len() as u64 != info.blocks
+                || raw != info.raw_bytes
+            {
                 return Err(stale(format!(
-                    "{} records in {} blocks, the manifest says {} in {}",
+                    "{} records in {} blocks of {raw} bytes, the manifest says {} in {} of {}",
                     shard.records(),
                     shard.entries().len(),
                     info.records,
-                    info.blocks
+                    info.blocks,
+                    info.raw_bytes
                 )));
             }
             shard_starts.push(start);
@@ -157,6 +162,11 @@ impl Dataset {
     /// Records in each block, over all shards in order.
     pub(crate) fn block_records(&self) -> Vec<u64> {
         self.shards.iter().flat_map(|s| s.entries().iter().map(|e| u64::from(e.records))).collect()
+    }
+
+    /// Uncompressed bytes of all blocks, from the shards' indexes.
+    pub(crate) fn raw_bytes(&self) -> u64 {
+        self.shards.iter().flat_map(|s| s.entries()).map(|e| e.raw).sum()
     }
 
     /// The largest uncompressed and compressed block sizes.

@@ -90,6 +90,11 @@ pub enum Error {
         what: String,
     },
 
+    /// A pipeline's producer thread is gone: it panicked, or stopped at an error returned
+    /// earlier.
+    #[error("the pipeline stopped: {0}")]
+    Stopped(String),
+
     /// A memory budget refused a buffer.
     #[error(transparent)]
     Memory(#[from] dp_mem::Error),

@@ -117,7 +117,21 @@ impl Manifest {
             )));
         }
         let mut total = 0u64;
-        for shard in &self.shards {
+        let (mut bytes, mut raw) = (0u64, 0u64);
+        for (i, shard) in self.shards.iter().enumerate() {
+            if shard.file.ends_with(".tmp") || self.shards[..i].iter().any(|s| s.file == shard.file)
+            {
+                return Err(bad(format!(
+                    "shard file `{}` is listed twice or is a writer's temporary file",
+                    shard.file
+                )));
+            }
+            bytes = bytes
+                .checked_add(shard.bytes)
+                .ok_or_else(|| bad("shard sizes overflow".to_string()))?;
+            raw = raw
+                .checked_add(shard.raw_bytes)
+                .ok_or_else(|| bad("shard sizes overflow".to_string()))?;
             let plain = !shard.file.is_empty()
                 && !shard.file.starts_with('.')
                 && shard.file.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));

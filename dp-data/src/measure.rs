@@ -21,7 +21,8 @@ pub struct ReadReport {
     pub blocks: usize,
     /// Bytes of the shard files.
     pub bytes_on_disk: u64,
-    /// Bytes of the blocks before compression.
+    /// Bytes before compression of the blocks measured (the first blocks, up to 256 MiB
+    /// compressed).
     pub raw_bytes: u64,
     /// Raw zstd decompression of the blocks, already in memory, into one reused buffer.
     pub zstd_bytes_per_s: f64,
@@ -41,6 +42,28 @@ pub struct ReadReport {
     pub get_p99_us: f64,
 }
 
+/// The references are measured on at most this many compressed bytes (a prefix of the blocks),
+/// so that measuring a large dataset does not need it all in memory.
+const REFERENCE_BYTES: u64 = 256 << 20;
+
+/// The compressed bytes (after their headers) of the dataset's first blocks, up to
+/// [`REFERENCE_BYTES`]; with their uncompressed total and the largest uncompressed block.
+fn compressed_prefix(dataset: &Dataset) -> Result<(Vec<dp_mem::PoolBuf<u8>>, u64, usize)> {
+    let (mut blocks, mut raw, mut largest, mut packed) = (Vec::new(), 0u64, 0usize, 0u64);
+    for reader in dataset.shards() {
+        for (b, entry) in reader.entries().iter().enumerate() {
+            if packed >= REFERENCE_BYTES {
+                return Ok((blocks, raw, largest));
+            }
+            blocks.push(reader.read_compressed(b, dataset.pool(), false)?);
+            raw += entry.raw;
+            packed += entry.compressed;
+            largest = largest.max(entry.raw as usize);
+        }
+    }
+    Ok((blocks, raw, largest))
+}
+
 /// Measures sequential and random reads of `dataset` over `passes` passes (at least 3), the
 /// same blocks decompressed by raw zstd as the reference, and `samples` random `get`s.
 pub fn measure_read(
@@ -54,17 +77,10 @@ pub fn measure_read(
     if blocks == 0 {
         return Err(Error::Config { field: "dataset", what: "has no blocks to measure".into() });
     }
-    // The reference: the compressed bytes of every block, already in memory.
-    let mut compressed = Vec::with_capacity(blocks);
-    let mut largest = 0;
-    for (shard, reader) in dataset.shards().iter().enumerate() {
-        for b in 0..reader.entries().len() {
-            let buf = reader.read_compressed(b, dataset.pool(), false)?;
-            largest = largest.max(reader.entries()[b].raw as usize);
-            compressed.push((shard, buf));
-        }
-    }
-    let raw_bytes = dataset.manifest().raw_bytes();
+    // The references: the compressed bytes of the first blocks, already in memory; the
+    // sequential pass reads the same blocks.
+    let (compressed, raw_bytes, largest) = compressed_prefix(dataset)?;
+    let prefix = compressed.len();
     let mut out = vec![0u8; largest];
     let mut decompressor =
         zstd::bulk::Decompressor::new().map_err(|e| Error::io(dataset.dir(), "zstd init", e))?;
@@ -79,7 +95,7 @@ pub fn measure_read(
     )?;
     let pass = |dataset: &Dataset| -> Result<f64> {
         let start = Instant::now();
-        for block in dataset.blocks() {
+        for block in dataset.blocks().take(prefix) {
             std::hint::black_box(block?.len());
         }
         Ok(start.elapsed().as_secs_f64())
@@ -89,7 +105,7 @@ pub fn measure_read(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..passes {
         let start = Instant::now();
-        for (_, buf) in &compressed {
+        for buf in &compressed {
             decompressor
                 .decompress_to_buffer(&buf[BLOCK_HEADER_LEN as usize..], &mut out)
                 .map_err(|e| Error::io(dataset.dir(), "zstd decompress", e))?;
@@ -98,7 +114,7 @@ pub fn measure_read(
 
         let start = Instant::now();
         let mut crc = 0;
-        for (_, buf) in &compressed {
+        for buf in &compressed {
             crc ^= crc32c::crc32c(&buf[BLOCK_HEADER_LEN as usize..]);
         }
         std::hint::black_box(crc);
@@ -228,15 +244,8 @@ pub fn measure_pipeline(
     use rayon::prelude::*;
 
     let dataset = Dataset::open(dir)?;
-    let mut compressed = Vec::new();
-    let mut largest = 0;
-    for reader in dataset.shards() {
-        for b in 0..reader.entries().len() {
-            compressed.push(reader.read_compressed(b, dataset.pool(), false)?);
-            largest = largest.max(reader.entries()[b].raw as usize);
-        }
-    }
-    let raw_bytes = dataset.manifest().raw_bytes();
+    let (compressed, prefix_raw, largest) = compressed_prefix(&dataset)?;
+    let raw_bytes = dataset.raw_bytes();
     let threads = rayon::ThreadPoolBuilder::new()
         .num_threads(config.workers)
         .build()
@@ -268,7 +277,7 @@ pub fn measure_pipeline(
 
     let budget = config.memory_budget;
     let workers = config.workers;
-    let pipeline_batch = config.global_batch() as u64;
+    let (global_batch, rank) = (config.global_batch() as u64, config.rank as u64);
     let mut pipeline = crate::Pipeline::new(
         dir,
         config,
@@ -285,11 +294,13 @@ pub fn measure_pipeline(
     };
     let start = Instant::now();
     let (mut records, mut displacement) = (0u64, 0.0f64);
-    let n = (per_epoch * pipeline_batch) as f64;
+    let n = dataset.len().max(1) as f64;
     for _ in 0..per_epoch {
         let batch = pipeline.next_batch()?;
-        for &id in batch.record_ids() {
-            displacement += (records as f64 - id as f64).abs() / n;
+        // This rank's slice of the global batch starts at index * global + rank * batch.
+        let start = batch.index() * global_batch + rank * batch.len() as u64;
+        for (k, &id) in batch.record_ids().iter().enumerate() {
+            displacement += ((start + k as u64) as f64 - id as f64).abs() / n;
             records += 1;
         }
     }
@@ -297,14 +308,15 @@ pub fn measure_pipeline(
     let first = pipeline.stats();
     let (warm_t, _) = epoch(&mut pipeline)?;
     let stats = pipeline.stats();
-    let bytes_per_s = raw_bytes as f64 / first_t;
+    // This rank's share of the dataset's bytes.
+    let bytes_per_s = raw_bytes as f64 * records as f64 / dataset.len().max(1) as f64 / first_t;
     Ok(PipelineReport {
         records_per_epoch: records,
         workers,
         records_per_s: records as f64 / first_t,
         bytes_per_s,
-        zstd_bytes_per_s: raw_bytes as f64 / zstd_t,
-        first_epoch_vs_zstd: zstd_t / first_t,
+        zstd_bytes_per_s: prefix_raw as f64 / zstd_t,
+        first_epoch_vs_zstd: bytes_per_s / (prefix_raw as f64 / zstd_t),
         warm_records_per_s: records as f64 / warm_t,
         warm_vs_first: first_t / warm_t,
         cached: pipeline.caches_everything(),

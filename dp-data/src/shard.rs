@@ -264,6 +264,10 @@ impl ShardReader {
         if version != SHARD_VERSION {
             return Err(corrupt(8, format!("shard version {version}, expected {SHARD_VERSION}")));
         }
+        let flags = u32::from_le_bytes(header[12..16].try_into().unwrap_or_default());
+        if flags != 0 {
+            return Err(corrupt(12, format!("flags are {flags:#x}, version 1 defines none")));
+        }
         let stored = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
         if stored != fingerprint {
             return Err(corrupt(
@@ -285,6 +289,14 @@ impl ShardReader {
         }
         let (index_offset, blocks, records) = (u64_at(0), u64_at(8), u64_at(16));
         let index_crc = u32::from_le_bytes(trailer[32..36].try_into().unwrap_or_default());
+        let trailer_version = u32::from_le_bytes(trailer[36..40].try_into().unwrap_or_default());
+        if trailer_version != SHARD_VERSION {
+            return Err(corrupt(
+                trailer_at + 36,
+                format!("trailer version {trailer_version}, expected {SHARD_VERSION}"),
+            ));
+        }
+        let raw_total = u64_at(24);
         let index_len = blocks.checked_mul(INDEX_ENTRY_LEN);
         if index_offset < HEADER_LEN
             || index_len.and_then(|l| l.checked_add(index_offset)) != Some(trailer_at)
@@ -342,6 +354,15 @@ impl ShardReader {
             expected_offset = end.unwrap_or(0);
             expected_record += u64::from(entry.records);
             entries.push(entry);
+        }
+        let raw_sum = entries.iter().try_fold(0u64, |acc, e| acc.checked_add(e.raw));
+        if raw_sum != Some(raw_total) {
+            return Err(corrupt(
+                trailer_at + 24,
+                format!(
+                    "the trailer says {raw_total} uncompressed bytes, the index adds up to {raw_sum:?}"
+                ),
+            ));
         }
         if expected_offset != index_offset || expected_record != records {
             return Err(corrupt(

@@ -215,7 +215,10 @@ impl DatasetWriter {
         }
         self.builder.push(record);
         self.records += 1;
-        if self.builder.encoded_len() >= self.options.block_size {
+        // A block's record count is a u32 (only reachable with tiny records).
+        if self.builder.encoded_len() >= self.options.block_size
+            || self.builder.records() == u32::MAX as usize
+        {
             self.seal_block()?;
         }
         Ok(())
@@ -301,16 +304,21 @@ impl DatasetWriter {
             self.finish_shard()?;
         }
         if self.shard.is_none() {
-            let name = format!("shard-{:05}.dps", self.shards.len());
-            self.shard = Some(ShardWriter::create(self.dir.join(name), self.fingerprint)?);
+            self.shard =
+                Some(ShardWriter::create(self.dir.join(self.shard_name()), self.fingerprint)?);
         }
         let shard = self.shard.as_mut().unwrap_or_else(|| unreachable!("created above"));
         shard.write_block(&block.compressed, block.raw.len() as u64, block.records)
     }
 
+    /// The file name of the shard being written.
+    fn shard_name(&self) -> String {
+        format!("shard-{:05}.dps", self.shards.len())
+    }
+
     fn finish_shard(&mut self) -> Result<()> {
         let Some(shard) = self.shard.take() else { return Ok(()) };
-        let file = format!("shard-{:05}.dps", self.shards.len());
+        let file = self.shard_name();
         let summary = shard.finish()?;
         self.shards.push(ShardInfo {
             file,

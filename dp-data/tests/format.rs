@@ -310,6 +310,10 @@ fn missing_or_garbled_manifests_are_errors() {
     assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
     fs::write(&manifest, "{ not json").unwrap();
     assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
+    fs::write(&manifest, text.replace("shard-00000.dps", "shard-00000.dps.tmp")).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
+    fs::write(&manifest, text.replace("\"raw_bytes\": ", "\"raw_bytes\": 1")).unwrap();
+    assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
     fs::write(&manifest, text.replace("shard-00000.dps", "../etc/passwd")).unwrap();
     assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
     fs::remove_file(&manifest).unwrap();

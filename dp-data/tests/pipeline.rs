@@ -170,6 +170,62 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
 }
 
 #[test]
+fn states_and_shapes_that_cannot_be_served_are_refused() {
+    let dir = temp_dir("bad-state");
+    dataset(&dir, 300);
+    let p = Pipeline::new(&dir, config(10, 0, 1, 1, 0), vec![]).unwrap();
+    let mut state = p.state();
+    state.batch = p.batches_per_epoch() + 3;
+    let err = Pipeline::resume(&dir, config(10, 0, 1, 1, 0), vec![], &state).unwrap_err();
+    assert!(matches!(err, Error::Config { field: "state", .. }), "{err}");
+    // A window larger than the dataset is a full shuffle, not an overflow.
+    let mut full = config(10, 0, 1, 1, 0);
+    full.shuffle_window = Some(usize::MAX);
+    let mut p = Pipeline::new(&dir, full, vec![]).unwrap();
+    assert_eq!(p.next_batch().unwrap().len(), 10);
+    // An input with no elements cannot be batched.
+    let empty = temp_dir("empty-input");
+    let schema = Schema::new(vec![
+        Feature::dense("image", DType::U8, &[3, 0]),
+        Feature::dense("label", DType::I64, &[]),
+    ])
+    .unwrap();
+    let mut writer = DatasetWriter::create(&empty, schema, WriterOptions::default()).unwrap();
+    for i in 0..20i64 {
+        writer.append(&[Value::Dense(&[]), Value::dense(&[i])]).unwrap();
+    }
+    writer.finish().unwrap();
+    assert!(matches!(
+        Pipeline::new(&empty, config(4, 0, 1, 1, 0), vec![]),
+        Err(Error::Config { field: "input", .. })
+    ));
+    fs::remove_dir_all(&dir).unwrap();
+    fs::remove_dir_all(&empty).unwrap();
+}
+
+#[test]
+fn a_panicking_transform_stops_the_pipeline_with_its_message() {
+    #[derive(Debug)]
+    struct Explodes;
+    impl Transform for Explodes {
+        fn describe(&self) -> String {
+            "explodes".into()
+        }
+        fn apply(&self, _: &mut dp_data::Sample<'_>, _: &mut dp_data::Rng) {
+            panic!("transform exploded");
+        }
+    }
+    let dir = temp_dir("panic");
+    dataset(&dir, 100);
+    let mut p = Pipeline::new(&dir, config(10, 0, 1, 1, 2), vec![Box::new(Explodes)]).unwrap();
+    let err = p.next_batch().unwrap_err();
+    assert!(err.to_string().contains("transform exploded"), "{err}");
+    assert!(p.next_batch().is_err());
+    drop(p);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn absurd_configurations_are_refused() {
     let dir = temp_dir("config");
     dataset(&dir, 100);

@@ -60,7 +60,9 @@ pub struct PipelineConfig {
     pub autotune: bool,
     /// Keep decoded blocks after the first epoch when the whole dataset fits the budget.
     pub cache: bool,
-    /// Bytes for everything the pipeline holds: decoded blocks, cache, batches in flight.
+    /// Bytes for everything the pipeline holds: decoded blocks, cache, batches in flight. The
+    /// working set is checked against it assuming the consumer keeps one batch at a time;
+    /// a consumer that keeps more can run into the budget (an out-of-memory error, never more).
     pub memory_budget: u64,
     /// What to do with unreadable blocks.
     pub on_corruption: CorruptionPolicy,

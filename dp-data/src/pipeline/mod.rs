@@ -123,6 +123,15 @@ impl Pipeline {
                         what: "the state belongs to another dataset, seed, shuffle, tail policy, features or transforms".into(),
                     });
                 }
+                if s.batch >= batches_per_epoch || s.epoch == u64::MAX {
+                    return Err(Error::Config {
+                        field: "state",
+                        what: format!(
+                            "batch {} of epoch {} does not exist: an epoch has {batches_per_epoch} batches",
+                            s.batch, s.epoch
+                        ),
+                    });
+                }
                 (s.epoch, s.batch)
             }
         };
@@ -169,13 +178,13 @@ impl Pipeline {
         let waiting = Instant::now();
         let batch = match &mut self.mode {
             Mode::Inline(producer) => producer.next_batch()?,
-            Mode::Background { batches, .. } => {
+            Mode::Background { batches, thread } => {
                 let received = batches.as_ref().and_then(|rx| rx.recv().ok());
                 self.tuning.taken();
-                received.ok_or_else(|| Error::Config {
-                    field: "prefetch",
-                    what: "the producer thread stopped".into(),
-                })??
+                match received {
+                    Some(batch) => batch?,
+                    None => return Err(stopped(thread.take())),
+                }
             }
         };
         let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
@@ -286,6 +295,24 @@ fn spawn(
     Ok(Mode::Background { batches: Some(rx), thread: Some(thread) })
 }
 
+/// Why the producer thread is gone: a panic (a transform's, say) with its message, or an earlier
+/// error that was already returned.
+fn stopped(thread: Option<JoinHandle<()>>) -> Error {
+    let panic = thread.and_then(|t| t.join().err());
+    let what = match panic {
+        Some(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".into());
+            format!("its producer thread panicked: {message}")
+        }
+        None => "it returned an error earlier".into(),
+    };
+    Error::Stopped(what)
+}
+
 /// Finds the input and label features and checks they can be batched.
 fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
     let schema = dataset.schema();
@@ -313,6 +340,9 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
             what: format!("{fl} is not a scalar integer feature"),
         });
     }
+    if fi.elements() == Some(0) {
+        return Err(Error::Config { field: "input", what: format!("{fi} has no elements") });
+    }
     let mut batch_shape = vec![config.batch_size];
     batch_shape.extend_from_slice(shape);
     Ok(Columns {
@@ -332,17 +362,22 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let sizes = dataset.block_records();
     let blocks = sizes.len() as u64;
     let min_records = sizes.iter().copied().min().unwrap_or(1).max(1);
-    let window = config.shuffle_window.unwrap_or(1) as u64;
+    // A window larger than the dataset is the whole dataset.
+    let window = (config.shuffle_window.unwrap_or(1) as u64).clamp(1, blocks.max(1));
     // Windows one batch can touch, plus the window kept for the next batch.
-    let spans = (config.batch_size as u64).div_ceil(window * min_records) + 2;
-    let held = (spans * window).min(blocks.max(1));
-    let batch_bytes = config.batch_size as u64 * (columns.elements as u64 * 4 + 16);
+    let spans = (config.batch_size as u64).div_ceil(window.saturating_mul(min_records)) + 2;
+    let held = spans.saturating_mul(window).min(blocks.max(1));
+    // Every buffer is at least one 64-byte block.
+    let buffer = |bytes: u64| bytes.max(64);
+    let batch_bytes = buffer(config.batch_size as u64 * columns.elements as u64 * 4)
+        + 2 * buffer(config.batch_size as u64 * 8);
     // Batches queued, being filled, held by the consumer, and being dropped.
     let batches = (config.prefetch as u64 + 3) * batch_bytes;
     let reads = config.workers as u64 * (max_packed + 64);
-    // Size classes round up by at most ~3%.
-    let rounding = |bytes: u64| bytes + bytes / 25;
-    let working = rounding(held * max_raw + reads + batches);
+    // Size classes round up by at most ~3%, and a buffer may take a cached block one class up.
+    let rounding = |bytes: u64| bytes + bytes / 14;
+    let working =
+        rounding(held.saturating_mul(max_raw).saturating_add(reads).saturating_add(batches));
     if working > config.memory_budget {
         return Err(Error::Config {
             field: "memory_budget",
@@ -354,7 +389,7 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
             ),
         });
     }
-    let everything = rounding(dataset.manifest().raw_bytes() + reads + batches);
+    let everything = rounding(dataset.raw_bytes().saturating_add(reads).saturating_add(batches));
     Ok(config.cache && everything <= config.memory_budget)
 }
 

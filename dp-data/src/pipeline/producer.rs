@@ -39,7 +39,10 @@ type Loaded = (usize, Result<(Block, f64, f64)>);
 /// One record of the batch being made.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
+    /// Where the record is taken from (moves on if its block is unreadable).
     position: u64,
+    /// The slot's own position in the epoch.
+    located: u64,
     block: usize,
     row: usize,
 }
@@ -175,7 +178,7 @@ impl Producer {
             // Positions past the end only occur with TailPolicy::Pad: they wrap to the start.
             let position = (start + k) % len;
             let (block, row) = self.locate_one(epoch, position);
-            self.slots.push(Slot { position, block, row });
+            self.slots.push(Slot { position, located: position, block, row });
         }
         loop {
             self.missing.clear();
@@ -207,7 +210,8 @@ impl Producer {
                     slot.block = block;
                     slot.row = row;
                 }
-                if slot.position != self.slots[i].position {
+                // Count each slot once, however many passes move it.
+                if slot.position != slot.located && self.slots[i].position == slot.located {
                     self.stats.lock().unwrap_or_else(PoisonError::into_inner).replaced_records += 1;
                 }
                 self.slots[i] = slot;
