@@ -21,10 +21,7 @@
 use std::f64::consts::FRAC_1_SQRT_2;
 use std::path::Path;
 
-use crate::{
-    DType, DatasetWriter, Error, Feature, MANIFEST_FILE, Manifest, Result, Schema, Value,
-    WriterOptions,
-};
+use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// Image side in pixels.
 const SIDE: usize = 28;
@@ -139,15 +136,7 @@ pub fn generate_digits(
     }
     for split in [Split::Train, Split::Eval] {
         let dir = out.join(split.name());
-        if dir.join(MANIFEST_FILE).exists() {
-            return Err(Error::Config {
-                field: "out",
-                what: format!(
-                    "{} already holds a dataset; remove it or choose another directory",
-                    dir.display()
-                ),
-            });
-        }
+        crate::writer::refuse_existing(&dir)?;
     }
     let train = write_split(&out.join(Split::Train.name()), spec, Split::Train, options.clone())?;
     let eval = write_split(&out.join(Split::Eval.name()), spec, Split::Eval, options)?;

@@ -65,6 +65,20 @@ impl WriterOptions {
     }
 }
 
+/// Fails if `dir` already holds a dataset: writers never overwrite one.
+pub(crate) fn refuse_existing(dir: &Path) -> Result<()> {
+    if dir.join(MANIFEST_FILE).exists() {
+        return Err(Error::Config {
+            field: "out",
+            what: format!(
+                "{} already holds a dataset; remove it or choose another directory",
+                dir.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A block on its way to the disk.
 struct Job {
     seq: u64,
@@ -158,15 +172,7 @@ impl DatasetWriter {
         options.check()?;
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
-        if dir.join(MANIFEST_FILE).exists() {
-            return Err(Error::Config {
-                field: "out",
-                what: format!(
-                    "{} already holds a dataset; remove it or choose another directory",
-                    dir.display()
-                ),
-            });
-        }
+        refuse_existing(&dir)?;
         let workers = (options.threads > 1).then(|| Workers::spawn(options.threads, options.level));
         Ok(DatasetWriter {
             fingerprint: schema_fingerprint(&schema),

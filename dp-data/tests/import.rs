@@ -2,7 +2,12 @@
 //! files compared byte for byte with what NumPy writes, and malformed input gives errors that
 //! name the file and the byte offset.
 
-use std::io::Write;
+#[path = "support/temp_dir.rs"]
+#[allow(dead_code)]
+mod temp_dir;
+
+use temp_dir::{TempDir, gzip};
+
 use std::path::{Path, PathBuf};
 
 use dp_data::{
@@ -113,47 +118,12 @@ fn hex(lines: &[&str]) -> Vec<u8> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
 }
 
-/// A directory under the system temp dir, unique to this process and test, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("dp-data-import-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
-        let path = self.path(name);
-        std::fs::write(&path, bytes).unwrap();
-        path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Small blocks, so that even small test datasets span several.
 fn options() -> WriterOptions {
     let mut options = WriterOptions::default();
     options.block_size = 4096;
     options.threads = 2;
     options
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    encoder.write_all(bytes).unwrap();
-    encoder.finish().unwrap()
 }
 
 /// All of a dense feature's bytes, block after block.

@@ -3,11 +3,15 @@
 //! offset inside it, never panic, and never allocate more than the file could justify. The
 //! regression tests at the end pin the absurd sizes and lying length fields found or feared.
 
+#[path = "support/temp_dir.rs"]
+#[allow(dead_code)]
+mod temp_dir;
+
+use temp_dir::{TempDir, gzip};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use dp_data::{
     CsvOptions, Dataset, Error, Manifest, TfRecordCompression, WriterOptions, import_csv,
@@ -92,50 +96,12 @@ fn hex(lines: &[&str]) -> Vec<u8> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
 }
 
-/// A directory under the system temp dir, unique to this process and test, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("dp-data-fuzz-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, bytes).unwrap();
-        path
-    }
-
-    /// A fresh output directory for one case.
-    fn out(&self) -> PathBuf {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = self.0.join(format!("out-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn options() -> WriterOptions {
     let mut options = WriterOptions::default();
     options.block_size = 4096;
     // Compression on the calling thread, so the allocation watch sees the writer too.
     options.threads = 1;
     options
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    encoder.write_all(bytes).unwrap();
-    encoder.finish().unwrap()
 }
 
 /// Random damage to a valid file: bytes overwritten, bits flipped, a cut, bytes appended.

@@ -1,0 +1,47 @@
+//! Test scaffolding shared by the importer tests: a directory removed on drop, and gzip.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A fresh directory for one test, removed when dropped.
+pub(crate) struct TempDir(pub(crate) PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("dp-data-test-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    pub(crate) fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// A fresh output directory inside, for one case.
+    pub(crate) fn out(&self) -> PathBuf {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = self.0.join(format!("out-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
