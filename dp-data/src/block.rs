@@ -310,6 +310,11 @@ impl Block {
         }
     }
 
+    /// The block's uncompressed bytes, as stored in a shard before compression.
+    pub(crate) fn raw(&self) -> &[u8] {
+        &self.data[..self.bytes]
+    }
+
     /// Records in the block.
     pub fn len(&self) -> usize {
         self.records

@@ -155,6 +155,11 @@ impl Dataset {
         &self.pool
     }
 
+    /// The schema, shared.
+    pub(crate) fn schema_arc(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
     pub(crate) fn shards(&self) -> &[ShardReader] {
         &self.shards
     }
@@ -162,6 +167,18 @@ impl Dataset {
     /// Records in each block, over all shards in order.
     pub(crate) fn block_records(&self) -> Vec<u64> {
         self.shards.iter().flat_map(|s| s.entries().iter().map(|e| u64::from(e.records))).collect()
+    }
+
+    /// Records in block `global` and the dataset index of its first record.
+    pub(crate) fn block_meta(&self, global: usize) -> (usize, u64) {
+        let mut rest = global;
+        for (s, shard) in self.shards.iter().enumerate() {
+            if let Some(entry) = shard.entries().get(rest) {
+                return (entry.records as usize, self.shard_starts[s] + entry.first_record);
+            }
+            rest -= shard.entries().len();
+        }
+        (0, 0)
     }
 
     /// Uncompressed bytes of all blocks, from the shards' indexes.

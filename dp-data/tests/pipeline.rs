@@ -226,6 +226,49 @@ fn a_panicking_transform_stops_the_pipeline_with_its_message() {
 }
 
 #[test]
+fn the_disk_cache_is_written_once_and_changes_nothing() {
+    let dir = temp_dir("disk-cache");
+    dataset(&dir, 1200);
+    let cache = std::env::temp_dir()
+        .join(format!("dp-data-pipeline-{}-disk-cache.dpc", std::process::id()));
+    let _ = fs::remove_file(&cache);
+    let run = |cache_file: Option<PathBuf>| {
+        let mut c = config(40, 0, 1, 2, 1);
+        c.cache = false; // no decoded blocks kept in memory: the disk cache is the one
+        c.cache_file = cache_file;
+        let mut p = Pipeline::new(&dir, c, augment()).unwrap();
+        assert!(!p.caches_everything());
+        let n = 3 * p.batches_per_epoch();
+        take(&mut p, n)
+    };
+    let plain = run(None);
+    assert!(!cache.exists());
+    assert_eq!(run(Some(cache.clone())), plain, "while filling the cache");
+    assert!(cache.exists(), "the first epoch completes the cache");
+    assert!(!dp_data_temp(&cache).exists());
+    assert_eq!(run(Some(cache.clone())), plain, "reading from the cache");
+    // A damaged cache is an error that names it.
+    let mut bytes = fs::read(&cache).unwrap();
+    bytes[100] ^= 0xFF;
+    fs::write(&cache, &bytes).unwrap();
+    let mut c = config(40, 0, 1, 1, 0);
+    c.cache = false;
+    c.cache_file = Some(cache.clone());
+    let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+    let err = (0..30).find_map(|_| p.next_batch().err()).expect("a damaged block is read");
+    assert!(err.to_string().contains("dpc"), "{err}");
+    fs::remove_file(&cache).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Where a file is written before it is renamed into place.
+fn dp_data_temp(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+#[test]
 fn absurd_configurations_are_refused() {
     let dir = temp_dir("config");
     dataset(&dir, 100);

@@ -76,6 +76,9 @@ pub(crate) enum DataCmd {
         /// Keep the worker count and prefetch depth fixed.
         #[arg(long)]
         no_autotune: bool,
+        /// Keep decompressed blocks in this file when they are not cached in memory.
+        #[arg(long)]
+        cache_file: Option<PathBuf>,
         /// Memory budget in MiB.
         #[arg(long, default_value_t = 512)]
         budget_mib: u64,
@@ -225,6 +228,7 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             prefetch,
             no_cache,
             no_autotune,
+            cache_file,
             budget_mib,
         } => {
             let mut config = dp_data::PipelineConfig::default();
@@ -236,6 +240,7 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             config.prefetch = prefetch;
             config.cache = !no_cache;
             config.autotune = !no_autotune;
+            config.cache_file = cache_file;
             config.memory_budget = budget_mib << 20;
             let report = dp_data::measure_pipeline(&dir, config)?;
             println!("{}", serde_json::to_string(&report)?);

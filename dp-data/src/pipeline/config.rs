@@ -60,6 +60,11 @@ pub struct PipelineConfig {
     pub autotune: bool,
     /// Keep decoded blocks after the first epoch when the whole dataset fits the budget.
     pub cache: bool,
+    /// When decoded blocks are not kept in memory (`cache` is off or the dataset does not fit
+    /// the budget): a local file to keep decompressed
+    /// blocks in, written during the first epoch (atomically) and read instead of decompressing
+    /// in later epochs and later runs over the same dataset.
+    pub cache_file: Option<std::path::PathBuf>,
     /// Bytes for everything the pipeline holds: decoded blocks, cache, batches in flight. The
     /// working set is checked against it assuming the consumer keeps one batch at a time;
     /// a consumer that keeps more can run into the budget (an out-of-memory error, never more).
@@ -83,6 +88,7 @@ impl Default for PipelineConfig {
             prefetch: 2,
             autotune: true,
             cache: true,
+            cache_file: None,
             memory_budget: 512 << 20,
             on_corruption: CorruptionPolicy::Fail,
         }

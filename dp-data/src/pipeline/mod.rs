@@ -18,6 +18,7 @@
 
 mod batch;
 mod config;
+mod disk_cache;
 mod permutation;
 mod plan;
 mod producer;
@@ -140,6 +141,13 @@ impl Pipeline {
         // Without autotuning the depth stays at `prefetch` and every worker is used.
         let tuning = Arc::new(Tuning::new(config.workers, config.prefetch, config.autotune));
         let tuned = config.autotune.then(PipelineStats::default);
+        let disk = match (&config.cache_file, cached) {
+            (Some(path), false) => {
+                let id = hash(&[config_hash_of_dataset(&dataset), dataset.block_count() as u64]);
+                Some(disk_cache::DiskCache::open(path, id, dataset.block_count())?)
+            }
+            _ => None,
+        };
         let producer = Producer::new(
             Arc::clone(&dataset),
             config.clone(),
@@ -149,6 +157,7 @@ impl Pipeline {
             Arc::clone(&stats),
             Arc::clone(&tuning),
             cached,
+            disk,
             next,
         )?;
         let mode = if config.prefetch == 0 {
@@ -391,6 +400,13 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     }
     let everything = rounding(dataset.raw_bytes().saturating_add(reads).saturating_add(batches));
     Ok(config.cache && everything <= config.memory_budget)
+}
+
+/// A hash of the dataset's identity: its records and its shards' checksums.
+fn config_hash_of_dataset(dataset: &Dataset) -> u64 {
+    let mut words = vec![dataset.len()];
+    words.extend(dataset.manifest().shards.iter().map(|s| u64::from(s.crc32c)));
+    hash(&words)
 }
 
 /// A hash of everything that defines the stream a pipeline yields.

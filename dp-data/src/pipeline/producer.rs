@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use super::batch::Batch;
 use super::config::{CorruptionPolicy, PipelineConfig, TailPolicy};
+use super::disk_cache::DiskCache;
 use super::permutation::hash;
 use super::plan::{BlockSizes, EpochPlan, WindowCursor};
 use super::stats::PipelineStats;
@@ -59,6 +60,8 @@ pub(crate) struct Producer {
     pub(crate) tuning: Arc<Tuning>,
     /// Keep every decoded block (the whole dataset fits the budget).
     pub(crate) cache_all: bool,
+    /// The on-disk cache of decompressed blocks, when configured and needed.
+    disk: Option<DiskCache>,
     pub(crate) plan: Option<(u64, EpochPlan)>,
     pub(crate) cursor: WindowCursor,
     /// Decoded blocks by dataset block index: those of the current window(s), or all of them
@@ -82,6 +85,7 @@ impl Producer {
         stats: Arc<Mutex<PipelineStats>>,
         tuning: Arc<Tuning>,
         cache_all: bool,
+        disk: Option<DiskCache>,
         next: (u64, u64),
     ) -> Result<Self> {
         let threads = rayon::ThreadPoolBuilder::new()
@@ -104,6 +108,7 @@ impl Producer {
             stats,
             tuning,
             cache_all,
+            disk,
             plan: None,
             cursor: WindowCursor::default(),
             held,
@@ -231,17 +236,26 @@ impl Producer {
         let dataset = &self.dataset;
         let missing = &self.missing;
         let workers = self.tuning.workers();
+        let (pool, disk) = (&self.pool, self.disk.as_ref().filter(|d| d.is_ready()));
         let results: Vec<Loaded> = self.threads.install(|| {
             let pieces = missing.len().div_ceil(workers);
-            missing
-                .par_iter()
-                .with_min_len(pieces)
-                .map(|&b| (b, dataset.read_global_block(b)))
-                .collect()
+            let load = |b: usize| match disk {
+                Some(disk) => {
+                    let started = std::time::Instant::now();
+                    let (records, first) = dataset.block_meta(b);
+                    let block = disk.read(b, records, first, pool, dataset.schema_arc());
+                    block.map(|block| (block, started.elapsed().as_secs_f64(), 0.0))
+                }
+                None => dataset.read_global_block(b),
+            };
+            missing.par_iter().with_min_len(pieces).map(|&b| (b, load(b))).collect()
         });
         for (block, result) in results {
             match result {
                 Ok((decoded, read_s, decompress_s)) => {
+                    if let Some(disk) = &mut self.disk {
+                        disk.add(block, &decoded);
+                    }
                     self.held[block] = Some(Arc::new(decoded));
                     let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
                     stats.read_s += read_s;
