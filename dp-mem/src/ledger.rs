@@ -205,6 +205,10 @@ impl Ledger {
         }
     }
 
+    pub(crate) fn held(&self) -> (u64, u64) {
+        (self.held, self.peak_held)
+    }
+
     pub(crate) fn snapshot(&self) -> MemorySnapshot {
         MemorySnapshot {
             tags: Tag::ALL.iter().map(|&t| (t, self.tags[t.index()].stats())).collect(),

@@ -77,6 +77,12 @@ impl Tracker {
         self.lock().ledger.snapshot()
     }
 
+    /// Bytes held from backends now and their peak, without building a snapshot (no
+    /// allocation, so it can be polled on a hot path).
+    pub fn held(&self) -> (u64, u64) {
+        self.lock().ledger.held()
+    }
+
     /// Starts a new peak window: every peak becomes the current value.
     pub fn reset_peak(&self) {
         self.lock().ledger.reset_peak();

@@ -201,7 +201,7 @@ impl Pipeline {
             stats.consumer_wait_s += waiting.elapsed().as_secs_f64();
         }
         stats.wall_s = started.elapsed().as_secs_f64();
-        stats.peak_bytes = self.tracker.snapshot().peak_held;
+        stats.peak_bytes = self.tracker.held().1;
         if let Some(last) = &mut self.tuned {
             self.tuning.adjust(&stats, last);
         }
