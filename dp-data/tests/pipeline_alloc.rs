@@ -1,6 +1,7 @@
 //! In steady state (the dataset cached, the pipeline on the calling thread) a batch is made
 //! without allocating on the calling thread: its buffers come back from the pool, and nothing
-//! else is allocated per batch. Proven with the counting allocator.
+//! else of this crate's is allocated per batch. Proven with the counting allocator; rayon's job
+//! queue is the one, counted, exception.
 
 use std::fs;
 
@@ -14,7 +15,7 @@ use dp_mem::CountingAlloc;
 static ALLOC: CountingAlloc = CountingAlloc::system();
 
 #[test]
-fn a_steady_batch_allocates_nothing() {
+fn a_steady_batch_allocates_nothing_but_rayons_job_queue() {
     let dir = std::env::temp_dir().join(format!("dp-data-pipeline-alloc-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     let schema = Schema::new(vec![
@@ -43,7 +44,7 @@ fn a_steady_batch_allocates_nothing() {
     let mut pipeline = Pipeline::new(&dir, config, transforms).unwrap();
     assert!(pipeline.caches_everything());
     // The first epoch decodes and caches every block; the next ones warm the pool.
-    for _ in 0..3 * pipeline.batches_per_epoch() {
+    for _ in 0..2 * pipeline.batches_per_epoch() {
         drop(pipeline.next_batch().unwrap());
     }
     // The first batch of an epoch lays out the epoch's order (a few allocations per epoch).
@@ -55,8 +56,12 @@ fn a_steady_batch_allocates_nothing() {
         }
     })
     .unwrap();
-    let per_batch = counts.calls() as f64 / batches as f64;
-    assert_eq!(counts.calls(), 0, "{per_batch:.1} allocations per batch: {counts:?}");
+    // The one exception is rayon's: handing a batch to the workers from outside the pool goes
+    // through its job injector, which takes a new 1520-byte block every 63 jobs (and frees the
+    // old one on a worker thread). Nothing of this crate's allocates.
+    let injector_blocks = batches.div_ceil(63);
+    assert!(counts.calls() <= injector_blocks, "{counts:?} in {batches} batches");
+    assert_eq!(counts.bytes, counts.calls() * 1520, "{counts:?} in {batches} batches");
     drop(pipeline);
     fs::remove_dir_all(&dir).unwrap();
 }

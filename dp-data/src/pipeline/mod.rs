@@ -373,8 +373,8 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let min_records = sizes.iter().copied().min().unwrap_or(1).max(1);
     // A window larger than the dataset is the whole dataset.
     let window = (config.shuffle_window.unwrap_or(1) as u64).clamp(1, blocks.max(1));
-    // Windows one batch can touch, plus the window kept for the next batch.
-    let spans = (config.batch_size as u64).div_ceil(window.saturating_mul(min_records)) + 2;
+    // Windows one batch can touch, the window kept for the next batch, and the one read ahead.
+    let spans = (config.batch_size as u64).div_ceil(window.saturating_mul(min_records)) + 3;
     let held = spans.saturating_mul(window).min(blocks.max(1));
     // Every buffer is at least one 64-byte block.
     let buffer = |bytes: u64| bytes.max(64);

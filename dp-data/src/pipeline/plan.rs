@@ -94,6 +94,11 @@ impl EpochPlan {
         *self.window_starts.last().unwrap_or(&0)
     }
 
+    /// Windows in the epoch.
+    pub(crate) fn windows(&self) -> usize {
+        self.window_starts.len() - 1
+    }
+
     /// The dataset blocks of window `w`, in window order.
     pub(crate) fn blocks_of(&self, w: usize) -> impl Iterator<Item = usize> + '_ {
         let count = self.sizes.count();

@@ -3,6 +3,7 @@
 //! the worker threads, each into its fixed slot of the batch.
 
 use std::collections::HashSet;
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -70,6 +71,12 @@ pub(crate) struct Producer {
     pub(crate) bad: HashSet<usize>,
     slots: Vec<Slot>,
     missing: Vec<usize>,
+    /// Blocks being read ahead on the worker threads (the window after the current one), so
+    /// that decompressing it overlaps with making the current window's batches.
+    ahead: Vec<bool>,
+    ahead_window: Option<(u64, usize)>,
+    ahead_tx: Sender<Loaded>,
+    ahead_rx: Receiver<Loaded>,
     /// The next batch: (epoch, index in epoch).
     pub(crate) next: (u64, u64),
 }
@@ -98,7 +105,12 @@ impl Producer {
             })?;
         let sizes = Arc::new(BlockSizes::new(dataset.block_records()));
         let held = vec![None; sizes.count()];
+        let (ahead_tx, ahead_rx) = channel();
         Ok(Producer {
+            ahead: vec![false; sizes.count()],
+            ahead_window: None,
+            ahead_tx,
+            ahead_rx,
             dataset,
             transforms,
             columns,
@@ -159,6 +171,7 @@ impl Producer {
         }
         let started = Instant::now();
         self.locate(epoch, index)?;
+        self.read_ahead(epoch);
         let loaded = Instant::now();
         let batch = self.fill(epoch, index)?;
         let filled = Instant::now();
@@ -186,6 +199,7 @@ impl Producer {
             self.slots.push(Slot { position, located: position, block, row });
         }
         loop {
+            self.collect_ahead()?;
             self.missing.clear();
             self.missing
                 .extend(self.slots.iter().map(|s| s.block).filter(|&b| self.held[b].is_none()));
@@ -193,6 +207,18 @@ impl Producer {
             self.missing.dedup();
             if self.missing.is_empty() {
                 break;
+            }
+            // Blocks already being read ahead are waited for, not read twice.
+            if let Some(&pending) = self.missing.iter().find(|&&b| self.ahead[b]) {
+                while self.ahead[pending] {
+                    let (block, result) = self
+                        .ahead_rx
+                        .recv()
+                        .map_err(|_| Error::Stopped("a read-ahead worker vanished".into()))?;
+                    self.ahead[block] = false;
+                    self.accept(block, result)?;
+                }
+                continue;
             }
             self.load_missing()?;
             if self.bad.is_empty() {
@@ -251,30 +277,70 @@ impl Producer {
             missing.par_iter().with_min_len(pieces).map(|&b| (b, load(b))).collect()
         });
         for (block, result) in results {
-            match result {
-                Ok((decoded, read_s, decompress_s)) => {
-                    if let Some(disk) = &mut self.disk {
-                        disk.add(block, &decoded);
-                    }
-                    self.held[block] = Some(Arc::new(decoded));
-                    let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
-                    stats.read_s += read_s;
-                    stats.decompress_s += decompress_s;
-                }
-                Err(err) => match (self.config.on_corruption, &err) {
-                    (CorruptionPolicy::Skip, Error::Corrupt { .. }) => {
-                        if self.bad.insert(block) {
-                            let mut stats =
-                                self.stats.lock().unwrap_or_else(PoisonError::into_inner);
-                            stats.skipped_blocks += 1;
-                            stats.last_skipped = Some(err.to_string());
-                        }
-                    }
-                    _ => return Err(err),
-                },
-            }
+            self.accept(block, result)?;
         }
         Ok(())
+    }
+
+    /// Takes a loaded block in: holds it (and adds it to the disk cache), or under
+    /// `CorruptionPolicy::Skip` marks an unreadable one as bad.
+    fn accept(&mut self, block: usize, result: Result<(Block, f64, f64)>) -> Result<()> {
+        match result {
+            Ok((decoded, read_s, decompress_s)) => {
+                if let Some(disk) = &mut self.disk {
+                    disk.add(block, &decoded);
+                }
+                self.held[block] = Some(Arc::new(decoded));
+                let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                stats.read_s += read_s;
+                stats.decompress_s += decompress_s;
+            }
+            Err(err) => match (self.config.on_corruption, &err) {
+                (CorruptionPolicy::Skip, Error::Corrupt { .. }) => {
+                    if self.bad.insert(block) {
+                        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                        stats.skipped_blocks += 1;
+                        stats.last_skipped = Some(err.to_string());
+                    }
+                }
+                _ => return Err(err),
+            },
+        }
+        Ok(())
+    }
+
+    /// Takes in the read-ahead blocks that have arrived, without waiting.
+    fn collect_ahead(&mut self) -> Result<()> {
+        while let Ok((block, result)) = self.ahead_rx.try_recv() {
+            self.ahead[block] = false;
+            self.accept(block, result)?;
+        }
+        Ok(())
+    }
+
+    /// Starts reading the window after the one the current batch ends in, on the workers.
+    fn read_ahead(&mut self, epoch: u64) {
+        let disk_ready = self.disk.as_ref().is_some_and(DiskCache::is_ready);
+        let Some(last) = self.slots.last().map(|s| s.located) else { return };
+        if disk_ready {
+            return; // reading decompressed blocks back is cheap enough to do on demand
+        }
+        let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by locate")).1;
+        let next = plan.window_of(last) + 1;
+        if self.ahead_window == Some((epoch, next)) || next >= plan.windows() {
+            return;
+        }
+        self.ahead_window = Some((epoch, next));
+        for block in plan.blocks_of(next) {
+            if self.held[block].is_some() || self.ahead[block] || self.bad.contains(&block) {
+                continue;
+            }
+            self.ahead[block] = true;
+            let (dataset, done) = (Arc::clone(&self.dataset), self.ahead_tx.clone());
+            self.threads.spawn(move || {
+                let _ = done.send((block, dataset.read_global_block(block)));
+            });
+        }
     }
 
     /// Decodes, transforms and collates the located records into pooled buffers.
@@ -343,6 +409,11 @@ impl Producer {
         let window = plan.window_of(next_start);
         self.missing.clear();
         self.missing.extend(plan.blocks_of(window));
+        if let Some((epoch, ahead)) = self.ahead_window
+            && self.plan.as_ref().is_some_and(|(e, _)| *e == epoch)
+        {
+            self.missing.extend(plan.blocks_of(ahead));
+        }
         for (block, slot) in self.held.iter_mut().enumerate() {
             if slot.is_some() && !self.missing.contains(&block) {
                 *slot = None;
