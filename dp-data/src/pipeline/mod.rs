@@ -283,19 +283,24 @@ fn spawn(
     let thread = std::thread::Builder::new()
         .name("dp-data-prefetch".into())
         .spawn(move || {
-            loop {
-                let waiting = Instant::now();
-                if !tuning.reserve() {
-                    return;
+            // The loop runs on one of the workers, so that handing a batch's records to the
+            // others is a fork within the pool rather than a wake-up from outside it.
+            let pool = Arc::clone(&producer.threads);
+            pool.install(move || {
+                loop {
+                    let waiting = Instant::now();
+                    if !tuning.reserve() {
+                        return;
+                    }
+                    stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
+                        waiting.elapsed().as_secs_f64();
+                    let batch = producer.next_batch();
+                    let failed = batch.is_err();
+                    if tx.send(batch).is_err() || failed {
+                        return;
+                    }
                 }
-                stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
-                    waiting.elapsed().as_secs_f64();
-                let batch = producer.next_batch();
-                let failed = batch.is_err();
-                if tx.send(batch).is_err() || failed {
-                    return;
-                }
-            }
+            })
         })
         .map_err(|e| Error::Config {
             field: "prefetch",

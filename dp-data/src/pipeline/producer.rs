@@ -3,7 +3,7 @@
 //! the worker threads, each into its fixed slot of the batch.
 
 use std::collections::HashSet;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -56,7 +56,7 @@ pub(crate) struct Producer {
     pub(crate) columns: Columns,
     pub(crate) sizes: Arc<BlockSizes>,
     pub(crate) pool: Pool,
-    pub(crate) threads: rayon::ThreadPool,
+    pub(crate) threads: Arc<rayon::ThreadPool>,
     pub(crate) stats: Arc<Mutex<PipelineStats>>,
     pub(crate) tuning: Arc<Tuning>,
     /// Keep every decoded block (the whole dataset fits the budget).
@@ -70,6 +70,9 @@ pub(crate) struct Producer {
     pub(crate) held: Vec<Option<Arc<Block>>>,
     pub(crate) bad: HashSet<usize>,
     slots: Vec<Slot>,
+    /// The batch's slots sorted by where their records lie, so that decoding walks each block
+    /// forward instead of jumping around it (reused from batch to batch).
+    order: Vec<usize>,
     missing: Vec<usize>,
     /// Blocks being read ahead on the worker threads (the window after the current one), so
     /// that decompressing it overlaps with making the current window's batches.
@@ -99,6 +102,7 @@ impl Producer {
             .num_threads(config.workers)
             .thread_name(|i| format!("dp-data-worker-{i}"))
             .build()
+            .map(Arc::new)
             .map_err(|e| Error::Config {
                 field: "workers",
                 what: format!("cannot start worker threads: {e}"),
@@ -126,6 +130,7 @@ impl Producer {
             held,
             bad: HashSet::new(),
             slots: Vec::with_capacity(config.batch_size),
+            order: Vec::with_capacity(config.batch_size),
             missing: Vec::new(),
             config,
             next,
@@ -211,12 +216,22 @@ impl Producer {
             // Blocks already being read ahead are waited for, not read twice.
             if let Some(&pending) = self.missing.iter().find(|&&b| self.ahead[b]) {
                 while self.ahead[pending] {
-                    let (block, result) = self
-                        .ahead_rx
-                        .recv()
-                        .map_err(|_| Error::Stopped("a read-ahead worker vanished".into()))?;
-                    self.ahead[block] = false;
-                    self.accept(block, result)?;
+                    match self.ahead_rx.try_recv() {
+                        Ok((block, result)) => {
+                            self.ahead[block] = false;
+                            self.accept(block, result)?;
+                        }
+                        // The producer may itself be running on a pool thread: run pending pool
+                        // work (perhaps the very read being waited for) rather than block it.
+                        Err(TryRecvError::Empty) => {
+                            if rayon::yield_now().is_none_or(|y| y == rayon::Yield::Idle) {
+                                std::thread::yield_now();
+                            }
+                        }
+                        Err(TryRecvError::Disconnected) => {
+                            return Err(Error::Stopped("a read-ahead worker vanished".into()));
+                        }
+                    }
                 }
                 continue;
             }
@@ -357,28 +372,40 @@ impl Producer {
             None => ((1.0, 0.0), &self.transforms[..]),
         };
         let elements = columns.elements.max(1);
-        // As many pieces as the tuned worker count: that many threads work on this batch.
+        // Records are decoded in the order they lie in their blocks, each into its own slot:
+        // reading each block forward is what the caches and prefetchers are good at, and the
+        // slot a record lands in does not depend on when it was decoded.
+        self.order.clear();
+        self.order.extend(0..b);
+        self.order.sort_unstable_by_key(|&k| (slots[k].block, slots[k].row));
+        let out = Slots { x: x.as_mut_ptr(), y: y.as_mut_ptr(), ids: ids.as_mut_ptr(), elements };
+        let make = |k: usize| {
+            let slot = &slots[k];
+            let block = held[slot.block]
+                .as_ref()
+                .unwrap_or_else(|| unreachable!("located blocks are loaded"));
+            // SAFETY: `order` is a permutation of 0..b, so each slot is handed out once.
+            let (x, y, id) = unsafe { out.get(k) };
+            *id = block.first_record() + slot.row as u64;
+            read_input(block, columns, slot.row, affine, x);
+            *y = read_label(block, columns, slot.row);
+            let mut rng = Rng::new(hash(&[seed, epoch, *id]));
+            let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
+            for transform in transforms.iter() {
+                transform.apply(&mut sample, &mut rng);
+            }
+        };
+        // As many pieces as the tuned worker count; one worker works here, without handing the
+        // batch to (and waking) a pool thread.
         let workers = self.tuning.workers();
-        self.threads.install(|| {
-            x.par_chunks_mut(elements)
-                .zip(y.par_iter_mut())
-                .zip(ids.par_iter_mut())
-                .zip(slots.par_iter())
-                .with_min_len(b.div_ceil(workers))
-                .for_each(|(((x, y), id), slot)| {
-                    let block = held[slot.block]
-                        .as_ref()
-                        .unwrap_or_else(|| unreachable!("located blocks are loaded"));
-                    *id = block.first_record() + slot.row as u64;
-                    read_input(block, columns, slot.row, affine, x);
-                    *y = read_label(block, columns, slot.row);
-                    let mut rng = Rng::new(hash(&[seed, epoch, *id]));
-                    let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
-                    for transform in transforms.iter() {
-                        transform.apply(&mut sample, &mut rng);
-                    }
-                });
-        });
+        if workers == 1 {
+            self.order.iter().for_each(|&k| make(k));
+        } else {
+            let order = &self.order;
+            self.threads.install(|| {
+                order.par_iter().with_min_len(b.div_ceil(workers)).for_each(|&k| make(k))
+            });
+        }
         let records = self.dataset.len();
         let global_start =
             index * self.config.global_batch() as u64 + self.config.rank as u64 * b as u64;
@@ -418,6 +445,39 @@ impl Producer {
             if slot.is_some() && !self.missing.contains(&block) {
                 *slot = None;
             }
+        }
+    }
+}
+
+/// Raw access to the slots of a batch being filled, for threads that fill different slots.
+struct Slots {
+    x: *mut f32,
+    y: *mut i64,
+    ids: *mut u64,
+    elements: usize,
+}
+
+// SAFETY: the pointers are only used through `get`, whose callers take each slot once, so
+// threads never touch the same memory.
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    /// Slot `k`'s input, label and record id.
+    ///
+    /// # Safety
+    ///
+    /// `k` is below the batch size the buffers were made for, and no other reference to slot
+    /// `k` is alive.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, k: usize) -> (&mut [f32], &mut i64, &mut u64) {
+        // SAFETY: the caller guarantees `k` is in bounds and slot `k` is not aliased; the
+        // buffers outlive the batch being filled.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.x.add(k * self.elements), self.elements),
+                &mut *self.y.add(k),
+                &mut *self.ids.add(k),
+            )
         }
     }
 }
