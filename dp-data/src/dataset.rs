@@ -171,14 +171,22 @@ impl Dataset {
 
     /// Records in block `global` and the dataset index of its first record.
     pub(crate) fn block_meta(&self, global: usize) -> (usize, u64) {
+        self.find_block(global).map_or((0, 0), |(s, b)| {
+            let entry = &self.shards[s].entries()[b];
+            (entry.records as usize, self.shard_starts[s] + entry.first_record)
+        })
+    }
+
+    /// The shard and the block within it of block `global` (counting over all shards).
+    fn find_block(&self, global: usize) -> Option<(usize, usize)> {
         let mut rest = global;
         for (s, shard) in self.shards.iter().enumerate() {
-            if let Some(entry) = shard.entries().get(rest) {
-                return (entry.records as usize, self.shard_starts[s] + entry.first_record);
+            if rest < shard.entries().len() {
+                return Some((s, rest));
             }
             rest -= shard.entries().len();
         }
-        (0, 0)
+        None
     }
 
     /// Uncompressed bytes of all blocks, from the shards' indexes.
@@ -195,20 +203,17 @@ impl Dataset {
     /// Reads block `global` (counting blocks over all shards in order), bypassing the cache.
     /// Also returns the seconds spent reading (and checksumming) and decompressing it.
     pub(crate) fn read_global_block(&self, global: usize) -> Result<(Block, f64, f64)> {
-        let mut rest = global;
-        for (s, shard) in self.shards.iter().enumerate() {
-            if rest < shard.entries().len() {
-                let first = self.shard_starts[s] + shard.entries()[rest].first_record;
-                let started = std::time::Instant::now();
-                let compressed = shard.read_compressed(rest, &self.pool, self.verify_checksums)?;
-                let read = started.elapsed().as_secs_f64();
-                let payload = &compressed[crate::shard::BLOCK_HEADER_LEN as usize..];
-                let block = shard.decompress(rest, payload, &self.pool, &self.schema, first)?;
-                return Ok((block, read, started.elapsed().as_secs_f64() - read));
-            }
-            rest -= shard.entries().len();
-        }
-        Err(Error::OutOfRange { index: global as u64, len: self.block_count() as u64 })
+        let Some((s, b)) = self.find_block(global) else {
+            return Err(Error::OutOfRange { index: global as u64, len: self.block_count() as u64 });
+        };
+        let shard = &self.shards[s];
+        let first = self.shard_starts[s] + shard.entries()[b].first_record;
+        let started = std::time::Instant::now();
+        let compressed = shard.read_compressed(b, &self.pool, self.verify_checksums)?;
+        let read = started.elapsed().as_secs_f64();
+        let payload = &compressed[crate::shard::BLOCK_HEADER_LEN as usize..];
+        let block = shard.decompress(b, payload, &self.pool, &self.schema, first)?;
+        Ok((block, read, started.elapsed().as_secs_f64() - read))
     }
 
     /// Blocks over all shards.

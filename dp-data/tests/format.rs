@@ -49,19 +49,24 @@ fn record(i: u64) -> Rec {
     }
 }
 
+/// Appends record `i`.
+fn append(writer: &mut DatasetWriter, i: u64) {
+    let r = record(i);
+    writer
+        .append(&[
+            Value::dense(&r.image),
+            Value::dense(&[r.label]),
+            Value::dense(&r.weight),
+            Value::Bytes(&r.text),
+            Value::sparse(&r.positions, &r.values),
+        ])
+        .unwrap();
+}
+
 fn write(dir: &Path, records: u64, options: WriterOptions) -> dp_data::Manifest {
     let mut writer = DatasetWriter::create(dir, schema(), options).unwrap();
     for i in 0..records {
-        let r = record(i);
-        writer
-            .append(&[
-                Value::dense(&r.image),
-                Value::dense(&[r.label]),
-                Value::dense(&r.weight),
-                Value::Bytes(&r.text),
-                Value::sparse(&r.positions, &r.values),
-            ])
-            .unwrap();
+        append(&mut writer, i);
     }
     writer.finish().unwrap()
 }
@@ -184,16 +189,7 @@ fn an_unfinished_writer_leaves_no_dataset() {
     let dir = temp_dir("unfinished");
     let mut writer = DatasetWriter::create(&dir, schema(), small_blocks(2)).unwrap();
     for i in 0..500 {
-        let r = record(i);
-        writer
-            .append(&[
-                Value::dense(&r.image),
-                Value::dense(&[r.label]),
-                Value::dense(&r.weight),
-                Value::Bytes(&r.text),
-                Value::sparse(&r.positions, &r.values),
-            ])
-            .unwrap();
+        append(&mut writer, i);
     }
     drop(writer);
     assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));

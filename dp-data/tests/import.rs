@@ -6,7 +6,7 @@
 #[allow(dead_code)]
 mod temp_dir;
 
-use temp_dir::{TempDir, gzip};
+use temp_dir::{TempDir, gzip, hex};
 
 use std::path::{Path, PathBuf};
 
@@ -112,11 +112,6 @@ const HEADER_F32_0X3: &[&str] = &[
     "652c20277368617065273a2028302c2033292c207d202020202020202020202020202020202020202020202020202020",
     "202020202020202020202020202020202020202020202020202020202020200a",
 ];
-
-fn hex(lines: &[&str]) -> Vec<u8> {
-    let text: String = lines.concat();
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
-}
 
 /// Small blocks, so that even small test datasets span several.
 fn options() -> WriterOptions {

@@ -7,7 +7,7 @@
 #[allow(dead_code)]
 mod temp_dir;
 
-use temp_dir::{TempDir, gzip};
+use temp_dir::{TempDir, gzip, hex};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -90,11 +90,6 @@ const NUMPY_I32: &[&str] = &[
     "202020202020202020202020202020202020202020202020202020202020200a3cf6ffff24faffff0cfefffff4010000",
     "dc050000c4090000",
 ];
-
-fn hex(lines: &[&str]) -> Vec<u8> {
-    let text: String = lines.concat();
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
-}
 
 fn options() -> WriterOptions {
     let mut options = WriterOptions::default();

@@ -1,4 +1,5 @@
-//! Test scaffolding shared by the importer tests: a directory removed on drop, and gzip.
+//! Test scaffolding shared by the importer tests: a directory removed on drop, gzip, and hex
+//! fixtures.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -44,4 +45,10 @@ pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     encoder.write_all(bytes).unwrap();
     encoder.finish().unwrap()
+}
+
+/// Bytes from hex text split over several lines (fixtures made by real NumPy).
+pub(crate) fn hex(lines: &[&str]) -> Vec<u8> {
+    let text: String = lines.concat();
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap()).collect()
 }
