@@ -1,6 +1,65 @@
 //! A small autograd model layer for data-parallel training.
 //!
-//! This crate will hold a static tape of layer-level ops over flat parameter and gradient
-//! buffers, layers, losses and optimizers on ndarray, and the memory techniques (pruning, int8
-//! quantization, activation recomputation). Its API is not written yet; the crate exists so the
-//! workspace layout is fixed from the start.
+//! A [`ModelSpec`] (built in, or read from TOML/JSON) compiles to a static tape of
+//! layer-level ops whose shapes are all checked once, at build time. **All parameters live in
+//! one contiguous buffer and all gradients in another with the same layout** ([`ParamLayout`]),
+//! so a data-parallel all-reduce is one call over one slice and a bucket is a sub-range.
+//! Activations live in a workspace sized once for the largest batch, so a training step
+//! allocates nothing; every buffer comes from a [`dp_mem::Pool`] and is accounted by role.
+//!
+//! ```
+//! use dp_mem::{Pool, Tracker};
+//! use dp_model::{Model, ModelOptions, ModelSpec, Optimizer, Sgd, StepOptions, Targets};
+//! use ndarray::Array2;
+//!
+//! let tracker = Tracker::new();
+//! let pool = Pool::new(&tracker);
+//! let spec = ModelSpec::mlp(4, &[16], 3);
+//! let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(8, 42))?;
+//! let mut sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool)?;
+//!
+//! let x = Array2::from_shape_fn((8, 4), |(i, j)| ((i + j) % 3) as f32);
+//! let y: Vec<i64> = (0..8).map(|i| i % 3).collect();
+//! let first = model.forward_backward(x.view(), Targets::Classes(&y), &StepOptions::default())?;
+//! for step in 0..50 {
+//!     model.forward_backward(x.view(), Targets::Classes(&y), &StepOptions { step, ..Default::default() })?;
+//!     let (params, grads) = model.params_and_grads();
+//!     sgd.step(params, grads, 0.1)?;
+//! }
+//! let last = model.evaluate(x.view(), Targets::Classes(&y))?;
+//! assert!(last.mean_loss() < first.mean_loss());
+//! # Ok::<(), dp_model::Error>(())
+//! ```
+//!
+//! Layers: Linear, Conv2d (im2col + GEMM, stride and padding), MaxPool2d, Flatten, ReLU,
+//! GELU, Tanh, Dropout; losses: softmax cross-entropy and mean squared error. Optimizers work
+//! on flat slices (any sub-range, for sharded optimizer state): [`Sgd`] and [`Adam`], with
+//! [`Schedule`]s and [`clip_grad_norm`]. Memory techniques: [`Recompute`] (activation
+//! recomputation), [`Pruner`] (magnitude pruning with compressed checkpoints) and
+//! [`QuantizedModel`] (int8 weights).
+
+mod checkpoint;
+mod error;
+mod float;
+mod init;
+mod layout;
+mod model;
+mod ops;
+mod optim;
+mod prune;
+mod quant;
+mod spec;
+mod tape;
+
+pub use checkpoint::{Checkpoint, CheckpointInfo, OptimizerState};
+pub use error::{Error, Result};
+pub use float::Float;
+pub use layout::{ParamLayout, ParamRole, ParamTensor};
+pub use model::{Model, ModelMemory, ModelOptions, Recompute, StepOptions};
+pub use ops::dropout::DropoutStream;
+pub use ops::gemm::{BareGemm, GemmShape};
+pub use ops::loss::{LossTotals, Targets};
+pub use optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm, grad_norm};
+pub use prune::{PruneSchedule, Pruner, Sparsity};
+pub use quant::QuantizedModel;
+pub use spec::{LayerSpec, ModelSpec};

@@ -1,0 +1,346 @@
+//! Checkpoints: parameters (pruned tensors stored sparse), optimizer state and the caller's
+//! own state, as postcard inside a checksummed zstd frame, behind a magic and a version.
+//! Written atomically: a crash leaves the previous checkpoint or the new one, never half.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::float::Float;
+use crate::layout::ParamLayout;
+use crate::model::Model;
+
+const MAGIC: &[u8; 8] = b"DPMODEL\0";
+const VERSION: u32 = 1;
+const ZSTD_LEVEL: i32 = 3;
+
+/// An optimizer's state (momentum or moments), as raw little-endian values.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerState {
+    /// `sgd` or `adam`.
+    pub kind: String,
+    /// Parameters covered.
+    pub len: u64,
+    /// Steps taken (Adam's bias correction needs it).
+    pub steps: u64,
+    /// Bytes per value: 4 (`f32`) or 8 (`f64`).
+    pub value_bytes: u8,
+    /// The state buffers, each `len` values.
+    pub buffers: Vec<Vec<u8>>,
+}
+
+impl OptimizerState {
+    pub(crate) fn new<T: Float>(kind: &str, len: usize, steps: u64, buffers: &[&[T]]) -> Self {
+        Self {
+            kind: kind.into(),
+            len: len as u64,
+            steps,
+            value_bytes: size_of::<T>() as u8,
+            buffers: buffers.iter().map(|b| bytemuck::cast_slice(b).to_vec()).collect(),
+        }
+    }
+
+    /// Copies the buffers into `into` after checking kind, length and value type; returns the
+    /// step count.
+    pub(crate) fn restore<T: Float>(
+        &self,
+        kind: &str,
+        len: usize,
+        into: &mut [&mut [T]],
+    ) -> Result<u64> {
+        let fail = |what: String| Err(Error::Optimizer { field: "state", what });
+        if self.kind != kind
+            || self.len != len as u64
+            || self.value_bytes as usize != size_of::<T>()
+        {
+            return fail(format!(
+                "saved for {} over {} parameters of {} bytes, loading into {kind} over {len} of {}",
+                self.kind,
+                self.len,
+                self.value_bytes,
+                size_of::<T>()
+            ));
+        }
+        if self.buffers.len() != into.len() {
+            return fail(format!("{} buffers saved, {} expected", self.buffers.len(), into.len()));
+        }
+        for (k, (saved, dst)) in self.buffers.iter().zip(into.iter_mut()).enumerate() {
+            if saved.len() != size_of_val(*dst) {
+                return fail(format!(
+                    "buffer {k} holds {} bytes, expected {}",
+                    saved.len(),
+                    size_of_val(*dst)
+                ));
+            }
+            bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(saved);
+        }
+        Ok(self.steps)
+    }
+}
+
+/// One tensor's values.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+enum Values {
+    Dense(Vec<u8>),
+    /// A bitmap of the nonzero positions and the nonzero values in order: what a pruned
+    /// tensor is stored as when that is smaller.
+    Sparse {
+        bitmap: Vec<u8>,
+        nonzeros: Vec<u8>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct TensorValues {
+    name: String,
+    values: Values,
+}
+
+/// A model's parameters with, optionally, optimizer state and the caller's state (a JSON
+/// string: step, data position, ...).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    model: String,
+    fingerprint: u64,
+    value_bytes: u8,
+    layout: ParamLayout,
+    tensors: Vec<TensorValues>,
+    optimizers: Vec<OptimizerState>,
+    extra: String,
+}
+
+/// What a checkpoint holds, for reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointInfo {
+    /// The model's name.
+    pub model: String,
+    /// Parameters.
+    pub params: usize,
+    /// Parameters stored as zero.
+    pub zeros: usize,
+    /// Tensors stored sparse.
+    pub sparse_tensors: usize,
+}
+
+impl Checkpoint {
+    /// The model's parameters, each tensor stored dense or sparse, whichever is smaller.
+    pub fn capture<T: Float>(model: &Model<T>) -> Self {
+        let layout = model.layout().clone();
+        let tensors = layout
+            .tensors()
+            .iter()
+            .map(|t| TensorValues {
+                name: t.name.clone(),
+                values: encode(&model.params()[t.range()]),
+            })
+            .collect();
+        Self {
+            model: model.spec().name.clone(),
+            fingerprint: model.spec().fingerprint(),
+            value_bytes: size_of::<T>() as u8,
+            layout,
+            tensors,
+            optimizers: Vec::new(),
+            extra: String::new(),
+        }
+    }
+
+    /// Adds an optimizer's state (call once per optimizer, in a fixed order).
+    pub fn with_optimizer(mut self, state: OptimizerState) -> Self {
+        self.optimizers.push(state);
+        self
+    }
+
+    /// Attaches the caller's state as text (JSON by convention).
+    pub fn with_extra(mut self, extra: impl Into<String>) -> Self {
+        self.extra = extra.into();
+        self
+    }
+
+    /// The optimizer states, in the order they were added.
+    pub fn optimizers(&self) -> &[OptimizerState] {
+        &self.optimizers
+    }
+
+    /// The caller's state.
+    pub fn extra(&self) -> &str {
+        &self.extra
+    }
+
+    /// A summary.
+    pub fn info(&self) -> CheckpointInfo {
+        let mut info = CheckpointInfo {
+            model: self.model.clone(),
+            params: self.layout.len(),
+            zeros: 0,
+            sparse_tensors: 0,
+        };
+        for (t, meta) in self.tensors.iter().zip(self.layout.tensors()) {
+            if let Values::Sparse { nonzeros, .. } = &t.values {
+                info.sparse_tensors += 1;
+                info.zeros += meta.len() - nonzeros.len() / self.value_bytes as usize;
+            }
+        }
+        info
+    }
+
+    /// Copies the parameters into `model`, which must be built from the same spec (its
+    /// fingerprint) with the same value type.
+    pub fn restore<T: Float>(&self, model: &mut Model<T>) -> Result<()> {
+        self.restore_params(model, Path::new("checkpoint"))
+    }
+
+    fn restore_params<T: Float>(&self, model: &mut Model<T>, path: &Path) -> Result<()> {
+        let fail = |what: String| Err(Error::Checkpoint { path: path.to_path_buf(), what });
+        if self.fingerprint != model.spec().fingerprint() || &self.layout != model.layout() {
+            return fail(format!(
+                "saved for model `{}` (spec {:016x}), loading into `{}` (spec {:016x}); the specs differ",
+                self.model,
+                self.fingerprint,
+                model.spec().name,
+                model.spec().fingerprint()
+            ));
+        }
+        if self.value_bytes as usize != size_of::<T>() {
+            return fail(format!(
+                "values are {} bytes, the model's {}",
+                self.value_bytes,
+                size_of::<T>()
+            ));
+        }
+        let layout = model.layout().clone();
+        for (saved, meta) in self.tensors.iter().zip(layout.tensors()) {
+            let dst = &mut model.params_mut()[meta.range()];
+            if let Err(what) = decode(&saved.values, dst) {
+                return fail(format!("tensor {}: {what}", saved.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Serializes: magic, version, then a zstd frame (with its content checksum) of the
+    /// postcard encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let body = postcard::to_stdvec(self).expect("a checkpoint always serializes");
+        let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("a valid zstd level");
+        compressor.include_checksum(true).expect("checksums are supported");
+        let frame =
+            compressor.compress(&body).expect("compression into a growing buffer cannot fail");
+        let mut bytes = Vec::with_capacity(12 + frame.len());
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&VERSION.to_le_bytes());
+        bytes.extend_from_slice(&frame);
+        bytes
+    }
+
+    /// Parses bytes from [`Checkpoint::to_bytes`]; `path` names them in errors.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        let fail = |what: String| Error::Checkpoint { path: path.to_path_buf(), what };
+        if bytes.len() < 12 || &bytes[..8] != MAGIC {
+            return Err(fail("not a dp-model checkpoint (bad magic)".into()));
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(fail(format!(
+                "checkpoint format version {version}, this build reads {VERSION}"
+            )));
+        }
+        let body = zstd::stream::decode_all(&bytes[12..])
+            .map_err(|e| fail(format!("damaged (zstd: {e})")))?;
+        postcard::from_bytes(&body).map_err(|e| fail(format!("damaged (decoding: {e})")))
+    }
+
+    /// Writes the checkpoint atomically; returns the bytes written.
+    pub fn save(&self, path: &Path) -> Result<u64> {
+        let bytes = self.to_bytes();
+        write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+
+    /// Reads a checkpoint.
+    pub fn load(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
+        Self::from_bytes(&bytes, path)
+    }
+
+    /// Reads a checkpoint and restores its parameters into `model`; returns it for its
+    /// optimizer and caller state.
+    pub fn load_into<T: Float>(path: &Path, model: &mut Model<T>) -> Result<Self> {
+        let checkpoint = Self::load(path)?;
+        checkpoint.restore_params(model, path)?;
+        Ok(checkpoint)
+    }
+}
+
+fn encode<T: Float>(values: &[T]) -> Values {
+    let nonzero = values.iter().filter(|v| **v != T::zero()).count();
+    let sparse_bytes = values.len().div_ceil(8) + nonzero * size_of::<T>();
+    if sparse_bytes >= size_of_val(values) {
+        return Values::Dense(bytemuck::cast_slice(values).to_vec());
+    }
+    let mut bitmap = vec![0u8; values.len().div_ceil(8)];
+    let mut nonzeros = Vec::with_capacity(nonzero * size_of::<T>());
+    for (i, v) in values.iter().enumerate() {
+        if *v != T::zero() {
+            bitmap[i / 8] |= 1 << (i % 8);
+            nonzeros.extend_from_slice(bytemuck::bytes_of(v));
+        }
+    }
+    Values::Sparse { bitmap, nonzeros }
+}
+
+fn decode<T: Float>(values: &Values, dst: &mut [T]) -> Result<(), String> {
+    let width = size_of::<T>();
+    match values {
+        Values::Dense(bytes) => {
+            if bytes.len() != size_of_val(dst) {
+                return Err(format!("{} bytes, expected {}", bytes.len(), size_of_val(dst)));
+            }
+            bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(bytes);
+        }
+        Values::Sparse { bitmap, nonzeros } => {
+            let set: usize = bitmap.iter().map(|b| b.count_ones() as usize).sum();
+            if bitmap.len() != dst.len().div_ceil(8) || set * width != nonzeros.len() {
+                return Err(format!(
+                    "sparse bitmap of {} bytes with {set} entries and {} value bytes does not fit {} values",
+                    bitmap.len(),
+                    nonzeros.len(),
+                    dst.len()
+                ));
+            }
+            let mut next = nonzeros.chunks_exact(width);
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = if bitmap[i / 8] >> (i % 8) & 1 == 1 {
+                    bytemuck::pod_read_unaligned(next.next().ok_or("too few values")?)
+                } else {
+                    T::zero()
+                };
+            }
+            if next.next().is_some() {
+                return Err("bits set beyond the tensor's end".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes to a temporary name, fsyncs, renames over `path`, and fsyncs the directory.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut temp_name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    temp_name.push(".tmp");
+    let temp: PathBuf = path.with_file_name(temp_name);
+    let mut file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
+    file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
+    file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))?;
+    drop(file);
+    std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e))?;
+    #[cfg(unix)]
+    {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))?;
+    }
+    Ok(())
+}

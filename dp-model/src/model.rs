@@ -1,0 +1,574 @@
+//! The model: a tape, its flat parameter and gradient buffers, and an activation workspace
+//! sized once for the largest batch. Training steps run entirely inside these buffers.
+
+use std::ops::Range;
+
+use dp_mem::{Pool, PoolBuf, Tag};
+use ndarray::{ArrayView2, ArrayViewD, IxDyn};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::float::Float;
+use crate::init::initialize;
+use crate::layout::ParamLayout;
+use crate::ops::Op;
+use crate::ops::dropout::DropoutStream;
+use crate::ops::gemm::GemmShape;
+use crate::ops::loss::{LossTotals, Targets, loss};
+use crate::spec::ModelSpec;
+use crate::tape::{Node, Tape};
+
+/// How a model is built.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ModelOptions {
+    /// The largest batch a step may get; the workspace is sized for it.
+    pub max_batch: usize,
+    /// Seed of the initial parameters and of dropout.
+    pub seed: u64,
+    /// This replica's dropout stream (its rank).
+    pub replica: u64,
+    /// Which activations are dropped after forward and recomputed during backward.
+    pub recompute: Recompute,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self { max_batch: 256, seed: 0, replica: 0, recompute: Recompute::Off }
+    }
+}
+
+impl ModelOptions {
+    /// Options for batches of up to `max_batch` samples and the given seed.
+    pub fn new(max_batch: usize, seed: u64) -> Self {
+        Self { max_batch, seed, ..Self::default() }
+    }
+
+    /// Sets the replica's dropout stream.
+    pub fn replica(mut self, replica: u64) -> Self {
+        self.replica = replica;
+        self
+    }
+
+    /// Sets activation recomputation.
+    pub fn recompute(mut self, recompute: Recompute) -> Self {
+        self.recompute = recompute;
+        self
+    }
+}
+
+/// Activation recomputation (gradient checkpointing): inside a segment of layers, only the
+/// segment's output is kept after forward; the activations inside it are computed again
+/// during backward. The gradients are bitwise the same, since the same code runs on the same
+/// inputs (dropout masks included).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Recompute {
+    /// Keep every activation.
+    #[default]
+    Off,
+    /// One segment per parameterized layer and the layers after it up to the next one (a
+    /// linear layer and its activation, a convolution, its activation and its pooling).
+    Auto,
+    /// Explicit segments, as ranges of spec layer indices, sorted and disjoint.
+    Layers(Vec<Range<usize>>),
+}
+
+/// Per-step settings of [`Model::forward_backward`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepOptions {
+    /// The global step, which keys the dropout masks (so a resumed run draws the same masks).
+    pub step: u64,
+    /// The loss is the sum over samples divided by this. Data-parallel replicas pass the
+    /// global batch so that summing their gradients gives the global mean. Default: the
+    /// samples that count in this batch.
+    pub denominator: Option<usize>,
+    /// Add into the gradient buffer instead of overwriting it (gradient accumulation).
+    pub accumulate: bool,
+}
+
+/// Bytes a model holds, by use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelMemory {
+    /// The flat parameter buffer.
+    pub params: u64,
+    /// The flat gradient buffer.
+    pub grads: u64,
+    /// Activations kept between forward and backward (including recomputation slots).
+    pub saved_activations: u64,
+    /// Activation gradients and convolution scratch.
+    pub workspace: u64,
+}
+
+impl ModelMemory {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.saved_activations + self.workspace
+    }
+}
+
+/// A model ready to train: see the crate docs for an example.
+pub struct Model<T: Float = f32> {
+    spec: ModelSpec,
+    tape: Tape,
+    options: ModelOptions,
+    params: PoolBuf<T>,
+    grads: PoolBuf<T>,
+    /// Saved activations: one buffer per kept node output, then the recomputation slots.
+    acts: Vec<PoolBuf<T>>,
+    /// For each node, the buffer in `acts` its output goes to.
+    out_buf: Vec<usize>,
+    /// For each node that ends a recomputation segment, the segment's first node.
+    recompute_from: Vec<Option<usize>>,
+    /// Two buffers the activation gradients alternate between (and eval activations).
+    ping: [PoolBuf<T>; 2],
+    /// im2col columns of the largest convolution.
+    scratch: PoolBuf<T>,
+    dropout: DropoutStream,
+}
+
+impl<T: Float> std::fmt::Debug for Model<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("spec", &self.spec.name)
+            .field("params", &self.tape.layout.len())
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl<T: Float> Model<T> {
+    /// Builds and initializes a model, allocating every buffer it will use from `pool`
+    /// (tags `Param`, `Grad` and `Activation`). Every shape is checked here.
+    pub fn new(spec: &ModelSpec, pool: &Pool, options: ModelOptions) -> Result<Self> {
+        if options.max_batch == 0 {
+            return Err(Error::spec("max_batch", "must be at least 1"));
+        }
+        let tape = Tape::build(spec, options.max_batch)?;
+        let segments = segments(&tape, spec, &options.recompute)?;
+        let batch = options.max_batch;
+
+        let mut out_buf = vec![usize::MAX; tape.nodes.len()];
+        let mut recompute_from = vec![None; tape.nodes.len()];
+        let mut slot_lens: Vec<usize> = Vec::new();
+        let mut kept_lens = Vec::new();
+        for segment in &segments {
+            recompute_from[segment.end - 1] = Some(segment.start);
+            for (slot, i) in (segment.start..segment.end - 1).enumerate() {
+                let len = tape.nodes[i].out_len * batch;
+                match slot_lens.get_mut(slot) {
+                    Some(l) => *l = (*l).max(len),
+                    None => slot_lens.push(len),
+                }
+                out_buf[i] = usize::MAX - 1 - slot;
+            }
+        }
+        for (i, node) in tape.nodes.iter().enumerate() {
+            if out_buf[i] == usize::MAX {
+                out_buf[i] = kept_lens.len();
+                kept_lens.push(node.out_len * batch);
+            }
+        }
+        // Slots go after the kept buffers.
+        for b in out_buf.iter_mut().filter(|b| **b >= kept_lens.len()) {
+            *b = kept_lens.len() + (usize::MAX - 1 - *b);
+        }
+        let acts = kept_lens
+            .iter()
+            .chain(&slot_lens)
+            .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ping_len = tape.nodes.iter().map(|n| n.out_len).max().unwrap_or(0) * batch;
+        let scratch_len = tape
+            .nodes
+            .iter()
+            .map(|n| if let Op::Conv2d(c) = &n.op { c.scratch_len(batch) } else { 0 })
+            .max()
+            .unwrap_or(0);
+
+        let mut params = pool.alloc_zeroed(tape.layout.len(), Tag::Param)?;
+        initialize(spec, &tape.layout, options.seed, &mut params);
+        Ok(Self {
+            spec: spec.clone(),
+            grads: pool.alloc_zeroed(tape.layout.len(), Tag::Grad)?,
+            params,
+            acts,
+            out_buf,
+            recompute_from,
+            ping: [
+                pool.alloc_zeroed(ping_len, Tag::Activation)?,
+                pool.alloc_zeroed(ping_len, Tag::Activation)?,
+            ],
+            scratch: pool.alloc_zeroed(scratch_len, Tag::Activation)?,
+            dropout: DropoutStream { seed: options.seed, stream: options.replica },
+            tape,
+            options,
+        })
+    }
+
+    /// The spec the model was built from.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The options the model was built with.
+    pub fn options(&self) -> &ModelOptions {
+        &self.options
+    }
+
+    /// Where each parameter tensor sits in the flat buffers.
+    pub fn layout(&self) -> &ParamLayout {
+        &self.tape.layout
+    }
+
+    /// Values per input sample.
+    pub fn input_len(&self) -> usize {
+        self.tape.input_len
+    }
+
+    /// Values per output sample (classes).
+    pub fn outputs(&self) -> usize {
+        self.tape.outputs()
+    }
+
+    /// All parameters, in the layout's order.
+    pub fn params(&self) -> &[T] {
+        &self.params
+    }
+
+    /// All parameters, writable (for an optimizer or a broadcast).
+    pub fn params_mut(&mut self) -> &mut [T] {
+        &mut self.params
+    }
+
+    /// All gradients, at the same offsets as the parameters.
+    pub fn grads(&self) -> &[T] {
+        &self.grads
+    }
+
+    /// All gradients, writable (for an all-reduce).
+    pub fn grads_mut(&mut self) -> &mut [T] {
+        &mut self.grads
+    }
+
+    /// Parameters and gradients at once, for an optimizer step.
+    pub fn params_and_grads(&mut self) -> (&mut [T], &[T]) {
+        (&mut self.params, &self.grads)
+    }
+
+    /// One parameter tensor as an ndarray view (allocates its shape; not for the hot loop).
+    pub fn tensor(&self, name: &str) -> Option<ArrayViewD<'_, T>> {
+        let t = self.tape.layout.get(name)?;
+        ArrayViewD::from_shape(IxDyn(&t.shape), &self.params[t.range()]).ok()
+    }
+
+    /// Re-initializes the parameters from `seed`.
+    pub fn init(&mut self, seed: u64) {
+        initialize(&self.spec, &self.tape.layout, seed, &mut self.params);
+    }
+
+    /// Bytes held, by use.
+    pub fn memory(&self) -> ModelMemory {
+        let bytes = |b: &PoolBuf<T>| (b.len() * size_of::<T>()) as u64;
+        ModelMemory {
+            params: bytes(&self.params),
+            grads: bytes(&self.grads),
+            saved_activations: self.acts.iter().map(bytes).sum(),
+            workspace: bytes(&self.ping[0]) + bytes(&self.ping[1]) + bytes(&self.scratch),
+        }
+    }
+
+    /// Forward, loss and backward for one batch `x [batch, input_len]`: writes (or, with
+    /// `accumulate`, adds) the gradient of the loss into the gradient buffer and returns the
+    /// loss totals. Allocates nothing.
+    pub fn forward_backward(
+        &mut self,
+        x: ArrayView2<'_, T>,
+        targets: Targets<'_, T>,
+        options: &StepOptions,
+    ) -> Result<LossTotals> {
+        self.forward_backward_with(x, targets, options, &mut |_| {})
+    }
+
+    /// [`Model::forward_backward`], calling `ready(n)` each time backward finishes a layer's
+    /// gradients: gradients `[0, n)` are then final (see [`ParamLayout`]), so their all-reduce
+    /// can start while backward goes on.
+    pub fn forward_backward_with(
+        &mut self,
+        x: ArrayView2<'_, T>,
+        targets: Targets<'_, T>,
+        options: &StepOptions,
+        ready: &mut dyn FnMut(usize),
+    ) -> Result<LossTotals> {
+        let (batch, x) = self.check_input(&x)?;
+        let outputs = self.outputs();
+        targets.check(batch, outputs)?;
+        let nodes = self.tape.nodes.len();
+        for i in 0..nodes {
+            self.forward_node(i, batch, x, options.step);
+        }
+
+        let counted = match targets {
+            Targets::Classes(labels) => labels.iter().filter(|&&l| l >= 0).count(),
+            Targets::Values(_) => batch,
+        };
+        let denominator = T::of(options.denominator.unwrap_or(counted).max(1) as f64);
+        let logits = &self.acts[self.out_buf[nodes - 1]];
+        let totals = loss(logits, batch, outputs, &targets, denominator, Some(&mut self.ping[0]));
+
+        let dropout = (self.dropout, options.step);
+        for i in (0..nodes).rev() {
+            if let Some(start) = self.recompute_from[i] {
+                for j in start..i {
+                    self.forward_node(j, batch, x, options.step);
+                }
+            }
+            let node = &self.tape.nodes[i];
+            if i == 0 && node.params.is_empty() {
+                break;
+            }
+            let input = if i == 0 { x } else { &self.acts[self.out_buf[i - 1]] };
+            let output = &self.acts[self.out_buf[i]];
+            let [a, b] = &mut self.ping;
+            let (dy, dx) =
+                if (nodes - 1 - i).is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
+            let dx = (i > 0).then_some(dx);
+            let grads = &mut self.grads;
+            let io = Io { x: input, y: output, dy, dx };
+            backward_op(
+                node,
+                batch,
+                &self.params,
+                grads,
+                io,
+                &mut self.scratch,
+                dropout,
+                options.accumulate,
+            );
+            if !node.params.is_empty() {
+                ready(node.params.end);
+            }
+        }
+        Ok(totals)
+    }
+
+    /// The matrix products one [`Model::forward_backward`] of `batch` samples runs, in
+    /// order (recomputation included).
+    pub fn gemm_shapes(&self, batch: usize) -> Vec<GemmShape> {
+        let g =
+            |m, k, n, a_transposed, b_transposed| GemmShape { m, k, n, a_transposed, b_transposed };
+        let forward = |node: &Node| match &node.op {
+            Op::Linear(l) => Some(g(batch, l.inputs, l.outputs, false, true)),
+            Op::Conv2d(c) => Some(g(
+                c.out_channels,
+                c.patch_len(),
+                batch * c.out_height * c.out_width,
+                false,
+                false,
+            )),
+            _ => None,
+        };
+        let nodes = &self.tape.nodes;
+        let mut shapes: Vec<GemmShape> = nodes.iter().filter_map(forward).collect();
+        for (i, node) in nodes.iter().enumerate().rev() {
+            if let Some(start) = self.recompute_from[i] {
+                shapes.extend(nodes[start..i].iter().filter_map(forward));
+            }
+            match &node.op {
+                Op::Linear(l) => {
+                    shapes.push(g(l.outputs, batch, l.inputs, true, false));
+                    if i > 0 {
+                        shapes.push(g(batch, l.outputs, l.inputs, false, false));
+                    }
+                }
+                Op::Conv2d(c) => {
+                    let n = batch * c.out_height * c.out_width;
+                    shapes.push(g(c.out_channels, n, c.patch_len(), false, true));
+                    if i > 0 {
+                        shapes.push(g(c.patch_len(), c.out_channels, n, true, false));
+                    }
+                }
+                _ => {}
+            }
+        }
+        shapes
+    }
+
+    /// Inference: the outputs `[batch, outputs]` for `x [batch, input_len]`. Saves nothing for
+    /// backward (activations alternate between two buffers) and skips dropout.
+    pub fn forward_eval(&mut self, x: ArrayView2<'_, T>) -> Result<ArrayView2<'_, T>> {
+        let (batch, x) = self.check_input(&x)?;
+        let nodes = self.tape.nodes.len();
+        for (i, node) in self.tape.nodes.iter().enumerate() {
+            let [a, b] = &mut self.ping;
+            let (src, dst) = if i.is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
+            let input = if i == 0 { x } else { src };
+            forward_op(node, batch, &self.params, input, dst, &mut self.scratch, None);
+        }
+        let out = &self.ping[nodes % 2][..batch * self.outputs()];
+        Ok(ArrayView2::from_shape((batch, self.outputs()), out).expect("sized at build"))
+    }
+
+    /// Loss and accuracy of `x` against `targets`, without touching the gradients.
+    pub fn evaluate(
+        &mut self,
+        x: ArrayView2<'_, T>,
+        targets: Targets<'_, T>,
+    ) -> Result<LossTotals> {
+        let batch = x.nrows();
+        let outputs = self.outputs();
+        targets.check(batch, outputs)?;
+        let logits = self.forward_eval(x)?;
+        let logits = logits.as_slice().expect("contiguous");
+        Ok(loss(logits, batch, outputs, &targets, T::one(), None))
+    }
+
+    fn check_input<'x>(&self, x: &'x ArrayView2<'_, T>) -> Result<(usize, &'x [T])> {
+        let (batch, features) = x.dim();
+        if features != self.tape.input_len || batch == 0 || batch > self.options.max_batch {
+            return Err(Error::shape(
+                format!("{} input", self.spec.name),
+                format!("[1..={}, {}]", self.options.max_batch, self.tape.input_len),
+                format!("[{batch}, {features}]"),
+            ));
+        }
+        let data = x.as_slice().ok_or_else(|| {
+            Error::shape(
+                format!("{} input", self.spec.name),
+                "a contiguous row-major array",
+                "a strided view",
+            )
+        })?;
+        Ok((batch, data))
+    }
+
+    /// Runs node `i` in training mode, from its saved input to its saved output.
+    fn forward_node(&mut self, i: usize, batch: usize, x: &[T], step: u64) {
+        let out = self.out_buf[i];
+        let (input, output): (&[T], &mut [T]) = if i == 0 {
+            (x, &mut self.acts[out])
+        } else {
+            let (read, write) = (self.out_buf[i - 1], out);
+            if read < write {
+                let (lo, hi) = self.acts.split_at_mut(write);
+                (&lo[read], &mut hi[0])
+            } else {
+                let (lo, hi) = self.acts.split_at_mut(read);
+                (&hi[0], &mut lo[write])
+            }
+        };
+        let dropout = Some((self.dropout, step));
+        forward_op(
+            &self.tape.nodes[i],
+            batch,
+            &self.params,
+            input,
+            output,
+            &mut self.scratch,
+            dropout,
+        );
+    }
+}
+
+/// The activations a node's backward reads and writes.
+struct Io<'a, T> {
+    x: &'a [T],
+    y: &'a [T],
+    dy: &'a [T],
+    dx: Option<&'a mut [T]>,
+}
+
+pub(crate) fn forward_op<T: Float>(
+    node: &Node,
+    batch: usize,
+    params: &[T],
+    x: &[T],
+    y: &mut [T],
+    scratch: &mut [T],
+    dropout: Option<(DropoutStream, u64)>,
+) {
+    let x = &x[..batch * node.in_len];
+    let y = &mut y[..batch * node.out_len];
+    match &node.op {
+        Op::Linear(l) => l.forward(batch, params, x, y),
+        Op::Conv2d(c) => c.forward(batch, params, x, y, scratch),
+        Op::MaxPool2d(p) => p.forward(batch, x, y),
+        Op::Transpose(t) => t.forward(batch, x, y),
+        Op::Activation(a) => a.forward(x, y),
+        Op::Dropout(d) => match dropout {
+            Some((stream, step)) => d.forward(stream, step, x, y),
+            None => y.copy_from_slice(x),
+        },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_op<T: Float>(
+    node: &Node,
+    batch: usize,
+    params: &[T],
+    grads: &mut [T],
+    io: Io<'_, T>,
+    scratch: &mut [T],
+    (stream, step): (DropoutStream, u64),
+    accumulate: bool,
+) {
+    let x = &io.x[..batch * node.in_len];
+    let y = &io.y[..batch * node.out_len];
+    let dy = &io.dy[..batch * node.out_len];
+    let dx = io.dx.map(|dx| &mut dx[..batch * node.in_len]);
+    match &node.op {
+        Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate),
+        Op::Conv2d(c) => c.backward(batch, params, grads, x, dy, dx, scratch, accumulate),
+        op => {
+            let Some(dx) = dx else { return };
+            match op {
+                Op::MaxPool2d(p) => p.backward(batch, x, dy, dx),
+                Op::Transpose(t) => t.backward(batch, dy, dx),
+                Op::Activation(a) => a.backward(x, y, dy, dx),
+                Op::Dropout(d) => d.backward(stream, step, dy, dx),
+                Op::Linear(_) | Op::Conv2d(_) => unreachable!("handled above"),
+            }
+        }
+    }
+}
+
+/// The recomputation segments as node ranges, each at least two nodes long (a one-node
+/// segment keeps its only output and so saves nothing).
+fn segments(tape: &Tape, spec: &ModelSpec, recompute: &Recompute) -> Result<Vec<Range<usize>>> {
+    let layer_ranges: Vec<Range<usize>> = match recompute {
+        Recompute::Off => Vec::new(),
+        Recompute::Auto => {
+            let starts: Vec<usize> =
+                (0..spec.layers.len()).filter(|&l| spec.layers[l].has_params()).collect();
+            starts
+                .iter()
+                .enumerate()
+                .map(|(k, &s)| s..starts.get(k + 1).copied().unwrap_or(spec.layers.len()))
+                .collect()
+        }
+        Recompute::Layers(ranges) => {
+            let mut previous_end = 0;
+            for (k, r) in ranges.iter().enumerate() {
+                if r.start < previous_end || r.start >= r.end || r.end > spec.layers.len() {
+                    return Err(Error::spec(
+                        format!("recompute[{k}]"),
+                        format!(
+                            "{r:?} must be a non-empty range of layers 0..{}, after the previous one",
+                            spec.layers.len()
+                        ),
+                    ));
+                }
+                previous_end = r.end;
+            }
+            ranges.clone()
+        }
+    };
+    Ok(layer_ranges
+        .iter()
+        .filter_map(|r| {
+            let first = tape.nodes.iter().position(|n| r.contains(&n.layer))?;
+            let end = tape.nodes.iter().rposition(|n| r.contains(&n.layer))? + 1;
+            (end - first >= 2).then_some(first..end)
+        })
+        .collect())
+}

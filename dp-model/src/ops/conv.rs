@@ -1,0 +1,198 @@
+//! 2-D convolution as im2col + one GEMM over the whole batch.
+//!
+//! Image activations are kept channel-major, `[C, B, H, W]`, inside the model: then the
+//! convolution of a whole batch is the single product `W [OC, C*k*k] x cols [C*k*k, B*OH*OW]`,
+//! whose result is already the next layer's `[OC, B, OH, OW]`, with no transpose. One batched
+//! GEMM runs far faster than B small ones for the narrow shapes of small CNNs.
+
+use crate::float::Float;
+use crate::ops::gemm::{matmul, view, view_mut};
+
+/// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
+/// float sum cannot be reordered, so it runs one add per cycle of latency).
+fn sum_lanes<T: Float>(values: &[T]) -> T {
+    let mut lanes = [T::zero(); 8];
+    let chunks = values.chunks_exact(8);
+    let tail: T = chunks.remainder().iter().copied().sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    lanes.iter().copied().sum::<T>() + tail
+}
+
+/// Shape of a convolution and where its parameters sit in the flat buffer.
+#[derive(Clone, Debug)]
+pub(crate) struct Conv2d {
+    pub(crate) channels: usize,
+    pub(crate) height: usize,
+    pub(crate) width: usize,
+    pub(crate) out_channels: usize,
+    pub(crate) kernel: usize,
+    pub(crate) stride: usize,
+    pub(crate) padding: usize,
+    pub(crate) out_height: usize,
+    pub(crate) out_width: usize,
+    /// Offset of `W` (`out_channels * channels * kernel^2` values), followed by `b`.
+    pub(crate) offset: usize,
+}
+
+impl Conv2d {
+    pub(crate) fn patch_len(&self) -> usize {
+        self.channels * self.kernel * self.kernel
+    }
+
+    pub(crate) fn param_len(&self) -> usize {
+        self.out_channels * self.patch_len() + self.out_channels
+    }
+
+    /// Scratch values the unfolded input of `batch` samples takes.
+    pub(crate) fn scratch_len(&self, batch: usize) -> usize {
+        self.patch_len() * batch * self.out_height * self.out_width
+    }
+
+    pub(crate) fn forward<T: Float>(
+        &self,
+        batch: usize,
+        params: &[T],
+        x: &[T],
+        y: &mut [T],
+        scratch: &mut [T],
+    ) {
+        let n = batch * self.out_height * self.out_width;
+        let cols = &mut scratch[..self.patch_len() * n];
+        self.im2col(batch, x, cols);
+        let (w, b) = self.split(params);
+        for (row, &bias) in y[..self.out_channels * n].chunks_exact_mut(n).zip(b) {
+            row.fill(bias);
+        }
+        let w = view(w, self.out_channels, self.patch_len());
+        matmul(
+            w,
+            view(cols, self.patch_len(), n),
+            T::one(),
+            &mut view_mut(y, self.out_channels, n),
+        );
+    }
+
+    /// Parameter gradients (written or added) and, when `dx` is given, the input gradient.
+    /// The unfolded input is recomputed rather than kept from the forward pass: it is the
+    /// largest buffer of a small CNN and costs one memory pass to rebuild.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward<T: Float>(
+        &self,
+        batch: usize,
+        params: &[T],
+        grads: &mut [T],
+        x: &[T],
+        dy: &[T],
+        dx: Option<&mut [T]>,
+        scratch: &mut [T],
+        accumulate: bool,
+    ) {
+        let n = batch * self.out_height * self.out_width;
+        let patch = self.patch_len();
+        let cols = &mut scratch[..patch * n];
+        self.im2col(batch, x, cols);
+        let beta = if accumulate { T::one() } else { T::zero() };
+        let dy2 = view(dy, self.out_channels, n);
+        let (dw, db) = self.split_mut(grads);
+        matmul(dy2, view(cols, patch, n).t(), beta, &mut view_mut(dw, self.out_channels, patch));
+        for (g, row) in db.iter_mut().zip(dy[..self.out_channels * n].chunks_exact(n)) {
+            let sum = sum_lanes(row);
+            *g = if accumulate { *g + sum } else { sum };
+        }
+        if let Some(dx) = dx {
+            let (w, _) = self.split(params);
+            let w = view(w, self.out_channels, patch);
+            matmul(w.t(), dy2, T::zero(), &mut view_mut(cols, patch, n));
+            self.col2im(batch, cols, dx);
+        }
+    }
+
+    /// The output columns `[lo, hi)` of one kernel column `kj` that read inside the image;
+    /// the rest read padding.
+    fn valid_columns(&self, kj: usize) -> (usize, usize) {
+        let (s, p, w) = (self.stride, self.padding, self.width);
+        let lo = if p > kj { (p - kj).div_ceil(s) } else { 0 };
+        let hi = ((w + p).saturating_sub(kj)).div_ceil(s).min(self.out_width);
+        (lo.min(hi), hi)
+    }
+
+    /// Unfolds `x [C, B, H, W]` into `cols [C*k*k, B*OH*OW]`.
+    fn im2col<T: Float>(&self, batch: usize, x: &[T], cols: &mut [T]) {
+        let (k, s, p) = (self.kernel, self.stride, self.padding);
+        let (h, w, oh, ow) = (self.height, self.width, self.out_height, self.out_width);
+        let n = batch * oh * ow;
+        for (r, row) in cols.chunks_exact_mut(n).enumerate() {
+            let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
+            let (lo, hi) = self.valid_columns(kj);
+            for b in 0..batch {
+                let plane = &x[(c * batch + b) * h * w..][..h * w];
+                for oy in 0..oh {
+                    let out = &mut row[(b * oh + oy) * ow..][..ow];
+                    let iy = (oy * s + ki).wrapping_sub(p);
+                    if iy >= h {
+                        out.fill(T::zero());
+                        continue;
+                    }
+                    let src = &plane[iy * w..][..w];
+                    out[..lo].fill(T::zero());
+                    out[hi..].fill(T::zero());
+                    if s == 1 {
+                        let start = lo + kj - p;
+                        out[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                    } else {
+                        for (ox, o) in out[lo..hi].iter_mut().enumerate() {
+                            *o = src[(lo + ox) * s + kj - p];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Folds `cols` back onto `dx [C, B, H, W]`, summing overlapping patches.
+    fn col2im<T: Float>(&self, batch: usize, cols: &[T], dx: &mut [T]) {
+        let (k, s, p) = (self.kernel, self.stride, self.padding);
+        let (h, w, oh, ow) = (self.height, self.width, self.out_height, self.out_width);
+        let n = batch * oh * ow;
+        dx[..self.channels * batch * h * w].fill(T::zero());
+        for (r, row) in cols[..self.patch_len() * n].chunks_exact(n).enumerate() {
+            let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
+            let (lo, hi) = self.valid_columns(kj);
+            for b in 0..batch {
+                let plane = &mut dx[(c * batch + b) * h * w..][..h * w];
+                for oy in 0..oh {
+                    let iy = (oy * s + ki).wrapping_sub(p);
+                    if iy >= h {
+                        continue;
+                    }
+                    let grad = &row[(b * oh + oy) * ow..][..ow];
+                    let dst = &mut plane[iy * w..][..w];
+                    if s == 1 {
+                        let start = lo + kj - p;
+                        for (d, &g) in dst[start..start + hi - lo].iter_mut().zip(&grad[lo..hi]) {
+                            *d += g;
+                        }
+                    } else {
+                        for ox in lo..hi {
+                            dst[ox * s + kj - p] += grad[ox];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn split<'a, T>(&self, params: &'a [T]) -> (&'a [T], &'a [T]) {
+        params[self.offset..self.offset + self.param_len()]
+            .split_at(self.out_channels * self.patch_len())
+    }
+
+    fn split_mut<'a, T>(&self, params: &'a mut [T]) -> (&'a mut [T], &'a mut [T]) {
+        params[self.offset..self.offset + self.param_len()]
+            .split_at_mut(self.out_channels * self.patch_len())
+    }
+}

@@ -1,0 +1,80 @@
+//! Fully connected layer: `y = x W^T + b`, with `W` stored `[out, in]` as PyTorch does.
+
+use crate::float::Float;
+use crate::ops::gemm::{matmul, view, view_mut};
+
+/// Shape of a linear layer and where its parameters sit in the flat buffer.
+#[derive(Clone, Debug)]
+pub(crate) struct Linear {
+    pub(crate) inputs: usize,
+    pub(crate) outputs: usize,
+    /// Offset of `W` (`outputs * inputs` values), followed by `b` (`outputs` values).
+    pub(crate) offset: usize,
+}
+
+impl Linear {
+    pub(crate) fn param_len(&self) -> usize {
+        self.outputs * self.inputs + self.outputs
+    }
+
+    pub(crate) fn forward<T: Float>(&self, batch: usize, params: &[T], x: &[T], y: &mut [T]) {
+        let (w, b) = self.split(params);
+        // Start from the bias in every row, then accumulate the product onto it: one pass
+        // over `y` fewer than adding the bias afterwards.
+        for row in y[..batch * self.outputs].chunks_exact_mut(self.outputs) {
+            row.copy_from_slice(b);
+        }
+        let x = view(x, batch, self.inputs);
+        let w = view(w, self.outputs, self.inputs);
+        matmul(x, w.t(), T::one(), &mut view_mut(y, batch, self.outputs));
+    }
+
+    /// Writes (or adds, with `accumulate`) the parameter gradients, and the input gradient
+    /// when `dx` is given.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward<T: Float>(
+        &self,
+        batch: usize,
+        params: &[T],
+        grads: &mut [T],
+        x: &[T],
+        dy: &[T],
+        dx: Option<&mut [T]>,
+        accumulate: bool,
+    ) {
+        let beta = if accumulate { T::one() } else { T::zero() };
+        let dy2 = view(dy, batch, self.outputs);
+        let (dw, db) = self.split_mut(grads);
+        matmul(
+            dy2.t(),
+            view(x, batch, self.inputs),
+            beta,
+            &mut view_mut(dw, self.outputs, self.inputs),
+        );
+        if !accumulate {
+            db.fill(T::zero());
+        }
+        for row in dy[..batch * self.outputs].chunks_exact(self.outputs) {
+            for (g, &d) in db.iter_mut().zip(row) {
+                *g += d;
+            }
+        }
+        if let Some(dx) = dx {
+            let (w, _) = self.split(params);
+            let w = view(w, self.outputs, self.inputs);
+            matmul(dy2, w, T::zero(), &mut view_mut(dx, batch, self.inputs));
+        }
+    }
+
+    fn split<'a, T>(&self, params: &'a [T]) -> (&'a [T], &'a [T]) {
+        let weights = self.outputs * self.inputs;
+        let own = &params[self.offset..self.offset + self.param_len()];
+        own.split_at(weights)
+    }
+
+    fn split_mut<'a, T>(&self, params: &'a mut [T]) -> (&'a mut [T], &'a mut [T]) {
+        let weights = self.outputs * self.inputs;
+        let own = &mut params[self.offset..self.offset + self.param_len()];
+        own.split_at_mut(weights)
+    }
+}

@@ -1,0 +1,49 @@
+//! The layer-level operations a tape is made of, each with forward and backward over flat
+//! slices.
+
+pub(crate) mod activation;
+pub(crate) mod conv;
+pub(crate) mod dropout;
+pub(crate) mod gemm;
+pub(crate) mod linear;
+pub(crate) mod loss;
+pub(crate) mod pool;
+pub(crate) mod transpose;
+
+use activation::Activation;
+use conv::Conv2d;
+use dropout::Dropout;
+use linear::Linear;
+use pool::MaxPool2d;
+use transpose::Transpose;
+
+/// One operation of the tape.
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    Linear(Linear),
+    Conv2d(Conv2d),
+    MaxPool2d(MaxPool2d),
+    Transpose(Transpose),
+    Activation(Activation),
+    Dropout(Dropout),
+}
+
+impl Op {
+    /// Parameters the op owns.
+    pub(crate) fn param_len(&self) -> usize {
+        match self {
+            Op::Linear(l) => l.param_len(),
+            Op::Conv2d(c) => c.param_len(),
+            _ => 0,
+        }
+    }
+
+    /// Moves the op's parameters to `offset` in the flat buffer.
+    pub(crate) fn set_offset(&mut self, offset: usize) {
+        match self {
+            Op::Linear(l) => l.offset = offset,
+            Op::Conv2d(c) => c.offset = offset,
+            _ => {}
+        }
+    }
+}

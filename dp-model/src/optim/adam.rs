@@ -1,0 +1,98 @@
+//! Adam and AdamW (decoupled weight decay), with bias correction, as PyTorch defines them.
+
+use dp_mem::{Pool, PoolBuf, Tag};
+
+use super::{Optimizer, check_lengths, check_range};
+use crate::checkpoint::OptimizerState;
+use crate::error::Result;
+use crate::float::Float;
+
+/// Adam (`decoupled = false`: weight decay added to the gradient) or AdamW (`decoupled =
+/// true`: parameters shrunk by `lr * weight_decay` directly).
+#[derive(Debug)]
+pub struct Adam<T: Float = f32> {
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    decoupled: bool,
+    m: PoolBuf<T>,
+    v: PoolBuf<T>,
+    steps: u64,
+}
+
+impl<T: Float> Adam<T> {
+    /// Adam for `len` parameters; its two moment buffers are tagged `OptState`.
+    pub fn new(
+        len: usize,
+        (beta1, beta2): (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+        pool: &Pool,
+    ) -> Result<Self> {
+        check_range("beta1", beta1, 0.0..1.0)?;
+        check_range("beta2", beta2, 0.0..1.0)?;
+        check_range("eps", eps, f64::MIN_POSITIVE..f64::INFINITY)?;
+        check_range("weight_decay", weight_decay, 0.0..f64::INFINITY)?;
+        Ok(Self {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            decoupled,
+            m: pool.alloc_zeroed(len, Tag::OptState)?,
+            v: pool.alloc_zeroed(len, Tag::OptState)?,
+            steps: 0,
+        })
+    }
+
+    /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn with_defaults(len: usize, pool: &Pool) -> Result<Self> {
+        Self::new(len, (0.9, 0.999), 1e-8, 0.0, false, pool)
+    }
+}
+
+impl<T: Float> Optimizer<T> for Adam<T> {
+    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()> {
+        check_lengths("adam", self.m.len(), params.len(), grads.len())?;
+        self.steps += 1;
+        let t = self.steps as i32;
+        let correction1 = 1.0 - self.beta1.powi(t);
+        let correction2 = 1.0 - self.beta2.powi(t);
+        // Folding both bias corrections into the step size and epsilon is PyTorch's form.
+        let step_size = T::of(lr / correction1);
+        let sqrt_c2 = T::of(correction2.sqrt());
+        let (b1, b2, eps) = (T::of(self.beta1), T::of(self.beta2), T::of(self.eps));
+        let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
+        let coupled_wd = T::of(if self.decoupled { 0.0 } else { self.weight_decay });
+        let shrink = T::of(if self.decoupled { 1.0 - lr * self.weight_decay } else { 1.0 });
+        for (((p, &g), m), v) in
+            params.iter_mut().zip(grads).zip(self.m.iter_mut()).zip(self.v.iter_mut())
+        {
+            let g = g + coupled_wd * *p;
+            *m = b1 * *m + one_b1 * g;
+            *v = b2 * *v + one_b2 * g * g;
+            *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.m.len()
+    }
+
+    fn state_bytes(&self) -> u64 {
+        ((self.m.len() + self.v.len()) * size_of::<T>()) as u64
+    }
+
+    fn state(&self) -> OptimizerState {
+        OptimizerState::new::<T>("adam", self.m.len(), self.steps, &[&self.m[..], &self.v[..]])
+    }
+
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        let len = self.m.len();
+        self.steps = state.restore::<T>("adam", len, &mut [&mut self.m[..], &mut self.v[..]])?;
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! Optimizers over flat slices, learning-rate schedules and gradient clipping.
+//!
+//! An optimizer is built for a length, not for a model: give it the whole parameter buffer,
+//! or one replica's shard of it (ZeRO stage 1), and it keeps state for exactly that range.
+
+mod adam;
+mod clip;
+mod schedule;
+mod sgd;
+
+pub use adam::Adam;
+pub use clip::{clip_grad_norm, grad_norm};
+pub use schedule::Schedule;
+pub use sgd::Sgd;
+
+use crate::checkpoint::OptimizerState;
+use crate::error::{Error, Result};
+use crate::float::Float;
+
+/// An update rule over a flat range of parameters.
+pub trait Optimizer<T: Float>: Send {
+    /// Applies one update with learning rate `lr`. `params` and `grads` must be the range the
+    /// optimizer was built for.
+    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()>;
+
+    /// Parameters the optimizer was built for.
+    fn len(&self) -> usize;
+
+    /// Whether it covers no parameters.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of state it holds (momentum, moments).
+    fn state_bytes(&self) -> u64;
+
+    /// Its state, for a checkpoint.
+    fn state(&self) -> OptimizerState;
+
+    /// Restores state saved by [`Optimizer::state`] from an optimizer of the same kind and
+    /// length.
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+}
+
+fn check_lengths(kind: &str, expected: usize, params: usize, grads: usize) -> Result<()> {
+    if params != expected || grads != expected {
+        return Err(Error::shape(
+            format!("{kind} step"),
+            format!("{expected} parameters and gradients"),
+            format!("{params} parameters and {grads} gradients"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_range(field: &'static str, value: f64, range: std::ops::Range<f64>) -> Result<()> {
+    if !range.contains(&value) {
+        return Err(Error::Optimizer {
+            field,
+            what: format!("{value} is outside [{}, {})", range.start, range.end),
+        });
+    }
+    Ok(())
+}

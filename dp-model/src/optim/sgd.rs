@@ -1,0 +1,88 @@
+//! Stochastic gradient descent with momentum, Nesterov momentum and weight decay, with
+//! PyTorch's update rule so hyperparameters carry over.
+
+use dp_mem::{Pool, PoolBuf, Tag};
+
+use super::{Optimizer, check_lengths, check_range};
+use crate::checkpoint::OptimizerState;
+use crate::error::Result;
+use crate::float::Float;
+
+/// SGD: `g = grad + wd * p; v = momentum * v + g; p -= lr * (nesterov ? g + momentum * v : v)`.
+#[derive(Debug)]
+pub struct Sgd<T: Float = f32> {
+    momentum: f64,
+    nesterov: bool,
+    weight_decay: f64,
+    /// Velocity; empty without momentum.
+    velocity: PoolBuf<T>,
+    len: usize,
+    steps: u64,
+}
+
+impl<T: Float> Sgd<T> {
+    /// SGD for `len` parameters. The velocity buffer (tag `OptState`) exists only with
+    /// momentum.
+    pub fn new(
+        len: usize,
+        momentum: f64,
+        nesterov: bool,
+        weight_decay: f64,
+        pool: &Pool,
+    ) -> Result<Self> {
+        check_range("momentum", momentum, 0.0..1.0)?;
+        check_range("weight_decay", weight_decay, 0.0..f64::INFINITY)?;
+        if nesterov && momentum == 0.0 {
+            return Err(crate::Error::Optimizer {
+                field: "nesterov",
+                what: "needs momentum > 0".into(),
+            });
+        }
+        let state_len = if momentum > 0.0 { len } else { 0 };
+        Ok(Self {
+            momentum,
+            nesterov,
+            weight_decay,
+            velocity: pool.alloc_zeroed(state_len, Tag::OptState)?,
+            len,
+            steps: 0,
+        })
+    }
+}
+
+impl<T: Float> Optimizer<T> for Sgd<T> {
+    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()> {
+        check_lengths("sgd", self.len, params.len(), grads.len())?;
+        let (lr, wd, mu) = (T::of(lr), T::of(self.weight_decay), T::of(self.momentum));
+        if self.velocity.is_empty() {
+            for (p, &g) in params.iter_mut().zip(grads) {
+                *p -= lr * (g + wd * *p);
+            }
+        } else {
+            for ((p, &g), v) in params.iter_mut().zip(grads).zip(self.velocity.iter_mut()) {
+                let g = g + wd * *p;
+                *v = mu * *v + g;
+                *p -= lr * if self.nesterov { g + mu * *v } else { *v };
+            }
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn state_bytes(&self) -> u64 {
+        (self.velocity.len() * size_of::<T>()) as u64
+    }
+
+    fn state(&self) -> OptimizerState {
+        OptimizerState::new::<T>("sgd", self.len, self.steps, &[&self.velocity[..]])
+    }
+
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        self.steps = state.restore::<T>("sgd", self.len, &mut [&mut self.velocity[..]])?;
+        Ok(())
+    }
+}

@@ -1,0 +1,198 @@
+//! The serde model description: input shape and a sequence of layers, with built-ins.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A model: the shape of one input sample and the layers applied to it, in order.
+///
+/// In TOML:
+///
+/// ```toml
+/// name = "small-cnn"
+/// input = [1, 28, 28]
+///
+/// [[layers]]
+/// type = "conv2d"
+/// out = 8
+/// kernel = 3
+/// padding = 1
+///
+/// [[layers]]
+/// type = "relu"
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// A name for reports and checkpoints.
+    pub name: String,
+    /// One sample's shape: `[features]`, or `[channels, height, width]` for images.
+    pub input: Vec<usize>,
+    /// The layers, applied in order.
+    pub layers: Vec<LayerSpec>,
+}
+
+/// One layer of a [`ModelSpec`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LayerSpec {
+    /// Fully connected: `y = x W^T + b`. Needs a flat input (see `Flatten`).
+    Linear {
+        /// Output features.
+        out: usize,
+    },
+    /// 2-D convolution over `[channels, height, width]` inputs.
+    Conv2d {
+        /// Output channels.
+        out: usize,
+        /// Square kernel size.
+        kernel: usize,
+        /// Step between windows.
+        #[serde(default = "one")]
+        stride: usize,
+        /// Zeros added on every side.
+        #[serde(default)]
+        padding: usize,
+    },
+    /// Max pooling with square windows (no padding).
+    #[serde(rename = "maxpool2d")]
+    MaxPool2d {
+        /// Window size.
+        kernel: usize,
+        /// Step between windows (default: the window size).
+        #[serde(default)]
+        stride: Option<usize>,
+    },
+    /// Flattens `[channels, height, width]` to `[channels * height * width]`.
+    Flatten,
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU (tanh approximation).
+    Gelu,
+    /// `tanh(x)`.
+    Tanh,
+    /// Inverted dropout: zeroes each element with probability `p` while training.
+    Dropout {
+        /// Drop probability, in `[0, 1)`.
+        p: f64,
+    },
+}
+
+fn one() -> usize {
+    1
+}
+
+impl ModelSpec {
+    /// A multilayer perceptron: `inputs -> hidden[0] -> ... -> classes`, ReLU between.
+    pub fn mlp(inputs: usize, hidden: &[usize], classes: usize) -> Self {
+        let mut layers = Vec::new();
+        for &width in hidden {
+            layers.push(LayerSpec::Linear { out: width });
+            layers.push(LayerSpec::Relu);
+        }
+        layers.push(LayerSpec::Linear { out: classes });
+        let widths: Vec<String> = std::iter::once(inputs)
+            .chain(hidden.iter().copied())
+            .chain([classes])
+            .map(|w| w.to_string())
+            .collect();
+        Self { name: format!("mlp-{}", widths.join("-")), input: vec![inputs], layers }
+    }
+
+    /// LeNet-5 as usually written today (ReLU, max pooling) for `[channels, height, width]`
+    /// images of about 28x28: conv 6@5x5 (padding 2), pool, conv 16@5x5, pool, then
+    /// 120-84-classes.
+    pub fn lenet(input: [usize; 3], classes: usize) -> Self {
+        use LayerSpec::*;
+        let layers = vec![
+            Conv2d { out: 6, kernel: 5, stride: 1, padding: 2 },
+            Relu,
+            MaxPool2d { kernel: 2, stride: None },
+            Conv2d { out: 16, kernel: 5, stride: 1, padding: 0 },
+            Relu,
+            MaxPool2d { kernel: 2, stride: None },
+            Flatten,
+            Linear { out: 120 },
+            Relu,
+            Linear { out: 84 },
+            Relu,
+            Linear { out: classes },
+        ];
+        Self { name: "lenet".into(), input: input.to_vec(), layers }
+    }
+
+    /// A built-in model by name for samples of shape `input`:
+    ///
+    /// * `mlp`: hidden widths 512 and 256; `mlp:W1,W2,...` picks the widths.
+    /// * `lenet`: [`ModelSpec::lenet`]; a `[H, W]` input is taken as one channel, and a flat
+    ///   input of a square size (784) as a square image.
+    pub fn builtin(name: &str, input: &[usize], classes: usize) -> Result<Self> {
+        let features: usize = input.iter().product();
+        let (base, args) = name.split_once(':').unwrap_or((name, ""));
+        match base {
+            "mlp" => {
+                let hidden = if args.is_empty() {
+                    vec![512, 256]
+                } else {
+                    args.split(',')
+                        .map(|w| w.trim().parse::<usize>())
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| Error::spec("model", format!("`{name}`: widths: {e}")))?
+                };
+                Ok(Self::mlp(features, &hidden, classes))
+            }
+            "lenet" if args.is_empty() => {
+                let image = match *input {
+                    [c, h, w] => [c, h, w],
+                    [h, w] => [1, h, w],
+                    [n] if n.isqrt() * n.isqrt() == n => [1, n.isqrt(), n.isqrt()],
+                    _ => {
+                        return Err(Error::spec(
+                            "model",
+                            format!("lenet needs image inputs [C, H, W], got {input:?}"),
+                        ));
+                    }
+                };
+                Ok(Self::lenet(image, classes))
+            }
+            _ => Err(Error::spec(
+                "model",
+                format!("unknown built-in `{name}` (expected mlp, mlp:W1,W2,... or lenet)"),
+            )),
+        }
+    }
+
+    /// Reads a spec from a `.toml` or `.json` file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
+        let parsed = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| e.to_string())
+        } else {
+            toml::from_str(&text).map_err(|e| e.to_string())
+        };
+        parsed.map_err(|what| Error::spec(path.display().to_string(), what))
+    }
+
+    /// A 64-bit fingerprint of the spec (FNV-1a of its canonical JSON). Checkpoints carry it
+    /// so loading one into a different model is an error, not silent garbage.
+    pub fn fingerprint(&self) -> u64 {
+        let json = serde_json::to_vec(self).expect("a spec always serializes");
+        json.iter()
+            .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// Number of outputs of the last layer (classes, for a classifier). Errors like
+    /// [`crate::Model::new`] on an invalid spec.
+    pub fn outputs(&self) -> Result<usize> {
+        Ok(crate::tape::Tape::build(self, 1)?.outputs())
+    }
+}
+
+impl LayerSpec {
+    /// Whether the layer has parameters.
+    pub fn has_params(&self) -> bool {
+        matches!(self, Self::Linear { .. } | Self::Conv2d { .. })
+    }
+}
