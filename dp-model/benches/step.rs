@@ -1,0 +1,212 @@
+//! One training step (forward, backward, SGD with momentum) of MLP 784-512-256-10 at batch
+//! 256 and of LeNet at batch 64, on one thread, under criterion; then a report of the ratios
+//! against references measured in this same run: the step's own GEMMs run bare through
+//! `general_mat_mul`, activation memory and step time with recomputation, allocations per
+//! step against the bare GEMMs', and checkpoint and int8 sizes.
+//! `cargo bench -p dp-model` (or `cargo xtask bench model`).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{Criterion, Throughput};
+use dp_mem::{CountingAlloc, Pool, Tag, Tracker};
+use dp_model::{
+    BareGemm, Checkpoint, Model, ModelOptions, ModelSpec, Optimizer, PruneSchedule, Pruner,
+    QuantizedModel, Recompute, Sgd, Sparsity, StepOptions, Targets,
+};
+use ndarray::Array2;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::system();
+
+/// A model, its optimizer and one fixed batch.
+struct Bench {
+    model: Model<f32>,
+    sgd: Sgd<f32>,
+    x: Array2<f32>,
+    y: Vec<i64>,
+    step: u64,
+    bare: Vec<BareGemm<f32>>,
+    tracker: Tracker,
+}
+
+impl Bench {
+    fn new(spec: &ModelSpec, batch: usize, recompute: Recompute) -> Self {
+        let tracker = Tracker::new();
+        let pool = Pool::new(&tracker);
+        let options = ModelOptions::new(batch, 1).recompute(recompute);
+        let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
+        let sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool).expect("optimizer");
+        let x = Array2::from_shape_fn((batch, model.input_len()), |(i, j)| {
+            ((i * 31 + j * 7) % 255) as f32 / 255.0
+        });
+        let y = (0..batch as i64).map(|i| i % 10).collect();
+        let bare = model.gemm_shapes(batch).into_iter().map(BareGemm::new).collect();
+        Self { model, sgd, x, y, step: 0, bare, tracker }
+    }
+
+    fn step(&mut self) -> f64 {
+        let opts = StepOptions { step: self.step, ..Default::default() };
+        let loss = self
+            .model
+            .forward_backward(self.x.view(), Targets::Classes(&self.y), &opts)
+            .expect("step");
+        let (params, grads) = self.model.params_and_grads();
+        self.sgd.step(params, grads, 1e-3).expect("sgd");
+        self.step += 1;
+        loss.loss_sum
+    }
+
+    fn bare_gemms(&mut self) {
+        self.bare.iter_mut().for_each(BareGemm::run);
+    }
+
+    fn batch(&self) -> usize {
+        self.x.nrows()
+    }
+}
+
+fn main() {
+    let mlp = ModelSpec::mlp(784, &[512, 256], 10);
+    let lenet = ModelSpec::lenet([1, 28, 28], 10);
+    let mut cases = [
+        ("mlp_784_512_256_10_b256", Bench::new(&mlp, 256, Recompute::Off)),
+        ("lenet_b64", Bench::new(&lenet, 64, Recompute::Off)),
+        ("lenet_b64_recompute", Bench::new(&lenet, 64, Recompute::Auto)),
+    ];
+
+    let mut criterion = Criterion::default().configure_from_args();
+    {
+        let mut group = criterion.benchmark_group("step");
+        for (name, bench) in &mut cases {
+            group.throughput(Throughput::Elements(bench.batch() as u64));
+            group.bench_function(*name, |b| b.iter(|| black_box(bench.step())));
+            group.bench_function(format!("{name}_bare_gemms"), |b| b.iter(|| bench.bare_gemms()));
+        }
+        group.finish();
+    }
+    criterion.final_summary();
+
+    if std::env::args().any(|a| a == "--bench") {
+        report(&mut cases, &mlp);
+    }
+}
+
+/// Median seconds of `f` and of `g` on `bench` over `rounds`, interleaved so both see the
+/// same machine.
+fn interleaved(
+    rounds: usize,
+    bench: &mut Bench,
+    f: fn(&mut Bench),
+    g: fn(&mut Bench),
+) -> (f64, f64) {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        f(bench);
+        a.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        g(bench);
+        b.push(t.elapsed().as_secs_f64());
+    }
+    (median(&mut a), median(&mut b))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
+    let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
+    println!("\none thread, medians of 41 interleaved rounds");
+    println!(
+        "{:<26} {:>10} {:>12} {:>10} {:>14} {:>10}",
+        "step", "ms/step", "samples/s", "GEMMs ms", "step / GEMMs", "GFLOP/s"
+    );
+    let mut times = Vec::new();
+    for (name, bench) in cases.iter_mut() {
+        for _ in 0..3 {
+            bench.step();
+            bench.bare_gemms();
+        }
+        let flops: u64 = bench.model.gemm_shapes(bench.batch()).iter().map(|s| s.flops()).sum();
+        let (step, bare) = interleaved(
+            41,
+            bench,
+            |b| {
+                black_box(b.step());
+            },
+            Bench::bare_gemms,
+        );
+        let ratio = step / bare;
+        times.push(step);
+        println!(
+            "{name:<26} {:>10.3} {:>12.0} {:>10.3} {:>9.3} {:<4} {:>10.1}  {}",
+            step * 1e3,
+            bench.batch() as f64 / step,
+            bare * 1e3,
+            ratio,
+            "",
+            flops as f64 / bare / 1e9,
+            verdict(ratio <= 1.25)
+        );
+    }
+    let mlp_rate = cases[0].1.batch() as f64 / times[0];
+    println!(
+        "MLP samples/s on one thread: {mlp_rate:.0}, target >= 18,000 (PyTorch, 1 thread) {}",
+        verdict(mlp_rate >= 18_000.0)
+    );
+
+    // Recomputation: saved activations and the Activation tag's peak, and the step-time cost.
+    let (off, on) = (&cases[1].1, &cases[2].1);
+    let act = |b: &Bench| b.tracker.snapshot().tag(Tag::Activation).peak;
+    println!(
+        "LeNet b64 recomputation: saved activations {:.2} MB -> {:.2} MB ({:.2}x), Activation peak {:.2} MB -> {:.2} MB, step time {:.2}x",
+        off.model.memory().saved_activations as f64 / 1e6,
+        on.model.memory().saved_activations as f64 / 1e6,
+        on.model.memory().saved_activations as f64 / off.model.memory().saved_activations as f64,
+        act(off) as f64 / 1e6,
+        act(on) as f64 / 1e6,
+        times[2] / times[1],
+    );
+
+    // Allocations per steady step against the same GEMMs run bare.
+    for (name, bench) in cases.iter_mut() {
+        let (_, step) = CountingAlloc::measure(|| bench.step()).expect("counting allocator");
+        let (_, bare) = CountingAlloc::measure(|| bench.bare_gemms()).expect("counting allocator");
+        let ours = step.calls() as i64 - bare.calls() as i64;
+        println!(
+            "{name:<26} allocation calls per step {} (GEMM packing {}), from this crate: {ours} {}",
+            step.calls(),
+            bare.calls(),
+            verdict(ours == 0)
+        );
+    }
+
+    // Sizes: a pruned checkpoint against a dense one, int8 weights against f32.
+    let pool = Pool::new(&Tracker::new());
+    let mut model = Model::<f32>::new(mlp, &pool, ModelOptions::new(1, 1)).expect("model");
+    let dense = Checkpoint::capture(&model).to_bytes().len();
+    let mut pruner = Pruner::new(model.layout(), Sparsity::Global(0.8), PruneSchedule::one_shot())
+        .expect("pruner");
+    pruner.update(0, model.params_mut());
+    let pruned = Checkpoint::capture(&model).to_bytes().len();
+    let ratio = pruned as f64 / dense as f64;
+    println!(
+        "MLP checkpoint: dense {dense} B, 80% pruned {pruned} B = {ratio:.3}x  <= 0.35 {}",
+        verdict(ratio <= 0.35)
+    );
+    for spec in [mlp.clone(), ModelSpec::lenet([1, 28, 28], 10)] {
+        let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 1)).expect("model");
+        let q = QuantizedModel::quantize(&model, &pool).expect("quantize");
+        let ratio = q.bytes() as f64 / q.f32_bytes() as f64;
+        println!(
+            "{}: int8 {} B vs f32 {} B = {ratio:.3}x  <= 0.27 {}",
+            spec.name,
+            q.bytes(),
+            q.f32_bytes(),
+            verdict(ratio <= 0.27)
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! Pruning, int8 quantization and checkpoints: the bytes drop by what the technique
+//! promises, and what comes back is what went in.
+
+mod support;
+
+use std::path::PathBuf;
+
+use dp_mem::{Pool, Tracker};
+use dp_model::{
+    Checkpoint, Error, Model, ModelOptions, ModelSpec, Optimizer, PruneSchedule, Pruner,
+    QuantizedModel, Sgd, Sparsity, StepOptions, Targets,
+};
+use ndarray::s;
+use support::{Rng, blobs};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("dp-model-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Trains an MLP for `steps` on the generated task, calling `after_step` after each update.
+fn train(
+    model: &mut Model<f32>,
+    pool: &Pool,
+    steps: u64,
+    mut after_step: impl FnMut(u64, &mut [f32]),
+) {
+    let (x, y) = blobs(2048, model.input_len(), model.outputs(), 1.6, 3, 0);
+    let mut opt = Sgd::new(model.params().len(), 0.9, false, 0.0, pool).unwrap();
+    for step in 0..steps {
+        let start = (step as usize * 64) % 2048;
+        let opts = StepOptions { step, ..Default::default() };
+        model
+            .forward_backward(
+                x.slice(s![start..start + 64, ..]),
+                Targets::Classes(&y[start..start + 64]),
+                &opts,
+            )
+            .unwrap();
+        let (params, grads) = model.params_and_grads();
+        opt.step(params, grads, 0.05).unwrap();
+        after_step(step, model.params_mut());
+    }
+}
+
+fn accuracy(model: &mut Model<f32>) -> f64 {
+    let (x, y) = blobs(512, model.input_len(), model.outputs(), 1.6, 3, 1);
+    model.evaluate(x.view(), Targets::Classes(&y)).unwrap().accuracy()
+}
+
+#[test]
+fn gradual_global_pruning_reaches_its_target_and_pruned_weights_stay_zero() {
+    let pool = Pool::new(&Tracker::new());
+    let spec = ModelSpec::mlp(64, &[128, 64], 10);
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(512, 1)).unwrap();
+    let schedule = PruneSchedule { start: 50, end: 250, every: 25 };
+    let mut pruner = Pruner::new(model.layout(), Sparsity::Global(0.8), schedule).unwrap();
+    let mut sparsities = Vec::new();
+    train(&mut model, &pool, 400, |step, params| {
+        pruner.update(step, params);
+        sparsities.push(pruner.sparsity());
+    });
+    assert_eq!(sparsities[49], 0.0);
+    assert!(sparsities.windows(2).all(|w| w[1] >= w[0]), "sparsity never falls");
+    assert!((pruner.sparsity() - 0.8).abs() < 1e-4, "{}", pruner.sparsity());
+    let weights: Vec<_> = model.layout().weights().map(|t| t.range()).collect();
+    let total: usize = weights.iter().map(|r| r.len()).sum();
+    let zeros =
+        weights.iter().flat_map(|r| r.clone()).filter(|&i| model.params()[i] == 0.0).count();
+    assert_eq!(zeros, (0.8 * total as f64).round() as usize);
+    for i in weights.iter().flat_map(|r| r.clone()) {
+        assert_eq!(pruner.is_pruned(i), model.params()[i] == 0.0);
+    }
+    let biases_untouched = model
+        .layout()
+        .tensors()
+        .iter()
+        .filter(|t| t.role == dp_model::ParamRole::Bias)
+        .all(|t| !t.range().any(|i| pruner.is_pruned(i)));
+    assert!(biases_untouched);
+    let acc = accuracy(&mut model);
+    println!("accuracy at 80% sparsity: {acc:.3}");
+    assert!(acc > 0.9, "{acc}");
+
+    // A resumed pruner rebuilds the same mask from the zeros.
+    let mut resumed = Pruner::new(model.layout(), Sparsity::Global(0.8), schedule).unwrap();
+    resumed.resume(model.params());
+    assert_eq!(resumed.sparsity(), pruner.sparsity());
+}
+
+#[test]
+fn per_layer_pruning_prunes_each_layer_to_the_fraction() {
+    let pool = Pool::new(&Tracker::new());
+    let mut model =
+        Model::<f32>::new(&ModelSpec::mlp(20, &[30], 5), &pool, ModelOptions::new(8, 2)).unwrap();
+    let mut pruner =
+        Pruner::new(model.layout(), Sparsity::PerLayer(0.5), PruneSchedule::one_shot()).unwrap();
+    let before = model.params().to_vec();
+    assert!(pruner.update(0, model.params_mut()));
+    let layout = model.layout().clone();
+    for t in layout.weights() {
+        let values = &model.params()[t.range()];
+        let zeros = values.iter().filter(|v| **v == 0.0).count();
+        assert_eq!(zeros, t.len() / 2, "{}", t.name);
+        let kept_min =
+            values.iter().filter(|v| **v != 0.0).map(|v| v.abs()).fold(f32::MAX, f32::min);
+        let pruned_max =
+            t.range().filter(|&i| pruner.is_pruned(i)).map(|i| before[i].abs()).fold(0.0, f32::max);
+        assert!(pruned_max <= kept_min, "{}: pruned {pruned_max} > kept {kept_min}", t.name);
+    }
+    assert!(Pruner::new(model.layout(), Sparsity::Global(1.0), PruneSchedule::one_shot()).is_err());
+    let backwards = PruneSchedule { start: 10, end: 5, every: 1 };
+    assert!(Pruner::new(model.layout(), Sparsity::Global(0.5), backwards).is_err());
+}
+
+#[test]
+fn checkpoints_round_trip_and_pruned_ones_shrink() {
+    let dir = TempDir::new("ckpt");
+    let pool = Pool::new(&Tracker::new());
+    let spec = ModelSpec::mlp(784, &[512, 256], 10);
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 5)).unwrap();
+    let mut opt = Sgd::<f32>::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
+    let mut rng = Rng::new(1);
+    let x = rng.array::<f32>(64, 784);
+    let y = rng.labels(64, 10);
+    model.forward_backward(x.view(), Targets::Classes(&y), &StepOptions::default()).unwrap();
+    let (p, g) = model.params_and_grads();
+    opt.step(p, g, 0.1).unwrap();
+
+    let dense_path = dir.0.join("dense.ckpt");
+    let dense_bytes = Checkpoint::capture(&model)
+        .with_optimizer(opt.state())
+        .with_extra("{\"step\":1}")
+        .save(&dense_path)
+        .unwrap();
+    let mut other = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 99)).unwrap();
+    assert_ne!(other.params(), model.params());
+    let restored = Checkpoint::load_into(&dense_path, &mut other).unwrap();
+    assert_eq!(other.params(), model.params());
+    assert_eq!(restored.extra(), "{\"step\":1}");
+    let mut opt2 = Sgd::<f32>::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
+    opt2.load_state(&restored.optimizers()[0]).unwrap();
+    assert_eq!(opt2.state(), opt.state());
+
+    let mut pruner =
+        Pruner::new(model.layout(), Sparsity::Global(0.8), PruneSchedule::one_shot()).unwrap();
+    pruner.update(0, model.params_mut());
+    let pruned_path = dir.0.join("pruned.ckpt");
+    let dense_params_only =
+        Checkpoint::capture(&other).save(&dir.0.join("dense-params.ckpt")).unwrap();
+    let pruned_bytes = Checkpoint::capture(&model).save(&pruned_path).unwrap();
+    let ratio = pruned_bytes as f64 / dense_params_only as f64;
+    println!(
+        "dense {dense_params_only} B, pruned at 80% {pruned_bytes} B: {ratio:.3}x (with optimizer state: {dense_bytes} B)"
+    );
+    assert!(ratio <= 0.35, "{ratio}");
+    let info = Checkpoint::load(&pruned_path).unwrap().info();
+    assert_eq!(info.sparse_tensors, 3);
+    Checkpoint::load_into(&pruned_path, &mut other).unwrap();
+    assert_eq!(other.params(), model.params());
+    assert!(
+        std::fs::read_dir(&dir.0).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp"))
+    );
+}
+
+#[test]
+fn damaged_or_mismatched_checkpoints_are_clear_errors() {
+    let dir = TempDir::new("ckpt-bad");
+    let pool = Pool::new(&Tracker::new());
+    let mut model =
+        Model::<f32>::new(&ModelSpec::mlp(8, &[16], 4), &pool, ModelOptions::new(4, 1)).unwrap();
+    let path = dir.0.join("model.ckpt");
+    Checkpoint::capture(&model).save(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+
+    let mut wrong =
+        Model::<f32>::new(&ModelSpec::mlp(8, &[17], 4), &pool, ModelOptions::new(4, 1)).unwrap();
+    let err = Checkpoint::load_into(&path, &mut wrong).unwrap_err();
+    assert!(matches!(&err, Error::Checkpoint { path: p, .. } if *p == path), "{err}");
+    assert!(
+        err.to_string().contains("mlp-8-16-4") && err.to_string().contains("mlp-8-17-4"),
+        "{err}"
+    );
+    let mut wide =
+        Model::<f64>::new(&ModelSpec::mlp(8, &[16], 4), &pool, ModelOptions::new(4, 1)).unwrap();
+    assert!(Checkpoint::load_into(&path, &mut wide).unwrap_err().to_string().contains("bytes"));
+
+    let cases: [(&str, Vec<u8>); 4] = [
+        ("magic", {
+            let mut b = bytes.clone();
+            b[0] ^= 1;
+            b
+        }),
+        ("version", {
+            let mut b = bytes.clone();
+            b[8] = 9;
+            b
+        }),
+        ("flipped", {
+            let mut b = bytes.clone();
+            let n = b.len();
+            b[n / 2] ^= 0x40;
+            b
+        }),
+        ("truncated", bytes[..bytes.len() - 7].to_vec()),
+    ];
+    for (what, damaged) in cases {
+        std::fs::write(&path, &damaged).unwrap();
+        let before = model.params().to_vec();
+        let err = Checkpoint::load_into(&path, &mut model).unwrap_err();
+        assert!(matches!(&err, Error::Checkpoint { .. }), "{what}: {err}");
+        assert_eq!(model.params(), &before[..], "{what}: a failed load changed the model");
+    }
+    assert!(matches!(Checkpoint::load(&dir.0.join("missing")), Err(Error::Io { .. })));
+}
+
+#[test]
+fn int8_weights_are_a_quarter_of_the_bytes_and_keep_the_accuracy() {
+    let pool = Pool::new(&Tracker::new());
+    let spec = ModelSpec::mlp(64, &[128, 64], 10);
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(512, 1)).unwrap();
+    train(&mut model, &pool, 300, |_, _| {});
+    let f32_accuracy = accuracy(&mut model);
+    let mut quantized = QuantizedModel::quantize(&model, &pool).unwrap();
+    let (x, y) = blobs(512, 64, 10, 1.6, 3, 1);
+    let int8_accuracy = quantized.evaluate(x.view(), Targets::Classes(&y)).unwrap().accuracy();
+    let ratio = quantized.bytes() as f64 / quantized.f32_bytes() as f64;
+    println!("accuracy f32 {f32_accuracy:.4} int8 {int8_accuracy:.4}; bytes {ratio:.4}x");
+    assert!((f32_accuracy - int8_accuracy).abs() <= 0.01);
+    // Scales and biases weigh more in a model this small; the target is for the real ones below.
+    assert!(ratio <= 0.28, "{ratio}");
+
+    // The outputs match to the rounding of the weights.
+    let reference = model.forward_eval(x.slice(s![..8, ..])).unwrap().to_owned();
+    let outputs = quantized.forward(x.slice(s![..8, ..])).unwrap();
+    let worst = (&outputs - &reference).iter().fold(0f32, |m, d| m.max(d.abs()));
+    let scale = reference.iter().fold(0f32, |m, d| m.max(d.abs()));
+    assert!(worst < 0.02 * scale, "worst difference {worst} against outputs up to {scale}");
+
+    for spec in [ModelSpec::mlp(784, &[512, 256], 10), ModelSpec::lenet([1, 28, 28], 10)] {
+        let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(4, 1)).unwrap();
+        let q = QuantizedModel::quantize(&model, &pool).unwrap();
+        let ratio = q.bytes() as f64 / q.f32_bytes() as f64;
+        println!("{}: int8 {} B vs f32 {} B = {ratio:.4}x", spec.name, q.bytes(), q.f32_bytes());
+        assert!(ratio <= 0.27, "{}: {ratio}", spec.name);
+    }
+}
+
+#[test]
+fn quantized_lenet_runs_the_convolution_path() {
+    let pool = Pool::new(&Tracker::new());
+    let spec = ModelSpec::lenet([1, 28, 28], 10);
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(4, 3)).unwrap();
+    let x = Rng::new(2).array::<f32>(4, 784);
+    let reference = model.forward_eval(x.view()).unwrap().to_owned();
+    let mut q = QuantizedModel::quantize(&model, &pool).unwrap();
+    let out = q.forward(x.view()).unwrap();
+    let worst = (&out - &reference).iter().fold(0f32, |m, d| m.max(d.abs()));
+    let scale = reference.iter().fold(0f32, |m, d| m.max(d.abs()));
+    assert!(worst < 0.03 * scale, "{worst} vs {scale}");
+    assert!(q.forward(Rng::new(2).array::<f32>(5, 784).view()).is_err());
+}

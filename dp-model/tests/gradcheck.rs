@@ -1,0 +1,194 @@
+//! Every layer and loss against f64 central differences: the analytic gradient of each
+//! parameter must match `(L(p + h) - L(p - h)) / 2h` to a relative error of 1e-6.
+
+mod support;
+
+use dp_mem::{Pool, Tracker};
+use dp_model::{LayerSpec, Model, ModelOptions, ModelSpec, Recompute, StepOptions, Targets};
+use ndarray::Array2;
+use support::Rng;
+
+use LayerSpec::*;
+
+const H: f64 = 1e-5;
+
+enum Loss {
+    Classes(Vec<i64>),
+    Values(Array2<f64>),
+}
+
+impl Loss {
+    fn targets(&self) -> Targets<'_, f64> {
+        match self {
+            Loss::Classes(labels) => Targets::Classes(labels),
+            Loss::Values(values) => Targets::Values(values.view()),
+        }
+    }
+}
+
+/// How strictly and how much to check.
+struct Check {
+    /// Relative errors are taken against max(|analytic|, |numeric|, floor): the numeric
+    /// derivative itself carries rounding error (about 1e-11 for a small net, 1e-10 for
+    /// LeNet's longer sums), so a gradient far below the floor cannot be checked to 1e-6
+    /// relative; it is checked to 1e-6 x floor absolute instead.
+    floor: f64,
+    /// Check one parameter in `stride`, and every one of the last `tail` (the first
+    /// layers, which see the gradient of everything above them).
+    stride: usize,
+    tail: usize,
+}
+
+const SMALL: Check = Check { floor: 1e-4, stride: 1, tail: 0 };
+
+/// Checks the parameter gradients of `spec` on a random batch; returns the worst error.
+fn check(spec: &ModelSpec, batch: usize, loss: Loss, seed: u64, how: Check) -> f64 {
+    let pool = Pool::new(&Tracker::new());
+    let mut model = Model::<f64>::new(spec, &pool, ModelOptions::new(batch, seed)).unwrap();
+    let mut rng = Rng::new(seed);
+    let x = rng.array::<f64>(batch, model.input_len());
+    // A fixed step (fixed dropout masks) and a sum over samples (larger gradients).
+    let options = StepOptions { step: 3, denominator: Some(1), accumulate: false };
+    model.forward_backward(x.view(), loss.targets(), &options).unwrap();
+    let analytic = model.grads().to_vec();
+
+    let mut worst: f64 = 0.0;
+    let len = analytic.len();
+    for i in (0..len).filter(|&i| i % how.stride == 0 || i + how.tail >= len) {
+        let original = model.params()[i];
+        let mut at = |value: f64| {
+            model.params_mut()[i] = value;
+            model.forward_backward(x.view(), loss.targets(), &options).unwrap().loss_sum
+        };
+        let numeric = (at(original + H) - at(original - H)) / (2.0 * H);
+        model.params_mut()[i] = original;
+        let error =
+            (analytic[i] - numeric).abs() / analytic[i].abs().max(numeric.abs()).max(how.floor);
+        assert!(
+            error <= 1e-6,
+            "{}: parameter {i}: analytic {} numeric {numeric} (relative error {error:e})",
+            spec.name,
+            analytic[i]
+        );
+        worst = worst.max(error);
+    }
+    worst
+}
+
+fn spec(name: &str, input: &[usize], layers: Vec<LayerSpec>) -> ModelSpec {
+    ModelSpec { name: name.into(), input: input.to_vec(), layers }
+}
+
+#[test]
+fn linear_and_activations_with_cross_entropy() {
+    let layers = vec![
+        Linear { out: 7 },
+        Tanh,
+        Linear { out: 6 },
+        Gelu,
+        Linear { out: 5 },
+        Relu,
+        Linear { out: 4 },
+    ];
+    let worst =
+        check(&spec("mlp", &[5], layers), 6, Loss::Classes(vec![0, 3, 1, -1, 2, 3]), 1, SMALL);
+    println!("mlp worst relative error {worst:e}");
+}
+
+#[test]
+fn dropout_masks_are_part_of_the_function() {
+    let layers = vec![Linear { out: 8 }, Relu, Dropout { p: 0.4 }, Linear { out: 3 }];
+    check(&spec("dropout", &[4], layers), 5, Loss::Classes(vec![0, 1, 2, 1, 0]), 2, SMALL);
+}
+
+#[test]
+fn mean_squared_error() {
+    let mut rng = Rng::new(9);
+    let targets = rng.array::<f64>(4, 3);
+    let layers = vec![Linear { out: 6 }, Tanh, Linear { out: 3 }];
+    check(&spec("mse", &[5], layers), 4, Loss::Values(targets), 3, SMALL);
+}
+
+#[test]
+fn convolution_pooling_and_flatten_over_several_channels() {
+    let layers = vec![
+        Conv2d { out: 3, kernel: 3, stride: 1, padding: 1 },
+        Relu,
+        MaxPool2d { kernel: 2, stride: None },
+        Conv2d { out: 4, kernel: 2, stride: 2, padding: 1 },
+        Tanh,
+        Flatten,
+        Linear { out: 3 },
+    ];
+    check(&spec("cnn", &[2, 7, 6], layers), 3, Loss::Classes(vec![2, 0, 1]), 4, SMALL);
+}
+
+#[test]
+fn strided_convolution_and_overlapping_pools() {
+    let layers = vec![
+        Conv2d { out: 2, kernel: 3, stride: 2, padding: 0 },
+        Gelu,
+        MaxPool2d { kernel: 2, stride: Some(1) },
+        Flatten,
+        Linear { out: 4 },
+    ];
+    check(&spec("strided", &[1, 9, 8], layers), 2, Loss::Classes(vec![3, 1]), 5, SMALL);
+}
+
+#[test]
+fn lenet_end_to_end() {
+    let mut rng = Rng::new(6);
+    let labels = rng.labels(2, 10);
+    // The first convolution in full, 1 in 61 of the rest (1,160 parameters in all).
+    let how = Check { floor: 1e-3, stride: 61, tail: 156 };
+    let worst = check(&ModelSpec::lenet([1, 28, 28], 10), 2, Loss::Classes(labels), 6, how);
+    println!("lenet worst relative error {worst:e}");
+}
+
+#[test]
+fn recomputation_gives_bitwise_the_same_gradients() {
+    let lenet = ModelSpec::lenet([1, 28, 28], 10);
+    let mlp = spec(
+        "mlp",
+        &[12],
+        vec![
+            Linear { out: 16 },
+            Gelu,
+            Dropout { p: 0.3 },
+            Linear { out: 8 },
+            Relu,
+            Linear { out: 4 },
+        ],
+    );
+    for (spec, explicit) in [(lenet, vec![0..3, 3..7]), (mlp, vec![0..3, 3..6])] {
+        let mut runs = Vec::new();
+        for recompute in [Recompute::Off, Recompute::Auto, Recompute::Layers(explicit.clone())] {
+            let tracker = Tracker::new();
+            let pool = Pool::new(&tracker);
+            let options = ModelOptions::new(8, 11).recompute(recompute);
+            let mut model = Model::<f32>::new(&spec, &pool, options).unwrap();
+            let mut rng = Rng::new(12);
+            let x = rng.array::<f32>(8, model.input_len());
+            let labels = rng.labels(8, model.outputs());
+            let step = StepOptions { step: 5, ..Default::default() };
+            let loss = model.forward_backward(x.view(), Targets::Classes(&labels), &step).unwrap();
+            runs.push((loss.loss_sum, model.grads().to_vec(), model.memory().saved_activations));
+        }
+        let (off, rest) = runs.split_first().unwrap();
+        for run in rest {
+            assert_eq!(run.0.to_bits(), off.0.to_bits(), "{}: loss differs", spec.name);
+            assert!(
+                run.1.iter().zip(&off.1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{}: gradients differ",
+                spec.name
+            );
+            assert!(
+                run.2 < off.2,
+                "{}: recomputation saved nothing ({} vs {})",
+                spec.name,
+                run.2,
+                off.2
+            );
+        }
+    }
+}

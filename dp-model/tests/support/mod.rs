@@ -1,0 +1,55 @@
+//! Shared fixtures: seeded inputs and a small generated classification task.
+
+#![allow(dead_code, unreachable_pub)]
+
+use dp_model::Float;
+use ndarray::Array2;
+
+/// A SplitMix64 stream of uniform numbers in [-1, 1).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+
+    pub fn array<T: Float>(&mut self, rows: usize, cols: usize) -> Array2<T> {
+        Array2::from_shape_fn((rows, cols), |_| T::of(self.uniform()))
+    }
+
+    pub fn labels(&mut self, n: usize, classes: usize) -> Vec<i64> {
+        (0..n).map(|_| (self.next_u64() % classes as u64) as i64).collect()
+    }
+}
+
+/// `n` samples of `classes` blobs in `dim` dimensions: a prototype per class (drawn from
+/// `seed`) plus uniform noise of `noise` amplitude (drawn from `seed` and `split`, so splits
+/// share the prototypes and differ in samples).
+pub fn blobs(
+    n: usize,
+    dim: usize,
+    classes: usize,
+    noise: f64,
+    seed: u64,
+    split: u64,
+) -> (Array2<f32>, Vec<i64>) {
+    let prototypes = Rng::new(seed).array::<f64>(classes, dim);
+    let mut rng = Rng::new(seed ^ (split + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let labels = rng.labels(n, classes);
+    let x = Array2::from_shape_fn((n, dim), |(i, j)| {
+        (prototypes[[labels[i] as usize, j]] + noise * rng.uniform()) as f32
+    });
+    (x, labels)
+}
