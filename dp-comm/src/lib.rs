@@ -1,5 +1,11 @@
 //! Collectives for data-parallel training.
-//!
-//! This crate will hold all-reduce, broadcast, all-gather and reduce-scatter behind one
-//! `Communicator` trait, with a threads-in-one-process backend for CPUs and NCCL for CUDA GPUs.
-//! Its API is not written yet; the crate exists so the workspace layout is fixed from the start.
+
+mod communicator;
+mod element;
+mod error;
+mod local;
+
+pub use communicator::Communicator;
+pub use element::{DType, Element, ReduceOp};
+pub use error::{Error, Result};
+pub use local::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
