@@ -9,3 +9,5 @@ pub use communicator::Communicator;
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use local::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
+mod measure;
+pub use measure::{BenchConfig, BenchReport, BenchRow, copy_bandwidth, measure_all_reduce};

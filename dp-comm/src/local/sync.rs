@@ -21,11 +21,14 @@ const GEN_SHIFT: u32 = 32;
 const GEN_MASK: u64 = (1 << 31) - 1;
 const COUNT_MASK: u64 = (1 << 32) - 1;
 
-/// Busy-wait iterations before a waiter starts yielding its core, and yields before it sleeps.
-/// Small collectives complete within the spin; on an oversubscribed machine (more ranks than
-/// cores) the yields hand the core to the rank being waited for.
-const SPIN: u32 = 4_000;
-const YIELDS: u32 = 200;
+/// How long a waiter busy-waits before it starts yielding its core, when every rank can have
+/// a core of its own: small collectives complete within it.
+const SPIN_TIME: Duration = Duration::from_micros(50);
+/// The same, when there are more ranks than cores: then the rank being waited for may need
+/// this very core, so the waiter hands it over almost at once.
+const OVERSUBSCRIBED_SPIN_TIME: Duration = Duration::from_micros(2);
+/// How long a waiter yields its core (letting a runnable peer run) before it sleeps.
+const YIELD_TIME: Duration = Duration::from_micros(200);
 
 fn generation(word: u64) -> u64 {
     (word >> GEN_SHIFT) & GEN_MASK
@@ -75,6 +78,7 @@ enum WaitEnd {
 pub(crate) struct Shared {
     world_size: usize,
     timeout: Duration,
+    spin: Duration,
     arrive: Padded<AtomicU64>,
     depart: Padded<AtomicU64>,
     poisoned: Padded<AtomicBool>,
@@ -87,9 +91,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(world_size: usize, timeout: Duration) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         Shared {
             world_size,
             timeout,
+            spin: if world_size <= cores { SPIN_TIME } else { OVERSUBSCRIBED_SPIN_TIME },
             arrive: Padded::default(),
             depart: Padded::default(),
             poisoned: Padded::default(),
@@ -284,6 +290,7 @@ impl Shared {
     ) -> WaitEnd {
         let start = Instant::now();
         let mut round = 0u32;
+        let mut waited = Duration::ZERO;
         loop {
             let now = word.load(Ordering::Acquire);
             if generation(now) != epoch {
@@ -292,16 +299,18 @@ impl Shared {
             if stop_on_poison && now & POISON != 0 {
                 return WaitEnd::Poisoned;
             }
-            round = round.saturating_add(1);
-            if round < SPIN {
+            round = round.wrapping_add(1);
+            if round % 16 == 0 {
+                waited = start.elapsed();
+                if timeout.is_some_and(|t| waited >= t) {
+                    return WaitEnd::TimedOut(waited);
+                }
+            }
+            if waited < self.spin {
                 std::hint::spin_loop();
                 continue;
             }
-            let waited = start.elapsed();
-            if timeout.is_some_and(|t| waited >= t) {
-                return WaitEnd::TimedOut(waited);
-            }
-            if round < SPIN + YIELDS {
+            if waited < self.spin + YIELD_TIME {
                 std::thread::yield_now();
                 continue;
             }
