@@ -1,11 +1,15 @@
 //! Collectives for data-parallel training.
 
+mod bucket;
 mod communicator;
+mod compress;
 mod element;
 mod error;
 mod local;
 
+pub use bucket::{BucketConfig, BucketOrder, BucketReducer, DEFAULT_BUCKET_BYTES, Step};
 pub use communicator::Communicator;
+pub use compress::Compression;
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use local::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
