@@ -268,7 +268,13 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
         ctl.next = 0;
         ctl.active = true;
         drop(ctl);
-        Ok(Step { inner: &self.inner, base: base as *mut f32, len, done: false, _buffer: PhantomData })
+        Ok(Step {
+            inner: &self.inner,
+            base: base as *mut f32,
+            len,
+            done: false,
+            _buffer: PhantomData,
+        })
     }
 
     /// If a step was leaked (`mem::forget`), ends it safely: cancels it and waits until the
@@ -277,12 +283,12 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
         let mut ctl = self.inner.lock();
         if ctl.active {
             ctl.cancel = true;
+            ctl.failed.get_or_insert(Error::Bucket { bucket: 0, what: "a step was leaked" });
             self.inner.changed.notify_all();
             while ctl.busy {
                 ctl = self.inner.wait(ctl);
             }
             ctl.active = false;
-            ctl.failed.get_or_insert(Error::Bucket { bucket: 0, what: "a step was leaked" });
         }
     }
 
@@ -353,10 +359,11 @@ impl Step<'_> {
     }
 
     fn range(&self, bucket: usize) -> Result<Range<usize>> {
-        self.inner.buckets.get(bucket).cloned().ok_or(Error::Bucket {
-            bucket,
-            what: "is out of range",
-        })
+        self.inner
+            .buckets
+            .get(bucket)
+            .cloned()
+            .ok_or(Error::Bucket { bucket, what: "is out of range" })
     }
 
     /// Hands bucket `bucket` to the communication thread: it is all-reduced once every bucket
@@ -410,12 +417,12 @@ impl Drop for Step<'_> {
         }
         let mut ctl = self.inner.lock();
         ctl.cancel = true;
+        ctl.failed.get_or_insert(Error::Bucket { bucket: 0, what: "its step was abandoned" });
         self.inner.changed.notify_all();
         while ctl.busy {
             ctl = self.inner.wait(ctl);
         }
         ctl.active = false;
-        ctl.failed.get_or_insert(Error::Bucket { bucket: 0, what: "its step was abandoned" });
     }
 }
 

@@ -87,7 +87,9 @@ pub enum Error {
     },
 
     /// The crate was built without the `cuda` feature, so the NCCL backend is not available.
-    #[error("dp-comm was built without the `cuda` feature; rebuild with `--features cuda` to use NCCL")]
+    #[error(
+        "dp-comm was built without the `cuda` feature; rebuild with `--features cuda` to use NCCL"
+    )]
     CudaNotCompiled,
 
     /// A shared library the CUDA backend needs could not be loaded.

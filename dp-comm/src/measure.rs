@@ -194,7 +194,8 @@ fn time_all_reduce(
                     comm.all_reduce(&mut buf, ReduceOp::Avg)?;
                     comm.all_reduce(&mut buf, ReduceOp::Avg)?;
                     let once = t.elapsed().as_secs_f64() / 2.0;
-                    let mut iters = [((budget.as_secs_f64() / once.max(1e-7)) as u64).clamp(5, 100_000)];
+                    let mut iters =
+                        [((budget.as_secs_f64() / once.max(1e-7)) as u64).clamp(5, 100_000)];
                     comm.broadcast(&mut iters, 0)?;
                     let mut ops = Vec::with_capacity(if per_op { iters[0] as usize } else { 0 });
                     let mut samples = Vec::with_capacity(16);

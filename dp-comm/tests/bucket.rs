@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use dp_comm::{
-    BucketConfig, BucketOrder, BucketReducer, Compression, Error, LocalConfig, LocalGroup,
-    ReduceOp,
+    BucketConfig, BucketOrder, BucketReducer, Compression, Error, LocalConfig, LocalGroup, ReduceOp,
 };
 
 /// Runs `body(rank, reducer)` on `n` ranks, each with a reducer over `len` zeros.
@@ -15,7 +14,8 @@ fn run<R: Send>(
     config: BucketConfig,
     body: impl Fn(usize, &mut BucketReducer<Vec<f32>>) -> R + Sync,
 ) -> Vec<R> {
-    let comms = LocalGroup::with_config(n, LocalConfig::with_timeout(Duration::from_secs(5))).unwrap();
+    let comms =
+        LocalGroup::with_config(n, LocalConfig::with_timeout(Duration::from_secs(5))).unwrap();
     let body = &body;
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -102,7 +102,10 @@ fn misuse_is_an_error_not_a_race() {
     run(2, 100, config(100), |_, reducer| {
         let mut s = reducer.begin().unwrap();
         s.mark_ready(1).unwrap();
-        assert_eq!(s.mark_ready(1), Err(Error::Bucket { bucket: 1, what: "was marked ready twice" }));
+        assert_eq!(
+            s.mark_ready(1),
+            Err(Error::Bucket { bucket: 1, what: "was marked ready twice" })
+        );
         assert!(matches!(s.bucket_mut(1), Err(Error::Bucket { bucket: 1, .. })));
         assert!(matches!(s.slice_mut(20..30), Err(Error::Bucket { bucket: 1, .. })));
         assert!(matches!(s.mark_ready(4), Err(Error::Bucket { bucket: 4, .. })));
@@ -140,7 +143,7 @@ fn compressed(compression: Compression, steps: usize) -> Vec<(Vec<f32>, Vec<f32>
     let (n, len) = (3, 4000);
     let input = |rank: usize, i: usize| {
         let x = (i as u32).wrapping_mul(2_654_435_761) ^ (rank as u32).wrapping_mul(0x9e37_79b9);
-        (x as f32 / u32::MAX as f32 - 0.4) * if i % 100 == 0 { 10.0 } else { 1.0 }
+        (x as f32 / u32::MAX as f32 - 0.4) * if i.is_multiple_of(100) { 10.0 } else { 1.0 }
     };
     let mut c = config(4000);
     c.compression = compression;

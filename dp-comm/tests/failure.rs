@@ -39,10 +39,8 @@ fn with_bad_rank(n: usize, bad: usize, misbehave: impl FnOnce(LocalComm) + Send)
     let bad_comm = comms.remove(bad);
     std::thread::scope(|s| {
         let bad = s.spawn(move || misbehave(bad_comm));
-        let good: Vec<_> = comms
-            .into_iter()
-            .map(|mut c| s.spawn(move || reduce_until_error(&mut c)))
-            .collect();
+        let good: Vec<_> =
+            comms.into_iter().map(|mut c| s.spawn(move || reduce_until_error(&mut c))).collect();
         let seen = good.into_iter().map(|h| h.join().unwrap()).collect();
         let _ = bad.join();
         seen

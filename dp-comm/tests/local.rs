@@ -19,7 +19,7 @@ fn run<R: Send>(n: usize, body: impl Fn(&mut LocalComm) -> R + Sync) -> Vec<R> {
 #[test]
 fn shared_cases_on_1_to_5_ranks() {
     for n in 1..=5 {
-        run(n, |c| cases::all(c));
+        run(n, cases::all);
     }
 }
 
@@ -76,7 +76,7 @@ fn many_small_collectives_in_a_row_stay_in_step() {
             let mut x = [step + c.rank() as u64];
             c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
             total += x[0];
-            if step % 100 == 0 {
+            if step.is_multiple_of(100) {
                 c.barrier().unwrap();
             }
         }

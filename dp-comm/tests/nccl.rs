@@ -29,7 +29,7 @@ fn run<R: Send>(body: impl Fn(&mut NcclComm) -> R + Sync) -> Option<Vec<R>> {
 
 #[test]
 fn shared_cases() {
-    if let Some(results) = run(|comm| cases::all(comm)) {
+    if let Some(results) = run(cases::all) {
         assert_eq!(results.len(), world_size());
     }
 }
@@ -95,8 +95,12 @@ fn device_buffers() {
         let mut part: CudaSlice<f32> = stream.alloc_zeros(len / n).unwrap();
         comm.reduce_scatter_device(&buf, &mut part, ReduceOp::Max).unwrap();
         comm.broadcast_device(&mut buf, 0).unwrap();
-        (stream.clone_dtoh(&buf).unwrap(), stream.clone_dtoh(&gathered).unwrap(),
-         stream.clone_dtoh(&part).unwrap(), rank)
+        (
+            stream.clone_dtoh(&buf).unwrap(),
+            stream.clone_dtoh(&gathered).unwrap(),
+            stream.clone_dtoh(&part).unwrap(),
+            rank,
+        )
     }) else {
         return;
     };

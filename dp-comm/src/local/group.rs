@@ -264,7 +264,7 @@ impl Communicator for LocalComm {
 
     fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
         let n = self.world_size();
-        let expected = input.len().checked_mul(n).unwrap_or(usize::MAX);
+        let expected = input.len().saturating_mul(n);
         if output.len() != expected {
             return Err(Error::SizeMismatch { op: "all_gather", expected, got: output.len() });
         }
@@ -284,7 +284,7 @@ impl Communicator for LocalComm {
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.world_size();
-        let expected = output.len().checked_mul(n).unwrap_or(usize::MAX);
+        let expected = output.len().saturating_mul(n);
         if input.len() != expected {
             return Err(Error::SizeMismatch { op: "reduce_scatter", expected, got: input.len() });
         }

@@ -5,4 +5,3 @@ mod kernels;
 mod sync;
 
 pub use group::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
-

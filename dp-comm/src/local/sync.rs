@@ -259,7 +259,8 @@ impl Shared {
                 Err(now) => word = now,
             }
         };
-        if let WaitEnd::TimedOut(waited) = self.wait(&self.depart.0, epoch, false, Some(self.timeout))
+        if let WaitEnd::TimedOut(waited) =
+            self.wait(&self.depart.0, epoch, false, Some(self.timeout))
         {
             let missing = self.first_behind(seq, |slot| &slot.left);
             self.poison(Error::Timeout { op, waited, missing });
@@ -300,11 +301,14 @@ impl Shared {
                 return WaitEnd::Poisoned;
             }
             round = round.wrapping_add(1);
-            if round % 16 == 0 {
-                waited = start.elapsed();
-                if timeout.is_some_and(|t| waited >= t) {
-                    return WaitEnd::TimedOut(waited);
-                }
+            // While spinning, read the clock only now and then; after that, every time.
+            if waited < self.spin && !round.is_multiple_of(16) {
+                std::hint::spin_loop();
+                continue;
+            }
+            waited = start.elapsed();
+            if timeout.is_some_and(|t| waited >= t) {
+                return WaitEnd::TimedOut(waited);
             }
             if waited < self.spin {
                 std::hint::spin_loop();
@@ -325,7 +329,8 @@ impl Shared {
                     Some(t) => t.saturating_sub(waited),
                     None => Duration::from_millis(10),
                 };
-                let _ = self.wakeup.wait_timeout(guard, nap).unwrap_or_else(PoisonError::into_inner);
+                let _ =
+                    self.wakeup.wait_timeout(guard, nap).unwrap_or_else(PoisonError::into_inner);
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }

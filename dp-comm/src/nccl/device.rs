@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
-    DriverError,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
 };
 use cudarc::nccl::result::{self as nccl, NcclError, NcclStatus};
 use cudarc::nccl::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
@@ -56,11 +55,11 @@ pub fn nccl_available() -> Result<()> {
         };
         return Err(Error::LibraryNotFound {
             library: "NCCL (libnccl)",
-            looked_for: format!("{}; and libnccl.so.2: {}", candidates("nccl"), if versioned {
-                "found"
-            } else {
-                "not found"
-            }),
+            looked_for: format!(
+                "{}; and libnccl.so.2: {}",
+                candidates("nccl"),
+                if versioned { "found" } else { "not found" }
+            ),
             hint: hint.into(),
         });
     }
@@ -162,7 +161,12 @@ impl NcclComm {
     /// Joins the group of `world_size` ranks named by `id` as `rank`, on device
     /// `config.device`. Every rank calls this at about the same time; NCCL's initialization
     /// waits until all have (it is not under the watchdog).
-    pub fn from_id(id: &NcclId, rank: usize, world_size: usize, config: NcclConfig) -> Result<Self> {
+    pub fn from_id(
+        id: &NcclId,
+        rank: usize,
+        world_size: usize,
+        config: NcclConfig,
+    ) -> Result<Self> {
         if world_size == 0 || rank >= world_size {
             return Err(Error::InvalidRank { op: "NcclComm::from_id", rank, world_size });
         }
@@ -222,11 +226,9 @@ impl NcclComm {
     fn check(&self) -> Result<()> {
         match &self.failed {
             Some(error) => Err(error.clone()),
-            None => self
-                .stream
-                .context()
-                .bind_to_thread()
-                .map_err(|e| cuda_error("cuCtxSetCurrent", e)),
+            None => {
+                self.stream.context().bind_to_thread().map_err(|e| cuda_error("cuCtxSetCurrent", e))
+            }
         }
     }
 
@@ -341,7 +343,15 @@ impl NcclComm {
         // SAFETY: `p` is a live device allocation of `len` elements of `T`, on this rank's
         // context; NCCL reads and writes it on our stream.
         let result = unsafe {
-            nccl::all_reduce(p, p, len, data_type(T::DTYPE), reduce_op(op), self.raw, self.cu_stream())
+            nccl::all_reduce(
+                p,
+                p,
+                len,
+                data_type(T::DTYPE),
+                reduce_op(op),
+                self.raw,
+                self.cu_stream(),
+            )
         };
         drop(record);
         self.nccl("ncclAllReduce", result)?;
@@ -355,7 +365,11 @@ impl NcclComm {
         root: usize,
     ) -> Result<()> {
         if root >= self.world_size {
-            return Err(Error::InvalidRank { op: "broadcast", rank: root, world_size: self.world_size });
+            return Err(Error::InvalidRank {
+                op: "broadcast",
+                rank: root,
+                world_size: self.world_size,
+            });
         }
         self.check()?;
         let stream = self.stream.clone();
@@ -377,7 +391,7 @@ impl NcclComm {
         input: &CudaSlice<T>,
         output: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let expected = input.len().checked_mul(self.world_size).unwrap_or(usize::MAX);
+        let expected = input.len().saturating_mul(self.world_size);
         if output.len() != expected {
             return Err(Error::SizeMismatch { op: "all_gather", expected, got: output.len() });
         }
@@ -408,7 +422,7 @@ impl NcclComm {
         output: &mut CudaSlice<T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let expected = output.len().checked_mul(self.world_size).unwrap_or(usize::MAX);
+        let expected = output.len().saturating_mul(self.world_size);
         if input.len() != expected {
             return Err(Error::SizeMismatch { op: "reduce_scatter", expected, got: input.len() });
         }
@@ -515,7 +529,7 @@ impl Communicator for NcclComm {
 
     fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
         let n = self.world_size;
-        let expected = input.len().checked_mul(n).unwrap_or(usize::MAX);
+        let expected = input.len().saturating_mul(n);
         if output.len() != expected {
             return Err(Error::SizeMismatch { op: "all_gather", expected, got: output.len() });
         }
@@ -556,7 +570,7 @@ impl Communicator for NcclComm {
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.world_size;
-        let expected = output.len().checked_mul(n).unwrap_or(usize::MAX);
+        let expected = output.len().saturating_mul(n);
         if input.len() != expected {
             return Err(Error::SizeMismatch { op: "reduce_scatter", expected, got: input.len() });
         }
@@ -566,7 +580,10 @@ impl Communicator for NcclComm {
         while at < len {
             let m = per.min(len - at);
             for r in 0..n {
-                self.upload(r * m * elem, bytemuck::cast_slice(&input[r * len + at..r * len + at + m]))?;
+                self.upload(
+                    r * m * elem,
+                    bytemuck::cast_slice(&input[r * len + at..r * len + at + m]),
+                )?;
             }
             let recv = n * m * elem;
             // SAFETY: the staging buffer holds the `n * m` gathered pieces and, after them,
