@@ -99,8 +99,8 @@ impl Inner {
 }
 
 /// A flat `f32` gradient buffer split into buckets, and a communication thread that
-/// all-reduces each bucket as soon as it is marked ready. See the [module docs](self) and the
-/// crate's example.
+/// all-reduces each bucket as soon as it is marked ready, in a fixed order (last bucket first
+/// by default), so that reduction overlaps with the rest of backward. See the crate's example.
 pub struct BucketReducer<B: AsMut<[f32]> + AsRef<[f32]>> {
     buffer: B,
     inner: Arc<Inner>,
