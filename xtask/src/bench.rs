@@ -37,6 +37,27 @@ pub(crate) fn run(root: &Path, krate: Option<&str>, filter: Option<&str>) -> Res
     Ok(())
 }
 
+/// `cargo xtask bench comm`: the CPU all-reduce table against memory-copy bandwidth measured
+/// in the same run, with the targets.
+pub(crate) fn comm() -> Result<()> {
+    let config = dp_comm::BenchConfig::default();
+    let report = dp_comm::measure_all_reduce(&config)?;
+    println!("{report}");
+    let verdict = |met: bool| if met { "met" } else { "NOT MET" };
+    let large: Vec<_> = report.rows.iter().filter(|r| r.bytes >= 64 << 20).collect();
+    let worst = large.iter().map(|r| r.efficiency).fold(f64::INFINITY, f64::min);
+    println!("efficiency >= 0.7 at 64 MiB and up: worst {worst:.2} ({})", verdict(worst >= 0.7));
+    // gloo (PyTorch's CPU backend) on this kind of machine: 1.06 GB/s busbw at 64 MiB.
+    if let Some(row) = report.row(2, 64 << 20) {
+        let ratio = row.busbw / 1.06e9;
+        println!(
+            "busbw at 64 MiB, 2 ranks vs gloo's 1.06 GB/s: {ratio:.1}x ({})",
+            verdict(ratio >= 3.0)
+        );
+    }
+    Ok(())
+}
+
 /// Finds `new/benchmark.json` files written since `since` under `dir`.
 fn collect(dir: &Path, since: SystemTime, rows: &mut Vec<(String, String, String)>) -> Result<()> {
     let Ok(entries) = fs::read_dir(dir) else {

@@ -21,9 +21,11 @@ struct Cli {
 enum Cmd {
     /// Run exactly what CI runs (`.ci/run`): format check, clippy, tests, bench build.
     Ci,
-    /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians.
+    /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
+    /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead.
     Bench {
-        /// The crate whose benchmarks to run, e.g. `dp-mem`; all crates when omitted.
+        /// The crate whose benchmarks to run, e.g. `dp-mem`; all crates when omitted; `comm`
+        /// for the all-reduce table.
         #[arg(value_name = "CRATE")]
         krate: Option<String>,
         /// Only benchmarks whose name contains this text (passed to criterion).
@@ -42,6 +44,7 @@ fn main() -> Result<ExitCode> {
     let root = workspace_root();
     match cli.command {
         Cmd::Ci => run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root)),
+        Cmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => bench::comm(),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
         Cmd::Data { command } => return data::run(command),
     }

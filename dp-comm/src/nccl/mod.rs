@@ -1,0 +1,54 @@
+//! The NCCL backend for CUDA GPUs (feature `cuda`).
+//!
+//! One [`NcclComm`] per rank, created on the thread (or in the process) that uses it: NCCL
+//! handles are not `Send`. [`NcclGroup::run`] starts one thread per GPU of this process and
+//! builds their communicators; across processes, rank 0 makes an [`NcclId`], sends its 128
+//! bytes to the others (over whatever the launcher provides), and every rank calls
+//! [`NcclComm::from_id`].
+//!
+//! Collectives run on device buffers (`*_device` methods, with the feature) or, through the
+//! [`Communicator`](crate::Communicator) trait, on host slices, staged through a device buffer
+//! allocated once at construction. Every collective waits for its completion under a
+//! watchdog: one that does not complete within the timeout aborts the communicator and returns
+//! [`Error::Timeout`](crate::Error::Timeout); NCCL errors carry NCCL's code and text.
+//!
+//! Without the `cuda` feature the same types exist and their constructors return
+//! [`Error::CudaNotCompiled`](crate::Error::CudaNotCompiled), so callers need no `#[cfg]`.
+
+use std::time::Duration;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+#[cfg(feature = "cuda")]
+pub use device::{NcclComm, NcclGroup, NcclId, nccl_available};
+#[cfg(not(feature = "cuda"))]
+pub use stub::{NcclComm, NcclGroup, NcclId, nccl_available};
+
+/// Options of an [`NcclComm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NcclConfig {
+    /// The CUDA device ordinal this rank uses. [`NcclGroup::run`] sets it to the rank.
+    pub device: usize,
+    /// How long a collective may take before the watchdog aborts the communicator.
+    pub timeout: Duration,
+    /// Bytes of the device buffer that host-slice collectives stage through (larger inputs go
+    /// through it in pieces).
+    pub staging_bytes: usize,
+}
+
+impl Default for NcclConfig {
+    fn default() -> Self {
+        NcclConfig { device: 0, timeout: crate::local::DEFAULT_TIMEOUT, staging_bytes: 64 << 20 }
+    }
+}
+
+impl NcclConfig {
+    /// The default configuration for `device`, with `timeout`.
+    pub fn new(device: usize, timeout: Duration) -> Self {
+        NcclConfig { device, timeout, ..NcclConfig::default() }
+    }
+}

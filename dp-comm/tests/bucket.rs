@@ -1,0 +1,199 @@
+//! The bucketed asynchronous all-reduce: results, the order of marks, misuse, an abandoned
+//! step, and the error of compressed reduction.
+
+use std::time::Duration;
+
+use dp_comm::{
+    BucketConfig, BucketOrder, BucketReducer, Compression, Error, LocalConfig, LocalGroup, ReduceOp,
+};
+
+/// Runs `body(rank, reducer)` on `n` ranks, each with a reducer over `len` zeros.
+fn run<R: Send>(
+    n: usize,
+    len: usize,
+    config: BucketConfig,
+    body: impl Fn(usize, &mut BucketReducer<Vec<f32>>) -> R + Sync,
+) -> Vec<R> {
+    let comms =
+        LocalGroup::with_config(n, LocalConfig::with_timeout(Duration::from_secs(5))).unwrap();
+    let body = &body;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let rank = dp_comm::Communicator::rank(&comm);
+                    let mut reducer = BucketReducer::new(vec![0.0f32; len], comm, config).unwrap();
+                    body(rank, &mut reducer)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn grad(rank: usize, step: usize, i: usize) -> f32 {
+    ((i * 3 + rank * 5 + step * 7) % 17) as f32
+}
+
+fn config(bucket_bytes: usize) -> BucketConfig {
+    let mut c = BucketConfig::default();
+    c.bucket_bytes = bucket_bytes;
+    c
+}
+
+#[test]
+fn buckets_marked_as_backward_goes_are_averaged() {
+    let (n, len) = (3, 1003);
+    let results = run(n, len, config(400), |rank, reducer| {
+        assert_eq!(reducer.buckets(), 11);
+        assert_eq!(reducer.bucket_range(10), Some(1000..1003));
+        for step in 0..4 {
+            let mut s = reducer.begin().unwrap();
+            // Backward: the last layers first, marking each bucket as soon as it is written.
+            for b in (0..11).rev() {
+                let range = 100 * b..(100 * b + 100).min(len);
+                let start = range.start;
+                for (j, g) in s.slice_mut(range).unwrap().iter_mut().enumerate() {
+                    *g = grad(rank, step, start + j);
+                }
+                s.mark_ready(b).unwrap();
+            }
+            s.wait().unwrap();
+            for (i, g) in reducer.buffer().iter().enumerate() {
+                let want = (0..n).map(|r| grad(r, step, i)).sum::<f32>() / n as f32;
+                assert_eq!(*g, want, "step {step} index {i}");
+            }
+        }
+        reducer.buffer().to_vec()
+    });
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[test]
+fn marks_in_any_order_reduce_in_the_fixed_order() {
+    for order in [BucketOrder::LastFirst, BucketOrder::FirstFirst] {
+        let mut c = config(64);
+        c.order = order;
+        c.op = ReduceOp::Sum;
+        run(2, 160, c, |rank, reducer| {
+            let mut s = reducer.begin().unwrap();
+            // Each rank marks in its own order; the reduction order is the same on both.
+            let marks: Vec<usize> =
+                if rank == 0 { (0..10).collect() } else { vec![3, 9, 0, 5, 1, 8, 2, 7, 4, 6] };
+            for b in marks {
+                s.bucket_mut(b).unwrap().fill((b + rank) as f32);
+                s.mark_ready(b).unwrap();
+            }
+            // The communication thread reduces without being waited for.
+            while s.reduced() < 10 {
+                std::thread::yield_now();
+            }
+            s.wait().unwrap();
+            for (i, g) in reducer.buffer().iter().enumerate() {
+                assert_eq!(*g, (2 * (i / 16) + 1) as f32);
+            }
+        });
+    }
+}
+
+#[test]
+fn misuse_is_an_error_not_a_race() {
+    run(2, 100, config(100), |_, reducer| {
+        let mut s = reducer.begin().unwrap();
+        s.mark_ready(1).unwrap();
+        assert_eq!(
+            s.mark_ready(1),
+            Err(Error::Bucket { bucket: 1, what: "was marked ready twice" })
+        );
+        assert!(matches!(s.bucket_mut(1), Err(Error::Bucket { bucket: 1, .. })));
+        assert!(matches!(s.slice_mut(20..30), Err(Error::Bucket { bucket: 1, .. })));
+        assert!(matches!(s.mark_ready(4), Err(Error::Bucket { bucket: 4, .. })));
+        assert!(matches!(s.slice_mut(90..101), Err(Error::SizeMismatch { .. })));
+        s.slice_mut(0..25).unwrap().fill(1.0);
+        s.wait().unwrap();
+        assert!(reducer.buffer()[..25].iter().all(|&x| x == 1.0));
+    });
+    let mut c = config(100);
+    c.op = ReduceOp::Max;
+    c.compression = Compression::Bf16 { error_feedback: false };
+    let comm = LocalGroup::new(1).unwrap().pop().unwrap();
+    assert!(matches!(BucketReducer::new(vec![0.0f32; 10], comm, c), Err(Error::Config { .. })));
+}
+
+#[test]
+fn an_abandoned_step_makes_the_peers_fail_instead_of_applying_half_a_step() {
+    let errors = run(3, 300, config(400), |rank, reducer| {
+        let mut s = reducer.begin().unwrap();
+        s.mark_ready(2).unwrap();
+        if rank == 1 {
+            drop(s); // backward failed on this rank
+            return reducer.begin().map(|_| ()).unwrap_err();
+        }
+        s.wait().unwrap_err()
+    });
+    assert_eq!(errors[0], Error::PeerLost { rank: 1 });
+    assert_eq!(errors[2], Error::PeerLost { rank: 1 });
+    assert!(matches!(errors[1], Error::Bucket { .. }));
+}
+
+/// Runs `steps` steps of the same per-rank gradient through a compressed reducer and returns,
+/// per rank, the sum of the reduced results over the steps and the exact per-step mean.
+fn compressed(compression: Compression, steps: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let (n, len) = (3, 4000);
+    let input = |rank: usize, i: usize| {
+        let x = (i as u32).wrapping_mul(2_654_435_761) ^ (rank as u32).wrapping_mul(0x9e37_79b9);
+        (x as f32 / u32::MAX as f32 - 0.4) * if i.is_multiple_of(100) { 10.0 } else { 1.0 }
+    };
+    let mut c = config(4000);
+    c.compression = compression;
+    run(n, len, c, |rank, reducer| {
+        let mut total = vec![0.0f32; len];
+        for _ in 0..steps {
+            let mut s = reducer.begin().unwrap();
+            for (i, g) in s.slice_mut(0..len).unwrap().iter_mut().enumerate() {
+                *g = input(rank, i);
+            }
+            s.wait().unwrap();
+            total.iter_mut().zip(reducer.buffer()).for_each(|(t, g)| *t += g);
+        }
+        let mean = (0..len).map(|i| (0..n).map(|r| input(r, i)).sum::<f32>() / n as f32).collect();
+        (total, mean)
+    })
+}
+
+#[test]
+fn bf16_compression_error_is_within_bf16_rounding() {
+    let results = compressed(Compression::Bf16 { error_feedback: false }, 1);
+    assert!(results.windows(2).all(|w| w[0].0 == w[1].0), "ranks differ");
+    let (got, want) = &results[0];
+    for (g, w) in got.iter().zip(want) {
+        // Each input is rounded with relative error at most 2^-9; inputs are at most 10.
+        assert!((g - w).abs() <= 10.0 / 512.0, "{g} vs {w}");
+    }
+    let worst = got.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max);
+    assert!(worst > 0.0, "bf16 compression changed nothing: is it on?");
+}
+
+#[test]
+fn int8_compression_error_is_within_half_a_step_and_feedback_stops_it_accumulating() {
+    // One step: every rank's values are off by at most half its step, max|x| / 127 / 2.
+    let results = compressed(Compression::Int8 { error_feedback: false }, 1);
+    let (got, want) = &results[0];
+    let bound = 10.0 / 127.0 / 2.0 + 1e-6;
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= bound, "{g} vs {w}");
+    }
+    // Twenty steps of the same gradient: without feedback the rounding error adds up step after
+    // step; with it, what one step drops the next adds back, so the total stays within about
+    // one step's error.
+    let steps = 20;
+    let total_error = |results: &[(Vec<f32>, Vec<f32>)]| {
+        let (got, want) = &results[0];
+        got.iter().zip(want).map(|(g, w)| (g - steps as f32 * w).abs()).fold(0.0, f32::max)
+    };
+    let plain = total_error(&compressed(Compression::Int8 { error_feedback: false }, steps));
+    let feedback = total_error(&compressed(Compression::Int8 { error_feedback: true }, steps));
+    assert!(feedback <= 2.0 * bound, "with feedback the total is off by {feedback}");
+    assert!(plain > 5.0 * feedback, "without feedback {plain}, with {feedback}");
+}
