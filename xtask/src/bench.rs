@@ -15,6 +15,8 @@ pub(crate) fn run(root: &Path, krate: Option<&str>, filter: Option<&str>) -> Res
     let mut cargo = Command::new(env!("CARGO"));
     cargo.current_dir(root).arg("bench");
     match krate {
+        // `bench model` means `bench dp-model`.
+        Some(name) if !name.starts_with("dp-") => cargo.args(["--package", &format!("dp-{name}")]),
         Some(name) => cargo.args(["--package", name]),
         None => cargo.arg("--workspace"),
     };

@@ -24,8 +24,8 @@ enum Cmd {
     /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
     /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead.
     Bench {
-        /// The crate whose benchmarks to run, e.g. `dp-mem`; all crates when omitted; `comm`
-        /// for the all-reduce table.
+        /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
+        /// omitted; `comm` for the all-reduce table.
         #[arg(value_name = "CRATE")]
         krate: Option<String>,
         /// Only benchmarks whose name contains this text (passed to criterion).
