@@ -1,0 +1,98 @@
+//! The crate's error type: every failure of a run names the replica, file or setting at
+//! fault.
+
+use std::path::{Path, PathBuf};
+
+/// Everything that can stop a training run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting is missing, out of range or inconsistent with another.
+    #[error("invalid config `{field}`: {what}")]
+    Config {
+        /// The setting (`"global_batch"`, `"zero_stage"` ...).
+        field: String,
+        /// What was expected and what was found.
+        what: String,
+    },
+
+    /// A replica failed; `what` is its error or panic message.
+    #[error("replica {rank} failed: {what}")]
+    Replica {
+        /// The replica's rank.
+        rank: usize,
+        /// What went wrong there.
+        what: String,
+    },
+
+    /// The replicas' parameters differ: a desynchronization that would silently ruin the run.
+    #[error("replicas diverged at step {step}: parameter checksums {checksums:016x?}")]
+    Diverged {
+        /// The step at which it was found.
+        step: u64,
+        /// Each replica's checksum.
+        checksums: Vec<u64>,
+    },
+
+    /// The run was interrupted (Ctrl-C) after saving a checkpoint.
+    #[error("interrupted at step {step}; checkpoint saved in {}", run_dir.display())]
+    Interrupted {
+        /// The last completed step.
+        step: u64,
+        /// The run directory holding the checkpoint.
+        run_dir: PathBuf,
+    },
+
+    /// A run directory or one of its files is missing or damaged.
+    #[error("{}: {what}", path.display())]
+    Run {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+
+    /// An I/O operation failed.
+    #[error("{}: {op}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
+    /// The data side failed.
+    #[error(transparent)]
+    Data(#[from] dp_data::Error),
+
+    /// The model side failed.
+    #[error(transparent)]
+    Model(#[from] dp_model::Error),
+
+    /// A collective failed (a replica was lost or timed out).
+    #[error(transparent)]
+    Comm(#[from] dp_comm::Error),
+
+    /// Memory could not be had within the budget.
+    #[error(transparent)]
+    Memory(#[from] dp_mem::Error),
+}
+
+impl Error {
+    pub(crate) fn config(field: impl Into<String>, what: impl Into<String>) -> Self {
+        Self::Config { field: field.into(), what: what.into() }
+    }
+
+    pub(crate) fn io(path: &Path, op: &'static str, source: std::io::Error) -> Self {
+        Self::Io { path: path.to_path_buf(), op, source }
+    }
+
+    pub(crate) fn run(path: &Path, what: impl Into<String>) -> Self {
+        Self::Run { path: path.to_path_buf(), what: what.into() }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
