@@ -83,6 +83,12 @@ impl Ledger {
         }
     }
 
+    /// Bytes in use by `tag` now and their peak.
+    pub(crate) fn tag_in_use(&self, tag: Tag) -> (u64, u64) {
+        let t = &self.tags[tag.index()];
+        (t.current(), t.peak)
+    }
+
     pub(crate) fn enabled(&self) -> bool {
         self.enabled
     }

@@ -83,6 +83,11 @@ impl Tracker {
         self.lock().ledger.held()
     }
 
+    /// Bytes in use by `tag` now and their peak, without building a snapshot (no allocation).
+    pub fn tag_in_use(&self, tag: Tag) -> (u64, u64) {
+        self.lock().ledger.tag_in_use(tag)
+    }
+
     /// Starts a new peak window: every peak becomes the current value.
     pub fn reset_peak(&self) {
         self.lock().ledger.reset_peak();

@@ -836,3 +836,18 @@ fn views_follow_row_major_shapes() {
     assert_eq!(buf[0], 42.0);
     assert_eq!(buf.as_array(24).unwrap().sum(), buf.iter().sum::<f32>());
 }
+
+#[test]
+fn tag_in_use_matches_the_snapshot_without_allocating() {
+    let tracker = Tracker::new();
+    let pool = Pool::new(&tracker);
+    let a = pool.alloc::<f32>(1000, Tag::Grad).unwrap();
+    let b = pool.alloc::<u8>(300, Tag::Grad).unwrap();
+    drop(a);
+    let snapshot = tracker.snapshot();
+    let grad = snapshot.tag(Tag::Grad);
+    assert_eq!(tracker.tag_in_use(Tag::Grad), (grad.current, grad.peak));
+    assert_eq!(tracker.tag_in_use(Tag::Grad), (300, 4300));
+    assert_eq!(tracker.tag_in_use(Tag::Param), (0, 0));
+    drop(b);
+}

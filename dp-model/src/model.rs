@@ -286,18 +286,18 @@ impl<T: Float> Model<T> {
         targets: Targets<'_, T>,
         options: &StepOptions,
     ) -> Result<LossTotals> {
-        self.forward_backward_with(x, targets, options, &mut |_| {})
+        self.forward_backward_with(x, targets, options, &mut |_: &[T]| {})
     }
 
-    /// [`Model::forward_backward`], calling `ready(n)` each time backward finishes a layer's
-    /// gradients: gradients `[0, n)` are then final (see [`ParamLayout`]), so their all-reduce
-    /// can start while backward goes on.
+    /// [`Model::forward_backward`], calling `ready(done)` each time backward finishes a
+    /// layer's gradients, with `done` the gradient buffer's prefix that is now final (see
+    /// [`ParamLayout`]), so its all-reduce can start while backward goes on.
     pub fn forward_backward_with(
         &mut self,
         x: ArrayView2<'_, T>,
         targets: Targets<'_, T>,
         options: &StepOptions,
-        ready: &mut dyn FnMut(usize),
+        ready: &mut dyn FnMut(&[T]),
     ) -> Result<LossTotals> {
         let (batch, x) = self.check_input(&x)?;
         let outputs = self.outputs();
@@ -345,7 +345,7 @@ impl<T: Float> Model<T> {
                 options.accumulate,
             );
             if !node.params.is_empty() {
-                ready(node.params.end);
+                ready(&self.grads[..node.params.end]);
             }
         }
         Ok(totals)

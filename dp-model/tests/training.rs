@@ -182,7 +182,10 @@ fn gradients_become_ready_as_a_growing_prefix() {
     let y = rng.labels(4, 10);
     model.grads_mut().fill(f32::NAN);
     let mut seen = Vec::new();
-    let mut check_prefix = |n: usize| seen.push(n);
+    let mut check_prefix = |done: &[f32]| {
+        assert!(done.iter().all(|g| g.is_finite()), "a ready gradient is final");
+        seen.push(done.len());
+    };
     model
         .forward_backward_with(
             x.view(),
