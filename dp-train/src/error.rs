@@ -34,15 +34,6 @@ pub enum Error {
         checksums: Vec<u64>,
     },
 
-    /// The run was interrupted (Ctrl-C) after saving a checkpoint.
-    #[error("interrupted at step {step}; checkpoint saved in {}", run_dir.display())]
-    Interrupted {
-        /// The last completed step.
-        step: u64,
-        /// The run directory holding the checkpoint.
-        run_dir: PathBuf,
-    },
-
     /// A run directory or one of its files is missing or damaged.
     #[error("{}: {what}", path.display())]
     Run {

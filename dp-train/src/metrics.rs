@@ -48,7 +48,7 @@ pub struct StepMetrics {
 }
 
 /// One evaluation.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EvalMetrics {
     /// Optimizer steps completed when it ran.
     pub step: u64,
@@ -70,14 +70,20 @@ pub struct MetricsWriter {
 impl MetricsWriter {
     /// Opens `path` for appending (a resumed run continues the same file).
     pub fn append(path: &Path) -> Result<Self> {
-        let file = File::options().create(true).append(true).open(path).map_err(|e| Error::io(path, "open", e))?;
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, "open", e))?;
         Ok(Self { path: path.to_path_buf(), out: BufWriter::new(file) })
     }
 
     /// Writes one record as a line.
     pub fn write(&mut self, record: &MetricsRecord) -> Result<()> {
         let line = serde_json::to_string(record).expect("metrics always serialize");
-        writeln!(self.out, "{line}").and_then(|()| self.out.flush()).map_err(|e| Error::io(&self.path, "write", e))
+        writeln!(self.out, "{line}")
+            .and_then(|()| self.out.flush())
+            .map_err(|e| Error::io(&self.path, "write", e))
     }
 }
 
@@ -85,8 +91,10 @@ impl MetricsWriter {
 /// line, except a torn last line (a run killed mid-write), which is skipped.
 pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRecord>> {
     let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let lines: Vec<String> =
-        BufReader::new(file).lines().collect::<std::io::Result<_>>().map_err(|e| Error::io(path, "read", e))?;
+    let lines: Vec<String> = BufReader::new(file)
+        .lines()
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| Error::io(path, "read", e))?;
     let mut records = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {

@@ -3,12 +3,19 @@
 
 mod bench;
 mod data;
+mod train;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use dp_mem::CountingAlloc;
+
+/// Counting every allocation lets a run report allocations per training step; it costs a few
+/// relaxed atomic additions per allocation.
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::system();
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Automation for the dp workspace")]
@@ -32,6 +39,8 @@ enum Cmd {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Train a model data-parallel (default: the built-in digits, one replica per core).
+    Train(Box<train::TrainArgs>),
     /// Work with datasets: import, inspect, verify, export, gen, bench-read.
     Data {
         #[command(subcommand)]
@@ -47,6 +56,7 @@ fn main() -> Result<ExitCode> {
         Cmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => bench::comm(),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
         Cmd::Data { command } => return data::run(command),
+        Cmd::Train(args) => return train::run(&root, *args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

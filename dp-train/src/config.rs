@@ -1,0 +1,327 @@
+//! `TrainConfig`: everything a run is, as a TOML file (saved into the run directory) with
+//! command-line overrides on top. Checked as a whole before anything starts.
+
+use std::path::{Path, PathBuf};
+
+use dp_model::Schedule;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A training run's configuration. Every field has a default, so an empty file is a valid
+/// config (the built-in job).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Run name: the run directory is `<out>/<name>` (default: model and dataset names).
+    pub name: Option<String>,
+    /// The training dataset (a directory written by `dp-data`).
+    pub train_data: PathBuf,
+    /// The evaluation dataset (optional).
+    pub eval_data: Option<PathBuf>,
+    /// The dense feature fed to the model.
+    pub input_feature: String,
+    /// The scalar integer feature holding class labels.
+    pub label_feature: String,
+    /// Classes (default: one more than the largest label in the training data).
+    pub classes: Option<usize>,
+    /// Standardize `f32` inputs to zero mean and unit variance (statistics from the first
+    /// training batches); `u8` inputs are always scaled to [0, 1].
+    pub standardize: bool,
+    /// A built-in model (`mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec file.
+    pub model: String,
+    /// Replicas (threads); 0 means one per available core.
+    pub replicas: usize,
+    /// Samples per optimizer step over all replicas.
+    pub global_batch: usize,
+    /// Passes over the training data (ignored when `steps` is set).
+    pub epochs: u64,
+    /// Optimizer steps to run, overriding `epochs`.
+    pub steps: Option<u64>,
+    /// The optimizer.
+    pub optimizer: OptimizerConfig,
+    /// The learning rate per step (default: warmup then cosine to 0 over the run, peaking at
+    /// `lr`).
+    pub schedule: Option<Schedule>,
+    /// Peak learning rate of the default schedule (default: 0.1 for SGD, 0.001 for Adam).
+    pub lr: Option<f64>,
+    /// Seed of the initial parameters, the data order, augmentation and dropout.
+    pub seed: u64,
+    /// Micro-batches accumulated per optimizer step (each replica runs
+    /// `global_batch / (replicas * grad_accum)` samples at a time).
+    pub grad_accum: usize,
+    /// Clip the global gradient norm to this.
+    pub clip_grad_norm: Option<f64>,
+    /// 0: every replica holds the whole optimizer state. 1: each holds and updates a
+    /// 1/replicas shard, and parameters are all-gathered after the update.
+    pub zero_stage: u8,
+    /// Activation recomputation (one segment per parameterized layer).
+    pub recompute: bool,
+    /// Magnitude pruning.
+    pub prune: Option<PruneConfig>,
+    /// Memory budget per replica for the model side (parameters, gradients, optimizer state,
+    /// activations, communication buffers), in MiB.
+    pub memory_budget_mib: Option<u64>,
+    /// Memory budget per replica for the input pipeline, in MiB.
+    pub data_budget_mib: u64,
+    /// Data-loading threads per replica.
+    pub data_workers: usize,
+    /// Blocks shuffled together (0: no shuffle).
+    pub shuffle_window: usize,
+    /// Gradient bucket size for the all-reduce, in MiB.
+    pub bucket_mib: f64,
+    /// Gradient compression: `none`, `bf16` or `int8`.
+    pub compression: String,
+    /// Optimizer steps between checkpoints (0: at the end of each epoch and of the run).
+    pub checkpoint_every: u64,
+    /// Optimizer steps between evaluations (0: at the end of each epoch).
+    pub eval_every: u64,
+    /// Optimizer steps between cross-replica parameter checksums.
+    pub checksum_every: u64,
+    /// Seconds a replica waits for its peers before the run fails.
+    pub timeout_s: f64,
+}
+
+/// The optimizer and its settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerConfig {
+    /// SGD with momentum.
+    Sgd {
+        /// Momentum (0 for none).
+        #[serde(default = "default_momentum")]
+        momentum: f64,
+        /// Nesterov momentum.
+        #[serde(default)]
+        nesterov: bool,
+        /// L2 weight decay.
+        #[serde(default)]
+        weight_decay: f64,
+    },
+    /// Adam, or AdamW with `decoupled`.
+    Adam {
+        /// First-moment decay.
+        #[serde(default = "default_beta1")]
+        beta1: f64,
+        /// Second-moment decay.
+        #[serde(default = "default_beta2")]
+        beta2: f64,
+        /// Denominator term.
+        #[serde(default = "default_eps")]
+        eps: f64,
+        /// Weight decay.
+        #[serde(default)]
+        weight_decay: f64,
+        /// AdamW's decoupled weight decay.
+        #[serde(default)]
+        decoupled: bool,
+    },
+}
+
+fn default_momentum() -> f64 {
+    0.9
+}
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
+/// Magnitude pruning settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneConfig {
+    /// Final fraction of weights pruned.
+    pub sparsity: f64,
+    /// Rank weights over the whole model (`true`) or per layer.
+    #[serde(default = "yes")]
+    pub global: bool,
+    /// Step at which pruning starts.
+    #[serde(default)]
+    pub start: u64,
+    /// Step at which the target is reached (default: two thirds of the run).
+    pub end: Option<u64>,
+    /// Steps between mask updates.
+    #[serde(default = "default_prune_every")]
+    pub every: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_prune_every() -> u64 {
+    50
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            train_data: PathBuf::from("data/digits/train"),
+            eval_data: Some(PathBuf::from("data/digits/eval")),
+            input_feature: "image".into(),
+            label_feature: "label".into(),
+            classes: None,
+            standardize: false,
+            model: "mlp".into(),
+            replicas: 0,
+            global_batch: 256,
+            epochs: 4,
+            steps: None,
+            optimizer: OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.0 },
+            schedule: None,
+            lr: None,
+            seed: 0,
+            grad_accum: 1,
+            clip_grad_norm: None,
+            zero_stage: 0,
+            recompute: false,
+            prune: None,
+            memory_budget_mib: None,
+            data_budget_mib: 256,
+            data_workers: 1,
+            shuffle_window: 8,
+            bucket_mib: 25.0,
+            compression: "none".into(),
+            checkpoint_every: 0,
+            eval_every: 0,
+            checksum_every: 100,
+            timeout_s: 300.0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Reads a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
+        toml::from_str(&text).map_err(|e| Error::run(path, e.to_string()))
+    }
+
+    /// The config as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a config always serializes")
+    }
+
+    /// Replicas to run: `replicas`, or one per available core.
+    pub fn replica_count(&self) -> usize {
+        if self.replicas > 0 {
+            self.replicas
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+
+    /// Samples each replica runs per micro-batch.
+    pub fn micro_batch(&self) -> usize {
+        self.global_batch / (self.replica_count() * self.grad_accum.max(1))
+    }
+
+    /// Checks every setting and their combinations.
+    pub fn validate(&self) -> Result<()> {
+        let n = self.replica_count();
+        if n > dp_comm::MAX_LOCAL_WORLD {
+            return Err(Error::config(
+                "replicas",
+                format!("{n} is above {}", dp_comm::MAX_LOCAL_WORLD),
+            ));
+        }
+        if self.grad_accum == 0 {
+            return Err(Error::config("grad_accum", "must be at least 1"));
+        }
+        if self.global_batch == 0 || !self.global_batch.is_multiple_of(n * self.grad_accum) {
+            return Err(Error::config(
+                "global_batch",
+                format!(
+                    "{} must be a positive multiple of replicas x grad_accum = {n} x {} (so every replica runs equal micro-batches)",
+                    self.global_batch, self.grad_accum
+                ),
+            ));
+        }
+        if self.steps == Some(0) || (self.steps.is_none() && self.epochs == 0) {
+            return Err(Error::config(
+                "epochs",
+                "the run must have at least one step (epochs or steps)",
+            ));
+        }
+        if self.zero_stage > 1 {
+            return Err(Error::config(
+                "zero_stage",
+                format!("{} is not supported (0 or 1)", self.zero_stage),
+            ));
+        }
+        if let Some(schedule) = &self.schedule {
+            schedule.validate()?;
+        }
+        if let Some(lr) = self.lr
+            && !(lr.is_finite() && lr > 0.0)
+        {
+            return Err(Error::config("lr", format!("{lr} must be a positive number")));
+        }
+        if let Some(max) = self.clip_grad_norm
+            && !(max.is_finite() && max > 0.0)
+        {
+            return Err(Error::config(
+                "clip_grad_norm",
+                format!("{max} must be a positive number"),
+            ));
+        }
+        if let Some(prune) = &self.prune
+            && !(0.0..1.0).contains(&prune.sparsity)
+        {
+            return Err(Error::config(
+                "prune.sparsity",
+                format!("{} is outside [0, 1)", prune.sparsity),
+            ));
+        }
+        if !(self.bucket_mib.is_finite() && self.bucket_mib > 0.0) {
+            return Err(Error::config(
+                "bucket_mib",
+                format!("{} must be positive", self.bucket_mib),
+            ));
+        }
+        self.compression()?;
+        if self.data_workers == 0 {
+            return Err(Error::config("data_workers", "must be at least 1"));
+        }
+        if self.checksum_every == 0 {
+            return Err(Error::config("checksum_every", "must be at least 1"));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(Error::config(
+                "timeout_s",
+                format!("{} must be a positive number of seconds", self.timeout_s),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The gradient compression setting.
+    pub fn compression(&self) -> Result<dp_comm::Compression> {
+        match self.compression.as_str() {
+            "none" => Ok(dp_comm::Compression::None),
+            "bf16" => Ok(dp_comm::Compression::Bf16 { error_feedback: true }),
+            "int8" => Ok(dp_comm::Compression::Int8 { error_feedback: true }),
+            other => {
+                Err(Error::config("compression", format!("`{other}` is not none, bf16 or int8")))
+            }
+        }
+    }
+
+    /// The schedule, or the default: 2% warmup, then cosine to 0 over `total_steps`.
+    pub fn schedule_or_default(&self, total_steps: u64) -> Schedule {
+        self.schedule.clone().unwrap_or(Schedule::WarmupCosine {
+            lr: self.lr.unwrap_or(match self.optimizer {
+                OptimizerConfig::Sgd { .. } => 0.1,
+                OptimizerConfig::Adam { .. } => 1e-3,
+            }),
+            warmup: (total_steps / 50).max(1),
+            total: total_steps,
+            min_lr: 0.0,
+        })
+    }
+}

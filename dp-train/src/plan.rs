@@ -1,0 +1,235 @@
+//! What every replica needs to know before it starts, worked out once on the calling thread:
+//! the model spec for the data's shape, batch sizes, step counts, and where a resumed run
+//! picks up.
+
+use std::path::{Path, PathBuf};
+
+use dp_data::{DType, Dataset, Kind, Normalize, PipelineState};
+use dp_model::{Checkpoint, ModelSpec, Schedule};
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+
+/// The caller's part of a checkpoint: where the run was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ResumeState {
+    /// Optimizer steps completed.
+    pub(crate) step: u64,
+    /// The training pipeline's position after them.
+    pub(crate) pipeline: PipelineState,
+}
+
+/// The run, resolved.
+#[derive(Debug)]
+pub(crate) struct RunPlan {
+    pub(crate) config: TrainConfig,
+    pub(crate) run_dir: PathBuf,
+    pub(crate) spec: ModelSpec,
+    pub(crate) input_len: usize,
+    pub(crate) replicas: usize,
+    /// Samples per replica per micro-batch.
+    pub(crate) micro: usize,
+    pub(crate) steps_per_epoch: u64,
+    pub(crate) total_steps: u64,
+    pub(crate) schedule: Schedule,
+    /// `u8` pixels to [0, 1], or standardization of `f32` inputs.
+    pub(crate) normalize: Option<Normalize>,
+    /// The checkpoint to resume from, and where it was.
+    pub(crate) resume: Option<(Checkpoint, ResumeState)>,
+}
+
+impl RunPlan {
+    pub(crate) fn new(
+        config: TrainConfig,
+        run_dir: PathBuf,
+        resume: Option<Checkpoint>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let train = Dataset::open(&config.train_data)?;
+        let (input_shape, dtype) =
+            dense_feature(&train, &config.input_feature, &config.train_data)?;
+        let label = train.schema().feature(&config.label_feature).ok_or_else(|| {
+            Error::config(
+                "label_feature",
+                format!(
+                    "`{}` is not a feature of {}",
+                    config.label_feature,
+                    config.train_data.display()
+                ),
+            )
+        })?;
+        if !matches!(&label.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1) {
+            return Err(Error::config(
+                "label_feature",
+                format!("`{}` is not a scalar", config.label_feature),
+            ));
+        }
+        let classes = match config.classes {
+            Some(c) if c >= 2 => c,
+            Some(c) => return Err(Error::config("classes", format!("{c} is below 2"))),
+            None => largest_label(&train, &config.label_feature)? as usize + 1,
+        };
+        if let Some(eval) = &config.eval_data {
+            let eval_set = Dataset::open(eval)?;
+            let (eval_shape, _) = dense_feature(&eval_set, &config.input_feature, eval)?;
+            if eval_shape != input_shape {
+                return Err(Error::config(
+                    "eval_data",
+                    format!("inputs are {eval_shape:?}, the training data's {input_shape:?}"),
+                ));
+            }
+        }
+        let spec = model_spec(&config.model, &input_shape, classes)?;
+        let input_len: usize = input_shape.iter().product();
+        if spec.input.iter().product::<usize>() != input_len {
+            return Err(Error::config(
+                "model",
+                format!(
+                    "`{}` takes inputs {:?}, the data has {input_shape:?}",
+                    config.model, spec.input
+                ),
+            ));
+        }
+        let normalize = match dtype {
+            DType::U8 => Some(Normalize::pixels(0.0, 1.0)),
+            DType::F32 if config.standardize => {
+                Some(standardization(&train, &config.input_feature)?)
+            }
+            DType::F32 => None,
+            other => {
+                return Err(Error::config(
+                    "input_feature",
+                    format!(
+                        "`{}` is {}; the trainer reads u8 or f32 inputs",
+                        config.input_feature,
+                        other.name()
+                    ),
+                ));
+            }
+        };
+
+        let replicas = config.replica_count();
+        let micro = config.micro_batch();
+        let micro_per_epoch = train.len() / (micro * replicas) as u64;
+        let steps_per_epoch = micro_per_epoch / config.grad_accum as u64;
+        if steps_per_epoch == 0 {
+            return Err(Error::config(
+                "global_batch",
+                format!("{} exceeds the {} training records", config.global_batch, train.len()),
+            ));
+        }
+        let total_steps = config.steps.unwrap_or(config.epochs.saturating_mul(steps_per_epoch));
+        let schedule = config.schedule_or_default(total_steps);
+        let resume = match resume {
+            None => None,
+            Some(checkpoint) => {
+                let state: ResumeState = serde_json::from_str(checkpoint.extra()).map_err(|e| {
+                    Error::run(&run_dir, format!("the checkpoint's run state is damaged: {e}"))
+                })?;
+                Some((checkpoint, state))
+            }
+        };
+        Ok(Self {
+            config,
+            run_dir,
+            spec,
+            input_len,
+            replicas,
+            micro,
+            steps_per_epoch,
+            total_steps,
+            schedule,
+            normalize,
+            resume,
+        })
+    }
+
+    /// The step the run starts from (0, or where the checkpoint was taken).
+    pub(crate) fn start_step(&self) -> u64 {
+        self.resume.as_ref().map_or(0, |(_, s)| s.step)
+    }
+
+    /// Parameters of the model.
+    pub(crate) fn spec_params(&self) -> Result<usize> {
+        let pool = dp_mem::Pool::new(&dp_mem::Tracker::disabled());
+        Ok(dp_model::Model::<f32>::new(&self.spec, &pool, dp_model::ModelOptions::new(1, 0))?
+            .params()
+            .len())
+    }
+
+    pub(crate) fn checkpoint_path(&self) -> PathBuf {
+        self.run_dir.join(crate::run_dir::CHECKPOINT)
+    }
+}
+
+fn dense_feature(dataset: &Dataset, name: &str, dir: &Path) -> Result<(Vec<usize>, DType)> {
+    let feature = dataset.schema().feature(name).ok_or_else(|| {
+        Error::config("input_feature", format!("`{name}` is not a feature of {}", dir.display()))
+    })?;
+    match &feature.kind {
+        Kind::Dense { shape } if !shape.is_empty() => Ok((shape.clone(), feature.dtype)),
+        _ => Err(Error::config(
+            "input_feature",
+            format!("`{name}` in {} is not a dense array", dir.display()),
+        )),
+    }
+}
+
+fn model_spec(model: &str, input: &[usize], classes: usize) -> Result<ModelSpec> {
+    let path = Path::new(model);
+    if path.extension().is_some_and(|e| e == "toml" || e == "json") {
+        Ok(ModelSpec::from_file(path)?)
+    } else {
+        Ok(ModelSpec::builtin(model, input, classes)?)
+    }
+}
+
+/// The largest label in the dataset (classes are `0..=largest`).
+fn largest_label(dataset: &Dataset, name: &str) -> Result<i64> {
+    let mut largest = i64::MIN;
+    for block in dataset.blocks() {
+        let block = block?;
+        let dtype = block.schema().feature(name).map(|f| f.dtype);
+        let labels: Vec<i64> = match dtype {
+            Some(DType::U8) => block.dense::<u8>(name)?.iter().map(|&v| i64::from(v)).collect(),
+            Some(DType::I32) => block.dense::<i32>(name)?.iter().map(|&v| i64::from(v)).collect(),
+            Some(DType::I64) => block.dense::<i64>(name)?.iter().copied().collect(),
+            _ => {
+                return Err(Error::config(
+                    "label_feature",
+                    format!("`{name}` must be u8, i32 or i64"),
+                ));
+            }
+        };
+        if let Some(&min) = labels.iter().min()
+            && min < 0
+        {
+            return Err(Error::config("label_feature", format!("label {min} is negative")));
+        }
+        largest = largest.max(labels.into_iter().max().unwrap_or(i64::MIN));
+    }
+    if largest < 1 {
+        return Err(Error::config("classes", "the training labels have fewer than 2 classes"));
+    }
+    Ok(largest)
+}
+
+/// Mean and standard deviation of an `f32` feature over its first ten million values or so
+/// (whole blocks), plenty for two numbers.
+fn standardization(dataset: &Dataset, name: &str) -> Result<Normalize> {
+    let (mut n, mut sum, mut squares) = (0f64, 0f64, 0f64);
+    for block in dataset.blocks() {
+        for &v in block?.dense::<f32>(name)?.iter() {
+            n += 1.0;
+            sum += f64::from(v);
+            squares += f64::from(v) * f64::from(v);
+        }
+        if n >= 1e7 {
+            break;
+        }
+    }
+    let mean = sum / n.max(1.0);
+    let std = (squares / n.max(1.0) - mean * mean).max(0.0).sqrt().max(1e-6);
+    Ok(Normalize { scale: 1.0, mean: mean as f32, std: std as f32 })
+}

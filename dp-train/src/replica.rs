@@ -1,0 +1,536 @@
+//! One replica: its data shard, its copy of the model, its share of the optimizer, and the
+//! step loop that keeps it in lockstep with the others. Generic over the communicator, so the
+//! same loop carries CPU threads today and GPU replicas later.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::time::Instant;
+
+use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, ReduceOp};
+use dp_data::{Pipeline, Transform};
+use dp_mem::{CountingAlloc, Pool, PoolBuf, Tag, Tracker};
+use dp_model::{
+    Adam, Checkpoint, Model, ModelOptions, Optimizer, PruneSchedule, Pruner, Recompute, Sgd,
+    Sparsity, StepOptions, Targets, clip_grad_norm,
+};
+use ndarray::ArrayView2;
+
+use crate::config::OptimizerConfig;
+use crate::error::{Error, Result};
+use crate::metrics::EvalMetrics;
+use crate::plan::{ResumeState, RunPlan};
+use crate::sync::{check_in_sync, gather_state, pipeline_config, slice_state};
+
+/// A failure to inject into one replica, to test that the run stops cleanly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The replica that fails.
+    pub rank: usize,
+    /// The step (counted from 0) at whose start it fails.
+    pub step: u64,
+    /// Panic (`true`) or return an error.
+    pub panic: bool,
+}
+
+/// Replica 0's report of one step, sent to the coordinating thread. Plain numbers, so sending
+/// it allocates nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepSample {
+    pub(crate) step: u64,
+    pub(crate) epoch: u64,
+    pub(crate) loss: f64,
+    pub(crate) accuracy: f64,
+    pub(crate) lr: f64,
+    pub(crate) step_s: f64,
+    pub(crate) data_wait_s: f64,
+    pub(crate) comm_exposed_s: f64,
+    pub(crate) memory: [u64; 7],
+}
+
+/// What replica 0 tells the coordinating thread.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Event {
+    Step(StepSample),
+    Eval(EvalMetrics),
+    Checkpoint { step: u64 },
+}
+
+/// What a replica reports when it ends.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReplicaReport {
+    /// Peak bytes by tag (`Tag::ALL` order): the model side's tracker, and the pipeline's
+    /// peak for `Data`.
+    pub(crate) peak: [u64; 7],
+    /// Parameters, gradients, optimizer state and saved activations, in bytes.
+    pub(crate) params: u64,
+    pub(crate) grads: u64,
+    pub(crate) opt_state: u64,
+    pub(crate) activations: u64,
+    /// Steps run in this process.
+    pub(crate) steps: u64,
+    /// The last step completed.
+    pub(crate) final_step: u64,
+    pub(crate) data_wait_s: f64,
+    pub(crate) comm_exposed_s: f64,
+    pub(crate) step_s: f64,
+    /// Allocation calls per steady step on this replica's thread and GEMM calls per step
+    /// (each allocates its packing buffer), when the counting allocator is installed.
+    pub(crate) allocs_per_step: Option<f64>,
+    pub(crate) gemms_per_step: u64,
+    pub(crate) interrupted: bool,
+}
+
+/// The gradient buffer the all-reduce works on, from the replica's pool (tag `Comm`).
+struct CommBuffer(PoolBuf<f32>);
+
+impl AsRef<[f32]> for CommBuffer {
+    fn as_ref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl AsMut<[f32]> for CommBuffer {
+    fn as_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+/// Steps excluded from the allocation count while everything warms up (first batches,
+/// pipeline cache fill, GEMM packing sizes).
+const WARMUP_STEPS: u64 = 3;
+
+pub(crate) struct Replica<C: Communicator> {
+    plan: Arc<RunPlan>,
+    rank: usize,
+    ctl: C,
+    tracker: Tracker,
+    model: Model<f32>,
+    reducer: BucketReducer<CommBuffer>,
+    optimizer: Box<dyn Optimizer<f32>>,
+    /// The parameters this replica's optimizer updates (all of them without ZeRO).
+    shard: Range<usize>,
+    /// ZeRO stage 1: this replica's updated shard, padded to the common shard size, and
+    /// where every replica's shard lands.
+    gather: Option<(PoolBuf<f32>, PoolBuf<f32>)>,
+    /// Where each gradient bucket ends, in the order backward finishes them.
+    bucket_ends: Vec<usize>,
+    pruner: Option<Pruner>,
+    train: Pipeline,
+    eval: Option<(Pipeline, Vec<i64>)>,
+    events: Option<SyncSender<Event>>,
+    stop: Arc<AtomicBool>,
+    fault: Option<Fault>,
+    /// The last step boundary at which parameters, optimizer state and data position agree:
+    /// what an emergency checkpoint saves.
+    consistent: ResumeState,
+    report: ReplicaReport,
+}
+
+impl<C: Communicator> Replica<C> {
+    pub(crate) fn new<G>(
+        plan: Arc<RunPlan>,
+        mut ctl: C,
+        grad_comm: G,
+        events: Option<SyncSender<Event>>,
+        stop: Arc<AtomicBool>,
+        fault: Option<Fault>,
+    ) -> Result<Self>
+    where
+        G: Communicator + Send + 'static,
+    {
+        let config = &plan.config;
+        let (rank, world) = (ctl.rank(), ctl.world_size());
+        let tracker = Tracker::new();
+        tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
+        let pool = Pool::new(&tracker);
+        let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+        let options =
+            ModelOptions::new(plan.micro, config.seed).replica(rank as u64).recompute(recompute);
+        let mut model = Model::<f32>::new(&plan.spec, &pool, options)?;
+        let len = model.params().len();
+
+        let shard = if config.zero_stage == 1 {
+            let size = len.div_ceil(world);
+            (rank * size).min(len)..((rank + 1) * size).min(len)
+        } else {
+            0..len
+        };
+        let mut optimizer: Box<dyn Optimizer<f32>> = match config.optimizer {
+            OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
+                Box::new(Sgd::new(shard.len(), momentum, nesterov, weight_decay, &pool)?)
+            }
+            OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => Box::new(
+                Adam::new(shard.len(), (beta1, beta2), eps, weight_decay, decoupled, &pool)?,
+            ),
+        };
+        let gather = match config.zero_stage {
+            1 => {
+                let size = len.div_ceil(world);
+                Some((
+                    pool.alloc_zeroed(size, Tag::Comm)?,
+                    pool.alloc_zeroed(size * world, Tag::Comm)?,
+                ))
+            }
+            _ => None,
+        };
+
+        // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0.
+        let train_config = pipeline_config(&plan, rank, world, true);
+        let transforms = || -> Vec<Box<dyn Transform>> {
+            plan.normalize.iter().map(|n| Box::new(*n) as Box<dyn Transform>).collect()
+        };
+        let train = match &plan.resume {
+            Some((checkpoint, state)) => {
+                checkpoint.restore(&mut model)?;
+                let saved = checkpoint.optimizers().first().ok_or_else(|| {
+                    Error::run(&plan.checkpoint_path(), "the checkpoint holds no optimizer state")
+                })?;
+                optimizer.load_state(&slice_state(saved, shard.clone()))?;
+                Pipeline::resume(&config.train_data, train_config, transforms(), &state.pipeline)?
+            }
+            None => {
+                ctl.broadcast(model.params_mut(), 0)?;
+                Pipeline::new(&config.train_data, train_config, transforms())?
+            }
+        };
+        let consistent = ResumeState { step: plan.start_step(), pipeline: train.state() };
+        check_in_sync(&mut ctl, model.params(), plan.start_step())?;
+
+        let pruner = match &config.prune {
+            None => None,
+            Some(p) => {
+                let scope = if p.global {
+                    Sparsity::Global(p.sparsity)
+                } else {
+                    Sparsity::PerLayer(p.sparsity)
+                };
+                let end = p.end.unwrap_or(plan.total_steps * 2 / 3).max(p.start);
+                let mut pruner = Pruner::new(
+                    model.layout(),
+                    scope,
+                    PruneSchedule { start: p.start, end, every: p.every.max(1) },
+                )?;
+                pruner.resume(model.params());
+                Some(pruner)
+            }
+        };
+        let eval = match &config.eval_data {
+            None => None,
+            Some(dir) => {
+                let pipeline =
+                    Pipeline::new(dir, pipeline_config(&plan, rank, world, false), transforms())?;
+                Some((pipeline, vec![0i64; plan.micro]))
+            }
+        };
+        let mut bucket = BucketConfig::default();
+        bucket.bucket_bytes = ((config.bucket_mib * (1 << 20) as f64) as usize).max(4);
+        // Losses are divided by the global batch, so summing gives the global mean.
+        bucket.op = ReduceOp::Sum;
+        // The model lays gradients out last layer first: backward finishes them from the
+        // front of the buffer.
+        bucket.order = BucketOrder::FirstFirst;
+        bucket.compression = config.compression()?;
+        let reducer =
+            BucketReducer::new(CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?), grad_comm, bucket)?;
+        let bucket_ends =
+            (0..reducer.buckets()).filter_map(|b| reducer.bucket_range(b)).map(|r| r.end).collect();
+        let report = ReplicaReport {
+            gemms_per_step: (model.gemm_shapes(plan.micro).len() * config.grad_accum) as u64,
+            ..ReplicaReport::default()
+        };
+        Ok(Self {
+            rank,
+            ctl,
+            tracker,
+            model,
+            reducer,
+            optimizer,
+            shard,
+            gather,
+            bucket_ends,
+            pruner,
+            train,
+            eval,
+            events,
+            stop,
+            fault,
+            consistent,
+            report,
+            plan,
+        })
+    }
+
+    /// Runs to the last step (or until stopped), then reports.
+    pub(crate) fn run(mut self) -> Result<ReplicaReport> {
+        match self.steps() {
+            Ok(()) => Ok(self.finish()),
+            Err(error) => {
+                self.emergency_checkpoint();
+                Err(error)
+            }
+        }
+    }
+
+    fn steps(&mut self) -> Result<()> {
+        let counting = CountingAlloc::is_installed();
+        let (mut allocs, mut counted) = (0u64, 0u64);
+        let plan = Arc::clone(&self.plan);
+        let start = plan.start_step();
+        for step in start..plan.total_steps {
+            if let Some(fault) = self.fault
+                && fault.rank == self.rank
+                && fault.step == step
+            {
+                if fault.panic {
+                    panic!("injected fault at step {step}");
+                }
+                return Err(Error::run(&plan.run_dir, format!("injected fault at step {step}")));
+            }
+            let before = CountingAlloc::thread_counts();
+            let stop = self.step(step)?;
+            if counting && step >= start + WARMUP_STEPS {
+                allocs += CountingAlloc::thread_counts().calls() - before.calls();
+                counted += 1;
+            }
+            let done = step + 1;
+            let epoch_end = done.is_multiple_of(plan.steps_per_epoch);
+            let last = done == plan.total_steps;
+            let eval_due = match plan.config.eval_every {
+                0 => epoch_end || last,
+                every => done.is_multiple_of(every) || last,
+            };
+            if eval_due && self.eval.is_some() {
+                self.evaluate(done)?;
+            }
+            if done.is_multiple_of(plan.config.checksum_every) {
+                check_in_sync(&mut self.ctl, self.model.params(), done)?;
+            }
+            let checkpoint_due = match plan.config.checkpoint_every {
+                0 => epoch_end || last,
+                every => done.is_multiple_of(every) || last,
+            };
+            if checkpoint_due || stop {
+                self.checkpoint(done)?;
+            }
+            if stop {
+                self.report.interrupted = true;
+                break;
+            }
+        }
+        if counted > 0 {
+            self.report.allocs_per_step = Some(allocs as f64 / counted as f64);
+        }
+        Ok(())
+    }
+
+    /// One optimizer step; returns whether the run was asked to stop after it.
+    fn step(&mut self, step: u64) -> Result<bool> {
+        let plan = Arc::clone(&self.plan);
+        let config = &plan.config;
+        let started = Instant::now();
+        let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
+        // Loss sum, correct, samples, stop request: one small all-reduce per step.
+        let mut totals = [0f64; 4];
+        let mut epoch = 0;
+        for micro in 0..config.grad_accum {
+            let waiting = Instant::now();
+            let batch = self.train.next_batch()?;
+            data_wait += waiting.elapsed().as_secs_f64();
+            epoch = batch.epoch();
+            let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
+                .map_err(|e| Error::run(&config.train_data, format!("batch shape: {e}")))?;
+            let y = batch.y();
+            let labels = y
+                .as_slice()
+                .ok_or_else(|| Error::run(&config.train_data, "labels are not contiguous"))?;
+            let options = StepOptions {
+                step: step * config.grad_accum as u64 + micro as u64,
+                denominator: Some(config.global_batch),
+                accumulate: micro > 0,
+            };
+            let loss = if micro + 1 < config.grad_accum {
+                self.model.forward_backward(x, Targets::Classes(labels), &options)?
+            } else {
+                // The last micro-batch hands each finished gradient bucket to the
+                // communication thread while backward goes on.
+                let mut reduce = self.reducer.begin()?;
+                let bucket_ends = &self.bucket_ends;
+                let (mut copied, mut next_bucket, mut failed) = (0usize, 0usize, None);
+                let loss = self.model.forward_backward_with(
+                    x,
+                    Targets::Classes(labels),
+                    &options,
+                    &mut |done: &[f32]| {
+                        if failed.is_some() {
+                            return;
+                        }
+                        let result = reduce
+                            .slice_mut(copied..done.len())
+                            .map(|dst| dst.copy_from_slice(&done[copied..]));
+                        copied = done.len();
+                        let result = result.and_then(|()| {
+                            while next_bucket < bucket_ends.len()
+                                && bucket_ends[next_bucket] <= copied
+                            {
+                                reduce.mark_ready(next_bucket)?;
+                                next_bucket += 1;
+                            }
+                            Ok(())
+                        });
+                        failed = result.err();
+                    },
+                );
+                let backward_done = Instant::now();
+                if let Some(error) = failed {
+                    return Err(error.into());
+                }
+                let loss = loss?;
+                reduce.wait()?;
+                comm_exposed = backward_done.elapsed().as_secs_f64();
+                loss
+            };
+            totals[0] += loss.loss_sum;
+            totals[1] += loss.correct as f64;
+            totals[2] += loss.samples as f64;
+        }
+        totals[3] = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
+        self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
+
+        let lr = plan.schedule.lr(step);
+        let grads = self.reducer.buffer_mut();
+        if let Some(max) = config.clip_grad_norm {
+            clip_grad_norm(grads, max);
+        }
+        let params = self.model.params_mut();
+        self.optimizer.step(&mut params[self.shard.clone()], &grads[self.shard.clone()], lr)?;
+        if let Some((own, all)) = &mut self.gather {
+            own.fill(0.0);
+            own[..self.shard.len()].copy_from_slice(&params[self.shard.clone()]);
+            self.ctl.all_gather(own, all)?;
+            let len = params.len();
+            params.copy_from_slice(&all[..len]);
+        }
+        if let Some(pruner) = &mut self.pruner {
+            pruner.update(step, self.model.params_mut());
+        }
+        self.consistent = ResumeState { step: step + 1, pipeline: self.train.state() };
+
+        let step_s = started.elapsed().as_secs_f64();
+        self.report.steps += 1;
+        self.report.final_step = step + 1;
+        self.report.data_wait_s += data_wait;
+        self.report.comm_exposed_s += comm_exposed;
+        self.report.step_s += step_s;
+        if let Some(events) = &self.events {
+            let mut memory = [0u64; 7];
+            for (slot, tag) in memory.iter_mut().zip(Tag::ALL) {
+                *slot = self.tracker.tag_in_use(tag).0;
+            }
+            memory[Tag::ALL.iter().position(|&t| t == Tag::Data).expect("Data is a tag")] =
+                self.train.tracker().held().0;
+            let sample = StepSample {
+                step: step + 1,
+                epoch,
+                loss: totals[0] / totals[2].max(1.0),
+                accuracy: totals[1] / totals[2].max(1.0),
+                lr,
+                step_s,
+                data_wait_s: data_wait,
+                comm_exposed_s: comm_exposed,
+                memory,
+            };
+            // A coordinator that has gone away only loses the progress display.
+            let _ = events.send(Event::Step(sample));
+        }
+        Ok(totals[3] > 0.0)
+    }
+
+    /// One pass over the evaluation data, shared out among the replicas.
+    fn evaluate(&mut self, step: u64) -> Result<()> {
+        let Some((pipeline, labels)) = &mut self.eval else { return Ok(()) };
+        let mut totals = [0f64; 3];
+        for _ in 0..pipeline.batches_per_epoch() {
+            let batch = pipeline.next_batch()?;
+            let n = batch.len();
+            let y = batch.y();
+            for (dst, &src) in labels.iter_mut().zip(y.iter()) {
+                *dst = src;
+            }
+            // Records repeated to fill the last batch count once only: their labels are
+            // marked ignored.
+            labels[n - batch.padded()..n].fill(-1);
+            let x = ArrayView2::from_shape((n, self.plan.input_len), batch.x_flat())
+                .map_err(|e| Error::run(&self.plan.run_dir, format!("eval batch shape: {e}")))?;
+            let loss = self.model.evaluate(x, Targets::Classes(&labels[..n]))?;
+            totals[0] += loss.loss_sum;
+            totals[1] += loss.correct as f64;
+            totals[2] += loss.samples as f64;
+        }
+        self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
+        if let Some(events) = &self.events {
+            let samples = totals[2].max(1.0);
+            let eval = EvalMetrics {
+                step,
+                epoch: step / self.plan.steps_per_epoch,
+                eval_loss: totals[0] / samples,
+                eval_accuracy: totals[1] / samples,
+            };
+            let _ = events.send(Event::Eval(eval));
+        }
+        Ok(())
+    }
+
+    /// Saves parameters, the whole optimizer state (gathered from the shards under ZeRO)
+    /// and the data position; replica 0 writes it.
+    fn checkpoint(&mut self, step: u64) -> Result<()> {
+        let state = self.optimizer.state();
+        let full = if self.gather.is_some() {
+            gather_state(&mut self.ctl, &state, self.model.params().len())?
+        } else {
+            state
+        };
+        if self.rank == 0 {
+            let extra =
+                serde_json::to_string(&self.consistent).expect("the run state always serializes");
+            Checkpoint::capture(&self.model)
+                .with_optimizer(full)
+                .with_extra(extra)
+                .save(&self.plan.checkpoint_path())?;
+            if let Some(events) = &self.events {
+                let _ = events.send(Event::Checkpoint { step });
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failure elsewhere, replica 0 still holds the last consistent step (without
+    /// ZeRO, where it has the whole optimizer state): save it so the run can resume.
+    fn emergency_checkpoint(&mut self) {
+        if self.rank != 0 || self.gather.is_some() || self.consistent.step <= self.plan.start_step()
+        {
+            return;
+        }
+        let extra =
+            serde_json::to_string(&self.consistent).expect("the run state always serializes");
+        let _ = Checkpoint::capture(&self.model)
+            .with_optimizer(self.optimizer.state())
+            .with_extra(extra)
+            .save(&self.plan.checkpoint_path());
+    }
+
+    fn finish(mut self) -> ReplicaReport {
+        for (slot, tag) in self.report.peak.iter_mut().zip(Tag::ALL) {
+            *slot = self.tracker.tag_in_use(tag).1;
+        }
+        let data = Tag::ALL.iter().position(|&t| t == Tag::Data).expect("Data is a tag");
+        self.report.peak[data] = self.train.tracker().held().1;
+        let memory = self.model.memory();
+        self.report.params = memory.params;
+        self.report.grads = memory.grads;
+        self.report.activations = memory.saved_activations + memory.workspace;
+        self.report.opt_state = self.optimizer.state_bytes();
+        self.report
+    }
+}

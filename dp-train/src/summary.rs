@@ -1,0 +1,121 @@
+//! The end-of-run summary: how fast, how accurate, and where the memory went against the
+//! least it could have been.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use dp_mem::{ByteSize, Tag};
+use serde::{Deserialize, Serialize};
+
+/// `summary.json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The run directory's name.
+    pub name: String,
+    /// The model's name and parameter count.
+    pub model: String,
+    /// Parameters.
+    pub params: u64,
+    /// Replicas (threads).
+    pub replicas: usize,
+    /// Samples per optimizer step.
+    pub global_batch: usize,
+    /// Optimizer steps completed.
+    pub steps: u64,
+    /// Epochs completed (fractional).
+    pub epochs: f64,
+    /// Final evaluation accuracy, a fraction in [0, 1] (absent without eval data).
+    pub eval_accuracy: Option<f64>,
+    /// Final evaluation loss.
+    pub eval_loss: Option<f64>,
+    /// Mean training loss of the last 10% of steps.
+    pub train_loss: f64,
+    /// Training samples per second over the steps (excluding evaluation and checkpoints).
+    pub samples_per_s: f64,
+    /// Wall-clock seconds of the run, setup included.
+    pub wall_s: f64,
+    /// Share of step time replica 0 spent waiting for data.
+    pub data_wait_share: f64,
+    /// Share of step time replica 0 spent waiting for gradients after backward.
+    pub comm_exposed_share: f64,
+    /// Peak bytes by tag on replica 0 (`Data` is its pipeline's).
+    pub peak_memory: BTreeMap<String, u64>,
+    /// Sum of the peaks above.
+    pub peak_total: u64,
+    /// The least one replica needs: parameters + gradients + optimizer state + activations +
+    /// the pipeline budget.
+    pub theoretical_min: u64,
+    /// `peak_total / theoretical_min`.
+    pub memory_ratio: f64,
+    /// Optimizer state bytes per replica (1/replicas of the whole with ZeRO stage 1).
+    pub opt_state_per_replica: u64,
+    /// Allocation calls per steady step on a replica's thread (with the counting allocator).
+    pub allocs_per_step: Option<f64>,
+    /// Of those, the GEMM backend's packing buffers (one per GEMM call).
+    pub gemm_allocs_per_step: u64,
+    /// Whether the run was stopped early (Ctrl-C).
+    pub interrupted: bool,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pct = |v: f64| format!("{:.1}%", v * 100.0);
+        writeln!(f, "run            {}", self.name)?;
+        writeln!(f, "model          {} ({} parameters)", self.model, self.params)?;
+        writeln!(
+            f,
+            "replicas       {} x batch {} (global {})",
+            self.replicas,
+            self.global_batch / self.replicas.max(1),
+            self.global_batch
+        )?;
+        writeln!(
+            f,
+            "steps          {} ({:.2} epochs){}",
+            self.steps,
+            self.epochs,
+            if self.interrupted { ", interrupted" } else { "" }
+        )?;
+        match (self.eval_accuracy, self.eval_loss) {
+            (Some(acc), Some(loss)) => {
+                writeln!(f, "eval           accuracy {}  loss {loss:.4}", pct(acc))?
+            }
+            _ => writeln!(f, "eval           (no eval data)")?,
+        }
+        writeln!(f, "train loss     {:.4} (last 10% of steps)", self.train_loss)?;
+        writeln!(
+            f,
+            "throughput     {:.0} samples/s  wall {:.1} s",
+            self.samples_per_s, self.wall_s
+        )?;
+        writeln!(
+            f,
+            "step time      data wait {}  exposed comm {}",
+            pct(self.data_wait_share),
+            pct(self.comm_exposed_share)
+        )?;
+        writeln!(f, "memory (replica 0, peak by tag):")?;
+        for tag in Tag::ALL {
+            if let Some(&bytes) = self.peak_memory.get(tag.name()) {
+                writeln!(f, "  {:<10} {:>12}", tag.name(), ByteSize(bytes).to_string())?;
+            }
+        }
+        writeln!(
+            f,
+            "  {:<10} {:>12}   theoretical minimum {} ({:.2}x)",
+            "total",
+            ByteSize(self.peak_total).to_string(),
+            ByteSize(self.theoretical_min),
+            self.memory_ratio
+        )?;
+        if let Some(allocs) = self.allocs_per_step {
+            writeln!(
+                f,
+                "allocations    {allocs:.1} per step ({} GEMM packing buffers, {:.1} from the workspace)",
+                self.gemm_allocs_per_step,
+                allocs - self.gemm_allocs_per_step as f64
+            )?;
+        }
+        Ok(())
+    }
+}

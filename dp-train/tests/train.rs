@@ -1,0 +1,254 @@
+//! The trainer's guarantees: N replicas compute what one does, a resumed run continues
+//! exactly, and a failing replica stops the run with its name and without hanging.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use dp_mem::{Pool, Tracker};
+use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
+use dp_train::{
+    Error, MetricsRecord, Observer, OptimizerConfig, RunOptions, StepMetrics, TrainConfig,
+    read_metrics, train,
+};
+
+/// A scratch directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("dp-train-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A small copy of the built-in digits, generated once for the whole test binary.
+fn digits() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("dp-train-digits-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let spec = dp_data::SyntheticDigits { records: 2048, eval_records: 512, seed: 3 };
+        dp_data::generate_digits(&dir, &spec, dp_data::WriterOptions::default()).unwrap();
+        dir
+    })
+}
+
+fn config(replicas: usize, steps: u64) -> TrainConfig {
+    TrainConfig {
+        train_data: digits().join("train"),
+        eval_data: Some(digits().join("eval")),
+        model: "mlp:32".into(),
+        replicas,
+        global_batch: 64,
+        steps: Some(steps),
+        shuffle_window: 2,
+        timeout_s: 10.0,
+        ..TrainConfig::default()
+    }
+}
+
+/// The parameters a run ended with, from its checkpoint.
+fn final_params(run_dir: &Path) -> Vec<f32> {
+    let spec = ModelSpec::mlp(784, &[32], 10);
+    let pool = Pool::new(&Tracker::new());
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
+    Checkpoint::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
+    model.params().to_vec()
+}
+
+fn run_dir(out: &Path) -> PathBuf {
+    let mut dirs: Vec<PathBuf> =
+        std::fs::read_dir(out).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    dirs.pop().expect("a run directory")
+}
+
+fn train_losses(run_dir: &Path) -> Vec<(u64, f64)> {
+    read_metrics(&run_dir.join(dp_train::METRICS))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            MetricsRecord::Train(m) => Some((m.step, m.loss)),
+            MetricsRecord::Eval(_) => None,
+        })
+        .collect()
+}
+
+/// Largest difference relative to the parameters' scale (their largest magnitude): f32
+/// sums taken in another order differ in the last bits, which this measures.
+fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x - y).abs() / scale).fold(0.0, f64::max)
+}
+
+#[test]
+fn n_replicas_match_one_replica_with_the_same_global_batch() {
+    let adam = OptimizerConfig::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+    };
+    let sgd = OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
+    for (name, optimizer, zero) in [
+        ("sgd", sgd.clone(), 0),
+        ("adam", adam.clone(), 0),
+        ("sgd-zero1", sgd, 1),
+        ("adam-zero1", adam, 1),
+    ] {
+        let mut finals: Vec<(Vec<f32>, u64)> = Vec::new();
+        for replicas in [1, 2, 4] {
+            let out = TempDir::new(&format!("equiv-{name}-{replicas}"));
+            let mut c = config(replicas, 6);
+            c.optimizer = optimizer.clone();
+            c.zero_stage = zero;
+            c.eval_data = None;
+            let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+            assert_eq!(summary.steps, 6);
+            if zero == 1 && replicas > 1 {
+                let whole = finals[0].1;
+                let share = summary.opt_state_per_replica as f64 / whole as f64;
+                assert!(
+                    (share - 1.0 / replicas as f64).abs() < 0.05 / replicas as f64,
+                    "{name}: {share}"
+                );
+            }
+            finals.push((final_params(&run_dir(&out.0)), summary.opt_state_per_replica));
+        }
+        for (i, replicas) in [2, 4].iter().enumerate() {
+            let diff = max_relative_difference(&finals[i + 1].0, &finals[0].0);
+            println!("{name}: {replicas} replicas vs 1: max relative difference {diff:e}");
+            assert!(diff <= 1e-5, "{name}: {replicas} replicas differ from 1 by {diff}");
+        }
+    }
+}
+
+/// Sets the stop flag once a step has been seen, as a Ctrl-C handler would.
+struct StopAfter {
+    step: u64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Observer for StopAfter {
+    fn step(&mut self, metrics: &StepMetrics) {
+        if metrics.step >= self.step {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[test]
+fn a_resumed_run_continues_exactly() {
+    let out = TempDir::new("resume");
+    let whole = out.0.join("whole");
+    let summary = train(config(2, 12), &RunOptions::new(&whole), &mut ()).unwrap();
+    assert!(!summary.interrupted);
+    let uninterrupted = train_losses(&run_dir(&whole));
+    assert_eq!(uninterrupted.len(), 12);
+
+    let parts = out.0.join("parts");
+    let options = RunOptions::new(&parts);
+    let mut stopper = StopAfter { step: 4, stop: Arc::clone(&options.stop) };
+    let stopped = train(config(2, 12), &options, &mut stopper).unwrap();
+    assert!(stopped.interrupted);
+    assert!(stopped.steps >= 4 && stopped.steps < 12, "stopped after {}", stopped.steps);
+    let dir = run_dir(&parts);
+    // A checkpoint write killed half way leaves a temporary file; it must not matter.
+    std::fs::write(dir.join("checkpoint.tmp"), b"torn").unwrap();
+
+    let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(&parts) };
+    let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
+    assert_eq!(resumed.steps, 12);
+    let losses = train_losses(&dir);
+    assert_eq!(losses.len(), 12, "every step once: {losses:?}");
+    for ((step, a), (_, b)) in losses.iter().zip(&uninterrupted) {
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "step {step}: loss {a} after resume, {b} uninterrupted"
+        );
+    }
+    assert_eq!(final_params(&dir), final_params(&run_dir(&whole)));
+}
+
+#[test]
+fn a_failing_replica_stops_the_run_naming_it() {
+    for panic in [true, false] {
+        let out = TempDir::new(&format!("fault-{panic}"));
+        let mut c = config(2, 20);
+        c.timeout_s = 2.0;
+        let options = RunOptions {
+            fault: Some(dp_train::Fault { rank: 1, step: 5, panic }),
+            ..RunOptions::new(&out.0)
+        };
+        let started = Instant::now();
+        let error = train(c, &options, &mut ()).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
+        let Error::Replica { rank, what } = &error else { panic!("unexpected error {error}") };
+        assert_eq!(*rank, 1, "{error}");
+        assert!(what.contains("injected fault at step 5"), "{error}");
+        assert_eq!(what.contains("panicked"), panic, "{error}");
+
+        // Replica 0 saved the last consistent step, and the run resumes from it.
+        let dir = run_dir(&out.0);
+        let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(&out.0) };
+        let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
+        assert_eq!(resumed.steps, 20);
+        assert_eq!(train_losses(&dir).len(), 20);
+    }
+}
+
+#[test]
+fn bad_configs_fail_before_anything_starts() {
+    let out = TempDir::new("bad");
+    let cases: Vec<(&str, TrainConfig)> = vec![
+        ("global_batch", TrainConfig { global_batch: 63, ..config(2, 1) }),
+        ("zero_stage", TrainConfig { zero_stage: 3, ..config(1, 1) }),
+        ("input_feature", TrainConfig { input_feature: "pixels".into(), ..config(1, 1) }),
+        ("model", TrainConfig { model: "resnet".into(), ..config(1, 1) }),
+        ("compression", TrainConfig { compression: "zip".into(), ..config(1, 1) }),
+        ("global_batch", TrainConfig { global_batch: 4096, ..config(1, 1) }),
+    ];
+    for (field, c) in cases {
+        let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+        assert!(error.contains(field), "expected an error about {field}: {error}");
+    }
+    let missing = TrainConfig { train_data: out.0.join("nothing"), ..config(1, 1) };
+    let error = train(missing, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+    assert!(error.contains("nothing"), "{error}");
+    assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 0, "no run directory for a bad config");
+}
+
+#[test]
+fn the_run_directory_holds_config_metrics_summary_and_checkpoint() {
+    let out = TempDir::new("outputs");
+    let summary = train(config(2, 32), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let dir = run_dir(&out.0);
+    for file in [dp_train::CONFIG, dp_train::METRICS, dp_train::SUMMARY, dp_train::CHECKPOINT] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(dp_train::SUMMARY)).unwrap()).unwrap();
+    for key in
+        ["eval_accuracy", "eval_loss", "samples_per_s", "wall_s", "peak_memory", "theoretical_min"]
+    {
+        assert!(json.get(key).is_some(), "summary.json lacks {key}");
+    }
+    let accuracy = summary.eval_accuracy.unwrap();
+    assert!((0.0..=1.0).contains(&accuracy));
+    assert!(accuracy > 0.5, "32 steps should learn something: {accuracy}");
+    let saved = TrainConfig::load(&dir.join(dp_train::CONFIG)).unwrap();
+    assert_eq!(saved.replicas, 2);
+    assert_eq!(train_losses(&dir).len(), 32);
+}

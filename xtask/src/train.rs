@@ -1,0 +1,302 @@
+//! `cargo xtask train`: the main job. With no arguments it trains the default model on the
+//! built-in synthetic digits (generated on first use) with one replica per core.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use dp_train::{
+    EvalMetrics, Observer, OptimizerConfig, PruneConfig, RunInfo, RunOptions, StepMetrics,
+    TrainConfig,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Options of `cargo xtask train`; each overrides the config file (or the default job).
+#[derive(Args, Debug, Default)]
+pub(crate) struct TrainArgs {
+    /// A TOML config file (see `dp-train/README.md`); options below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Training dataset directory (default: the built-in digits, generated if missing).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Evaluation dataset directory.
+    #[arg(long)]
+    eval_data: Option<PathBuf>,
+    /// The input feature's name.
+    #[arg(long)]
+    input: Option<String>,
+    /// The label feature's name.
+    #[arg(long)]
+    label: Option<String>,
+    /// Model: mlp, mlp:W1,W2,..., lenet, or a .toml/.json spec file.
+    #[arg(long)]
+    model: Option<String>,
+    /// Passes over the training data.
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Optimizer steps (overrides --epochs).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Replicas (default: one per core).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Samples per step over all replicas.
+    #[arg(long)]
+    global_batch: Option<usize>,
+    /// Micro-batches accumulated per step.
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    /// sgd or adam.
+    #[arg(long)]
+    optimizer: Option<String>,
+    /// Peak learning rate (warmup then cosine).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Clip the global gradient norm.
+    #[arg(long)]
+    clip: Option<f64>,
+    /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
+    #[arg(long)]
+    zero: Option<u8>,
+    /// Activation recomputation.
+    #[arg(long)]
+    recompute: bool,
+    /// Prune to this fraction of weights (gradually, over the first two thirds).
+    #[arg(long)]
+    prune: Option<f64>,
+    /// Gradient compression: none, bf16 or int8.
+    #[arg(long)]
+    compression: Option<String>,
+    /// Standardize f32 inputs.
+    #[arg(long)]
+    standardize: bool,
+    /// Seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run name (the directory under --out).
+    #[arg(long)]
+    name: Option<String>,
+    /// Where run directories go (default: runs/).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue a stopped run from its directory's checkpoint.
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
+    /// Skip the plots at the end.
+    #[arg(long)]
+    no_plot: bool,
+}
+
+pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
+    let mut config = match &args.config {
+        Some(path) => TrainConfig::load(path)?,
+        None => TrainConfig {
+            train_data: root.join("data/digits/train"),
+            eval_data: Some(root.join("data/digits/eval")),
+            ..TrainConfig::default()
+        },
+    };
+    apply(&mut config, &args)?;
+    if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
+        ensure_digits(&root.join("data/digits"))?;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::Relaxed) {
+            // A second Ctrl-C does not wait for the checkpoint.
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\nstopping after this step (a checkpoint will be saved; Ctrl-C again to quit now)"
+        );
+    })
+    .context("install the Ctrl-C handler")?;
+
+    let options = RunOptions {
+        out: args.out.clone().unwrap_or_else(|| root.join("runs")),
+        resume: args.resume.as_deref().map(dp_train::resolve_run_dir),
+        stop,
+        fault: None,
+    };
+    let mut progress = Progress::default();
+    let summary = dp_train::train(config, &options, &mut progress)?;
+    progress.finish();
+    let run_dir = progress.run_dir.clone().unwrap_or_default();
+    println!("\n{summary}");
+    if !args.no_plot {
+        for path in plot_run(&run_dir)? {
+            println!("plot           {}", path.display());
+        }
+    }
+    println!("run directory  {}", run_dir.display());
+    if summary.interrupted {
+        println!("interrupted; continue with: cargo xtask train --resume {}", run_dir.display());
+        return Ok(ExitCode::from(130));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
+    if let Some(v) = &args.data {
+        config.train_data = v.clone();
+        if args.eval_data.is_none() {
+            config.eval_data = None;
+        }
+    }
+    if let Some(v) = &args.eval_data {
+        config.eval_data = Some(v.clone());
+    }
+    set(&mut config.input_feature, args.input.clone());
+    set(&mut config.label_feature, args.label.clone());
+    set(&mut config.model, args.model.clone());
+    set(&mut config.epochs, args.epochs);
+    set(&mut config.replicas, args.replicas);
+    set(&mut config.global_batch, args.global_batch);
+    set(&mut config.grad_accum, args.grad_accum);
+    set(&mut config.zero_stage, args.zero);
+    set(&mut config.seed, args.seed);
+    set(&mut config.compression, args.compression.clone());
+    if args.steps.is_some() {
+        config.steps = args.steps;
+    }
+    if args.clip.is_some() {
+        config.clip_grad_norm = args.clip;
+    }
+    if args.name.is_some() {
+        config.name = args.name.clone();
+    }
+    config.recompute |= args.recompute;
+    config.standardize |= args.standardize;
+    match args.optimizer.as_deref() {
+        Some("adam") => {
+            config.optimizer = OptimizerConfig::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                decoupled: false,
+            }
+        }
+        Some("adamw") => {
+            config.optimizer = OptimizerConfig::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+                decoupled: true,
+            }
+        }
+        Some("sgd") => {
+            config.optimizer =
+                OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.0 }
+        }
+        Some(other) => bail!("unknown optimizer `{other}` (expected sgd, adam or adamw)"),
+        None => {}
+    }
+    if args.lr.is_some() {
+        config.lr = args.lr;
+    }
+    if let Some(sparsity) = args.prune {
+        config.prune = Some(PruneConfig { sparsity, global: true, start: 0, end: None, every: 50 });
+    }
+    Ok(())
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *field = v;
+    }
+}
+
+/// Generates the built-in digits (60,000 training and 10,000 evaluation records) if absent.
+fn ensure_digits(dir: &Path) -> Result<()> {
+    if dir.join("train").join(dp_data::MANIFEST_FILE).exists()
+        && dir.join("eval").join(dp_data::MANIFEST_FILE).exists()
+    {
+        return Ok(());
+    }
+    println!("generating the built-in digits dataset in {} ...", dir.display());
+    let spec = dp_data::SyntheticDigits::default();
+    let (train, eval) = dp_data::generate_digits(dir, &spec, dp_data::WriterOptions::default())
+        .with_context(|| format!("generate the built-in dataset in {}", dir.display()))?;
+    println!("  train {} records, eval {} records", train.records, eval.records);
+    Ok(())
+}
+
+/// A progress bar on replica 0's steps, with evaluations printed above it.
+#[derive(Default)]
+struct Progress {
+    bar: Option<ProgressBar>,
+    run_dir: Option<PathBuf>,
+    steps_per_epoch: u64,
+}
+
+impl Observer for Progress {
+    fn started(&mut self, run: &RunInfo) {
+        println!(
+            "training {} ({} parameters) on {} replicas, {} steps -> {}",
+            run.model,
+            run.params,
+            run.replicas,
+            run.total_steps - run.start_step,
+            run.run_dir.display()
+        );
+        let bar = ProgressBar::new(run.total_steps);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+            )
+            .expect("a valid template"),
+        );
+        bar.set_position(run.start_step);
+        self.bar = Some(bar);
+        self.run_dir = Some(run.run_dir.clone());
+        self.steps_per_epoch = run.steps_per_epoch;
+    }
+
+    fn step(&mut self, m: &StepMetrics) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(m.step);
+            bar.set_message(format!(
+                "epoch {} loss {:.4} acc {:.3} {:.0} samples/s",
+                m.epoch + 1,
+                m.loss,
+                m.accuracy,
+                m.samples_per_s
+            ));
+        }
+    }
+
+    fn eval(&mut self, m: &EvalMetrics) {
+        let line = format!(
+            "step {:>6}  epoch {:>5.2}  eval accuracy {:.4}  eval loss {:.4}",
+            m.step,
+            m.step as f64 / self.steps_per_epoch.max(1) as f64,
+            m.eval_accuracy,
+            m.eval_loss
+        );
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => println!("{line}"),
+        }
+    }
+}
+
+impl Progress {
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
+
+/// Placeholder until plotting lands.
+fn plot_run(_dir: &Path) -> Result<Vec<PathBuf>> {
+    Ok(Vec::new())
+}
