@@ -2,6 +2,7 @@
 
 mod config;
 mod error;
+mod measure;
 mod metrics;
 mod plan;
 mod replica;
@@ -12,6 +13,7 @@ mod trainer;
 
 pub use config::{OptimizerConfig, PruneConfig, TrainConfig};
 pub use error::{Error, Result};
+pub use measure::{ScalingReport, measure_scaling};
 pub use metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, read_metrics};
 pub use replica::Fault;
 pub use run_dir::{CHECKPOINT, CONFIG, METRICS, SUMMARY};

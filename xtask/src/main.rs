@@ -32,7 +32,7 @@ enum Cmd {
     /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead.
     Bench {
         /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
-        /// omitted; `comm` for the all-reduce table.
+        /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling.
         #[arg(value_name = "CRATE")]
         krate: Option<String>,
         /// Only benchmarks whose name contains this text (passed to criterion).
@@ -54,6 +54,7 @@ fn main() -> Result<ExitCode> {
     match cli.command {
         Cmd::Ci => run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root)),
         Cmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => bench::comm(),
+        Cmd::Bench { krate, .. } if krate.as_deref() == Some("train") => train::bench(&root),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
         Cmd::Data { command } => return data::run(command),
         Cmd::Train(args) => return train::run(&root, *args),

@@ -300,3 +300,74 @@ impl Progress {
 fn plot_run(_dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(Vec::new())
 }
+
+/// `cargo xtask bench train`: one replica against one per core on the default job, with the
+/// targets.
+pub(crate) fn bench(root: &Path) -> Result<()> {
+    ensure_digits(&root.join("data/digits"))?;
+    let replicas = std::thread::available_parallelism().map_or(1, |n| n.get()).max(2);
+    let base = TrainConfig {
+        train_data: root.join("data/digits/train"),
+        eval_data: None,
+        steps: Some(470),
+        ..TrainConfig::default()
+    };
+    let out = std::env::temp_dir().join(format!("dp-bench-train-{}", std::process::id()));
+    println!(
+        "MLP 784-512-256-10, global batch 256, 470 steps (2 epochs of 60,000), medians of 3 alternating runs"
+    );
+    let report = dp_train::measure_scaling(&base, &out, replicas, 3);
+    let _ = std::fs::remove_dir_all(&out);
+    let report = report?;
+    let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
+    let (one, many) = (&report.one, &report.many);
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>14} {:>10}",
+        "", "samples/s", "data wait", "exposed comm", "peak / minimum", "allocs/step"
+    );
+    for (name, s) in [
+        ("1 replica".to_string(), one),
+        (format!("{replicas} replicas"), many),
+        (format!("{replicas} replicas, ZeRO-1"), &report.zero1),
+    ] {
+        println!(
+            "{name:<24} {:>12.0} {:>11.1}% {:>11.1}% {:>14.2} {:>10}",
+            s.samples_per_s,
+            s.data_wait_share * 100.0,
+            s.comm_exposed_share * 100.0,
+            s.memory_ratio,
+            s.allocs_per_step
+                .map_or("-".into(), |a| format!("{:.1}", a - s.gemm_allocs_per_step as f64)),
+        );
+    }
+    let efficiency = report.efficiency();
+    println!("scaling efficiency {efficiency:.3}  >= 0.85 {}", verdict(efficiency >= 0.85));
+    println!(
+        "{replicas} replicas: {:.0} samples/s  >= 33,000 (1.3x PyTorch 2 threads, 2x DDP) {}",
+        many.samples_per_s,
+        verdict(many.samples_per_s >= 33_000.0)
+    );
+    println!(
+        "data-wait share {:.1}%  <= 5% {}",
+        many.data_wait_share * 100.0,
+        verdict(many.data_wait_share <= 0.05)
+    );
+    println!(
+        "peak memory / theoretical minimum {:.2}  <= 1.25 {}",
+        many.memory_ratio,
+        verdict(many.memory_ratio <= 1.25)
+    );
+    let share = report.zero1.opt_state_per_replica as f64 / many.opt_state_per_replica as f64;
+    println!(
+        "ZeRO-1 optimizer state per replica {:.3} of the whole  = 1/{replicas} within 5% {}",
+        share,
+        verdict((share * replicas as f64 - 1.0).abs() <= 0.05)
+    );
+    let workspace = many.allocs_per_step.map(|a| a - many.gemm_allocs_per_step as f64);
+    println!(
+        "allocations per step from the workspace: {}  = 0 {}",
+        workspace.map_or("not measured".into(), |a| format!("{a:.2}")),
+        verdict(workspace == Some(0.0))
+    );
+    Ok(())
+}
