@@ -97,6 +97,10 @@ impl AsMut<[f32]> for CommBuffer {
     }
 }
 
+/// `Tag::Data`'s position in `Tag::ALL` (which lists the tags in declaration order), where
+/// the pipelines' bytes are reported.
+const DATA: usize = Tag::Data as usize;
+
 /// Steps excluded from the allocation count while everything warms up (first batches,
 /// pipeline cache fill, GEMM packing sizes).
 const WARMUP_STEPS: u64 = 3;
@@ -428,8 +432,7 @@ impl<C: Communicator> Replica<C> {
             for (slot, tag) in memory.iter_mut().zip(Tag::ALL) {
                 *slot = self.tracker.tag_in_use(tag).0;
             }
-            memory[Tag::ALL.iter().position(|&t| t == Tag::Data).expect("Data is a tag")] =
-                self.train.tracker().held().0;
+            memory[DATA] = self.data_held().0;
             let sample = StepSample {
                 step: step + 1,
                 epoch,
@@ -520,12 +523,22 @@ impl<C: Communicator> Replica<C> {
             .save(&self.plan.checkpoint_path());
     }
 
+    /// Bytes the training and evaluation pipelines hold now, and the sum of their peaks.
+    fn data_held(&self) -> (u64, u64) {
+        let (mut now, mut peak) = self.train.tracker().held();
+        if let Some((eval, _)) = &self.eval {
+            let (eval_now, eval_peak) = eval.tracker().held();
+            now += eval_now;
+            peak += eval_peak;
+        }
+        (now, peak)
+    }
+
     fn finish(mut self) -> ReplicaReport {
         for (slot, tag) in self.report.peak.iter_mut().zip(Tag::ALL) {
             *slot = self.tracker.tag_in_use(tag).1;
         }
-        let data = Tag::ALL.iter().position(|&t| t == Tag::Data).expect("Data is a tag");
-        self.report.peak[data] = self.train.tracker().held().1;
+        self.report.peak[DATA] = self.data_held().1;
         let memory = self.model.memory();
         self.report.params = memory.params;
         self.report.grads = memory.grads;
