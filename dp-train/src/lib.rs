@@ -1,4 +1,35 @@
-//! The data-parallel trainer.
+//! The data-parallel trainer: joins `dp-data`, `dp-model` and `dp-comm`.
+//!
+//! [`train`] runs a [`TrainConfig`]: one replica per thread, each with its own shard of the
+//! data, identical parameters, gradients all-reduced bucket by bucket while backward runs,
+//! identical optimizer steps (or a 1/N shard of them with ZeRO stage 1), periodic cross-replica
+//! checksums, atomic checkpoints that resume exactly, and an error naming the replica when one
+//! fails. It writes a run directory ([`CONFIG`], [`METRICS`], [`SUMMARY`], [`CHECKPOINT`]) and
+//! returns a [`Summary`]; an [`Observer`] follows the run as it goes.
+//!
+//! ```
+//! use dp_train::{RunOptions, TrainConfig, train};
+//!
+//! let dir = std::env::temp_dir().join(format!("dp-train-doc-{}", std::process::id()));
+//! let digits = dp_data::SyntheticDigits { records: 1024, eval_records: 256, seed: 1 };
+//! dp_data::generate_digits(&dir.join("data"), &digits, Default::default())?;
+//!
+//! let config = TrainConfig {
+//!     train_data: dir.join("data/train"),
+//!     eval_data: Some(dir.join("data/eval")),
+//!     model: "mlp:64".into(),
+//!     replicas: 2,
+//!     global_batch: 64,
+//!     epochs: 2,
+//!     ..TrainConfig::default()
+//! };
+//! let summary = train(config, &RunOptions::new(dir.join("runs")), &mut ())?;
+//! assert_eq!(summary.steps, 32);
+//! assert!(summary.eval_accuracy.unwrap() > 0.3);
+//! println!("{summary}");
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod config;
 mod error;
