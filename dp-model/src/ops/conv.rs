@@ -8,6 +8,40 @@
 use crate::float::Float;
 use crate::ops::gemm::{matmul, view, view_mut};
 
+/// Elements per inline copy in [`copy_row`].
+const LANES: usize = 8;
+
+/// Writes `src` at `out[lo..]` and zeros around it, for rows of a few dozen values. Slice
+/// `copy_from_slice` and `fill` (and any plain loop, which the compiler turns into them) call
+/// `memmove`/`memset`, and for rows this short the calls cost more than the copying; fixed
+/// blocks of `LANES` compile to inline vector moves. The zeros go first as one block at each
+/// end, then the values overwrite what is theirs, the last block overlapping the one before
+/// it instead of leaving a remainder loop. Needs `src.len() >= LANES` and padding of at most
+/// `LANES` on each side (see [`Conv2d::fits_copy_row`]).
+#[inline]
+fn copy_row<T: Copy + num_traits::Zero>(out: &mut [T], lo: usize, src: &[T]) {
+    fn block<T>(d: &mut [T]) -> &mut [T; LANES] {
+        d.try_into().expect("LANES long")
+    }
+    let (n, len) = (src.len(), out.len());
+    if lo > 0 {
+        *block(&mut out[..LANES]) = [T::zero(); LANES];
+    }
+    if lo + n < len {
+        *block(&mut out[len - LANES..]) = [T::zero(); LANES];
+    }
+    let mut i = 0;
+    while i + LANES <= n {
+        *block(&mut out[lo + i..lo + i + LANES]) =
+            src[i..i + LANES].try_into().expect("LANES long");
+        i += LANES;
+    }
+    if i < n {
+        let last = n - LANES;
+        *block(&mut out[lo + last..lo + n]) = src[last..].try_into().expect("LANES long");
+    }
+}
+
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
 /// float sum cannot be reordered, so it runs one add per cycle of latency).
 fn sum_lanes<T: Float>(values: &[T]) -> T {
@@ -120,6 +154,11 @@ impl Conv2d {
         (lo.min(hi), hi)
     }
 
+    /// Whether an output row with values in `[lo, hi)` suits [`copy_row`].
+    fn fits_copy_row(&self, lo: usize, hi: usize) -> bool {
+        hi - lo >= LANES && lo <= LANES && self.out_width - hi <= LANES
+    }
+
     /// Unfolds `x [C, B, H, W]` into `cols [C*k*k, B*OH*OW]`.
     fn im2col<T: Float>(&self, batch: usize, x: &[T], cols: &mut [T]) {
         let (k, s, p) = (self.kernel, self.stride, self.padding);
@@ -138,12 +177,17 @@ impl Conv2d {
                         continue;
                     }
                     let src = &plane[iy * w..][..w];
-                    out[..lo].fill(T::zero());
-                    out[hi..].fill(T::zero());
-                    if s == 1 {
+                    if s == 1 && self.fits_copy_row(lo, hi) {
+                        let start = lo + kj - p;
+                        copy_row(out, lo, &src[start..start + hi - lo]);
+                    } else if s == 1 {
+                        out[..lo].fill(T::zero());
+                        out[hi..].fill(T::zero());
                         let start = lo + kj - p;
                         out[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
                     } else {
+                        out[..lo].fill(T::zero());
+                        out[hi..].fill(T::zero());
                         for (ox, o) in out[lo..hi].iter_mut().enumerate() {
                             *o = src[(lo + ox) * s + kj - p];
                         }
