@@ -46,6 +46,13 @@ enum Cmd {
         #[command(subcommand)]
         command: data::DataCmd,
     },
+    /// Draw a run's metrics as PNGs (loss, accuracy, throughput, memory by tag) into its
+    /// directory.
+    Plot {
+        /// The run directory holding `metrics.jsonl`, e.g. `runs/<name>`.
+        #[arg(value_name = "RUN_DIR")]
+        run_dir: PathBuf,
+    },
 }
 
 fn main() -> Result<ExitCode> {
@@ -58,8 +65,17 @@ fn main() -> Result<ExitCode> {
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
         Cmd::Data { command } => return data::run(command),
         Cmd::Train(args) => return train::run(&root, *args),
+        Cmd::Plot { run_dir } => plot(&run_dir),
     }
     .map(|()| ExitCode::SUCCESS)
+}
+
+/// Draws the plots of a run and prints the paths written.
+fn plot(run_dir: &Path) -> Result<()> {
+    for path in dp_train::plot_run(run_dir)? {
+        println!("{}", path.display());
+    }
+    Ok(())
 }
 
 /// The workspace root: the parent of this crate's manifest directory.

@@ -130,7 +130,7 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     let run_dir = progress.run_dir.clone().unwrap_or_default();
     println!("\n{summary}");
     if !args.no_plot {
-        for path in plot_run(&run_dir)? {
+        for path in dp_train::plot_run(&run_dir)? {
             println!("plot           {}", path.display());
         }
     }
@@ -294,11 +294,6 @@ impl Progress {
             bar.finish();
         }
     }
-}
-
-/// Placeholder until plotting lands.
-fn plot_run(_dir: &Path) -> Result<Vec<PathBuf>> {
-    Ok(Vec::new())
 }
 
 /// `cargo xtask bench train`: one replica against one per core on the default job, with the
