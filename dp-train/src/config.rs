@@ -66,6 +66,10 @@ pub struct TrainConfig {
     pub data_budget_mib: u64,
     /// Data-loading threads per replica.
     pub data_workers: usize,
+    /// Batches each replica's pipeline prepares ahead on a background thread (0: prepared on
+    /// the replica's own thread when asked for). With replicas on every core there is no
+    /// spare core for background loading, and 0 avoids the hand-offs.
+    pub data_prefetch: usize,
     /// Blocks shuffled together (0: no shuffle).
     pub shuffle_window: usize,
     /// Gradient bucket size for the all-reduce, in MiB.
@@ -184,6 +188,7 @@ impl Default for TrainConfig {
             memory_budget_mib: None,
             data_budget_mib: 256,
             data_workers: 1,
+            data_prefetch: 2,
             shuffle_window: 8,
             bucket_mib: 25.0,
             compression: "none".into(),

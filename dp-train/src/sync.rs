@@ -84,6 +84,7 @@ pub(crate) fn pipeline_config(
     p.world_size = world;
     p.seed = config.seed;
     p.workers = config.data_workers;
+    p.prefetch = config.data_prefetch;
     p.memory_budget = config.data_budget_mib << 20;
     if train {
         p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
