@@ -252,3 +252,41 @@ fn the_run_directory_holds_config_metrics_summary_and_checkpoint() {
     assert_eq!(saved.replicas, 2);
     assert_eq!(train_losses(&dir).len(), 32);
 }
+
+#[test]
+fn memory_techniques_and_compression_train_too() {
+    let out = TempDir::new("techniques");
+    let mut c = config(2, 60);
+    c.recompute = true;
+    c.grad_accum = 2;
+    c.clip_grad_norm = Some(1.0);
+    c.compression = "bf16".into();
+    c.prune = Some(dp_train::PruneConfig {
+        sparsity: 0.5,
+        global: true,
+        start: 0,
+        end: Some(30),
+        every: 10,
+    });
+    c.optimizer = OptimizerConfig::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        decoupled: true,
+    };
+    c.lr = Some(3e-3);
+    let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+    assert_eq!(summary.steps, 60);
+    let accuracy = summary.eval_accuracy.unwrap();
+    assert!(accuracy > 0.5, "{accuracy}");
+    // The checkpoint holds the pruned weights as zeros: half of every weight tensor's total.
+    let params = final_params(&run_dir(&out.0));
+    let spec = ModelSpec::mlp(784, &[32], 10);
+    let pool = Pool::new(&Tracker::new());
+    let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
+    let weights: Vec<_> = model.layout().weights().map(|t| t.range()).collect();
+    let total: usize = weights.iter().map(|r| r.len()).sum();
+    let zeros = weights.iter().flat_map(|r| r.clone()).filter(|&i| params[i] == 0.0).count();
+    assert_eq!(zeros, total / 2, "pruned to 50%");
+}
