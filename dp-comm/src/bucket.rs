@@ -107,6 +107,7 @@ pub struct BucketReducer<B: AsMut<[f32]> + AsRef<[f32]>> {
     thread: Option<JoinHandle<()>>,
     rank: usize,
     world_size: usize,
+    compression: Compression,
 }
 
 impl<B: AsMut<[f32]> + AsRef<[f32]>> std::fmt::Debug for BucketReducer<B> {
@@ -187,9 +188,14 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
         let failed = ctl.failed.clone();
         drop(ctl);
         match (started, failed) {
-            (Some((rank, world_size)), _) => {
-                Ok(BucketReducer { buffer, inner, thread: Some(thread), rank, world_size })
-            }
+            (Some((rank, world_size)), _) => Ok(BucketReducer {
+                buffer,
+                inner,
+                thread: Some(thread),
+                rank,
+                world_size,
+                compression: config.compression,
+            }),
             (None, failed) => {
                 let _ = thread.join();
                 Err(failed.unwrap_or(Error::PeerLost { rank: 0 }))
@@ -205,6 +211,14 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
     /// The number of ranks.
     pub fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    /// Bytes of compression scratch the communication thread holds (0 without
+    /// compression), for the caller's memory accounting.
+    pub fn scratch_bytes(&self) -> usize {
+        let total = self.inner.buckets.last().map_or(0, |b| b.end);
+        let largest = self.inner.buckets.iter().map(|b| b.len()).max().unwrap_or(0);
+        self.compression.scratch_bytes(total, largest, self.world_size)
     }
 
     /// The number of buckets.

@@ -44,6 +44,17 @@ impl Compression {
         }
     }
 
+    /// Bytes of scratch one rank keeps for compressed all-reduces of a `total`-value buffer
+    /// whose largest bucket holds `largest_bucket` values, among `world_size` ranks: the
+    /// error-feedback residual, the outgoing payload and every rank's payload.
+    pub fn scratch_bytes(self, total: usize, largest_bucket: usize, world_size: usize) -> usize {
+        if self == Compression::None {
+            return 0;
+        }
+        let residual = if self.error_feedback() { 4 * total } else { 0 };
+        residual + self.payload_bytes(largest_bucket) * (1 + world_size)
+    }
+
     fn error_feedback(self) -> bool {
         matches!(
             self,
@@ -79,6 +90,10 @@ pub(crate) struct Compressor {
 impl Compressor {
     pub(crate) fn new(kind: Compression, total: usize, largest_bucket: usize, n: usize) -> Self {
         let payload = kind.payload_bytes(largest_bucket);
+        debug_assert_eq!(
+            kind.scratch_bytes(total, largest_bucket, n),
+            4 * if kind.error_feedback() { total } else { 0 } + payload * (1 + n)
+        );
         Compressor {
             kind,
             residual: if kind.error_feedback() { vec![0.0; total] } else { Vec::new() },

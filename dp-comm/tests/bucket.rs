@@ -197,3 +197,20 @@ fn int8_compression_error_is_within_half_a_step_and_feedback_stops_it_accumulati
     assert!(feedback <= 2.0 * bound, "with feedback the total is off by {feedback}");
     assert!(plain > 5.0 * feedback, "without feedback {plain}, with {feedback}");
 }
+
+#[test]
+fn scratch_bytes_reports_the_compression_buffers() {
+    let comms = LocalGroup::new(2).unwrap();
+    let mut reducers = Vec::new();
+    for (compression, comm) in
+        [Compression::None, Compression::Int8 { error_feedback: true }].into_iter().zip(comms)
+    {
+        let mut c = BucketConfig::default();
+        c.bucket_bytes = 400; // 100 values per bucket
+        c.compression = compression;
+        reducers.push(BucketReducer::new(vec![0.0f32; 250], comm, c).unwrap());
+    }
+    assert_eq!(reducers[0].scratch_bytes(), 0);
+    // Residual of 250 f32, then one int8 payload (scale + 100 values) out and one per rank in.
+    assert_eq!(reducers[1].scratch_bytes(), 4 * 250 + (4 + 100) * 3);
+}

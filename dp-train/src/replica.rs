@@ -112,6 +112,8 @@ pub(crate) struct Replica<C: Communicator> {
     tracker: Tracker,
     model: Model<f32>,
     reducer: BucketReducer<CommBuffer>,
+    /// Accounts the reducer's compression scratch under `Comm`.
+    _comm_scratch: dp_mem::Reservation,
     optimizer: Box<dyn Optimizer<f32>>,
     /// The parameters this replica's optimizer updates (all of them without ZeRO).
     shard: Range<usize>,
@@ -238,6 +240,9 @@ impl<C: Communicator> Replica<C> {
         bucket.compression = config.compression()?;
         let reducer =
             BucketReducer::new(CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?), grad_comm, bucket)?;
+        // The compression scratch lives on the communication thread, outside the pool;
+        // account it here so the memory report adds up.
+        let comm_scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;
         let bucket_ends =
             (0..reducer.buckets()).filter_map(|b| reducer.bucket_range(b)).map(|r| r.end).collect();
         let report = ReplicaReport {
@@ -250,6 +255,7 @@ impl<C: Communicator> Replica<C> {
             tracker,
             model,
             reducer,
+            _comm_scratch: comm_scratch,
             optimizer,
             shard,
             gather,
