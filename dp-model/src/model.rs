@@ -123,6 +123,9 @@ pub struct Model<T: Float = f32> {
     ping: [PoolBuf<T>; 2],
     /// im2col columns of the largest convolution.
     scratch: PoolBuf<T>,
+    /// The convolution node whose unfolded input `scratch` holds, if any: its backward can
+    /// skip unfolding again.
+    scratch_holds: Option<usize>,
     dropout: DropoutStream,
 }
 
@@ -199,6 +202,7 @@ impl<T: Float> Model<T> {
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
             ],
             scratch: pool.alloc_zeroed(scratch_len, Tag::Activation)?,
+            scratch_holds: None,
             dropout: DropoutStream { seed: options.seed, stream: options.replica },
             tape,
             options,
@@ -334,16 +338,13 @@ impl<T: Float> Model<T> {
             let dx = (i > 0).then_some(dx);
             let grads = &mut self.grads;
             let io = Io { x: input, y: output, dy, dx };
-            backward_op(
-                node,
-                batch,
-                &self.params,
-                grads,
-                io,
-                &mut self.scratch,
-                dropout,
-                options.accumulate,
-            );
+            let scratch = (&mut *self.scratch, self.scratch_holds == Some(i));
+            backward_op(node, batch, &self.params, grads, io, scratch, dropout, options.accumulate);
+            if let Op::Conv2d(_) = node.op {
+                // The input gradient goes through the scratch; without one it still holds
+                // this node's columns.
+                self.scratch_holds = (i == 0).then_some(i);
+            }
             if !node.params.is_empty() {
                 ready(&self.grads[..node.params.end]);
             }
@@ -397,6 +398,7 @@ impl<T: Float> Model<T> {
     /// backward (activations alternate between two buffers) and skips dropout.
     pub fn forward_eval(&mut self, x: ArrayView2<'_, T>) -> Result<ArrayView2<'_, T>> {
         let (batch, x) = self.check_input(&x)?;
+        self.scratch_holds = None;
         let nodes = self.tape.nodes.len();
         for (i, node) in self.tape.nodes.iter().enumerate() {
             let [a, b] = &mut self.ping;
@@ -457,15 +459,11 @@ impl<T: Float> Model<T> {
             }
         };
         let dropout = Some((self.dropout, step));
-        forward_op(
-            &self.tape.nodes[i],
-            batch,
-            &self.params,
-            input,
-            output,
-            &mut self.scratch,
-            dropout,
-        );
+        let node = &self.tape.nodes[i];
+        forward_op(node, batch, &self.params, input, output, &mut self.scratch, dropout);
+        if let Op::Conv2d(_) = node.op {
+            self.scratch_holds = Some(i);
+        }
     }
 }
 
@@ -508,7 +506,7 @@ fn backward_op<T: Float>(
     params: &[T],
     grads: &mut [T],
     io: Io<'_, T>,
-    scratch: &mut [T],
+    (scratch, cols_ready): (&mut [T], bool),
     (stream, step): (DropoutStream, u64),
     accumulate: bool,
 ) {
@@ -518,7 +516,9 @@ fn backward_op<T: Float>(
     let dx = io.dx.map(|dx| &mut dx[..batch * node.in_len]);
     match &node.op {
         Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate),
-        Op::Conv2d(c) => c.backward(batch, params, grads, x, dy, dx, scratch, accumulate),
+        Op::Conv2d(c) => {
+            c.backward(batch, params, grads, x, dy, dx, scratch, cols_ready, accumulate)
+        }
         op => {
             let Some(dx) = dx else { return };
             match op {

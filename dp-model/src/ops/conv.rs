@@ -111,8 +111,10 @@ impl Conv2d {
     }
 
     /// Parameter gradients (written or added) and, when `dx` is given, the input gradient.
-    /// The unfolded input is recomputed rather than kept from the forward pass: it is the
-    /// largest buffer of a small CNN and costs one memory pass to rebuild.
+    /// `cols_ready` says the scratch still holds this layer's unfolded input from forward
+    /// (true for the last convolution, whose backward comes first); otherwise it is rebuilt
+    /// rather than kept per layer: it is the largest buffer of a small CNN and costs one
+    /// memory pass to rebuild.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward<T: Float>(
         &self,
@@ -123,12 +125,15 @@ impl Conv2d {
         dy: &[T],
         dx: Option<&mut [T]>,
         scratch: &mut [T],
+        cols_ready: bool,
         accumulate: bool,
     ) {
         let n = batch * self.out_height * self.out_width;
         let patch = self.patch_len();
         let cols = &mut scratch[..patch * n];
-        self.im2col(batch, x, cols);
+        if !cols_ready {
+            self.im2col(batch, x, cols);
+        }
         let beta = if accumulate { T::one() } else { T::zero() };
         let dy2 = view(dy, self.out_channels, n);
         let (dw, db) = self.split_mut(grads);
