@@ -126,6 +126,9 @@ impl Pruner {
             && (step - self.schedule.start).is_multiple_of(self.schedule.every)
             && step <= self.schedule.end.max(self.schedule.start);
         let fraction = self.schedule.sparsity_at(step, self.target.fraction());
+        // The optimizer may have moved pruned weights off zero (their gradients and momentum
+        // are not masked); zero them first so they rank first and the count stays exact.
+        self.apply(params);
         let changed = due && self.grow(fraction, params);
         self.apply(params);
         changed

@@ -101,6 +101,31 @@ fn gradual_global_pruning_reaches_its_target_and_pruned_weights_stay_zero() {
 }
 
 #[test]
+fn growing_the_mask_after_pruned_weights_moved_keeps_the_count_exact() {
+    let pool = Pool::new(&Tracker::new());
+    let mut model =
+        Model::<f32>::new(&ModelSpec::mlp(20, &[30], 5), &pool, ModelOptions::new(8, 2)).unwrap();
+    let schedule = PruneSchedule { start: 0, end: 10, every: 5 };
+    let mut pruner = Pruner::new(model.layout(), Sparsity::Global(0.5), schedule).unwrap();
+    let total: usize = model.layout().weights().map(|t| t.len()).sum();
+    pruner.update(5, model.params_mut());
+    let first = pruner.sparsity();
+    assert!(first > 0.0 && first < 0.5, "{first}");
+    // An optimizer step moves every weight, pruned ones included, before the next update.
+    let mut rng = Rng::new(9);
+    model.params_mut().iter_mut().for_each(|p| *p += 0.5 * rng.uniform() as f32);
+    pruner.update(10, model.params_mut());
+    let zeros = model
+        .layout()
+        .weights()
+        .flat_map(|t| t.range())
+        .filter(|&i| model.params()[i] == 0.0)
+        .count();
+    assert_eq!(zeros, total / 2);
+    assert_eq!(pruner.sparsity(), 0.5);
+}
+
+#[test]
 fn per_layer_pruning_prunes_each_layer_to_the_fraction() {
     let pool = Pool::new(&Tracker::new());
     let mut model =

@@ -136,6 +136,23 @@ fn strided_convolution_and_overlapping_pools() {
 }
 
 #[test]
+fn kernels_wider_than_the_image() {
+    // A 5x5 kernel with padding 2 on a 1x1 image, and 3x3 on a one-pixel-wide column:
+    // some kernel columns only ever read padding.
+    let dot =
+        vec![Conv2d { out: 2, kernel: 5, stride: 1, padding: 2 }, Tanh, Flatten, Linear { out: 3 }];
+    check(&spec("dot", &[1, 1, 1], dot), 2, Loss::Classes(vec![0, 2]), 7, SMALL);
+    let column = vec![
+        Conv2d { out: 2, kernel: 3, stride: 1, padding: 1 },
+        Relu,
+        Conv2d { out: 2, kernel: 3, stride: 2, padding: 1 },
+        Flatten,
+        Linear { out: 3 },
+    ];
+    check(&spec("column", &[2, 5, 1], column), 3, Loss::Classes(vec![1, 0, 2]), 8, SMALL);
+}
+
+#[test]
 fn lenet_end_to_end() {
     let mut rng = Rng::new(6);
     let labels = rng.labels(2, 10);

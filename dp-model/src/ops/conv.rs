@@ -177,7 +177,9 @@ impl Conv2d {
                 for oy in 0..oh {
                     let out = &mut row[(b * oh + oy) * ow..][..ow];
                     let iy = (oy * s + ki).wrapping_sub(p);
-                    if iy >= h {
+                    // A row outside the image, or a kernel column that only ever reads
+                    // padding (a kernel wider than a narrow image), reads zeros.
+                    if iy >= h || lo == hi {
                         out.fill(T::zero());
                         continue;
                     }
@@ -211,6 +213,10 @@ impl Conv2d {
         for (r, row) in cols[..self.patch_len() * n].chunks_exact(n).enumerate() {
             let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
             let (lo, hi) = self.valid_columns(kj);
+            if lo == hi {
+                // This kernel column only ever read padding.
+                continue;
+            }
             for b in 0..batch {
                 let plane = &mut dx[(c * batch + b) * h * w..][..h * w];
                 for oy in 0..oh {
