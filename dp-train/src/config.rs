@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// A training run's configuration. Every field has a default, so an empty file is a valid
-/// config (the built-in job).
+/// config: the built-in digits' training split, without evaluation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -17,7 +17,8 @@ pub struct TrainConfig {
     pub name: Option<String>,
     /// The training dataset (a directory written by `dp-data`).
     pub train_data: PathBuf,
-    /// The evaluation dataset (optional).
+    /// The evaluation dataset; absent means no evaluation.
+    #[serde(default)]
     pub eval_data: Option<PathBuf>,
     /// The dense feature fed to the model.
     pub input_feature: String,
@@ -166,7 +167,7 @@ impl Default for TrainConfig {
         Self {
             name: None,
             train_data: PathBuf::from("data/digits/train"),
-            eval_data: Some(PathBuf::from("data/digits/eval")),
+            eval_data: None,
             input_feature: "image".into(),
             label_feature: "label".into(),
             classes: None,

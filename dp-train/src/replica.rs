@@ -122,6 +122,8 @@ pub(crate) struct Replica<C: Communicator> {
     gather: Option<(PoolBuf<f32>, PoolBuf<f32>)>,
     /// Where each gradient bucket ends, in the order backward finishes them.
     bucket_ends: Vec<usize>,
+    /// Every replica's parameter checksum, at each check.
+    checksums: Vec<u64>,
     pruner: Option<Pruner>,
     train: Pipeline,
     eval: Option<(Pipeline, Vec<i64>)>,
@@ -193,7 +195,11 @@ impl<C: Communicator> Replica<C> {
                 let saved = checkpoint.optimizers().first().ok_or_else(|| {
                     Error::run(&plan.checkpoint_path(), "the checkpoint holds no optimizer state")
                 })?;
-                optimizer.load_state(&slice_state(saved, shard.clone()))?;
+                optimizer.load_state(&slice_state(
+                    saved,
+                    shard.clone(),
+                    &plan.checkpoint_path(),
+                )?)?;
                 Pipeline::resume(&config.train_data, train_config, transforms(), &state.pipeline)?
             }
             None => {
@@ -202,7 +208,8 @@ impl<C: Communicator> Replica<C> {
             }
         };
         let consistent = ResumeState { step: plan.start_step(), pipeline: train.state() };
-        check_in_sync(&mut ctl, model.params(), plan.start_step())?;
+        let mut checksums = vec![0u64; world];
+        check_in_sync(&mut ctl, model.params(), plan.start_step(), &mut checksums)?;
 
         let pruner = match &config.prune {
             None => None,
@@ -260,6 +267,7 @@ impl<C: Communicator> Replica<C> {
             shard,
             gather,
             bucket_ends,
+            checksums,
             pruner,
             train,
             eval,
@@ -277,7 +285,17 @@ impl<C: Communicator> Replica<C> {
         match self.steps() {
             Ok(()) => Ok(self.finish()),
             Err(error) => {
-                self.emergency_checkpoint();
+                // Leave the groups first, so the peers learn of it now (`PeerLost`) instead
+                // of waiting out their timeout while the checkpoint is written.
+                let Self { ctl, reducer, rank, plan, model, optimizer, gather, consistent, .. } =
+                    self;
+                drop(reducer);
+                drop(ctl);
+                let diverged = matches!(error, Error::Diverged { .. });
+                if rank == 0 && gather.is_none() && !diverged && consistent.step > plan.start_step()
+                {
+                    emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
+                }
                 Err(error)
             }
         }
@@ -315,7 +333,7 @@ impl<C: Communicator> Replica<C> {
                 self.evaluate(done)?;
             }
             if done.is_multiple_of(plan.config.checksum_every) {
-                check_in_sync(&mut self.ctl, self.model.params(), done)?;
+                check_in_sync(&mut self.ctl, self.model.params(), done, &mut self.checksums)?;
             }
             let checkpoint_due = match plan.config.checkpoint_every {
                 0 => epoch_end || last,
@@ -514,21 +532,6 @@ impl<C: Communicator> Replica<C> {
         Ok(())
     }
 
-    /// After a failure elsewhere, replica 0 still holds the last consistent step (without
-    /// ZeRO, where it has the whole optimizer state): save it so the run can resume.
-    fn emergency_checkpoint(&mut self) {
-        if self.rank != 0 || self.gather.is_some() || self.consistent.step <= self.plan.start_step()
-        {
-            return;
-        }
-        let extra =
-            serde_json::to_string(&self.consistent).expect("the run state always serializes");
-        let _ = Checkpoint::capture(&self.model)
-            .with_optimizer(self.optimizer.state())
-            .with_extra(extra)
-            .save(&self.plan.checkpoint_path());
-    }
-
     /// Bytes the training and evaluation pipelines hold now, and the sum of their peaks.
     fn data_held(&self) -> (u64, u64) {
         let (mut now, mut peak) = self.train.tracker().held();
@@ -552,4 +555,21 @@ impl<C: Communicator> Replica<C> {
         self.report.opt_state = self.optimizer.state_bytes();
         self.report
     }
+}
+
+/// After a failure elsewhere, replica 0 still holds the last consistent step (without ZeRO,
+/// where it has the whole optimizer state): save it so the run can resume. Not after a
+/// divergence, whose parameters are not to be trusted.
+fn emergency_checkpoint(
+    plan: &RunPlan,
+    model: &Model<f32>,
+    optimizer: &dyn Optimizer<f32>,
+    consistent: &ResumeState,
+) {
+    let extra = serde_json::to_string(consistent).expect("the run state always serializes");
+    // The run already failed; a checkpoint that cannot be written only loses the resume.
+    let _ = Checkpoint::capture(model)
+        .with_optimizer(optimizer.state())
+        .with_extra(extra)
+        .save(&plan.checkpoint_path());
 }

@@ -19,11 +19,14 @@ pub(crate) fn checksum(params: &[f32]) -> u64 {
 }
 
 /// Compares the replicas' parameter checksums; any difference is [`Error::Diverged`] on every
-/// replica.
-pub(crate) fn check_in_sync(ctl: &mut impl Communicator, params: &[f32], step: u64) -> Result<()> {
+/// replica. `all` (one slot per replica) receives every replica's checksum.
+pub(crate) fn check_in_sync(
+    ctl: &mut impl Communicator,
+    params: &[f32],
+    step: u64,
+    all: &mut [u64],
+) -> Result<()> {
     let mine = [checksum(params)];
-    let mut all = [0u64; dp_comm::MAX_LOCAL_WORLD];
-    let all = &mut all[..ctl.world_size()];
     ctl.all_gather(&mine, all)?;
     if all.iter().any(|&c| c != all[0]) {
         return Err(Error::Diverged { step, checksums: all.to_vec() });
@@ -42,7 +45,9 @@ pub(crate) fn gather_state(
     let size = len.div_ceil(world);
     let mut full = shard.clone();
     full.len = len as u64;
-    for buffer in &mut full.buffers {
+    // Every replica's state has the same buffers, empty ones included (SGD without momentum
+    // keeps none); those stay empty.
+    for buffer in full.buffers.iter_mut().filter(|b| !b.is_empty()) {
         let mut padded = vec![0f32; size];
         for (dst, src) in padded.iter_mut().zip(buffer.chunks_exact(4)) {
             *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
@@ -55,16 +60,30 @@ pub(crate) fn gather_state(
     Ok(full)
 }
 
-/// The part of a whole optimizer state that covers `range`.
-pub(crate) fn slice_state(full: &OptimizerState, range: Range<usize>) -> OptimizerState {
+/// The part of a whole optimizer state that covers `range`; `path` names the checkpoint in
+/// errors.
+pub(crate) fn slice_state(
+    full: &OptimizerState,
+    range: Range<usize>,
+    path: &std::path::Path,
+) -> Result<OptimizerState> {
     let mut part = full.clone();
     part.len = range.len() as u64;
-    for buffer in &mut part.buffers {
-        if !buffer.is_empty() {
-            *buffer = buffer[range.start * 4..range.end.min(buffer.len() / 4) * 4].to_vec();
-        }
+    for (k, buffer) in part.buffers.iter_mut().enumerate().filter(|(_, b)| !b.is_empty()) {
+        let bytes = range.start * 4..range.end * 4;
+        let Some(values) = buffer.get(bytes.clone()) else {
+            return Err(Error::run(
+                path,
+                format!(
+                    "optimizer buffer {k} holds {} bytes, the model needs {}",
+                    buffer.len(),
+                    bytes.end
+                ),
+            ));
+        };
+        *buffer = values.to_vec();
     }
-    part
+    Ok(part)
 }
 
 /// The data pipeline of one replica: training (shuffled, full batches only) or evaluation

@@ -290,3 +290,35 @@ fn memory_techniques_and_compression_train_too() {
     let zeros = weights.iter().flat_map(|r| r.clone()).filter(|&i| params[i] == 0.0).count();
     assert_eq!(zeros, total / 2, "pruned to 50%");
 }
+
+#[test]
+fn plain_sgd_under_zero1_without_eval_resumes() {
+    let out = TempDir::new("zero1-plain");
+    let mut c = config(2, 10);
+    c.zero_stage = 1;
+    c.eval_data = None;
+    c.optimizer = OptimizerConfig::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 };
+    let options = RunOptions::new(&out.0);
+    let mut stopper = StopAfter { step: 3, stop: Arc::clone(&options.stop) };
+    assert!(train(c, &options, &mut stopper).unwrap().interrupted);
+    let dir = run_dir(&out.0);
+    let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(&out.0) };
+    let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
+    assert_eq!(resumed.steps, 10);
+    assert_eq!(resumed.eval_accuracy, None, "a run without eval data stays without it");
+}
+
+#[test]
+fn a_failing_replica_0_releases_its_peers_at_once() {
+    let out = TempDir::new("fault-rank0");
+    let mut c = config(2, 20);
+    c.timeout_s = 30.0;
+    let options = RunOptions {
+        fault: Some(dp_train::Fault { rank: 0, step: 4, panic: false }),
+        ..RunOptions::new(&out.0)
+    };
+    let started = Instant::now();
+    let error = train(c, &options, &mut ()).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "peers waited {:?}", started.elapsed());
+    assert!(matches!(&error, Error::Replica { rank: 0, .. }), "{error}");
+}
