@@ -102,7 +102,9 @@ impl Inner {
 /// all-reduces each bucket as soon as it is marked ready, in a fixed order (last bucket first
 /// by default), so that reduction overlaps with the rest of backward. See the crate's example.
 pub struct BucketReducer<B: AsMut<[f32]> + AsRef<[f32]>> {
-    buffer: B,
+    /// Boxed so that the elements stay put even when `B` stores them inline (an array) and
+    /// the reducer moves while a leaked step's reductions are still running.
+    buffer: Box<B>,
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
     rank: usize,
@@ -115,7 +117,7 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> std::fmt::Debug for BucketReducer<B> {
         f.debug_struct("BucketReducer")
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
-            .field("len", &self.buffer.as_ref().len())
+            .field("len", &(*self.buffer).as_ref().len())
             .field("buckets", &self.inner.buckets.len())
             .finish()
     }
@@ -189,7 +191,7 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
         drop(ctl);
         match (started, failed) {
             (Some((rank, world_size)), _) => Ok(BucketReducer {
-                buffer,
+                buffer: Box::new(buffer),
                 inner,
                 thread: Some(thread),
                 rank,
@@ -245,13 +247,13 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
     /// The gradients (reduced, after a step's `wait`).
     pub fn buffer(&mut self) -> &[f32] {
         self.settle();
-        self.buffer.as_ref()
+        (*self.buffer).as_ref()
     }
 
     /// The gradients, to write outside a step.
     pub fn buffer_mut(&mut self) -> &mut [f32] {
         self.settle();
-        self.buffer.as_mut()
+        (*self.buffer).as_mut()
     }
 
     /// Stops the communication thread (which leaves the group) and returns the buffer.
@@ -263,7 +265,7 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
         // SAFETY: as above; `buffer` is read once and `inner` dropped once.
         unsafe {
             drop(std::ptr::read(&this.inner));
-            std::ptr::read(&this.buffer)
+            *std::ptr::read(&this.buffer)
         }
     }
 
@@ -271,8 +273,17 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
     /// dropped.
     pub fn begin(&mut self) -> Result<Step<'_>> {
         self.settle();
-        let base = self.buffer.as_mut().as_mut_ptr() as usize;
-        let len = self.buffer.as_ref().len();
+        let base = (*self.buffer).as_mut().as_mut_ptr() as usize;
+        let len = (*self.buffer).as_ref().len();
+        let total = self.inner.buckets.last().map_or(0, |b| b.end);
+        if len != total {
+            // The buckets were cut for `total` elements; a buffer that now reports another
+            // length would let the communication thread write past it.
+            return Err(Error::Config {
+                field: "buffer",
+                what: format!("holds {len} elements, the reducer was built for {total}"),
+            });
+        }
         let mut ctl = self.inner.lock();
         if let Some(error) = &ctl.failed {
             return Err(error.clone());
@@ -443,11 +454,31 @@ impl Drop for Step<'_> {
 /// The communication thread: makes the communicator, then reduces buckets as they become
 /// ready, in order, until shut down, cancelled or failed. Leaving drops the communicator, which
 /// tells the peers.
+/// Marks the reducer failed if the communication thread unwinds.
+struct PanicGuard<'a>(&'a Inner);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut ctl = self.0.lock();
+            ctl.busy = false;
+            let bucket = self.0.order.get(ctl.next).copied().unwrap_or(ctl.next);
+            ctl.failed
+                .get_or_insert(Error::Bucket { bucket, what: "the communication thread panicked" });
+            drop(ctl);
+            self.0.changed.notify_all();
+        }
+    }
+}
+
 fn communication_thread<C, F>(inner: &Inner, config: BucketConfig, total: usize, make: F)
 where
     C: Communicator,
     F: FnOnce() -> Result<C>,
 {
+    // If anything below panics, the training thread must not wait forever for a reduction
+    // that will never finish.
+    let _guard = PanicGuard(inner);
     let mut comm = match make() {
         Ok(comm) => comm,
         Err(error) => {
@@ -477,7 +508,8 @@ where
         let range = inner.buckets[bucket].clone();
         // SAFETY: the step in progress lent the buffer at `base` (at least `total` elements);
         // bucket `bucket` is marked ready, so the training thread can no longer reach it, and
-        // the step does not end (nor the buffer move) while `busy` is set.
+        // the step does not end while `busy` is set, and the buffer is boxed, so it does not
+        // move even if the reducer does.
         let data = unsafe { std::slice::from_raw_parts_mut(base.add(range.start), range.len()) };
         let result = match compressor.as_mut() {
             Some(c) => c.all_reduce(&mut comm, data, range.start, config.op),

@@ -214,3 +214,91 @@ fn scratch_bytes_reports_the_compression_buffers() {
     // Residual of 250 f32, then one int8 payload (scale + 100 values) out and one per rank in.
     assert_eq!(reducers[1].scratch_bytes(), 4 * 250 + (4 + 100) * 3);
 }
+
+/// A one-rank communicator whose all-reduce panics, to check the reducer does not hang.
+struct PanickingComm;
+
+impl dp_comm::Communicator for PanickingComm {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce<T: dp_comm::Element>(&mut self, _: &mut [T], _: ReduceOp) -> dp_comm::Result<()> {
+        panic!("all-reduce exploded");
+    }
+    fn broadcast<T: dp_comm::Element>(&mut self, _: &mut [T], _: usize) -> dp_comm::Result<()> {
+        Ok(())
+    }
+    fn all_gather<T: dp_comm::Element>(&mut self, _: &[T], _: &mut [T]) -> dp_comm::Result<()> {
+        Ok(())
+    }
+    fn reduce_scatter<T: dp_comm::Element>(
+        &mut self,
+        _: &[T],
+        _: &mut [T],
+        _: ReduceOp,
+    ) -> dp_comm::Result<()> {
+        Ok(())
+    }
+    fn barrier(&mut self) -> dp_comm::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `f` on a thread and fails the test if it has not finished within 10 s.
+fn within_10s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()).unwrap());
+    rx.recv_timeout(Duration::from_secs(10)).expect("hung")
+}
+
+#[test]
+fn a_panicking_communication_thread_is_an_error_not_a_hang() {
+    let made = within_10s(|| {
+        BucketReducer::spawn(
+            vec![0f32; 8],
+            BucketConfig::default(),
+            || -> dp_comm::Result<PanickingComm> { panic!("no communicator today") },
+        )
+        .map(|_| ())
+    });
+    assert!(made.is_err());
+
+    let waited = within_10s(|| {
+        let mut reducer =
+            BucketReducer::new(vec![0f32; 8], PanickingComm, BucketConfig::default()).unwrap();
+        let step = reducer.begin().unwrap();
+        step.wait()
+    });
+    let error = waited.unwrap_err();
+    assert!(error.to_string().contains("panicked"), "{error}");
+}
+
+/// A buffer whose length can change under the reducer.
+struct Shrinking(Vec<f32>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl AsRef<[f32]> for Shrinking {
+    fn as_ref(&self) -> &[f32] {
+        &self.0[..self.1.load(std::sync::atomic::Ordering::Relaxed)]
+    }
+}
+
+impl AsMut<[f32]> for Shrinking {
+    fn as_mut(&mut self) -> &mut [f32] {
+        let len = self.1.load(std::sync::atomic::Ordering::Relaxed);
+        &mut self.0[..len]
+    }
+}
+
+#[test]
+fn a_buffer_that_changes_length_is_refused() {
+    let comm = LocalGroup::new(1).unwrap().pop().unwrap();
+    let len = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(100));
+    let buffer = Shrinking(vec![0.0; 100], std::sync::Arc::clone(&len));
+    let mut reducer = BucketReducer::new(buffer, comm, BucketConfig::default()).unwrap();
+    reducer.begin().unwrap().wait().unwrap();
+    len.store(10, std::sync::atomic::Ordering::Relaxed);
+    assert!(matches!(reducer.begin(), Err(Error::Config { field: "buffer", .. })));
+}
