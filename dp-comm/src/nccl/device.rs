@@ -449,6 +449,31 @@ impl NcclComm {
     }
 
     /// Elements of `T` per piece when a piece needs `parts` staging slots of its size.
+    /// Runs an in-place collective on a host buffer, piece by piece through the staging
+    /// buffer: upload, `call(staging, len, comm, stream)`, download, wait under the watchdog.
+    fn in_place<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        call_name: &'static str,
+        op: &'static str,
+        mut call: impl FnMut(
+            *mut c_void,
+            usize,
+            ncclComm_t,
+            sys::cudaStream_t,
+        ) -> Result<NcclStatus, NcclError>,
+    ) -> Result<()> {
+        let per = self.piece::<T>(1);
+        for piece in buf.chunks_mut(per) {
+            self.upload(0, bytemuck::cast_slice(piece))?;
+            let result = call(self.staging_at(0), piece.len(), self.raw, self.cu_stream());
+            self.nccl(call_name, result)?;
+            self.download(0, bytemuck::cast_slice_mut(piece))?;
+            self.finish(op)?;
+        }
+        Ok(())
+    }
+
     fn piece<T>(&self, parts: usize) -> usize {
         (self.staging.len() / (size_of::<T>() * parts)).max(1)
     }
@@ -475,27 +500,11 @@ impl Communicator for NcclComm {
 
     fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         self.check()?;
-        let per = self.piece::<T>(1);
-        for piece in buf.chunks_mut(per) {
-            self.upload(0, bytemuck::cast_slice(piece))?;
-            let p = self.staging_at(0);
-            // SAFETY: the staging buffer holds `piece.len()` elements of `T`.
-            let result = unsafe {
-                nccl::all_reduce(
-                    p,
-                    p,
-                    piece.len(),
-                    data_type(T::DTYPE),
-                    reduce_op(op),
-                    self.raw,
-                    self.cu_stream(),
-                )
-            };
-            self.nccl("ncclAllReduce", result)?;
-            self.download(0, bytemuck::cast_slice_mut(piece))?;
-            self.finish("all_reduce")?;
-        }
-        Ok(())
+        let (dtype, op) = (data_type(T::DTYPE), reduce_op(op));
+        self.in_place(buf, "ncclAllReduce", "all_reduce", |p, len, comm, stream| {
+            // SAFETY: the staging buffer holds `len` elements of `T`.
+            unsafe { nccl::all_reduce(p, p, len, dtype, op, comm, stream) }
+        })
     }
 
     fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
@@ -504,27 +513,11 @@ impl Communicator for NcclComm {
             return Err(Error::InvalidRank { op: "broadcast", rank: root, world_size: n });
         }
         self.check()?;
-        let per = self.piece::<T>(1);
-        for piece in buf.chunks_mut(per) {
-            self.upload(0, bytemuck::cast_slice(piece))?;
-            let p = self.staging_at(0);
-            // SAFETY: the staging buffer holds `piece.len()` elements; `root` is in range.
-            let result = unsafe {
-                nccl::broadcast(
-                    p,
-                    p,
-                    piece.len(),
-                    data_type(T::DTYPE),
-                    root as i32,
-                    self.raw,
-                    self.cu_stream(),
-                )
-            };
-            self.nccl("ncclBroadcast", result)?;
-            self.download(0, bytemuck::cast_slice_mut(piece))?;
-            self.finish("broadcast")?;
-        }
-        Ok(())
+        let dtype = data_type(T::DTYPE);
+        self.in_place(buf, "ncclBroadcast", "broadcast", |p, len, comm, stream| {
+            // SAFETY: the staging buffer holds `len` elements; `root` is in range.
+            unsafe { nccl::broadcast(p, p, len, dtype, root as i32, comm, stream) }
+        })
     }
 
     fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
