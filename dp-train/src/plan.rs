@@ -46,7 +46,9 @@ impl RunPlan {
         resume: Option<Checkpoint>,
     ) -> Result<Self> {
         config.validate()?;
+        let mut config = config;
         let train = Dataset::open(&config.train_data)?;
+        config.input_feature = input_feature(&train, &config);
         let (input_shape, dtype) =
             dense_feature(&train, &config.input_feature, &config.train_data)?;
         let label = train.schema().feature(&config.label_feature).ok_or_else(|| {
@@ -160,6 +162,26 @@ impl RunPlan {
 
     pub(crate) fn checkpoint_path(&self) -> PathBuf {
         self.run_dir.join(crate::run_dir::CHECKPOINT)
+    }
+}
+
+/// The input feature: as configured, or, when the configured name is the default (`image`)
+/// and the data has no such feature, its only dense array besides the label (what the CSV
+/// and npy importers write under other names).
+fn input_feature(dataset: &Dataset, config: &TrainConfig) -> String {
+    let configured = &config.input_feature;
+    if dataset.schema().feature(configured).is_some()
+        || *configured != TrainConfig::default().input_feature
+    {
+        return configured.clone();
+    }
+    let mut arrays = dataset.schema().features().iter().filter(|f| {
+        f.name != config.label_feature
+            && matches!(&f.kind, Kind::Dense { shape } if !shape.is_empty())
+    });
+    match (arrays.next(), arrays.next()) {
+        (Some(only), None) => only.name.clone(),
+        _ => configured.clone(),
     }
 }
 
