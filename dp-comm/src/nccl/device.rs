@@ -117,6 +117,53 @@ fn rank_arg(op: &'static str, rank: usize, world_size: usize) -> Result<i32> {
     i32::try_from(rank).map_err(|_| Error::InvalidRank { op, rank, world_size })
 }
 
+/// Runs NCCL's blocking initialization on a thread of its own, so that a peer that never
+/// joins costs this rank an [`Error::Timeout`] after `timeout` instead of a hang. There is no
+/// communicator to abort yet, so the abandoned thread stays blocked inside NCCL (and its
+/// communicator, should it ever complete, is never freed): a leak on a path that ends the
+/// run, instead of a hung process.
+fn init_rank(
+    ctx: &Arc<CudaContext>,
+    id: sys::ncclUniqueId,
+    nranks: i32,
+    rank: i32,
+    timeout: Duration,
+) -> Result<ncclComm_t> {
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    let ctx = Arc::clone(ctx);
+    std::thread::Builder::new()
+        .name("nccl-init".into())
+        .spawn(move || {
+            let result =
+                ctx.bind_to_thread().map_err(|e| cuda_error("cuCtxSetCurrent", e)).and_then(|()| {
+                    let mut raw = MaybeUninit::uninit();
+                    // SAFETY: `raw` is written by NCCL on success; the id is a valid unique id.
+                    unsafe { nccl::comm_init_rank(raw.as_mut_ptr(), nranks, id, rank) }
+                        .map_err(|e| nccl_error("ncclCommInitRank", e, std::ptr::null_mut()))?;
+                    // SAFETY: initialized by the successful call above. Sent as an address: the
+                    // communicator is used from the rank's thread once this one is done with it.
+                    Ok(unsafe { raw.assume_init() } as usize)
+                });
+            // The receiver is gone only after a timeout, which already reported the failure.
+            let _ = sender.send(result);
+        })
+        .map_err(|e| Error::Config {
+            field: "thread",
+            what: format!("cannot spawn NCCL's init: {e}"),
+        })?;
+    let started = Instant::now();
+    match receiver.recv_timeout(timeout) {
+        Ok(result) => result.map(|raw| raw as ncclComm_t),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(Error::Timeout { op: "init", waited: started.elapsed(), missing: None })
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Config {
+            field: "init",
+            what: "NCCL's initialization thread panicked".into(),
+        }),
+    }
+}
+
 /// An NCCL unique id: rank 0 makes it and every rank passes it to [`NcclComm::from_id`].
 #[derive(Debug, Clone, Copy)]
 pub struct NcclId(sys::ncclUniqueId);
@@ -160,7 +207,7 @@ pub struct NcclComm {
 impl NcclComm {
     /// Joins the group of `world_size` ranks named by `id` as `rank`, on device
     /// `config.device`. Every rank calls this at about the same time; NCCL's initialization
-    /// waits until all have (it is not under the watchdog).
+    /// waits until all have, for at most `config.timeout` (then [`Error::Timeout`]).
     pub fn from_id(
         id: &NcclId,
         rank: usize,
@@ -188,14 +235,9 @@ impl NcclComm {
             .map_err(|e| cuda_error("cuMemAlloc", e))?;
         let (staging_ptr, record) = staging.device_ptr(&stream);
         drop(record);
-        let mut raw = MaybeUninit::uninit();
         let nranks = rank_arg("NcclComm::from_id", world_size, world_size)?;
         let me = rank_arg("NcclComm::from_id", rank, world_size)?;
-        // SAFETY: `raw` is written by NCCL on success; the id is a valid unique id.
-        unsafe { nccl::comm_init_rank(raw.as_mut_ptr(), nranks, id.0, me) }
-            .map_err(|e| nccl_error("ncclCommInitRank", e, std::ptr::null_mut()))?;
-        // SAFETY: initialized by the successful call above.
-        let raw = unsafe { raw.assume_init() };
+        let raw = init_rank(&ctx, id.0, nranks, me, config.timeout)?;
         let mut comm = NcclComm {
             raw,
             stream,
