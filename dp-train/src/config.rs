@@ -35,6 +35,9 @@ pub struct TrainConfig {
     pub replicas: usize,
     /// Samples per optimizer step over all replicas.
     pub global_batch: usize,
+    /// Samples per replica per micro-batch; when set, the global batch is this times replicas
+    /// times `grad_accum` (for runs that should keep each replica's batch as replicas change).
+    pub per_replica_batch: Option<usize>,
     /// Passes over the training data (ignored when `steps` is set).
     pub epochs: u64,
     /// Optimizer steps to run, overriding `epochs`.
@@ -175,6 +178,7 @@ impl Default for TrainConfig {
             model: "mlp".into(),
             replicas: 0,
             global_batch: 256,
+            per_replica_batch: None,
             epochs: 4,
             steps: None,
             optimizer: OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.0 },
@@ -225,6 +229,22 @@ impl TrainConfig {
     /// Samples each replica runs per micro-batch.
     pub fn micro_batch(&self) -> usize {
         self.global_batch / (self.replica_count() * self.grad_accum.max(1))
+    }
+
+    /// The config with `replicas` resolved to a count and the global batch derived from
+    /// `per_replica_batch` when that is set: what a run saves as its effective config.
+    pub fn resolved(&self) -> Result<Self> {
+        let mut resolved = self.clone();
+        resolved.replicas = self.replica_count();
+        if let Some(batch) = self.per_replica_batch {
+            resolved.global_batch = batch
+                .checked_mul(resolved.replicas)
+                .and_then(|b| b.checked_mul(self.grad_accum.max(1)))
+                .ok_or_else(|| {
+                    Error::config("per_replica_batch", format!("{batch} x replicas overflows"))
+                })?;
+        }
+        Ok(resolved)
     }
 
     /// Checks every setting and their combinations.

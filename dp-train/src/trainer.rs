@@ -89,9 +89,8 @@ pub fn train(
             (RunPlan::new(config, dir.clone(), Some(checkpoint))?, dir.join(METRICS))
         }
         None => {
-            config.validate()?;
-            let mut effective = config;
-            effective.replicas = effective.replica_count();
+            let effective = config.resolved()?;
+            effective.validate()?;
             let name = effective.name.clone().unwrap_or_else(|| run_dir::default_name(&effective));
             // Resolve (and so check) everything before creating the run directory.
             let probe = RunPlan::new(effective.clone(), options.out.join(&name), None)?;

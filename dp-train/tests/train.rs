@@ -322,3 +322,14 @@ fn a_failing_replica_0_releases_its_peers_at_once() {
     assert!(started.elapsed() < Duration::from_secs(10), "peers waited {:?}", started.elapsed());
     assert!(matches!(&error, Error::Replica { rank: 0, .. }), "{error}");
 }
+
+#[test]
+fn a_per_replica_batch_sets_the_global_batch() {
+    let out = TempDir::new("per-replica");
+    let c =
+        TrainConfig { per_replica_batch: Some(16), grad_accum: 2, eval_data: None, ..config(2, 3) };
+    let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+    assert_eq!(summary.global_batch, 64);
+    let saved = TrainConfig::load(&run_dir(&out.0).join(dp_train::CONFIG)).unwrap();
+    assert_eq!((saved.global_batch, saved.replicas), (64, 2));
+}

@@ -47,6 +47,9 @@ pub(crate) struct TrainArgs {
     /// Samples per step over all replicas.
     #[arg(long)]
     global_batch: Option<usize>,
+    /// Samples per replica per micro-batch (sets the global batch from the replica count).
+    #[arg(long)]
+    batch: Option<usize>,
     /// Micro-batches accumulated per step.
     #[arg(long)]
     grad_accum: Option<usize>,
@@ -158,6 +161,9 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     set(&mut config.epochs, args.epochs);
     set(&mut config.replicas, args.replicas);
     set(&mut config.global_batch, args.global_batch);
+    if args.batch.is_some() {
+        config.per_replica_batch = args.batch;
+    }
     set(&mut config.grad_accum, args.grad_accum);
     set(&mut config.zero_stage, args.zero);
     set(&mut config.seed, args.seed);
