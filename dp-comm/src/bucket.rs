@@ -411,6 +411,32 @@ impl Step<'_> {
         self.inner.lock().next
     }
 
+    /// Waits until bucket `bucket` (marked ready) is all-reduced and returns its elements.
+    /// The communication thread never touches a reduced bucket again, so they can be read
+    /// (by an optimizer, say) while later buckets are still being reduced.
+    pub fn reduced_bucket(&self, bucket: usize) -> Result<&[f32]> {
+        let range = self.range(bucket)?;
+        let position = self.inner.order.iter().position(|&b| b == bucket).unwrap_or(usize::MAX);
+        let mut ctl = self.inner.lock();
+        if !ctl.ready[bucket] {
+            return Err(Error::Bucket {
+                bucket,
+                what: "is not marked ready, so it is never reduced",
+            });
+        }
+        while ctl.next <= position && ctl.failed.is_none() {
+            ctl = self.inner.wait(ctl);
+        }
+        if let Some(error) = &ctl.failed {
+            return Err(error.clone());
+        }
+        drop(ctl);
+        // SAFETY: the bucket is within the buffer this step borrows; it is reduced (`next` has
+        // passed it), so the communication thread is done with it for this step, and it is
+        // marked ready, so `slice_mut` refuses to hand it out for writing.
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(range.start), range.len()) })
+    }
+
     /// Marks every bucket not yet marked ready, and waits until all are all-reduced.
     pub fn wait(mut self) -> Result<()> {
         self.done = true;

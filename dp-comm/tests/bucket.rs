@@ -302,3 +302,29 @@ fn a_buffer_that_changes_length_is_refused() {
     len.store(10, std::sync::atomic::Ordering::Relaxed);
     assert!(matches!(reducer.begin(), Err(Error::Config { field: "buffer", .. })));
 }
+
+#[test]
+fn a_reduced_bucket_can_be_read_while_later_ones_are_reduced() {
+    let mut c = config(400); // 100 values per bucket, 3 buckets
+    c.order = BucketOrder::FirstFirst;
+    let results = run(2, 300, c, |rank, reducer| {
+        let mut s = reducer.begin().unwrap();
+        s.bucket_mut(0).unwrap().fill(rank as f32 + 1.0);
+        s.mark_ready(0).unwrap();
+        // Bucket 1 is not marked yet: it would never be reduced.
+        let unmarked = s.reduced_bucket(1).map(|_| ());
+        let first: Vec<f32> = s.reduced_bucket(0).unwrap().to_vec();
+        for b in 1..3 {
+            s.bucket_mut(b).unwrap().fill(10.0 * (rank as f32 + 1.0));
+            s.mark_ready(b).unwrap();
+        }
+        let last = s.reduced_bucket(2).unwrap()[0];
+        s.wait().unwrap();
+        (unmarked, first, last)
+    });
+    for (unmarked, first, last) in results {
+        assert!(matches!(unmarked, Err(Error::Bucket { bucket: 1, .. })));
+        assert!(first.iter().all(|&v| v == 1.5), "average of 1 and 2");
+        assert_eq!(last, 15.0);
+    }
+}

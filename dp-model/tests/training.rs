@@ -127,6 +127,36 @@ fn optimizers_over_shards_equal_one_over_everything() {
     }
 }
 
+/// A trainer updates each gradient bucket as its all-reduce finishes: a step taken in pieces
+/// must be exactly one step.
+#[test]
+fn a_step_in_pieces_is_one_step() {
+    let pool = Pool::new(&Tracker::new());
+    let mut rng = Rng::new(4);
+    let grads: Vec<Vec<f32>> =
+        (0..4).map(|_| (0..50).map(|_| rng.uniform() as f32).collect()).collect();
+    let init: Vec<f32> = (0..50).map(|_| rng.uniform() as f32).collect();
+    type Make = fn(&Pool) -> Box<dyn Optimizer<f32>>;
+    let makers: [Make; 2] = [
+        |pool| Box::new(Sgd::new(50, 0.9, true, 1e-3, pool).unwrap()),
+        |pool| Box::new(Adam::new(50, (0.9, 0.99), 1e-8, 0.01, false, pool).unwrap()),
+    ];
+    for make in makers {
+        let (mut whole, mut pieces) = (make(&pool), make(&pool));
+        let (mut p1, mut p2) = (init.clone(), init.clone());
+        for g in &grads {
+            whole.step(&mut p1, g, 0.05).unwrap();
+            for (k, (start, end)) in [(0, 7), (7, 30), (30, 50)].into_iter().enumerate() {
+                pieces.step_part(&mut p2[start..end], &g[start..end], start, 0.05, k == 0).unwrap();
+            }
+        }
+        assert_eq!(p1, p2);
+        assert_eq!(whole.state(), pieces.state());
+        let outside = pieces.step_part(&mut p2[..10], &[0.0; 10], 45, 0.05, true);
+        assert!(matches!(outside, Err(Error::Shape { .. })));
+    }
+}
+
 #[test]
 fn optimizer_state_round_trips_and_rejects_the_wrong_optimizer() {
     let pool = Pool::new(&Tracker::new());

@@ -133,6 +133,9 @@ pub(crate) struct Replica<C: Communicator> {
     /// The last step boundary at which parameters, optimizer state and data position agree:
     /// what an emergency checkpoint saves.
     consistent: ResumeState,
+    /// The parameters are part way through an update (per-bucket updates have begun), so
+    /// they match no step boundary.
+    updating: bool,
     report: ReplicaReport,
 }
 
@@ -275,6 +278,7 @@ impl<C: Communicator> Replica<C> {
             stop,
             fault,
             consistent,
+            updating: false,
             report,
             plan,
         })
@@ -358,6 +362,11 @@ impl<C: Communicator> Replica<C> {
         let plan = Arc::clone(&self.plan);
         let config = &plan.config;
         let started = Instant::now();
+        let lr = plan.schedule.lr(step);
+        // Each bucket's parameters are updated as soon as its all-reduce is done, while later
+        // buckets are still being reduced, unless the update needs every gradient first
+        // (global-norm clipping) or covers only this replica's shard (ZeRO-1).
+        let update_per_bucket = config.clip_grad_norm.is_none() && self.gather.is_none();
         let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
         // Loss sum, correct, samples, stop request: one small all-reduce per step.
         let mut totals = [0f64; 4];
@@ -410,13 +419,33 @@ impl<C: Communicator> Replica<C> {
                         failed = result.err();
                     },
                 );
-                let backward_done = Instant::now();
                 if let Some(error) = failed {
                     return Err(error.into());
                 }
                 let loss = loss?;
+                if update_per_bucket {
+                    let params = self.model.params_mut();
+                    let mut start = 0;
+                    for (b, &end) in bucket_ends.iter().enumerate() {
+                        let waiting = Instant::now();
+                        let grads = reduce.reduced_bucket(b)?;
+                        comm_exposed += waiting.elapsed().as_secs_f64();
+                        // From the first update until the step ends, the parameters match no
+                        // step boundary: no emergency checkpoint may save them.
+                        self.updating = true;
+                        self.optimizer.step_part(
+                            &mut params[start..end],
+                            grads,
+                            start,
+                            lr,
+                            b == 0,
+                        )?;
+                        start = end;
+                    }
+                }
+                let waiting = Instant::now();
                 reduce.wait()?;
-                comm_exposed = backward_done.elapsed().as_secs_f64();
+                comm_exposed += waiting.elapsed().as_secs_f64();
                 loss
             };
             totals[0] += loss.loss_sum;
@@ -426,13 +455,14 @@ impl<C: Communicator> Replica<C> {
         totals[3] = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
         self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
 
-        let lr = plan.schedule.lr(step);
-        let grads = self.reducer.buffer_mut();
-        if let Some(max) = config.clip_grad_norm {
-            clip_grad_norm(grads, max);
-        }
         let params = self.model.params_mut();
-        self.optimizer.step(&mut params[self.shard.clone()], &grads[self.shard.clone()], lr)?;
+        if !update_per_bucket {
+            let grads = self.reducer.buffer_mut();
+            if let Some(max) = config.clip_grad_norm {
+                clip_grad_norm(grads, max);
+            }
+            self.optimizer.step(&mut params[self.shard.clone()], &grads[self.shard.clone()], lr)?;
+        }
         if let Some((own, all)) = &mut self.gather {
             own.fill(0.0);
             own[..self.shard.len()].copy_from_slice(&params[self.shard.clone()]);
@@ -444,6 +474,7 @@ impl<C: Communicator> Replica<C> {
             pruner.update(step, self.model.params_mut());
         }
         self.consistent = ResumeState { step: step + 1, pipeline: self.train.state() };
+        self.updating = false;
 
         let step_s = started.elapsed().as_secs_f64();
         self.report.steps += 1;

@@ -53,6 +53,8 @@ fn config(replicas: usize, steps: u64) -> TrainConfig {
         steps: Some(steps),
         shuffle_window: 2,
         timeout_s: 10.0,
+        // About ten buckets for this model, so reductions and per-bucket updates interleave.
+        bucket_mib: 0.01,
         ..TrainConfig::default()
     }
 }

@@ -2,7 +2,7 @@
 
 use dp_mem::{Pool, PoolBuf, Tag};
 
-use super::{Optimizer, check_lengths, check_range};
+use super::{Optimizer, check_piece, check_range};
 use crate::checkpoint::OptimizerState;
 use crate::error::Result;
 use crate::float::Float;
@@ -54,10 +54,19 @@ impl<T: Float> Adam<T> {
 }
 
 impl<T: Float> Optimizer<T> for Adam<T> {
-    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()> {
-        check_lengths("adam", self.m.len(), params.len(), grads.len())?;
-        self.steps += 1;
-        let t = self.steps as i32;
+    fn step_part(
+        &mut self,
+        params: &mut [T],
+        grads: &[T],
+        offset: usize,
+        lr: f64,
+        first_piece: bool,
+    ) -> Result<()> {
+        check_piece("adam", self.m.len(), offset, params.len(), grads.len())?;
+        if first_piece {
+            self.steps += 1;
+        }
+        let t = self.steps.max(1) as i32;
         let correction1 = 1.0 - self.beta1.powi(t);
         let correction2 = 1.0 - self.beta2.powi(t);
         // Folding both bias corrections into the step size and epsilon is PyTorch's form.
@@ -67,8 +76,9 @@ impl<T: Float> Optimizer<T> for Adam<T> {
         let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
         let coupled_wd = T::of(if self.decoupled { 0.0 } else { self.weight_decay });
         let shrink = T::of(if self.decoupled { 1.0 - lr * self.weight_decay } else { 1.0 });
+        let end = offset + params.len();
         for (((p, &g), m), v) in
-            params.iter_mut().zip(grads).zip(self.m.iter_mut()).zip(self.v.iter_mut())
+            params.iter_mut().zip(grads).zip(&mut self.m[offset..end]).zip(&mut self.v[offset..end])
         {
             let g = g + coupled_wd * *p;
             *m = b1 * *m + one_b1 * g;

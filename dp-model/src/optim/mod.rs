@@ -21,7 +21,24 @@ use crate::float::Float;
 pub trait Optimizer<T: Float>: Send {
     /// Applies one update with learning rate `lr`. `params` and `grads` must be the range the
     /// optimizer was built for.
-    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()>;
+    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()> {
+        check_lengths("optimizer", self.len(), params.len(), grads.len())?;
+        self.step_part(params, grads, 0, lr, true)
+    }
+
+    /// Applies one update to a piece of the range: `params` and `grads` are the values at
+    /// positions `offset..offset + params.len()` of the optimizer's range. Calling it for
+    /// disjoint pieces that cover the range, the first with `first_piece`, is exactly one
+    /// [`Optimizer::step`]: a trainer can update each gradient bucket as soon as its
+    /// all-reduce finishes, while the next is still being reduced.
+    fn step_part(
+        &mut self,
+        params: &mut [T],
+        grads: &[T],
+        offset: usize,
+        lr: f64,
+        first_piece: bool,
+    ) -> Result<()>;
 
     /// Parameters the optimizer was built for.
     fn len(&self) -> usize;
@@ -40,6 +57,17 @@ pub trait Optimizer<T: Float>: Send {
     /// Restores state saved by [`Optimizer::state`] from an optimizer of the same kind and
     /// length.
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+}
+
+fn check_piece(kind: &str, len: usize, offset: usize, params: usize, grads: usize) -> Result<()> {
+    if params != grads || offset.checked_add(params).is_none_or(|end| end > len) {
+        return Err(Error::shape(
+            format!("{kind} step"),
+            format!("a piece of equal parameters and gradients within {len}"),
+            format!("{params} parameters and {grads} gradients at offset {offset}"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_lengths(kind: &str, expected: usize, params: usize, grads: usize) -> Result<()> {

@@ -3,7 +3,7 @@
 
 use dp_mem::{Pool, PoolBuf, Tag};
 
-use super::{Optimizer, check_lengths, check_range};
+use super::{Optimizer, check_piece, check_range};
 use crate::checkpoint::OptimizerState;
 use crate::error::Result;
 use crate::float::Float;
@@ -51,21 +51,31 @@ impl<T: Float> Sgd<T> {
 }
 
 impl<T: Float> Optimizer<T> for Sgd<T> {
-    fn step(&mut self, params: &mut [T], grads: &[T], lr: f64) -> Result<()> {
-        check_lengths("sgd", self.len, params.len(), grads.len())?;
+    fn step_part(
+        &mut self,
+        params: &mut [T],
+        grads: &[T],
+        offset: usize,
+        lr: f64,
+        first_piece: bool,
+    ) -> Result<()> {
+        check_piece("sgd", self.len, offset, params.len(), grads.len())?;
         let (lr, wd, mu) = (T::of(lr), T::of(self.weight_decay), T::of(self.momentum));
         if self.velocity.is_empty() {
             for (p, &g) in params.iter_mut().zip(grads) {
                 *p -= lr * (g + wd * *p);
             }
         } else {
-            for ((p, &g), v) in params.iter_mut().zip(grads).zip(self.velocity.iter_mut()) {
+            let velocity = &mut self.velocity[offset..offset + params.len()];
+            for ((p, &g), v) in params.iter_mut().zip(grads).zip(velocity) {
                 let g = g + wd * *p;
                 *v = mu * *v + g;
                 *p -= lr * if self.nesterov { g + mu * *v } else { *v };
             }
         }
-        self.steps += 1;
+        if first_piece {
+            self.steps += 1;
+        }
         Ok(())
     }
 
