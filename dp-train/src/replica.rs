@@ -12,8 +12,8 @@ use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, ReduceOp};
 use dp_data::{Pipeline, Transform};
 use dp_mem::{CountingAlloc, Pool, PoolBuf, Tag, Tracker};
 use dp_model::{
-    Adam, Checkpoint, Model, ModelOptions, Optimizer, PruneSchedule, Pruner, Recompute, Sgd,
-    Sparsity, StepOptions, Targets, clip_grad_norm,
+    Adam, Checkpoint, LossTotals, Model, ModelOptions, Optimizer, PruneSchedule, Pruner, Recompute,
+    Sgd, Sparsity, StepOptions, Targets, clip_grad_norm,
 };
 use ndarray::ArrayView2;
 
@@ -390,62 +390,9 @@ impl<C: Communicator> Replica<C> {
             let loss = if micro + 1 < config.grad_accum {
                 self.model.forward_backward(x, Targets::Classes(labels), &options)?
             } else {
-                // The last micro-batch hands each finished gradient bucket to the
-                // communication thread while backward goes on.
-                let mut reduce = self.reducer.begin()?;
-                let bucket_ends = &self.bucket_ends;
-                let (mut copied, mut next_bucket, mut failed) = (0usize, 0usize, None);
-                let loss = self.model.forward_backward_with(
-                    x,
-                    Targets::Classes(labels),
-                    &options,
-                    &mut |done: &[f32]| {
-                        if failed.is_some() {
-                            return;
-                        }
-                        let result = reduce
-                            .slice_mut(copied..done.len())
-                            .map(|dst| dst.copy_from_slice(&done[copied..]));
-                        copied = done.len();
-                        let result = result.and_then(|()| {
-                            while next_bucket < bucket_ends.len()
-                                && bucket_ends[next_bucket] <= copied
-                            {
-                                reduce.mark_ready(next_bucket)?;
-                                next_bucket += 1;
-                            }
-                            Ok(())
-                        });
-                        failed = result.err();
-                    },
-                );
-                if let Some(error) = failed {
-                    return Err(error.into());
-                }
-                let loss = loss?;
-                if update_per_bucket {
-                    let params = self.model.params_mut();
-                    let mut start = 0;
-                    for (b, &end) in bucket_ends.iter().enumerate() {
-                        let waiting = Instant::now();
-                        let grads = reduce.reduced_bucket(b)?;
-                        comm_exposed += waiting.elapsed().as_secs_f64();
-                        // From the first update until the step ends, the parameters match no
-                        // step boundary: no emergency checkpoint may save them.
-                        self.updating = true;
-                        self.optimizer.step_part(
-                            &mut params[start..end],
-                            grads,
-                            start,
-                            lr,
-                            b == 0,
-                        )?;
-                        start = end;
-                    }
-                }
-                let waiting = Instant::now();
-                reduce.wait()?;
-                comm_exposed += waiting.elapsed().as_secs_f64();
+                let (loss, exposed) =
+                    self.backward_and_reduce(x, labels, &options, lr, update_per_bucket)?;
+                comm_exposed += exposed;
                 loss
             };
             totals[0] += loss.loss_sum;
@@ -503,6 +450,64 @@ impl<C: Communicator> Replica<C> {
             let _ = events.send(Event::Step(sample));
         }
         Ok(totals[3] > 0.0)
+    }
+
+    /// The last micro-batch of a step: forward and backward, handing each finished gradient
+    /// bucket to the communication thread while backward goes on, then (with
+    /// `update_per_bucket`) updating each bucket's parameters as soon as it is reduced.
+    /// Returns the loss and the seconds spent waiting for reductions.
+    fn backward_and_reduce(
+        &mut self,
+        x: ArrayView2<'_, f32>,
+        labels: &[i64],
+        options: &StepOptions,
+        lr: f64,
+        update_per_bucket: bool,
+    ) -> Result<(LossTotals, f64)> {
+        let mut reduce = self.reducer.begin()?;
+        let bucket_ends = &self.bucket_ends;
+        let (mut copied, mut next_bucket, mut failed) = (0usize, 0usize, None);
+        let mut hand_over = |done: &[f32]| {
+            if failed.is_some() {
+                return;
+            }
+            let result = reduce
+                .slice_mut(copied..done.len())
+                .map(|dst| dst.copy_from_slice(&done[copied..]));
+            copied = done.len();
+            let result = result.and_then(|()| {
+                while next_bucket < bucket_ends.len() && bucket_ends[next_bucket] <= copied {
+                    reduce.mark_ready(next_bucket)?;
+                    next_bucket += 1;
+                }
+                Ok(())
+            });
+            failed = result.err();
+        };
+        let loss =
+            self.model.forward_backward_with(x, Targets::Classes(labels), options, &mut hand_over);
+        if let Some(error) = failed {
+            return Err(error.into());
+        }
+        let loss = loss?;
+        let mut waited = 0.0;
+        if update_per_bucket {
+            let params = self.model.params_mut();
+            let mut start = 0;
+            for (b, &end) in bucket_ends.iter().enumerate() {
+                let waiting = Instant::now();
+                let grads = reduce.reduced_bucket(b)?;
+                waited += waiting.elapsed().as_secs_f64();
+                // From the first update until the step ends, the parameters match no step
+                // boundary: no emergency checkpoint may save them.
+                self.updating = true;
+                self.optimizer.step_part(&mut params[start..end], grads, start, lr, b == 0)?;
+                start = end;
+            }
+        }
+        let waiting = Instant::now();
+        reduce.wait()?;
+        Ok((loss, waited + waiting.elapsed().as_secs_f64()))
     }
 
     /// One pass over the evaluation data, shared out among the replicas.
