@@ -317,10 +317,26 @@ impl TrainConfig {
         if self.checksum_every == 0 {
             return Err(Error::config("checksum_every", "must be at least 1"));
         }
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+        // Budgets are turned into bytes, so they must fit in a u64 as bytes.
+        const MAX_MIB: u64 = 1 << 40;
+        if self.data_budget_mib == 0 || self.data_budget_mib > MAX_MIB {
+            return Err(Error::config(
+                "data_budget_mib",
+                format!("{} is outside 1..={MAX_MIB}", self.data_budget_mib),
+            ));
+        }
+        if let Some(mib) = self.memory_budget_mib
+            && (mib == 0 || mib > MAX_MIB)
+        {
+            return Err(Error::config(
+                "memory_budget_mib",
+                format!("{mib} is outside 1..={MAX_MIB}"),
+            ));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 1e9) {
             return Err(Error::config(
                 "timeout_s",
-                format!("{} must be a positive number of seconds", self.timeout_s),
+                format!("{} must be a positive number of seconds, at most 1e9", self.timeout_s),
             ));
         }
         Ok(())

@@ -221,6 +221,14 @@ fn bad_configs_fail_before_anything_starts() {
         ("model", TrainConfig { model: "resnet".into(), ..config(1, 1) }),
         ("compression", TrainConfig { compression: "zip".into(), ..config(1, 1) }),
         ("global_batch", TrainConfig { global_batch: 4096, ..config(1, 1) }),
+        ("data_budget_mib", TrainConfig { data_budget_mib: u64::MAX, ..config(1, 1) }),
+        (
+            "memory_budget_mib",
+            TrainConfig { memory_budget_mib: Some(u64::MAX / 2), ..config(1, 1) },
+        ),
+        ("timeout_s", TrainConfig { timeout_s: 1e300, ..config(1, 1) }),
+        ("replicas", TrainConfig { replicas: 1 << 20, ..config(1, 1) }),
+        ("lr", TrainConfig { lr: Some(f64::NAN), ..config(1, 1) }),
     ];
     for (field, c) in cases {
         let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
