@@ -241,7 +241,9 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             config.cache = !no_cache;
             config.autotune = !no_autotune;
             config.cache_file = cache_file;
-            config.memory_budget = budget_mib << 20;
+            config.memory_budget = budget_mib
+                .checked_mul(1 << 20)
+                .with_context(|| format!("--budget-mib {budget_mib} is too large"))?;
             let report = dp_data::measure_pipeline(&dir, config)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
