@@ -2,7 +2,7 @@
 //! 256 and of LeNet at batch 64, on one thread, under criterion; then a report of the ratios
 //! against references measured in this same run: the step's own GEMMs run bare through
 //! `general_mat_mul`, activation memory and step time with recomputation, allocations per
-//! step against the bare GEMMs', and checkpoint and int8 sizes.
+//! step against the bare GEMMs', checkpoint and int8 sizes, and int8's accuracy change.
 //! `cargo bench -p dp-model` (or `cargo xtask bench model`).
 
 use std::hint::black_box;
@@ -15,6 +15,9 @@ use dp_model::{
     QuantizedModel, Recompute, Sgd, Sparsity, StepOptions, Targets,
 };
 use ndarray::Array2;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::system();
@@ -209,4 +212,34 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
             verdict(ratio <= 0.27)
         );
     }
+    int8_accuracy(&pool);
+}
+
+/// Trains the MLP on a generated 10-class task (the tests' blobs, 784 features, noisy enough
+/// that it does not reach 100%) and reports what int8 weights do to its accuracy.
+fn int8_accuracy(pool: &Pool) {
+    let (x, y) = support::blobs(4096, 784, 10, 5.0, 5, 0);
+    let (x_eval, y_eval) = support::blobs(1024, 784, 10, 5.0, 5, 1);
+    let spec = ModelSpec::mlp(784, &[512, 256], 10);
+    let mut model = Model::<f32>::new(&spec, pool, ModelOptions::new(1024, 1)).expect("model");
+    let mut sgd = Sgd::new(model.params().len(), 0.9, true, 0.0, pool).expect("optimizer");
+    for step in 0..200u64 {
+        let start = (step as usize * 128) % 4096;
+        let xb = x.slice(ndarray::s![start..start + 128, ..]);
+        let opts = StepOptions { step, ..Default::default() };
+        model.forward_backward(xb, Targets::Classes(&y[start..start + 128]), &opts).expect("step");
+        let (params, grads) = model.params_and_grads();
+        sgd.step(params, grads, 0.002).expect("sgd");
+    }
+    let f32_accuracy =
+        model.evaluate(x_eval.view(), Targets::Classes(&y_eval)).expect("eval").accuracy();
+    let mut q = QuantizedModel::quantize(&model, pool).expect("quantize");
+    let int8_accuracy =
+        q.evaluate(x_eval.view(), Targets::Classes(&y_eval)).expect("eval").accuracy();
+    println!(
+        "MLP on a generated 10-class task: eval accuracy f32 {:.4}, int8 weights {:.4} (change {:+.4})",
+        f32_accuracy,
+        int8_accuracy,
+        int8_accuracy - f32_accuracy
+    );
 }
