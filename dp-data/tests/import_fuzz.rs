@@ -9,6 +9,12 @@ mod temp_dir;
 
 use temp_dir::{TempDir, gzip, hex};
 
+#[path = "support/tfrecord.rs"]
+#[allow(dead_code)]
+mod tfrecord;
+
+use tfrecord::{List, frame, masked_crc};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -290,52 +296,13 @@ proptest! {
     }
 }
 
-// A minimal TFRecord writer, independent of the importer.
-
-fn masked_crc(bytes: &[u8]) -> u32 {
-    let crc = crc32c::crc32c(bytes);
-    crc.rotate_right(15).wrapping_add(0xa282_ead8)
-}
-
-fn frame(data: &[u8]) -> Vec<u8> {
-    let length = (data.len() as u64).to_le_bytes();
-    let mut out = length.to_vec();
-    out.extend_from_slice(&masked_crc(&length).to_le_bytes());
-    out.extend_from_slice(data);
-    out.extend_from_slice(&masked_crc(data).to_le_bytes());
-    out
-}
-
-fn message(field: u8, payload: &[u8], out: &mut Vec<u8>) {
-    out.push(field << 3 | 2);
-    out.push(payload.len() as u8); // every payload here is under 128 bytes
-    out.extend_from_slice(payload);
-}
-
-fn entry(key: &str, list_field: u8, list: &[u8]) -> Vec<u8> {
-    let (mut feature, mut entry, mut out) = (Vec::new(), Vec::new(), Vec::new());
-    message(list_field, list, &mut feature);
-    message(1, key.as_bytes(), &mut entry);
-    message(2, &feature, &mut entry);
-    message(1, &entry, &mut out);
-    out
-}
-
 /// An Example with an int64 pair, a float triple and one byte string.
 fn example(i: u8) -> Vec<u8> {
-    let (mut ints, mut floats, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
-    message(1, &[i, 0x7f], &mut ints);
-    message(
-        1,
-        &[f32::from(i).to_le_bytes(), 0.5f32.to_le_bytes(), (-1f32).to_le_bytes()].concat(),
-        &mut floats,
-    );
-    message(1, &[b'x', i], &mut bytes);
-    let map = [entry("ints", 3, &ints), entry("floats", 2, &floats), entry("image/raw", 1, &bytes)]
-        .concat();
-    let mut out = Vec::new();
-    message(1, &map, &mut out);
-    out
+    tfrecord::example(&[
+        ("ints", List::Ints(&[i64::from(i), 0x7f], true)),
+        ("floats", List::Floats(&[f32::from(i), 0.5, -1.0], true)),
+        ("image/raw", List::Bytes(&[b'x', i])),
+    ])
 }
 
 #[test]
