@@ -7,6 +7,7 @@
 
 use crate::float::Float;
 use crate::ops::gemm::{matmul, view, view_mut};
+use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// Elements per inline copy in [`copy_row`].
 const LANES: usize = 8;
@@ -97,7 +98,7 @@ impl Conv2d {
         let n = batch * self.out_height * self.out_width;
         let cols = &mut scratch[..self.patch_len() * n];
         self.im2col(batch, x, cols);
-        let (w, b) = self.split(params);
+        let (w, b) = weights_and_bias(params, self.offset, self.out_channels, self.patch_len());
         for (row, &bias) in y[..self.out_channels * n].chunks_exact_mut(n).zip(b) {
             row.fill(bias);
         }
@@ -136,14 +137,15 @@ impl Conv2d {
         }
         let beta = if accumulate { T::one() } else { T::zero() };
         let dy2 = view(dy, self.out_channels, n);
-        let (dw, db) = self.split_mut(grads);
+        let (dw, db) =
+            weights_and_bias_mut(grads, self.offset, self.out_channels, self.patch_len());
         matmul(dy2, view(cols, patch, n).t(), beta, &mut view_mut(dw, self.out_channels, patch));
         for (g, row) in db.iter_mut().zip(dy[..self.out_channels * n].chunks_exact(n)) {
             let sum = sum_lanes(row);
             *g = if accumulate { *g + sum } else { sum };
         }
         if let Some(dx) = dx {
-            let (w, _) = self.split(params);
+            let (w, _) = weights_and_bias(params, self.offset, self.out_channels, self.patch_len());
             let w = view(w, self.out_channels, patch);
             matmul(w.t(), dy2, T::zero(), &mut view_mut(cols, patch, n));
             self.col2im(batch, cols, dx);
@@ -239,15 +241,5 @@ impl Conv2d {
                 }
             }
         }
-    }
-
-    fn split<'a, T>(&self, params: &'a [T]) -> (&'a [T], &'a [T]) {
-        params[self.offset..self.offset + self.param_len()]
-            .split_at(self.out_channels * self.patch_len())
-    }
-
-    fn split_mut<'a, T>(&self, params: &'a mut [T]) -> (&'a mut [T], &'a mut [T]) {
-        params[self.offset..self.offset + self.param_len()]
-            .split_at_mut(self.out_channels * self.patch_len())
     }
 }

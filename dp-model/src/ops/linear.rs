@@ -2,6 +2,7 @@
 
 use crate::float::Float;
 use crate::ops::gemm::{matmul, view, view_mut};
+use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// Shape of a linear layer and where its parameters sit in the flat buffer.
 #[derive(Clone, Debug)]
@@ -18,7 +19,7 @@ impl Linear {
     }
 
     pub(crate) fn forward<T: Float>(&self, batch: usize, params: &[T], x: &[T], y: &mut [T]) {
-        let (w, b) = self.split(params);
+        let (w, b) = weights_and_bias(params, self.offset, self.outputs, self.inputs);
         // Start from the bias in every row, then accumulate the product onto it: one pass
         // over `y` fewer than adding the bias afterwards.
         for row in y[..batch * self.outputs].chunks_exact_mut(self.outputs) {
@@ -44,7 +45,7 @@ impl Linear {
     ) {
         let beta = if accumulate { T::one() } else { T::zero() };
         let dy2 = view(dy, batch, self.outputs);
-        let (dw, db) = self.split_mut(grads);
+        let (dw, db) = weights_and_bias_mut(grads, self.offset, self.outputs, self.inputs);
         matmul(
             dy2.t(),
             view(x, batch, self.inputs),
@@ -60,21 +61,9 @@ impl Linear {
             }
         }
         if let Some(dx) = dx {
-            let (w, _) = self.split(params);
+            let (w, _) = weights_and_bias(params, self.offset, self.outputs, self.inputs);
             let w = view(w, self.outputs, self.inputs);
             matmul(dy2, w, T::zero(), &mut view_mut(dx, batch, self.inputs));
         }
-    }
-
-    fn split<'a, T>(&self, params: &'a [T]) -> (&'a [T], &'a [T]) {
-        let weights = self.outputs * self.inputs;
-        let own = &params[self.offset..self.offset + self.param_len()];
-        own.split_at(weights)
-    }
-
-    fn split_mut<'a, T>(&self, params: &'a mut [T]) -> (&'a mut [T], &'a mut [T]) {
-        let weights = self.outputs * self.inputs;
-        let own = &mut params[self.offset..self.offset + self.param_len()];
-        own.split_at_mut(weights)
     }
 }

@@ -17,6 +17,27 @@ use linear::Linear;
 use pool::MaxPool2d;
 use transpose::Transpose;
 
+/// A parameterized layer's values in the flat buffer: a `rows x cols` weight matrix at
+/// `offset`, then `rows` biases.
+pub(crate) fn weights_and_bias<T>(
+    params: &[T],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+) -> (&[T], &[T]) {
+    params[offset..offset + rows * cols + rows].split_at(rows * cols)
+}
+
+/// The mutable counterpart of [`weights_and_bias`].
+pub(crate) fn weights_and_bias_mut<T>(
+    params: &mut [T],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+) -> (&mut [T], &mut [T]) {
+    params[offset..offset + rows * cols + rows].split_at_mut(rows * cols)
+}
+
 /// One operation of the tape.
 #[derive(Clone, Debug)]
 pub(crate) enum Op {
