@@ -180,13 +180,7 @@ impl<T: Float> Model<T> {
             .chain(&slot_lens)
             .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
             .collect::<Result<Vec<_>, _>>()?;
-        let ping_len = tape.nodes.iter().map(|n| n.out_len).max().unwrap_or(0) * batch;
-        let scratch_len = tape
-            .nodes
-            .iter()
-            .map(|n| if let Op::Conv2d(c) = &n.op { c.scratch_len(batch) } else { 0 })
-            .max()
-            .unwrap_or(0);
+        let (ping_len, scratch_len) = (tape.ping_len(batch), tape.scratch_len(batch));
 
         let mut params = pool.alloc_zeroed(tape.layout.len(), Tag::Param)?;
         initialize(spec, &tape.layout, options.seed, &mut params);

@@ -81,8 +81,7 @@ impl QuantizedModel {
             biases.extend_from_slice(&params[weight.offset + weight.len()..node.params.end]);
         }
         let largest = tape.nodes.iter().map(|n| n.params.len()).max().unwrap_or(0);
-        let ping_len = tape.nodes.iter().map(|n| n.out_len).max().unwrap_or(0) * max_batch;
-        let scratch_len = model.memory().workspace as usize / size_of::<f32>() - 2 * ping_len;
+        let (ping_len, scratch_len) = (tape.ping_len(max_batch), tape.scratch_len(max_batch));
         let mut weights = pool.alloc(q.len(), Tag::Param)?;
         weights.copy_from_slice(&q);
         Ok(Self {

@@ -213,6 +213,18 @@ impl Tape {
         Ok(Self { nodes, layout, input_len })
     }
 
+    /// Values of the largest activation of `batch` samples: the size of each of the two
+    /// buffers activations and their gradients alternate between.
+    pub(crate) fn ping_len(&self, batch: usize) -> usize {
+        self.nodes.iter().map(|n| n.out_len).max().unwrap_or(0) * batch
+    }
+
+    /// Values of the largest convolution's unfolded input for `batch` samples.
+    pub(crate) fn scratch_len(&self, batch: usize) -> usize {
+        let conv = |n: &Node| if let Op::Conv2d(c) = &n.op { c.scratch_len(batch) } else { 0 };
+        self.nodes.iter().map(conv).max().unwrap_or(0)
+    }
+
     pub(crate) fn outputs(&self) -> usize {
         self.nodes.last().map_or(self.input_len, |n| n.out_len)
     }
