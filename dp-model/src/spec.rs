@@ -188,6 +188,12 @@ impl ModelSpec {
     pub fn outputs(&self) -> Result<usize> {
         Ok(crate::tape::Tape::build(self, 1)?.outputs())
     }
+
+    /// Where the model's parameters will sit in its flat buffers (their count is its
+    /// `len`), without building the model.
+    pub fn layout(&self) -> Result<crate::layout::ParamLayout> {
+        Ok(crate::tape::Tape::build(self, 1)?.layout)
+    }
 }
 
 impl LayerSpec {

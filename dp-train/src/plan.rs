@@ -152,14 +152,6 @@ impl RunPlan {
         self.resume.as_ref().map_or(0, |(_, s)| s.step)
     }
 
-    /// Parameters of the model.
-    pub(crate) fn spec_params(&self) -> Result<usize> {
-        let pool = dp_mem::Pool::new(&dp_mem::Tracker::disabled());
-        Ok(dp_model::Model::<f32>::new(&self.spec, &pool, dp_model::ModelOptions::new(1, 0))?
-            .params()
-            .len())
-    }
-
     pub(crate) fn checkpoint_path(&self) -> PathBuf {
         self.run_dir.join(crate::run_dir::CHECKPOINT)
     }

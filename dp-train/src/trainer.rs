@@ -92,16 +92,17 @@ pub fn train(
             let effective = config.resolved()?;
             effective.validate()?;
             let name = effective.name.clone().unwrap_or_else(|| run_dir::default_name(&effective));
-            // Resolve (and so check) everything before creating the run directory.
-            let probe = RunPlan::new(effective.clone(), options.out.join(&name), None)?;
-            drop(probe);
-            let dir = run_dir::create(&options.out, &name, &effective)?;
-            (RunPlan::new(effective, dir.clone(), None)?, dir.join(METRICS))
+            // Resolve (and so check) everything before creating the run directory, whose
+            // final name (`-2`, `-3` ... when taken) is known only once it exists.
+            let mut plan = RunPlan::new(effective.clone(), PathBuf::new(), None)?;
+            plan.run_dir = run_dir::create(&options.out, &name, &effective)?;
+            let metrics = plan.run_dir.join(METRICS);
+            (plan, metrics)
         }
     };
     let plan = Arc::new(plan);
     let mut metrics = MetricsWriter::append(&metrics_path)?;
-    let params = plan.spec_params()?;
+    let params = plan.spec.layout()?.len();
     observer.started(&RunInfo {
         run_dir: plan.run_dir.clone(),
         replicas: plan.replicas,
