@@ -147,7 +147,7 @@ impl BlockBuilder {
 /// Where one feature's data lies in a decoded block.
 #[derive(Debug, Clone, Copy)]
 enum ColumnView {
-    Dense { start: usize },
+    Dense { start: usize, end: usize },
     Bytes { ends: usize, data: usize },
     Sparse { ends: usize, indices: usize, values: usize },
 }
@@ -249,7 +249,7 @@ impl Block {
                     records.checked_mul(per_record).and_then(|b| b.checked_add(start)),
                     "data",
                 )?;
-                Ok((ColumnView::Dense { start }, end))
+                Ok((ColumnView::Dense { start, end }, end))
             }
             Kind::Bytes | Kind::Sparse { .. } => {
                 let ends_end = within(
@@ -367,10 +367,7 @@ impl Block {
     pub fn dense_bytes(&self, name: &str) -> Result<&[u8]> {
         let (feature, view) = self.lookup(name)?;
         match view {
-            ColumnView::Dense { start } => {
-                let bytes = self.records * feature.dense_bytes().unwrap_or(0);
-                Ok(&self.data[start..start + bytes])
-            }
+            ColumnView::Dense { start, end } => Ok(&self.data[start..end]),
             _ => Err(Self::wrong(feature, "is not dense")),
         }
     }
@@ -379,10 +376,7 @@ impl Block {
     /// names once and uses this per record.
     pub(crate) fn dense_column(&self, feature: usize) -> &[u8] {
         match self.columns[feature] {
-            ColumnView::Dense { start } => {
-                let per = self.schema.features()[feature].dense_bytes().unwrap_or(0);
-                &self.data[start..start + self.records * per]
-            }
+            ColumnView::Dense { start, end } => &self.data[start..end],
             _ => &[],
         }
     }
@@ -446,7 +440,7 @@ impl Block {
         for (feature, view) in self.schema.features().iter().zip(&self.columns) {
             let size = feature.dtype.size();
             match *view {
-                ColumnView::Dense { start } => {
+                ColumnView::Dense { start, .. } => {
                     let per = feature.dense_bytes().unwrap_or(0);
                     out.extend_from_slice(&self.data[start + row * per..start + (row + 1) * per]);
                 }

@@ -191,7 +191,8 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// What [`measure_pipeline`] found.
+/// What [`measure_pipeline`] found. Throughputs are medians over rounds that alternate the
+/// reference and the pipeline, so both see the same machine.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct PipelineReport {
@@ -199,30 +200,36 @@ pub struct PipelineReport {
     pub records_per_epoch: u64,
     /// Worker threads of the pipeline and of the zstd reference.
     pub workers: usize,
-    /// First epoch (nothing cached): records per second.
+    /// Rounds measured (each: one reference pass, one uncached epoch, one cached epoch).
+    pub rounds: usize,
+    /// A first epoch (nothing cached): records per second.
     pub records_per_s: f64,
-    /// First epoch: uncompressed dataset bytes per second.
+    /// A first epoch: uncompressed dataset bytes per second.
     pub bytes_per_s: f64,
     /// Raw zstd decompression of the same blocks on the same number of threads.
     pub zstd_bytes_per_s: f64,
-    /// `bytes_per_s / zstd_bytes_per_s`.
+    /// `bytes_per_s / zstd_bytes_per_s`, the median of the rounds' ratios.
     pub first_epoch_vs_zstd: f64,
-    /// Second epoch records per second (served from the cache when it is on and fits).
+    /// The epoch that fills the cache (when `cache` is on and the dataset fits): records per
+    /// second.
+    pub fill_records_per_s: f64,
+    /// Later epochs served from the cache (when it is on and fits), else uncached epochs.
     pub warm_records_per_s: f64,
     /// `warm_records_per_s / records_per_s`.
     pub warm_vs_first: f64,
     /// Whether the whole dataset was cached.
     pub cached: bool,
-    /// Share of the first epoch's wall time the consumer waited for batches.
+    /// Share of a first epoch's wall time the consumer waited for batches.
     pub consumer_wait_share: f64,
-    /// Share of the wall time the producer spent loading blocks.
+    /// Share of the wall time the workers spent loading blocks (summed over workers, so it can
+    /// exceed 1 with several).
     pub load_share: f64,
     /// Work spent reading blocks and checking their CRC32C, over the wall time (summed over
-    /// workers, so it can exceed 1 with several).
+    /// workers).
     pub read_share: f64,
     /// Work spent decompressing and validating blocks, over the wall time (summed over workers).
     pub decompress_share: f64,
-    /// Share spent decoding, transforming and collating on the workers.
+    /// Work spent decoding, transforming and collating (summed over workers).
     pub map_share: f64,
     /// The most `Data` bytes held at once.
     pub peak_bytes: u64,
@@ -234,15 +241,19 @@ pub struct PipelineReport {
     pub shuffle_displacement: f64,
 }
 
-/// Runs two epochs of a pipeline over the dataset in `dir` with `config` (the usual
-/// normalization as its transform), and raw zstd decompression of the same blocks on as many
-/// threads, and compares them.
+/// Measures a pipeline over the dataset in `dir` with `config` (the usual normalization as its
+/// transform) against raw zstd decompression of the same blocks on as many threads, over
+/// `rounds` rounds (at least 3). Each round runs the reference, then an epoch of an uncached
+/// pipeline (a first epoch), then, with `config.cache`, an epoch of a caching pipeline (the
+/// first fills the cache, later ones are served from it).
 pub fn measure_pipeline(
     dir: &std::path::Path,
     config: crate::PipelineConfig,
+    rounds: usize,
 ) -> Result<PipelineReport> {
     use rayon::prelude::*;
 
+    let rounds = rounds.max(3);
     let dataset = Dataset::open(dir)?;
     let (compressed, prefix_raw, largest) = compressed_prefix(&dataset)?;
     let raw_bytes = dataset.raw_bytes();
@@ -250,8 +261,7 @@ pub fn measure_pipeline(
         .num_threads(config.workers)
         .build()
         .map_err(|e| Error::Config { field: "workers", what: e.to_string() })?;
-    let mut zstd_s = Vec::new();
-    for _ in 0..3 {
+    let reference = || -> Result<f64> {
         let start = Instant::now();
         threads.install(|| {
             compressed.par_iter().try_for_each_init(
@@ -270,63 +280,91 @@ pub fn measure_pipeline(
                 },
             )
         })?;
-        zstd_s.push(start.elapsed().as_secs_f64());
-    }
-    drop(compressed);
-    let zstd_t = median(zstd_s);
-
-    let budget = config.memory_budget;
-    let workers = config.workers;
-    let (global_batch, rank) = (config.global_batch() as u64, config.rank as u64);
-    let mut pipeline = crate::Pipeline::new(
-        dir,
-        config,
-        vec![Box::new(crate::Normalize::pixels(0.1307, 0.3081))],
-    )?;
-    let per_epoch = pipeline.batches_per_epoch();
-    let epoch = |pipeline: &mut crate::Pipeline| -> Result<(f64, u64)> {
-        let start = Instant::now();
-        let mut records = 0;
-        for _ in 0..per_epoch {
-            records += pipeline.next_batch()?.len() as u64;
-        }
-        Ok((start.elapsed().as_secs_f64(), records))
+        Ok(prefix_raw as f64 / start.elapsed().as_secs_f64())
     };
-    let start = Instant::now();
-    let (mut records, mut displacement) = (0u64, 0.0f64);
+
+    let transforms = || vec![Box::new(crate::Normalize::pixels(0.1307, 0.3081)) as _];
+    let uncached_config =
+        crate::PipelineConfig { cache: false, cache_file: None, ..config.clone() };
+    let mut uncached = crate::Pipeline::new(dir, uncached_config, transforms())?;
+    let mut caching = if config.cache {
+        Some(crate::Pipeline::new(dir, config.clone(), transforms())?)
+    } else {
+        None
+    };
+    let per_epoch = uncached.batches_per_epoch();
+    let (global_batch, rank) = (config.global_batch() as u64, config.rank as u64);
     let n = dataset.len().max(1) as f64;
-    for _ in 0..per_epoch {
-        let batch = pipeline.next_batch()?;
-        // This rank's slice of the global batch starts at index * global + rank * batch.
-        let start = batch.index() * global_batch + rank * batch.len() as u64;
-        for (k, &id) in batch.record_ids().iter().enumerate() {
-            displacement += ((start + k as u64) as f64 - id as f64).abs() / n;
-            records += 1;
+    // One epoch: its records per second and the records' mean displacement.
+    let epoch = |pipeline: &mut crate::Pipeline| -> Result<(f64, u64, f64)> {
+        let (start, mut records, mut displacement) = (Instant::now(), 0u64, 0.0f64);
+        for _ in 0..per_epoch {
+            let batch = pipeline.next_batch()?;
+            // This rank's slice of the global batch starts at index * global + rank * batch.
+            let first = batch.index() * global_batch + rank * batch.len() as u64;
+            for (k, &id) in batch.record_ids().iter().enumerate() {
+                displacement += ((first + k as u64) as f64 - id as f64).abs() / n;
+                records += 1;
+            }
+        }
+        let rate = records as f64 / start.elapsed().as_secs_f64();
+        Ok((rate, records, displacement / records.max(1) as f64 * 3.0))
+    };
+
+    let (mut zstd, mut first, mut ratios, mut warm) = (vec![], vec![], vec![], vec![]);
+    let (mut fill, mut records, mut displacement) = (0.0, 0, 0.0);
+    // The uncached pipeline's time shares, over its epochs only (its statistics accumulate
+    // across the other runs of the round too).
+    let mut shares = [0.0f64; 6];
+    let share_times =
+        |s: &crate::PipelineStats| [s.consumer_wait_s, s.load_s, s.read_s, s.decompress_s, s.map_s];
+    for round in 0..rounds {
+        let zstd_bytes_per_s = reference()?;
+        let before = share_times(&uncached.stats());
+        let started = Instant::now();
+        let (rate, r, d) = epoch(&mut uncached)?;
+        let after = share_times(&uncached.stats());
+        for (k, share) in shares.iter_mut().enumerate().take(5) {
+            *share += after[k] - before[k];
+        }
+        shares[5] += started.elapsed().as_secs_f64();
+        (records, displacement) = (r, d);
+        let bytes_per_s = raw_bytes as f64 * rate / n;
+        zstd.push(zstd_bytes_per_s);
+        first.push(rate);
+        ratios.push(bytes_per_s / zstd_bytes_per_s);
+        match caching.as_mut() {
+            Some(p) if round == 0 => fill = epoch(p)?.0,
+            Some(p) => warm.push(epoch(p)?.0),
+            None => {}
         }
     }
-    let first_t = start.elapsed().as_secs_f64();
-    let first = pipeline.stats();
-    let (warm_t, _) = epoch(&mut pipeline)?;
-    let stats = pipeline.stats();
-    // This rank's share of the dataset's bytes.
-    let bytes_per_s = raw_bytes as f64 * records as f64 / dataset.len().max(1) as f64 / first_t;
+    let cached = caching.as_ref().is_some_and(crate::Pipeline::caches_everything);
+    // Without a cache, later epochs are first epochs again.
+    let warm = if warm.is_empty() { median(first.clone()) } else { median(warm) };
+    let first_rate = median(first);
+    let peak =
+        caching.as_ref().map_or(0, |p| p.stats().peak_bytes).max(uncached.stats().peak_bytes);
+    let wall = shares[5].max(1e-9);
     Ok(PipelineReport {
         records_per_epoch: records,
-        workers,
-        records_per_s: records as f64 / first_t,
-        bytes_per_s,
-        zstd_bytes_per_s: prefix_raw as f64 / zstd_t,
-        first_epoch_vs_zstd: bytes_per_s / (prefix_raw as f64 / zstd_t),
-        warm_records_per_s: records as f64 / warm_t,
-        warm_vs_first: first_t / warm_t,
-        cached: pipeline.caches_everything(),
-        consumer_wait_share: first.consumer_wait_s / first_t,
-        load_share: first.load_s / first_t,
-        read_share: first.read_s / first_t,
-        decompress_share: first.decompress_s / first_t,
-        map_share: first.map_s / first_t,
-        peak_bytes: stats.peak_bytes,
-        memory_budget: budget,
-        shuffle_displacement: displacement / records.max(1) as f64 * 3.0,
+        workers: config.workers,
+        rounds,
+        records_per_s: first_rate,
+        bytes_per_s: raw_bytes as f64 * first_rate / n,
+        zstd_bytes_per_s: median(zstd),
+        first_epoch_vs_zstd: median(ratios),
+        fill_records_per_s: fill,
+        warm_records_per_s: warm,
+        warm_vs_first: warm / first_rate,
+        cached,
+        consumer_wait_share: shares[0] / wall,
+        load_share: shares[1] / wall,
+        read_share: shares[2] / wall,
+        decompress_share: shares[3] / wall,
+        map_share: shares[4] / wall,
+        peak_bytes: peak,
+        memory_budget: config.memory_budget,
+        shuffle_displacement: displacement,
     })
 }

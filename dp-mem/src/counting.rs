@@ -29,7 +29,8 @@ impl AllocCounts {
         self.allocs + self.reallocs
     }
 
-    fn since(&self, earlier: &AllocCounts) -> AllocCounts {
+    /// What was counted after `earlier` was taken.
+    pub fn since(&self, earlier: &AllocCounts) -> AllocCounts {
         AllocCounts {
             allocs: self.allocs - earlier.allocs,
             reallocs: self.reallocs - earlier.reallocs,

@@ -54,7 +54,8 @@ pub(crate) enum DataCmd {
         /// The dataset directory.
         dir: PathBuf,
     },
-    /// Measure the input pipeline (two epochs) against raw zstd; prints one JSON line.
+    /// Measure the input pipeline against raw zstd (rounds of: the reference, an uncached
+    /// epoch, a cached epoch; medians); prints one JSON line.
     Bench {
         /// The dataset directory.
         dir: PathBuf,
@@ -82,6 +83,9 @@ pub(crate) enum DataCmd {
         /// Memory budget in MiB.
         #[arg(long, default_value_t = 512)]
         budget_mib: u64,
+        /// Rounds to take medians over (at least 3).
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
     },
     /// Measure sequential and random reads against raw zstd; prints one JSON line.
     BenchRead {
@@ -230,6 +234,7 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             no_autotune,
             cache_file,
             budget_mib,
+            rounds,
         } => {
             let mut config = dp_data::PipelineConfig::default();
             config.batch_size = batch;
@@ -244,7 +249,7 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             config.memory_budget = budget_mib
                 .checked_mul(1 << 20)
                 .with_context(|| format!("--budget-mib {budget_mib} is too large"))?;
-            let report = dp_data::measure_pipeline(&dir, config)?;
+            let report = dp_data::measure_pipeline(&dir, config, rounds)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -49,10 +49,11 @@ pub struct PipelineConfig {
     pub shuffle_window: Option<usize>,
     /// The last, partial global batch of an epoch.
     pub tail: TailPolicy,
-    /// Threads decoding and transforming records.
+    /// Worker threads, each making whole batches.
     pub workers: usize,
-    /// Batches prepared ahead by a background thread (0: prepared on demand). With
-    /// `autotune`, the most that may be prepared ahead.
+    /// Batches that may be made ahead of the consumer beyond one per worker. 0: no worker
+    /// threads; each batch is made on the calling thread when asked for. With `autotune`, the
+    /// most that may be made ahead.
     pub prefetch: usize,
     /// Adjust the worker threads in use (up to `workers`) and the prefetch depth (up to
     /// `prefetch`) from measured waits: more when the consumer waits for batches, fewer workers

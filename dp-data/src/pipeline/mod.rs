@@ -8,26 +8,29 @@
 //! and neither the worker count, the prefetch depth, nor resuming (even with another world
 //! size, as long as the global batch is the same) changes what the model sees.
 //!
-//! Records are decoded and transformed on worker threads, each into its fixed slot of a
-//! contiguous batch in pooled buffers; a background thread keeps `prefetch` batches ready.
-//! Everything the pipeline holds (decoded blocks, the cache, batches in flight) is sized at
-//! construction to fit `memory_budget`, and a dp-mem budget enforces it.
+//! Each worker thread makes whole batches (a batch is a function of its number), decoding the
+//! blocks it needs into a table the workers share, and converting its records into a
+//! contiguous batch in pooled buffers; the consumer takes the batches in order, with up to
+//! `prefetch` more made ahead. Everything the pipeline holds (decoded blocks, the cache, batches
+//! in flight) is sized at construction to fit `memory_budget`, and a dp-mem budget enforces it.
 //!
 //! Each rank reads the blocks its slices draw from; ranks of one process that want to share
 //! the decompression can run one pipeline with `world_size = 1` and split its batches.
 
 mod batch;
+mod blocks;
 mod config;
 mod disk_cache;
 mod permutation;
 mod plan;
 mod producer;
+mod queue;
 mod stats;
 mod transform;
 mod tuning;
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -42,9 +45,12 @@ pub use transform::{Normalize, RandomCrop, RandomFlip, Rng, Sample, Transform};
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::{Error, Result};
 use crate::schema::{DType, Kind};
+use blocks::BlockTable;
 use permutation::hash;
-use producer::{Columns, Producer};
-use tuning::Tuning;
+use plan::BlockSizes;
+use producer::{Columns, Producer, Shared};
+use queue::Queue;
+use tuning::Tuner;
 
 /// Batches for one rank, forever (epoch after epoch), in a deterministic order.
 pub struct Pipeline {
@@ -53,18 +59,21 @@ pub struct Pipeline {
     batches_per_epoch: u64,
     global_batch: u64,
     config_hash: u64,
-    stats: Arc<Mutex<PipelineStats>>,
+    shared: Arc<Shared>,
     tracker: Tracker,
     started: Option<Instant>,
     cached: bool,
-    tuning: Arc<Tuning>,
-    /// Statistics at the last autotuning step (`None` without autotuning).
-    tuned: Option<PipelineStats>,
+    /// The autotuner (`None` without autotuning).
+    tuner: Option<Tuner>,
 }
 
 enum Mode {
+    /// `prefetch == 0`: batches are made on the calling thread, when asked for.
     Inline(Box<Producer>),
-    Background { batches: Option<Receiver<Result<Batch>>>, thread: Option<JoinHandle<()>> },
+    Background {
+        queue: Arc<Queue>,
+        workers: Vec<JoinHandle<()>>,
+    },
 }
 
 impl Pipeline {
@@ -137,10 +146,6 @@ impl Pipeline {
             }
         };
         let cached = plan_memory(&dataset, &config, &columns)?;
-        let stats = Arc::new(Mutex::new(PipelineStats::default()));
-        // Without autotuning the depth stays at `prefetch` and every worker is used.
-        let tuning = Arc::new(Tuning::new(config.workers, config.prefetch, config.autotune));
-        let tuned = config.autotune.then(PipelineStats::default);
         let disk = match (&config.cache_file, cached) {
             (Some(path), false) => {
                 let id = hash(&[config_hash_of_dataset(&dataset), dataset.block_count() as u64]);
@@ -148,22 +153,30 @@ impl Pipeline {
             }
             _ => None,
         };
-        let producer = Producer::new(
-            Arc::clone(&dataset),
-            config.clone(),
+        let blocks = BlockTable::new(dataset.block_count(), cached, config.on_corruption, disk);
+        let shared = Arc::new(Shared {
+            sizes: Arc::new(BlockSizes::new(dataset.block_records())),
+            dataset,
+            config: config.clone(),
             transforms,
             columns,
             pool,
-            Arc::clone(&stats),
-            Arc::clone(&tuning),
-            cached,
-            disk,
-            next,
-        )?;
+            blocks,
+            stats: Mutex::new(PipelineStats::default()),
+            batches_per_epoch,
+            plan: Mutex::new(None),
+        });
+        let first = next.0.saturating_mul(batches_per_epoch).saturating_add(next.1);
+        let tuner = config.autotune.then(|| Tuner::new(config.workers, config.prefetch));
         let mode = if config.prefetch == 0 {
-            Mode::Inline(Box::new(producer))
+            Mode::Inline(Box::new(Producer::new(Arc::clone(&shared))?))
         } else {
-            spawn(producer, config.prefetch, Arc::clone(&stats), Arc::clone(&tuning))?
+            let knobs = tuner.as_ref().map_or((config.workers, config.prefetch), Tuner::start);
+            let queue =
+                Arc::new(Queue::new(first, config.workers, config.prefetch, config.workers));
+            queue.set_knobs(knobs.0, knobs.1);
+            let workers = spawn(&shared, &queue)?;
+            Mode::Background { queue, workers }
         };
         Ok(Pipeline {
             mode,
@@ -171,12 +184,11 @@ impl Pipeline {
             batches_per_epoch,
             global_batch,
             config_hash,
-            stats,
+            shared,
             tracker,
             started: None,
             cached,
-            tuning,
-            tuned,
+            tuner,
         })
     }
 
@@ -186,27 +198,25 @@ impl Pipeline {
         let started = *self.started.get_or_insert_with(Instant::now);
         let waiting = Instant::now();
         let batch = match &mut self.mode {
-            Mode::Inline(producer) => producer.next_batch()?,
-            Mode::Background { batches, thread } => {
-                let received = batches.as_ref().and_then(|rx| rx.recv().ok());
-                self.tuning.taken();
-                match received {
-                    Some(batch) => batch?,
-                    None => return Err(stopped(thread.take())),
+            Mode::Inline(producer) => {
+                let (epoch, index) = self.next;
+                make(producer, epoch * self.batches_per_epoch + index)?
+            }
+            Mode::Background { queue, .. } => queue.take()?,
+        };
+        let mut stats = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Mode::Background { queue, .. } = &self.mode {
+            stats.consumer_wait_s += waiting.elapsed().as_secs_f64();
+            if let Some(tuner) = &mut self.tuner {
+                let knobs = queue.knobs();
+                let tuned = tuner.adjust(&stats, knobs);
+                if tuned != knobs {
+                    queue.set_knobs(tuned.0, tuned.1);
                 }
             }
-        };
-        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
-        if matches!(self.mode, Mode::Background { .. }) {
-            stats.consumer_wait_s += waiting.elapsed().as_secs_f64();
         }
         stats.wall_s = started.elapsed().as_secs_f64();
         stats.peak_bytes = self.tracker.held().1;
-        if let Some(last) = &mut self.tuned {
-            self.tuning.adjust(&stats, last);
-        }
-        stats.workers = self.tuning.workers();
-        stats.prefetch_depth = self.tuning.depth();
         drop(stats);
         self.next = if batch.index() + 1 == self.batches_per_epoch {
             (batch.epoch() + 1, 0)
@@ -239,7 +249,12 @@ impl Pipeline {
 
     /// What the pipeline has done so far.
     pub fn stats(&self) -> PipelineStats {
-        self.stats.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        let mut stats = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        (stats.workers, stats.prefetch_depth) = match &self.mode {
+            Mode::Inline(_) => (1, 0),
+            Mode::Background { queue, .. } => queue.knobs(),
+        };
+        stats
     }
 
     /// The tracker that accounts (and budgets) everything the pipeline holds.
@@ -250,12 +265,10 @@ impl Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if let Mode::Background { batches, thread } = &mut self.mode {
-            // Closing the queue makes a producer blocked on it return.
-            self.tuning.close();
-            *batches = None;
-            if let Some(thread) = thread.take() {
-                let _ = thread.join();
+        if let Mode::Background { queue, workers } = &mut self.mode {
+            queue.close();
+            for worker in workers.drain(..) {
+                let _ = worker.join();
             }
         }
     }
@@ -270,61 +283,58 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// Runs the producer on a thread that keeps batches ready: as many as the tuned depth, at most
-/// `depth`.
-fn spawn(
-    mut producer: Producer,
-    depth: usize,
-    stats: Arc<Mutex<PipelineStats>>,
-    tuning: Arc<Tuning>,
-) -> Result<Mode> {
-    // Room for the largest depth, so sending never blocks: `reserve` is what waits.
-    let (tx, rx) = sync_channel(depth);
-    let thread = std::thread::Builder::new()
-        .name("dp-data-prefetch".into())
-        .spawn(move || {
-            // The loop runs on one of the workers, so that handing a batch's records to the
-            // others is a fork within the pool rather than a wake-up from outside it.
-            let pool = Arc::clone(&producer.threads);
-            pool.install(move || {
-                loop {
-                    let waiting = Instant::now();
-                    if !tuning.reserve() {
-                        return;
-                    }
-                    stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
-                        waiting.elapsed().as_secs_f64();
-                    let batch = producer.next_batch();
-                    let failed = batch.is_err();
-                    if tx.send(batch).is_err() || failed {
-                        return;
-                    }
-                }
-            })
-        })
-        .map_err(|e| Error::Config {
-            field: "prefetch",
-            what: format!("cannot start the prefetch thread: {e}"),
-        })?;
-    Ok(Mode::Background { batches: Some(rx), thread: Some(thread) })
+/// Makes batch `sequence`, turning a panic (a transform's, say) into an error with its message.
+fn make(producer: &mut Producer, sequence: u64) -> Result<Batch> {
+    catch_unwind(AssertUnwindSafe(|| producer.make(sequence))).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic".into());
+        Err(Error::Stopped(format!("a worker panicked: {message}")))
+    })
 }
 
-/// Why the producer thread is gone: a panic (a transform's, say) with its message, or an earlier
-/// error that was already returned.
-fn stopped(thread: Option<JoinHandle<()>>) -> Error {
-    let panic = thread.and_then(|t| t.join().err());
-    let what = match panic {
-        Some(payload) => {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic".into());
-            format!("its producer thread panicked: {message}")
+/// Starts the worker threads: each claims batch numbers from the queue, makes them and hands
+/// them in, until the queue closes.
+fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>> {
+    let mut workers = Vec::with_capacity(shared.config.workers);
+    for id in 0..shared.config.workers {
+        let started = Producer::new(Arc::clone(shared)).and_then(|mut producer| {
+            let (shared, queue) = (Arc::clone(shared), Arc::clone(queue));
+            let work = move || {
+                /// Tells the queue when the thread ends, however it ends.
+                struct Leave(Arc<Queue>);
+                impl Drop for Leave {
+                    fn drop(&mut self) {
+                        self.0.leave();
+                    }
+                }
+                let leave = Leave(queue);
+                while let Some((sequence, waited)) = leave.0.claim(id) {
+                    shared.stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
+                        waited;
+                    leave.0.hand_in(sequence, make(&mut producer, sequence));
+                }
+            };
+            std::thread::Builder::new().name(format!("dp-data-worker-{id}")).spawn(work).map_err(
+                |e| Error::Config { field: "workers", what: format!("cannot start a worker: {e}") },
+            )
+        });
+        match started {
+            Ok(worker) => workers.push(worker),
+            Err(err) => {
+                // The queue counts on every worker: those not started have left already.
+                for _ in id..shared.config.workers {
+                    queue.leave();
+                }
+                queue.close();
+                workers.into_iter().for_each(|w| drop(w.join()));
+                return Err(err);
+            }
         }
-        None => "it returned an error earlier".into(),
-    };
-    Error::Stopped(what)
+    }
+    Ok(workers)
 }
 
 /// Finds the input and label features and checks they can be batched.
@@ -378,16 +388,28 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let min_records = sizes.iter().copied().min().unwrap_or(1).max(1);
     // A window larger than the dataset is the whole dataset.
     let window = (config.shuffle_window.unwrap_or(1) as u64).clamp(1, blocks.max(1));
-    // Windows one batch can touch, the window kept for the next batch, and the one read ahead.
-    let spans = (config.batch_size as u64).div_ceil(window.saturating_mul(min_records)) + 3;
+    // Batches made at once: one per worker, or one on the calling thread without prefetch.
+    let makers = if config.prefetch == 0 { 1 } else { config.workers as u64 };
+    // Decoded blocks are kept from the window the latest finished batch's successor starts in
+    // to the one read ahead of the furthest batch being made, at most `makers + prefetch`
+    // batches on; a worker that fell behind still holds its own batch's blocks.
+    let ahead = (makers + config.prefetch as u64 + 1).saturating_mul(config.global_batch() as u64);
+    let window_records = window.saturating_mul(min_records);
+    let spans = ahead.div_ceil(window_records)
+        + 3
+        + (config.batch_size as u64).div_ceil(window_records)
+        + 1;
     let held = spans.saturating_mul(window).min(blocks.max(1));
     // Every buffer is at least one 64-byte block.
     let buffer = |bytes: u64| bytes.max(64);
     let batch_bytes = buffer(config.batch_size as u64 * columns.elements as u64 * 4)
         + 2 * buffer(config.batch_size as u64 * 8);
-    // Batches queued, being filled, held by the consumer, and being dropped.
-    let batches = (config.prefetch as u64 + 3) * batch_bytes;
-    let reads = config.workers as u64 * (max_packed + 64);
+    // Batches being made, made ahead, held by the consumer, and being dropped.
+    let batches = (makers + config.prefetch as u64 + 2) * batch_bytes;
+    let sizes = BlockSizes::new(sizes);
+    let table = plan::EpochPlan::max_window_records(&sizes, config.shuffle_window) as u64;
+    // Each maker's compressed read buffer and window table.
+    let reads = makers * (buffer(max_packed) + buffer(table.max(1) * 8));
     // Size classes round up by at most ~3%, and a buffer may take a cached block one class up.
     let rounding = |bytes: u64| bytes + bytes / 14;
     let working =
@@ -396,10 +418,9 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
         return Err(Error::Config {
             field: "memory_budget",
             what: format!(
-                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, {} read buffers); raise it or lower shuffle_window, prefetch or batch_size",
+                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, read buffers and window tables of {makers} workers); raise it or lower shuffle_window, prefetch, workers or batch_size",
                 config.memory_budget,
-                config.prefetch + 3,
-                config.workers
+                makers + config.prefetch as u64 + 2,
             ),
         });
     }

@@ -7,11 +7,16 @@
 //!
 //! Quality against memory: a record can land anywhere within its window, and windows come in a
 //! random block order, so records from `window` different blocks are mixed at any point of the
-//! stream while only the blocks of one or two windows are held decoded.
+//! stream while only the blocks of one or two windows are held decoded. Each worker lays the
+//! window it is in out as a table of 8 bytes per record (about 1% of the decoded window).
 
 use std::sync::Arc;
 
+use dp_mem::{Pool, PoolBuf, Tag};
+
 use super::permutation::{Permutation, hash};
+use super::transform::Rng;
+use crate::error::Result;
 
 /// Records per block, in dataset order.
 #[derive(Debug)]
@@ -47,13 +52,35 @@ struct Shuffled {
     epoch: u64,
 }
 
-/// A window's blocks and where their records start within it; reused between lookups.
-#[derive(Debug, Default)]
+/// One window's blocks and its records in their shuffled order, laid out when the window is
+/// first used and reused from window to window: a lookup is then one table read.
+#[derive(Debug)]
 pub(crate) struct WindowCursor {
     window: Option<usize>,
+    /// Epoch positions of the window: `start..end`.
+    start: u64,
+    end: u64,
     blocks: Vec<usize>,
-    starts: Vec<u64>,
-    order: Option<Permutation>,
+    /// The window's records in stream order, each `index into blocks << 32 | row`.
+    order: PoolBuf<u64>,
+}
+
+impl WindowCursor {
+    /// A cursor for windows of up to `records` records, its table from `pool`.
+    pub(crate) fn new(pool: &Pool, records: usize) -> Result<Self> {
+        Ok(WindowCursor {
+            window: None,
+            start: 0,
+            end: 0,
+            blocks: Vec::new(),
+            order: pool.alloc::<u64>(records.max(1), Tag::Data)?,
+        })
+    }
+
+    /// Forgets the window (a new epoch's plan).
+    pub(crate) fn reset(&mut self) {
+        self.window = None;
+    }
 }
 
 impl EpochPlan {
@@ -116,26 +143,40 @@ impl EpochPlan {
 
     /// The record at epoch position `p < len()`: (dataset block, row in the block).
     pub(crate) fn locate(&self, p: u64, cursor: &mut WindowCursor) -> (usize, usize) {
-        let w = self.window_of(p);
-        if cursor.window != Some(w) {
-            cursor.window = Some(w);
-            cursor.blocks.clear();
-            cursor.blocks.extend(self.blocks_of(w));
-            cursor.starts.clear();
-            let mut start = 0;
-            for &b in &cursor.blocks {
-                cursor.starts.push(start);
-                start += self.sizes.records[b];
-            }
-            cursor.order = self
-                .shuffle
-                .as_ref()
-                .map(|s| Permutation::new(start.max(1), hash(&[s.seed, s.epoch, w as u64, 0x5EC])));
+        if cursor.window.is_none() || !(cursor.start..cursor.end).contains(&p) {
+            self.lay_out(self.window_of(p), cursor);
         }
-        let local = p - self.window_starts[w];
-        let shuffled = cursor.order.as_ref().map_or(local, |o| o.apply(local));
-        let k = cursor.starts.partition_point(|&s| s <= shuffled) - 1;
-        (cursor.blocks[k], (shuffled - cursor.starts[k]) as usize)
+        let entry = cursor.order[(p - cursor.start) as usize];
+        (cursor.blocks[(entry >> 32) as usize], (entry & 0xFFFF_FFFF) as usize)
+    }
+
+    /// Lays out window `w`'s records in `cursor`: in block order, then (when shuffling)
+    /// permuted by a Fisher-Yates shuffle seeded from (seed, epoch, window).
+    fn lay_out(&self, w: usize, cursor: &mut WindowCursor) {
+        cursor.window = Some(w);
+        (cursor.start, cursor.end) = (self.window_starts[w], self.window_starts[w + 1]);
+        cursor.blocks.clear();
+        cursor.blocks.extend(self.blocks_of(w));
+        let order = &mut cursor.order[..(cursor.end - cursor.start) as usize];
+        let mut next = 0;
+        for (k, &b) in cursor.blocks.iter().enumerate() {
+            for row in 0..self.sizes.records[b] {
+                order[next] = (k as u64) << 32 | row;
+                next += 1;
+            }
+        }
+        if let Some(s) = &self.shuffle {
+            let mut rng = Rng::new(hash(&[s.seed, s.epoch, w as u64, 0x5EC]));
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+    }
+
+    /// The most records a window of this plan can hold.
+    pub(crate) fn max_window_records(sizes: &BlockSizes, window: Option<usize>) -> usize {
+        let largest = sizes.records.iter().copied().max().unwrap_or(0) as usize;
+        largest.saturating_mul(window.unwrap_or(1).min(sizes.count()))
     }
 }
 
@@ -147,8 +188,13 @@ mod tests {
         Arc::new(BlockSizes::new(vec![5, 7, 1, 9, 4, 4, 6, 3]))
     }
 
+    fn cursor() -> WindowCursor {
+        let tracker = dp_mem::Tracker::new();
+        WindowCursor::new(&Pool::new(&tracker), 100).unwrap()
+    }
+
     fn all(plan: &EpochPlan) -> Vec<(usize, usize)> {
-        let mut cursor = WindowCursor::default();
+        let mut cursor = cursor();
         (0..plan.len()).map(|p| plan.locate(p, &mut cursor)).collect()
     }
 
@@ -181,7 +227,7 @@ mod tests {
     #[test]
     fn records_stay_within_their_window() {
         let plan = EpochPlan::new(sizes(), 1, 0, Some(2));
-        let mut cursor = WindowCursor::default();
+        let mut cursor = cursor();
         for p in 0..plan.len() {
             let w = plan.window_of(p);
             let (block, _) = plan.locate(p, &mut cursor);

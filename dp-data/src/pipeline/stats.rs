@@ -10,17 +10,17 @@ pub struct PipelineStats {
     pub batches: u64,
     /// Records produced.
     pub records: u64,
-    /// The producer loading the blocks a batch needs, in wall time.
+    /// Getting the blocks each batch needs, decoding them included (summed over workers).
     pub load_s: f64,
     /// Of the work of loading: reading blocks and checking their CRC32C, summed over workers.
     pub read_s: f64,
     /// Of the work of loading: decompressing and validating blocks, summed over workers.
     pub decompress_s: f64,
-    /// Decoding, transforming and collating records (on the worker threads).
+    /// Decoding, transforming and collating records (summed over workers).
     pub map_s: f64,
     /// The consumer waiting for a batch.
     pub consumer_wait_s: f64,
-    /// The producer waiting for room in the prefetch queue.
+    /// Workers waiting for room in the prefetch queue (summed over workers).
     pub producer_wait_s: f64,
     /// Wall time from the first request to the latest batch.
     pub wall_s: f64,
@@ -39,6 +39,22 @@ pub struct PipelineStats {
 }
 
 impl PipelineStats {
+    /// Adds one batch's counters from a worker and clears them there.
+    pub(crate) fn add(&mut self, part: &mut PipelineStats) {
+        self.batches += part.batches;
+        self.records += part.records;
+        self.load_s += part.load_s;
+        self.read_s += part.read_s;
+        self.decompress_s += part.decompress_s;
+        self.map_s += part.map_s;
+        self.skipped_blocks += part.skipped_blocks;
+        self.replaced_records += part.replaced_records;
+        if part.last_skipped.is_some() {
+            self.last_skipped = part.last_skipped.take();
+        }
+        *part = PipelineStats::default();
+    }
+
     /// Records per second of wall time.
     pub fn records_per_s(&self) -> f64 {
         if self.wall_s > 0.0 { self.records as f64 / self.wall_s } else { 0.0 }

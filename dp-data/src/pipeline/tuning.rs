@@ -1,97 +1,51 @@
-//! Autotuning: the consumer measures how long it waits for batches, and the producer's worker
-//! count and prefetch depth follow. Neither changes what the pipeline yields (records are
-//! placed by position, whoever decodes them), so tuning is free to move them at any time.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+//! Autotuning: the consumer measures how long it waits for batches, and the worker count and
+//! prefetch depth follow. Neither changes what the pipeline yields (each batch is a function of
+//! its number, whoever makes it), so tuning is free to move them at any time.
 
 use super::stats::PipelineStats;
 
 /// Batches between two adjustments.
 const INTERVAL: u64 = 16;
 
-/// The knobs, shared by the consumer (which turns them) and the producer (which obeys).
+/// Turns the knobs from the waits measured since its last adjustment.
 #[derive(Debug)]
-pub(crate) struct Tuning {
+pub(crate) struct Tuner {
     max_workers: usize,
     max_depth: usize,
-    workers: AtomicUsize,
-    /// (target depth, batches produced and not yet taken, closed).
-    queue: Mutex<(usize, usize, bool)>,
-    changed: Condvar,
+    last: PipelineStats,
 }
 
-impl Tuning {
-    /// Knobs at their maxima; with `autotune`, the prefetch depth starts at 1 and grows only
-    /// while the consumer waits.
-    pub(crate) fn new(max_workers: usize, max_depth: usize, autotune: bool) -> Self {
-        let depth = if autotune { 1 } else { max_depth.max(1) };
-        Tuning {
-            max_workers: max_workers.max(1),
-            max_depth,
-            workers: AtomicUsize::new(max_workers.max(1)),
-            queue: Mutex::new((depth, 0, false)),
-            changed: Condvar::new(),
+impl Tuner {
+    pub(crate) fn new(max_workers: usize, max_depth: usize) -> Self {
+        Tuner { max_workers: max_workers.max(1), max_depth, last: PipelineStats::default() }
+    }
+
+    /// The knobs to start with: every worker, and a depth of one that grows only while the
+    /// consumer waits.
+    pub(crate) fn start(&self) -> (usize, usize) {
+        (self.max_workers, 1.min(self.max_depth))
+    }
+
+    /// The knobs after `now`, given the current `(workers, depth)`, every few batches: a
+    /// consumer that waits gets more workers and a deeper queue; workers that mostly wait for
+    /// room are given back to the rest of the program.
+    pub(crate) fn adjust(&mut self, now: &PipelineStats, knobs: (usize, usize)) -> (usize, usize) {
+        let (workers, depth) = knobs;
+        if now.batches < self.last.batches + INTERVAL {
+            return knobs;
         }
-    }
-
-    /// Worker threads to use for the next batch.
-    pub(crate) fn workers(&self) -> usize {
-        self.workers.load(Ordering::Relaxed)
-    }
-
-    /// Prefetch depth now.
-    pub(crate) fn depth(&self) -> usize {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner).0
-    }
-
-    /// Producer: waits until fewer than the target depth of batches are queued, then takes a
-    /// place. Returns false once the pipeline is closing.
-    pub(crate) fn reserve(&self) -> bool {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        while !queue.2 && queue.1 >= queue.0 {
-            queue = self.changed.wait(queue).unwrap_or_else(PoisonError::into_inner);
-        }
-        if queue.2 {
-            return false;
-        }
-        queue.1 += 1;
-        true
-    }
-
-    /// Consumer: a queued batch was taken.
-    pub(crate) fn taken(&self) {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        queue.1 = queue.1.saturating_sub(1);
-        self.changed.notify_all();
-    }
-
-    /// Wakes and stops a producer waiting in `reserve`.
-    pub(crate) fn close(&self) {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner).2 = true;
-        self.changed.notify_all();
-    }
-
-    /// Adjusts the knobs every few batches from the waits measured since the last adjustment:
-    /// a consumer that waits gets more workers and a deeper queue; a producer that mostly waits
-    /// for room gives workers back to the rest of the program.
-    pub(crate) fn adjust(&self, now: &PipelineStats, last: &mut PipelineStats) {
-        if now.batches < last.batches + INTERVAL {
-            return;
-        }
-        let wall = (now.wall_s - last.wall_s).max(1e-9);
-        let consumer = (now.consumer_wait_s - last.consumer_wait_s) / wall;
-        let producer = (now.producer_wait_s - last.producer_wait_s) / wall;
-        let workers = self.workers();
+        let wall = (now.wall_s - self.last.wall_s).max(1e-9);
+        let consumer = (now.consumer_wait_s - self.last.consumer_wait_s) / wall;
+        // Summed over the workers: the share of each worker's time spent waiting for room.
+        let idle = (now.producer_wait_s - self.last.producer_wait_s) / wall / workers as f64;
+        self.last = now.clone();
         if consumer > 0.05 {
-            self.workers.store((workers + 1).min(self.max_workers), Ordering::Relaxed);
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            queue.0 = (queue.0 + 1).min(self.max_depth.max(1));
-            self.changed.notify_all();
-        } else if consumer < 0.01 && producer > 0.5 && workers > 1 {
-            self.workers.store(workers - 1, Ordering::Relaxed);
+            ((workers + 1).min(self.max_workers), (depth + 1).min(self.max_depth))
+        } else if consumer < 0.01 && idle > 0.5 && workers > 1 {
+            (workers - 1, depth)
+        } else {
+            knobs
         }
-        *last = now.clone();
     }
 }
 
@@ -110,33 +64,20 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_consumer_gets_workers_and_an_idle_producer_gives_them_back() {
-        let tuning = Tuning::new(4, 3, true);
-        tuning.workers.store(2, Ordering::Relaxed);
-        tuning.queue.lock().unwrap().0 = 1;
-        let mut last = PipelineStats::default();
-        tuning.adjust(&stats(16, 1.0, 0.5, 0.0), &mut last);
-        assert_eq!((tuning.workers(), tuning.depth()), (3, 2));
-        tuning.adjust(&stats(20, 1.5, 0.9, 0.0), &mut last);
-        assert_eq!(tuning.workers(), 3, "no change within an interval");
-        tuning.adjust(&stats(32, 2.0, 0.5, 0.9), &mut last);
-        assert_eq!(tuning.workers(), 2);
+    fn a_waiting_consumer_gets_workers_and_idle_workers_are_given_back() {
+        let mut tuner = Tuner::new(4, 3);
+        assert_eq!(tuner.start(), (4, 1));
+        let knobs = tuner.adjust(&stats(16, 1.0, 0.5, 0.0), (2, 1));
+        assert_eq!(knobs, (3, 2));
+        assert_eq!(tuner.adjust(&stats(20, 1.5, 0.9, 0.0), knobs), knobs, "within an interval");
+        // Three workers idle 0.9 s each over 1 s: more than half their time.
+        let knobs = tuner.adjust(&stats(32, 2.0, 0.5, 0.5 + 2.7), knobs);
+        assert_eq!(knobs, (2, 2));
+        let mut knobs = knobs;
         for i in 0..10 {
-            tuning.adjust(&stats(48 + 16 * i, 3.0 + i as f64, 1.0 + i as f64, 0.0), &mut last);
+            let t = 3.0 + i as f64;
+            knobs = tuner.adjust(&stats(48 + 16 * i, t, 1.0 + t, 3.2), knobs);
         }
-        assert_eq!((tuning.workers(), tuning.depth()), (4, 3), "capped at the maxima");
-    }
-
-    #[test]
-    fn reserve_blocks_at_the_target_depth_and_close_releases_it() {
-        let tuning = std::sync::Arc::new(Tuning::new(1, 1, false));
-        assert!(tuning.reserve());
-        let waiter = {
-            let tuning = std::sync::Arc::clone(&tuning);
-            std::thread::spawn(move || tuning.reserve())
-        };
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        tuning.close();
-        assert!(!waiter.join().unwrap());
+        assert_eq!(knobs, (4, 3), "capped at the maxima");
     }
 }

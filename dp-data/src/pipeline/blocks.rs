@@ -1,0 +1,229 @@
+//! The decoded blocks a pipeline holds, shared by its workers. A block is decoded once, by the
+//! first worker that needs it, while the others that need it decode other blocks (or the next
+//! window's, ahead of time) instead of waiting. Each block is tagged with the latest window
+//! that wants it, so blocks of windows that every later batch has passed can be dropped.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+
+use super::config::CorruptionPolicy;
+use super::disk_cache::DiskCache;
+use super::stats::PipelineStats;
+use crate::block::Block;
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+
+/// A window of an epoch, ordered as the stream goes: `(epoch, window)`.
+pub(crate) type WindowTag = (u64, usize);
+
+#[derive(Debug)]
+enum Entry {
+    Empty,
+    /// A worker is decoding it.
+    Loading,
+    Ready(Arc<Block>),
+    /// Unreadable, skipped under `CorruptionPolicy::Skip`.
+    Bad,
+}
+
+#[derive(Debug)]
+struct Table {
+    entries: Vec<Entry>,
+    /// The latest window each block was wanted for.
+    wanted: Vec<WindowTag>,
+    /// Blocks that are not `Empty`, so that releasing does not scan every block.
+    live: Vec<usize>,
+}
+
+/// What a worker needs the table for: one batch's blocks.
+#[derive(Debug)]
+pub(crate) enum Needed {
+    /// Every block is decoded (or bad, under `Skip`).
+    Done,
+    /// Decode this block, which is now marked as being decoded by the caller.
+    Load(usize),
+    /// Others are decoding what is missing; nothing is left to help with.
+    Wait,
+}
+
+/// The shared table of decoded blocks.
+#[derive(Debug)]
+pub(crate) struct BlockTable {
+    table: Mutex<Table>,
+    changed: Condvar,
+    /// Keep every decoded block (the whole dataset fits the budget).
+    keep_all: bool,
+    policy: CorruptionPolicy,
+    /// The on-disk cache of decompressed blocks, when configured and needed.
+    disk: Option<RwLock<DiskCache>>,
+}
+
+impl BlockTable {
+    pub(crate) fn new(
+        blocks: usize,
+        keep_all: bool,
+        policy: CorruptionPolicy,
+        disk: Option<DiskCache>,
+    ) -> Self {
+        let mut live = Vec::new();
+        live.reserve_exact(blocks);
+        BlockTable {
+            table: Mutex::new(Table {
+                entries: (0..blocks).map(|_| Entry::Empty).collect(),
+                wanted: vec![(0, 0); blocks],
+                live,
+            }),
+            changed: Condvar::new(),
+            keep_all,
+            policy,
+            disk: disk.map(RwLock::new),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Looks up `blocks` (sorted, distinct) for a batch of window `tag`: puts the decoded ones
+    /// in `out` (`None` for bad ones) and says what the caller should do next. `ahead` are
+    /// blocks of the next window, decoded while the caller would otherwise wait.
+    pub(crate) fn find(
+        &self,
+        blocks: &[usize],
+        tag: WindowTag,
+        ahead: (&[usize], WindowTag),
+        out: &mut Vec<Option<Arc<Block>>>,
+    ) -> Needed {
+        let mut table = self.lock();
+        out.clear();
+        let (mut load, mut waiting) = (None, false);
+        for &b in blocks {
+            table.wanted[b] = table.wanted[b].max(tag);
+            out.push(match &table.entries[b] {
+                Entry::Ready(block) => Some(Arc::clone(block)),
+                Entry::Bad => None,
+                Entry::Loading => {
+                    waiting = true;
+                    None
+                }
+                Entry::Empty => {
+                    load = load.or(Some(b));
+                    None
+                }
+            });
+        }
+        if let Some(b) = load {
+            table.start(b);
+            return Needed::Load(b);
+        }
+        if !waiting {
+            return Needed::Done;
+        }
+        let (next, ahead_tag) = ahead;
+        if let Some(&b) = next.iter().find(|&&b| matches!(table.entries[b], Entry::Empty)) {
+            table.wanted[b] = table.wanted[b].max(ahead_tag);
+            table.start(b);
+            return Needed::Load(b);
+        }
+        // Sleep until some block changes state, then look again.
+        drop(self.changed.wait(table).unwrap_or_else(PoisonError::into_inner));
+        Needed::Wait
+    }
+
+    /// Decodes block `b`, which [`BlockTable::find`] marked as being decoded by the caller,
+    /// and enters it. Under `Skip` a corrupt block becomes bad; any other error is returned
+    /// (and the block left for another try).
+    pub(crate) fn load(
+        &self,
+        dataset: &Dataset,
+        b: usize,
+        stats: &mut PipelineStats,
+    ) -> Result<()> {
+        // Whatever happens below, the block must not stay marked as being decoded.
+        let mut guard = Unmark { table: self, block: b, armed: true };
+        let result = self.read(dataset, b);
+        let mut table = self.lock();
+        guard.armed = false;
+        match result {
+            Ok((block, read_s, decompress_s)) => {
+                stats.read_s += read_s;
+                stats.decompress_s += decompress_s;
+                table.entries[b] = Entry::Ready(Arc::new(block));
+            }
+            Err(err @ Error::Corrupt { .. }) if self.policy == CorruptionPolicy::Skip => {
+                stats.skipped_blocks += 1;
+                stats.last_skipped = Some(err.to_string());
+                table.entries[b] = Entry::Bad;
+            }
+            Err(err) => {
+                table.entries[b] = Entry::Empty;
+                table.live.retain(|&l| l != b);
+                drop(table);
+                self.changed.notify_all();
+                return Err(err);
+            }
+        }
+        drop(table);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Reads block `b` from the disk cache when it is complete, else from the dataset (adding
+    /// it to a disk cache being filled). Returns the seconds reading and decompressing.
+    fn read(&self, dataset: &Dataset, b: usize) -> Result<(Block, f64, f64)> {
+        let Some(disk) = &self.disk else { return dataset.read_global_block(b) };
+        {
+            let cache = disk.read().unwrap_or_else(PoisonError::into_inner);
+            if cache.is_ready() {
+                let started = std::time::Instant::now();
+                let (records, first) = dataset.block_meta(b);
+                let block = cache.read(b, records, first, dataset.pool(), dataset.schema_arc())?;
+                return Ok((block, started.elapsed().as_secs_f64(), 0.0));
+            }
+        }
+        let loaded = dataset.read_global_block(b)?;
+        disk.write().unwrap_or_else(PoisonError::into_inner).add(b, &loaded.0);
+        Ok(loaded)
+    }
+
+    /// Drops the decoded blocks that no window from `floor` on wants (unless all are kept).
+    pub(crate) fn release_before(&self, floor: WindowTag) {
+        if self.keep_all {
+            return;
+        }
+        let mut table = self.lock();
+        let Table { entries, wanted, live } = &mut *table;
+        live.retain(|&b| {
+            let drop = matches!(entries[b], Entry::Ready(_)) && wanted[b] < floor;
+            if drop {
+                entries[b] = Entry::Empty;
+            }
+            !drop
+        });
+    }
+}
+
+impl Table {
+    fn start(&mut self, b: usize) {
+        self.entries[b] = Entry::Loading;
+        self.live.push(b);
+    }
+}
+
+/// Returns a block to `Empty` if its decoding unwinds.
+struct Unmark<'a> {
+    table: &'a BlockTable,
+    block: usize,
+    armed: bool,
+}
+
+impl Drop for Unmark<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut table = self.table.lock();
+            table.entries[self.block] = Entry::Empty;
+            table.live.retain(|&l| l != self.block);
+            drop(table);
+            self.table.changed.notify_all();
+        }
+    }
+}

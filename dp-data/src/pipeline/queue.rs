@@ -1,0 +1,193 @@
+//! Hands batch numbers to the workers and their batches back to the consumer in order. Each
+//! worker makes whole batches, so workers never wait for each other within a batch; the
+//! consumer takes batch `n` when it is done, whichever worker made it. At most `workers +
+//! depth` batches are made ahead of the consumer: that bound is the prefetch back-pressure.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use super::batch::Batch;
+use crate::error::{Error, Result};
+
+#[derive(Debug)]
+struct State {
+    /// The next batch (as a sequence number over epochs) to give to a worker.
+    next_claim: u64,
+    /// The next batch the consumer takes.
+    next_take: u64,
+    /// Made batches by `sequence % len`, waiting for the consumer.
+    made: Vec<Option<Result<Batch>>>,
+    /// Workers allowed to claim batches now (the first `workers` of them).
+    workers: usize,
+    /// Batches that may be made ahead beyond one per worker.
+    depth: usize,
+    /// Worker threads still running.
+    running: usize,
+    /// Workers waiting for room.
+    idle: usize,
+    /// A batch failed: no more are claimed after it.
+    failed: bool,
+    /// The consumer has seen the failure, or the pipeline is being dropped.
+    closed: bool,
+}
+
+/// The queue between the workers and the consumer. Each side sleeps on its own condition and
+/// is woken only when it can go on: on two shared cores, a needless wake-up per batch costs
+/// more than making the batch's labels.
+#[derive(Debug)]
+pub(crate) struct Queue {
+    state: Mutex<State>,
+    /// The batch the consumer waits for is in (or the workers are gone).
+    made: Condvar,
+    /// Room for another batch, new knobs, or closing.
+    room: Condvar,
+}
+
+impl Queue {
+    /// A queue starting at batch `first`, for up to `max_workers` workers and `max_depth`.
+    pub(crate) fn new(first: u64, max_workers: usize, max_depth: usize, running: usize) -> Self {
+        Queue {
+            state: Mutex::new(State {
+                next_claim: first,
+                next_take: first,
+                made: (0..max_workers + max_depth).map(|_| None).collect(),
+                workers: max_workers,
+                depth: max_depth,
+                running,
+                idle: 0,
+                failed: false,
+                closed: false,
+            }),
+            made: Condvar::new(),
+            room: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Worker `id`: waits until it may make another batch and returns its number, with the
+    /// seconds waited; `None` once the pipeline is closing or has failed.
+    pub(crate) fn claim(&self, id: usize) -> Option<(u64, f64)> {
+        let started = Instant::now();
+        let mut state = self.lock();
+        loop {
+            if state.closed || state.failed {
+                return None;
+            }
+            let ahead = state.next_claim - state.next_take;
+            if id < state.workers && ahead < (state.workers + state.depth) as u64 {
+                let claimed = state.next_claim;
+                state.next_claim += 1;
+                return Some((claimed, started.elapsed().as_secs_f64()));
+            }
+            state.idle += 1;
+            state = self.room.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state.idle -= 1;
+        }
+    }
+
+    /// A worker hands in batch `sequence` (or its error).
+    pub(crate) fn hand_in(&self, sequence: u64, batch: Result<Batch>) {
+        let mut state = self.lock();
+        let failed = batch.is_err();
+        state.failed |= failed;
+        let len = state.made.len() as u64;
+        state.made[(sequence % len) as usize] = Some(batch);
+        let awaited = sequence == state.next_take;
+        drop(state);
+        if awaited {
+            self.made.notify_one();
+        }
+        if failed {
+            self.room.notify_all();
+        }
+    }
+
+    /// The consumer: waits for the next batch in order.
+    pub(crate) fn take(&self) -> Result<Batch> {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return Err(Error::Stopped("it returned an error earlier".into()));
+            }
+            let len = state.made.len() as u64;
+            let slot = (state.next_take % len) as usize;
+            if let Some(batch) = state.made[slot].take() {
+                state.next_take += 1;
+                state.closed = batch.is_err();
+                let idle = state.idle > 0;
+                drop(state);
+                if idle {
+                    self.room.notify_all();
+                }
+                return batch;
+            }
+            if state.running == 0 {
+                state.closed = true;
+                return Err(Error::Stopped("its workers are gone".into()));
+            }
+            state = self.made.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Worker count and depth now.
+    pub(crate) fn knobs(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.workers, state.depth)
+    }
+
+    /// Sets the worker count and depth (the autotuner).
+    pub(crate) fn set_knobs(&self, workers: usize, depth: usize) {
+        let mut state = self.lock();
+        (state.workers, state.depth) = (workers, depth);
+        drop(state);
+        self.room.notify_all();
+    }
+
+    /// A worker thread ends.
+    pub(crate) fn leave(&self) {
+        self.lock().running -= 1;
+        self.made.notify_one();
+    }
+
+    /// Stops the workers after the batches they are making.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.room.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_stop_at_the_depth_and_resume_when_the_consumer_takes() {
+        let queue = std::sync::Arc::new(Queue::new(5, 1, 1, 1));
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(5));
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(6));
+        // Two batches ahead of the consumer (one worker + depth one): the next claim waits.
+        let waiter = {
+            let queue = std::sync::Arc::clone(&queue);
+            std::thread::spawn(move || queue.claim(0).map(|c| c.0))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiter.is_finished());
+        queue.hand_in(6, Err(Error::Stopped("six".into())));
+        queue.hand_in(5, Err(Error::Stopped("five".into())));
+        // The consumer gets them in order; the first failure closes the queue.
+        assert!(queue.take().unwrap_err().to_string().contains("five"));
+        assert_eq!(waiter.join().unwrap(), None, "no claims after a failure");
+        assert!(queue.take().unwrap_err().to_string().contains("earlier"));
+    }
+
+    #[test]
+    fn a_consumer_is_not_left_waiting_when_the_workers_are_gone() {
+        let queue = Queue::new(0, 2, 1, 2);
+        queue.leave();
+        queue.leave();
+        assert!(queue.take().unwrap_err().to_string().contains("gone"));
+    }
+}
