@@ -209,10 +209,9 @@ impl Dataset {
         let shard = &self.shards[s];
         let first = self.shard_starts[s] + shard.entries()[b].first_record;
         let started = std::time::Instant::now();
-        let compressed = shard.read_compressed(b, &self.pool, self.verify_checksums)?;
+        let compressed = shard.compressed(b, self.verify_checksums)?;
         let read = started.elapsed().as_secs_f64();
-        let payload = &compressed[crate::shard::BLOCK_HEADER_LEN as usize..];
-        let block = shard.decompress(b, payload, &self.pool, &self.schema, first)?;
+        let block = shard.decompress(b, compressed, &self.pool, &self.schema, first)?;
         Ok((block, read, started.elapsed().as_secs_f64() - read))
     }
 

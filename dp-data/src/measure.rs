@@ -8,7 +8,6 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::{Error, Result};
-use crate::shard::BLOCK_HEADER_LEN;
 
 /// What [`measure_read`] found. Throughputs are uncompressed bytes per second on one thread;
 /// times are medians over the passes.
@@ -48,14 +47,14 @@ const REFERENCE_BYTES: u64 = 256 << 20;
 
 /// The compressed bytes (after their headers) of the dataset's first blocks, up to
 /// [`REFERENCE_BYTES`]; with their uncompressed total and the largest uncompressed block.
-fn compressed_prefix(dataset: &Dataset) -> Result<(Vec<dp_mem::PoolBuf<u8>>, u64, usize)> {
+fn compressed_prefix(dataset: &Dataset) -> Result<(Vec<Vec<u8>>, u64, usize)> {
     let (mut blocks, mut raw, mut largest, mut packed) = (Vec::new(), 0u64, 0usize, 0u64);
     for reader in dataset.shards() {
         for (b, entry) in reader.entries().iter().enumerate() {
             if packed >= REFERENCE_BYTES {
                 return Ok((blocks, raw, largest));
             }
-            blocks.push(reader.read_compressed(b, dataset.pool(), false)?);
+            blocks.push(reader.compressed(b, false)?.to_vec());
             raw += entry.raw;
             packed += entry.compressed;
             largest = largest.max(entry.raw as usize);
@@ -107,7 +106,7 @@ pub fn measure_read(
         let start = Instant::now();
         for buf in &compressed {
             decompressor
-                .decompress_to_buffer(&buf[BLOCK_HEADER_LEN as usize..], &mut out)
+                .decompress_to_buffer(buf, &mut out)
                 .map_err(|e| Error::io(dataset.dir(), "zstd decompress", e))?;
         }
         zstd_s.push(start.elapsed().as_secs_f64());
@@ -115,7 +114,7 @@ pub fn measure_read(
         let start = Instant::now();
         let mut crc = 0;
         for buf in &compressed {
-            crc ^= crc32c::crc32c(&buf[BLOCK_HEADER_LEN as usize..]);
+            crc ^= crc32c::crc32c(buf);
         }
         std::hint::black_box(crc);
         crc_s.push(start.elapsed().as_secs_f64());
@@ -235,7 +234,7 @@ pub struct PipelineReport {
     pub peak_bytes: u64,
     /// The configured budget.
     pub memory_budget: u64,
-    /// How far records move from their dataset position in the first epoch, relative to a
+    /// How far records move from their dataset position in an epoch, relative to a
     /// uniform shuffle: the mean of |position - record index| / records, divided by 1/3 (its
     /// value for a uniformly random order). 0 without shuffling, about 1 for a full shuffle.
     pub shuffle_displacement: f64,
@@ -274,7 +273,7 @@ pub fn measure_pipeline(
                             std::io::Error::new(e.kind(), e.to_string()),
                         )
                     })?;
-                    d.decompress_to_buffer(&buf[BLOCK_HEADER_LEN as usize..], out)
+                    d.decompress_to_buffer(buf, out)
                         .map_err(|e| Error::io(dataset.dir(), "zstd decompress", e))?;
                     Ok::<(), Error>(())
                 },
@@ -295,24 +294,28 @@ pub fn measure_pipeline(
     let per_epoch = uncached.batches_per_epoch();
     let (global_batch, rank) = (config.global_batch() as u64, config.rank as u64);
     let n = dataset.len().max(1) as f64;
-    // One epoch: its records per second and the records' mean displacement.
-    let epoch = |pipeline: &mut crate::Pipeline| -> Result<(f64, u64, f64)> {
-        let (start, mut records, mut displacement) = (Instant::now(), 0u64, 0.0f64);
+    // One epoch: its records per second, and the records' mean displacement when asked for
+    // (outside the timed epochs, as the consumer's work would slow the workers on a busy
+    // machine).
+    let epoch = |pipeline: &mut crate::Pipeline, displacement: bool| -> Result<(f64, u64, f64)> {
+        let (start, mut records, mut moved) = (Instant::now(), 0u64, 0.0f64);
         for _ in 0..per_epoch {
             let batch = pipeline.next_batch()?;
-            // This rank's slice of the global batch starts at index * global + rank * batch.
-            let first = batch.index() * global_batch + rank * batch.len() as u64;
-            for (k, &id) in batch.record_ids().iter().enumerate() {
-                displacement += ((first + k as u64) as f64 - id as f64).abs() / n;
-                records += 1;
+            records += batch.len() as u64;
+            if displacement {
+                // This rank's slice of the global batch starts at index * global + rank * batch.
+                let first = batch.index() * global_batch + rank * batch.len() as u64;
+                for (k, &id) in batch.record_ids().iter().enumerate() {
+                    moved += ((first + k as u64) as f64 - id as f64).abs() / n;
+                }
             }
         }
         let rate = records as f64 / start.elapsed().as_secs_f64();
-        Ok((rate, records, displacement / records.max(1) as f64 * 3.0))
+        Ok((rate, records, moved / records.max(1) as f64 * 3.0))
     };
 
     let (mut zstd, mut first, mut ratios, mut warm) = (vec![], vec![], vec![], vec![]);
-    let (mut fill, mut records, mut displacement) = (0.0, 0, 0.0);
+    let (mut fill, mut records) = (0.0, 0);
     // The uncached pipeline's time shares, over its epochs only (its statistics accumulate
     // across the other runs of the round too).
     let mut shares = [0.0f64; 6];
@@ -322,23 +325,24 @@ pub fn measure_pipeline(
         let zstd_bytes_per_s = reference()?;
         let before = share_times(&uncached.stats());
         let started = Instant::now();
-        let (rate, r, d) = epoch(&mut uncached)?;
+        let (rate, r, _) = epoch(&mut uncached, false)?;
         let after = share_times(&uncached.stats());
         for (k, share) in shares.iter_mut().enumerate().take(5) {
             *share += after[k] - before[k];
         }
         shares[5] += started.elapsed().as_secs_f64();
-        (records, displacement) = (r, d);
+        records = r;
         let bytes_per_s = raw_bytes as f64 * rate / n;
         zstd.push(zstd_bytes_per_s);
         first.push(rate);
         ratios.push(bytes_per_s / zstd_bytes_per_s);
         match caching.as_mut() {
-            Some(p) if round == 0 => fill = epoch(p)?.0,
-            Some(p) => warm.push(epoch(p)?.0),
+            Some(p) if round == 0 => fill = epoch(p, false)?.0,
+            Some(p) => warm.push(epoch(p, false)?.0),
             None => {}
         }
     }
+    let displacement = epoch(&mut uncached, true)?.2;
     let cached = caching.as_ref().is_some_and(crate::Pipeline::caches_everything);
     // Without a cache, later epochs are first epochs again.
     let warm = if warm.is_empty() { median(first.clone()) } else { median(warm) };

@@ -229,7 +229,9 @@ pub(crate) fn read_at(file: &File, path: &Path, offset: u64, buf: &mut [u8]) -> 
 /// An open, validated shard.
 pub(crate) struct ShardReader {
     path: PathBuf,
-    file: File,
+    /// The whole file, mapped: a block's compressed bytes are checked and decompressed where
+    /// they lie in the page cache, without a copy through `read`.
+    map: memmap2::Mmap,
     entries: Vec<BlockEntry>,
     records: u64,
 }
@@ -372,7 +374,15 @@ impl ShardReader {
                 ),
             ));
         }
-        Ok(ShardReader { path, file, entries, records })
+        // SAFETY: the mapping is read-only and lives as long as the reader. Shards are never
+        // changed in place once written (writers create new files and rename them into place),
+        // so the mapped bytes cannot change under the reader; their size was checked above and
+        // is checked again against the mapping.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&path, "map", e))?;
+        if map.len() as u64 != len {
+            return Err(corrupt(0, format!("changed size while being opened ({len} bytes)")));
+        }
+        Ok(ShardReader { path, map, entries, records })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -392,26 +402,23 @@ impl ShardReader {
         self.entries.partition_point(|e| e.first_record + u64::from(e.records) <= record)
     }
 
-    /// Reads block `index`'s compressed bytes (after its header) into `buf`, checking the
-    /// header against the index and the CRC32C when `verify` is set.
-    pub(crate) fn read_compressed(
-        &self,
-        index: usize,
-        pool: &Pool,
-        verify: bool,
-    ) -> Result<dp_mem::PoolBuf<u8>> {
+    /// Block `index`'s compressed bytes (after its header), checking the header against the
+    /// index and the CRC32C when `verify` is set.
+    pub(crate) fn compressed(&self, index: usize, verify: bool) -> Result<&[u8]> {
         let entry = &self.entries[index];
-        let total = (BLOCK_HEADER_LEN + entry.compressed) as usize;
-        let mut buf = pool.alloc::<u8>(total, Tag::Data)?;
-        read_at(&self.file, &self.path, entry.offset, &mut buf)?;
-        if buf[..BLOCK_HEADER_LEN as usize] != entry.header() {
+        // Within the file: checked against its size when it was opened.
+        let start = entry.offset as usize;
+        let payload = start + BLOCK_HEADER_LEN as usize;
+        let bytes = &self.map[start..payload + entry.compressed as usize];
+        if bytes[..BLOCK_HEADER_LEN as usize] != entry.header() {
             return Err(Error::corrupt(
                 &self.path,
                 entry.offset,
                 format!("block {index} header does not match the index"),
             ));
         }
-        if verify && crc32c::crc32c(&buf[BLOCK_HEADER_LEN as usize..]) != entry.crc {
+        let compressed = &bytes[BLOCK_HEADER_LEN as usize..];
+        if verify && crc32c::crc32c(compressed) != entry.crc {
             return Err(Error::corrupt(
                 &self.path,
                 entry.offset + BLOCK_HEADER_LEN,
@@ -422,7 +429,7 @@ impl ShardReader {
                 ),
             ));
         }
-        Ok(buf)
+        Ok(compressed)
     }
 
     /// Reads, checks (the CRC32C only when `verify`) and decompresses block `index`.
@@ -435,8 +442,8 @@ impl ShardReader {
         first_record: u64,
         verify: bool,
     ) -> Result<Block> {
-        let compressed = self.read_compressed(index, pool, verify)?;
-        self.decompress(index, &compressed[BLOCK_HEADER_LEN as usize..], pool, schema, first_record)
+        let compressed = self.compressed(index, verify)?;
+        self.decompress(index, compressed, pool, schema, first_record)
     }
 
     /// Decompresses the compressed bytes of block `index` and validates the block.

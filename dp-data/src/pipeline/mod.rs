@@ -50,7 +50,7 @@ use permutation::hash;
 use plan::BlockSizes;
 use producer::{Columns, Producer, Shared};
 use queue::Queue;
-use tuning::Tuner;
+use tuning::{Tuner, Waits};
 
 /// Batches for one rank, forever (epoch after epoch), in a deterministic order.
 pub struct Pipeline {
@@ -61,7 +61,13 @@ pub struct Pipeline {
     config_hash: u64,
     shared: Arc<Shared>,
     tracker: Tracker,
+    /// When the first batch was asked for, and the latest was handed out.
     started: Option<Instant>,
+    latest: Option<Instant>,
+    /// Batches taken, and time spent waiting for them (the consumer's side of the statistics,
+    /// kept here so that taking a batch shares no lock with the workers).
+    taken: u64,
+    consumer_wait_s: f64,
     cached: bool,
     /// The autotuner (`None` without autotuning).
     tuner: Option<Tuner>,
@@ -187,6 +193,9 @@ impl Pipeline {
             shared,
             tracker,
             started: None,
+            latest: None,
+            taken: 0,
+            consumer_wait_s: 0.0,
             cached,
             tuner,
         })
@@ -204,20 +213,30 @@ impl Pipeline {
             }
             Mode::Background { queue, .. } => queue.take()?,
         };
-        let mut stats = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        self.latest = Some(now);
+        self.taken += 1;
         if let Mode::Background { queue, .. } = &self.mode {
-            stats.consumer_wait_s += waiting.elapsed().as_secs_f64();
-            if let Some(tuner) = &mut self.tuner {
+            self.consumer_wait_s += (now - waiting).as_secs_f64();
+            if let Some(tuner) = self.tuner.as_mut().filter(|t| t.due(self.taken)) {
+                let waits = Waits {
+                    batches: self.taken,
+                    wall_s: (now - started).as_secs_f64(),
+                    consumer_s: self.consumer_wait_s,
+                    workers_s: self
+                        .shared
+                        .stats
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .producer_wait_s,
+                };
                 let knobs = queue.knobs();
-                let tuned = tuner.adjust(&stats, knobs);
+                let tuned = tuner.adjust(waits, knobs);
                 if tuned != knobs {
                     queue.set_knobs(tuned.0, tuned.1);
                 }
             }
         }
-        stats.wall_s = started.elapsed().as_secs_f64();
-        stats.peak_bytes = self.tracker.held().1;
-        drop(stats);
         self.next = if batch.index() + 1 == self.batches_per_epoch {
             (batch.epoch() + 1, 0)
         } else {
@@ -250,6 +269,12 @@ impl Pipeline {
     /// What the pipeline has done so far.
     pub fn stats(&self) -> PipelineStats {
         let mut stats = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        stats.consumer_wait_s = self.consumer_wait_s;
+        stats.wall_s = match (self.started, self.latest) {
+            (Some(started), Some(latest)) => (latest - started).as_secs_f64(),
+            _ => 0.0,
+        };
+        stats.peak_bytes = self.tracker.held().1;
         (stats.workers, stats.prefetch_depth) = match &self.mode {
             Mode::Inline(_) => (1, 0),
             Mode::Background { queue, .. } => queue.knobs(),
@@ -301,7 +326,7 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
     let mut workers = Vec::with_capacity(shared.config.workers);
     for id in 0..shared.config.workers {
         let started = Producer::new(Arc::clone(shared)).and_then(|mut producer| {
-            let (shared, queue) = (Arc::clone(shared), Arc::clone(queue));
+            let queue = Arc::clone(queue);
             let work = move || {
                 /// Tells the queue when the thread ends, however it ends.
                 struct Leave(Arc<Queue>);
@@ -312,8 +337,7 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                 }
                 let leave = Leave(queue);
                 while let Some((sequence, waited)) = leave.0.claim(id) {
-                    shared.stats.lock().unwrap_or_else(PoisonError::into_inner).producer_wait_s +=
-                        waited;
+                    producer.waited(waited);
                     leave.0.hand_in(sequence, make(&mut producer, sequence));
                 }
             };
@@ -382,7 +406,7 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
 /// Checks that the working set fits the budget, and says whether the whole dataset can be
 /// cached on top of it.
 fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) -> Result<bool> {
-    let (max_raw, max_packed) = dataset.largest_block();
+    let (max_raw, _) = dataset.largest_block();
     let sizes = dataset.block_records();
     let blocks = sizes.len() as u64;
     let min_records = sizes.iter().copied().min().unwrap_or(1).max(1);
@@ -408,23 +432,23 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let batches = (makers + config.prefetch as u64 + 2) * batch_bytes;
     let sizes = BlockSizes::new(sizes);
     let table = plan::EpochPlan::max_window_records(&sizes, config.shuffle_window) as u64;
-    // Each maker's compressed read buffer and window table.
-    let reads = makers * (buffer(max_packed) + buffer(table.max(1) * 8));
+    // Each maker's window table.
+    let tables = makers * buffer(table.max(1) * 8);
     // Size classes round up by at most ~3%, and a buffer may take a cached block one class up.
     let rounding = |bytes: u64| bytes + bytes / 14;
     let working =
-        rounding(held.saturating_mul(max_raw).saturating_add(reads).saturating_add(batches));
+        rounding(held.saturating_mul(max_raw).saturating_add(tables).saturating_add(batches));
     if working > config.memory_budget {
         return Err(Error::Config {
             field: "memory_budget",
             what: format!(
-                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, read buffers and window tables of {makers} workers); raise it or lower shuffle_window, prefetch, workers or batch_size",
+                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables of {makers} workers); raise it or lower shuffle_window, prefetch, workers or batch_size",
                 config.memory_budget,
                 makers + config.prefetch as u64 + 2,
             ),
         });
     }
-    let everything = rounding(dataset.raw_bytes().saturating_add(reads).saturating_add(batches));
+    let everything = rounding(dataset.raw_bytes().saturating_add(tables).saturating_add(batches));
     Ok(config.cache && everything <= config.memory_budget)
 }
 

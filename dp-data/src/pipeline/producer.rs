@@ -128,6 +128,11 @@ impl Producer {
         &self.plan.as_ref().unwrap_or_else(|| unreachable!("set above")).1
     }
 
+    /// Counts `seconds` this worker waited for room before its next batch.
+    pub(crate) fn waited(&mut self, seconds: f64) {
+        self.stats.producer_wait_s += seconds;
+    }
+
     /// Makes batch number `sequence` (counted over epochs) of this rank.
     pub(crate) fn make(&mut self, sequence: u64) -> Result<Batch> {
         let per_epoch = self.shared.batches_per_epoch;

@@ -47,6 +47,7 @@ impl PipelineStats {
         self.read_s += part.read_s;
         self.decompress_s += part.decompress_s;
         self.map_s += part.map_s;
+        self.producer_wait_s += part.producer_wait_s;
         self.skipped_blocks += part.skipped_blocks;
         self.replaced_records += part.replaced_records;
         if part.last_skipped.is_some() {
