@@ -35,7 +35,9 @@ fn warm_pipeline(dir: &Path, workers: usize, prefetch: usize) -> Pipeline {
     config.batch_size = 50;
     config.workers = workers;
     config.prefetch = prefetch;
-    config.autotune = true;
+    // Fixed knobs: a tuner deepening the queue later would rightly take one more batch's
+    // buffers from the system.
+    config.autotune = false;
     config.memory_budget = 16 << 20;
     let transforms = vec![
         Box::new(Normalize::pixels(0.5, 0.5)) as _,
@@ -72,8 +74,13 @@ fn steady_batches_allocate_nothing() {
 
     // On worker threads, counted over the whole process.
     let mut pipeline = warm_pipeline(&dir, 3, 2);
+    // The pool grows to its high-water mark once: every batch the workers may make ahead, while
+    // the consumer holds one. Reach it before counting.
+    let held = pipeline.next_batch().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    drop(held);
     // Workers make batches of the next epoch ahead of the consumer: stop before they can.
-    let batches = pipeline.batches_per_epoch() - 1 - 3 - 2;
+    let batches = pipeline.batches_per_epoch() - 2 - 3 - 2;
     let before = CountingAlloc::process_stats().counts;
     for _ in 0..batches {
         drop(pipeline.next_batch().unwrap());

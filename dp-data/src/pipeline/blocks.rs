@@ -118,10 +118,7 @@ impl BlockTable {
         if !waiting {
             return Needed::Done;
         }
-        let (next, ahead_tag) = ahead;
-        if let Some(&b) = next.iter().find(|&&b| matches!(table.entries[b], Entry::Empty)) {
-            table.wanted[b] = table.wanted[b].max(ahead_tag);
-            table.start(b);
+        if let Some(b) = table.claim_missing(ahead.0, ahead.1) {
             return Needed::Load(b);
         }
         // Sleep until some block changes state, then look again.
@@ -129,7 +126,13 @@ impl BlockTable {
         Needed::Wait
     }
 
-    /// Decodes block `b`, which [`BlockTable::find`] marked as being decoded by the caller,
+    /// Marks the first of `blocks` that is missing as being decoded by the caller, wanted by
+    /// window `tag`, and returns it.
+    pub(crate) fn claim_missing(&self, blocks: &[usize], tag: WindowTag) -> Option<usize> {
+        self.lock().claim_missing(blocks, tag)
+    }
+
+    /// Decodes block `b`, which [`BlockTable::find`] or [`BlockTable::claim_missing`] marked as being decoded by the caller,
     /// and enters it. Under `Skip` a corrupt block becomes bad; any other error is returned
     /// (and the block left for another try).
     pub(crate) fn load(
@@ -206,6 +209,13 @@ impl Table {
     fn start(&mut self, b: usize) {
         self.entries[b] = Entry::Loading;
         self.live.push(b);
+    }
+
+    fn claim_missing(&mut self, blocks: &[usize], tag: WindowTag) -> Option<usize> {
+        let b = *blocks.iter().find(|&&b| matches!(self.entries[b], Entry::Empty))?;
+        self.wanted[b] = self.wanted[b].max(tag);
+        self.start(b);
+        Some(b)
     }
 }
 

@@ -336,7 +336,7 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                     }
                 }
                 let leave = Leave(queue);
-                while let Some((sequence, waited)) = leave.0.claim(id) {
+                while let Some((sequence, waited)) = leave.0.claim(id, || producer.read_ahead()) {
                     producer.waited(waited);
                     leave.0.hand_in(sequence, make(&mut producer, sequence));
                 }

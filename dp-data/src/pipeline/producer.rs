@@ -67,8 +67,10 @@ pub(crate) struct Producer {
     /// for an unreadable block once all are found).
     needed: Vec<usize>,
     found: Vec<Option<Arc<Block>>>,
-    /// Blocks of the window after the batch's, decoded while waiting for others' decoding.
+    /// Blocks of the window after the latest batch's (and that window), decoded while waiting
+    /// for others' decoding or for room to make another batch.
     ahead: Vec<usize>,
+    ahead_tag: WindowTag,
     /// Blocks found unreadable while making this batch.
     bad: Vec<usize>,
     /// This batch's counters, added to the shared ones when it is done.
@@ -89,6 +91,7 @@ impl Producer {
             ahead: Vec::with_capacity(
                 shared.config.shuffle_window.unwrap_or(1).min(shared.sizes.count()),
             ),
+            ahead_tag: (0, 0),
             bad: Vec::new(),
             stats: PipelineStats::default(),
             shared,
@@ -126,6 +129,16 @@ impl Producer {
             self.cursor.reset();
         }
         &self.plan.as_ref().unwrap_or_else(|| unreachable!("set above")).1
+    }
+
+    /// Decodes one block of the window after the latest batch's, if one is still missing:
+    /// work for a worker that has no batch to make. Returns whether it decoded one.
+    pub(crate) fn read_ahead(&mut self) -> bool {
+        let blocks = &self.shared.blocks;
+        let Some(b) = blocks.claim_missing(&self.ahead, self.ahead_tag) else { return false };
+        // An error stays with the block, for the batch that needs it to report.
+        let _ = blocks.load(&self.shared.dataset, b, &mut self.stats);
+        true
     }
 
     /// Counts `seconds` this worker waited for room before its next batch.
@@ -226,11 +239,12 @@ impl Producer {
         let last = self.slots.iter().map(|s| s.position).max().unwrap_or(0);
         let tag: WindowTag = (epoch, plan.window_of(last));
         self.ahead.clear();
+        self.ahead_tag = (epoch, tag.1 + 1);
         if tag.1 + 1 < plan.windows() {
             self.ahead.extend(plan.blocks_of(tag.1 + 1));
         }
         loop {
-            let ahead = (&self.ahead[..], (epoch, tag.1 + 1));
+            let ahead = (&self.ahead[..], self.ahead_tag);
             match self.shared.blocks.find(&self.needed, tag, ahead, &mut self.found) {
                 Needed::Done => return Ok(()),
                 Needed::Load(b) => {

@@ -31,6 +31,13 @@ struct State {
     closed: bool,
 }
 
+impl State {
+    /// Whether worker `id` may claim another batch.
+    fn has_room(&self, id: usize) -> bool {
+        id < self.workers && self.next_claim - self.next_take < (self.workers + self.depth) as u64
+    }
+}
+
 /// The queue between the workers and the consumer. Each side sleeps on its own condition and
 /// is woken only when it can go on: on two shared cores, a needless wake-up per batch costs
 /// more than making the batch's labels.
@@ -68,23 +75,40 @@ impl Queue {
     }
 
     /// Worker `id`: waits until it may make another batch and returns its number, with the
-    /// seconds waited; `None` once the pipeline is closing or has failed.
-    pub(crate) fn claim(&self, id: usize) -> Option<(u64, f64)> {
+    /// seconds waited; `None` once the pipeline is closing or has failed. While there is no
+    /// room, `meanwhile` is run (outside the lock) for as long as it finds work to do, and the
+    /// worker sleeps only when it finds none; its time does not count as waiting.
+    pub(crate) fn claim(
+        &self,
+        id: usize,
+        mut meanwhile: impl FnMut() -> bool,
+    ) -> Option<(u64, f64)> {
         let started = Instant::now();
+        let mut working = 0.0;
         let mut state = self.lock();
         loop {
             if state.closed || state.failed {
                 return None;
             }
-            let ahead = state.next_claim - state.next_take;
-            if id < state.workers && ahead < (state.workers + state.depth) as u64 {
+            if state.has_room(id) {
                 let claimed = state.next_claim;
                 state.next_claim += 1;
-                return Some((claimed, started.elapsed().as_secs_f64()));
+                return Some((claimed, started.elapsed().as_secs_f64() - working));
             }
-            state.idle += 1;
-            state = self.room.wait(state).unwrap_or_else(PoisonError::into_inner);
-            state.idle -= 1;
+            drop(state);
+            let work = Instant::now();
+            let worked = meanwhile();
+            working += work.elapsed().as_secs_f64();
+            state = self.lock();
+            if worked {
+                continue;
+            }
+            // Anything may have changed while the lock was let go: look again before sleeping.
+            if !state.has_room(id) && !state.closed && !state.failed {
+                state.idle += 1;
+                state = self.room.wait(state).unwrap_or_else(PoisonError::into_inner);
+                state.idle -= 1;
+            }
         }
     }
 
@@ -166,12 +190,12 @@ mod tests {
     #[test]
     fn claims_stop_at_the_depth_and_resume_when_the_consumer_takes() {
         let queue = std::sync::Arc::new(Queue::new(5, 1, 1, 1));
-        assert_eq!(queue.claim(0).map(|c| c.0), Some(5));
-        assert_eq!(queue.claim(0).map(|c| c.0), Some(6));
+        assert_eq!(queue.claim(0, || false).map(|c| c.0), Some(5));
+        assert_eq!(queue.claim(0, || false).map(|c| c.0), Some(6));
         // Two batches ahead of the consumer (one worker + depth one): the next claim waits.
         let waiter = {
             let queue = std::sync::Arc::clone(&queue);
-            std::thread::spawn(move || queue.claim(0).map(|c| c.0))
+            std::thread::spawn(move || queue.claim(0, || false).map(|c| c.0))
         };
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!waiter.is_finished());
