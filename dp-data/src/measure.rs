@@ -250,34 +250,36 @@ pub fn measure_pipeline(
     config: crate::PipelineConfig,
     rounds: usize,
 ) -> Result<PipelineReport> {
-    use rayon::prelude::*;
-
     let rounds = rounds.max(3);
     let dataset = Dataset::open(dir)?;
     let (compressed, prefix_raw, largest) = compressed_prefix(&dataset)?;
     let raw_bytes = dataset.raw_bytes();
-    let threads = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.workers)
-        .build()
-        .map_err(|e| Error::Config { field: "workers", what: e.to_string() })?;
-    let reference = || -> Result<f64> {
+    // The reference: as many threads as workers, each with one decompression context and one
+    // output buffer for all its blocks, taking the next block as it finishes one.
+    let zstd_error = |e: std::io::Error| Error::io(dataset.dir(), "zstd decompress", e);
+    let mut contexts = (0..config.workers.max(1))
+        .map(|_| Ok((zstd::bulk::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest])))
+        .collect::<Result<Vec<_>>>()?;
+    let mut reference = || -> Result<f64> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
         let start = Instant::now();
-        threads.install(|| {
-            compressed.par_iter().try_for_each_init(
-                || (zstd::bulk::Decompressor::new(), vec![0u8; largest]),
-                |(decompressor, out), buf| {
-                    let d = decompressor.as_mut().map_err(|e| {
-                        Error::io(
-                            dataset.dir(),
-                            "zstd init",
-                            std::io::Error::new(e.kind(), e.to_string()),
-                        )
-                    })?;
-                    d.decompress_to_buffer(buf, out)
-                        .map_err(|e| Error::io(dataset.dir(), "zstd decompress", e))?;
-                    Ok::<(), Error>(())
-                },
-            )
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = contexts
+                .iter_mut()
+                .map(|(decompressor, out)| {
+                    let (next, compressed) = (&next, &compressed);
+                    scope.spawn(move || -> Result<()> {
+                        let take = || next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        while let Some(block) = compressed.get(take()) {
+                            decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            threads.into_iter().try_for_each(|t| {
+                t.join().unwrap_or_else(|_| Err(Error::Stopped("a zstd thread panicked".into())))
+            })
         })?;
         Ok(prefix_raw as f64 / start.elapsed().as_secs_f64())
     };
