@@ -201,18 +201,14 @@ impl Dataset {
     }
 
     /// Reads block `global` (counting blocks over all shards in order), bypassing the cache.
-    /// Also returns the seconds spent reading (and checksumming) and decompressing it.
+    /// Also returns the seconds spent checksumming and decompressing it.
     pub(crate) fn read_global_block(&self, global: usize) -> Result<(Block, f64, f64)> {
         let Some((s, b)) = self.find_block(global) else {
             return Err(Error::OutOfRange { index: global as u64, len: self.block_count() as u64 });
         };
         let shard = &self.shards[s];
         let first = self.shard_starts[s] + shard.entries()[b].first_record;
-        let started = std::time::Instant::now();
-        let compressed = shard.compressed(b, self.verify_checksums)?;
-        let read = started.elapsed().as_secs_f64();
-        let block = shard.decompress(b, compressed, &self.pool, &self.schema, first)?;
-        Ok((block, read, started.elapsed().as_secs_f64() - read))
+        shard.read_block(b, &self.pool, &self.schema, first, self.verify_checksums)
     }
 
     /// Blocks over all shards.
@@ -258,7 +254,7 @@ impl Dataset {
     fn read_block(&self, shard: usize, block: usize) -> Result<Block> {
         let reader = &self.shards[shard];
         let first = self.shard_starts[shard] + reader.entries()[block].first_record;
-        reader.read_block(block, &self.pool, &self.schema, first, self.verify_checksums)
+        Ok(reader.read_block(block, &self.pool, &self.schema, first, self.verify_checksums)?.0)
     }
 
     /// Every block in order, each read, checked and decompressed once (not through the cache).

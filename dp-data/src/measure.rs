@@ -54,7 +54,7 @@ fn compressed_prefix(dataset: &Dataset) -> Result<(Vec<Vec<u8>>, u64, usize)> {
             if packed >= REFERENCE_BYTES {
                 return Ok((blocks, raw, largest));
             }
-            blocks.push(reader.compressed(b, false)?.to_vec());
+            blocks.push(reader.compressed(b)?.to_vec());
             raw += entry.raw;
             packed += entry.compressed;
             largest = largest.max(entry.raw as usize);
