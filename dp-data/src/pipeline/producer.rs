@@ -136,9 +136,9 @@ impl Producer {
     pub(crate) fn read_ahead(&mut self) -> bool {
         let blocks = &self.shared.blocks;
         let Some(b) = blocks.claim_missing(&self.ahead, self.ahead_tag) else { return false };
-        // An error stays with the block, for the batch that needs it to report.
-        let _ = blocks.load(&self.shared.dataset, b, &mut self.stats);
-        true
+        // A block that fails is left missing, for the batch that needs it to meet the error and
+        // report it; saying nothing was done lets this worker sleep instead of retrying it.
+        blocks.load(&self.shared.dataset, b, &mut self.stats).is_ok()
     }
 
     /// Counts `seconds` this worker waited for room before its next batch.
