@@ -150,9 +150,26 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
     fs::write(&shard, &bytes).unwrap();
     let mut fail = config(25, 0, 1, 2, 0);
     fail.shuffle_window = None;
-    let mut p = Pipeline::new(&dir, fail.clone(), vec![]).unwrap();
-    let err = (0..40).find_map(|_| p.next_batch().err()).expect("the corrupt block is hit");
-    assert!(err.to_string().contains("shard-00000.dps"), "{err}");
+    let until_error = |config: PipelineConfig| {
+        let mut p = Pipeline::new(&dir, config, vec![]).unwrap();
+        let mut good = 0;
+        let err = loop {
+            match p.next_batch() {
+                Ok(_) => good += 1,
+                Err(err) => break err,
+            }
+            assert!(good < 40, "the corrupt block is never hit");
+        };
+        assert!(err.to_string().contains("shard-00000.dps"), "{err}");
+        assert!(p.next_batch().is_err(), "a failed pipeline stays failed");
+        good
+    };
+    let good = until_error(fail.clone());
+    // Workers making batches ahead, and decoding the next blocks ahead of them, meet the
+    // damaged block early: the batches before it still come out, then its error, and no hang.
+    let mut ahead = fail.clone();
+    ahead.prefetch = 2;
+    assert_eq!(until_error(ahead), good);
 
     let mut per_rank = Vec::new();
     for rank in 0..2 {
