@@ -146,10 +146,9 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
     // Damage one block in the middle of the first shard.
     let shard = dir.join("shard-00000.dps");
     let mut bytes = fs::read(&shard).unwrap();
-    bytes[2000] ^= 0xFF;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xFF;
     fs::write(&shard, &bytes).unwrap();
-    let mut fail = config(25, 0, 1, 2, 0);
-    fail.shuffle_window = None;
     let until_error = |config: PipelineConfig| {
         let mut p = Pipeline::new(&dir, config, vec![]).unwrap();
         let mut good = 0;
@@ -164,12 +163,20 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
         assert!(p.next_batch().is_err(), "a failed pipeline stays failed");
         good
     };
-    let good = until_error(fail.clone());
-    // Workers making batches ahead, and decoding the next blocks ahead of them, meet the
-    // damaged block early: the batches before it still come out, then its error, and no hang.
-    let mut ahead = fail.clone();
-    ahead.prefetch = 2;
-    assert_eq!(until_error(ahead), good);
+    for window in [None, Some(2)] {
+        let mut fail = config(25, 0, 1, 2, 0);
+        fail.shuffle_window = window;
+        let good = until_error(fail.clone());
+        assert!(good > 0, "the damaged block is not the first one read");
+        // Workers making batches ahead, and decoding the next blocks ahead of them, meet the
+        // damaged block early: every batch before the first that needs it still comes out,
+        // then its error, and nothing hangs.
+        fail.workers = 4;
+        fail.prefetch = 2;
+        for _ in 0..5 {
+            assert_eq!(until_error(fail.clone()), good, "window {window:?}");
+        }
+    }
 
     let mut per_rank = Vec::new();
     for rank in 0..2 {
@@ -274,6 +281,16 @@ fn the_disk_cache_is_written_once_and_changes_nothing() {
     let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
     let err = (0..30).find_map(|_| p.next_batch().err()).expect("a damaged block is read");
     assert!(err.to_string().contains("dpc"), "{err}");
+    // Under Skip, a block the cache cannot give back is read from the dataset: nothing is
+    // skipped and the stream is the same.
+    let mut c = config(40, 0, 1, 2, 1);
+    c.cache = false;
+    c.cache_file = Some(cache.clone());
+    c.on_corruption = CorruptionPolicy::Skip;
+    let mut p = Pipeline::new(&dir, c, augment()).unwrap();
+    let n = 3 * p.batches_per_epoch();
+    assert_eq!(take(&mut p, n), plain, "with a damaged cache under Skip");
+    assert_eq!(p.stats().skipped_blocks, 0);
     fs::remove_file(&cache).unwrap();
     fs::remove_dir_all(&dir).unwrap();
 }
@@ -369,6 +386,35 @@ proptest! {
                 prop_assert!(peak <= budget_kib << 10, "peak {} over a budget of {} KiB", peak, budget_kib);
             }
         }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Without a cache, every block is decoded once per epoch, however many workers make
+    /// batches ahead and decode blocks ahead of them.
+    #[test]
+    fn each_block_is_decoded_once_per_epoch(records in 2000u64..4000, batch in 4usize..40, workers in 1usize..5, prefetch in 0usize..3, window in 1usize..4) {
+        let dir = temp_dir(&format!("once-{records}-{batch}-{workers}-{prefetch}-{window}"));
+        dataset(&dir, records);
+        let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as u64;
+        let mut c = config(batch, 0, 1, workers, prefetch);
+        c.cache = false;
+        c.shuffle_window = Some(window);
+        c.tail = TailPolicy::Pad; // every record, so every block, is needed in every epoch
+        let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+        let n = 2 * p.batches_per_epoch();
+        take(&mut p, n);
+        let loaded = p.stats().blocks_loaded;
+        drop(p);
+        // Beyond once per epoch: what the third epoch's first batches, made ahead, and one
+        // window read ahead of them can need, and the windows that each epoch's last batch,
+        // padded from the epoch's start, needs again (blocks hold at least half the mean).
+        let window_records = (window as u64 * records / blocks / 2).max(1);
+        let windows = |positions: u64| (positions.div_ceil(window_records) + 1) * window as u64;
+        let ahead = ((workers + prefetch + 1) * batch) as u64;
+        let extra = (windows(ahead) + window as u64).min(blocks) + 2 * windows(batch as u64);
+        // (Blocks still held when an epoch ends may serve the next one's first window.)
+        prop_assert!(loaded >= blocks && loaded <= 2 * blocks + extra,
+            "{} blocks loaded in two epochs of {} blocks (at most {} ahead)", loaded, blocks, extra);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -32,6 +32,8 @@ struct Table {
     wanted: Vec<WindowTag>,
     /// Blocks that are not `Empty`, so that releasing does not scan every block.
     live: Vec<usize>,
+    /// The latest floor released to: no block is read ahead for a window before it.
+    floor: WindowTag,
 }
 
 /// What a worker needs the table for: one batch's blocks.
@@ -41,6 +43,9 @@ pub(crate) enum Needed {
     Done,
     /// Decode this block, which is now marked as being decoded by the caller.
     Load(usize),
+    /// The same for a block of the next window, decoded instead of waiting: the batch does not
+    /// need it, so its failure is not the batch's.
+    LoadAhead(usize),
     /// Others are decoding what is missing; nothing is left to help with.
     Wait,
 }
@@ -71,6 +76,7 @@ impl BlockTable {
                 entries: (0..blocks).map(|_| Entry::Empty).collect(),
                 wanted: vec![(0, 0); blocks],
                 live,
+                floor: (0, 0),
             }),
             changed: Condvar::new(),
             keep_all,
@@ -119,7 +125,7 @@ impl BlockTable {
             return Needed::Done;
         }
         if let Some(b) = table.claim_missing(ahead.0, ahead.1) {
-            return Needed::Load(b);
+            return Needed::LoadAhead(b);
         }
         // Sleep until some block changes state, then look again.
         drop(self.changed.wait(table).unwrap_or_else(PoisonError::into_inner));
@@ -127,7 +133,7 @@ impl BlockTable {
     }
 
     /// Marks the first of `blocks` that is missing as being decoded by the caller, wanted by
-    /// window `tag`, and returns it.
+    /// window `tag`, and returns it; none when `tag` is a window already released.
     pub(crate) fn claim_missing(&self, blocks: &[usize], tag: WindowTag) -> Option<usize> {
         self.lock().claim_missing(blocks, tag)
     }
@@ -150,6 +156,7 @@ impl BlockTable {
             Ok((block, read_s, decompress_s)) => {
                 stats.read_s += read_s;
                 stats.decompress_s += decompress_s;
+                stats.blocks_loaded += 1;
                 table.entries[b] = Entry::Ready(Arc::new(block));
             }
             Err(err @ Error::Corrupt { .. }) if self.policy == CorruptionPolicy::Skip => {
@@ -179,8 +186,14 @@ impl BlockTable {
             if cache.is_ready() {
                 let started = std::time::Instant::now();
                 let (records, first) = dataset.block_meta(b);
-                let block = cache.read(b, records, first, dataset.pool(), dataset.schema_arc())?;
-                return Ok((block, started.elapsed().as_secs_f64(), 0.0));
+                let block = cache.read(b, records, first, dataset.pool(), dataset.schema_arc());
+                return match block {
+                    Ok(block) => Ok((block, started.elapsed().as_secs_f64(), 0.0)),
+                    // Skipping a sound dataset block for a damaged cache would change the
+                    // stream: under `Skip`, the block is read from the dataset instead.
+                    Err(_) if self.policy == CorruptionPolicy::Skip => dataset.read_global_block(b),
+                    Err(err) => Err(err),
+                };
             }
         }
         let loaded = dataset.read_global_block(b)?;
@@ -194,7 +207,8 @@ impl BlockTable {
             return;
         }
         let mut table = self.lock();
-        let Table { entries, wanted, live } = &mut *table;
+        let Table { entries, wanted, live, floor: latest } = &mut *table;
+        *latest = (*latest).max(floor);
         live.retain(|&b| {
             let drop = matches!(entries[b], Entry::Ready(_)) && wanted[b] < floor;
             if drop {
@@ -212,6 +226,9 @@ impl Table {
     }
 
     fn claim_missing(&mut self, blocks: &[usize], tag: WindowTag) -> Option<usize> {
+        if tag < self.floor {
+            return None;
+        }
         let b = *blocks.iter().find(|&&b| matches!(self.entries[b], Entry::Empty))?;
         self.wanted[b] = self.wanted[b].max(tag);
         self.start(b);

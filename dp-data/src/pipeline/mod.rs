@@ -74,8 +74,12 @@ pub struct Pipeline {
 }
 
 enum Mode {
-    /// `prefetch == 0`: batches are made on the calling thread, when asked for.
-    Inline(Box<Producer>),
+    /// `prefetch == 0`: batches are made on the calling thread, when asked for; after an error
+    /// (`failed`) every call fails, as with workers.
+    Inline {
+        producer: Box<Producer>,
+        failed: bool,
+    },
     Background {
         queue: Arc<Queue>,
         workers: Vec<JoinHandle<()>>,
@@ -175,7 +179,7 @@ impl Pipeline {
         let first = next.0.saturating_mul(batches_per_epoch).saturating_add(next.1);
         let tuner = config.autotune.then(|| Tuner::new(config.workers, config.prefetch));
         let mode = if config.prefetch == 0 {
-            Mode::Inline(Box::new(Producer::new(Arc::clone(&shared))?))
+            Mode::Inline { producer: Box::new(Producer::new(Arc::clone(&shared))?), failed: false }
         } else {
             let knobs = tuner.as_ref().map_or((config.workers, config.prefetch), Tuner::start);
             let queue =
@@ -207,9 +211,16 @@ impl Pipeline {
         let started = *self.started.get_or_insert_with(Instant::now);
         let waiting = Instant::now();
         let batch = match &mut self.mode {
-            Mode::Inline(producer) => {
+            Mode::Inline { failed: true, .. } => {
+                return Err(Error::Stopped("it returned an error earlier".into()));
+            }
+            Mode::Inline { producer, failed } => {
                 let (epoch, index) = self.next;
-                make(producer, epoch * self.batches_per_epoch + index)?
+                let sequence = epoch * self.batches_per_epoch + index;
+                let batch = make(producer, sequence);
+                producer.release_before_batch(sequence + 1);
+                *failed = batch.is_err();
+                batch?
             }
             Mode::Background { queue, .. } => queue.take()?,
         };
@@ -276,7 +287,7 @@ impl Pipeline {
         };
         stats.peak_bytes = self.tracker.held().1;
         (stats.workers, stats.prefetch_depth) = match &self.mode {
-            Mode::Inline(_) => (1, 0),
+            Mode::Inline { .. } => (1, 0),
             Mode::Background { queue, .. } => queue.knobs(),
         };
         stats
@@ -336,9 +347,15 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                     }
                 }
                 let leave = Leave(queue);
-                while let Some((sequence, waited)) = leave.0.claim(id, || producer.read_ahead()) {
+                // A panic there would end the thread outside any batch.
+                let read_ahead = |p: &mut Producer| {
+                    catch_unwind(AssertUnwindSafe(|| p.read_ahead())).unwrap_or(false)
+                };
+                while let Some((sequence, waited)) = leave.0.claim(id, || read_ahead(&mut producer))
+                {
                     producer.waited(waited);
-                    leave.0.hand_in(sequence, make(&mut producer, sequence));
+                    let oldest = leave.0.hand_in(sequence, make(&mut producer, sequence));
+                    producer.release_before_batch(oldest);
                 }
             };
             std::thread::Builder::new().name(format!("dp-data-worker-{id}")).spawn(work).map_err(

@@ -138,7 +138,9 @@ impl Producer {
         let Some(b) = blocks.claim_missing(&self.ahead, self.ahead_tag) else { return false };
         // A block that fails is left missing, for the batch that needs it to meet the error and
         // report it; saying nothing was done lets this worker sleep instead of retrying it.
-        blocks.load(&self.shared.dataset, b, &mut self.stats).is_ok()
+        let loaded = blocks.load(&self.shared.dataset, b, &mut self.stats).is_ok();
+        self.publish_stats();
+        loaded
     }
 
     /// Counts `seconds` this worker waited for room before its next batch.
@@ -162,18 +164,25 @@ impl Producer {
         }
         let (epoch, index) = (sequence / per_epoch, sequence % per_epoch);
         let started = Instant::now();
-        self.locate(epoch, index)?;
+        let located = self.locate(epoch, index);
         let loaded = Instant::now();
-        let batch = self.fill(epoch, index)?;
-        let filled = Instant::now();
-        self.release(epoch, index);
-        self.stats.batches = 1;
-        self.stats.records = batch.len() as u64;
+        let batch = located.and_then(|()| self.fill(epoch, index));
+        self.found.clear();
         self.stats.load_s = (loaded - started).as_secs_f64();
-        self.stats.map_s = (filled - loaded).as_secs_f64();
+        if let Ok(batch) = &batch {
+            self.stats.batches = 1;
+            self.stats.records = batch.len() as u64;
+            self.stats.map_s = loaded.elapsed().as_secs_f64();
+        }
+        self.publish_stats();
+        batch
+    }
+
+    /// Adds this worker's counters to the pipeline's, whatever came of its work: blocks read
+    /// ahead or skipped count even when no batch follows.
+    fn publish_stats(&mut self) {
         let mut shared = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
         shared.add(&mut self.stats);
-        Ok(batch)
     }
 
     /// Finds this rank's records of batch `index` and gets their blocks, replacing records of
@@ -250,6 +259,13 @@ impl Producer {
                 Needed::Load(b) => {
                     self.shared.blocks.load(&self.shared.dataset, b, &mut self.stats)?;
                 }
+                Needed::LoadAhead(b) => {
+                    // Left to the batch that needs it to report; no more reading ahead for
+                    // this one.
+                    if self.shared.blocks.load(&self.shared.dataset, b, &mut self.stats).is_err() {
+                        self.ahead.clear();
+                    }
+                }
                 Needed::Wait => {}
             }
         }
@@ -318,18 +334,20 @@ impl Producer {
         })
     }
 
-    /// Lets go of this batch's blocks, and drops from the table those of windows before the
-    /// one the next batch starts in: no later batch needs them.
-    fn release(&mut self, epoch: u64, index: u64) {
-        self.found.clear();
-        let config = &self.shared.config;
-        let floor = if index + 1 == self.shared.batches_per_epoch {
-            (epoch + 1, 0)
-        } else {
-            let b = config.batch_size as u64;
-            let next = (index + 1) * config.global_batch() as u64 + config.rank as u64 * b;
-            let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by locate")).1;
-            (epoch, plan.window_of(next % plan.len()))
+    /// Drops from the table the blocks of windows before the one batch `oldest` starts in, the
+    /// oldest batch not made yet: no batch still to be made needs them.
+    pub(crate) fn release_before_batch(&mut self, oldest: u64) {
+        let per_epoch = self.shared.batches_per_epoch.max(1);
+        let (epoch, index) = (oldest / per_epoch, oldest % per_epoch);
+        let floor = match &self.plan {
+            Some((e, plan)) if *e == epoch => {
+                let config = &self.shared.config;
+                let b = config.batch_size as u64;
+                let start = index * config.global_batch() as u64 + config.rank as u64 * b;
+                (epoch, plan.window_of(start % plan.len().max(1)))
+            }
+            // Another epoch's plan is not at hand: its first window is a floor that is safe.
+            _ => (epoch, 0),
         };
         self.shared.blocks.release_before(floor);
     }

@@ -95,9 +95,11 @@ impl Queue {
                 state.next_claim += 1;
                 return Some((claimed, started.elapsed().as_secs_f64() - working));
             }
+            // A worker the tuner has switched off does not work meanwhile either.
+            let switched_on = id < state.workers;
             drop(state);
             let work = Instant::now();
-            let worked = meanwhile();
+            let worked = switched_on && meanwhile();
             working += work.elapsed().as_secs_f64();
             state = self.lock();
             if worked {
@@ -112,14 +114,18 @@ impl Queue {
         }
     }
 
-    /// A worker hands in batch `sequence` (or its error).
-    pub(crate) fn hand_in(&self, sequence: u64, batch: Result<Batch>) {
+    /// A worker hands in batch `sequence` (or its error). Returns the oldest batch not made yet
+    /// (being made, or not claimed yet): what is still to be made starts there.
+    pub(crate) fn hand_in(&self, sequence: u64, batch: Result<Batch>) -> u64 {
         let mut state = self.lock();
         let failed = batch.is_err();
         state.failed |= failed;
         let len = state.made.len() as u64;
         state.made[(sequence % len) as usize] = Some(batch);
         let awaited = sequence == state.next_take;
+        let oldest = (state.next_take..state.next_claim)
+            .find(|&s| state.made[(s % len) as usize].is_none())
+            .unwrap_or(state.next_claim);
         drop(state);
         if awaited {
             self.made.notify_one();
@@ -127,6 +133,7 @@ impl Queue {
         if failed {
             self.room.notify_all();
         }
+        oldest
     }
 
     /// The consumer: waits for the next batch in order.
@@ -170,10 +177,16 @@ impl Queue {
         self.room.notify_all();
     }
 
-    /// A worker thread ends.
+    /// A worker thread ends. Only a closed or failed queue lets workers go, so a worker that
+    /// ends otherwise (a panic outside a batch) fails the queue: the others stop after their
+    /// batches, and the consumer gets an error instead of waiting for a batch nobody makes.
     pub(crate) fn leave(&self) {
-        self.lock().running -= 1;
+        let mut state = self.lock();
+        state.running -= 1;
+        state.failed = true;
+        drop(state);
         self.made.notify_one();
+        self.room.notify_all();
     }
 
     /// Stops the workers after the batches they are making.

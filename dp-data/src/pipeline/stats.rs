@@ -24,6 +24,9 @@ pub struct PipelineStats {
     pub producer_wait_s: f64,
     /// Wall time from the first request to the latest batch.
     pub wall_s: f64,
+    /// Blocks decompressed (or read back from the disk cache): once per block and epoch
+    /// without a cache in memory, once in all with it.
+    pub blocks_loaded: u64,
     /// Unreadable blocks skipped (`CorruptionPolicy::Skip`).
     pub skipped_blocks: u64,
     /// Records replaced because their block was skipped.
@@ -48,6 +51,7 @@ impl PipelineStats {
         self.decompress_s += part.decompress_s;
         self.map_s += part.map_s;
         self.producer_wait_s += part.producer_wait_s;
+        self.blocks_loaded += part.blocks_loaded;
         self.skipped_blocks += part.skipped_blocks;
         self.replaced_records += part.replaced_records;
         if part.last_skipped.is_some() {
