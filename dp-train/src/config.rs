@@ -70,9 +70,9 @@ pub struct TrainConfig {
     pub data_budget_mib: u64,
     /// Data-loading threads per replica.
     pub data_workers: usize,
-    /// Batches each replica's pipeline prepares ahead on a background thread (0: prepared on
-    /// the replica's own thread when asked for). With replicas on every core there is no
-    /// spare core for background loading, and 0 avoids the hand-offs.
+    /// Batches each replica's pipeline makes ahead on its worker threads, beyond one per
+    /// worker (0: no worker threads; each batch is made on the replica's own thread when asked
+    /// for, which avoids the hand-offs when replicas already occupy every core).
     pub data_prefetch: usize,
     /// Blocks shuffled together (0: no shuffle).
     pub shuffle_window: usize,
