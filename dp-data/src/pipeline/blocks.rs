@@ -46,7 +46,8 @@ pub(crate) enum Needed {
     /// The same for a block of the next window, decoded instead of waiting: the batch does not
     /// need it, so its failure is not the batch's.
     LoadAhead(usize),
-    /// Others are decoding what is missing; nothing is left to help with.
+    /// Others are decoding what is missing and nothing was left to help with: returned once a
+    /// block has changed state, to look again.
     Wait,
 }
 
