@@ -190,6 +190,27 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
         per_rank.push(batches.into_iter().flat_map(|b| b.2).collect::<Vec<u64>>());
     }
     assert_eq!(per_rank[0].len(), per_rank[1].len());
+
+    // With a disk cache, the unreadable block is recorded in it, so the cache completes; a run
+    // reading from the cache skips the same block and yields the same stream.
+    let cache = std::env::temp_dir()
+        .join(format!("dp-data-pipeline-{}-skip-cache.dpc", std::process::id()));
+    let _ = fs::remove_file(&cache);
+    let run = || {
+        let mut c = config(25, 0, 1, 2, 1);
+        c.on_corruption = CorruptionPolicy::Skip;
+        c.tail = TailPolicy::Pad;
+        c.cache = false;
+        c.cache_file = Some(cache.clone());
+        let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+        let n = p.batches_per_epoch();
+        (take(&mut p, n), p.stats().skipped_blocks)
+    };
+    let filling = run();
+    assert!(cache.exists(), "the cache completes despite the unreadable block");
+    assert_eq!(filling.1, 1);
+    assert_eq!(run(), filling);
+    fs::remove_file(&cache).unwrap();
     fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -179,7 +179,8 @@ impl BlockTable {
     }
 
     /// Reads block `b` from the disk cache when it is complete, else from the dataset (adding
-    /// it to a disk cache being filled). Returns the seconds reading and decompressing.
+    /// it, or under `Skip` the fact that it is unreadable, to a disk cache being filled).
+    /// Returns the seconds reading and decompressing.
     fn read(&self, dataset: &Dataset, b: usize) -> Result<(Block, f64, f64)> {
         let Some(disk) = &self.disk else { return dataset.read_global_block(b) };
         {
@@ -197,9 +198,17 @@ impl BlockTable {
                 };
             }
         }
-        let loaded = dataset.read_global_block(b)?;
-        disk.write().unwrap_or_else(PoisonError::into_inner).add(b, &loaded.0);
-        Ok(loaded)
+        let loaded = dataset.read_global_block(b);
+        let mut cache = disk.write().unwrap_or_else(PoisonError::into_inner);
+        match &loaded {
+            Ok((block, _, _)) => cache.add(b, block),
+            // Recorded as unreadable, so that the cache still completes.
+            Err(Error::Corrupt { .. }) if self.policy == CorruptionPolicy::Skip => {
+                cache.add_unreadable(b);
+            }
+            Err(_) => {}
+        }
+        loaded
     }
 
     /// Drops the decoded blocks that no window from `floor` on wants (unless all are kept).

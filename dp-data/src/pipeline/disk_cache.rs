@@ -169,6 +169,10 @@ impl DiskCache {
             });
         };
         let entry = entries[block];
+        if entry.len == 0 {
+            let what = format!("block {block} was unreadable when the cache was written");
+            return Err(Error::corrupt(path, entry.offset, what));
+        }
         let mut data = pool.alloc::<u8>(entry.len as usize, Tag::Data)?;
         read_at(file, path, entry.offset, &mut data)?;
         if crc32c::crc32c(&data) != entry.crc {
@@ -182,8 +186,18 @@ impl DiskCache {
     /// Adds a block the first time it is decoded, and completes the file after the last one.
     /// A failure (a full disk) turns the cache off: it is an optimization, not a requirement.
     pub(crate) fn add(&mut self, block: usize, decoded: &Block) {
+        self.add_bytes(block, decoded.raw());
+    }
+
+    /// Records a block that could not be read (skipped under `CorruptionPolicy::Skip`) as an
+    /// empty entry, so that the cache still completes; reading it back is an error.
+    pub(crate) fn add_unreadable(&mut self, block: usize) {
+        self.add_bytes(block, &[]);
+    }
+
+    fn add_bytes(&mut self, block: usize, bytes: &[u8]) {
         let DiskCache::Filling(filling) = self else { return };
-        match filling.add(block, decoded) {
+        match filling.add(block, bytes) {
             Ok(false) => {}
             Ok(true) => {
                 let DiskCache::Filling(done) = std::mem::replace(self, DiskCache::Off) else {
@@ -199,9 +213,8 @@ impl DiskCache {
 
 impl Filling {
     /// Appends a block not yet cached; returns whether every block now is.
-    fn add(&mut self, block: usize, decoded: &Block) -> Result<bool> {
+    fn add(&mut self, block: usize, bytes: &[u8]) -> Result<bool> {
         if self.entries[block].is_none() {
-            let bytes = decoded.raw();
             let temp = self.temp.0.clone().unwrap_or_default();
             self.file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
             let crc = crc32c::crc32c(bytes);
