@@ -13,6 +13,9 @@
 //! I   24 * blocks: u64 offset, u64 length, u32 CRC32C of the bytes, u32 0 (by block index)
 //! L-24: u64 index offset I, u32 CRC32C of the index, u32 version, 8 bytes "DPCEND\0\0"
 //! ```
+//!
+//! A length of 0 marks a block that could not be read from the dataset (skipped under
+//! `CorruptionPolicy::Skip`).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
