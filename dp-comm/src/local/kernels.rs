@@ -114,6 +114,30 @@ fn src<T>(shared: &Shared, p: usize, seq: u64) -> *const T {
     shared.call(p, seq).src.load(std::sync::atomic::Ordering::Relaxed).cast_const().cast()
 }
 
+/// Runs `work(at, m)` over `range` in blocks of up to `block` elements, stopping early when the
+/// group fails; fences streaming stores (`stream`) at the end. Returns whether it stopped early.
+fn in_blocks(
+    shared: &Shared,
+    range: std::ops::Range<usize>,
+    block: usize,
+    stream: bool,
+    mut work: impl FnMut(usize, usize),
+) -> bool {
+    let mut at = range.start;
+    while at < range.end {
+        let m = block.min(range.end - at);
+        work(at, m);
+        at += m;
+        if shared.is_poisoned() {
+            break;
+        }
+    }
+    if stream {
+        store_fence();
+    }
+    at < range.end
+}
+
 /// Rank `rank`'s part of an in-place all-reduce of `len` elements. Returns whether it stopped
 /// early because the group failed.
 ///
@@ -134,9 +158,7 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let stream = len * size_of::<T>() >= STREAM_THRESHOLD;
     let block = (BLOCK_BYTES / size_of::<T>()).max(1);
     let first = dst::<T>(shared, 0, seq);
-    let mut at = range.start;
-    while at < range.end {
-        let m = block.min(range.end - at);
+    in_blocks(shared, range, block, stream, |at, m| {
         // SAFETY: the block lies within rank 0's buffer (`range` is within `0..len`), and
         // between the barriers only this rank accesses this chunk of any buffer.
         let acc = unsafe { std::slice::from_raw_parts_mut(first.add(at), m) };
@@ -151,15 +173,7 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             // SAFETY: as above; `acc` and rank `p`'s block are in distinct buffers.
             unsafe { copy(acc.as_ptr(), dst::<T>(shared, p, seq).add(at), m, stream) };
         }
-        at += m;
-        if shared.is_poisoned() {
-            break;
-        }
-    }
-    if stream {
-        store_fence();
-    }
-    at < range.end
+    })
 }
 
 /// Rank `rank`'s part of a broadcast of `len` elements from `root`.
@@ -179,23 +193,13 @@ pub(crate) unsafe fn broadcast<T: Element>(
     let stream = len * size_of::<T>() >= STREAM_THRESHOLD;
     let block = (COPY_BLOCK_BYTES / size_of::<T>()).max(1);
     let from = dst::<T>(shared, root, seq);
-    let mut at = range.start;
-    while at < range.end {
-        let m = block.min(range.end - at);
+    in_blocks(shared, range, block, stream, |at, m| {
         for p in (0..n).filter(|&p| p != root) {
             // SAFETY: both blocks lie within their `len`-long buffers, the buffers are distinct,
             // and only this rank accesses this chunk of any buffer between the barriers.
             unsafe { copy(from.add(at), dst::<T>(shared, p, seq).add(at), m, stream) };
         }
-        at += m;
-        if shared.is_poisoned() {
-            break;
-        }
-    }
-    if stream {
-        store_fence();
-    }
-    at < range.end
+    })
 }
 
 /// Rank `rank`'s part of an all-gather of `len` elements per rank: its input into the
@@ -216,23 +220,13 @@ pub(crate) unsafe fn all_gather<T: Element>(
     let stream = n * len * size_of::<T>() >= STREAM_THRESHOLD;
     let block = (COPY_BLOCK_BYTES / size_of::<T>()).max(1);
     let from = src::<T>(shared, rank, seq);
-    let mut at = 0;
-    while at < len {
-        let m = block.min(len - at);
+    in_blocks(shared, 0..len, block, stream, |at, m| {
         for p in 0..n {
             // SAFETY: the block lies within this rank's input and within part `rank` of rank
             // `p`'s output, which only this rank writes between the barriers.
             unsafe { copy(from.add(at), dst::<T>(shared, p, seq).add(rank * len + at), m, stream) };
         }
-        at += m;
-        if shared.is_poisoned() {
-            break;
-        }
-    }
-    if stream {
-        store_fence();
-    }
-    at < len
+    })
 }
 
 /// Rank `rank`'s part of a reduce-scatter with `len` output elements per rank: part `rank` of
@@ -252,9 +246,7 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     let block = (BLOCK_BYTES / size_of::<T>()).max(1);
     let out = dst::<T>(shared, rank, seq);
     let offset = rank * len;
-    let mut at = 0;
-    while at < len {
-        let m = block.min(len - at);
+    in_blocks(shared, 0..len, block, false, |at, m| {
         // SAFETY: the block lies within this rank's own output, which nobody else touches,
         // and within part `rank` of every input, which are only read.
         let acc = unsafe { std::slice::from_raw_parts_mut(out.add(at), m) };
@@ -269,12 +261,7 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
             combine(acc, other, op);
         }
         finish(acc, op, n);
-        at += m;
-        if shared.is_poisoned() {
-            break;
-        }
-    }
-    at < len
+    })
 }
 
 #[cfg(test)]
