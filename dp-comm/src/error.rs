@@ -128,6 +128,22 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Checks that the buffer of `whole` elements holds `world_size` parts of `part` (the
+    /// output of an all-gather, the input of a reduce-scatter).
+    pub(crate) fn check_parts(
+        op: &'static str,
+        whole: usize,
+        part: usize,
+        world_size: usize,
+    ) -> Result<()> {
+        let expected = part.saturating_mul(world_size);
+        if whole == expected {
+            Ok(())
+        } else {
+            Err(Error::SizeMismatch { op, expected, got: whole })
+        }
+    }
+
     /// Whether this error poisons a group: after it, every call of every rank fails.
     pub fn is_fatal(&self) -> bool {
         !matches!(

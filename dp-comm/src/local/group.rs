@@ -264,10 +264,7 @@ impl Communicator for LocalComm {
 
     fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
         let n = self.world_size();
-        let expected = input.len().saturating_mul(n);
-        if output.len() != expected {
-            return Err(Error::SizeMismatch { op: "all_gather", expected, got: output.len() });
-        }
+        Error::check_parts("all_gather", output.len(), input.len(), n)?;
         let len = input.len();
         let desc = Desc { kind: Kind::AllGather, dtype: Some(T::DTYPE), op: None, root: 0 };
         let seq = self.enter(desc, input.as_ptr().cast(), output.as_mut_ptr().cast(), len)?;
@@ -284,10 +281,7 @@ impl Communicator for LocalComm {
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.world_size();
-        let expected = output.len().saturating_mul(n);
-        if input.len() != expected {
-            return Err(Error::SizeMismatch { op: "reduce_scatter", expected, got: input.len() });
-        }
+        Error::check_parts("reduce_scatter", input.len(), output.len(), n)?;
         let len = output.len();
         let desc = Desc { kind: Kind::ReduceScatter, dtype: Some(T::DTYPE), op: Some(op), root: 0 };
         let seq = self.enter(desc, input.as_ptr().cast(), output.as_mut_ptr().cast(), len)?;

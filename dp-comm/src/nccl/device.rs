@@ -433,10 +433,7 @@ impl NcclComm {
         input: &CudaSlice<T>,
         output: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let expected = input.len().saturating_mul(self.world_size);
-        if output.len() != expected {
-            return Err(Error::SizeMismatch { op: "all_gather", expected, got: output.len() });
-        }
+        Error::check_parts("all_gather", output.len(), input.len(), self.world_size)?;
         self.check()?;
         let stream = self.stream.clone();
         let (src, record_src) = input.device_ptr(&stream);
@@ -464,10 +461,7 @@ impl NcclComm {
         output: &mut CudaSlice<T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let expected = output.len().saturating_mul(self.world_size);
-        if input.len() != expected {
-            return Err(Error::SizeMismatch { op: "reduce_scatter", expected, got: input.len() });
-        }
+        Error::check_parts("reduce_scatter", input.len(), output.len(), self.world_size)?;
         self.check()?;
         let stream = self.stream.clone();
         let count = output.len();
@@ -564,10 +558,7 @@ impl Communicator for NcclComm {
 
     fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
         let n = self.world_size;
-        let expected = input.len().saturating_mul(n);
-        if output.len() != expected {
-            return Err(Error::SizeMismatch { op: "all_gather", expected, got: output.len() });
-        }
+        Error::check_parts("all_gather", output.len(), input.len(), n)?;
         self.check()?;
         let (len, per, elem) = (input.len(), self.piece::<T>(n + 1), size_of::<T>());
         let mut at = 0;
@@ -605,10 +596,7 @@ impl Communicator for NcclComm {
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.world_size;
-        let expected = output.len().saturating_mul(n);
-        if input.len() != expected {
-            return Err(Error::SizeMismatch { op: "reduce_scatter", expected, got: input.len() });
-        }
+        Error::check_parts("reduce_scatter", input.len(), output.len(), n)?;
         self.check()?;
         let (len, per, elem) = (output.len(), self.piece::<T>(n + 1), size_of::<T>());
         let mut at = 0;
