@@ -253,6 +253,11 @@ impl<T: Float> Model<T> {
         (&mut self.params, &self.grads)
     }
 
+    /// Parameters and gradients at once, both writable: to clip the gradients, then step.
+    pub fn params_and_grads_mut(&mut self) -> (&mut [T], &mut [T]) {
+        (&mut self.params, &mut self.grads)
+    }
+
     /// One parameter tensor as an ndarray view (allocates its shape; not for the hot loop).
     pub fn tensor(&self, name: &str) -> Option<ArrayViewD<'_, T>> {
         let t = self.tape.layout.get(name)?;

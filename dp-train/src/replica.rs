@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::time::Instant;
 
-use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, ReduceOp};
+use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, Compression, ReduceOp};
 use dp_data::{Pipeline, Transform};
 use dp_mem::{CountingAlloc, Pool, PoolBuf, Tag, Tracker};
 use dp_model::{
@@ -97,6 +97,21 @@ impl AsMut<[f32]> for CommBuffer {
     }
 }
 
+/// How a replica's gradients are averaged with the other replicas'.
+enum GradSync {
+    /// Bucket by bucket on a communication thread, while backward goes on.
+    Buckets {
+        reducer: BucketReducer<CommBuffer>,
+        /// Where each gradient bucket ends, in the order backward finishes them.
+        ends: Vec<usize>,
+        /// Accounts the reducer's compression scratch under `Comm`.
+        _scratch: dp_mem::Reservation,
+    },
+    /// All at once after backward, in place in the model's gradient buffer, on the replica's
+    /// own thread.
+    InPlace,
+}
+
 /// `Tag::Data`'s position in `Tag::ALL` (which lists the tags in declaration order), where
 /// the pipelines' bytes are reported.
 const DATA: usize = Tag::Data as usize;
@@ -111,17 +126,13 @@ pub(crate) struct Replica<C: Communicator> {
     ctl: C,
     tracker: Tracker,
     model: Model<f32>,
-    reducer: BucketReducer<CommBuffer>,
-    /// Accounts the reducer's compression scratch under `Comm`.
-    _comm_scratch: dp_mem::Reservation,
+    grad_sync: GradSync,
     optimizer: Box<dyn Optimizer<f32>>,
     /// The parameters this replica's optimizer updates (all of them without ZeRO).
     shard: Range<usize>,
     /// ZeRO stage 1: this replica's updated shard, padded to the common shard size, and
     /// where every replica's shard lands.
     gather: Option<(PoolBuf<f32>, PoolBuf<f32>)>,
-    /// Where each gradient bucket ends, in the order backward finishes them.
-    bucket_ends: Vec<usize>,
     /// Every replica's parameter checksum, at each check.
     checksums: Vec<u64>,
     pruner: Option<Pruner>,
@@ -248,13 +259,25 @@ impl<C: Communicator> Replica<C> {
         // front of the buffer.
         bucket.order = BucketOrder::FirstFirst;
         bucket.compression = config.compression()?;
-        let reducer =
-            BucketReducer::new(CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?), grad_comm, bucket)?;
-        // The compression scratch lives on the communication thread, outside the pool;
-        // account it here so the memory report adds up.
-        let comm_scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;
-        let bucket_ends =
-            (0..reducer.buckets()).filter_map(|b| reducer.bucket_range(b)).map(|r| r.end).collect();
+        // A gradient that fits in one bucket cannot be reduced while backward goes on, so a
+        // communication thread would only add a copy of the gradients and two hand-offs
+        // between threads to every step: reduce it in place instead.
+        let grad_sync = if size_of_val(model.params()) <= bucket.bucket_bytes
+            && bucket.compression == Compression::None
+        {
+            GradSync::InPlace
+        } else {
+            let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
+            let reducer = BucketReducer::new(buffer, grad_comm, bucket)?;
+            // The compression scratch lives on the communication thread, outside the pool;
+            // account it here so the memory report adds up.
+            let scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;
+            let ends = (0..reducer.buckets())
+                .filter_map(|b| reducer.bucket_range(b))
+                .map(|r| r.end)
+                .collect();
+            GradSync::Buckets { reducer, ends, _scratch: scratch }
+        };
         let report = ReplicaReport {
             gemms_per_step: (model.gemm_shapes(plan.micro).len() * config.grad_accum) as u64,
             ..ReplicaReport::default()
@@ -264,12 +287,10 @@ impl<C: Communicator> Replica<C> {
             ctl,
             tracker,
             model,
-            reducer,
-            _comm_scratch: comm_scratch,
+            grad_sync,
             optimizer,
             shard,
             gather,
-            bucket_ends,
             checksums,
             pruner,
             train,
@@ -291,13 +312,23 @@ impl<C: Communicator> Replica<C> {
             Err(error) => {
                 // Leave the groups first, so the peers learn of it now (`PeerLost`) instead
                 // of waiting out their timeout while the checkpoint is written.
-                let Self { ctl, reducer, rank, plan, model, optimizer, gather, consistent, .. } =
-                    self;
-                drop(reducer);
+                let Self {
+                    ctl,
+                    grad_sync,
+                    rank,
+                    plan,
+                    model,
+                    optimizer,
+                    gather,
+                    consistent,
+                    updating,
+                    ..
+                } = self;
+                drop(grad_sync);
                 drop(ctl);
                 let diverged = matches!(error, Error::Diverged { .. });
-                if rank == 0 && gather.is_none() && !diverged && consistent.step > plan.start_step()
-                {
+                let saved = consistent.step > plan.start_step();
+                if rank == 0 && gather.is_none() && !diverged && !updating && saved {
                     emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
                 }
                 Err(error)
@@ -366,7 +397,9 @@ impl<C: Communicator> Replica<C> {
         // Each bucket's parameters are updated as soon as its all-reduce is done, while later
         // buckets are still being reduced, unless the update needs every gradient first
         // (global-norm clipping) or covers only this replica's shard (ZeRO-1).
-        let update_per_bucket = config.clip_grad_norm.is_none() && self.gather.is_none();
+        let update_per_bucket = matches!(self.grad_sync, GradSync::Buckets { .. })
+            && config.clip_grad_norm.is_none()
+            && self.gather.is_none();
         let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
         // Loss sum, correct, samples, stop request: one small all-reduce per step.
         let mut totals = [0f64; 4];
@@ -387,12 +420,19 @@ impl<C: Communicator> Replica<C> {
                 denominator: Some(config.global_batch),
                 accumulate: micro > 0,
             };
-            let loss = if micro + 1 < config.grad_accum {
-                self.model.forward_backward(x, Targets::Classes(labels), &options)?
-            } else {
+            let last = micro + 1 == config.grad_accum;
+            let loss = if last && matches!(self.grad_sync, GradSync::Buckets { .. }) {
                 let (loss, exposed) =
                     self.backward_and_reduce(x, labels, &options, lr, update_per_bucket)?;
                 comm_exposed += exposed;
+                loss
+            } else {
+                let loss = self.model.forward_backward(x, Targets::Classes(labels), &options)?;
+                if last {
+                    let reducing = Instant::now();
+                    self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?;
+                    comm_exposed += reducing.elapsed().as_secs_f64();
+                }
                 loss
             };
             totals[0] += loss.loss_sum;
@@ -402,14 +442,19 @@ impl<C: Communicator> Replica<C> {
         totals[3] = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
         self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
 
-        let params = self.model.params_mut();
         if !update_per_bucket {
-            let grads = self.reducer.buffer_mut();
+            let (params, grads) = match &mut self.grad_sync {
+                GradSync::Buckets { reducer, .. } => {
+                    (self.model.params_mut(), reducer.buffer_mut())
+                }
+                GradSync::InPlace => self.model.params_and_grads_mut(),
+            };
             if let Some(max) = config.clip_grad_norm {
                 clip_grad_norm(grads, max);
             }
             self.optimizer.step(&mut params[self.shard.clone()], &grads[self.shard.clone()], lr)?;
         }
+        let params = self.model.params_mut();
         if let Some((own, all)) = &mut self.gather {
             own.fill(0.0);
             own[..self.shard.len()].copy_from_slice(&params[self.shard.clone()]);
@@ -464,8 +509,10 @@ impl<C: Communicator> Replica<C> {
         lr: f64,
         update_per_bucket: bool,
     ) -> Result<(LossTotals, f64)> {
-        let mut reduce = self.reducer.begin()?;
-        let bucket_ends = &self.bucket_ends;
+        let GradSync::Buckets { reducer, ends: bucket_ends, .. } = &mut self.grad_sync else {
+            unreachable!("only called with buckets")
+        };
+        let mut reduce = reducer.begin()?;
         let (mut copied, mut next_bucket, mut failed) = (0usize, 0usize, None);
         let mut hand_over = |done: &[f32]| {
             if failed.is_some() {

@@ -103,11 +103,17 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
         decoupled: false,
     };
     let sgd = OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
-    for (name, optimizer, zero) in [
-        ("sgd", sgd.clone(), 0),
-        ("adam", adam.clone(), 0),
-        ("sgd-zero1", sgd, 1),
-        ("adam-zero1", adam, 1),
+    // Small buckets reduced while backward goes on, and one bucket (the default size) reduced
+    // in place after it.
+    let (small, one) = (config(1, 1).bucket_mib, TrainConfig::default().bucket_mib);
+    for (name, optimizer, zero, bucket_mib) in [
+        ("sgd", sgd.clone(), 0, small),
+        ("adam", adam.clone(), 0, small),
+        ("sgd-zero1", sgd.clone(), 1, small),
+        ("adam-zero1", adam.clone(), 1, small),
+        ("sgd-one-bucket", sgd.clone(), 0, one),
+        ("adam-one-bucket", adam, 0, one),
+        ("sgd-zero1-one-bucket", sgd, 1, one),
     ] {
         let mut finals: Vec<(Vec<f32>, u64)> = Vec::new();
         for replicas in [1, 2, 4] {
@@ -115,6 +121,7 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
             let mut c = config(replicas, 6);
             c.optimizer = optimizer.clone();
             c.zero_stage = zero;
+            c.bucket_mib = bucket_mib;
             c.eval_data = None;
             let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
             assert_eq!(summary.steps, 6);
