@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use dp_mem::PoolBuf;
+use dp_mem::{Pool, PoolBuf, Tag};
 use ndarray::{ArrayViewD, IxDyn};
 
 use crate::element::Element;
@@ -181,6 +181,21 @@ fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Block {
+    /// A copy of this block in a buffer from `pool`, so that its bytes count (and are
+    /// budgeted) where the copy is held.
+    pub(crate) fn copy_to(&self, pool: &Pool) -> Result<Block> {
+        let mut data = pool.alloc::<u8>(self.bytes, Tag::Data)?;
+        data.copy_from_slice(&self.data[..self.bytes]);
+        Ok(Block {
+            data,
+            bytes: self.bytes,
+            records: self.records,
+            first_record: self.first_record,
+            schema: Arc::clone(&self.schema),
+            columns: self.columns.clone(),
+        })
+    }
+
     /// Validates `data[..len]` as a block of `schema` holding `records` records. `path` and
     /// `offset` (the block's position in its shard) only name the block in errors.
     pub(crate) fn decode(

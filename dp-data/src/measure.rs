@@ -285,6 +285,9 @@ pub fn measure_pipeline(
     };
 
     let transforms = || vec![Box::new(crate::Normalize::pixels(0.1307, 0.3081)) as _];
+    // Each pipeline decodes its own blocks: the uncached one would otherwise find them in the
+    // caching one's cache.
+    let config = crate::PipelineConfig { share_blocks: false, ..config };
     let uncached_config =
         crate::PipelineConfig { cache: false, cache_file: None, ..config.clone() };
     let mut uncached = crate::Pipeline::new(dir, uncached_config, transforms())?;

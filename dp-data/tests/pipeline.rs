@@ -214,6 +214,68 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The ranks of one process (a trainer's replicas) share decoded blocks: together they decode
+/// each block once per epoch, and each yields what it yields alone.
+#[test]
+fn ranks_in_one_process_decode_each_block_once() {
+    let dir = temp_dir("shared");
+    dataset(&dir, 3000);
+    let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as u64;
+    let ranks = |world: usize| -> Vec<Pipeline> {
+        (0..world)
+            .map(|rank| {
+                let mut c = config(8, rank, world, 1, 0);
+                c.cache = false;
+                c.tail = TailPolicy::Pad; // every block in every epoch
+                Pipeline::new(&dir, c, augment()).unwrap()
+            })
+            .collect()
+    };
+    let mut together = ranks(3);
+    let epoch = together[0].batches_per_epoch();
+    let mut seen = vec![Vec::new(); 3];
+    for _ in 0..epoch {
+        for (p, seen) in together.iter_mut().zip(&mut seen) {
+            seen.extend(take(p, 1));
+        }
+    }
+    let loaded: u64 = together.iter().map(|p| p.stats().blocks_loaded).sum();
+    let shared: u64 = together.iter().map(|p| p.stats().blocks_shared).sum();
+    drop(together);
+    assert_eq!(loaded, blocks, "blocks decoded by three ranks in one epoch");
+    assert_eq!(shared, 2 * blocks, "blocks found decoded by another rank");
+    for (rank, seen) in seen.iter().enumerate() {
+        let mut alone = ranks(3).swap_remove(rank);
+        assert_eq!(&take(&mut alone, epoch), seen, "rank {rank}");
+        assert_eq!(alone.stats().blocks_shared, 0);
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The next window is decoded a little with each batch of this one, never in a burst when its
+/// first batch is made (which would hold up this rank while the others wait for it).
+#[test]
+fn the_next_window_is_decoded_a_share_per_batch() {
+    let dir = temp_dir("paced");
+    dataset(&dir, 3000);
+    let mut c = config(8, 0, 1, 1, 0);
+    c.cache = false;
+    let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+    take(&mut p, 1);
+    let mut loaded = p.stats().blocks_loaded;
+    let window = 3; // the shuffle window of `config`
+    assert!(loaded > window, "the first batch decodes its window and starts on the next");
+    let mut most = 0;
+    for _ in 1..p.batches_per_epoch() {
+        take(&mut p, 1);
+        let now = p.stats().blocks_loaded;
+        most = most.max(now - loaded);
+        loaded = now;
+    }
+    assert_eq!(most, 1, "most blocks decoded for one batch of the first epoch");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn states_and_shapes_that_cannot_be_served_are_refused() {
     let dir = temp_dir("bad-state");

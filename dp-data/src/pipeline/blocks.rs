@@ -7,6 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::config::CorruptionPolicy;
 use super::disk_cache::DiskCache;
+use super::shared_blocks::SharedBlocks;
 use super::stats::PipelineStats;
 use crate::block::Block;
 use crate::dataset::Dataset;
@@ -61,6 +62,8 @@ pub(crate) struct BlockTable {
     policy: CorruptionPolicy,
     /// The on-disk cache of decompressed blocks, when configured and needed.
     disk: Option<RwLock<DiskCache>>,
+    /// Blocks decoded by the other pipelines of this process that read the same dataset.
+    share: Option<Arc<SharedBlocks>>,
 }
 
 impl BlockTable {
@@ -69,6 +72,7 @@ impl BlockTable {
         keep_all: bool,
         policy: CorruptionPolicy,
         disk: Option<DiskCache>,
+        share: Option<Arc<SharedBlocks>>,
     ) -> Self {
         let mut live = Vec::new();
         live.reserve_exact(blocks);
@@ -83,6 +87,7 @@ impl BlockTable {
             keep_all,
             policy,
             disk: disk.map(RwLock::new),
+            share,
         }
     }
 
@@ -150,6 +155,16 @@ impl BlockTable {
     ) -> Result<()> {
         // Whatever happens below, the block must not stay marked as being decoded.
         let mut guard = Unmark { table: self, block: b, armed: true };
+        if let Some(found) = self.share.as_ref().and_then(|share| share.get(b)) {
+            let block = found.copy_to(dataset.pool())?;
+            let mut table = self.lock();
+            guard.armed = false;
+            stats.blocks_shared += 1;
+            table.entries[b] = Entry::Ready(Arc::new(block));
+            drop(table);
+            self.changed.notify_all();
+            return Ok(());
+        }
         let result = self.read(dataset, b);
         let mut table = self.lock();
         guard.armed = false;
@@ -158,7 +173,11 @@ impl BlockTable {
                 stats.read_s += read_s;
                 stats.decompress_s += decompress_s;
                 stats.blocks_loaded += 1;
-                table.entries[b] = Entry::Ready(Arc::new(block));
+                let block = Arc::new(block);
+                if let Some(share) = &self.share {
+                    share.put(b, &block);
+                }
+                table.entries[b] = Entry::Ready(block);
             }
             Err(err @ Error::Corrupt { .. }) if self.policy == CorruptionPolicy::Skip => {
                 stats.skipped_blocks += 1;

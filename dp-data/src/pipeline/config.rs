@@ -66,6 +66,11 @@ pub struct PipelineConfig {
     /// blocks in, written during the first epoch (atomically) and read instead of decompressing
     /// in later epochs and later runs over the same dataset.
     pub cache_file: Option<std::path::PathBuf>,
+    /// Share decoded blocks with the other pipelines of this process that read the same
+    /// dataset (the ranks of a trainer whose replicas are threads), so that a block is
+    /// decompressed once for all of them. Never changes the output. A pipeline with a
+    /// `cache_file` reads every block through it instead.
+    pub share_blocks: bool,
     /// Bytes for everything the pipeline holds: decoded blocks, cache, batches in flight. The
     /// working set is checked against it assuming the consumer keeps one batch at a time;
     /// a consumer that keeps more can run into the budget (an out-of-memory error, never more).
@@ -90,6 +95,7 @@ impl Default for PipelineConfig {
             autotune: true,
             cache: true,
             cache_file: None,
+            share_blocks: true,
             memory_budget: 512 << 20,
             on_corruption: CorruptionPolicy::Fail,
         }

@@ -25,6 +25,7 @@ mod permutation;
 mod plan;
 mod producer;
 mod queue;
+mod shared_blocks;
 mod stats;
 mod transform;
 mod tuning;
@@ -50,6 +51,7 @@ use permutation::hash;
 use plan::BlockSizes;
 use producer::{Columns, Producer, Shared};
 use queue::Queue;
+use shared_blocks::SharedBlocks;
 use tuning::{Tuner, Waits};
 
 /// Batches for one rank, forever (epoch after epoch), in a deterministic order.
@@ -163,7 +165,12 @@ impl Pipeline {
             }
             _ => None,
         };
-        let blocks = BlockTable::new(dataset.block_count(), cached, config.on_corruption, disk);
+        // A pipeline that fills or reads a disk cache reads every block through it.
+        let share = (config.share_blocks && disk.is_none()).then(|| {
+            SharedBlocks::of(dir, config_hash_of_dataset(&dataset), dataset.block_count())
+        });
+        let blocks =
+            BlockTable::new(dataset.block_count(), cached, config.on_corruption, disk, share);
         let shared = Arc::new(Shared {
             sizes: Arc::new(BlockSizes::new(dataset.block_records())),
             dataset,
@@ -220,7 +227,9 @@ impl Pipeline {
                 let batch = make(producer, sequence);
                 producer.release_before_batch(sequence + 1);
                 *failed = batch.is_err();
-                batch?
+                let batch = batch?;
+                read_ahead_share(producer);
+                batch
             }
             Mode::Background { queue, .. } => queue.take()?,
         };
@@ -331,6 +340,20 @@ fn make(producer: &mut Producer, sequence: u64) -> Result<Batch> {
     })
 }
 
+/// Decodes the next window's share of blocks after a batch of this one. The next window is
+/// decoded a share per batch while this one is batched, not all at once when it is needed:
+/// where every core is busy (training), a worker gets only short turns, and a burst of
+/// decoding at a window's start would hold up its rank while the other ranks wait for it.
+fn read_ahead_share(producer: &mut Producer) {
+    for _ in 0..producer.ahead_share() {
+        // A block whose decoding panics is left missing, for the batch that needs it to meet
+        // the panic and report it.
+        if !catch_unwind(AssertUnwindSafe(|| producer.read_ahead())).unwrap_or(false) {
+            break;
+        }
+    }
+}
+
 /// Starts the worker threads: each claims batch numbers from the queue, makes them and hands
 /// them in, until the queue closes.
 fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>> {
@@ -356,6 +379,7 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                     producer.waited(waited);
                     let oldest = leave.0.hand_in(sequence, make(&mut producer, sequence));
                     producer.release_before_batch(oldest);
+                    read_ahead_share(&mut producer);
                 }
             };
             std::thread::Builder::new().name(format!("dp-data-worker-{id}")).spawn(work).map_err(

@@ -126,6 +126,11 @@ impl EpochPlan {
         self.window_starts.len() - 1
     }
 
+    /// Records in window `w`.
+    pub(crate) fn window_records(&self, w: usize) -> u64 {
+        self.window_starts[w + 1] - self.window_starts[w]
+    }
+
     /// The dataset blocks of window `w`, in window order.
     pub(crate) fn blocks_of(&self, w: usize) -> impl Iterator<Item = usize> + '_ {
         let count = self.sizes.count();

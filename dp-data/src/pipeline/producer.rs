@@ -71,6 +71,9 @@ pub(crate) struct Producer {
     /// for others' decoding or for room to make another batch.
     ahead: Vec<usize>,
     ahead_tag: WindowTag,
+    /// Blocks of `ahead` to decode after each batch: the next window's share per batch of
+    /// this one, so that it is ready when needed without a burst of decoding at the boundary.
+    ahead_share: usize,
     /// Blocks found unreadable while making this batch.
     bad: Vec<usize>,
     /// This batch's counters, added to the shared ones when it is done.
@@ -92,6 +95,7 @@ impl Producer {
                 shared.config.shuffle_window.unwrap_or(1).min(shared.sizes.count()),
             ),
             ahead_tag: (0, 0),
+            ahead_share: 0,
             bad: Vec::new(),
             stats: PipelineStats::default(),
             shared,
@@ -141,6 +145,12 @@ impl Producer {
         let loaded = blocks.load(&self.shared.dataset, b, &mut self.stats).is_ok();
         self.publish_stats();
         loaded
+    }
+
+    /// How many blocks of the next window to decode after each batch of this one (see
+    /// [`Producer::read_ahead`]).
+    pub(crate) fn ahead_share(&self) -> usize {
+        self.ahead_share
     }
 
     /// Counts `seconds` this worker waited for room before its next batch.
@@ -251,7 +261,15 @@ impl Producer {
         self.ahead_tag = (epoch, tag.1 + 1);
         if tag.1 + 1 < plan.windows() {
             self.ahead.extend(plan.blocks_of(tag.1 + 1));
+            // Each rank starts on its own part of the window, so that ranks sharing decoded
+            // blocks (see `shared_blocks`) decode different ones at the same time.
+            let config = &self.shared.config;
+            let turn = config.rank * self.ahead.len() / config.world_size.max(1);
+            self.ahead.rotate_left(turn);
         }
+        let global = self.shared.config.global_batch() as u64;
+        let batches = plan.window_records(tag.1).div_ceil(global).max(1);
+        self.ahead_share = self.ahead.len().div_ceil(batches as usize);
         loop {
             let ahead = (&self.ahead[..], self.ahead_tag);
             match self.shared.blocks.find(&self.needed, tag, ahead, &mut self.found) {

@@ -27,6 +27,9 @@ pub struct PipelineStats {
     /// Blocks decompressed (or read back from the disk cache): once per block and epoch
     /// without a cache in memory, once in all with it.
     pub blocks_loaded: u64,
+    /// Blocks found decoded by another pipeline of this process reading the same dataset
+    /// (counted in that pipeline's `blocks_loaded`).
+    pub blocks_shared: u64,
     /// Unreadable blocks skipped (`CorruptionPolicy::Skip`).
     pub skipped_blocks: u64,
     /// Records replaced because their block was skipped.
@@ -52,6 +55,7 @@ impl PipelineStats {
         self.map_s += part.map_s;
         self.producer_wait_s += part.producer_wait_s;
         self.blocks_loaded += part.blocks_loaded;
+        self.blocks_shared += part.blocks_shared;
         self.skipped_blocks += part.skipped_blocks;
         self.replaced_records += part.replaced_records;
         if part.last_skipped.is_some() {
