@@ -67,8 +67,8 @@ pub(crate) struct Producer {
     /// for an unreadable block once all are found).
     needed: Vec<usize>,
     found: Vec<Option<Arc<Block>>>,
-    /// Blocks of the window after the latest batch's (and that window), decoded while waiting
-    /// for others' decoding or for room to make another batch.
+    /// Blocks of the window after the latest batch's (and that window): a share decoded after
+    /// each batch, and any decoded while waiting for others' decoding.
     ahead: Vec<usize>,
     ahead_tag: WindowTag,
     /// Blocks of `ahead` to decode after each batch: the next window's share per batch of
@@ -135,8 +135,8 @@ impl Producer {
         &self.plan.as_ref().unwrap_or_else(|| unreachable!("set above")).1
     }
 
-    /// Decodes one block of the window after the latest batch's, if one is still missing:
-    /// work for a worker that has no batch to make. Returns whether it decoded one.
+    /// Decodes one block of the window after the latest batch's, if one is still missing.
+    /// Returns whether it decoded one.
     pub(crate) fn read_ahead(&mut self) -> bool {
         let blocks = &self.shared.blocks;
         let Some(b) = blocks.claim_missing(&self.ahead, self.ahead_tag) else { return false };
@@ -248,28 +248,50 @@ impl Producer {
         plan.locate(position, &mut self.cursor)
     }
 
+    /// Sets what to read ahead of a batch whose records end at epoch position `last`: the
+    /// next window's blocks and this window's share of them per batch. Returns the batch's
+    /// window.
+    fn look_ahead(&mut self, epoch: u64, last: u64) -> WindowTag {
+        self.plan(epoch);
+        let plan = Arc::clone(&self.plan.as_ref().unwrap_or_else(|| unreachable!("set above")).1);
+        let config = &self.shared.config;
+        let (rank, world, global) = (config.rank, config.world_size, config.global_batch());
+        let tag: WindowTag = (epoch, plan.window_of(last));
+        let next = tag.1 + 1;
+        let batches = plan.window_records(tag.1).div_ceil(global as u64).max(1);
+        self.ahead.clear();
+        self.ahead_tag = (epoch, next);
+        if next < plan.windows() {
+            self.ahead.extend(plan.blocks_of(next));
+            // Each rank starts on its own part of the window, so that ranks sharing decoded
+            // blocks (see `shared_blocks`) decode different ones at the same time.
+            let turn = rank * self.ahead.len() / world.max(1);
+            self.ahead.rotate_left(turn);
+        }
+        self.ahead_share = self.ahead.len().div_ceil(batches as usize);
+        tag
+    }
+
+    /// Sets what to read ahead after batch number `sequence` of this rank: for a consumer that
+    /// takes batches made by workers and reads ahead itself when they have not.
+    pub(crate) fn look_ahead_after(&mut self, sequence: u64) {
+        let per_epoch = self.shared.batches_per_epoch.max(1);
+        let (epoch, index) = (sequence / per_epoch, sequence % per_epoch);
+        let config = &self.shared.config;
+        let b = config.batch_size as u64;
+        let end = index * config.global_batch() as u64 + (config.rank as u64 + 1) * b;
+        let len = self.plan(epoch).len().max(1);
+        self.look_ahead(epoch, (end - 1).min(len - 1));
+    }
+
     /// Gets the slots' blocks from the table into `found`, decoding missing ones here.
     fn find_blocks(&mut self, epoch: u64) -> Result<()> {
         self.needed.clear();
         self.needed.extend(self.slots.iter().map(|s| s.block));
         self.needed.sort_unstable();
         self.needed.dedup();
-        let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by locate")).1;
         let last = self.slots.iter().map(|s| s.position).max().unwrap_or(0);
-        let tag: WindowTag = (epoch, plan.window_of(last));
-        self.ahead.clear();
-        self.ahead_tag = (epoch, tag.1 + 1);
-        if tag.1 + 1 < plan.windows() {
-            self.ahead.extend(plan.blocks_of(tag.1 + 1));
-            // Each rank starts on its own part of the window, so that ranks sharing decoded
-            // blocks (see `shared_blocks`) decode different ones at the same time.
-            let config = &self.shared.config;
-            let turn = config.rank * self.ahead.len() / config.world_size.max(1);
-            self.ahead.rotate_left(turn);
-        }
-        let global = self.shared.config.global_batch() as u64;
-        let batches = plan.window_records(tag.1).div_ceil(global).max(1);
-        self.ahead_share = self.ahead.len().div_ceil(batches as usize);
+        let tag = self.look_ahead(epoch, last);
         loop {
             let ahead = (&self.ahead[..], self.ahead_tag);
             match self.shared.blocks.find(&self.needed, tag, ahead, &mut self.found) {

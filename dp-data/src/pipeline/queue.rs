@@ -75,16 +75,9 @@ impl Queue {
     }
 
     /// Worker `id`: waits until it may make another batch and returns its number, with the
-    /// seconds waited; `None` once the pipeline is closing or has failed. While there is no
-    /// room, `meanwhile` is run (outside the lock) for as long as it finds work to do, and the
-    /// worker sleeps only when it finds none; its time does not count as waiting.
-    pub(crate) fn claim(
-        &self,
-        id: usize,
-        mut meanwhile: impl FnMut() -> bool,
-    ) -> Option<(u64, f64)> {
+    /// seconds waited; `None` once the pipeline is closing or has failed.
+    pub(crate) fn claim(&self, id: usize) -> Option<(u64, f64)> {
         let started = Instant::now();
-        let mut working = 0.0;
         let mut state = self.lock();
         loop {
             if state.closed || state.failed {
@@ -93,24 +86,11 @@ impl Queue {
             if state.has_room(id) {
                 let claimed = state.next_claim;
                 state.next_claim += 1;
-                return Some((claimed, started.elapsed().as_secs_f64() - working));
+                return Some((claimed, started.elapsed().as_secs_f64()));
             }
-            // A worker the tuner has switched off does not work meanwhile either.
-            let switched_on = id < state.workers;
-            drop(state);
-            let work = Instant::now();
-            let worked = switched_on && meanwhile();
-            working += work.elapsed().as_secs_f64();
-            state = self.lock();
-            if worked {
-                continue;
-            }
-            // Anything may have changed while the lock was let go: look again before sleeping.
-            if !state.has_room(id) && !state.closed && !state.failed {
-                state.idle += 1;
-                state = self.room.wait(state).unwrap_or_else(PoisonError::into_inner);
-                state.idle -= 1;
-            }
+            state.idle += 1;
+            state = self.room.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state.idle -= 1;
         }
     }
 
@@ -203,12 +183,12 @@ mod tests {
     #[test]
     fn claims_stop_at_the_depth_and_resume_when_the_consumer_takes() {
         let queue = std::sync::Arc::new(Queue::new(5, 1, 1, 1));
-        assert_eq!(queue.claim(0, || false).map(|c| c.0), Some(5));
-        assert_eq!(queue.claim(0, || false).map(|c| c.0), Some(6));
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(5));
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(6));
         // Two batches ahead of the consumer (one worker + depth one): the next claim waits.
         let waiter = {
             let queue = std::sync::Arc::clone(&queue);
-            std::thread::spawn(move || queue.claim(0, || false).map(|c| c.0))
+            std::thread::spawn(move || queue.claim(0).map(|c| c.0))
         };
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!waiter.is_finished());
