@@ -14,9 +14,8 @@
 //! `prefetch` more made ahead. Everything the pipeline holds (decoded blocks, the cache, batches
 //! in flight) is sized at construction to fit `memory_budget`, and a dp-mem budget enforces it.
 //!
-//! While a window is batched, the next one is decoded a share per batch, by the workers and by
-//! the consumer when the workers have not got to it, so decoding never comes in a burst that
-//! holds up one rank of a lockstep job. Every rank's slices draw on every block of a window;
+//! While a window is batched, the next one is decoded a share per batch, so decoding never
+//! comes in a burst that holds up one rank of a lockstep job. Every rank's slices draw on every block of a window;
 //! the ranks of one process (a trainer's replica threads) share what they decode, so each
 //! block is decompressed once for all of them (`shared_blocks.rs`).
 
@@ -81,13 +80,13 @@ pub struct Pipeline {
 enum Mode {
     /// `prefetch == 0`: batches are made on the calling thread, when asked for; after an error
     /// (`failed`) every call fails, as with workers.
-    Inline { producer: Box<Producer>, failed: bool },
+    Inline {
+        producer: Box<Producer>,
+        failed: bool,
+    },
     Background {
         queue: Arc<Queue>,
         workers: Vec<JoinHandle<()>>,
-        /// Reads ahead on the calling thread what the workers have not yet: on cores busy with
-        /// training, workers get few turns, and the consumer's own share keeps decoding even.
-        reader: Box<Producer>,
     },
 }
 
@@ -195,9 +194,8 @@ impl Pipeline {
             let queue =
                 Arc::new(Queue::new(first, config.workers, config.prefetch, config.workers));
             queue.set_knobs(knobs.0, knobs.1);
-            let reader = Box::new(Producer::new(Arc::clone(&shared))?);
             let workers = spawn(&shared, &queue)?;
-            Mode::Background { queue, workers, reader }
+            Mode::Background { queue, workers }
         };
         Ok(Pipeline {
             mode,
@@ -238,11 +236,6 @@ impl Pipeline {
             Mode::Background { queue, .. } => queue.take()?,
         };
         let now = Instant::now();
-        if let Mode::Background { reader, .. } = &mut self.mode {
-            let (epoch, index) = self.next;
-            reader.look_ahead_after(epoch * self.batches_per_epoch + index);
-            read_ahead_share(reader);
-        }
         self.latest = Some(now);
         self.taken += 1;
         if let Mode::Background { queue, .. } = &self.mode {
@@ -477,8 +470,8 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let batches = (makers + config.prefetch as u64 + 2) * batch_bytes;
     let sizes = BlockSizes::new(sizes);
     let table = plan::EpochPlan::max_window_records(&sizes, config.shuffle_window) as u64;
-    // Each maker's window table, and the consumer's, which reads ahead beside the workers.
-    let tables = (makers + u64::from(config.prefetch > 0)) * buffer(table.max(1) * 8);
+    // Each maker's window table.
+    let tables = makers * buffer(table.max(1) * 8);
     // Size classes round up by at most ~3%, and a buffer may take a cached block one class up.
     let rounding = |bytes: u64| bytes + bytes / 14;
     let working =

@@ -272,18 +272,6 @@ impl Producer {
         tag
     }
 
-    /// Sets what to read ahead after batch number `sequence` of this rank: for a consumer that
-    /// takes batches made by workers and reads ahead itself when they have not.
-    pub(crate) fn look_ahead_after(&mut self, sequence: u64) {
-        let per_epoch = self.shared.batches_per_epoch.max(1);
-        let (epoch, index) = (sequence / per_epoch, sequence % per_epoch);
-        let config = &self.shared.config;
-        let b = config.batch_size as u64;
-        let end = index * config.global_batch() as u64 + (config.rank as u64 + 1) * b;
-        let len = self.plan(epoch).len().max(1);
-        self.look_ahead(epoch, (end - 1).min(len - 1));
-    }
-
     /// Gets the slots' blocks from the table into `found`, decoding missing ones here.
     fn find_blocks(&mut self, epoch: u64) -> Result<()> {
         self.needed.clear();
