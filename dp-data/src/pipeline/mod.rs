@@ -15,9 +15,9 @@
 //! in flight) is sized at construction to fit `memory_budget`, and a dp-mem budget enforces it.
 //!
 //! While a window is batched, the next one is decoded a share per batch, so decoding never
-//! comes in a burst that holds up one rank of a lockstep job. Every rank's slices draw on every block of a window;
-//! the ranks of one process (a trainer's replica threads) share what they decode, so each
-//! block is decompressed once for all of them (`shared_blocks.rs`).
+//! comes in a burst that holds up one rank of a lockstep job. Every rank's slices draw on every
+//! block of a window; the ranks of one process (a trainer's replica threads) share what they
+//! decode, so each block is decompressed once for all of them (`shared_blocks.rs`).
 
 mod batch;
 mod blocks;
@@ -312,7 +312,7 @@ impl Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if let Mode::Background { queue, workers, .. } = &mut self.mode {
+        if let Mode::Background { queue, workers } = &mut self.mode {
             queue.close();
             for worker in workers.drain(..) {
                 let _ = worker.join();
