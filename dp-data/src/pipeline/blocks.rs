@@ -144,32 +144,42 @@ impl BlockTable {
         self.lock().claim_missing(blocks, tag)
     }
 
-    /// Decodes block `b`, which [`BlockTable::find`] or [`BlockTable::claim_missing`] marked as being decoded by the caller,
-    /// and enters it. Under `Skip` a corrupt block becomes bad; any other error is returned
-    /// (and the block left for another try).
+    /// Decodes block `b` (or copies it from another pipeline that holds it), which
+    /// [`BlockTable::find`] or [`BlockTable::claim_missing`] marked as being decoded by the
+    /// caller, and enters it. Under `Skip` a corrupt block becomes bad; any other error is
+    /// returned (and the block left for another try).
     pub(crate) fn load(
         &self,
         dataset: &Dataset,
         b: usize,
         stats: &mut PipelineStats,
     ) -> Result<()> {
-        // Whatever happens below, the block must not stay marked as being decoded.
+        // Whatever happens below, the block must not stay marked as being decoded: on an early
+        // return the guard puts it back for another try.
         let mut guard = Unmark { table: self, block: b, armed: true };
-        if let Some(found) = self.share.as_ref().and_then(|share| share.get(b)) {
-            let block = found.copy_to(dataset.pool())?;
-            let mut table = self.lock();
-            guard.armed = false;
-            stats.blocks_shared += 1;
-            table.entries[b] = Entry::Ready(Arc::new(block));
-            drop(table);
-            self.changed.notify_all();
-            return Ok(());
-        }
-        let result = self.read(dataset, b);
+        // Another pipeline of this process may hold it decoded: then a copy is enough.
+        let found = self.share.as_ref().and_then(|share| share.get(b));
+        let result = match &found {
+            Some(found) => found.copy_to(dataset.pool()).map(|block| (block, None)),
+            None => {
+                self.read(dataset, b).map(|(block, read_s, dec_s)| (block, Some((read_s, dec_s))))
+            }
+        };
+        let skip = |err: &Error| {
+            matches!(err, Error::Corrupt { .. }) && self.policy == CorruptionPolicy::Skip
+        };
+        let result = match result {
+            Err(err) if !skip(&err) => return Err(err),
+            other => other,
+        };
         let mut table = self.lock();
         guard.armed = false;
-        match result {
-            Ok((block, read_s, decompress_s)) => {
+        table.entries[b] = match result {
+            Ok((block, None)) => {
+                stats.blocks_shared += 1;
+                Entry::Ready(Arc::new(block))
+            }
+            Ok((block, Some((read_s, decompress_s)))) => {
                 stats.read_s += read_s;
                 stats.decompress_s += decompress_s;
                 stats.blocks_loaded += 1;
@@ -177,21 +187,14 @@ impl BlockTable {
                 if let Some(share) = &self.share {
                     share.put(b, &block);
                 }
-                table.entries[b] = Entry::Ready(block);
-            }
-            Err(err @ Error::Corrupt { .. }) if self.policy == CorruptionPolicy::Skip => {
-                stats.skipped_blocks += 1;
-                stats.last_skipped = Some(err.to_string());
-                table.entries[b] = Entry::Bad;
+                Entry::Ready(block)
             }
             Err(err) => {
-                table.entries[b] = Entry::Empty;
-                table.live.retain(|&l| l != b);
-                drop(table);
-                self.changed.notify_all();
-                return Err(err);
+                stats.skipped_blocks += 1;
+                stats.last_skipped = Some(err.to_string());
+                Entry::Bad
             }
-        }
+        };
         drop(table);
         self.changed.notify_all();
         Ok(())
