@@ -25,6 +25,8 @@ struct State {
     running: usize,
     /// Workers waiting for room.
     idle: usize,
+    /// The consumer is waiting for its next batch.
+    consumer_waits: bool,
     /// A batch failed: no more are claimed after it.
     failed: bool,
     /// The consumer has seen the failure, or the pipeline is being dropped.
@@ -35,6 +37,19 @@ impl State {
     /// Whether worker `id` may claim another batch.
     fn has_room(&self, id: usize) -> bool {
         id < self.workers && self.next_claim - self.next_take < (self.workers + self.depth) as u64
+    }
+
+    /// Whether the waiting consumer should be woken: its batch and the ones after it, half of
+    /// what may be made ahead, are ready (or a batch failed, and fewer may ever be). A consumer
+    /// that waits is not what limits the pipeline, so it loses nothing by then taking the run
+    /// back to back; woken for each batch, on busy cores it would take a core from a worker for
+    /// every batch (a reschedule and two context switches).
+    fn consumer_may_go(&self) -> bool {
+        let run = ((self.workers + self.depth) / 2).max(1) as u64;
+        let len = self.made.len() as u64;
+        self.failed
+            || (self.next_take..self.next_take + run)
+                .all(|s| self.made[(s % len) as usize].is_some())
     }
 }
 
@@ -62,6 +77,7 @@ impl Queue {
                 depth: max_depth,
                 running,
                 idle: 0,
+                consumer_waits: false,
                 failed: false,
                 closed: false,
             }),
@@ -102,12 +118,12 @@ impl Queue {
         state.failed |= failed;
         let len = state.made.len() as u64;
         state.made[(sequence % len) as usize] = Some(batch);
-        let awaited = sequence == state.next_take;
+        let wake = state.consumer_waits && state.consumer_may_go();
         let oldest = (state.next_take..state.next_claim)
             .find(|&s| state.made[(s % len) as usize].is_none())
             .unwrap_or(state.next_claim);
         drop(state);
-        if awaited {
+        if wake {
             self.made.notify_one();
         }
         if failed {
@@ -139,7 +155,9 @@ impl Queue {
                 state.closed = true;
                 return Err(Error::Stopped("its workers are gone".into()));
             }
+            state.consumer_waits = true;
             state = self.made.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state.consumer_waits = false;
         }
     }
 
@@ -155,6 +173,8 @@ impl Queue {
         (state.workers, state.depth) = (workers, depth);
         drop(state);
         self.room.notify_all();
+        // Fewer may now be made ahead than the consumer waits for: it looks again.
+        self.made.notify_one();
     }
 
     /// A worker thread ends. Only a closed or failed queue lets workers go, so a worker that
@@ -198,6 +218,75 @@ mod tests {
         assert!(queue.take().unwrap_err().to_string().contains("five"));
         assert_eq!(waiter.join().unwrap(), None, "no claims after a failure");
         assert!(queue.take().unwrap_err().to_string().contains("earlier"));
+    }
+
+    /// A batch numbered `index`, of one record.
+    fn batch(index: u64) -> Result<Batch> {
+        let pool = dp_mem::Pool::new(&dp_mem::Tracker::new());
+        let alloc = |n| pool.alloc::<f32>(n, dp_mem::Tag::Data).unwrap();
+        let (x, y, ids) = (
+            alloc(1),
+            pool.alloc::<i64>(1, dp_mem::Tag::Data).unwrap(),
+            pool.alloc::<u64>(1, dp_mem::Tag::Data).unwrap(),
+        );
+        Ok(Batch {
+            epoch: 0,
+            index,
+            x,
+            y,
+            ids,
+            shape: std::sync::Arc::from([1usize, 1]),
+            padded: 0,
+        })
+    }
+
+    /// Starts a consumer taking one batch, and gives it time to start waiting.
+    fn waiting_consumer(queue: &std::sync::Arc<Queue>) -> std::thread::JoinHandle<Result<Batch>> {
+        let queue = std::sync::Arc::clone(queue);
+        let consumer = std::thread::spawn(move || queue.take());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        consumer
+    }
+
+    #[test]
+    fn a_waiting_consumer_is_woken_by_half_the_queue_not_by_each_batch() {
+        // Two workers and a depth of two: four batches may be made ahead, and a waiting
+        // consumer is woken when two in a row are ready.
+        let queue = std::sync::Arc::new(Queue::new(0, 2, 2, 2));
+        let claimed: Vec<u64> = (0..4).map(|k| queue.claim(k % 2).unwrap().0).collect();
+        assert_eq!(claimed, [0, 1, 2, 3]);
+        let consumer = waiting_consumer(&queue);
+        queue.hand_in(0, batch(0));
+        queue.hand_in(2, batch(2));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!consumer.is_finished(), "woken before a run of two was ready");
+        queue.hand_in(1, batch(1));
+        assert_eq!(consumer.join().unwrap().unwrap().index(), 0);
+        // Batches ready are taken without waiting.
+        assert_eq!(queue.take().unwrap().index(), 1);
+        assert_eq!(queue.take().unwrap().index(), 2);
+
+        // A failure wakes it at once: no run may ever be complete after it.
+        let consumer = waiting_consumer(&queue);
+        queue.hand_in(4, Err(Error::Stopped("four".into())));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!consumer.is_finished(), "its batch is not ready");
+        queue.hand_in(3, batch(3));
+        assert_eq!(consumer.join().unwrap().unwrap().index(), 3);
+        assert!(queue.take().unwrap_err().to_string().contains("four"));
+    }
+
+    #[test]
+    fn fewer_knobs_wake_a_consumer_waiting_for_a_longer_run() {
+        let queue = std::sync::Arc::new(Queue::new(0, 2, 2, 2));
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(0));
+        let consumer = waiting_consumer(&queue);
+        queue.hand_in(0, batch(0));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!consumer.is_finished());
+        // The autotuner takes the queue down to one batch ahead: the one ready is a run.
+        queue.set_knobs(1, 0);
+        assert_eq!(consumer.join().unwrap().unwrap().index(), 0);
     }
 
     #[test]
