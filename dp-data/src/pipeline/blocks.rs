@@ -35,6 +35,9 @@ struct Table {
     live: Vec<usize>,
     /// The latest floor released to: no block is read ahead for a window before it.
     floor: WindowTag,
+    /// Workers sleeping until a block changes state: only then does entering one wake them
+    /// (a wake-up is a system call even when nobody sleeps).
+    sleepers: usize,
 }
 
 /// What a worker needs the table for: one batch's blocks.
@@ -82,6 +85,7 @@ impl BlockTable {
                 wanted: vec![(0, 0); blocks],
                 live,
                 floor: (0, 0),
+                sleepers: 0,
             }),
             changed: Condvar::new(),
             keep_all,
@@ -134,7 +138,9 @@ impl BlockTable {
             return Needed::LoadAhead(b);
         }
         // Sleep until some block changes state, then look again.
-        drop(self.changed.wait(table).unwrap_or_else(PoisonError::into_inner));
+        table.sleepers += 1;
+        let mut table = self.changed.wait(table).unwrap_or_else(PoisonError::into_inner);
+        table.sleepers -= 1;
         Needed::Wait
     }
 
@@ -195,8 +201,11 @@ impl BlockTable {
                 Entry::Bad
             }
         };
+        let sleepers = table.sleepers > 0;
         drop(table);
-        self.changed.notify_all();
+        if sleepers {
+            self.changed.notify_all();
+        }
         Ok(())
     }
 
@@ -239,7 +248,7 @@ impl BlockTable {
             return;
         }
         let mut table = self.lock();
-        let Table { entries, wanted, live, floor: latest } = &mut *table;
+        let Table { entries, wanted, live, floor: latest, .. } = &mut *table;
         *latest = (*latest).max(floor);
         live.retain(|&b| {
             let drop = matches!(entries[b], Entry::Ready(_)) && wanted[b] < floor;
