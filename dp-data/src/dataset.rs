@@ -10,6 +10,7 @@ use dp_mem::{Pool, Tracker};
 use ndarray::ArrayViewD;
 
 use crate::block::Block;
+use crate::checksum::Crc32c;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::manifest::Manifest;
@@ -304,13 +305,13 @@ impl std::fmt::Debug for Dataset {
 fn file_crc32c(path: &Path) -> Result<u32> {
     let mut file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
     let mut buf = vec![0u8; 1 << 20];
-    let mut crc = 0;
+    let mut crc = Crc32c::new();
     loop {
         let n = file.read(&mut buf).map_err(|e| Error::io(path, "read", e))?;
         if n == 0 {
-            return Ok(crc);
+            return Ok(crc.value());
         }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        crc.update(&buf[..n]);
     }
 }
 

@@ -52,6 +52,7 @@ compile_error!("dp-data stores little-endian data and supports little-endian hos
 
 mod atomic;
 mod block;
+mod checksum;
 mod dataset;
 mod element;
 mod error;

@@ -11,6 +11,7 @@ use dp_mem::{Pool, Tag};
 
 use crate::atomic;
 use crate::block::Block;
+use crate::checksum::{self, Crc32c};
 use crate::error::{Error, Result};
 use crate::schema::Schema;
 
@@ -30,7 +31,7 @@ const MAX_ZSTD_RATIO: u64 = 1 << 15;
 /// bits, its length in the high 32.
 pub(crate) fn schema_fingerprint(schema: &Schema) -> u64 {
     let json = serde_json::to_vec(schema).unwrap_or_default();
-    u64::from(crc32c::crc32c(&json)) | ((json.len() as u64) << 32)
+    u64::from(checksum::crc32c(&json)) | ((json.len() as u64) << 32)
 }
 
 /// Where one block lies in its shard.
@@ -94,7 +95,7 @@ pub(crate) struct ShardWriter {
     temp: PathBuf,
     file: BufWriter<File>,
     position: u64,
-    crc: u32,
+    crc: Crc32c,
     entries: Vec<BlockEntry>,
     records: u64,
     raw_bytes: u64,
@@ -109,7 +110,7 @@ impl ShardWriter {
             temp,
             file: BufWriter::with_capacity(1 << 20, file),
             position: 0,
-            crc: 0,
+            crc: Crc32c::new(),
             entries: Vec::new(),
             records: 0,
             raw_bytes: 0,
@@ -125,7 +126,7 @@ impl ShardWriter {
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
         self.file.write_all(bytes).map_err(|e| Error::io(&self.temp, "write", e))?;
-        self.crc = crc32c::crc32c_append(self.crc, bytes);
+        self.crc.update(bytes);
         self.position += bytes.len() as u64;
         Ok(())
     }
@@ -147,7 +148,7 @@ impl ShardWriter {
             raw,
             first_record: self.records,
             records,
-            crc: crc32c::crc32c(compressed),
+            crc: checksum::crc32c(compressed),
         };
         self.write(&entry.header())?;
         self.write(compressed)?;
@@ -169,7 +170,7 @@ impl ShardWriter {
         for v in [index_offset, self.entries.len() as u64, self.records, self.raw_bytes] {
             trailer.extend_from_slice(&v.to_le_bytes());
         }
-        trailer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
+        trailer.extend_from_slice(&checksum::crc32c(&index).to_le_bytes());
         trailer.extend_from_slice(&SHARD_VERSION.to_le_bytes());
         trailer.extend_from_slice(&TRAILER_MAGIC);
         self.write(&trailer)?;
@@ -181,7 +182,7 @@ impl ShardWriter {
             blocks: self.entries.len() as u64,
             bytes: self.position,
             raw_bytes: self.raw_bytes,
-            crc32c: self.crc,
+            crc32c: self.crc.value(),
         })
     }
 }
@@ -313,7 +314,7 @@ impl ShardReader {
         // Bounded by the file's size: index_len == trailer_at - index_offset.
         let mut index = vec![0u8; (trailer_at - index_offset) as usize];
         read_at(&file, &path, index_offset, &mut index)?;
-        if crc32c::crc32c(&index) != index_crc {
+        if checksum::crc32c(&index) != index_crc {
             return Err(corrupt(index_offset, "index checksum mismatch".into()));
         }
         let mut entries = Vec::with_capacity(blocks as usize);
@@ -423,7 +424,7 @@ impl ShardReader {
     /// Checks block `index`'s compressed bytes against their CRC32C.
     pub(crate) fn check(&self, index: usize, compressed: &[u8]) -> Result<()> {
         let entry = &self.entries[index];
-        if crc32c::crc32c(compressed) == entry.crc {
+        if checksum::crc32c(compressed) == entry.crc {
             return Ok(());
         }
         let at = entry.offset + BLOCK_HEADER_LEN;

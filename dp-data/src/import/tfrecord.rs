@@ -51,7 +51,7 @@ const MAX_RECORD: u64 = 1 << 32;
 
 /// TFRecord's CRC mask.
 fn masked_crc(bytes: &[u8]) -> u32 {
-    let crc = crc32c::crc32c(bytes);
+    let crc = crate::checksum::crc32c(bytes);
     crc.rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
@@ -600,7 +600,7 @@ mod tests {
     fn masked_crc_matches_known_values() {
         // CRC32C("123456789") = 0xe3069283 (RFC 3720's check value), masked by hand:
         // ((0xe3069283 >> 15) | (0xe3069283 << 17)) + 0xa282ead8 (mod 2^32) = 0xc78ab0e5.
-        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crate::checksum::crc32c(b"123456789"), 0xe306_9283);
         assert_eq!(masked_crc(b"123456789"), 0xc78a_b0e5);
     }
 

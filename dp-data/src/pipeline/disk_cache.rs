@@ -132,7 +132,7 @@ impl DiskCache {
         }
         let mut index = vec![0u8; index_len as usize];
         read_at(&file, path, index_at, &mut index)?;
-        if crc32c::crc32c(&index).to_le_bytes() != trailer[8..12] {
+        if crate::checksum::crc32c(&index).to_le_bytes() != trailer[8..12] {
             return Err(bad(index_at, "index checksum mismatch"));
         }
         let mut entries = Vec::with_capacity(blocks);
@@ -178,7 +178,7 @@ impl DiskCache {
         }
         let mut data = pool.alloc::<u8>(entry.len as usize, Tag::Data)?;
         read_at(file, path, entry.offset, &mut data)?;
-        if crc32c::crc32c(&data) != entry.crc {
+        if crate::checksum::crc32c(&data) != entry.crc {
             let what = format!("cached block {block} checksum mismatch");
             return Err(Error::corrupt(path, entry.offset, what));
         }
@@ -220,7 +220,7 @@ impl Filling {
         if self.entries[block].is_none() {
             let temp = self.temp.0.clone().unwrap_or_default();
             self.file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
-            let crc = crc32c::crc32c(bytes);
+            let crc = crate::checksum::crc32c(bytes);
             self.entries[block] =
                 Some(Entry { offset: self.position, len: bytes.len() as u64, crc });
             self.position += bytes.len() as u64;
@@ -240,7 +240,7 @@ impl Filling {
         }
         let mut trailer = Vec::with_capacity(TRAILER as usize);
         trailer.extend_from_slice(&self.position.to_le_bytes());
-        trailer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
+        trailer.extend_from_slice(&crate::checksum::crc32c(&index).to_le_bytes());
         trailer.extend_from_slice(&VERSION.to_le_bytes());
         trailer.extend_from_slice(&END);
         let temp = self.temp.0.clone().unwrap_or_default();

@@ -503,7 +503,7 @@ fn stream_hash(
     config: &PipelineConfig,
     transforms: &[Box<dyn Transform>],
 ) -> u64 {
-    let text = |s: &str| u64::from(crc32c::crc32c(s.as_bytes()));
+    let text = |s: &str| u64::from(crate::checksum::crc32c(s.as_bytes()));
     let mut words = vec![
         dataset.len(),
         config.seed,
