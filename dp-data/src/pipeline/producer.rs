@@ -274,10 +274,14 @@ impl Producer {
 
     /// Gets the slots' blocks from the table into `found`, decoding missing ones here.
     fn find_blocks(&mut self, epoch: u64) -> Result<()> {
+        // A batch's records come from a few blocks (a window's): inserting each new one in
+        // order costs less than sorting a batch's worth of block numbers.
         self.needed.clear();
-        self.needed.extend(self.slots.iter().map(|s| s.block));
-        self.needed.sort_unstable();
-        self.needed.dedup();
+        for slot in &self.slots {
+            if let Err(at) = self.needed.binary_search(&slot.block) {
+                self.needed.insert(at, slot.block);
+            }
+        }
         let last = self.slots.iter().map(|s| s.position).max().unwrap_or(0);
         let tag = self.look_ahead(epoch, last);
         loop {
