@@ -323,7 +323,7 @@ impl Producer {
         let elements = columns.elements.max(1);
         let record = |slot: &Slot| {
             let block = block_of(slot);
-            (block, input_bytes(block, columns, slot.row))
+            (block, input_bytes(block, columns, slot.row), label_bytes(block, columns, slot.row))
         };
         let mut next = self.slots.first().map(record);
         for (k, ((slot, x), (y, id))) in self
@@ -333,16 +333,17 @@ impl Producer {
             .zip(y.iter_mut().zip(ids.iter_mut()))
             .enumerate()
         {
-            let Some((block, input)) = next else { break };
+            let Some((block, input, label)) = next else { break };
             next = self.slots.get(k + 1).map(record);
             // The next record's bytes lie at a random place in a block that may have left the
             // cache: ask for them now, while this one is converted.
-            if let Some((_, bytes)) = next {
-                prefetch(bytes);
+            if let Some((_, input, label)) = next {
+                prefetch(input);
+                prefetch(label);
             }
             *id = block.first_record() + slot.row as u64;
             convert_input(input, columns.input_dtype, affine, x);
-            *y = read_label(block, columns, slot.row);
+            *y = read_label(label, columns.label_dtype);
             if !transforms.is_empty() {
                 let mut rng = Rng::new(hash(&[shared.config.seed, epoch, *id]));
                 let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
@@ -450,11 +451,15 @@ fn pixels_to_f32(bytes: &[u8], affine: (f32, f32), out: &mut [f32]) {
     convert(bytes, affine, out);
 }
 
-/// Reads one record's label as `i64`.
-fn read_label(block: &Block, columns: &Columns, row: usize) -> i64 {
+/// One record's label bytes.
+fn label_bytes<'a>(block: &'a Block, columns: &Columns, row: usize) -> &'a [u8] {
     let size = columns.label_dtype.size();
-    let bytes = &block.dense_column(columns.label)[row * size..(row + 1) * size];
-    match columns.label_dtype {
+    &block.dense_column(columns.label)[row * size..(row + 1) * size]
+}
+
+/// Reads one record's label as `i64`.
+fn read_label(bytes: &[u8], dtype: DType) -> i64 {
+    match dtype {
         DType::U8 => i64::from(bytes[0]),
         DType::I32 => i64::from(i32::from_le_bytes(bytes.try_into().unwrap_or_default())),
         DType::I64 => i64::from_le_bytes(bytes.try_into().unwrap_or_default()),
