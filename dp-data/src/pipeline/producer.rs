@@ -321,9 +321,12 @@ impl Producer {
             found[i].as_deref().unwrap_or_else(|| unreachable!("located blocks are loaded"))
         };
         let elements = columns.elements.max(1);
+        let (input_size, label_size) =
+            (columns.elements * columns.input_dtype.size(), columns.label_dtype.size());
         let record = |slot: &Slot| {
             let block = block_of(slot);
-            (block, input_bytes(block, columns, slot.row), label_bytes(block, columns, slot.row))
+            let input = cell(block, columns.input, input_size, slot.row);
+            (block, input, cell(block, columns.label, label_size, slot.row))
         };
         let mut next = self.slots.first().map(record);
         for (k, ((slot, x), (y, id))) in self
@@ -335,8 +338,8 @@ impl Producer {
         {
             let Some((block, input, label)) = next else { break };
             next = self.slots.get(k + 1).map(record);
-            // The next record's bytes lie at a random place in a block that may have left the
-            // cache: ask for them now, while this one is converted.
+            // The next record's input and label lie at random places in a block that may have
+            // left the cache: ask for them now, while this one is converted.
             if let Some((_, input, label)) = next {
                 prefetch(input);
                 prefetch(label);
@@ -386,10 +389,9 @@ impl Producer {
     }
 }
 
-/// One record's input bytes.
-fn input_bytes<'a>(block: &'a Block, columns: &Columns, row: usize) -> &'a [u8] {
-    let size = columns.elements * columns.input_dtype.size();
-    &block.dense_column(columns.input)[row * size..(row + 1) * size]
+/// The `size` bytes of dense feature `feature` of record `row` of a block.
+fn cell(block: &Block, feature: usize, size: usize, row: usize) -> &[u8] {
+    &block.dense_column(feature)[row * size..(row + 1) * size]
 }
 
 /// Asks the CPU to bring `bytes` into the cache.
@@ -449,12 +451,6 @@ fn pixels_to_f32(bytes: &[u8], affine: (f32, f32), out: &mut [f32]) {
         }
     }
     convert(bytes, affine, out);
-}
-
-/// One record's label bytes.
-fn label_bytes<'a>(block: &'a Block, columns: &Columns, row: usize) -> &'a [u8] {
-    let size = columns.label_dtype.size();
-    &block.dense_column(columns.label)[row * size..(row + 1) * size]
 }
 
 /// Reads one record's label as `i64`.
