@@ -420,20 +420,13 @@ impl<C: Communicator> Replica<C> {
                 denominator: Some(config.global_batch),
                 accumulate: micro > 0,
             };
-            let last = micro + 1 == config.grad_accum;
-            let loss = if last && matches!(self.grad_sync, GradSync::Buckets { .. }) {
+            let loss = if micro + 1 == config.grad_accum {
                 let (loss, exposed) =
                     self.backward_and_reduce(x, labels, &options, lr, update_per_bucket)?;
                 comm_exposed += exposed;
                 loss
             } else {
-                let loss = self.model.forward_backward(x, Targets::Classes(labels), &options)?;
-                if last {
-                    let reducing = Instant::now();
-                    self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?;
-                    comm_exposed += reducing.elapsed().as_secs_f64();
-                }
-                loss
+                self.model.forward_backward(x, Targets::Classes(labels), &options)?
             };
             totals[0] += loss.loss_sum;
             totals[1] += loss.correct as f64;
@@ -497,9 +490,10 @@ impl<C: Communicator> Replica<C> {
         Ok(totals[3] > 0.0)
     }
 
-    /// The last micro-batch of a step: forward and backward, handing each finished gradient
-    /// bucket to the communication thread while backward goes on, then (with
-    /// `update_per_bucket`) updating each bucket's parameters as soon as it is reduced.
+    /// The last micro-batch of a step: forward and backward, then the gradients' all-reduce.
+    /// With buckets, each finished bucket goes to the communication thread while backward
+    /// goes on, and (with `update_per_bucket`) each bucket's parameters are updated as soon as
+    /// it is reduced; otherwise the gradients are reduced in place once backward is done.
     /// Returns the loss and the seconds spent waiting for reductions.
     fn backward_and_reduce(
         &mut self,
@@ -509,8 +503,14 @@ impl<C: Communicator> Replica<C> {
         lr: f64,
         update_per_bucket: bool,
     ) -> Result<(LossTotals, f64)> {
-        let GradSync::Buckets { reducer, ends: bucket_ends, .. } = &mut self.grad_sync else {
-            unreachable!("only called with buckets")
+        let (reducer, bucket_ends) = match &mut self.grad_sync {
+            GradSync::Buckets { reducer, ends, .. } => (reducer, ends),
+            GradSync::InPlace => {
+                let loss = self.model.forward_backward(x, Targets::Classes(labels), options)?;
+                let reducing = Instant::now();
+                self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?;
+                return Ok((loss, reducing.elapsed().as_secs_f64()));
+            }
         };
         let mut reduce = reducer.begin()?;
         let (mut copied, mut next_bucket, mut failed) = (0usize, 0usize, None);
