@@ -54,8 +54,8 @@ pub(crate) enum DataCmd {
         /// The dataset directory.
         dir: PathBuf,
     },
-    /// Measure the input pipeline against raw zstd (rounds of: the reference, an uncached
-    /// epoch, a cached epoch; medians); prints one JSON line.
+    /// Measure the input pipeline against raw zstd (rounds of: the reference, two uncached
+    /// epochs, two cached epochs, the second of each timed; medians); prints one JSON line.
     Bench {
         /// The dataset directory.
         dir: PathBuf,
