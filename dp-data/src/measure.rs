@@ -199,7 +199,8 @@ pub struct PipelineReport {
     pub records_per_epoch: u64,
     /// Worker threads of the pipeline and of the zstd reference.
     pub workers: usize,
-    /// Rounds measured (each: one reference pass, one uncached epoch, one cached epoch).
+    /// Rounds measured (each: one reference pass, one timed uncached epoch, one timed cached
+    /// epoch).
     pub rounds: usize,
     /// A first epoch (nothing cached): records per second.
     pub records_per_s: f64,
