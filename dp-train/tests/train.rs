@@ -106,14 +106,18 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
     // Small buckets reduced while backward goes on, and one bucket (the default size) reduced
     // in place after it.
     let (small, one) = (config(1, 1).bucket_mib, TrainConfig::default().bucket_mib);
-    for (name, optimizer, zero, bucket_mib) in [
-        ("sgd", sgd.clone(), 0, small),
-        ("adam", adam.clone(), 0, small),
-        ("sgd-zero1", sgd.clone(), 1, small),
-        ("adam-zero1", adam.clone(), 1, small),
-        ("sgd-one-bucket", sgd.clone(), 0, one),
-        ("adam-one-bucket", adam, 0, one),
-        ("sgd-zero1-one-bucket", sgd, 1, one),
+    // A limit well below the gradients' norm, so that clipping acts at every step.
+    let clip = Some(0.05);
+    for (name, optimizer, zero, bucket_mib, clip) in [
+        ("sgd", sgd.clone(), 0, small, None),
+        ("adam", adam.clone(), 0, small, None),
+        ("sgd-zero1", sgd.clone(), 1, small, None),
+        ("adam-zero1", adam.clone(), 1, small, None),
+        ("sgd-one-bucket", sgd.clone(), 0, one, None),
+        ("adam-one-bucket", adam, 0, one, None),
+        ("sgd-zero1-one-bucket", sgd.clone(), 1, one, None),
+        ("sgd-zero1-clipped", sgd.clone(), 1, small, clip),
+        ("sgd-zero1-one-bucket-clipped", sgd, 1, one, clip),
     ] {
         let mut finals: Vec<(Vec<f32>, u64)> = Vec::new();
         for replicas in [1, 2, 4] {
@@ -122,6 +126,7 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
             c.optimizer = optimizer.clone();
             c.zero_stage = zero;
             c.bucket_mib = bucket_mib;
+            c.clip_grad_norm = clip;
             c.eval_data = None;
             let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
             assert_eq!(summary.steps, 6);
