@@ -26,6 +26,7 @@ use dp_mem::{Pool, Tag};
 
 use crate::atomic;
 use crate::block::Block;
+use crate::checksum::crc32c;
 use crate::error::{Error, Result};
 use crate::schema::Schema;
 use crate::shard::read_at;
@@ -132,7 +133,7 @@ impl DiskCache {
         }
         let mut index = vec![0u8; index_len as usize];
         read_at(&file, path, index_at, &mut index)?;
-        if crate::checksum::crc32c(&index).to_le_bytes() != trailer[8..12] {
+        if crc32c(&index).to_le_bytes() != trailer[8..12] {
             return Err(bad(index_at, "index checksum mismatch"));
         }
         let mut entries = Vec::with_capacity(blocks);
@@ -178,7 +179,7 @@ impl DiskCache {
         }
         let mut data = pool.alloc::<u8>(entry.len as usize, Tag::Data)?;
         read_at(file, path, entry.offset, &mut data)?;
-        if crate::checksum::crc32c(&data) != entry.crc {
+        if crc32c(&data) != entry.crc {
             let what = format!("cached block {block} checksum mismatch");
             return Err(Error::corrupt(path, entry.offset, what));
         }
@@ -220,7 +221,7 @@ impl Filling {
         if self.entries[block].is_none() {
             let temp = self.temp.0.clone().unwrap_or_default();
             self.file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
-            let crc = crate::checksum::crc32c(bytes);
+            let crc = crc32c(bytes);
             self.entries[block] =
                 Some(Entry { offset: self.position, len: bytes.len() as u64, crc });
             self.position += bytes.len() as u64;
@@ -240,7 +241,7 @@ impl Filling {
         }
         let mut trailer = Vec::with_capacity(TRAILER as usize);
         trailer.extend_from_slice(&self.position.to_le_bytes());
-        trailer.extend_from_slice(&crate::checksum::crc32c(&index).to_le_bytes());
+        trailer.extend_from_slice(&crc32c(&index).to_le_bytes());
         trailer.extend_from_slice(&VERSION.to_le_bytes());
         trailer.extend_from_slice(&END);
         let temp = self.temp.0.clone().unwrap_or_default();

@@ -223,12 +223,9 @@ mod tests {
     /// A batch numbered `index`, of one record.
     fn batch(index: u64) -> Result<Batch> {
         let pool = dp_mem::Pool::new(&dp_mem::Tracker::new());
-        let alloc = |n| pool.alloc::<f32>(n, dp_mem::Tag::Data).unwrap();
-        let (x, y, ids) = (
-            alloc(1),
-            pool.alloc::<i64>(1, dp_mem::Tag::Data).unwrap(),
-            pool.alloc::<u64>(1, dp_mem::Tag::Data).unwrap(),
-        );
+        let x = pool.alloc::<f32>(1, dp_mem::Tag::Data).unwrap();
+        let y = pool.alloc::<i64>(1, dp_mem::Tag::Data).unwrap();
+        let ids = pool.alloc::<u64>(1, dp_mem::Tag::Data).unwrap();
         Ok(Batch {
             epoch: 0,
             index,
