@@ -78,11 +78,14 @@ fn main() {
             verdict(peak <= 1.05)
         );
         println!(
-            "first epoch time   load {:.0}%, map {:.0}%, consumer waiting {:.0}%; shuffle displacement {:.2} (1 = uniform)",
+            "first epoch time   load {:.0}%, map {:.0}%, consumer waiting {:.0}%",
             100.0 * r.load_share,
             100.0 * r.map_share,
             100.0 * r.consumer_wait_share,
-            r.shuffle_displacement
+        );
+        println!(
+            "shuffle            displacement {:.2} (1 = uniform); a batch mixes {:.1} blocks ({:.1} for a uniform shuffle)",
+            r.shuffle_displacement, r.batch_blocks, r.batch_blocks_uniform
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

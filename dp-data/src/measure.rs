@@ -239,6 +239,12 @@ pub struct PipelineReport {
     /// uniform shuffle: the mean of |position - record index| / records, divided by 1/3 (its
     /// value for a uniformly random order). 0 without shuffling, about 1 for a full shuffle.
     pub shuffle_displacement: f64,
+    /// How many of the dataset's blocks a batch's records come from, on average: what a
+    /// window shuffle gives up against a full one (records of one block were written
+    /// together, so they tend to be alike).
+    pub batch_blocks: f64,
+    /// The same expected of a uniformly random order.
+    pub batch_blocks_uniform: f64,
 }
 
 /// Measures a pipeline over the dataset in `dir` with `config` (the usual normalization as its
@@ -301,24 +307,45 @@ pub fn measure_pipeline(
     let per_epoch = uncached.batches_per_epoch();
     let (global_batch, rank) = (config.global_batch() as u64, config.rank as u64);
     let n = dataset.len().max(1) as f64;
-    // One epoch: its records per second, and the records' mean displacement when asked for
-    // (outside the timed epochs, as the consumer's work would slow the workers on a busy
-    // machine).
-    let epoch = |pipeline: &mut crate::Pipeline, displacement: bool| -> Result<(f64, u64, f64)> {
-        let (start, mut records, mut moved) = (Instant::now(), 0u64, 0.0f64);
+    // One epoch: its records per second.
+    let epoch = |pipeline: &mut crate::Pipeline| -> Result<(f64, u64)> {
+        let (start, mut records) = (Instant::now(), 0u64);
+        for _ in 0..per_epoch {
+            records += pipeline.next_batch()?.len() as u64;
+        }
+        Ok((records as f64 / start.elapsed().as_secs_f64(), records))
+    };
+    // The first record of each block, and the end: a record's block is where its id falls.
+    let block_starts: Vec<u64> = std::iter::once(0)
+        .chain(
+            dataset.shards().iter().flat_map(|r| r.entries().iter().map(|e| u64::from(e.records))),
+        )
+        .scan(0, |start, records| {
+            *start += records;
+            Some(*start)
+        })
+        .collect();
+    // One untimed epoch, for the order's quality (the consumer's work would slow the workers
+    // on a busy machine): the records' mean displacement, and the distinct blocks per batch.
+    let quality = |pipeline: &mut crate::Pipeline| -> Result<(f64, f64)> {
+        let (mut records, mut moved, mut blocks) = (0u64, 0.0f64, 0usize);
+        let mut seen = Vec::new();
         for _ in 0..per_epoch {
             let batch = pipeline.next_batch()?;
             records += batch.len() as u64;
-            if displacement {
-                // This rank's slice of the global batch starts at index * global + rank * batch.
-                let first = batch.index() * global_batch + rank * batch.len() as u64;
-                for (k, &id) in batch.record_ids().iter().enumerate() {
-                    moved += ((first + k as u64) as f64 - id as f64).abs() / n;
-                }
+            // This rank's slice of the global batch starts at index * global + rank * batch.
+            let first = batch.index() * global_batch + rank * batch.len() as u64;
+            seen.clear();
+            for (k, &id) in batch.record_ids().iter().enumerate() {
+                moved += ((first + k as u64) as f64 - id as f64).abs() / n;
+                seen.push(block_starts.partition_point(|&s| s <= id));
             }
+            seen.sort_unstable();
+            seen.dedup();
+            blocks += seen.len();
         }
-        let rate = records as f64 / start.elapsed().as_secs_f64();
-        Ok((rate, records, moved / records.max(1) as f64 * 3.0))
+        let records = records.max(1) as f64;
+        Ok((moved / records * 3.0, blocks as f64 / per_epoch.max(1) as f64))
     };
 
     let (mut zstd, mut first, mut ratios, mut warm) = (vec![], vec![], vec![], vec![]);
@@ -333,10 +360,10 @@ pub fn measure_pipeline(
     // would find the batches the workers made ahead meanwhile, and be faster by them.
     for round in 0..rounds {
         let zstd_bytes_per_s = reference()?;
-        epoch(&mut uncached, false)?;
+        epoch(&mut uncached)?;
         let before = share_times(&uncached.stats());
         let started = Instant::now();
-        let (rate, r, _) = epoch(&mut uncached, false)?;
+        let (rate, r) = epoch(&mut uncached)?;
         let after = share_times(&uncached.stats());
         for (k, share) in shares.iter_mut().enumerate().take(5) {
             *share += after[k] - before[k];
@@ -349,16 +376,18 @@ pub fn measure_pipeline(
         ratios.push(bytes_per_s / zstd_bytes_per_s);
         if let Some(p) = caching.as_mut() {
             if round == 0 {
-                fill = epoch(p, false)?.0;
+                fill = epoch(p)?.0;
             }
-            epoch(p, false)?;
-            warm.push(epoch(p, false)?.0);
+            epoch(p)?;
+            warm.push(epoch(p)?.0);
         }
         // The workers now fill their queues, then wait: done long before this pause ends, so
         // that they do not compete with the next reference.
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let displacement = epoch(&mut uncached, true)?.2;
+    let (displacement, batch_blocks) = quality(&mut uncached)?;
+    let sizes = block_starts.windows(2).map(|w| w[1] - w[0]);
+    let batch_blocks_uniform = uniform_batch_blocks(sizes, dataset.len(), config.batch_size as u64);
     let cached = caching.as_ref().is_some_and(crate::Pipeline::caches_everything);
     // Without a cache, later epochs are first epochs again.
     let warm = if warm.is_empty() { median(first.clone()) } else { median(warm) };
@@ -386,5 +415,29 @@ pub fn measure_pipeline(
         peak_bytes: peak,
         memory_budget: config.memory_budget,
         shuffle_displacement: displacement,
+        batch_blocks,
+        batch_blocks_uniform,
     })
+}
+
+/// The distinct blocks (of `sizes` records each, `records` in all) that a batch of `batch`
+/// records drawn uniformly at random touches, on average: the sum over blocks of the chance
+/// that at least one of its records is drawn.
+fn uniform_batch_blocks(sizes: impl Iterator<Item = u64>, records: u64, batch: u64) -> f64 {
+    let batch = batch.min(records);
+    // Blocks of one size have the same chance: computed once per size.
+    let mut by_size = std::collections::BTreeMap::<u64, u64>::new();
+    for size in sizes {
+        *by_size.entry(size).or_default() += 1;
+    }
+    by_size
+        .into_iter()
+        .map(|(size, count)| {
+            // The chance that none of the block's records is drawn: each draw misses it.
+            let missed: f64 = (0..batch)
+                .map(|k| (records - k).saturating_sub(size) as f64 / (records - k) as f64)
+                .product();
+            count as f64 * (1.0 - missed)
+        })
+        .sum()
 }

@@ -551,3 +551,32 @@ proptest! {
         fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[test]
+fn the_bench_reports_how_many_blocks_a_batch_mixes() {
+    let dir = temp_dir("mixing");
+    dataset(&dir, 3000);
+    let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as f64;
+    let measure = |window: Option<usize>| {
+        let mut c = config(20, 0, 1, 2, 2);
+        c.shuffle_window = window;
+        dp_data::measure_pipeline(&dir, c, 3).unwrap()
+    };
+    // In dataset order, a batch of 20 lies within one block of about 170 records, or
+    // straddles two.
+    let ordered = measure(None);
+    assert!((1.0..1.25).contains(&ordered.batch_blocks), "{}", ordered.batch_blocks);
+    assert!(ordered.shuffle_displacement < 0.01, "{}", ordered.shuffle_displacement);
+    // A window of 3 blocks: a batch's 20 records nearly always come from all three, and
+    // sometimes also from the next window's.
+    let windowed = measure(Some(3));
+    assert!((2.8..3.5).contains(&windowed.batch_blocks), "{}", windowed.batch_blocks);
+    // A window of every block is a uniform shuffle: 20 draws from 18 or so blocks of equal
+    // size touch about 12 of them.
+    let full = measure(Some(usize::MAX));
+    let uniform = full.batch_blocks_uniform;
+    assert!(uniform > 0.5 * blocks && uniform < blocks, "{uniform} of {blocks}");
+    assert!((full.batch_blocks / uniform - 1.0).abs() < 0.1, "{} vs {uniform}", full.batch_blocks);
+    assert_eq!(windowed.batch_blocks_uniform, uniform, "a property of the dataset and batch");
+    fs::remove_dir_all(&dir).unwrap();
+}
