@@ -150,11 +150,33 @@ pub(crate) struct Replica<C: Communicator> {
     report: ReplicaReport,
 }
 
+/// How gradients are bucketed for averaging.
+pub(crate) fn bucket_config(config: &crate::config::TrainConfig) -> Result<BucketConfig> {
+    let mut bucket = BucketConfig::default();
+    bucket.bucket_bytes = ((config.bucket_mib * (1 << 20) as f64) as usize).max(4);
+    // Losses are divided by the global batch, so summing gives the global mean.
+    bucket.op = ReduceOp::Sum;
+    // The model lays gradients out last layer first: backward finishes them from the
+    // front of the buffer.
+    bucket.order = BucketOrder::FirstFirst;
+    bucket.compression = config.compression()?;
+    Ok(bucket)
+}
+
+/// Whether `params` gradients are averaged in place once backward is done, rather than bucket
+/// by bucket on a communication thread (which then needs a group of its own). A gradient that
+/// fits in one bucket cannot be reduced while backward goes on, so a communication thread
+/// would only add a copy of the gradients and two hand-offs between threads to every step.
+pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig) -> bool {
+    params * size_of::<f32>() <= bucket.bucket_bytes && bucket.compression == Compression::None
+}
+
 impl<C: Communicator> Replica<C> {
+    /// `grad_comm` is the gradient buckets' group: needed unless [`reduces_in_place`].
     pub(crate) fn new<G>(
         plan: Arc<RunPlan>,
         mut ctl: C,
-        grad_comm: G,
+        grad_comm: Option<G>,
         events: Option<SyncSender<Event>>,
         stop: Arc<AtomicBool>,
         fault: Option<Fault>,
@@ -251,22 +273,13 @@ impl<C: Communicator> Replica<C> {
                 Some((pipeline, vec![0i64; plan.micro]))
             }
         };
-        let mut bucket = BucketConfig::default();
-        bucket.bucket_bytes = ((config.bucket_mib * (1 << 20) as f64) as usize).max(4);
-        // Losses are divided by the global batch, so summing gives the global mean.
-        bucket.op = ReduceOp::Sum;
-        // The model lays gradients out last layer first: backward finishes them from the
-        // front of the buffer.
-        bucket.order = BucketOrder::FirstFirst;
-        bucket.compression = config.compression()?;
-        // A gradient that fits in one bucket cannot be reduced while backward goes on, so a
-        // communication thread would only add a copy of the gradients and two hand-offs
-        // between threads to every step: reduce it in place instead.
-        let grad_sync = if size_of_val(model.params()) <= bucket.bucket_bytes
-            && bucket.compression == Compression::None
-        {
+        let bucket = bucket_config(config)?;
+        let grad_sync = if reduces_in_place(len, &bucket) {
             GradSync::InPlace
         } else {
+            let grad_comm = grad_comm.ok_or_else(|| {
+                Error::run(&plan.run_dir, "gradient buckets need a communicator of their own")
+            })?;
             let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
             let reducer = BucketReducer::new(buffer, grad_comm, bucket)?;
             // The compression scratch lives on the communication thread, outside the pool;

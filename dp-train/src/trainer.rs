@@ -16,7 +16,7 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
-use crate::replica::{Event, Fault, Replica, ReplicaReport};
+use crate::replica::{Event, Fault, Replica, ReplicaReport, bucket_config, reduces_in_place};
 use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, SUMMARY};
 use crate::summary::Summary;
 
@@ -115,7 +115,12 @@ pub fn train(
 
     let comm_config = LocalConfig::with_timeout(Duration::from_secs_f64(plan.config.timeout_s));
     let ctl = LocalGroup::with_config(plan.replicas, comm_config)?;
-    let grads = LocalGroup::with_config(plan.replicas, comm_config)?;
+    // Gradient buckets travel on a group of their own, on communication threads.
+    let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket_config(&plan.config)?) {
+        (0..plan.replicas).map(|_| None).collect()
+    } else {
+        LocalGroup::with_config(plan.replicas, comm_config)?.into_iter().map(Some).collect()
+    };
     let (sender, receiver) = sync_channel::<Event>(1024);
     let mut losses = Vec::new();
     let mut last_eval = None;
