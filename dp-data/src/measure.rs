@@ -441,3 +441,22 @@ fn uniform_batch_blocks(sizes: impl Iterator<Item = u64>, records: u64, batch: u
         })
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::uniform_batch_blocks;
+
+    #[test]
+    fn uniform_batch_blocks_counts_each_block_by_its_chance_of_being_drawn() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // Two blocks of two records, batches of two: of the 6 pairs, one lies in each block
+        // alone, so each block is missed with chance 1/6.
+        assert!(close(uniform_batch_blocks([2, 2].into_iter(), 4, 2), 2.0 * 5.0 / 6.0));
+        // One record per batch touches one block; a batch of every record touches all.
+        assert!(close(uniform_batch_blocks([3, 1, 5].into_iter(), 9, 1), 1.0));
+        assert!(close(uniform_batch_blocks([3, 1, 5].into_iter(), 9, 9), 3.0));
+        assert!(close(uniform_batch_blocks([3, 1, 5].into_iter(), 9, 50), 3.0));
+        // Blocks of one record: every record drawn is its own block.
+        assert!(close(uniform_batch_blocks(std::iter::repeat_n(1, 10), 10, 4), 4.0));
+    }
+}
