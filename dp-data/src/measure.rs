@@ -41,6 +41,9 @@ pub struct ReadReport {
     pub get_p99_us: f64,
 }
 
+/// How long each thread of a multi-threaded reference runs before it is timed.
+const REFERENCE_WARM_UP: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The references are measured on at most this many compressed bytes (a prefix of the blocks),
 /// so that measuring a large dataset does not need it all in memory.
 const REFERENCE_BYTES: u64 = 256 << 20;
@@ -268,28 +271,50 @@ pub fn measure_pipeline(
     let mut contexts = (0..config.workers.max(1))
         .map(|_| Ok((zstd::bulk::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest])))
         .collect::<Result<Vec<_>>>()?;
+    // New threads can start out on one core, until the scheduler moves one (after several
+    // milliseconds, more often when the spawning thread was busy just before): the threads
+    // warm up, untimed, until every one of them has run a while, and the clock starts then.
     let mut reference = || -> Result<f64> {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let start = Instant::now();
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let (next, warm, go) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+        let threads = contexts.len();
         std::thread::scope(|scope| {
-            let threads: Vec<_> = contexts
+            let handles: Vec<_> = contexts
                 .iter_mut()
                 .map(|(decompressor, out)| {
-                    let (next, compressed) = (&next, &compressed);
+                    let (next, warm, go, compressed) = (&next, &warm, &go, &compressed);
                     scope.spawn(move || -> Result<()> {
-                        let take = || next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        while let Some(block) = compressed.get(take()) {
+                        let warming = Instant::now();
+                        for block in compressed.iter().cycle() {
+                            decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
+                            if warming.elapsed() >= REFERENCE_WARM_UP {
+                                break;
+                            }
+                        }
+                        warm.fetch_add(1, Ordering::Release);
+                        while !go.load(Ordering::Acquire) {
+                            std::hint::spin_loop();
+                        }
+                        while let Some(block) = compressed.get(next.fetch_add(1, Ordering::Relaxed))
+                        {
                             decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
                         }
                         Ok(())
                     })
                 })
                 .collect();
-            threads.into_iter().try_for_each(|t| {
+            // A thread that failed while warming up never counts itself: stop waiting for it.
+            while warm.load(Ordering::Acquire) < threads && handles.iter().all(|h| !h.is_finished())
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let start = Instant::now();
+            go.store(true, Ordering::Release);
+            handles.into_iter().try_for_each(|t| {
                 t.join().unwrap_or_else(|_| Err(Error::Stopped("a zstd thread panicked".into())))
-            })
-        })?;
-        Ok(prefix_raw as f64 / start.elapsed().as_secs_f64())
+            })?;
+            Ok(prefix_raw as f64 / start.elapsed().as_secs_f64())
+        })
     };
 
     let transforms = || vec![Box::new(crate::Normalize::pixels(0.1307, 0.3081)) as _];
