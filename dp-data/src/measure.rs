@@ -200,8 +200,11 @@ fn median(mut samples: Vec<f64>) -> f64 {
 pub struct PipelineReport {
     /// Records per epoch that reach this rank.
     pub records_per_epoch: u64,
-    /// Worker threads of the pipeline and of the zstd reference.
+    /// Worker threads of the pipeline.
     pub workers: usize,
+    /// Threads that make batches (the workers, and the consumer when it helps), and so of the
+    /// zstd reference.
+    pub threads: usize,
     /// Rounds measured (each: one reference pass, one timed uncached epoch, one timed cached
     /// epoch).
     pub rounds: usize,
@@ -265,10 +268,12 @@ pub fn measure_pipeline(
     let dataset = Dataset::open(dir)?;
     let (compressed, prefix_raw, largest) = compressed_prefix(&dataset)?;
     let raw_bytes = dataset.raw_bytes();
-    // The reference: as many threads as workers, each with one decompression context and one
-    // output buffer for all its blocks, taking the next block as it finishes one.
+    // The reference: as many threads as make batches, each with one decompression context and
+    // one output buffer for all its blocks, taking the next block as it finishes one.
     let zstd_error = |e: std::io::Error| Error::io(dataset.dir(), "zstd decompress", e);
-    let mut contexts = (0..config.workers.max(1))
+    let helper = usize::from(config.consumer_helps && config.prefetch > 0);
+    let threads = config.workers.max(1) + helper;
+    let mut contexts = (0..threads)
         .map(|_| Ok((zstd::bulk::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest])))
         .collect::<Result<Vec<_>>>()?;
     // New threads can start out on one core, until the scheduler moves one (after several
@@ -277,7 +282,6 @@ pub fn measure_pipeline(
     let mut reference = || -> Result<f64> {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let (next, warm, go) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
-        let threads = contexts.len();
         std::thread::scope(|scope| {
             let handles: Vec<_> = contexts
                 .iter_mut()
@@ -423,6 +427,7 @@ pub fn measure_pipeline(
     Ok(PipelineReport {
         records_per_epoch: records,
         workers: config.workers,
+        threads,
         rounds,
         records_per_s: first_rate,
         bytes_per_s: raw_bytes as f64 * first_rate / n,

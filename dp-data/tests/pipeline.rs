@@ -324,11 +324,15 @@ fn a_panicking_transform_stops_the_pipeline_with_its_message() {
     }
     let dir = temp_dir("panic");
     dataset(&dir, 100);
-    let mut p = Pipeline::new(&dir, config(10, 0, 1, 1, 2), vec![Box::new(Explodes)]).unwrap();
-    let err = p.next_batch().unwrap_err();
-    assert!(err.to_string().contains("transform exploded"), "{err}");
-    assert!(p.next_batch().is_err());
-    drop(p);
+    // On a worker, or on the consumer that helps make the batches.
+    for helps in [false, true] {
+        let mut c = config(10, 0, 1, 1, 2);
+        c.consumer_helps = helps;
+        let mut p = Pipeline::new(&dir, c, vec![Box::new(Explodes)]).unwrap();
+        let err = p.next_batch().unwrap_err();
+        assert!(err.to_string().contains("transform exploded"), "{err}");
+        assert!(p.next_batch().is_err());
+    }
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -452,10 +456,11 @@ proptest! {
     /// Whatever the budget, a pipeline is either refused at construction or never holds more
     /// than the budget, cache included.
     #[test]
-    fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>()) {
-        let dir = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}"));
+    fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>(), helps in any::<bool>()) {
+        let dir = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}"));
         dataset(&dir, 1500);
         let mut c = config(batch, 0, 1, 2, prefetch);
+        c.consumer_helps = helps;
         c.memory_budget = budget_kib << 10;
         c.shuffle_window = Some(window);
         c.cache = cache;
@@ -475,11 +480,12 @@ proptest! {
     /// Without a cache, every block is decoded once per epoch, however many workers make
     /// batches ahead and decode blocks ahead of them.
     #[test]
-    fn each_block_is_decoded_once_per_epoch(records in 2000u64..4000, batch in 4usize..40, workers in 1usize..5, prefetch in 0usize..3, window in 1usize..4) {
-        let dir = temp_dir(&format!("once-{records}-{batch}-{workers}-{prefetch}-{window}"));
+    fn each_block_is_decoded_once_per_epoch(records in 2000u64..4000, batch in 4usize..40, workers in 1usize..5, prefetch in 0usize..3, window in 1usize..4, helps in any::<bool>()) {
+        let dir = temp_dir(&format!("once-{records}-{batch}-{workers}-{prefetch}-{window}-{helps}"));
         dataset(&dir, records);
         let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as u64;
         let mut c = config(batch, 0, 1, workers, prefetch);
+        c.consumer_helps = helps;
         c.cache = false;
         c.shuffle_window = Some(window);
         c.tail = TailPolicy::Pad; // every record, so every block, is needed in every epoch
@@ -501,13 +507,16 @@ proptest! {
         fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// Workers and prefetch change nothing in the output, augmentation included.
+    /// Workers, prefetch and a helping consumer change nothing in the output, augmentation
+    /// included.
     #[test]
-    fn output_does_not_depend_on_workers_or_prefetch(records in 100u64..500, batch in 4usize..40, workers in 2usize..5, prefetch in 1usize..4) {
-        let dir = temp_dir(&format!("workers-{records}-{batch}-{workers}-{prefetch}"));
+    fn output_does_not_depend_on_workers_or_prefetch(records in 100u64..500, batch in 4usize..40, workers in 1usize..5, prefetch in 1usize..4, helps in any::<bool>()) {
+        let dir = temp_dir(&format!("workers-{records}-{batch}-{workers}-{prefetch}-{helps}"));
         dataset(&dir, records);
         let mut a = Pipeline::new(&dir, config(batch, 0, 1, 1, 0), augment()).unwrap();
-        let mut b = Pipeline::new(&dir, config(batch, 0, 1, workers, prefetch), augment()).unwrap();
+        let mut c = config(batch, 0, 1, workers, prefetch);
+        c.consumer_helps = helps;
+        let mut b = Pipeline::new(&dir, c, augment()).unwrap();
         let n = a.batches_per_epoch() + 3;
         prop_assert_eq!(take(&mut a, n), take(&mut b, n));
         fs::remove_dir_all(&dir).unwrap();

@@ -62,9 +62,13 @@ pub(crate) enum DataCmd {
         /// Records per batch.
         #[arg(long, default_value_t = 256)]
         batch: usize,
-        /// Worker threads (default: all cores).
+        /// Worker threads (default: all cores, or one fewer with --consumer-helps).
         #[arg(long)]
         workers: Option<usize>,
+        /// The consumer makes batches too when the next one is not ready (the zstd reference
+        /// then runs on one more thread).
+        #[arg(long)]
+        consumer_helps: bool,
         /// Blocks whose records are shuffled together (0: no shuffle).
         #[arg(long, default_value_t = 8)]
         shuffle_window: usize,
@@ -228,6 +232,7 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             dir,
             batch,
             workers,
+            consumer_helps,
             shuffle_window,
             prefetch,
             no_cache,
@@ -238,9 +243,13 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
         } => {
             let mut config = dp_data::PipelineConfig::default();
             config.batch_size = batch;
-            if let Some(workers) = workers {
-                config.workers = workers;
-            }
+            config.consumer_helps = consumer_helps;
+            config.workers = match workers {
+                Some(workers) => workers,
+                // The consumer takes a core of its own.
+                None if consumer_helps => config.workers.saturating_sub(1).max(1),
+                None => config.workers,
+            };
             config.shuffle_window = (shuffle_window > 0).then_some(shuffle_window);
             config.prefetch = prefetch;
             config.cache = !no_cache;

@@ -26,9 +26,9 @@ pub enum CorruptionPolicy {
 
 /// The configuration of a [`Pipeline`](super::Pipeline).
 ///
-/// `rank`, `world_size`, `workers`, `prefetch`, `cache` and `memory_budget` change how the
-/// stream is produced, never what it contains; everything else is part of the stream's
-/// identity, checked when resuming.
+/// `rank`, `world_size`, `workers`, `prefetch`, `consumer_helps`, `cache` and `memory_budget`
+/// change how the stream is produced, never what it contains; everything else is part of the
+/// stream's identity, checked when resuming.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PipelineConfig {
@@ -55,6 +55,12 @@ pub struct PipelineConfig {
     /// threads; each batch is made on the calling thread when asked for. With `autotune`, the
     /// most that may be made ahead.
     pub prefetch: usize,
+    /// The thread that takes the batches makes one itself when the next is not ready yet and
+    /// another may be made ahead, instead of waiting for the workers (with `prefetch > 0`). An
+    /// input-bound consumer then works instead of sleeping, and is not woken by the workers:
+    /// give it one worker fewer than the cores the pipeline may use, or the workers and the
+    /// consumer take turns on them. Never changes the output.
+    pub consumer_helps: bool,
     /// Adjust the worker threads in use (up to `workers`) and the prefetch depth (up to
     /// `prefetch`) from measured waits: more when the consumer waits for batches, fewer workers
     /// when the producer mostly waits for the consumer. Never changes the output.
@@ -92,6 +98,7 @@ impl Default for PipelineConfig {
             tail: TailPolicy::Drop,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             prefetch: 2,
+            consumer_helps: false,
             autotune: true,
             cache: true,
             cache_file: None,

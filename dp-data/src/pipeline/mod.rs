@@ -52,7 +52,7 @@ use blocks::BlockTable;
 use permutation::hash;
 use plan::BlockSizes;
 use producer::{Columns, Producer, Shared};
-use queue::Queue;
+use queue::{Next, Queue};
 use shared_blocks::SharedBlocks;
 use tuning::{Tuner, Waits};
 
@@ -80,13 +80,12 @@ pub struct Pipeline {
 enum Mode {
     /// `prefetch == 0`: batches are made on the calling thread, when asked for; after an error
     /// (`failed`) every call fails, as with workers.
-    Inline {
-        producer: Box<Producer>,
-        failed: bool,
-    },
+    Inline { producer: Box<Producer>, failed: bool },
     Background {
         queue: Arc<Queue>,
         workers: Vec<JoinHandle<()>>,
+        /// The consumer's own batch maker, with `consumer_helps`.
+        helper: Option<Box<Producer>>,
     },
 }
 
@@ -194,8 +193,12 @@ impl Pipeline {
             let queue =
                 Arc::new(Queue::new(first, config.workers, config.prefetch, config.workers));
             queue.set_knobs(knobs.0, knobs.1);
+            let helper = match config.consumer_helps {
+                true => Some(Box::new(Producer::new(Arc::clone(&shared))?)),
+                false => None,
+            };
             let workers = spawn(&shared, &queue)?;
-            Mode::Background { queue, workers }
+            Mode::Background { queue, workers, helper }
         };
         Ok(Pipeline {
             mode,
@@ -233,7 +236,15 @@ impl Pipeline {
                 read_ahead_share(producer);
                 batch
             }
-            Mode::Background { queue, .. } => queue.take()?,
+            Mode::Background { queue, helper, .. } => loop {
+                match queue.take_or_claim(helper.is_some())? {
+                    Next::Batch(batch) => break batch?,
+                    Next::Make(sequence) => {
+                        let helper = helper.as_deref_mut().expect("claims only for a helper");
+                        make_and_hand_in(helper, queue, sequence);
+                    }
+                }
+            },
         };
         let now = Instant::now();
         self.latest = Some(now);
@@ -312,7 +323,7 @@ impl Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if let Mode::Background { queue, workers } = &mut self.mode {
+        if let Mode::Background { queue, workers, .. } = &mut self.mode {
             queue.close();
             for worker in workers.drain(..) {
                 let _ = worker.join();
@@ -340,6 +351,14 @@ fn make(producer: &mut Producer, sequence: u64) -> Result<Batch> {
             .unwrap_or_else(|| "a non-string panic".into());
         Err(Error::Stopped(format!("a worker panicked: {message}")))
     })
+}
+
+/// Makes batch `sequence` and hands it in, then drops the blocks that no batch still to be
+/// made needs, and decodes a share of the next window.
+fn make_and_hand_in(producer: &mut Producer, queue: &Queue, sequence: u64) {
+    let oldest = queue.hand_in(sequence, make(producer, sequence));
+    producer.release_before_batch(oldest);
+    read_ahead_share(producer);
 }
 
 /// Decodes the next window's share of blocks after a batch of this one. The next window is
@@ -374,9 +393,7 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                 let leave = Leave(queue);
                 while let Some((sequence, waited)) = leave.0.claim(id) {
                     producer.waited(waited);
-                    let oldest = leave.0.hand_in(sequence, make(&mut producer, sequence));
-                    producer.release_before_batch(oldest);
-                    read_ahead_share(&mut producer);
+                    make_and_hand_in(&mut producer, &leave.0, sequence);
                 }
             };
             std::thread::Builder::new().name(format!("dp-data-worker-{id}")).spawn(work).map_err(
@@ -450,8 +467,12 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let min_records = sizes.iter().copied().min().unwrap_or(1).max(1);
     // A window larger than the dataset is the whole dataset.
     let window = (config.shuffle_window.unwrap_or(1) as u64).clamp(1, blocks.max(1));
-    // Batches made at once: one per worker, or one on the calling thread without prefetch.
-    let makers = if config.prefetch == 0 { 1 } else { config.workers as u64 };
+    // Batches made at once: one per worker (and the consumer's, when it helps), or one on the
+    // calling thread without prefetch.
+    let makers = match config.prefetch {
+        0 => 1,
+        _ => config.workers as u64 + u64::from(config.consumer_helps),
+    };
     // Decoded blocks are kept from the window the latest finished batch's successor starts in
     // to the one read ahead of the furthest batch being made, at most `makers + prefetch`
     // batches on; a worker that fell behind still holds its own batch's blocks.
@@ -480,7 +501,7 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
         return Err(Error::Config {
             field: "memory_budget",
             what: format!(
-                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables of {makers} workers); raise it or lower shuffle_window, prefetch, workers or batch_size",
+                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables of {makers} batch makers); raise it or lower shuffle_window, prefetch, workers or batch_size",
                 config.memory_budget,
                 makers + config.prefetch as u64 + 2,
             ),

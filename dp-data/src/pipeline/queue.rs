@@ -1,13 +1,23 @@
 //! Hands batch numbers to the workers and their batches back to the consumer in order. Each
 //! worker makes whole batches, so workers never wait for each other within a batch; the
 //! consumer takes batch `n` when it is done, whichever worker made it. At most `workers +
-//! depth` batches are made ahead of the consumer: that bound is the prefetch back-pressure.
+//! depth` batches are made ahead of the consumer: that bound is the prefetch back-pressure. A
+//! consumer that helps claims batches within the same bound when its next one is not ready.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use super::batch::Batch;
 use crate::error::{Error, Result};
+
+/// What the consumer is to do next.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// Take this batch (or its error): the next in order.
+    Batch(Result<Batch>),
+    /// Make this batch and hand it in: the next is not ready, and this one may be made ahead.
+    Make(u64),
+}
 
 #[derive(Debug)]
 struct State {
@@ -36,7 +46,12 @@ struct State {
 impl State {
     /// Whether worker `id` may claim another batch.
     fn has_room(&self, id: usize) -> bool {
-        id < self.workers && self.next_claim - self.next_take < (self.workers + self.depth) as u64
+        id < self.workers && self.has_room_ahead()
+    }
+
+    /// Whether another batch may be made ahead of the consumer.
+    fn has_room_ahead(&self) -> bool {
+        self.next_claim - self.next_take < (self.workers + self.depth) as u64
     }
 
     /// Whether the waiting consumer should be woken: its batch and the ones after it, half of
@@ -132,8 +147,10 @@ impl Queue {
         oldest
     }
 
-    /// The consumer: waits for the next batch in order.
-    pub(crate) fn take(&self) -> Result<Batch> {
+    /// The consumer: the next batch in order once it is made; or, when `may_claim` and it is
+    /// not made yet, the number of another batch for the consumer to make and hand in itself,
+    /// if one may be made ahead. Waits only when neither.
+    pub(crate) fn take_or_claim(&self, may_claim: bool) -> Result<Next> {
         let mut state = self.lock();
         loop {
             if state.closed {
@@ -149,7 +166,12 @@ impl Queue {
                 if idle {
                     self.room.notify_all();
                 }
-                return batch;
+                return Ok(Next::Batch(batch));
+            }
+            if may_claim && !state.failed && state.has_room_ahead() {
+                let claimed = state.next_claim;
+                state.next_claim += 1;
+                return Ok(Next::Make(claimed));
             }
             if state.running == 0 {
                 state.closed = true;
@@ -200,6 +222,16 @@ impl Queue {
 mod tests {
     use super::*;
 
+    impl Queue {
+        /// The consumer's next batch, without helping.
+        fn take(&self) -> Result<Batch> {
+            match self.take_or_claim(false)? {
+                Next::Batch(batch) => batch,
+                Next::Make(sequence) => panic!("claimed {sequence} without being asked to"),
+            }
+        }
+    }
+
     #[test]
     fn claims_stop_at_the_depth_and_resume_when_the_consumer_takes() {
         let queue = std::sync::Arc::new(Queue::new(5, 1, 1, 1));
@@ -243,6 +275,31 @@ mod tests {
         let consumer = std::thread::spawn(move || queue.take());
         std::thread::sleep(std::time::Duration::from_millis(20));
         consumer
+    }
+
+    #[test]
+    fn a_helping_consumer_claims_what_may_be_made_ahead_then_waits() {
+        // One worker and a depth of one: two batches may be made ahead.
+        let queue = std::sync::Arc::new(Queue::new(0, 1, 1, 1));
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(0));
+        // Batch 0 is being made: the consumer gets batch 1 to make.
+        assert!(matches!(queue.take_or_claim(true), Ok(Next::Make(1))));
+        queue.hand_in(1, batch(1));
+        // Nothing more may be made ahead: it waits for batch 0, and takes both in order.
+        let consumer = {
+            let queue = std::sync::Arc::clone(&queue);
+            std::thread::spawn(move || queue.take_or_claim(true))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!consumer.is_finished(), "claimed beyond the depth");
+        queue.hand_in(0, batch(0));
+        assert!(matches!(consumer.join().unwrap(), Ok(Next::Batch(Ok(b))) if b.index() == 0));
+        assert!(matches!(queue.take_or_claim(true), Ok(Next::Batch(Ok(b))) if b.index() == 1));
+        // After a failure it claims nothing more: it gets the error in its turn.
+        assert!(matches!(queue.take_or_claim(true), Ok(Next::Make(2))));
+        queue.hand_in(2, Err(Error::Stopped("two".into())));
+        assert!(matches!(queue.take_or_claim(true), Ok(Next::Batch(Err(_)))));
+        assert!(queue.take_or_claim(true).is_err(), "closed after the error");
     }
 
     #[test]
