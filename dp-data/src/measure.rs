@@ -202,8 +202,8 @@ pub struct PipelineReport {
     pub records_per_epoch: u64,
     /// Worker threads of the pipeline.
     pub workers: usize,
-    /// Threads that make batches (the workers, and the consumer when it helps), and so of the
-    /// zstd reference.
+    /// Threads that make batches (the workers, and the consumer when it helps; the consumer
+    /// alone without prefetch), and so of the zstd reference.
     pub threads: usize,
     /// Rounds measured (each: one reference pass, one timed uncached epoch, one timed cached
     /// epoch).
@@ -271,8 +271,11 @@ pub fn measure_pipeline(
     // The reference: as many threads as make batches, each with one decompression context and
     // one output buffer for all its blocks, taking the next block as it finishes one.
     let zstd_error = |e: std::io::Error| Error::io(dataset.dir(), "zstd decompress", e);
-    let helper = usize::from(config.consumer_helps && config.prefetch > 0);
-    let threads = config.workers.max(1) + helper;
+    // Without prefetch, the consumer makes every batch itself.
+    let threads = match config.prefetch {
+        0 => 1,
+        _ => config.workers.max(1) + usize::from(config.consumer_helps),
+    };
     let mut contexts = (0..threads)
         .map(|_| Ok((zstd::bulk::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest])))
         .collect::<Result<Vec<_>>>()?;
