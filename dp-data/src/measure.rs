@@ -225,7 +225,8 @@ pub struct PipelineReport {
     pub warm_vs_first: f64,
     /// Whether the whole dataset was cached.
     pub cached: bool,
-    /// Share of a first epoch's wall time the consumer waited for batches.
+    /// Share of a first epoch's wall time the consumer waited for batches (or made them, when
+    /// it helps).
     pub consumer_wait_share: f64,
     /// Share of the wall time the workers spent loading blocks (summed over workers, so it can
     /// exceed 1 with several).

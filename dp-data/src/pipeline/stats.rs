@@ -18,7 +18,8 @@ pub struct PipelineStats {
     pub decompress_s: f64,
     /// Decoding, transforming and collating records (summed over workers).
     pub map_s: f64,
-    /// The consumer waiting for a batch.
+    /// The consumer waiting for a batch (or making one, when it helps: either way the time
+    /// it had to give the pipeline).
     pub consumer_wait_s: f64,
     /// Workers waiting for room in the prefetch queue (summed over workers).
     pub producer_wait_s: f64,
