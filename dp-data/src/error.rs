@@ -90,8 +90,8 @@ pub enum Error {
         what: String,
     },
 
-    /// A pipeline stopped: a worker panicked (the message says where), or it failed at an
-    /// error returned earlier.
+    /// A pipeline stopped: making a batch panicked (the message says which, and why), or it
+    /// failed at an error returned earlier.
     #[error("the pipeline stopped: {0}")]
     Stopped(String),
 

@@ -286,7 +286,16 @@ pub fn measure_pipeline(
     let mut reference = || -> Result<f64> {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let (next, warm, go) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+        /// Lets the warm threads go however the scope ends (a thread that fails to start
+        /// included), so that none spins forever while the scope waits for it.
+        struct Release<'a>(&'a AtomicBool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
         std::thread::scope(|scope| {
+            let release = Release(&go);
             let handles: Vec<_> = contexts
                 .iter_mut()
                 .map(|(decompressor, out)| {
@@ -317,7 +326,7 @@ pub fn measure_pipeline(
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             let start = Instant::now();
-            go.store(true, Ordering::Release);
+            drop(release);
             handles.into_iter().try_for_each(|t| {
                 t.join().unwrap_or_else(|_| Err(Error::Stopped("a zstd thread panicked".into())))
             })?;

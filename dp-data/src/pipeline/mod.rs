@@ -349,7 +349,7 @@ fn make(producer: &mut Producer, sequence: u64) -> Result<Batch> {
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a non-string panic".into());
-        Err(Error::Stopped(format!("a worker panicked: {message}")))
+        Err(Error::Stopped(format!("making batch {sequence} panicked: {message}")))
     })
 }
 
