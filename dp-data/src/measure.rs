@@ -255,7 +255,7 @@ pub struct PipelineReport {
 }
 
 /// Measures a pipeline over the dataset in `dir` with `config` (the usual normalization as its
-/// transform) against raw zstd decompression of the same blocks on as many threads, over
+/// transform) against raw zstd decompression of the same blocks on as many threads as make batches, over
 /// `rounds` rounds (at least 3). Each round runs the reference, then two epochs of an uncached
 /// pipeline, the second timed (a first epoch: nothing is cached), then, with `config.cache`,
 /// two epochs of a caching pipeline, the second timed (served from the cache, which the very
@@ -358,10 +358,9 @@ pub fn measure_pipeline(
         Ok((records as f64 / start.elapsed().as_secs_f64(), records))
     };
     // The first record of each block, and the end: a record's block is where its id falls.
+    let block_records = dataset.block_records();
     let block_starts: Vec<u64> = std::iter::once(0)
-        .chain(
-            dataset.shards().iter().flat_map(|r| r.entries().iter().map(|e| u64::from(e.records))),
-        )
+        .chain(block_records.iter().copied())
         .scan(0, |start, records| {
             *start += records;
             Some(*start)
@@ -428,8 +427,8 @@ pub fn measure_pipeline(
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let (displacement, batch_blocks) = quality(&mut uncached)?;
-    let sizes = block_starts.windows(2).map(|w| w[1] - w[0]);
-    let batch_blocks_uniform = uniform_batch_blocks(sizes, dataset.len(), config.batch_size as u64);
+    let batch_blocks_uniform =
+        uniform_batch_blocks(block_records.into_iter(), dataset.len(), config.batch_size as u64);
     let cached = caching.as_ref().is_some_and(crate::Pipeline::caches_everything);
     // Without a cache, later epochs are first epochs again.
     let warm = if warm.is_empty() { median(first.clone()) } else { median(warm) };

@@ -172,7 +172,8 @@ pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig) -> bool {
 }
 
 impl<C: Communicator> Replica<C> {
-    /// `grad_comm` is the gradient buckets' group: needed unless [`reduces_in_place`].
+    /// `grad_comm` is the gradient buckets' group; `None` reduces the gradients in place (see
+    /// [`reduces_in_place`]).
     pub(crate) fn new<G>(
         plan: Arc<RunPlan>,
         mut ctl: C,
@@ -273,15 +274,9 @@ impl<C: Communicator> Replica<C> {
                 Some((pipeline, vec![0i64; plan.micro]))
             }
         };
-        let bucket = bucket_config(config)?;
-        let grad_sync = if reduces_in_place(len, &bucket) {
-            GradSync::InPlace
-        } else {
-            let grad_comm = grad_comm.ok_or_else(|| {
-                Error::run(&plan.run_dir, "gradient buckets need a communicator of their own")
-            })?;
+        let grad_sync = if let Some(grad_comm) = grad_comm {
             let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
-            let reducer = BucketReducer::new(buffer, grad_comm, bucket)?;
+            let reducer = BucketReducer::new(buffer, grad_comm, bucket_config(config)?)?;
             // The compression scratch lives on the communication thread, outside the pool;
             // account it here so the memory report adds up.
             let scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;
@@ -290,6 +285,8 @@ impl<C: Communicator> Replica<C> {
                 .map(|r| r.end)
                 .collect();
             GradSync::Buckets { reducer, ends, _scratch: scratch }
+        } else {
+            GradSync::InPlace
         };
         let report = ReplicaReport {
             gemms_per_step: (model.gemm_shapes(plan.micro).len() * config.grad_accum) as u64,
