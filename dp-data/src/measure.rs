@@ -255,8 +255,8 @@ pub struct PipelineReport {
 }
 
 /// Measures a pipeline over the dataset in `dir` with `config` (the usual normalization as its
-/// transform) against raw zstd decompression of the same blocks on as many threads as make batches, over
-/// `rounds` rounds (at least 3). Each round runs the reference, then two epochs of an uncached
+/// transform) against raw zstd decompression of the same blocks on as many threads as make
+/// batches, over `rounds` rounds (at least 3). Each round runs the reference, then two epochs of an uncached
 /// pipeline, the second timed (a first epoch: nothing is cached), then, with `config.cache`,
 /// two epochs of a caching pipeline, the second timed (served from the cache, which the very
 /// first epoch fills).
