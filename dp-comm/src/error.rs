@@ -112,6 +112,33 @@ pub enum Error {
         message: String,
     },
 
+    /// The crate was built without the `mpi` feature, so the MPI backend is not available.
+    #[error(
+        "dp-comm was built without the `mpi` feature; rebuild with `--features mpi` (and Open MPI or MPICH installed) to run across processes"
+    )]
+    MpiNotCompiled,
+
+    /// An MPI call failed.
+    #[error("MPI call {call} failed with code {code}: {message}")]
+    Mpi {
+        /// The call.
+        call: &'static str,
+        /// MPI's error code.
+        code: i32,
+        /// MPI's error string.
+        message: String,
+    },
+
+    /// The launcher's environment is malformed or contradicts what the backend sees (a
+    /// variable that does not parse, a world size MPI does not confirm).
+    #[error("launcher environment: {variable} {what}")]
+    Launch {
+        /// The environment variable.
+        variable: &'static str,
+        /// What is wrong with it.
+        what: String,
+    },
+
     /// An NCCL call failed.
     #[error("NCCL call {call} failed with code {code}: {message}")]
     Nccl {

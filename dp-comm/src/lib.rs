@@ -50,12 +50,16 @@
 //! ```
 
 mod bucket;
+mod call;
 mod communicator;
 mod compress;
 mod element;
 mod error;
+mod hierarchical;
+mod launch;
 mod local;
 mod measure;
+mod mpi;
 mod nccl;
 
 pub use bucket::{BucketConfig, BucketOrder, BucketReducer, DEFAULT_BUCKET_BYTES, Step};
@@ -63,6 +67,9 @@ pub use communicator::Communicator;
 pub use compress::Compression;
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
+pub use hierarchical::Hierarchical;
+pub use launch::{Launch, mpirun};
 pub use local::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
 pub use measure::{BenchConfig, BenchReport, BenchRow, copy_bandwidth, measure_all_reduce};
+pub use mpi::{MpiComm, MpiConfig, MpiWorld};
 pub use nccl::{NcclComm, NcclConfig, NcclGroup, NcclId, nccl_available};

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::call::{Desc, Kind, difference};
 use crate::communicator::Communicator;
-use crate::element::{DType, Element, ReduceOp};
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::local::kernels;
 use crate::local::sync::Shared;
@@ -110,69 +111,6 @@ impl std::fmt::Debug for LocalComm {
 impl Drop for LocalComm {
     fn drop(&mut self) {
         self.shared.poison(Error::PeerLost { rank: self.rank });
-    }
-}
-
-/// The kinds of collectives, as recorded in a published call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    AllReduce = 1,
-    Broadcast,
-    AllGather,
-    ReduceScatter,
-    Barrier,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "all_reduce",
-            Kind::Broadcast => "broadcast",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::Barrier => "barrier",
-        }
-    }
-
-    fn from_code(code: u64) -> &'static str {
-        [Kind::AllReduce, Kind::Broadcast, Kind::AllGather, Kind::ReduceScatter, Kind::Barrier]
-            .into_iter()
-            .find(|k| *k as u64 == code)
-            .map_or("an unknown collective", Kind::name)
-    }
-}
-
-/// A call's description, packed so that ranks compare calls with one load each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Desc {
-    kind: Kind,
-    dtype: Option<DType>,
-    op: Option<ReduceOp>,
-    root: usize,
-}
-
-impl Desc {
-    fn pack(self) -> u64 {
-        (self.kind as u64)
-            | (self.dtype.map_or(0, |d| d.code() as u64) << 8)
-            | (self.op.map_or(0, |o| o.code() as u64) << 16)
-            | ((self.root as u64) << 32)
-    }
-}
-
-/// Explains how two packed calls differ.
-fn difference(mine: u64, theirs: u64, my_len: usize, their_len: usize) -> String {
-    let field = |word: u64, shift: u32, bits: u32| (word >> shift) & ((1 << bits) - 1);
-    if field(mine, 0, 8) != field(theirs, 0, 8) {
-        format!("it called {}", Kind::from_code(field(theirs, 0, 8)))
-    } else if field(mine, 8, 8) != field(theirs, 8, 8) {
-        "it passed another element type".into()
-    } else if field(mine, 16, 8) != field(theirs, 16, 8) {
-        "it passed another reduce operation".into()
-    } else if field(mine, 32, 32) != field(theirs, 32, 32) {
-        format!("it passed root {} instead of {}", field(theirs, 32, 32), field(mine, 32, 32))
-    } else {
-        format!("it passed {their_len} elements instead of {my_len}")
     }
 }
 
