@@ -31,7 +31,8 @@ pub struct TrainConfig {
     pub standardize: bool,
     /// A built-in model (`mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec file.
     pub model: String,
-    /// Replicas (threads); 0 means one per available core.
+    /// Replicas (threads) per process; 0 means one per available core, shared among the
+    /// run's processes on the host.
     pub replicas: usize,
     /// Samples per optimizer step over all replicas.
     pub global_batch: usize,
@@ -226,19 +227,24 @@ impl TrainConfig {
         }
     }
 
-    /// Samples each replica runs per micro-batch.
-    pub fn micro_batch(&self) -> usize {
-        self.global_batch / (self.replica_count() * self.grad_accum.max(1))
-    }
-
     /// The config with `replicas` resolved to a count and the global batch derived from
     /// `per_replica_batch` when that is set: what a run saves as its effective config.
     pub fn resolved(&self) -> Result<Self> {
+        self.resolved_for(1, 1)
+    }
+
+    /// [`resolved`](Self::resolved) for a run of `processes` processes, `on_host` of which
+    /// share this host's cores: one replica per core means `cores / on_host` per process.
+    pub fn resolved_for(&self, processes: usize, on_host: usize) -> Result<Self> {
         let mut resolved = self.clone();
-        resolved.replicas = self.replica_count();
+        resolved.replicas = if self.replicas > 0 {
+            self.replicas
+        } else {
+            (self.replica_count() / on_host.max(1)).max(1)
+        };
         if let Some(batch) = self.per_replica_batch {
             resolved.global_batch = batch
-                .checked_mul(resolved.replicas)
+                .checked_mul(resolved.replicas * processes.max(1))
                 .and_then(|b| b.checked_mul(self.grad_accum.max(1)))
                 .ok_or_else(|| {
                     Error::config("per_replica_batch", format!("{batch} x replicas overflows"))

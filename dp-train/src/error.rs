@@ -25,6 +25,15 @@ pub enum Error {
         what: String,
     },
 
+    /// Another process of the run failed; its own output says how.
+    #[error("process {rank} failed: {what}")]
+    Process {
+        /// The process's rank among the run's processes.
+        rank: usize,
+        /// What it failed at.
+        what: String,
+    },
+
     /// The replicas' parameters differ: a desynchronization that would silently ruin the run.
     #[error("replicas diverged at step {step}: parameter checksums {checksums:016x?}")]
     Diverged {

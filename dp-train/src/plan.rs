@@ -27,7 +27,10 @@ pub(crate) struct RunPlan {
     pub(crate) run_dir: PathBuf,
     pub(crate) spec: ModelSpec,
     pub(crate) input_len: usize,
+    /// Replicas (threads) per process.
     pub(crate) replicas: usize,
+    /// Processes, each with `replicas` replicas.
+    pub(crate) processes: usize,
     /// Samples per replica per micro-batch.
     pub(crate) micro: usize,
     pub(crate) steps_per_epoch: u64,
@@ -40,10 +43,12 @@ pub(crate) struct RunPlan {
 }
 
 impl RunPlan {
+    /// The plan of one of `processes` processes.
     pub(crate) fn new(
         config: TrainConfig,
         run_dir: PathBuf,
         resume: Option<Checkpoint>,
+        processes: usize,
     ) -> Result<Self> {
         config.validate()?;
         let mut config = config;
@@ -112,8 +117,19 @@ impl RunPlan {
         };
 
         let replicas = config.replica_count();
-        let micro = config.micro_batch();
-        let micro_per_epoch = train.len() / (micro * replicas) as u64;
+        let world = replicas * processes;
+        let accum = config.grad_accum;
+        if !config.global_batch.is_multiple_of(world * accum) {
+            return Err(Error::config(
+                "global_batch",
+                format!(
+                    "{} must be a multiple of processes x replicas x grad_accum = {processes} x {replicas} x {accum} (so every replica runs equal micro-batches)",
+                    config.global_batch
+                ),
+            ));
+        }
+        let micro = config.global_batch / (world * accum);
+        let micro_per_epoch = train.len() / (micro * world) as u64;
         let steps_per_epoch = micro_per_epoch / config.grad_accum as u64;
         if steps_per_epoch == 0 {
             return Err(Error::config(
@@ -138,6 +154,7 @@ impl RunPlan {
             spec,
             input_len,
             replicas,
+            processes,
             micro,
             steps_per_epoch,
             total_steps,
@@ -150,6 +167,11 @@ impl RunPlan {
     /// The step the run starts from (0, or where the checkpoint was taken).
     pub(crate) fn start_step(&self) -> u64 {
         self.resume.as_ref().map_or(0, |(_, s)| s.step)
+    }
+
+    /// Replicas over all processes.
+    pub(crate) fn world(&self) -> usize {
+        self.replicas * self.processes
     }
 
     pub(crate) fn checkpoint_path(&self) -> PathBuf {

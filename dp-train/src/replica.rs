@@ -26,12 +26,23 @@ use crate::sync::{check_in_sync, gather_state, pipeline_config, slice_state};
 /// A failure to inject into one replica, to test that the run stops cleanly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
-    /// The replica that fails.
+    /// The replica that fails (its rank over all processes).
     pub rank: usize,
     /// The step (counted from 0) at whose start it fails.
     pub step: u64,
-    /// Panic (`true`) or return an error.
-    pub panic: bool,
+    /// How it fails.
+    pub kind: FaultKind,
+}
+
+/// How an injected [`Fault`] fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The replica returns an error.
+    Error,
+    /// The replica's thread panics.
+    Panic,
+    /// The replica's whole process is killed (`SIGKILL`), as a crashed or preempted host is.
+    Kill,
 }
 
 /// Replica 0's report of one step, sent to the coordinating thread. Plain numbers, so sending
@@ -356,10 +367,17 @@ impl<C: Communicator> Replica<C> {
                 && fault.rank == self.rank
                 && fault.step == step
             {
-                if fault.panic {
-                    panic!("injected fault at step {step}");
+                match fault.kind {
+                    FaultKind::Error => {
+                        let what = format!("injected fault at step {step}");
+                        return Err(Error::run(&plan.run_dir, what));
+                    }
+                    FaultKind::Panic => panic!("injected fault at step {step}"),
+                    // SAFETY: sending a signal to this process has no memory effects here.
+                    FaultKind::Kill => unsafe {
+                        libc::kill(libc::getpid(), libc::SIGKILL);
+                    },
                 }
-                return Err(Error::run(&plan.run_dir, format!("injected fault at step {step}")));
             }
             let before = CountingAlloc::thread_counts();
             let stop = self.step(step)?;

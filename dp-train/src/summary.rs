@@ -16,8 +16,13 @@ pub struct Summary {
     pub model: String,
     /// Parameters.
     pub params: u64,
-    /// Replicas (threads).
+    /// Replicas over all processes.
     pub replicas: usize,
+    /// Processes, each running `replicas / processes` replica threads.
+    pub processes: usize,
+    /// How gradients travel: `threads` (shared memory in one process) or `mpi+threads`
+    /// (shared memory within a process, MPI between processes).
+    pub backend: String,
     /// Samples per optimizer step.
     pub global_batch: usize,
     /// Optimizer steps completed.
@@ -68,6 +73,15 @@ impl fmt::Display for Summary {
             self.replicas,
             self.global_batch / self.replicas.max(1),
             self.global_batch
+        )?;
+        writeln!(
+            f,
+            "world          {} process{} x {} replica thread{} ({})",
+            self.processes,
+            if self.processes == 1 { "" } else { "es" },
+            self.replicas / self.processes.max(1),
+            if self.replicas / self.processes.max(1) == 1 { "" } else { "s" },
+            self.backend
         )?;
         writeln!(
             f,

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
-use dp_comm::{LocalConfig, LocalGroup};
+use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiConfig, MpiWorld};
 use dp_mem::Tag;
 use dp_model::Checkpoint;
 
@@ -16,6 +16,7 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
+use crate::processes::Processes;
 use crate::replica::{Event, Fault, Replica, ReplicaReport, bucket_config, reduces_in_place};
 use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, SUMMARY};
 use crate::summary::Summary;
@@ -31,6 +32,9 @@ pub struct RunOptions {
     pub stop: Arc<AtomicBool>,
     /// A failure to inject, for testing failure handling.
     pub fault: Option<Fault>,
+    /// The MPI job this process is one of (from [`MpiWorld::init`]); `None` trains in this
+    /// process alone. Every process of the job calls [`train`] with the same arguments.
+    pub mpi: Option<MpiWorld>,
 }
 
 impl RunOptions {
@@ -45,8 +49,10 @@ impl RunOptions {
 pub struct RunInfo {
     /// The run directory.
     pub run_dir: PathBuf,
-    /// Replicas (threads).
+    /// Replicas over all processes.
     pub replicas: usize,
+    /// Processes (each with `replicas / processes` replica threads).
+    pub processes: usize,
     /// The model's name.
     pub model: String,
     /// Its parameter count.
@@ -82,30 +88,32 @@ pub fn train(
     observer: &mut dyn Observer,
 ) -> Result<Summary> {
     let started = Instant::now();
-    let (plan, metrics_path) = match &options.resume {
-        Some(dir) => {
-            let config = TrainConfig::load(&dir.join(CONFIG))?;
-            let checkpoint = Checkpoint::load(&dir.join(CHECKPOINT))?;
-            (RunPlan::new(config, dir.clone(), Some(checkpoint))?, dir.join(METRICS))
-        }
-        None => {
-            let effective = config.resolved()?;
-            effective.validate()?;
-            let name = effective.name.clone().unwrap_or_else(|| run_dir::default_name(&effective));
-            // Resolve (and so check) everything before creating the run directory, whose
-            // final name (`-2`, `-3` ... when taken) is known only once it exists.
-            let mut plan = RunPlan::new(effective.clone(), PathBuf::new(), None)?;
-            plan.run_dir = run_dir::create(&options.out, &name, &effective)?;
-            let metrics = plan.run_dir.join(METRICS);
-            (plan, metrics)
-        }
-    };
+    let mut processes = Processes::new(options.mpi.as_ref())?;
+    let plan = set_up(config, options, &mut processes);
+    let mut plan = processes.agree(plan)?;
+    // Only process 0 creates the run directory (its final name, `-2`, `-3` ... when taken,
+    // is known only once it exists), after every process has checked the setup.
+    if options.resume.is_none() {
+        let created = if processes.is_first() {
+            let config = &plan.config;
+            let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
+            run_dir::create(&options.out, &name, config).map(|d| d.to_string_lossy().into_owned())
+        } else {
+            Ok(String::new())
+        };
+        plan.run_dir = PathBuf::from(processes.share(created)?);
+    }
     let plan = Arc::new(plan);
-    let mut metrics = MetricsWriter::append(&metrics_path)?;
+    // Every process follows the run; process 0 alone writes it down.
+    let mut metrics = match processes.is_first() {
+        true => Some(MetricsWriter::append(&plan.run_dir.join(METRICS))?),
+        false => None,
+    };
     let params = plan.spec.layout()?.len();
     observer.started(&RunInfo {
         run_dir: plan.run_dir.clone(),
-        replicas: plan.replicas,
+        replicas: plan.world(),
+        processes: plan.processes,
         model: plan.spec.name.clone(),
         params,
         start_step: plan.start_step(),
@@ -113,14 +121,18 @@ pub fn train(
         steps_per_epoch: plan.steps_per_epoch,
     });
 
-    let comm_config = LocalConfig::with_timeout(Duration::from_secs_f64(plan.config.timeout_s));
-    let ctl = LocalGroup::with_config(plan.replicas, comm_config)?;
-    // Gradient buckets travel on a group of their own, on communication threads.
+    let timeout = Duration::from_secs_f64(plan.config.timeout_s);
+    let (local, across) = (LocalConfig::with_timeout(timeout), MpiConfig::with_timeout(timeout));
+    let world_comm = || options.mpi.as_ref().map(|w| w.communicator(across)).transpose();
+    let ctl = Hierarchical::group(LocalGroup::with_config(plan.replicas, local)?, world_comm()?);
+    // Gradient buckets travel on groups of their own, on communication threads.
     let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket_config(&plan.config)?) {
         (0..plan.replicas).map(|_| None).collect()
     } else {
-        LocalGroup::with_config(plan.replicas, comm_config)?.into_iter().map(Some).collect()
+        let threads = LocalGroup::with_config(plan.replicas, local)?;
+        Hierarchical::group(threads, world_comm()?).into_iter().map(Some).collect()
     };
+    let first_rank = processes.rank() * plan.replicas;
     let (sender, receiver) = sync_channel::<Event>(1024);
     let mut losses = Vec::new();
     let mut last_eval = None;
@@ -128,10 +140,10 @@ pub fn train(
         let handles: Vec<_> = ctl
             .into_iter()
             .zip(grads)
-            .enumerate()
-            .map(|(rank, (ctl, grad))| {
+            .map(|(ctl, grad)| {
                 let plan = Arc::clone(&plan);
-                let events = (rank == 0).then(|| sender.clone());
+                let (rank, local_rank) = (ctl.rank(), ctl.local_rank());
+                let events = (local_rank == 0).then(|| sender.clone());
                 let stop = Arc::clone(&options.stop);
                 let fault = options.fault;
                 std::thread::Builder::new()
@@ -163,19 +175,49 @@ pub fn train(
             };
             // A metrics line that cannot be written must not kill the replicas mid-step;
             // the error surfaces after they finish.
-            if let Err(e) = metrics.write(&record) {
+            if let Some(Err(e)) = metrics.as_mut().map(|m| m.write(&record)) {
                 eprintln!("{e}");
             }
         }
         handles.into_iter().map(|h| h.join()).collect::<Vec<_>>()
     });
 
-    let reports = outcome(endings)?;
+    let reports = outcome(endings, first_rank)?;
     let summary =
         summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params);
-    let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-    run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())?;
+    if metrics.is_some() {
+        let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
+        run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())?;
+    }
     Ok(summary)
+}
+
+/// Resolves the run on every process: process 0's effective config (or the resumed run's) is
+/// every process's, and each reads the checkpoint itself.
+fn set_up(config: TrainConfig, options: &RunOptions, processes: &mut Processes) -> Result<RunPlan> {
+    let count = processes.count();
+    let effective = match &options.resume {
+        Some(dir) => TrainConfig::load(&dir.join(CONFIG)),
+        None => config
+            .resolved_for(count, processes.on_host())
+            .and_then(|config| config.validate().map(|()| config)),
+    };
+    let effective = if count == 1 {
+        effective?
+    } else {
+        let text = processes.share(effective.map(|config| config.to_toml()))?;
+        toml::from_str(&text).map_err(|e| Error::Process {
+            rank: 0,
+            what: format!("sent a config that does not parse: {e}"),
+        })?
+    };
+    match &options.resume {
+        Some(dir) => {
+            let checkpoint = Checkpoint::load(&dir.join(CHECKPOINT))?;
+            RunPlan::new(effective, dir.clone(), Some(checkpoint), count)
+        }
+        None => RunPlan::new(effective, PathBuf::new(), None, count),
+    }
 }
 
 fn step_metrics(s: &crate::replica::StepSample, global_batch: usize) -> StepMetrics {
@@ -196,11 +238,13 @@ fn step_metrics(s: &crate::replica::StepSample, global_batch: usize) -> StepMetr
 type Ending = std::thread::Result<Result<ReplicaReport>>;
 
 /// The replicas' reports, or the one error that explains the run's end: a panic or a
-/// replica's own error before the errors its peers got from losing it.
-fn outcome(endings: Vec<Ending>) -> Result<Vec<ReplicaReport>> {
+/// replica's own error before the errors its peers got from losing it. The first ending is
+/// global rank `first_rank`'s.
+fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>> {
     let mut reports = Vec::new();
     let mut failures: Vec<(usize, Error)> = Vec::new();
-    for (rank, ending) in endings.into_iter().enumerate() {
+    for (index, ending) in endings.into_iter().enumerate() {
+        let rank = first_rank + index;
         match ending {
             Ok(Ok(report)) => reports.push(report),
             Ok(Err(error)) => failures.push((rank, error)),
@@ -245,7 +289,9 @@ fn summarize(
         name: plan.run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
         model: plan.spec.name.clone(),
         params: params as u64,
-        replicas: plan.replicas,
+        replicas: plan.world(),
+        processes: plan.processes,
+        backend: if plan.processes > 1 { "mpi+threads" } else { "threads" }.into(),
         global_batch: plan.config.global_batch,
         steps: r0.final_step,
         epochs: r0.final_step as f64 / plan.steps_per_epoch as f64,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use dp_mem::{Pool, Tracker};
 use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
 use dp_train::{
-    Error, MetricsRecord, Observer, OptimizerConfig, RunOptions, StepMetrics, TrainConfig,
-    read_metrics, train,
+    Error, FaultKind, MetricsRecord, Observer, OptimizerConfig, RunOptions, StepMetrics,
+    TrainConfig, read_metrics, train,
 };
 
 /// A scratch directory removed when dropped.
@@ -198,12 +198,13 @@ fn a_resumed_run_continues_exactly() {
 
 #[test]
 fn a_failing_replica_stops_the_run_naming_it() {
-    for panic in [true, false] {
+    for kind in [FaultKind::Panic, FaultKind::Error] {
+        let panic = kind == FaultKind::Panic;
         let out = TempDir::new(&format!("fault-{panic}"));
         let mut c = config(2, 20);
         c.timeout_s = 2.0;
         let options = RunOptions {
-            fault: Some(dp_train::Fault { rank: 1, step: 5, panic }),
+            fault: Some(dp_train::Fault { rank: 1, step: 5, kind }),
             ..RunOptions::new(&out.0)
         };
         let started = Instant::now();
@@ -336,7 +337,7 @@ fn a_failing_replica_0_releases_its_peers_at_once() {
     let mut c = config(2, 20);
     c.timeout_s = 30.0;
     let options = RunOptions {
-        fault: Some(dp_train::Fault { rank: 0, step: 4, panic: false }),
+        fault: Some(dp_train::Fault { rank: 0, step: 4, kind: FaultKind::Error }),
         ..RunOptions::new(&out.0)
     };
     let started = Instant::now();

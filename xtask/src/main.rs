@@ -3,6 +3,7 @@
 
 mod bench;
 mod data;
+mod procs;
 mod train;
 
 use std::path::{Path, PathBuf};

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use dp_comm::{Launch, MpiWorld};
 use dp_train::{
     EvalMetrics, Observer, OptimizerConfig, PruneConfig, RunInfo, RunOptions, StepMetrics,
     TrainConfig,
@@ -92,9 +93,30 @@ pub(crate) struct TrainArgs {
     /// Skip the plots at the end.
     #[arg(long)]
     no_plot: bool,
+    /// Train in this many processes on this host (under mpirun), each with `--replicas`
+    /// threads (default: the cores shared out). Across hosts, start the processes with
+    /// mpirun or srun yourself.
+    #[arg(long)]
+    procs: Option<usize>,
 }
 
 pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
+    let launch = Launch::detect()?;
+    let mpi = match launch {
+        Launch::Mpi { .. } => Some(MpiWorld::init().context("join the MPI job")?),
+        Launch::Env { world_size, .. } if world_size > 1 => bail!(
+            "started by torchrun's environment (WORLD_SIZE={world_size}): CPU training across \
+             processes runs on MPI; start it with mpirun, srun or --procs"
+        ),
+        _ => None,
+    };
+    if let (Some(processes), None) = (args.procs, &mpi) {
+        if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
+            ensure_digits(&root.join("data/digits"))?;
+        }
+        return crate::procs::launch(root, processes);
+    }
+    let first = mpi.as_ref().is_none_or(|world| world.rank() == 0);
     let mut config = match &args.config {
         Some(path) => TrainConfig::load(path)?,
         None => TrainConfig {
@@ -104,7 +126,7 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         },
     };
     apply(&mut config, &args)?;
-    if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
+    if first && args.data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
     }
 
@@ -126,9 +148,22 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         resume: args.resume.as_deref().map(dp_train::resolve_run_dir),
         stop,
         fault: None,
+        mpi: mpi.clone(),
     };
     let mut progress = Progress::default();
-    let summary = dp_train::train(config, &options, &mut progress)?;
+    // A failure ends this process without MPI_Finalize, which makes the launcher end the job.
+    let summary = if first {
+        dp_train::train(config, &options, &mut progress)?
+    } else {
+        dp_train::train(config, &options, &mut ())?
+    };
+    drop(options);
+    if let Some(world) = mpi {
+        world.finalize()?;
+    }
+    if !first {
+        return Ok(if summary.interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS });
+    }
     progress.finish();
     let run_dir = progress.run_dir.clone().unwrap_or_default();
     println!("\n{summary}");
@@ -246,10 +281,14 @@ struct Progress {
 impl Observer for Progress {
     fn started(&mut self, run: &RunInfo) {
         println!(
-            "training {} ({} parameters) on {} replicas, {} steps -> {}",
+            "training {} ({} parameters) on {} replicas{}, {} steps -> {}",
             run.model,
             run.params,
             run.replicas,
+            match run.processes {
+                1 => String::new(),
+                n => format!(" in {n} processes"),
+            },
             run.total_steps - run.start_step,
             run.run_dir.display()
         );

@@ -1,0 +1,90 @@
+//! The processes of a run: how many, which one this is, and how they agree before training.
+//! Process 0 decides what others could decide differently (the effective config, the run
+//! directory's name) and shares it; a setup step that fails on any process fails on all of
+//! them, so no process waits for a peer that has given up.
+
+use dp_comm::{Communicator, MpiComm, MpiConfig, MpiWorld};
+
+use crate::error::{Error, Result};
+
+/// This process's place among the run's processes, and the communicator they set up on.
+pub(crate) struct Processes {
+    /// Among processes; `None` when this process is the whole run.
+    comm: Option<MpiComm>,
+    rank: usize,
+    count: usize,
+    /// Processes on this host, which share its cores.
+    on_host: usize,
+}
+
+impl Processes {
+    pub(crate) fn new(world: Option<&MpiWorld>) -> Result<Self> {
+        match world {
+            None => Ok(Processes { comm: None, rank: 0, count: 1, on_host: 1 }),
+            Some(world) => Ok(Processes {
+                comm: Some(world.communicator(MpiConfig::default())?),
+                rank: world.rank(),
+                count: world.size(),
+                on_host: world.local_size(),
+            }),
+        }
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    pub(crate) fn on_host(&self) -> usize {
+        self.on_host
+    }
+
+    pub(crate) fn is_first(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Process 0's `text`, on every process; its error is this process's own on process 0
+    /// and an error naming process 0 elsewhere.
+    pub(crate) fn share(&mut self, text: Result<String>) -> Result<String> {
+        let Some(comm) = &mut self.comm else { return text };
+        let mut bytes = match &text {
+            Ok(text) if self.rank == 0 => text.as_bytes().to_vec(),
+            _ => Vec::new(),
+        };
+        // The length, with u64::MAX for "process 0 failed".
+        let mut len = [if self.rank == 0 && text.is_err() { u64::MAX } else { bytes.len() as u64 }];
+        comm.broadcast(&mut len, 0)?;
+        if len[0] == u64::MAX {
+            return match text {
+                Err(error) if self.rank == 0 => Err(error),
+                _ => Err(Error::Process { rank: 0, what: "failed to set up the run".into() }),
+            };
+        }
+        bytes.resize(len[0] as usize, 0);
+        comm.broadcast(&mut bytes, 0)?;
+        if self.rank == 0 {
+            return text;
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| Error::Process { rank: 0, what: "sent text that is not UTF-8".into() })
+    }
+
+    /// `result` where it is `Ok` on every process; otherwise an error on every process: this
+    /// process's own, or one naming the first process that failed.
+    pub(crate) fn agree<T>(&mut self, result: Result<T>) -> Result<T> {
+        let Some(comm) = &mut self.comm else { return result };
+        let mine = [u8::from(result.is_err())];
+        let mut all = vec![0u8; self.count];
+        comm.all_gather(&mine, &mut all)?;
+        match (result, all.iter().position(|&failed| failed != 0)) {
+            (Err(error), _) => Err(error),
+            (Ok(_), Some(rank)) => {
+                Err(Error::Process { rank, what: "failed to set up the run".into() })
+            }
+            (Ok(value), None) => Ok(value),
+        }
+    }
+}

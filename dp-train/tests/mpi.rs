@@ -1,0 +1,289 @@
+//! Training across processes. Each test, run by `cargo test`, starts itself under `mpirun`
+//! with 2 processes; the processes train, process 0 writes the run directory, and the parent
+//! checks what they wrote against runs of threads in one process. Without the `mpi` feature or
+//! without `mpirun` the tests print why they are skipped and pass (`.ci/run` runs them).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use dp_comm::MpiWorld;
+use dp_mem::{Pool, Tracker};
+use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
+use dp_train::{
+    Fault, FaultKind, MetricsRecord, OptimizerConfig, RunOptions, TrainConfig, read_metrics, train,
+};
+
+/// Set in the processes' environment: what to run, and where.
+const SCENARIO: &str = "DP_TRAIN_MPI_SCENARIO";
+const DIR: &str = "DP_TRAIN_MPI_DIR";
+
+/// A scratch directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("dp-train-mpi-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config(dir: &Path, name: &str, replicas: usize, steps: u64) -> TrainConfig {
+    TrainConfig {
+        name: Some(name.into()),
+        train_data: dir.join("data/train"),
+        model: "mlp:32".into(),
+        replicas,
+        global_batch: 64,
+        steps: Some(steps),
+        shuffle_window: 2,
+        timeout_s: 30.0,
+        // About ten buckets for this model, so reductions overlap with backward.
+        bucket_mib: 0.01,
+        ..TrainConfig::default()
+    }
+}
+
+const SGD: OptimizerConfig =
+    OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
+const ADAM: OptimizerConfig = OptimizerConfig::Adam {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    weight_decay: 0.0,
+    decoupled: false,
+};
+
+/// The equivalence cases: (name, optimizer, ZeRO stage).
+fn cases() -> [(&'static str, OptimizerConfig, u8); 4] {
+    [("sgd", SGD, 0), ("adam", ADAM, 0), ("sgd-zero1", SGD, 1), ("adam-zero1", ADAM, 1)]
+}
+
+/// The test data, in `dir/data`.
+fn make_data(dir: &Path) {
+    let spec = dp_data::SyntheticDigits { records: 2048, eval_records: 256, seed: 3 };
+    dp_data::generate_digits(&dir.join("data"), &spec, dp_data::WriterOptions::default()).unwrap();
+}
+
+/// Runs `test` under `mpirun` with `processes` processes that run `scenario` in `dir`, or
+/// returns `None` after printing why it cannot run here.
+fn launch(test: &str, processes: usize, scenario: &str, dir: &Path) -> Option<(Output, Duration)> {
+    if !cfg!(feature = "mpi") {
+        eprintln!("skipping MPI test {test}: dp-train was built without the `mpi` feature");
+        return None;
+    }
+    let mut command = match dp_comm::mpirun(processes) {
+        Ok(command) => command,
+        Err(error) => {
+            eprintln!("skipping MPI test {test}: {error}");
+            return None;
+        }
+    };
+    command
+        .arg(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(SCENARIO, scenario)
+        .env(DIR, dir);
+    let started = Instant::now();
+    let output = command.output().expect("start mpirun");
+    Some((output, started.elapsed()))
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// In a process started by `launch`: its scenario and directory.
+fn scenario() -> Option<(String, PathBuf)> {
+    let scenario = std::env::var(SCENARIO).ok()?;
+    Some((scenario, PathBuf::from(std::env::var_os(DIR)?)))
+}
+
+/// Trains `config` as one process of the MPI job.
+fn train_in_job(
+    world: &MpiWorld,
+    config: TrainConfig,
+    options: RunOptions,
+) -> dp_train::Result<()> {
+    let options = RunOptions { mpi: Some(world.clone()), ..options };
+    train(config, &options, &mut ()).map(|_| ())
+}
+
+/// The parameters a run ended with, from its checkpoint.
+fn final_params(run_dir: &Path) -> Vec<f32> {
+    let spec = ModelSpec::mlp(784, &[32], 10);
+    let pool = Pool::new(&Tracker::new());
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
+    Checkpoint::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
+    model.params().to_vec()
+}
+
+/// Each step's loss (the last line for a step that a resume ran again).
+fn losses(run_dir: &Path) -> BTreeMap<u64, f64> {
+    read_metrics(&run_dir.join(dp_train::METRICS))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            MetricsRecord::Train(m) => Some((m.step, m.loss)),
+            MetricsRecord::Eval(_) => None,
+        })
+        .collect()
+}
+
+/// Largest difference relative to the parameters' scale.
+fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    a.iter().zip(b).map(|(&x, &y)| f64::from(x - y).abs() / scale).fold(0.0, f64::max)
+}
+
+#[test]
+fn two_processes_match_one_with_the_same_global_batch() {
+    if let Some((_, dir)) = scenario() {
+        let world = MpiWorld::init().unwrap();
+        for (name, optimizer, zero) in cases() {
+            for threads in [1, 2] {
+                let name = format!("{name}-{threads}");
+                let c = TrainConfig {
+                    optimizer: optimizer.clone(),
+                    zero_stage: zero,
+                    ..config(&dir, &name, threads, 6)
+                };
+                train_in_job(&world, c, RunOptions::new(dir.join("procs"))).unwrap();
+            }
+        }
+        world.finalize().unwrap();
+        return;
+    }
+    let dir = TempDir::new("equivalence");
+    make_data(&dir.0);
+    let Some((output, _)) =
+        launch("two_processes_match_one_with_the_same_global_batch", 2, "equivalence", &dir.0)
+    else {
+        return;
+    };
+    assert!(output.status.success(), "{}", text(&output));
+    for (name, optimizer, zero) in cases() {
+        let mut threads_only = BTreeMap::new();
+        for replicas in [1, 2, 4] {
+            let c = TrainConfig {
+                optimizer: optimizer.clone(),
+                zero_stage: zero,
+                ..config(&dir.0, name, replicas, 6)
+            };
+            let out = dir.0.join(format!("threads-{replicas}"));
+            let summary = train(c, &RunOptions::new(&out), &mut ()).unwrap();
+            assert_eq!((summary.replicas, summary.processes), (replicas, 1));
+            threads_only.insert(replicas, final_params(&out.join(name)));
+        }
+        for threads in [1, 2] {
+            let run = dir.0.join("procs").join(format!("{name}-{threads}"));
+            let summary: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(run.join(dp_train::SUMMARY)).unwrap())
+                    .unwrap();
+            assert_eq!(summary["processes"], 2, "{summary}");
+            assert_eq!(summary["replicas"], 2 * threads, "{summary}");
+            assert_eq!(summary["backend"], "mpi+threads", "{summary}");
+            let processes = final_params(&run);
+            for replicas in [1, 2 * threads] {
+                let diff = max_relative_difference(&processes, &threads_only[&replicas]);
+                println!(
+                    "{name}: 2 processes x {threads} vs 1 x {replicas}: max relative difference {diff:e}"
+                );
+                assert!(diff <= 1e-5, "{name}: 2 x {threads} differs from 1 x {replicas}: {diff}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes() {
+    let test = "a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes";
+    if let Some((scenario, dir)) = scenario() {
+        let world = MpiWorld::init().unwrap();
+        let c = TrainConfig { checkpoint_every: 4, ..config(&dir, "run", 1, 16) };
+        let result = match scenario.as_str() {
+            "whole" => train_in_job(&world, c, RunOptions::new(dir.join("whole"))),
+            "killed" => {
+                let fault = Fault { rank: 1, step: 10, kind: FaultKind::Kill };
+                train_in_job(
+                    &world,
+                    c,
+                    RunOptions { fault: Some(fault), ..RunOptions::new(dir.join("killed")) },
+                )
+            }
+            "resume" => {
+                let resume = Some(dir.join("killed/run"));
+                train_in_job(
+                    &world,
+                    TrainConfig::default(),
+                    RunOptions { resume, ..RunOptions::new(&dir) },
+                )
+            }
+            other => panic!("unknown scenario {other}"),
+        };
+        result.unwrap();
+        world.finalize().unwrap();
+        return;
+    }
+    let dir = TempDir::new("killed");
+    make_data(&dir.0);
+    let Some((output, _)) = launch(test, 2, "whole", &dir.0) else { return };
+    assert!(output.status.success(), "{}", text(&output));
+    let whole = losses(&dir.0.join("whole/run"));
+    assert_eq!(whole.len(), 16);
+
+    let (output, took) = launch(test, 2, "killed", &dir.0).unwrap();
+    let said = text(&output);
+    assert!(!output.status.success(), "{said}");
+    // The launcher names the lost rank, and process 0 ends with the job, well within the
+    // 30 s timeout.
+    assert!(said.contains("rank 1") && said.contains("signal 9"), "{said}");
+    assert!(took < Duration::from_secs(20), "took {took:?}: {said}");
+    // The last good checkpoint is step 8's (checkpoints every 4 steps; killed at step 10).
+    let killed = dir.0.join("killed/run");
+    let checkpoint = Checkpoint::load(&killed.join(dp_train::CHECKPOINT)).unwrap();
+    assert!(checkpoint.extra().contains("\"step\":8"), "{}", checkpoint.extra());
+    let copy = dir.0.join("copy");
+    copy_dir(&killed, &copy);
+
+    // The same number of processes continues exactly.
+    let (output, _) = launch(test, 2, "resume", &dir.0).unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let resumed = losses(&killed);
+    assert_eq!(resumed.len(), 16);
+    for (step, loss) in &resumed {
+        assert_eq!(loss.to_bits(), whole[step].to_bits(), "step {step}: {loss} vs {}", whole[step]);
+    }
+    assert_eq!(final_params(&killed), final_params(&dir.0.join("whole/run")));
+
+    // One process with one replica continues too, from the same checkpoint.
+    let options = RunOptions { resume: Some(copy.clone()), ..RunOptions::new(&dir.0) };
+    let summary = train(TrainConfig::default(), &options, &mut ()).unwrap();
+    assert_eq!((summary.steps, summary.processes, summary.replicas), (16, 1, 1));
+    let diff =
+        max_relative_difference(&final_params(&copy), &final_params(&dir.0.join("whole/run")));
+    assert!(diff <= 1e-5, "resumed on one process: {diff}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+}

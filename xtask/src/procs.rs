@@ -1,0 +1,69 @@
+//! `cargo xtask train --procs N`: starts N training processes on this host under `mpirun`,
+//! from one MPI-enabled build of this binary, so that no rank builds anything.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+/// Runs this command line again as `processes` MPI ranks and returns their exit status.
+pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
+    if processes == 0 {
+        bail!("--procs must be at least 1");
+    }
+    let exe = mpi_build(root)?;
+    let mut command = dp_comm::mpirun(processes)?;
+    command.arg(exe).args(args_without_procs());
+    // Ctrl-C reaches every rank (they share the terminal's process group); rank 0 decides
+    // when to stop, and this process waits for them.
+    ctrlc::set_handler(|| {}).context("install the Ctrl-C handler")?;
+    let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+/// This binary when it was built with MPI; otherwise an MPI-enabled build of it, made once
+/// in its own target directory (so it does not replace the running binary).
+fn mpi_build(root: &Path) -> Result<PathBuf> {
+    if cfg!(feature = "mpi") {
+        return std::env::current_exe().context("find this binary");
+    }
+    let target = root.join("target/mpi");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!("building xtask with MPI into {} (once) ...", target.display());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--package", "xtask", "--features", "mpi"])
+        .arg("--target-dir")
+        .arg(&target)
+        .current_dir(root)
+        .status()
+        .context("run cargo")?;
+    if !status.success() {
+        bail!(
+            "building with MPI failed ({status}); install Open MPI and libclang first: \
+             scripts/setup-mpi.sh"
+        );
+    }
+    Ok(target.join("release/xtask"))
+}
+
+/// This process's arguments, without `--procs N` (or `--procs=N`).
+fn args_without_procs() -> Vec<OsString> {
+    let mut args = Vec::new();
+    let mut skip = false;
+    for arg in std::env::args_os().skip(1) {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        match arg.to_str() {
+            Some("--procs") => skip = true,
+            Some(a) if a.starts_with("--procs=") => {}
+            _ => args.push(arg),
+        }
+    }
+    args
+}
