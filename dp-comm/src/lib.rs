@@ -68,8 +68,10 @@ pub use compress::Compression;
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use hierarchical::Hierarchical;
-pub use launch::{Launch, mpirun};
+pub use launch::{Launch, OPEN_MPI_TUNING, mpirun};
 pub use local::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
-pub use measure::{BenchConfig, BenchReport, BenchRow, copy_bandwidth, measure_all_reduce};
+pub use measure::{
+    BenchConfig, BenchReport, BenchRow, copy_bandwidth, measure_all_reduce, time_all_reduce_on,
+};
 pub use mpi::{MpiComm, MpiConfig, MpiWorld};
 pub use nccl::{NcclComm, NcclConfig, NcclGroup, NcclId, nccl_available};

@@ -82,10 +82,46 @@ impl BenchReport {
     }
 }
 
+impl BenchRow {
+    /// The column titles of the rows' `Display`.
+    pub const HEADER: &str = "ranks      size   time (us)  algbw GB/s  busbw GB/s efficiency";
+
+    /// The row for an all-reduce of `bytes` on `ranks` ranks that took `time`, against a copy
+    /// bandwidth of `copy_bandwidth` bytes per second over `ranks` threads.
+    pub fn new(ranks: usize, bytes: usize, time: Duration, copy_bandwidth: f64) -> Self {
+        let t = time.as_secs_f64();
+        let algbw = bytes as f64 / t;
+        BenchRow {
+            ranks,
+            bytes,
+            time,
+            algbw,
+            busbw: algbw * 2.0 * (ranks - 1) as f64 / ranks as f64,
+            efficiency: (ranks * bytes) as f64 / copy_bandwidth / t,
+        }
+    }
+}
+
 fn size(bytes: usize) -> String {
     match bytes {
         b if b >= 1 << 20 => format!("{} MiB", b >> 20),
         b => format!("{} KiB", b >> 10),
+    }
+}
+
+impl fmt::Display for BenchRow {
+    /// One line of the table, under [`BenchRow::HEADER`].
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:>5} {:>9} {:>11.1} {:>11.2} {:>11.2} {:>10.2}",
+            self.ranks,
+            size(self.bytes),
+            self.time.as_secs_f64() * 1e6,
+            self.algbw / 1e9,
+            self.busbw / 1e9,
+            self.efficiency
+        )
     }
 }
 
@@ -95,22 +131,9 @@ impl fmt::Display for BenchReport {
         for (threads, bw) in &self.copy_bandwidth {
             writeln!(f, "memcpy bandwidth, {threads} threads: {:>7.2} GB/s", bw / 1e9)?;
         }
-        writeln!(
-            f,
-            "{:>5} {:>9} {:>11} {:>11} {:>11} {:>10}",
-            "ranks", "size", "time (us)", "algbw GB/s", "busbw GB/s", "efficiency"
-        )?;
+        writeln!(f, "{}", BenchRow::HEADER)?;
         for r in &self.rows {
-            writeln!(
-                f,
-                "{:>5} {:>9} {:>11.1} {:>11.2} {:>11.2} {:>10.2}",
-                r.ranks,
-                size(r.bytes),
-                r.time.as_secs_f64() * 1e6,
-                r.algbw / 1e9,
-                r.busbw / 1e9,
-                r.efficiency
-            )?;
+            writeln!(f, "{r}")?;
         }
         writeln!(
             f,
@@ -182,42 +205,10 @@ fn time_all_reduce(
     per_op: bool,
 ) -> Result<(Duration, Vec<Duration>)> {
     let comms = LocalGroup::with_config(ranks, LocalConfig::with_timeout(Duration::from_secs(60)))?;
-    let len = bytes / 4;
     let results: Vec<Result<(Duration, Vec<Duration>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|mut comm| {
-                s.spawn(move || -> Result<(Duration, Vec<Duration>)> {
-                    let mut buf: Vec<f32> = (0..len).map(|i| noisy(comm.rank(), i)).collect();
-                    // Warm up, and agree on a repetition count from rank 0's estimate.
-                    let t = Instant::now();
-                    comm.all_reduce(&mut buf, ReduceOp::Avg)?;
-                    comm.all_reduce(&mut buf, ReduceOp::Avg)?;
-                    let once = t.elapsed().as_secs_f64() / 2.0;
-                    let mut iters =
-                        [((budget.as_secs_f64() / once.max(1e-7)) as u64).clamp(5, 100_000)];
-                    comm.broadcast(&mut iters, 0)?;
-                    let mut ops = Vec::with_capacity(if per_op { iters[0] as usize } else { 0 });
-                    let mut samples = Vec::with_capacity(16);
-                    let batch = (iters[0] / 9).max(1);
-                    comm.barrier()?;
-                    let mut done = 0;
-                    while done < iters[0] {
-                        let t = Instant::now();
-                        for _ in 0..batch {
-                            let op = Instant::now();
-                            comm.all_reduce(&mut buf, ReduceOp::Avg)?;
-                            if per_op {
-                                ops.push(op.elapsed());
-                            }
-                        }
-                        samples.push(t.elapsed() / batch as u32);
-                        done += batch;
-                    }
-                    samples.sort();
-                    Ok((samples[samples.len() / 2], ops))
-                })
-            })
+            .map(|mut comm| s.spawn(move || time_all_reduce_on(&mut comm, bytes, budget, per_op)))
             .collect();
         handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
@@ -227,6 +218,46 @@ fn time_all_reduce(
         first.get_or_insert(r);
     }
     Ok(first.unwrap_or_default())
+}
+
+/// One rank's side of timing in-place `f32` all-reduces (`Avg`) of `bytes` for about
+/// `budget`, on any backend: the median time of one all-reduce over 9 batches, and, when
+/// `per_op`, every single operation's time (for latency percentiles). Every rank of `comm`
+/// calls it with the same arguments.
+pub fn time_all_reduce_on<C: Communicator>(
+    comm: &mut C,
+    bytes: usize,
+    budget: Duration,
+    per_op: bool,
+) -> Result<(Duration, Vec<Duration>)> {
+    let len = bytes / 4;
+    let mut buf: Vec<f32> = (0..len).map(|i| noisy(comm.rank(), i)).collect();
+    // Warm up, and agree on a repetition count from rank 0's estimate.
+    let t = Instant::now();
+    comm.all_reduce(&mut buf, ReduceOp::Avg)?;
+    comm.all_reduce(&mut buf, ReduceOp::Avg)?;
+    let once = t.elapsed().as_secs_f64() / 2.0;
+    let mut iters = [((budget.as_secs_f64() / once.max(1e-7)) as u64).clamp(5, 100_000)];
+    comm.broadcast(&mut iters, 0)?;
+    let mut ops = Vec::with_capacity(if per_op { iters[0] as usize } else { 0 });
+    let mut samples = Vec::with_capacity(16);
+    let batch = (iters[0] / 9).max(1);
+    comm.barrier()?;
+    let mut done = 0;
+    while done < iters[0] {
+        let t = Instant::now();
+        for _ in 0..batch {
+            let op = Instant::now();
+            comm.all_reduce(&mut buf, ReduceOp::Avg)?;
+            if per_op {
+                ops.push(op.elapsed());
+            }
+        }
+        samples.push(t.elapsed() / batch as u32);
+        done += batch;
+    }
+    samples.sort();
+    Ok((samples[samples.len() / 2], ops))
 }
 
 /// Whether an all-reduce of `len` noisy floats gives every rank the same bits, twice.
@@ -266,16 +297,7 @@ pub fn measure_all_reduce(config: &BenchConfig) -> Result<BenchReport> {
     for &(n, bw) in &copy {
         for &bytes in &config.sizes {
             let (time, _) = time_all_reduce(n, bytes, config.time_per_size, false)?;
-            let t = time.as_secs_f64();
-            let algbw = bytes as f64 / t;
-            rows.push(BenchRow {
-                ranks: n,
-                bytes,
-                time,
-                algbw,
-                busbw: algbw * 2.0 * (n - 1) as f64 / n as f64,
-                efficiency: (n * bytes) as f64 / bw / t,
-            });
+            rows.push(BenchRow::new(n, bytes, time, bw));
         }
         identical &= bitwise_identical(n, 3 << 20)?;
     }

@@ -65,6 +65,30 @@ fn ids_round_trip_through_bytes() {
     }
 }
 
+#[test]
+fn an_id_is_shared_from_rank_0_or_every_rank_fails() {
+    let comms = dp_comm::LocalGroup::new(3).unwrap();
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            comms.into_iter().map(|mut c| s.spawn(move || NcclId::shared(&mut c))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    match &ids[0] {
+        Ok(id) => {
+            for other in &ids[1..] {
+                assert_eq!(other.as_ref().unwrap().to_bytes(), id.to_bytes());
+            }
+        }
+        Err(reason) => {
+            eprintln!("rank 0 has no NCCL ({reason}); the others must say so");
+            for other in &ids[1..] {
+                let error = other.as_ref().unwrap_err();
+                assert!(error.to_string().contains("rank 0 could not make an NCCL id"), "{error}");
+            }
+        }
+    }
+}
+
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn without_the_feature_constructors_say_so() {

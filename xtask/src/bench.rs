@@ -3,9 +3,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 /// Runs the benchmarks of `krate` (or the whole workspace) and prints one line per benchmark
@@ -40,23 +40,91 @@ pub(crate) fn run(root: &Path, krate: Option<&str>, filter: Option<&str>) -> Res
 }
 
 /// `cargo xtask bench comm`: the CPU all-reduce table against memory-copy bandwidth measured
-/// in the same run, with the targets.
-pub(crate) fn comm() -> Result<()> {
+/// in the same run, then the same all-reduces between 2 MPI processes, with the targets.
+pub(crate) fn comm(root: &Path) -> Result<()> {
     let config = dp_comm::BenchConfig::default();
     let report = dp_comm::measure_all_reduce(&config)?;
     println!("{report}");
     let verdict = |met: bool| if met { "met" } else { "NOT MET" };
+    // gloo (PyTorch's CPU backend) between 2 processes on this kind of machine: 0.96-1.29 GB/s
+    // busbw at 64 MiB; 1.06 GB/s is the figure measured beside this table's first runs.
+    const GLOO_64MIB: f64 = 1.06e9;
     let large: Vec<_> = report.rows.iter().filter(|r| r.bytes >= 64 << 20).collect();
     let worst = large.iter().map(|r| r.efficiency).fold(f64::INFINITY, f64::min);
     println!("efficiency >= 0.7 at 64 MiB and up: worst {worst:.2} ({})", verdict(worst >= 0.7));
-    // gloo (PyTorch's CPU backend) on this kind of machine: 1.06 GB/s busbw at 64 MiB.
     if let Some(row) = report.row(2, 64 << 20) {
-        let ratio = row.busbw / 1.06e9;
+        let ratio = row.busbw / GLOO_64MIB;
         println!(
             "busbw at 64 MiB, 2 ranks vs gloo's 1.06 GB/s: {ratio:.1}x ({})",
             verdict(ratio >= 3.0)
         );
     }
+
+    println!("\nall_reduce, f32, in place, ReduceOp::Avg, 2 MPI processes (MpiComm)");
+    let copy = report.copy_bandwidth.iter().find(|(n, _)| *n == 2).map_or(f64::NAN, |c| c.1);
+    let rows = match mpi_rows(root, &config.sizes, config.time_per_size) {
+        Ok(rows) => rows,
+        Err(error) => {
+            println!("skipped: {error:#}");
+            return Ok(());
+        }
+    };
+    println!("{}", dp_comm::BenchRow::HEADER);
+    for (bytes, time) in &rows {
+        println!("{}", dp_comm::BenchRow::new(2, *bytes, *time, copy));
+    }
+    if let Some((bytes, time)) = rows.iter().find(|(b, _)| *b == 64 << 20) {
+        let row = dp_comm::BenchRow::new(2, *bytes, *time, copy);
+        let ratio = row.busbw / GLOO_64MIB;
+        println!(
+            "busbw at 64 MiB, 2 processes vs gloo's 1.06 GB/s: {ratio:.2}x, {:.2} of memcpy ({})",
+            row.efficiency,
+            verdict(ratio >= 1.2)
+        );
+    }
+    Ok(())
+}
+
+/// Times the all-reduces of `sizes` between 2 MPI processes: each runs `xtask bench-rank`,
+/// and rank 0 prints one `row <bytes> <nanoseconds>` line per size.
+fn mpi_rows(root: &Path, sizes: &[usize], budget: Duration) -> Result<Vec<(usize, Duration)>> {
+    let exe = crate::procs::mpi_build(root)?;
+    let mut command = dp_comm::mpirun(2)?;
+    command.arg(exe).arg("bench-rank").arg(format!("{}", budget.as_millis()));
+    command.args(sizes.iter().map(|s| s.to_string()));
+    let output = command.output().with_context(|| format!("cannot start {command:?}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed: {}\n{stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("row "))
+        .map(|row| {
+            let (bytes, nanos) = row.split_once(' ').context("a row has two numbers")?;
+            Ok((bytes.parse()?, Duration::from_nanos(nanos.parse()?)))
+        })
+        .collect()
+}
+
+/// One rank of [`mpi_rows`]: times every size on a communicator over the MPI job.
+pub(crate) fn mpi_rank(budget_ms: u64, sizes: &[usize]) -> Result<()> {
+    let world = dp_comm::MpiWorld::init()?;
+    {
+        let mut comm = world.communicator(dp_comm::MpiConfig::default())?;
+        let budget = Duration::from_millis(budget_ms);
+        for &bytes in sizes {
+            let (time, _) = dp_comm::time_all_reduce_on(&mut comm, bytes, budget, false)?;
+            if world.rank() == 0 {
+                println!("row {bytes} {}", time.as_nanos());
+            }
+        }
+    }
+    world.finalize()?;
     Ok(())
 }
 

@@ -47,6 +47,14 @@ enum Cmd {
         #[command(subcommand)]
         command: data::DataCmd,
     },
+    /// One MPI rank of `bench comm` (started by it under mpirun).
+    #[command(hide = true)]
+    BenchRank {
+        /// Milliseconds to time each size for.
+        budget_ms: u64,
+        /// Buffer sizes in bytes.
+        sizes: Vec<usize>,
+    },
     /// Draw a run's metrics as PNGs (loss, accuracy, throughput, memory by tag) into its
     /// directory.
     Plot {
@@ -61,7 +69,8 @@ fn main() -> Result<ExitCode> {
     let root = workspace_root();
     match cli.command {
         Cmd::Ci => run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root)),
-        Cmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => bench::comm(),
+        Cmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => bench::comm(&root),
+        Cmd::BenchRank { budget_ms, sizes } => bench::mpi_rank(budget_ms, &sizes),
         Cmd::Bench { krate, .. } if krate.as_deref() == Some("train") => train::bench(&root),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
         Cmd::Data { command } => return data::run(command),

@@ -28,13 +28,16 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
 
 /// This binary when it was built with MPI; otherwise an MPI-enabled build of it, made once
 /// in its own target directory (so it does not replace the running binary).
-fn mpi_build(root: &Path) -> Result<PathBuf> {
+pub(crate) fn mpi_build(root: &Path) -> Result<PathBuf> {
     if cfg!(feature = "mpi") {
         return std::env::current_exe().context("find this binary");
     }
     let target = root.join("target/mpi");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    println!("building xtask with MPI into {} (once) ...", target.display());
+    let exe = target.join("release/xtask");
+    if !exe.exists() {
+        println!("building xtask with MPI into {} (once) ...", target.display());
+    }
     let status = Command::new(cargo)
         .args(["build", "--release", "--quiet", "--package", "xtask", "--features", "mpi"])
         .arg("--target-dir")
@@ -48,7 +51,7 @@ fn mpi_build(root: &Path) -> Result<PathBuf> {
              scripts/setup-mpi.sh"
         );
     }
-    Ok(target.join("release/xtask"))
+    Ok(exe)
 }
 
 /// This process's arguments, without `--procs N` (or `--procs=N`).

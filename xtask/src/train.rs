@@ -341,8 +341,35 @@ impl Progress {
     }
 }
 
-/// `cargo xtask bench train`: one replica against one per core on the default job, with the
-/// targets.
+/// The median of `rounds` runs of the bench's job as `processes` MPI processes of one replica
+/// each, started with `--procs`.
+fn processes_run(
+    root: &Path,
+    out: &Path,
+    processes: usize,
+    rounds: usize,
+) -> Result<dp_train::Summary> {
+    let exe = crate::procs::mpi_build(root)?;
+    let mut runs = Vec::new();
+    for round in 0..rounds {
+        let name = format!("bench-procs-{round}");
+        let mut command = dp_comm::mpirun(processes)?;
+        command.arg(&exe).arg("train").arg("--data").arg(root.join("data/digits/train"));
+        command.args(["--steps", "470", "--replicas", "1", "--no-plot", "--name", &name]);
+        command.arg("--out").arg(out);
+        let output = command.output().with_context(|| format!("cannot start {command:?}"))?;
+        if !output.status.success() {
+            bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        let summary = std::fs::read(out.join(&name).join(dp_train::SUMMARY))?;
+        runs.push(serde_json::from_slice::<dp_train::Summary>(&summary)?);
+    }
+    runs.sort_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s));
+    Ok(runs.swap_remove(runs.len() / 2))
+}
+
+/// `cargo xtask bench train`: one replica against one per core on the default job, and the
+/// same replicas as processes, with the targets.
 pub(crate) fn bench(root: &Path) -> Result<()> {
     ensure_digits(&root.join("data/digits"))?;
     let replicas = std::thread::available_parallelism().map_or(1, |n| n.get()).max(2);
@@ -357,6 +384,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         "MLP 784-512-256-10, global batch 256, 470 steps (2 epochs of 60,000), medians of 3 alternating runs"
     );
     let report = dp_train::measure_scaling(&base, &out, replicas, 3);
+    let procs = report.as_ref().ok().map(|_| processes_run(root, &out, replicas, 3));
     let _ = std::fs::remove_dir_all(&out);
     let report = report?;
     let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
@@ -365,11 +393,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         "{:<24} {:>12} {:>12} {:>12} {:>14} {:>10}",
         "", "samples/s", "data wait", "exposed comm", "peak / minimum", "allocs/step"
     );
-    for (name, s) in [
-        ("1 replica".to_string(), one),
-        (format!("{replicas} replicas"), many),
-        (format!("{replicas} replicas, ZeRO-1"), &report.zero1),
-    ] {
+    let row = |name: String, s: &dp_train::Summary| {
         println!(
             "{name:<24} {:>12.0} {:>11.1}% {:>11.1}% {:>14.2} {:>10}",
             s.samples_per_s,
@@ -379,6 +403,21 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
             s.allocs_per_step
                 .map_or("-".into(), |a| format!("{:.1}", a - s.gemm_allocs_per_step as f64)),
         );
+    };
+    row("1 replica".into(), one);
+    row(format!("{replicas} replicas"), many);
+    row(format!("{replicas} replicas, ZeRO-1"), &report.zero1);
+    match procs {
+        Some(Ok(s)) => {
+            row(format!("{replicas} processes x 1"), &s);
+            let ratio = s.samples_per_s / many.samples_per_s;
+            println!(
+                "{replicas} processes x 1 replica vs 1 process x {replicas}: {ratio:.2}x  >= 0.8 {}",
+                verdict(ratio >= 0.8)
+            );
+        }
+        Some(Err(error)) => println!("{replicas} processes x 1: skipped: {error:#}"),
+        None => {}
     }
     let efficiency = report.efficiency();
     println!("scaling efficiency {efficiency:.3}  >= 0.85 {}", verdict(efficiency >= 0.85));

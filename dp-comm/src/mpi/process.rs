@@ -432,10 +432,10 @@ impl MpiComm {
             }
             if tests < 2000 {
                 std::hint::spin_loop();
-            } else if waited < Duration::from_millis(20) {
+            } else if waited < Duration::from_secs(1) {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     }

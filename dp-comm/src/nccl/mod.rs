@@ -17,6 +17,9 @@
 
 use std::time::Duration;
 
+use crate::communicator::Communicator;
+use crate::error::{Error, Result};
+
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(not(feature = "cuda"))]
@@ -26,6 +29,37 @@ mod stub;
 pub use device::{NcclComm, NcclGroup, NcclId, nccl_available};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{NcclComm, NcclGroup, NcclId, nccl_available};
+
+impl NcclId {
+    /// Rank 0's id on every rank of `comm`: rank 0 makes it and `comm` broadcasts its 128
+    /// bytes. With an [`MpiComm`](crate::MpiComm) this is how processes started by `mpirun`
+    /// or `srun` bootstrap NCCL, as Horovod does; each then calls [`NcclComm::from_id`] with
+    /// its rank (and its host-local rank as the device). A rank 0 that cannot make an id (no
+    /// NCCL there) fails with its reason, and every other rank with an error naming rank 0,
+    /// instead of waiting for an id that never comes.
+    pub fn shared(comm: &mut impl Communicator) -> Result<Self> {
+        let made = if comm.rank() == 0 { Some(NcclId::new()) } else { None };
+        // Byte 128 says whether rank 0 has an id.
+        let mut bytes = [0u8; 129];
+        if let Some(Ok(id)) = &made {
+            bytes[..128].copy_from_slice(&id.to_bytes());
+            bytes[128] = 1;
+        }
+        comm.broadcast(&mut bytes, 0)?;
+        match made {
+            Some(made) => made,
+            None if bytes[128] == 1 => {
+                let mut id = [0u8; 128];
+                id.copy_from_slice(&bytes[..128]);
+                NcclId::from_bytes(&id)
+            }
+            None => Err(Error::Config {
+                field: "NcclId",
+                what: "rank 0 could not make an NCCL id (its own error says why)".into(),
+            }),
+        }
+    }
+}
 
 /// Options of an [`NcclComm`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
