@@ -8,6 +8,12 @@
 //!   rank `r` reads part `r` of every rank's buffer, reduces it in rank order, and writes the
 //!   result into part `r` of every buffer: the memory traffic of one memcpy per rank, no
 //!   allocation, and bitwise the same result on every rank and every run.
+//! * [`MpiComm`]: ranks as processes on one host or many, through MPI (feature `mpi`; without
+//!   it the types exist and [`MpiWorld::init`] returns [`Error::MpiNotCompiled`]). A
+//!   collective past the timeout ends the job with a message naming it; [`Launch`] tells which
+//!   launcher started the process, and [`mpirun`] starts processes on this host.
+//! * [`Hierarchical`]: replicas that are threads of several processes: threads reduce in
+//!   shared memory, one thread per process across processes.
 //! * [`NcclComm`]: NCCL on CUDA GPUs (feature `cuda`; without it the types exist and their
 //!   constructors return [`Error::CudaNotCompiled`]).
 //! * [`BucketReducer`]: a flat gradient buffer split into buckets that a communication thread

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::communicator::Communicator;
 use crate::error::{Error, Result};
+use crate::launch::Launch;
 
 #[cfg(feature = "cuda")]
 mod device;
@@ -61,6 +62,49 @@ impl NcclId {
     }
 }
 
+impl NcclId {
+    /// The id of a group of processes started by `torchrun`'s environment contract, which
+    /// every process derives alike, without MPI: NCCL's own rendezvous, whose root rank 0
+    /// opens at `NCCL_COMM_ID`. When that variable is not set, it is set to
+    /// `MASTER_ADDR:MASTER_PORT+1` (`MASTER_PORT` itself is `torchrun`'s store). Each process
+    /// then calls [`NcclComm::from_id`] with `RANK`, `WORLD_SIZE` and `LOCAL_RANK` as its
+    /// device. Fails for a `launch` that is not [`Launch::Env`].
+    ///
+    /// # Safety
+    ///
+    /// It may set an environment variable: no other thread may read or write the environment
+    /// while it runs (call it before starting threads).
+    pub unsafe fn from_env_launch(launch: &Launch) -> Result<Self> {
+        let address = nccl_comm_id(launch)?;
+        if std::env::var_os("NCCL_COMM_ID").is_none() {
+            // SAFETY: the caller guarantees that no other thread uses the environment now.
+            unsafe { std::env::set_var("NCCL_COMM_ID", address) };
+        }
+        NcclId::new()
+    }
+}
+
+/// `NCCL_COMM_ID` for an environment launch: `host:port` (IPv6 hosts in brackets), one port
+/// above `torchrun`'s store.
+fn nccl_comm_id(launch: &Launch) -> Result<String> {
+    let Launch::Env { master_addr, master_port, .. } = launch else {
+        return Err(Error::Launch {
+            variable: "RANK",
+            what: "is not set: this process was not started by torchrun's contract".into(),
+        });
+    };
+    let port = master_port.checked_add(1).ok_or(Error::Launch {
+        variable: "MASTER_PORT",
+        what: "is 65535, which leaves no port above it for NCCL's rendezvous".into(),
+    })?;
+    let host = if master_addr.contains(':') && !master_addr.starts_with('[') {
+        format!("[{master_addr}]")
+    } else {
+        master_addr.clone()
+    };
+    Ok(format!("{host}:{port}"))
+}
+
 /// Options of an [`NcclComm`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -84,5 +128,26 @@ impl NcclConfig {
     /// The default configuration for `device`, with `timeout`.
     pub fn new(device: usize, timeout: Duration) -> Self {
         NcclConfig { device, timeout, ..NcclConfig::default() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(master_addr: &str, master_port: u16) -> Launch {
+        let master_addr = master_addr.into();
+        Launch::Env { rank: 0, world_size: 2, local_rank: 0, master_addr, master_port }
+    }
+
+    #[test]
+    fn the_rendezvous_is_one_port_above_torchruns_store() {
+        assert_eq!(nccl_comm_id(&env("node7", 29500)).unwrap(), "node7:29501");
+        assert_eq!(nccl_comm_id(&env("fd00::7", 29500)).unwrap(), "[fd00::7]:29501");
+        assert_eq!(nccl_comm_id(&env("[fd00::7]", 1)).unwrap(), "[fd00::7]:2");
+        let last = nccl_comm_id(&env("node7", 65535)).unwrap_err();
+        assert!(matches!(last, Error::Launch { variable: "MASTER_PORT", .. }), "{last}");
+        let single = nccl_comm_id(&Launch::Single).unwrap_err();
+        assert!(matches!(single, Error::Launch { variable: "RANK", .. }), "{single}");
     }
 }
