@@ -105,9 +105,10 @@ pub fn train(
     }
     let plan = Arc::new(plan);
     // Every process follows the run; process 0 alone writes it down.
-    let mut metrics = match processes.is_first() {
-        true => Some(MetricsWriter::append(&plan.run_dir.join(METRICS))?),
-        false => None,
+    let mut metrics = if processes.is_first() {
+        Some(MetricsWriter::append(&plan.run_dir.join(METRICS))?)
+    } else {
+        None
     };
     let params = plan.spec.layout()?.len();
     observer.started(&RunInfo {
@@ -185,7 +186,7 @@ pub fn train(
     let reports = outcome(endings, first_rank)?;
     let summary =
         summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params);
-    if metrics.is_some() {
+    if processes.is_first() {
         let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
         run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())?;
     }

@@ -3,39 +3,21 @@
 //! checks what they wrote against runs of threads in one process. Without the `mpi` feature or
 //! without `mpirun` the tests print why they are skipped and pass (`.ci/run` runs them).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use common::{TempDir, final_params, max_relative_difference, train_losses};
 use dp_comm::MpiWorld;
-use dp_mem::{Pool, Tracker};
-use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
-use dp_train::{
-    Fault, FaultKind, MetricsRecord, OptimizerConfig, RunOptions, TrainConfig, read_metrics, train,
-};
+use dp_model::Checkpoint;
+use dp_train::{Fault, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
 
 /// Set in the processes' environment: what to run, and where.
 const SCENARIO: &str = "DP_TRAIN_MPI_SCENARIO";
 const DIR: &str = "DP_TRAIN_MPI_DIR";
-
-/// A scratch directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("dp-train-mpi-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn config(dir: &Path, name: &str, replicas: usize, steps: u64) -> TrainConfig {
     TrainConfig {
@@ -122,33 +104,6 @@ fn train_in_job(
     train(config, &options, &mut ()).map(|_| ())
 }
 
-/// The parameters a run ended with, from its checkpoint.
-fn final_params(run_dir: &Path) -> Vec<f32> {
-    let spec = ModelSpec::mlp(784, &[32], 10);
-    let pool = Pool::new(&Tracker::new());
-    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
-    Checkpoint::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
-    model.params().to_vec()
-}
-
-/// Each step's loss (the last line for a step that a resume ran again).
-fn losses(run_dir: &Path) -> BTreeMap<u64, f64> {
-    read_metrics(&run_dir.join(dp_train::METRICS))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            MetricsRecord::Train(m) => Some((m.step, m.loss)),
-            MetricsRecord::Eval(_) => None,
-        })
-        .collect()
-}
-
-/// Largest difference relative to the parameters' scale.
-fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
-    a.iter().zip(b).map(|(&x, &y)| f64::from(x - y).abs() / scale).fold(0.0, f64::max)
-}
-
 #[test]
 fn two_processes_match_one_with_the_same_global_batch() {
     if let Some((_, dir)) = scenario() {
@@ -167,7 +122,7 @@ fn two_processes_match_one_with_the_same_global_batch() {
         world.finalize().unwrap();
         return;
     }
-    let dir = TempDir::new("equivalence");
+    let dir = TempDir::new("mpi-equivalence");
     make_data(&dir.0);
     let Some((output, _)) =
         launch("two_processes_match_one_with_the_same_global_batch", 2, "equivalence", &dir.0)
@@ -238,10 +193,12 @@ fn a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes() {
         world.finalize().unwrap();
         return;
     }
-    let dir = TempDir::new("killed");
+    let dir = TempDir::new("mpi-killed");
     make_data(&dir.0);
     let Some((output, _)) = launch(test, 2, "whole", &dir.0) else { return };
     assert!(output.status.success(), "{}", text(&output));
+    // Each step's loss: the last line for a step that a resume ran again.
+    let losses = |run: &Path| train_losses(run).into_iter().collect::<BTreeMap<u64, f64>>();
     let whole = losses(&dir.0.join("whole/run"));
     assert_eq!(whole.len(), 16);
 

@@ -1,35 +1,19 @@
 //! The trainer's guarantees: N replicas compute what one does, a resumed run continues
 //! exactly, and a failing replica stops the run with its name and without hanging.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::{TempDir, final_params, max_relative_difference, run_dir, train_losses};
 use dp_mem::{Pool, Tracker};
-use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
+use dp_model::{Model, ModelOptions, ModelSpec};
 use dp_train::{
-    Error, FaultKind, MetricsRecord, Observer, OptimizerConfig, RunOptions, StepMetrics,
-    TrainConfig, read_metrics, train,
+    Error, FaultKind, Observer, OptimizerConfig, RunOptions, StepMetrics, TrainConfig, train,
 };
-
-/// A scratch directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("dp-train-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A small copy of the built-in digits, generated once for the whole test binary.
 fn digits() -> &'static Path {
@@ -57,40 +41,6 @@ fn config(replicas: usize, steps: u64) -> TrainConfig {
         bucket_mib: 0.01,
         ..TrainConfig::default()
     }
-}
-
-/// The parameters a run ended with, from its checkpoint.
-fn final_params(run_dir: &Path) -> Vec<f32> {
-    let spec = ModelSpec::mlp(784, &[32], 10);
-    let pool = Pool::new(&Tracker::new());
-    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
-    Checkpoint::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
-    model.params().to_vec()
-}
-
-fn run_dir(out: &Path) -> PathBuf {
-    let mut dirs: Vec<PathBuf> =
-        std::fs::read_dir(out).unwrap().map(|e| e.unwrap().path()).collect();
-    dirs.sort();
-    dirs.pop().expect("a run directory")
-}
-
-fn train_losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    read_metrics(&run_dir.join(dp_train::METRICS))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            MetricsRecord::Train(m) => Some((m.step, m.loss)),
-            MetricsRecord::Eval(_) => None,
-        })
-        .collect()
-}
-
-/// Largest difference relative to the parameters' scale (their largest magnitude): f32
-/// sums taken in another order differ in the last bits, which this measures.
-fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
-    a.iter().zip(b).map(|(&x, &y)| f64::from(x - y).abs() / scale).fold(0.0, f64::max)
 }
 
 #[test]
