@@ -2,8 +2,11 @@
 //! from one MPI-enabled build of this binary, so that no rank builds anything.
 
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 
@@ -15,11 +18,31 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
     let exe = mpi_build(root)?;
     let mut command = dp_comm::mpirun(processes)?;
     command.arg(exe).args(args_without_procs());
-    // Ctrl-C reaches every rank (they share the terminal's process group); rank 0 decides
-    // when to stop, and this process waits for them.
-    ctrlc::set_handler(|| {}).context("install the Ctrl-C handler")?;
-    let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
+    // mpirun answers Ctrl-C by killing the job, so it runs in a process group of its own,
+    // away from the terminal's Ctrl-C, and this process turns the first Ctrl-C into a
+    // SIGUSR1, which mpirun forwards to every rank: a graceful stop after the current step,
+    // with a checkpoint. A second Ctrl-C ends the job.
+    command.process_group(0);
+    let mut child = command.spawn().with_context(|| format!("cannot start {command:?}"))?;
+    let mpirun = libc::pid_t::try_from(child.id()).context("mpirun's process id")?;
+    let presses = Arc::new(AtomicUsize::new(0));
+    let pressed = Arc::clone(&presses);
+    ctrlc::set_handler(move || {
+        let signal = if pressed.fetch_add(1, Ordering::Relaxed) == 0 {
+            eprintln!(
+                "\nstopping after this step (a checkpoint will be saved; Ctrl-C again to quit now)"
+            );
+            libc::SIGUSR1
+        } else {
+            libc::SIGTERM
+        };
+        // SAFETY: kill(2) on a child this process started has no memory effects here.
+        unsafe { libc::kill(mpirun, signal) };
+    })
+    .context("install the Ctrl-C handler")?;
+    let status = child.wait().context("wait for mpirun")?;
     Ok(match status.code() {
+        Some(0) if presses.load(Ordering::Relaxed) > 0 => ExitCode::from(130),
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::FAILURE,
@@ -47,8 +70,8 @@ pub(crate) fn mpi_build(root: &Path) -> Result<PathBuf> {
         .context("run cargo")?;
     if !status.success() {
         bail!(
-            "building with MPI failed ({status}); install Open MPI and libclang first: \
-             scripts/setup-mpi.sh"
+            "building xtask with MPI failed ({status}); when the error above is about mpi-sys, \
+             mpicc or libclang, install them first: scripts/setup-mpi.sh"
         );
     }
     Ok(exe)

@@ -142,6 +142,12 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         );
     })
     .context("install the Ctrl-C handler")?;
+    if mpi.is_some() {
+        // What `--procs` turns Ctrl-C into, forwarded by mpirun (`kill -USR1 <mpirun>` by
+        // hand): stop after this step with a checkpoint.
+        signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&stop))
+            .context("install the SIGUSR1 handler")?;
+    }
 
     let options = RunOptions {
         out: args.out.clone().unwrap_or_else(|| root.join("runs")),
@@ -158,11 +164,12 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         dp_train::train(config, &options, &mut ())?
     };
     drop(options);
+    let processes = mpi.as_ref().map_or(1, MpiWorld::size);
     if let Some(world) = mpi {
         world.finalize()?;
     }
     if !first {
-        return Ok(if summary.interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS });
+        return Ok(ExitCode::SUCCESS);
     }
     progress.finish();
     let run_dir = progress.run_dir.clone().unwrap_or_default();
@@ -174,7 +181,16 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     }
     println!("run directory  {}", run_dir.display());
     if summary.interrupted {
-        println!("interrupted; continue with: cargo xtask train --resume {}", run_dir.display());
+        let procs = if processes > 1 { format!("--procs {processes} ") } else { String::new() };
+        println!(
+            "interrupted; continue with: cargo xtask train {procs}--resume {}",
+            run_dir.display()
+        );
+        // A rank that exits non-zero makes mpirun report the job as failed; `--procs`, which
+        // asked for the stop, says it was interrupted.
+        if processes > 1 {
+            return Ok(ExitCode::SUCCESS);
+        }
         return Ok(ExitCode::from(130));
     }
     Ok(ExitCode::SUCCESS)
