@@ -15,7 +15,7 @@ pub enum Launch {
     /// `mpirun`/`mpiexec` (Open MPI, MPICH) or `srun --mpi=pmix|pmi2`: MPI knows the world,
     /// and [`MpiWorld::init`](crate::MpiWorld::init) joins it.
     Mpi {
-        /// The launcher, as its variables name it (`Open MPI`, `PMI`, `PMIx`).
+        /// The launcher, as its variables name it (`Open MPI`, `PMI`, `PMIx`, `srun`).
         launcher: &'static str,
         /// The world size the launcher announced, when its variables carry one;
         /// [`MpiWorld::init`](crate::MpiWorld::init) checks that MPI agrees.
@@ -60,6 +60,15 @@ impl Launch {
         if var("PMIX_RANK").is_some() || var("PMI_RANK").is_some() {
             return Ok(Launch::Mpi { launcher: "PMIx", world_size: None });
         }
+        // `srun` without an MPI plugin sets no PMI variables, and MPI would see each task
+        // alone; announcing the step's size lets `MpiWorld::init` refuse that instead of
+        // training the same run once per task.
+        if let Some(tasks) = var("SLURM_STEP_NUM_TASKS") {
+            let tasks = parse("SLURM_STEP_NUM_TASKS", &tasks)?;
+            if tasks > 1 {
+                return Ok(Launch::Mpi { launcher: "srun", world_size: Some(tasks) });
+            }
+        }
         if var("RANK").is_none() && var("WORLD_SIZE").is_none() {
             return Ok(Launch::Single);
         }
@@ -86,6 +95,17 @@ impl Launch {
             });
         }
         Ok(Launch::Env { rank, world_size, local_rank, master_addr, master_port })
+    }
+
+    /// The variable that announced the world size, for messages.
+    pub fn size_variable(&self) -> Option<&'static str> {
+        match self {
+            Launch::Mpi { launcher: "Open MPI", .. } => Some("OMPI_COMM_WORLD_SIZE"),
+            Launch::Mpi { launcher: "PMI", .. } => Some("PMI_SIZE"),
+            Launch::Mpi { launcher: "srun", .. } => Some("SLURM_STEP_NUM_TASKS"),
+            Launch::Env { .. } => Some("WORLD_SIZE"),
+            _ => None,
+        }
     }
 
     /// The number of processes the launcher announced (1 without a launcher; `None` when
@@ -178,6 +198,12 @@ mod tests {
             launch(&[("PMIX_RANK", "3")]).unwrap(),
             Launch::Mpi { launcher: "PMIx", world_size: None }
         );
+        assert_eq!(
+            launch(&[("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "2")]).unwrap(),
+            Launch::Mpi { launcher: "srun", world_size: Some(4) }
+        );
+        // A batch script's single task is no launch.
+        assert_eq!(launch(&[("SLURM_STEP_NUM_TASKS", "1")]).unwrap(), Launch::Single);
         let torchrun = [
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),

@@ -67,6 +67,8 @@ impl MpiWorld {
     /// support, or if the world MPI reports is not the one the launcher announced (`srun`
     /// without `--mpi=pmix`, which starts processes that each think they are alone).
     pub fn init() -> Result<Self> {
+        // Before MPI_Init, which may set variables of its own (Open MPI's singletons do).
+        let launch = Launch::detect()?;
         let mut initialized: c_int = 0;
         // SAFETY: MPI_Initialized may be called at any time.
         check("MPI_Initialized", unsafe { ffi::MPI_Initialized(&mut initialized) })?;
@@ -130,13 +132,13 @@ impl MpiWorld {
                 finalized: AtomicBool::new(false),
             }),
         };
-        if let Launch::Mpi { launcher, world_size: Some(announced) } = Launch::detect()?
-            && announced != size
+        if let Launch::Mpi { launcher, world_size: Some(announced) } = &launch
+            && *announced != size
         {
             return Err(Error::Launch {
-                variable: "world size",
+                variable: launch.size_variable().unwrap_or("the world size"),
                 what: format!(
-                    "{launcher} announced {announced} processes but MPI sees {size}: the launcher and the MPI library this binary links do not match"
+                    "is {announced} (set by {launcher}) but MPI sees {size} process(es): the launcher and the MPI library this binary links do not match (under SLURM, use srun --mpi=pmix or pmi2)"
                 ),
             });
         }
