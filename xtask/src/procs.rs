@@ -2,6 +2,7 @@
 //! from one MPI-enabled build of this binary, so that no rank builds anything.
 
 use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -18,6 +19,12 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
     let exe = mpi_build(root)?;
     let mut command = dp_comm::mpirun(processes)?;
     command.arg(exe).args(args_without_procs());
+    if std::io::stderr().is_terminal() {
+        // Rank 0's output reaches the terminal through mpirun's pipes, where indicatif would
+        // hide the progress bar: tell it the terminal is there, and how wide.
+        let width = console::Term::stderr().size().1;
+        command.env(crate::train::PROGRESS_TERMINAL, width.to_string());
+    }
     // mpirun answers Ctrl-C by killing the job, so it runs in a process group of its own,
     // away from the terminal's Ctrl-C, and this process turns the first Ctrl-C into a
     // SIGUSR1, which mpirun forwards to every rank: a graceful stop after the current step,

@@ -1,6 +1,7 @@
 //! `cargo xtask train`: the main job. With no arguments it trains the default model on the
 //! built-in synthetic digits (generated on first use) with one replica per core.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use dp_train::{
     EvalMetrics, Observer, OptimizerConfig, PruneConfig, RunInfo, RunOptions, StepMetrics,
     TrainConfig,
 };
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
 /// Options of `cargo xtask train`; each overrides the config file (or the default job).
 #[derive(Args, Debug, Default)]
@@ -286,6 +287,47 @@ fn ensure_digits(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Set by `--procs` to its terminal's width when its output is a terminal: draw the progress
+/// bar, though this process's output is mpirun's pipe.
+pub(crate) const PROGRESS_TERMINAL: &str = "DP_XTASK_PROGRESS_TERMINAL";
+
+/// The terminal `--procs` runs in, seen through mpirun's pipe.
+#[derive(Debug)]
+struct ForwardedTerminal {
+    term: console::Term,
+    width: u16,
+}
+
+impl TermLike for ForwardedTerminal {
+    fn width(&self) -> u16 {
+        self.width
+    }
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_up(n)
+    }
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_down(n)
+    }
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_right(n)
+    }
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_left(n)
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.term.write_line(s)
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.term.write_str(s)
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.term.clear_line()
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.term.flush()
+    }
+}
+
 /// A progress bar on replica 0's steps, with evaluations printed above it.
 #[derive(Default)]
 struct Progress {
@@ -316,6 +358,11 @@ impl Observer for Progress {
             .expect("a valid template"),
         );
         bar.set_position(run.start_step);
+        let forwarded = std::env::var(PROGRESS_TERMINAL).ok().and_then(|w| w.parse().ok());
+        if let Some(width) = forwarded.filter(|_| !std::io::stderr().is_terminal()) {
+            let terminal = Box::new(ForwardedTerminal { term: console::Term::stderr(), width });
+            bar.set_draw_target(ProgressDrawTarget::term_like_with_hz(terminal, 10));
+        }
         self.bar = Some(bar);
         self.run_dir = Some(run.run_dir.clone());
         self.steps_per_epoch = run.steps_per_epoch;
