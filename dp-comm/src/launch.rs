@@ -1,7 +1,6 @@
 //! How a process learns its place in a multi-process job: from the environment its launcher
 //! set. Nothing is configured by hand, and nothing here talks to the network.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use crate::error::{Error, Result};
@@ -126,8 +125,10 @@ impl Launch {
 /// containers do, and picks the ring algorithm for non-blocking all-reduces (see
 /// [`OPEN_MPI_TUNING`]); with MPICH's `mpiexec` it passes only the count.
 pub fn mpirun(processes: usize) -> Result<Command> {
+    // By name, not path: Open MPI takes the directory of a path it is started by as its
+    // installation prefix.
     let program =
-        ["mpirun", "mpiexec"].into_iter().find_map(find_in_path).ok_or(Error::Launch {
+        ["mpirun", "mpiexec"].into_iter().find(|name| in_path(name)).ok_or(Error::Launch {
             variable: "PATH",
             what: "has no mpirun or mpiexec: install Open MPI (Debian and Ubuntu: openmpi-bin \
                libopenmpi-dev) or MPICH"
@@ -135,7 +136,7 @@ pub fn mpirun(processes: usize) -> Result<Command> {
         })?;
     let version = Command::new(&program).arg("--version").output().map_err(|e| Error::Launch {
         variable: "PATH",
-        what: format!("cannot run {}: {e}", program.display()),
+        what: format!("cannot run {program}: {e}"),
     })?;
     let mut command = Command::new(&program);
     if String::from_utf8_lossy(&version.stdout).contains("Open MPI") {
@@ -160,9 +161,9 @@ pub fn mpirun(processes: usize) -> Result<Command> {
 /// hand-made `mpirun` with `--mca coll_libnbc_iallreduce_algorithm 1`.
 pub const OPEN_MPI_TUNING: [(&str, &str); 1] = [("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1")];
 
-fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file())
+fn in_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| dir.join(name).is_file())
 }
 
 fn parse(name: &'static str, value: &str) -> Result<usize> {

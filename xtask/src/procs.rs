@@ -16,8 +16,9 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
     if processes == 0 {
         bail!("--procs must be at least 1");
     }
+    let mut command = dp_comm::mpirun(processes)
+        .context("training in processes needs MPI; scripts/setup-mpi.sh installs it")?;
     let exe = mpi_build(root)?;
-    let mut command = dp_comm::mpirun(processes)?;
     command.arg(exe).args(args_without_procs());
     if std::io::stderr().is_terminal() {
         // Rank 0's output reaches the terminal through mpirun's pipes, where indicatif would
