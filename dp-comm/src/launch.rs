@@ -134,11 +134,11 @@ pub fn mpirun(processes: usize) -> Result<Command> {
                libopenmpi-dev) or MPICH"
                 .into(),
         })?;
-    let version = Command::new(&program).arg("--version").output().map_err(|e| Error::Launch {
+    let version = Command::new(program).arg("--version").output().map_err(|e| Error::Launch {
         variable: "PATH",
         what: format!("cannot run {program}: {e}"),
     })?;
-    let mut command = Command::new(&program);
+    let mut command = Command::new(program);
     if String::from_utf8_lossy(&version.stdout).contains("Open MPI") {
         command.args(["--oversubscribe", "--bind-to", "none", "-np"]);
         command.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
