@@ -25,6 +25,15 @@ pub enum Error {
         what: String,
     },
 
+    /// `--resume` of a run that already ran all its steps: nothing was done.
+    #[error("{} is finished (step {steps} of {steps}): nothing to resume", run_dir.display())]
+    Finished {
+        /// The run directory.
+        run_dir: PathBuf,
+        /// Its steps.
+        steps: u64,
+    },
+
     /// Another process of the run failed; its own output says how.
     #[error("process {rank} failed: {what}")]
     Process {

@@ -20,6 +20,16 @@ pub enum MetricsRecord {
     Eval(EvalMetrics),
 }
 
+impl MetricsRecord {
+    /// The optimizer steps completed when it was recorded.
+    pub fn step(&self) -> u64 {
+        match self {
+            MetricsRecord::Train(m) => m.step,
+            MetricsRecord::Eval(e) => e.step,
+        }
+    }
+}
+
 /// One training step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
@@ -78,6 +88,35 @@ impl MetricsWriter {
         Ok(Self { path: path.to_path_buf(), out: BufWriter::new(file) })
     }
 
+    /// Opens a resumed run's `path` to continue it from `step`: the lines of steps after it
+    /// (written after the checkpoint the run resumes from) and a torn last line (a run killed
+    /// mid-write) are dropped first, so that the file reads as the uninterrupted run's would.
+    /// A damaged line before the last is an error naming it, and leaves the file as it was.
+    pub fn resume(path: &Path, step: u64) -> Result<Self> {
+        let text = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(Error::io(path, "read", e)),
+        };
+        let mut kept = Vec::with_capacity(text.len());
+        let lines: Vec<&[u8]> = text.split_inclusive(|&b| b == b'\n').collect();
+        for (i, line) in lines.iter().enumerate() {
+            let last = i + 1 == lines.len();
+            let record = serde_json::from_slice::<MetricsRecord>(line);
+            match record {
+                Ok(_) if last && !line.ends_with(b"\n") => {}
+                Ok(record) if record.step() <= step => kept.extend_from_slice(line),
+                Ok(_) => {}
+                Err(_) if last || line.trim_ascii().is_empty() => {}
+                Err(e) => return Err(Error::run(path, format!("line {}: {e}", i + 1))),
+            }
+        }
+        if kept.len() != text.len() {
+            crate::run_dir::write_atomic(path, &kept)?;
+        }
+        Self::append(path)
+    }
+
     /// Writes one record as a line.
     pub fn write(&mut self, record: &MetricsRecord) -> Result<()> {
         let line = serde_json::to_string(record).expect("metrics always serialize");
@@ -107,4 +146,60 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRecord>> {
         }
     }
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(step: u64) -> String {
+        let record = MetricsRecord::Train(StepMetrics { step, ..StepMetrics::default() });
+        serde_json::to_string(&record).unwrap() + "\n"
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("dp-train-metrics-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("metrics.jsonl")
+    }
+
+    #[test]
+    fn resuming_drops_later_steps_and_a_torn_line_then_appends() {
+        let path = scratch("resume");
+        let eval = serde_json::to_string(&MetricsRecord::Eval(EvalMetrics {
+            step: 2,
+            ..EvalMetrics::default()
+        }))
+        .unwrap();
+        std::fs::write(
+            &path,
+            format!("{}{}{eval}\n{}{}{{\"kind\"", line(1), line(2), line(3), line(4)),
+        )
+        .unwrap();
+        let mut writer = MetricsWriter::resume(&path, 2).unwrap();
+        writer
+            .write(&MetricsRecord::Train(StepMetrics { step: 3, ..StepMetrics::default() }))
+            .unwrap();
+        let steps: Vec<u64> =
+            read_metrics(&path).unwrap().iter().map(MetricsRecord::step).collect();
+        assert_eq!(steps, [1, 2, 2, 3]);
+        assert!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count() == 1,
+            "a temporary file was left"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn a_damaged_line_before_the_last_is_an_error_that_changes_nothing() {
+        let path = scratch("damaged");
+        let text = format!("{}not json\n{}", line(1), line(2));
+        std::fs::write(&path, &text).unwrap();
+        let error = MetricsWriter::resume(&path, 1).unwrap_err();
+        assert!(error.to_string().contains("line 2"), "{error}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
 }

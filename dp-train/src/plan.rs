@@ -145,6 +145,15 @@ impl RunPlan {
                 let state: ResumeState = serde_json::from_str(checkpoint.extra()).map_err(|e| {
                     Error::run(&run_dir, format!("the checkpoint's run state is damaged: {e}"))
                 })?;
+                if state.step > total_steps {
+                    return Err(Error::config(
+                        "steps",
+                        format!(
+                            "the run has {total_steps} steps, fewer than the {} its checkpoint has done",
+                            state.step
+                        ),
+                    ));
+                }
                 Some((checkpoint, state))
             }
         };

@@ -50,13 +50,94 @@ pub(crate) fn default_name(config: &TrainConfig) -> String {
     format!("{model}-{data}")
 }
 
-/// Writes a file whole or not at all (temporary file, fsync, rename).
+/// The lock file that makes one process the run directory's only writer.
+const LOCK: &str = ".lock";
+
+/// The run directory held for writing: an advisory `flock` on its lock file, which the OS
+/// releases when the process ends, however it ends.
+#[derive(Debug)]
+pub(crate) struct RunLock {
+    _file: std::fs::File,
+}
+
+/// Takes `dir` for writing, or fails at once, naming the process that has it.
+pub(crate) fn lock(dir: &Path) -> Result<RunLock> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK);
+    let mut file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io(&path, "open", e))?;
+    // SAFETY: flock on a file descriptor this function owns has no memory effects.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(Error::io(&path, "lock", error));
+        }
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        return Err(Error::run(
+            dir,
+            format!(
+                "is in use by another run (process {}); wait for it to end or stop it",
+                holder.trim()
+            ),
+        ));
+    }
+    // Who holds it, for the message above; the lock itself is the flock.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| write!(file, "{}", std::process::id()));
+    Ok(RunLock { _file: file })
+}
+
+/// Writes a file whole or not at all (temporary file, fsync, rename, directory fsync). The
+/// temporary file's name is this process's and this call's own, so no two writers ever share
+/// one, and a failed write (a full disk) removes it.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let temp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| Error::io(&temp, "write", e))?;
-    std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e))
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy().into_owned());
+    let temp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let written = std::fs::File::create(&temp)
+        .and_then(|mut file| file.write_all(bytes).and_then(|()| file.sync_all()))
+        .and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(Error::io(path, "write", e));
+    }
+    // The rename is durable once the directory is; a filesystem that cannot sync
+    // directories still has the file whole.
+    if let Some(dir) = path.parent().and_then(|d| std::fs::File::open(d).ok()) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary_one() {
+        let dir = std::env::temp_dir().join(format!("dp-train-atomic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("target/inside")).unwrap();
+        // Renaming onto a non-empty directory fails after the temporary file is written.
+        let error = write_atomic(&dir.join("target"), b"new").unwrap_err();
+        assert!(error.to_string().contains("target"), "{error}");
+        let names: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["target"]);
+        write_atomic(&dir.join("file"), b"one").unwrap();
+        write_atomic(&dir.join("file"), b"two").unwrap();
+        assert_eq!(std::fs::read(dir.join("file")).unwrap(), b"two");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -18,7 +18,7 @@ use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
 use crate::processes::Processes;
 use crate::replica::{Event, Fault, Replica, ReplicaReport, bucket_config, reduces_in_place};
-use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, SUMMARY};
+use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, RunLock, SUMMARY};
 use crate::summary::Summary;
 
 /// Where and how to run.
@@ -89,24 +89,31 @@ pub fn train(
 ) -> Result<Summary> {
     let started = Instant::now();
     let mut processes = Processes::new(options.mpi.as_ref())?;
-    let plan = set_up(config, options, &mut processes);
-    let mut plan = processes.agree(plan)?;
+    let set = set_up(config, options, &mut processes);
+    let (mut plan, mut lock) = processes.agree(set)?;
+    if plan.start_step() == plan.total_steps {
+        return Err(Error::Finished { run_dir: plan.run_dir.clone(), steps: plan.total_steps });
+    }
     // Only process 0 creates the run directory (its final name, `-2`, `-3` ... when taken,
     // is known only once it exists), after every process has checked the setup.
     if options.resume.is_none() {
         let created = if processes.is_first() {
             let config = &plan.config;
             let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
-            run_dir::create(&options.out, &name, config).map(|d| d.to_string_lossy().into_owned())
+            run_dir::create(&options.out, &name, config).and_then(|dir| {
+                lock = Some(run_dir::lock(&dir)?);
+                Ok(dir.to_string_lossy().into_owned())
+            })
         } else {
             Ok(String::new())
         };
         plan.run_dir = PathBuf::from(processes.share(created)?);
     }
     let plan = Arc::new(plan);
-    // Every process follows the run; process 0 alone writes it down.
+    // Every process follows the run; process 0 alone writes it down, continuing a resumed
+    // run's metrics from its checkpoint's step.
     let mut metrics = if processes.is_first() {
-        Some(MetricsWriter::append(&plan.run_dir.join(METRICS))?)
+        Some(MetricsWriter::resume(&plan.run_dir.join(METRICS), plan.start_step())?)
     } else {
         None
     };
@@ -184,21 +191,38 @@ pub fn train(
     });
 
     let reports = outcome(endings, first_rank)?;
+    if metrics.is_some() {
+        // The whole run's record, so that a resumed run's summary is the uninterrupted run's.
+        let (all, eval) = recorded(&plan.run_dir.join(METRICS))?;
+        (losses, last_eval) = (all, eval.or(last_eval));
+    }
     let summary =
         summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params);
     if processes.is_first() {
         let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
         run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())?;
     }
+    drop(lock);
     Ok(summary)
 }
 
 /// Resolves the run on every process: process 0's effective config (or the resumed run's) is
-/// every process's, and each reads the checkpoint itself.
-fn set_up(config: TrainConfig, options: &RunOptions, processes: &mut Processes) -> Result<RunPlan> {
+/// every process's, and each reads the checkpoint itself. Process 0 takes a resumed run's
+/// directory for writing first.
+fn set_up(
+    config: TrainConfig,
+    options: &RunOptions,
+    processes: &mut Processes,
+) -> Result<(RunPlan, Option<RunLock>)> {
     let count = processes.count();
+    let mut lock = None;
     let effective = match &options.resume {
-        Some(dir) => TrainConfig::load(&dir.join(CONFIG)),
+        Some(dir) => (|| {
+            if processes.is_first() {
+                lock = Some(run_dir::lock(dir)?);
+            }
+            TrainConfig::load(&dir.join(CONFIG))
+        })(),
         None => config
             .resolved_for(count, processes.on_host())
             .and_then(|config| config.validate().map(|()| config)),
@@ -212,13 +236,29 @@ fn set_up(config: TrainConfig, options: &RunOptions, processes: &mut Processes) 
             what: format!("sent a config that does not parse: {e}"),
         })?
     };
-    match &options.resume {
+    let plan = match &options.resume {
         Some(dir) => {
-            let checkpoint = Checkpoint::load(&dir.join(CHECKPOINT))?;
-            RunPlan::new(effective, dir.clone(), Some(checkpoint), count)
+            // A run stopped before its first checkpoint starts again from step 0, with the
+            // config it saved.
+            let path = dir.join(CHECKPOINT);
+            let checkpoint = if path.exists() { Some(Checkpoint::load(&path)?) } else { None };
+            RunPlan::new(effective, dir.clone(), checkpoint, count)?
         }
-        None => RunPlan::new(effective, PathBuf::new(), None, count),
+        None => RunPlan::new(effective, PathBuf::new(), None, count)?,
+    };
+    Ok((plan, lock))
+}
+
+/// Every training loss in a metrics file, and its last evaluation.
+fn recorded(path: &Path) -> Result<(Vec<f64>, Option<EvalMetrics>)> {
+    let (mut losses, mut eval) = (Vec::new(), None);
+    for record in crate::metrics::read_metrics(path)? {
+        match record {
+            MetricsRecord::Train(m) => losses.push(m.loss),
+            MetricsRecord::Eval(e) => eval = Some(e),
+        }
     }
+    Ok((losses, eval))
 }
 
 fn step_metrics(s: &crate::replica::StepSample, global_batch: usize) -> StepMetrics {

@@ -3,45 +3,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{TempDir, final_params, max_relative_difference, run_dir, train_losses};
+use common::{
+    StopAfter, TempDir, config, final_params, max_relative_difference, run_dir, train_losses,
+};
 use dp_mem::{Pool, Tracker};
 use dp_model::{Model, ModelOptions, ModelSpec};
-use dp_train::{
-    Error, FaultKind, Observer, OptimizerConfig, RunOptions, StepMetrics, TrainConfig, train,
-};
-
-/// A small copy of the built-in digits, generated once for the whole test binary.
-fn digits() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("dp-train-digits-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let spec = dp_data::SyntheticDigits { records: 2048, eval_records: 512, seed: 3 };
-        dp_data::generate_digits(&dir, &spec, dp_data::WriterOptions::default()).unwrap();
-        dir
-    })
-}
-
-fn config(replicas: usize, steps: u64) -> TrainConfig {
-    TrainConfig {
-        train_data: digits().join("train"),
-        eval_data: Some(digits().join("eval")),
-        model: "mlp:32".into(),
-        replicas,
-        global_batch: 64,
-        steps: Some(steps),
-        shuffle_window: 2,
-        timeout_s: 10.0,
-        // About ten buckets for this model, so reductions and per-bucket updates interleave.
-        bucket_mib: 0.01,
-        ..TrainConfig::default()
-    }
-}
+use dp_train::{Error, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
 
 #[test]
 fn n_replicas_match_one_replica_with_the_same_global_batch() {
@@ -94,20 +64,6 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
             let diff = max_relative_difference(&finals[i + 1].0, &finals[0].0);
             println!("{name}: {replicas} replicas vs 1: max relative difference {diff:e}");
             assert!(diff <= 1e-5, "{name}: {replicas} replicas differ from 1 by {diff}");
-        }
-    }
-}
-
-/// Sets the stop flag once a step has been seen, as a Ctrl-C handler would.
-struct StopAfter {
-    step: u64,
-    stop: Arc<AtomicBool>,
-}
-
-impl Observer for StopAfter {
-    fn step(&mut self, metrics: &StepMetrics) {
-        if metrics.step >= self.step {
-            self.stop.store(true, Ordering::Relaxed);
         }
     }
 }

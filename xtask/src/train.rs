@@ -159,19 +159,29 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     };
     let mut progress = Progress::default();
     // A failure ends this process without MPI_Finalize, which makes the launcher end the job.
-    let summary = if first {
-        dp_train::train(config, &options, &mut progress)?
+    let result = if first {
+        dp_train::train(config, &options, &mut progress)
     } else {
-        dp_train::train(config, &options, &mut ())?
+        dp_train::train(config, &options, &mut ())
     };
     drop(options);
+    let finished = matches!(result, Err(dp_train::Error::Finished { .. }));
+    let summary = match result {
+        Err(error) if finished => {
+            if first {
+                println!("{error}");
+            }
+            None
+        }
+        result => Some(result?),
+    };
     let processes = mpi.as_ref().map_or(1, MpiWorld::size);
     if let Some(world) = mpi {
         world.finalize()?;
     }
-    if !first {
+    let Some(summary) = summary.filter(|_| first) else {
         return Ok(ExitCode::SUCCESS);
-    }
+    };
     progress.finish();
     let run_dir = progress.run_dir.clone().unwrap_or_default();
     println!("\n{summary}");

@@ -3,10 +3,12 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use dp_mem::{Pool, Tracker};
 use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
-use dp_train::{MetricsRecord, read_metrics};
+use dp_train::{MetricsRecord, Observer, StepMetrics, TrainConfig, read_metrics};
 
 /// A scratch directory removed when dropped.
 pub struct TempDir(pub PathBuf);
@@ -60,4 +62,47 @@ pub fn run_dir(out: &Path) -> PathBuf {
         std::fs::read_dir(out).unwrap().map(|e| e.unwrap().path()).collect();
     dirs.sort();
     dirs.pop().expect("a run directory")
+}
+
+/// A small copy of the built-in digits, generated once for the whole test binary.
+pub fn digits() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("dp-train-digits-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let spec = dp_data::SyntheticDigits { records: 2048, eval_records: 512, seed: 3 };
+        dp_data::generate_digits(&dir, &spec, dp_data::WriterOptions::default()).unwrap();
+        dir
+    })
+}
+
+/// A small run: `mlp:32` on the small digits, global batch 64.
+pub fn config(replicas: usize, steps: u64) -> TrainConfig {
+    TrainConfig {
+        train_data: digits().join("train"),
+        eval_data: Some(digits().join("eval")),
+        model: "mlp:32".into(),
+        replicas,
+        global_batch: 64,
+        steps: Some(steps),
+        shuffle_window: 2,
+        timeout_s: 10.0,
+        // About ten buckets for this model, so reductions and per-bucket updates interleave.
+        bucket_mib: 0.01,
+        ..TrainConfig::default()
+    }
+}
+
+/// Sets the stop flag once a step has been seen, as a Ctrl-C handler would.
+pub struct StopAfter {
+    pub step: u64,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Observer for StopAfter {
+    fn step(&mut self, metrics: &StepMetrics) {
+        if metrics.step >= self.step {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
 }

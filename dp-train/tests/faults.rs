@@ -1,0 +1,186 @@
+//! Faults that must lose nothing: a second writer, a run killed after its checkpoint with its
+//! metrics torn, a run killed before its first checkpoint, a resume of a finished run, and a
+//! config edited below its checkpoint. Each asserts the files a run leaves, byte for byte
+//! where they must not change.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::time::{Duration, Instant};
+
+use common::{StopAfter, TempDir, config, final_params, run_dir, train_losses};
+use dp_train::{
+    CHECKPOINT, CONFIG, Error, Fault, FaultKind, METRICS, Observer, RunInfo, RunOptions,
+    StepMetrics, TrainConfig, train,
+};
+
+fn resume_options(dir: &Path) -> RunOptions {
+    RunOptions { resume: Some(dir.to_path_buf()), ..RunOptions::new(dir.parent().unwrap()) }
+}
+
+/// Every file of a run directory and its bytes.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_resume_after_a_kill_between_checkpoints_repeats_no_step() {
+    let out = TempDir::new("faults-torn");
+    let whole = out.0.join("whole");
+    train(config(2, 12), &RunOptions::new(&whole), &mut ()).unwrap();
+    let uninterrupted = train_losses(&run_dir(&whole));
+
+    // A run stopped with a checkpoint, whose process then wrote two more steps and half a
+    // line before it was killed.
+    let parts = out.0.join("parts");
+    let options = RunOptions::new(&parts);
+    let mut stopper = StopAfter { step: 6, stop: Arc::clone(&options.stop) };
+    let stopped = train(config(2, 12), &options, &mut stopper).unwrap();
+    let dir = run_dir(&parts);
+    let metrics = std::fs::read_to_string(dir.join(METRICS)).unwrap();
+    let mut later = String::new();
+    for step in stopped.steps + 1..=stopped.steps + 2 {
+        later += &format!(
+            "{{\"kind\":\"train\",\"step\":{step},\"epoch\":0,\"loss\":999.0,\"accuracy\":0.0,\"lr\":0.0,\"samples_per_s\":0.0,\"step_s\":0.0,\"data_wait_s\":0.0,\"comm_exposed_s\":0.0,\"memory\":{{}}}}\n"
+        );
+    }
+    std::fs::write(dir.join(METRICS), format!("{metrics}{later}{{\"kind\":\"tra")).unwrap();
+
+    let resumed = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap();
+    assert_eq!(resumed.steps, 12);
+    let losses = train_losses(&dir);
+    let bits = |l: &[(u64, f64)]| l.iter().map(|(s, v)| (*s, v.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&losses), bits(&uninterrupted), "every step once, as uninterrupted");
+    let whole_summary = train_losses(&run_dir(&whole));
+    assert_eq!(bits(&whole_summary), bits(&losses));
+    // The summary covers the whole run, not only the resumed part.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(dp_train::SUMMARY)).unwrap()).unwrap();
+    let tail = &uninterrupted[uninterrupted.len() - 2..];
+    let want = tail.iter().map(|(_, l)| l).sum::<f64>() / 2.0;
+    assert_eq!(summary["train_loss"].as_f64().unwrap().to_bits(), want.to_bits(), "{summary}");
+}
+
+/// Holds the run at its second step until told to go on.
+struct Gate {
+    reached: SyncSender<()>,
+    go: Receiver<()>,
+}
+
+impl Observer for Gate {
+    fn step(&mut self, metrics: &StepMetrics) {
+        if metrics.step == 2 {
+            self.reached.send(()).unwrap();
+            // A test that failed drops the sender: go on then, so nothing waits forever.
+            let _ = self.go.recv();
+        }
+    }
+}
+
+/// Reports the run directory.
+struct Started(SyncSender<std::path::PathBuf>);
+
+impl Observer for Started {
+    fn started(&mut self, run: &RunInfo) {
+        self.0.send(run.run_dir.clone()).unwrap();
+    }
+}
+
+#[test]
+fn a_second_writer_is_refused_at_once_and_the_first_goes_on() {
+    let out = TempDir::new("faults-writer");
+    let (reached, at_step) = sync_channel(1);
+    let (release, go) = sync_channel(1);
+    let (started, dir) = sync_channel(1);
+    std::thread::scope(|s| {
+        // Dropped when an assertion below fails, which releases the first run.
+        let release = release;
+        let first = s.spawn(|| {
+            struct Both(Started, Gate);
+            impl Observer for Both {
+                fn started(&mut self, run: &RunInfo) {
+                    self.0.started(run);
+                }
+                fn step(&mut self, metrics: &StepMetrics) {
+                    self.1.step(metrics);
+                }
+            }
+            let mut observer = Both(Started(started), Gate { reached, go });
+            train(config(1, 6), &RunOptions::new(&out.0), &mut observer)
+        });
+        let dir = dir.recv().unwrap();
+        at_step.recv().unwrap();
+        let before = snapshot(&dir);
+        let began = Instant::now();
+        let error = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(5), "refused after {:?}", began.elapsed());
+        let text = error.to_string();
+        let pid = std::process::id().to_string();
+        assert!(text.contains("in use by another run") && text.contains(&pid), "{text}");
+        assert_eq!(snapshot(&dir), before, "the refused writer changed the run directory");
+        release.send(()).unwrap();
+        let summary = first.join().unwrap().unwrap();
+        assert_eq!(summary.steps, 6);
+    });
+}
+
+#[test]
+fn a_run_killed_before_its_first_checkpoint_restarts_from_step_0() {
+    let out = TempDir::new("faults-early");
+    let whole = out.0.join("whole");
+    train(config(2, 6), &RunOptions::new(&whole), &mut ()).unwrap();
+
+    // Replica 0 fails at the first step: there is no step to save.
+    let early = out.0.join("early");
+    let fault = Fault { rank: 0, step: 0, kind: FaultKind::Error };
+    let options = RunOptions { fault: Some(fault), ..RunOptions::new(&early) };
+    let error = train(config(2, 6), &options, &mut ()).unwrap_err();
+    assert!(error.to_string().contains("injected fault at step 0"), "{error}");
+    let dir = run_dir(&early);
+    assert!(dir.join(CONFIG).exists() && !dir.join(CHECKPOINT).exists());
+
+    let resumed = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap();
+    assert_eq!(resumed.steps, 6);
+    assert_eq!(train_losses(&dir), train_losses(&run_dir(&whole)));
+    assert_eq!(final_params(&dir), final_params(&run_dir(&whole)));
+}
+
+#[test]
+fn resuming_a_finished_run_says_so_and_changes_nothing() {
+    let out = TempDir::new("faults-finished");
+    train(config(1, 4), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let dir = run_dir(&out.0);
+    let before = snapshot(&dir);
+    let error = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap_err();
+    assert!(matches!(error, Error::Finished { steps: 4, .. }), "{error}");
+    assert!(error.to_string().contains("is finished (step 4 of 4)"), "{error}");
+    assert_eq!(snapshot(&dir), before);
+}
+
+#[test]
+fn a_config_edited_below_its_checkpoint_is_refused() {
+    let out = TempDir::new("faults-edited");
+    train(config(1, 4), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let dir = run_dir(&out.0);
+    let saved = std::fs::read_to_string(dir.join(CONFIG)).unwrap();
+    std::fs::write(dir.join(CONFIG), saved.replace("steps = 4", "steps = 2")).unwrap();
+    let before = snapshot(&dir);
+    let error = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap_err();
+    assert!(
+        matches!(&error, Error::Config { field, what } if field == "steps"
+            && what.contains("2 steps, fewer than the 4 its checkpoint has done")),
+        "{error}"
+    );
+    assert_eq!(snapshot(&dir), before);
+}
