@@ -52,6 +52,20 @@ pub enum Error {
         checksums: Vec<u64>,
     },
 
+    /// The loss or the parameters stopped being finite numbers: training diverged. The run
+    /// stops at that step and keeps its last good checkpoint.
+    #[error(
+        "training diverged at step {step}: the {what} is {value}; lower the learning rate (lr), clip gradients (clip_grad_norm) or standardize the inputs (standardize), then resume from the last checkpoint"
+    )]
+    NonFinite {
+        /// The step whose loss (or whose updated parameters) is not finite.
+        step: u64,
+        /// `loss` or `parameters`.
+        what: &'static str,
+        /// The value found (`NaN`, `inf`).
+        value: f64,
+    },
+
     /// A run directory or one of its files is missing or damaged.
     #[error("{}: {what}", path.display())]
     Run {

@@ -347,7 +347,7 @@ impl<C: Communicator> Replica<C> {
                 } = self;
                 drop(grad_sync);
                 drop(ctl);
-                let diverged = matches!(error, Error::Diverged { .. });
+                let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
                 let saved = consistent.step > plan.start_step();
                 if rank == 0 && gather.is_none() && !diverged && !updating && saved {
                     emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
@@ -437,6 +437,19 @@ impl<C: Communicator> Replica<C> {
             let batch = self.train.next_batch()?;
             data_wait += waiting.elapsed().as_secs_f64();
             epoch = batch.epoch();
+            // A non-finite input makes the loss non-finite, which every build checks below;
+            // debug builds also name the input.
+            if cfg!(debug_assertions)
+                && let Some(i) = batch.x_flat().iter().position(|v| !v.is_finite())
+            {
+                let what = format!(
+                    "step {}: input {} of a batch of epoch {epoch} is {}",
+                    step + 1,
+                    i / plan.input_len,
+                    batch.x_flat()[i]
+                );
+                return Err(Error::run(&config.train_data, what));
+            }
             let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
                 .map_err(|e| Error::run(&config.train_data, format!("batch shape: {e}")))?;
             let y = batch.y();
@@ -462,6 +475,10 @@ impl<C: Communicator> Replica<C> {
         }
         totals[3] = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
         self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
+        // Every replica sees the same sum, so all stop here together, before the update.
+        if !totals[0].is_finite() {
+            return Err(Error::NonFinite { step: step + 1, what: "loss", value: totals[0] });
+        }
 
         if !update_per_bucket {
             let (params, grads) = match &mut self.grad_sync {
@@ -623,6 +640,13 @@ impl<C: Communicator> Replica<C> {
     /// Saves parameters, the whole optimizer state (gathered from the shards under ZeRO)
     /// and the data position; replica 0 writes it.
     fn checkpoint(&mut self, step: u64) -> Result<()> {
+        // A finite loss can come with gradients that overflowed into the parameters; such a
+        // model must never replace the last good checkpoint. Every replica holds the same
+        // parameters, so all fail here together.
+        if let Some(&value) = self.model.params().iter().find(|p| !p.is_finite()) {
+            let value = f64::from(value);
+            return Err(Error::NonFinite { step, what: "parameters", value });
+        }
         let state = self.optimizer.state();
         let full = if self.gather.is_some() {
             gather_state(&mut self.ctl, &state, self.model.params().len())?

@@ -60,6 +60,10 @@ pub struct Summary {
     pub gemm_allocs_per_step: u64,
     /// Whether the run was stopped early (Ctrl-C).
     pub interrupted: bool,
+    /// The step at which the loss or the parameters stopped being finite, when the run
+    /// diverged (the other figures then cover the steps before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged_at: Option<u64>,
 }
 
 impl fmt::Display for Summary {
@@ -83,13 +87,12 @@ impl fmt::Display for Summary {
             if self.replicas / self.processes.max(1) == 1 { "" } else { "s" },
             self.backend
         )?;
-        writeln!(
-            f,
-            "steps          {} ({:.2} epochs){}",
-            self.steps,
-            self.epochs,
-            if self.interrupted { ", interrupted" } else { "" }
-        )?;
+        let ending = match (self.diverged_at, self.interrupted) {
+            (Some(step), _) => format!(", diverged at step {step}"),
+            (None, true) => ", interrupted".into(),
+            (None, false) => String::new(),
+        };
+        writeln!(f, "steps          {} ({:.2} epochs){ending}", self.steps, self.epochs)?;
         match (self.eval_accuracy, self.eval_loss) {
             (Some(acc), Some(loss)) => {
                 writeln!(f, "eval           accuracy {}  loss {loss:.4}", pct(acc))?

@@ -190,7 +190,15 @@ pub fn train(
         handles.into_iter().map(|h| h.join()).collect::<Vec<_>>()
     });
 
-    let reports = outcome(endings, first_rank)?;
+    let reports = match outcome(endings, first_rank) {
+        Err(error @ Error::NonFinite { step, .. }) => {
+            if processes.is_first() {
+                write_diverged_summary(&plan, params, step, started.elapsed().as_secs_f64())?;
+            }
+            return Err(error);
+        }
+        reports => reports?,
+    };
     if metrics.is_some() {
         // The whole run's record, so that a resumed run's summary is the uninterrupted run's.
         let (all, eval) = recorded(&plan.run_dir.join(METRICS))?;
@@ -249,6 +257,35 @@ fn set_up(
     Ok((plan, lock))
 }
 
+/// The summary of a run that diverged at `step`: what its metrics recorded until then.
+fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64) -> Result<()> {
+    let (losses, eval) = recorded(&plan.run_dir.join(METRICS))?;
+    let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
+    let summary = Summary {
+        name: plan.run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+        model: plan.spec.name.clone(),
+        params: params as u64,
+        replicas: plan.world(),
+        processes: plan.processes,
+        backend: backend(plan).into(),
+        global_batch: plan.config.global_batch,
+        steps: step - 1,
+        epochs: (step - 1) as f64 / plan.steps_per_epoch as f64,
+        eval_accuracy: eval.map(|e| e.eval_accuracy),
+        eval_loss: eval.map(|e| e.eval_loss),
+        train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        wall_s,
+        diverged_at: Some(step),
+        ..Summary::default()
+    };
+    let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
+    run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())
+}
+
+fn backend(plan: &RunPlan) -> &'static str {
+    if plan.processes > 1 { "mpi+threads" } else { "threads" }
+}
+
 /// Every training loss in a metrics file, and its last evaluation.
 fn recorded(path: &Path) -> Result<(Vec<f64>, Option<EvalMetrics>)> {
     let (mut losses, mut eval) = (Vec::new(), None);
@@ -305,7 +342,7 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
     let root = failures.iter().position(|(_, e)| !matches!(e, Error::Comm(_))).unwrap_or(0);
     let (rank, error) = failures.swap_remove(root);
     Err(match error {
-        e @ (Error::Replica { .. } | Error::Diverged { .. }) => e,
+        e @ (Error::Replica { .. } | Error::Diverged { .. } | Error::NonFinite { .. }) => e,
         e => Error::Replica { rank, what: e.to_string() },
     })
 }
@@ -332,7 +369,7 @@ fn summarize(
         params: params as u64,
         replicas: plan.world(),
         processes: plan.processes,
-        backend: if plan.processes > 1 { "mpi+threads" } else { "threads" }.into(),
+        backend: backend(plan).into(),
         global_batch: plan.config.global_batch,
         steps: r0.final_step,
         epochs: r0.final_step as f64 / plan.steps_per_epoch as f64,
@@ -351,6 +388,7 @@ fn summarize(
         allocs_per_step: r0.allocs_per_step,
         gemm_allocs_per_step: r0.gemms_per_step,
         interrupted: r0.interrupted,
+        diverged_at: None,
     }
 }
 

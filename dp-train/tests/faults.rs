@@ -184,3 +184,39 @@ fn a_config_edited_below_its_checkpoint_is_refused() {
     );
     assert_eq!(snapshot(&dir), before);
 }
+
+#[test]
+fn a_diverging_run_stops_at_that_step_and_keeps_its_last_good_checkpoint() {
+    // A learning rate that blows the loss up at step 2, and one so large that step 1's update
+    // overflows the parameters while that step's loss (computed before it) is finite.
+    for (lr, what, at) in [(1e30, "loss", 2), (1e300, "parameters", 1)] {
+        let out = TempDir::new(&format!("faults-diverge-{what}"));
+        let c = TrainConfig { lr: Some(lr), checkpoint_every: 1, ..config(2, 40) };
+        let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            matches!(error, Error::NonFinite { step, what: w, .. } if step == at && w == what),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("training diverged at step {at}: the {what} is"))
+                && text.contains("(lr)")
+                && text.contains("clip_grad_norm"),
+            "{text}"
+        );
+        let dir = run_dir(&out.0);
+        if at > 1 {
+            // The checkpoint is the last step's whose parameters were finite, and it loads.
+            assert!(final_params(&dir).iter().all(|p| p.is_finite()));
+            let checkpoint = dp_model::Checkpoint::load(&dir.join(CHECKPOINT)).unwrap();
+            let saved = format!("\"step\":{}", at - 1);
+            assert!(checkpoint.extra().contains(&saved), "{}", checkpoint.extra());
+        } else {
+            assert!(!dir.join(CHECKPOINT).exists(), "a model with infinite parameters was saved");
+        }
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(dp_train::SUMMARY)).unwrap()).unwrap();
+        assert_eq!(summary["diverged_at"], at, "{summary}");
+        assert_eq!(summary["steps"], at - 1, "{summary}");
+    }
+}
