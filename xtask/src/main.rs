@@ -4,6 +4,7 @@
 mod bench;
 mod data;
 mod procs;
+mod stop;
 mod train;
 
 use std::path::{Path, PathBuf};

@@ -1,15 +1,15 @@
 //! `cargo xtask train --procs N`: starts N training processes on this host under `mpirun`,
 //! from one MPI-enabled build of this binary, so that no rank builds anything.
 
+use anyhow::{Context, Result, bail};
+use libc::{SIGTERM, SIGUSR1};
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use anyhow::{Context, Result, bail};
+use crate::stop::Stop;
 
 /// Runs this command line again as `processes` MPI ranks and returns their exit status.
 pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
@@ -27,30 +27,33 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
         command.env(crate::train::PROGRESS_TERMINAL, width.to_string());
     }
     // mpirun answers Ctrl-C by killing the job, so it runs in a process group of its own,
-    // away from the terminal's Ctrl-C, and this process turns the first Ctrl-C into a
-    // SIGUSR1, which mpirun forwards to every rank: a graceful stop after the current step,
-    // with a checkpoint. A second Ctrl-C ends the job.
+    // away from the terminal's Ctrl-C, and this process turns the first SIGINT or SIGTERM
+    // into a SIGUSR1, which mpirun forwards to every rank: a graceful stop after the current
+    // step, with a checkpoint. A second one ends the job.
     command.process_group(0);
     let mut child = command.spawn().with_context(|| format!("cannot start {command:?}"))?;
     let mpirun = libc::pid_t::try_from(child.id()).context("mpirun's process id")?;
-    let presses = Arc::new(AtomicUsize::new(0));
-    let pressed = Arc::clone(&presses);
-    ctrlc::set_handler(move || {
-        let signal = if pressed.fetch_add(1, Ordering::Relaxed) == 0 {
-            eprintln!(
-                "\nstopping after this step (a checkpoint will be saved; Ctrl-C again to quit now)"
-            );
-            libc::SIGUSR1
-        } else {
-            libc::SIGTERM
+    let stop = Stop::listen(move |signal, first| {
+        let relay = match (first, signal) {
+            (_, SIGUSR1) => return,
+            (true, SIGTERM) => {
+                eprintln!("\npreempted (SIGTERM): stopping every rank after this step");
+                SIGUSR1
+            }
+            (true, _) => {
+                eprintln!(
+                    "\nstopping after this step (a checkpoint will be saved; Ctrl-C again to quit now)"
+                );
+                SIGUSR1
+            }
+            (false, _) => SIGTERM,
         };
         // SAFETY: kill(2) on a child this process started has no memory effects here.
-        unsafe { libc::kill(mpirun, signal) };
-    })
-    .context("install the Ctrl-C handler")?;
+        unsafe { libc::kill(mpirun, relay) };
+    })?;
     let status = child.wait().context("wait for mpirun")?;
     Ok(match status.code() {
-        Some(0) if presses.load(Ordering::Relaxed) > 0 => ExitCode::from(130),
+        Some(0) if stop.requested() => ExitCode::from(stop.status()),
         Some(0) => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::FAILURE,

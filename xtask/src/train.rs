@@ -4,12 +4,12 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use dp_comm::{Launch, MpiWorld};
+
+use crate::stop::Stop;
 use dp_train::{
     EvalMetrics, Observer, OptimizerConfig, PruneConfig, RunInfo, RunOptions, StepMetrics,
     TrainConfig,
@@ -131,29 +131,14 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         ensure_digits(&root.join("data/digits"))?;
     }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::Relaxed) {
-            // A second Ctrl-C does not wait for the checkpoint.
-            std::process::exit(130);
-        }
-        eprintln!(
-            "\nstopping after this step (a checkpoint will be saved; Ctrl-C again to quit now)"
-        );
-    })
-    .context("install the Ctrl-C handler")?;
-    if mpi.is_some() {
-        // What `--procs` turns Ctrl-C into, forwarded by mpirun (`kill -USR1 <mpirun>` by
-        // hand): stop after this step with a checkpoint.
-        signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&stop))
-            .context("install the SIGUSR1 handler")?;
-    }
+    // Under MPI, SIGUSR1 is what `--procs` (or `kill -USR1 <mpirun>`) asks every rank to stop
+    // with, and the process that prints is rank 0.
+    let stop = Stop::for_run(first)?;
 
     let options = RunOptions {
         out: args.out.clone().unwrap_or_else(|| root.join("runs")),
         resume: args.resume.as_deref().map(dp_train::resolve_run_dir),
-        stop,
+        stop: stop.flag(),
         fault: None,
         mpi: mpi.clone(),
     };
@@ -193,16 +178,22 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     println!("run directory  {}", run_dir.display());
     if summary.interrupted {
         let procs = if processes > 1 { format!("--procs {processes} ") } else { String::new() };
+        let why = match (stop.preempted(), processes) {
+            (true, _) => "preempted",
+            (false, 1) => "interrupted",
+            // Asked by the launcher, which says why.
+            (false, _) => "stopped",
+        };
         println!(
-            "interrupted; continue with: cargo xtask train {procs}--resume {}",
+            "{why} at step {}; continue with: cargo xtask train {procs}--resume {}",
+            summary.steps,
             run_dir.display()
         );
         // A rank that exits non-zero makes mpirun report the job as failed; `--procs`, which
-        // asked for the stop, says it was interrupted.
-        if processes > 1 {
-            return Ok(ExitCode::SUCCESS);
+        // relayed the stop, gives the status.
+        if processes == 1 {
+            return Ok(ExitCode::from(stop.status()));
         }
-        return Ok(ExitCode::from(130));
     }
     Ok(ExitCode::SUCCESS)
 }

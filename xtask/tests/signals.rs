@@ -1,0 +1,101 @@
+//! `cargo xtask train` stopped by a scheduler's SIGTERM and by Ctrl-C's SIGINT: each finishes
+//! its step, saves a checkpoint at that step, and exits with a status that says why; the run
+//! then resumes from it without repeating a step.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dp_train::{METRICS, MetricsRecord, read_metrics};
+
+fn xtask() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+}
+
+/// The training steps recorded in a run's metrics.
+fn steps(run: &Path) -> Vec<u64> {
+    match read_metrics(&run.join(METRICS)) {
+        Ok(records) => records
+            .iter()
+            .filter_map(|r| match r {
+                MetricsRecord::Train(m) => Some(m.step),
+                MetricsRecord::Eval(_) => None,
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Waits until the run has recorded `more` steps beyond `from`, then sends `signal`, and
+/// returns the exit code and the output.
+fn signal_after(
+    mut child: Child,
+    run: &Path,
+    from: usize,
+    more: usize,
+    signal: i32,
+) -> (i32, String) {
+    let started = Instant::now();
+    while steps(run).len() < from + more {
+        assert!(started.elapsed() < Duration::from_secs(120), "the run made no progress");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before the signal");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on a child this test started has no memory effects here.
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    let output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code().unwrap_or(-1), text)
+}
+
+fn checkpoint_step(run: &Path) -> u64 {
+    let checkpoint = dp_model::Checkpoint::load(&run.join(dp_train::CHECKPOINT)).unwrap();
+    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    state["step"].as_u64().unwrap()
+}
+
+#[test]
+fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("dp-xtask-signals-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.join("data");
+    let made = xtask()
+        .args(["data", "gen", "--records", "4096", "--eval-records", "256", "--out"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+
+    let run = dir.join("runs/run");
+    let child = xtask()
+        .args(["train", "--model", "mlp:32", "--global-batch", "64", "--steps", "1000000"])
+        .args(["--replicas", "2", "--no-plot", "--name", "run", "--data"])
+        .arg(data.join("train"))
+        .arg("--out")
+        .arg(dir.join("runs"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, text) = signal_after(child, &run, 0, 5, libc::SIGTERM);
+    assert_eq!(code, 75, "preempted runs exit 75:\n{text}");
+    let at = checkpoint_step(&run);
+    assert!(text.contains(&format!("preempted at step {at}; continue with")), "{text}");
+    assert_eq!(steps(&run), (1..=at).collect::<Vec<_>>());
+
+    let child = xtask()
+        .args(["train", "--no-plot", "--resume"])
+        .arg(&run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, text) = signal_after(child, &run, at as usize, 5, libc::SIGINT);
+    assert_eq!(code, 130, "interrupted runs exit 130:\n{text}");
+    let end = checkpoint_step(&run);
+    assert!(end >= at + 5 && text.contains(&format!("interrupted at step {end}")), "{text}");
+    assert_eq!(steps(&run), (1..=end).collect::<Vec<_>>(), "every step once, in order");
+    let _ = std::fs::remove_dir_all(&dir);
+}
