@@ -189,7 +189,7 @@ pub(crate) struct ImportArgs {
     /// the label).
     #[arg(long, value_delimiter = ',')]
     columns: Option<Vec<String>>,
-    /// csv: the field separator.
+    /// csv: the field separator (one ASCII character).
     #[arg(long, default_value_t = ',')]
     delimiter: char,
     /// tfrecord: compression of the inputs.
@@ -341,8 +341,7 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
             let csv = dp_data::CsvOptions {
                 label: args.label,
                 columns: args.columns,
-                delimiter: u8::try_from(args.delimiter)
-                    .context("the delimiter must be one byte")?,
+                delimiter: csv_delimiter(args.delimiter)?,
                 ..Default::default()
             };
             dp_data::import_csv(path.as_ref(), out, &csv, options)?
@@ -369,4 +368,30 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
         ByteSize(manifest.bytes())
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The CSV field separator as the byte it is in the file: an ASCII character. `é` would fit
+/// in a `u8` as U+00E9 but is two bytes in a UTF-8 file, so it is refused rather than taken
+/// for the byte 0xE9.
+fn csv_delimiter(delimiter: char) -> Result<u8> {
+    if !delimiter.is_ascii() {
+        bail!(
+            "--delimiter `{delimiter}` is {} bytes in UTF-8; CSV fields are separated by one ASCII character (`,`, `;`, a tab ...)",
+            delimiter.len_utf8()
+        );
+    }
+    Ok(delimiter as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delimiter_is_one_ascii_byte() {
+        assert_eq!(csv_delimiter(';').unwrap(), b';');
+        assert_eq!(csv_delimiter('\t').unwrap(), b'\t');
+        let error = csv_delimiter('é').unwrap_err().to_string();
+        assert!(error.contains("`é` is 2 bytes in UTF-8"), "{error}");
+    }
 }

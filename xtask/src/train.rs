@@ -38,40 +38,40 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     model: Option<String>,
     /// Passes over the training data.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     epochs: Option<u64>,
     /// Optimizer steps (overrides --epochs).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     steps: Option<u64>,
     /// Replicas (default: one per core).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     replicas: Option<usize>,
     /// Samples per step over all replicas.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     global_batch: Option<usize>,
     /// Samples per replica per micro-batch (sets the global batch from the replica count).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     batch: Option<usize>,
     /// Micro-batches accumulated per step.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     grad_accum: Option<usize>,
     /// sgd or adam.
     #[arg(long)]
     optimizer: Option<String>,
     /// Peak learning rate (warmup then cosine).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
     /// Clip the global gradient norm.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     clip: Option<f64>,
     /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     zero: Option<u8>,
     /// Activation recomputation.
     #[arg(long)]
     recompute: bool,
     /// Prune to this fraction of weights (gradually, over the first two thirds).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     prune: Option<f64>,
     /// Gradient compression: none, bf16 or int8.
     #[arg(long)]
@@ -80,7 +80,7 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     standardize: bool,
     /// Seed.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Run name (the directory under --out).
     #[arg(long)]
@@ -97,7 +97,7 @@ pub(crate) struct TrainArgs {
     /// Train in this many processes on this host (under mpirun), each with `--replicas`
     /// threads (default: the cores shared out). Across hosts, start the processes with
     /// mpirun or srun yourself.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     procs: Option<usize>,
 }
 
@@ -513,4 +513,29 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         verdict(workspace == Some(0.0))
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+
+    #[test]
+    fn negative_numbers_reach_the_config_check() {
+        let cli = Cli::try_parse_from(["train", "--lr", "-1", "--clip", "-0.5"]).unwrap();
+        assert_eq!((cli.train.lr, cli.train.clip), (Some(-1.0), Some(-0.5)));
+        let mut config = TrainConfig::default();
+        apply(&mut config, &cli.train).unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("`lr`: -1 must be a positive number"), "{error}");
+        // Unsigned options say what is wrong with the number, not that it is a stray flag.
+        let error = Cli::try_parse_from(["train", "--steps", "-3"]).err().unwrap().to_string();
+        assert!(error.contains("invalid value '-3' for '--steps"), "{error}");
+    }
 }
