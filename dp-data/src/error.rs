@@ -54,6 +54,20 @@ pub enum Error {
         what: String,
     },
 
+    /// The pipeline's memory budget cannot hold its working set, which construction sizes
+    /// before anything is read.
+    #[error(
+        "invalid option `memory_budget`: {budget} bytes cannot hold the working set of {needed} bytes ({detail}); raise it or lower shuffle_window, prefetch, workers or batch_size"
+    )]
+    Budget {
+        /// The budget, in bytes.
+        budget: u64,
+        /// The working set, in bytes.
+        needed: u64,
+        /// What the working set is made of.
+        detail: String,
+    },
+
     /// An option is out of range.
     #[error("invalid option `{field}`: {what}")]
     Config {

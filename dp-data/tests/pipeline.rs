@@ -123,10 +123,7 @@ fn the_budget_is_checked_at_construction_and_never_exceeded() {
     dataset(&dir, 2000);
     let mut tight = config(64, 0, 1, 2, 2);
     tight.memory_budget = 10 << 10;
-    assert!(matches!(
-        Pipeline::new(&dir, tight, vec![]),
-        Err(Error::Config { field: "memory_budget", .. })
-    ));
+    assert!(matches!(Pipeline::new(&dir, tight, vec![]), Err(Error::Budget { budget: 10240, .. })));
     let mut c = config(64, 0, 1, 2, 2);
     c.memory_budget = 256 << 10;
     c.cache = true;
@@ -465,7 +462,7 @@ proptest! {
         c.shuffle_window = Some(window);
         c.cache = cache;
         match Pipeline::new(&dir, c, augment()) {
-            Err(Error::Config { field, .. }) => prop_assert_eq!(field, "memory_budget"),
+            Err(Error::Budget { budget, needed, .. }) => prop_assert!(needed > budget),
             Err(other) => prop_assert!(false, "unexpected error {}", other),
             Ok(mut p) => {
                 let n = 2 * p.batches_per_epoch();

@@ -206,6 +206,10 @@ impl Default for TrainConfig {
     }
 }
 
+/// Replicas per available core beyond which a run is refused: replicas past the cores only
+/// take turns on them, each with a whole model's memory.
+const MAX_REPLICAS_PER_CORE: usize = 8;
+
 impl TrainConfig {
     /// Reads a config file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -256,10 +260,13 @@ impl TrainConfig {
     /// Checks every setting and their combinations.
     pub fn validate(&self) -> Result<()> {
         let n = self.replica_count();
-        if n > dp_comm::MAX_LOCAL_WORLD {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if n > MAX_REPLICAS_PER_CORE * cores {
             return Err(Error::config(
                 "replicas",
-                format!("{n} is above {}", dp_comm::MAX_LOCAL_WORLD),
+                format!(
+                    "{n} is more than {MAX_REPLICAS_PER_CORE} per core ({cores} cores here): each replica is a thread with its own copy of the model, so more only costs memory; for a larger batch raise grad_accum"
+                ),
             ));
         }
         if self.grad_accum == 0 {

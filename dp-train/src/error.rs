@@ -115,6 +115,48 @@ impl Error {
     pub(crate) fn run(path: &Path, what: impl Into<String>) -> Self {
         Self::Run { path: path.to_path_buf(), what: what.into() }
     }
+
+    /// A budget error in the words of the config: the key to change, not the library call
+    /// behind it. Other errors pass through.
+    pub(crate) fn in_config_terms(self, config: &crate::config::TrainConfig) -> Self {
+        use dp_mem::ByteSize;
+        let out_of_memory = match &self {
+            Error::Memory(dp_mem::Error::OutOfMemory(report)) => Some(report),
+            Error::Model(dp_model::Error::Memory(dp_mem::Error::OutOfMemory(report))) => {
+                Some(report)
+            }
+            _ => None,
+        };
+        if let (Some(report), Some(mib)) = (out_of_memory, config.memory_budget_mib) {
+            let held: Vec<String> = report
+                .reserved_by_tag
+                .iter()
+                .filter(|(_, bytes)| *bytes > 0)
+                .map(|(tag, bytes)| format!("{tag} {}", ByteSize(*bytes)))
+                .collect();
+            return Error::config(
+                "memory_budget_mib",
+                format!(
+                    "{mib} MiB per replica is too small: {} more for {} did not fit beside {} held ({}); raise memory_budget_mib, or lower global_batch, or set recompute or zero_stage = 1",
+                    ByteSize(report.requested),
+                    report.tag,
+                    ByteSize(report.held),
+                    if held.is_empty() { "nothing yet".into() } else { held.join(", ") }
+                ),
+            );
+        }
+        match self {
+            Error::Data(dp_data::Error::Budget { budget, needed, detail }) => Error::config(
+                "data_budget_mib",
+                format!(
+                    "{} per replica cannot hold its input pipeline's working set of {} ({detail}); raise data_budget_mib, or lower shuffle_window, data_prefetch or data_workers",
+                    ByteSize(budget),
+                    ByteSize(needed)
+                ),
+            ),
+            other => other,
+        }
+    }
 }
 
 /// The crate's result type.

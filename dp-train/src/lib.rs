@@ -33,6 +33,7 @@
 
 mod config;
 mod error;
+mod gate;
 mod measure;
 mod metrics;
 mod plan;

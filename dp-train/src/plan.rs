@@ -3,6 +3,7 @@
 //! picks up.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use dp_data::{DType, Dataset, Kind, Normalize, PipelineState};
 use dp_model::{Checkpoint, ModelSpec, Schedule};
@@ -24,7 +25,8 @@ pub(crate) struct ResumeState {
 #[derive(Debug)]
 pub(crate) struct RunPlan {
     pub(crate) config: TrainConfig,
-    pub(crate) run_dir: PathBuf,
+    /// Set at construction for a resumed run; a new run's is made once its replicas are built.
+    pub(crate) run_dir: OnceLock<PathBuf>,
     pub(crate) spec: ModelSpec,
     pub(crate) input_len: usize,
     /// Replicas (threads) per process.
@@ -46,7 +48,7 @@ impl RunPlan {
     /// The plan of one of `processes` processes.
     pub(crate) fn new(
         config: TrainConfig,
-        run_dir: PathBuf,
+        run_dir: Option<PathBuf>,
         resume: Option<Checkpoint>,
         processes: usize,
     ) -> Result<Self> {
@@ -143,7 +145,8 @@ impl RunPlan {
             None => None,
             Some(checkpoint) => {
                 let state: ResumeState = serde_json::from_str(checkpoint.extra()).map_err(|e| {
-                    Error::run(&run_dir, format!("the checkpoint's run state is damaged: {e}"))
+                    let path = run_dir.clone().unwrap_or_default().join(crate::run_dir::CHECKPOINT);
+                    Error::run(&path, format!("the checkpoint's run state is damaged: {e}"))
                 })?;
                 if state.step > total_steps {
                     return Err(Error::config(
@@ -159,7 +162,7 @@ impl RunPlan {
         };
         Ok(Self {
             config,
-            run_dir,
+            run_dir: run_dir.map_or_else(OnceLock::new, OnceLock::from),
             spec,
             input_len,
             replicas,
@@ -183,8 +186,13 @@ impl RunPlan {
         self.replicas * self.processes
     }
 
+    /// The run directory (empty before a new run's is made).
+    pub(crate) fn run_dir(&self) -> &Path {
+        self.run_dir.get().map_or(Path::new(""), PathBuf::as_path)
+    }
+
     pub(crate) fn checkpoint_path(&self) -> PathBuf {
-        self.run_dir.join(crate::run_dir::CHECKPOINT)
+        self.run_dir().join(crate::run_dir::CHECKPOINT)
     }
 }
 

@@ -255,10 +255,6 @@ impl<C: Communicator> Replica<C> {
                 Pipeline::new(&config.train_data, train_config, transforms())?
             }
         };
-        let consistent = ResumeState { step: plan.start_step(), pipeline: train.state() };
-        let mut checksums = vec![0u64; world];
-        check_in_sync(&mut ctl, model.params(), plan.start_step(), &mut checksums)?;
-
         let pruner = match &config.prune {
             None => None,
             Some(p) => {
@@ -299,6 +295,12 @@ impl<C: Communicator> Replica<C> {
         } else {
             GradSync::InPlace
         };
+        // The last step of building, and its only collective after the parameters' broadcast:
+        // once it completes on a replica, every replica of the run is built (a failed one
+        // has left, failing this), which is what lets the trainer create the run directory.
+        let consistent = ResumeState { step: plan.start_step(), pipeline: train.state() };
+        let mut checksums = vec![0u64; world];
+        check_in_sync(&mut ctl, model.params(), plan.start_step(), &mut checksums)?;
         let report = ReplicaReport {
             gemms_per_step: (model.gemm_shapes(plan.micro).len() * config.grad_accum) as u64,
             ..ReplicaReport::default()
@@ -370,7 +372,7 @@ impl<C: Communicator> Replica<C> {
                 match fault.kind {
                     FaultKind::Error => {
                         let what = format!("injected fault at step {step}");
-                        return Err(Error::run(&plan.run_dir, what));
+                        return Err(Error::run(plan.run_dir(), what));
                     }
                     FaultKind::Panic => panic!("injected fault at step {step}"),
                     // SAFETY: sending a signal to this process has no memory effects here.
@@ -617,7 +619,7 @@ impl<C: Communicator> Replica<C> {
             // marked ignored.
             labels[n - batch.padded()..n].fill(-1);
             let x = ArrayView2::from_shape((n, self.plan.input_len), batch.x_flat())
-                .map_err(|e| Error::run(&self.plan.run_dir, format!("eval batch shape: {e}")))?;
+                .map_err(|e| Error::run(self.plan.run_dir(), format!("eval batch shape: {e}")))?;
             let loss = self.model.evaluate(x, Targets::Classes(&labels[..n]))?;
             totals[0] += loss.loss_sum;
             totals[1] += loss.correct as f64;

@@ -14,6 +14,7 @@ use dp_model::Checkpoint;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::gate::Gate;
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
 use crate::processes::Processes;
@@ -90,44 +91,13 @@ pub fn train(
     let started = Instant::now();
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes);
-    let (mut plan, mut lock) = processes.agree(set)?;
+    let (plan, mut lock) = processes.agree(set)?;
     if plan.start_step() == plan.total_steps {
-        return Err(Error::Finished { run_dir: plan.run_dir.clone(), steps: plan.total_steps });
-    }
-    // Only process 0 creates the run directory (its final name, `-2`, `-3` ... when taken,
-    // is known only once it exists), after every process has checked the setup.
-    if options.resume.is_none() {
-        let created = if processes.is_first() {
-            let config = &plan.config;
-            let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
-            run_dir::create(&options.out, &name, config).and_then(|dir| {
-                lock = Some(run_dir::lock(&dir)?);
-                Ok(dir.to_string_lossy().into_owned())
-            })
-        } else {
-            Ok(String::new())
-        };
-        plan.run_dir = PathBuf::from(processes.share(created)?);
+        let run_dir = plan.run_dir().to_path_buf();
+        return Err(Error::Finished { run_dir, steps: plan.total_steps });
     }
     let plan = Arc::new(plan);
-    // Every process follows the run; process 0 alone writes it down, continuing a resumed
-    // run's metrics from its checkpoint's step.
-    let mut metrics = if processes.is_first() {
-        Some(MetricsWriter::resume(&plan.run_dir.join(METRICS), plan.start_step())?)
-    } else {
-        None
-    };
     let params = plan.spec.layout()?.len();
-    observer.started(&RunInfo {
-        run_dir: plan.run_dir.clone(),
-        replicas: plan.world(),
-        processes: plan.processes,
-        model: plan.spec.name.clone(),
-        params,
-        start_step: plan.start_step(),
-        total_steps: plan.total_steps,
-        steps_per_epoch: plan.steps_per_epoch,
-    });
 
     let timeout = Duration::from_secs_f64(plan.config.timeout_s);
     let (local, across) = (LocalConfig::with_timeout(timeout), MpiConfig::with_timeout(timeout));
@@ -141,10 +111,14 @@ pub fn train(
         Hierarchical::group(threads, world_comm()?).into_iter().map(Some).collect()
     };
     let first_rank = processes.rank() * plan.replicas;
+    let gate = Gate::new(plan.replicas);
     let (sender, receiver) = sync_channel::<Event>(1024);
     let mut losses = Vec::new();
     let mut last_eval = None;
+    let mut metrics = None;
+    let mut opening = Ok(());
     let endings = std::thread::scope(|scope| {
+        let opener = gate.opener();
         let handles: Vec<_> = ctl
             .into_iter()
             .zip(grads)
@@ -154,15 +128,46 @@ pub fn train(
                 let events = (local_rank == 0).then(|| sender.clone());
                 let stop = Arc::clone(&options.stop);
                 let fault = options.fault;
+                let entry = gate.enter();
+                // A thread that cannot start drops its communicators (and its place at the
+                // gate) with the closure, so its peers fail at once instead of waiting for it.
                 std::thread::Builder::new()
                     .name(format!("replica-{rank}"))
                     .spawn_scoped(scope, move || {
-                        Replica::new(plan, ctl, grad, events, stop, fault)?.run()
+                        let built = Replica::new(Arc::clone(&plan), ctl, grad, events, stop, fault);
+                        let started = match built {
+                            Ok(replica) if entry.ready() => replica.run(),
+                            // Another replica or the coordinator failed; it reports why.
+                            Ok(_) => Ok(ReplicaReport::default()),
+                            Err(error) => Err(error),
+                        };
+                        started.map_err(|e| e.in_config_terms(&plan.config))
                     })
-                    .expect("spawn a replica thread")
+                    .map_err(|e| Error::Replica {
+                        rank,
+                        what: format!("cannot start its thread: {e}"),
+                    })
             })
             .collect();
         drop(sender);
+        // Every replica is built, so the setup holds: only now is the run directory made.
+        let go = opener.all_ready() && {
+            opening = open_run(&plan, options, &mut processes, &mut lock).map(|m| metrics = m);
+            opening.is_ok()
+        };
+        opener.open(go);
+        if go {
+            observer.started(&RunInfo {
+                run_dir: plan.run_dir().to_path_buf(),
+                replicas: plan.world(),
+                processes: plan.processes,
+                model: plan.spec.name.clone(),
+                params,
+                start_step: plan.start_step(),
+                total_steps: plan.total_steps,
+                steps_per_epoch: plan.steps_per_epoch,
+            });
+        }
         for event in receiver {
             let record = match event {
                 Event::Step(s) => {
@@ -183,12 +188,17 @@ pub fn train(
             };
             // A metrics line that cannot be written must not kill the replicas mid-step;
             // the error surfaces after they finish.
-            if let Some(Err(e)) = metrics.as_mut().map(|m| m.write(&record)) {
+            if let Some(Err(e)) = metrics.as_mut().map(|m: &mut MetricsWriter| m.write(&record)) {
                 eprintln!("{e}");
             }
         }
-        handles.into_iter().map(|h| h.join()).collect::<Vec<_>>()
+        let join = |handle: Result<std::thread::ScopedJoinHandle<'_, _>>| match handle {
+            Ok(handle) => handle.join(),
+            Err(error) => Ok(Err(error)),
+        };
+        handles.into_iter().map(join).collect::<Vec<_>>()
     });
+    opening?;
 
     let reports = match outcome(endings, first_rank) {
         Err(error @ Error::NonFinite { step, .. }) => {
@@ -201,17 +211,46 @@ pub fn train(
     };
     if metrics.is_some() {
         // The whole run's record, so that a resumed run's summary is the uninterrupted run's.
-        let (all, eval) = recorded(&plan.run_dir.join(METRICS))?;
+        let (all, eval) = recorded(&plan.run_dir().join(METRICS))?;
         (losses, last_eval) = (all, eval.or(last_eval));
     }
     let summary =
         summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params);
     if processes.is_first() {
         let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-        run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())?;
+        run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())?;
     }
     drop(lock);
     Ok(summary)
+}
+
+/// Once the replicas are built: process 0 creates a new run's directory (its final name,
+/// `-2`, `-3` ... when taken, is known only once it exists) and takes it for writing, every
+/// process learns it, and process 0 opens the metrics, continuing a resumed run's from its
+/// checkpoint's step. Every process follows the run; process 0 alone writes it down.
+fn open_run(
+    plan: &RunPlan,
+    options: &RunOptions,
+    processes: &mut Processes,
+    lock: &mut Option<RunLock>,
+) -> Result<Option<MetricsWriter>> {
+    if options.resume.is_none() {
+        let created = if processes.is_first() {
+            let config = &plan.config;
+            let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
+            run_dir::create(&options.out, &name, config).and_then(|dir| {
+                *lock = Some(run_dir::lock(&dir)?);
+                Ok(dir.to_string_lossy().into_owned())
+            })
+        } else {
+            Ok(String::new())
+        };
+        let _ = plan.run_dir.set(PathBuf::from(processes.share(created)?));
+    }
+    if !processes.is_first() {
+        return Ok(None);
+    }
+    MetricsWriter::resume(&plan.run_dir().join(METRICS), plan.start_step()).map(Some)
 }
 
 /// Resolves the run on every process: process 0's effective config (or the resumed run's) is
@@ -250,19 +289,22 @@ fn set_up(
             // config it saved.
             let path = dir.join(CHECKPOINT);
             let checkpoint = if path.exists() { Some(Checkpoint::load(&path)?) } else { None };
-            RunPlan::new(effective, dir.clone(), checkpoint, count)?
+            RunPlan::new(effective, Some(dir.clone()), checkpoint, count)?
         }
-        None => RunPlan::new(effective, PathBuf::new(), None, count)?,
+        None => RunPlan::new(effective, None, None, count)?,
     };
     Ok((plan, lock))
 }
 
 /// The summary of a run that diverged at `step`: what its metrics recorded until then.
 fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64) -> Result<()> {
-    let (losses, eval) = recorded(&plan.run_dir.join(METRICS))?;
+    let (losses, eval) = recorded(&plan.run_dir().join(METRICS))?;
     let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
     let summary = Summary {
-        name: plan.run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+        name: plan
+            .run_dir()
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
         model: plan.spec.name.clone(),
         params: params as u64,
         replicas: plan.world(),
@@ -279,7 +321,7 @@ fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64)
         ..Summary::default()
     };
     let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-    run_dir::write_atomic(&plan.run_dir.join(SUMMARY), json.as_bytes())
+    run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())
 }
 
 fn backend(plan: &RunPlan) -> &'static str {
@@ -342,7 +384,10 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
     let root = failures.iter().position(|(_, e)| !matches!(e, Error::Comm(_))).unwrap_or(0);
     let (rank, error) = failures.swap_remove(root);
     Err(match error {
-        e @ (Error::Replica { .. } | Error::Diverged { .. } | Error::NonFinite { .. }) => e,
+        e @ (Error::Replica { .. }
+        | Error::Diverged { .. }
+        | Error::NonFinite { .. }
+        | Error::Config { .. }) => e,
         e => Error::Replica { rank, what: e.to_string() },
     })
 }
@@ -364,7 +409,10 @@ fn summarize(
         r0.params + r0.grads + r0.opt_state + r0.activations + (plan.config.data_budget_mib << 20);
     let step_s = r0.step_s.max(1e-9);
     Summary {
-        name: plan.run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+        name: plan
+            .run_dir()
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
         model: plan.spec.name.clone(),
         params: params as u64,
         replicas: plan.world(),

@@ -220,3 +220,22 @@ fn a_diverging_run_stops_at_that_step_and_keeps_its_last_good_checkpoint() {
         assert_eq!(summary["steps"], at - 1, "{summary}");
     }
 }
+
+#[test]
+fn budgets_too_small_name_their_key_and_leave_no_run_directory() {
+    let out = TempDir::new("faults-budget");
+    // The default MLP's parameters alone are 2 MiB; 64 shuffled blocks of digits are more
+    // than 1 MiB.
+    let model = "mlp".to_string();
+    let small_model = TrainConfig { memory_budget_mib: Some(1), model, ..config(2, 4) };
+    let small_data = TrainConfig { data_budget_mib: 1, shuffle_window: 64, ..config(2, 4) };
+    for (key, c) in [("memory_budget_mib", small_model), ("data_budget_mib", small_data)] {
+        let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(&error, Error::Config { field, .. } if field == key), "{text}");
+        assert!(text.contains(&format!("raise {key}")), "{text}");
+        assert!(!text.contains("Tracker::") && !text.contains("Pool::"), "{text}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&out.0).unwrap().collect();
+    assert!(left.is_empty(), "a failed setup left {left:?}");
+}

@@ -130,6 +130,10 @@ fn a_failing_replica_stops_the_run_naming_it() {
     }
 }
 
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 #[test]
 fn bad_configs_fail_before_anything_starts() {
     let out = TempDir::new("bad");
@@ -147,6 +151,7 @@ fn bad_configs_fail_before_anything_starts() {
         ),
         ("timeout_s", TrainConfig { timeout_s: 1e300, ..config(1, 1) }),
         ("replicas", TrainConfig { replicas: 1 << 20, ..config(1, 1) }),
+        ("per core", TrainConfig { replicas: 8 * cores() + 1, ..config(1, 1) }),
         ("lr", TrainConfig { lr: Some(f64::NAN), ..config(1, 1) }),
     ];
     for (field, c) in cases {

@@ -498,11 +498,11 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
     let working =
         rounding(held.saturating_mul(max_raw).saturating_add(tables).saturating_add(batches));
     if working > config.memory_budget {
-        return Err(Error::Config {
-            field: "memory_budget",
-            what: format!(
-                "{} bytes cannot hold the working set of {working} bytes ({held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables of {makers} batch makers); raise it or lower shuffle_window, prefetch, workers or batch_size",
-                config.memory_budget,
+        return Err(Error::Budget {
+            budget: config.memory_budget,
+            needed: working,
+            detail: format!(
+                "{held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables of {makers} batch makers",
                 makers + config.prefetch as u64 + 2,
             ),
         });
