@@ -29,6 +29,8 @@ pub(crate) struct RunPlan {
     pub(crate) run_dir: OnceLock<PathBuf>,
     pub(crate) spec: ModelSpec,
     pub(crate) input_len: usize,
+    /// Classes: labels are in `0..classes`.
+    pub(crate) classes: usize,
     /// Replicas (threads) per process.
     pub(crate) replicas: usize,
     /// Processes, each with `replicas` replicas.
@@ -75,8 +77,10 @@ impl RunPlan {
             ));
         }
         let classes = match config.classes {
-            Some(c) if c >= 2 => c,
-            Some(c) => return Err(Error::config("classes", format!("{c} is below 2"))),
+            Some(c) if (2..=MAX_CLASSES).contains(&c) => c,
+            Some(c) => {
+                return Err(Error::config("classes", format!("{c} is outside 2..={MAX_CLASSES}")));
+            }
             None => largest_label(&train, &config.label_feature)? as usize + 1,
         };
         if let Some(eval) = &config.eval_data {
@@ -165,6 +169,7 @@ impl RunPlan {
             run_dir: run_dir.map_or_else(OnceLock::new, OnceLock::from),
             spec,
             input_len,
+            classes,
             replicas,
             processes,
             micro,
@@ -238,7 +243,12 @@ fn model_spec(model: &str, input: &[usize], classes: usize) -> Result<ModelSpec>
     }
 }
 
-/// The largest label in the dataset (classes are `0..=largest`).
+/// The most classes a run takes: more would be an output layer of gigabytes, which a label
+/// written by mistake (a float's bits, an id) asks for.
+pub(crate) const MAX_CLASSES: usize = 1 << 20;
+
+/// The largest label in the dataset (classes are `0..=largest`); a negative label, or one
+/// at or above [`MAX_CLASSES`], is an error naming it and its record.
 fn largest_label(dataset: &Dataset, name: &str) -> Result<i64> {
     let mut largest = i64::MIN;
     for block in dataset.blocks() {
@@ -255,10 +265,10 @@ fn largest_label(dataset: &Dataset, name: &str) -> Result<i64> {
                 ));
             }
         };
-        if let Some(&min) = labels.iter().min()
-            && min < 0
-        {
-            return Err(Error::config("label_feature", format!("label {min} is negative")));
+        let bad = labels.iter().position(|&l| l < 0 || l >= MAX_CLASSES as i64);
+        if let Some(row) = bad {
+            let record = block.first_record() + row as u64;
+            return Err(label_error(labels[row], record, MAX_CLASSES));
         }
         largest = largest.max(labels.into_iter().max().unwrap_or(i64::MIN));
     }
@@ -266,6 +276,14 @@ fn largest_label(dataset: &Dataset, name: &str) -> Result<i64> {
         return Err(Error::config("classes", "the training labels have fewer than 2 classes"));
     }
     Ok(largest)
+}
+
+/// A label outside `0..classes`.
+pub(crate) fn label_error(label: i64, record: u64, classes: usize) -> Error {
+    Error::config(
+        "label_feature",
+        format!("label {label} of record {record} is outside 0..{classes} (the classes)"),
+    )
 }
 
 /// Mean and standard deviation of an `f32` feature over its first ten million values or so

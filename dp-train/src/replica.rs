@@ -20,7 +20,7 @@ use ndarray::ArrayView2;
 use crate::config::OptimizerConfig;
 use crate::error::{Error, Result};
 use crate::metrics::EvalMetrics;
-use crate::plan::{ResumeState, RunPlan};
+use crate::plan::{ResumeState, RunPlan, label_error};
 use crate::sync::{check_in_sync, gather_state, pipeline_config, slice_state};
 
 /// A failure to inject into one replica, to test that the run stops cleanly.
@@ -458,6 +458,7 @@ impl<C: Communicator> Replica<C> {
             let labels = y
                 .as_slice()
                 .ok_or_else(|| Error::run(&config.train_data, "labels are not contiguous"))?;
+            check_labels(labels, batch.record_ids(), plan.classes)?;
             let options = StepOptions {
                 step: step * config.grad_accum as u64 + micro as u64,
                 denominator: Some(config.global_batch),
@@ -612,6 +613,9 @@ impl<C: Communicator> Replica<C> {
             let batch = pipeline.next_batch()?;
             let n = batch.len();
             let y = batch.y();
+            if let Some(labels) = y.as_slice() {
+                check_labels(labels, batch.record_ids(), self.plan.classes)?;
+            }
             for (dst, &src) in labels.iter_mut().zip(y.iter()) {
                 *dst = src;
             }
@@ -691,6 +695,15 @@ impl<C: Communicator> Replica<C> {
         self.report.activations = memory.saved_activations + memory.workspace;
         self.report.opt_state = self.optimizer.state_bytes();
         self.report
+    }
+}
+
+/// Every label must be a class: the model would take a negative one for "ignore this
+/// sample" and fail on one past its outputs without naming the record.
+fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
+    match labels.iter().position(|&l| !(0..classes as i64).contains(&l)) {
+        None => Ok(()),
+        Some(i) => Err(label_error(labels[i], records.get(i).copied().unwrap_or(0), classes)),
     }
 }
 

@@ -239,3 +239,48 @@ fn budgets_too_small_name_their_key_and_leave_no_run_directory() {
     let left: Vec<_> = std::fs::read_dir(&out.0).unwrap().collect();
     assert!(left.is_empty(), "a failed setup left {left:?}");
 }
+
+/// A CSV dataset of 200 records of 4 features, labels `i % 3` except `label` at record 137.
+fn csv_with_label(dir: &Path, label: i64) -> std::path::PathBuf {
+    let mut text = String::from("a,b,c,d,label\n");
+    for i in 0..200 {
+        let y = if i == 137 { label } else { i % 3 };
+        text += &format!("{},{},{},{},{y}\n", i % 7, i % 5, i % 3, i % 11);
+    }
+    let csv = dir.join(format!("labels-{label}.csv"));
+    std::fs::write(&csv, text).unwrap();
+    let out = dir.join(format!("labels-{label}"));
+    if out.exists() {
+        return out;
+    }
+    let options = dp_data::CsvOptions { label: Some("label".into()), ..Default::default() };
+    dp_data::import_csv(&csv, &out, &options, dp_data::WriterOptions::default()).unwrap();
+    out
+}
+
+#[test]
+fn a_bad_label_is_an_error_naming_it_its_record_and_the_limit() {
+    let out = TempDir::new("faults-labels");
+    let small = |data: std::path::PathBuf, classes: Option<usize>| TrainConfig {
+        train_data: data,
+        eval_data: None,
+        model: "mlp:8".into(),
+        classes,
+        global_batch: 20,
+        steps: Some(40),
+        ..TrainConfig::default()
+    };
+    let cases = [
+        (-1, None, "label -1 of record 137 is outside 0..1048576"),
+        (-1, Some(3), "label -1 of record 137 is outside 0..3"),
+        (7, Some(3), "label 7 of record 137 is outside 0..3"),
+        (1 << 40, None, "label 1099511627776 of record 137 is outside 0..1048576"),
+    ];
+    for (label, classes, want) in cases {
+        let data = csv_with_label(&out.0, label);
+        let runs = out.0.join("runs");
+        let error = train(small(data, classes), &RunOptions::new(&runs), &mut ()).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains(want), "label {label}, classes {classes:?}: {text}");
+    }
+}
