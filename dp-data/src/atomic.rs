@@ -15,19 +15,29 @@ pub(crate) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Atomically replaces `path` with `bytes`.
+/// Atomically replaces `path` with `bytes`. A write that fails (a full disk) removes its
+/// temporary file.
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let temp = temp_path(path);
     let mut file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
-    file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
+    if let Err(e) = file.write_all(bytes) {
+        let _ = fs::remove_file(&temp);
+        return Err(Error::io(&temp, "write", e));
+    }
     commit(file, &temp, path)
 }
 
-/// Makes a fully written temporary file durable and moves it to `path`.
+/// Makes a fully written temporary file durable and moves it to `path`; on failure the
+/// temporary file is removed.
 pub(crate) fn commit(file: File, temp: &Path, path: &Path) -> Result<()> {
-    file.sync_all().map_err(|e| Error::io(temp, "fsync", e))?;
-    drop(file);
-    fs::rename(temp, path).map_err(|e| Error::io(path, "rename", e))?;
+    let committed = file.sync_all().map_err(|e| Error::io(temp, "fsync", e)).and_then(|()| {
+        drop(file);
+        fs::rename(temp, path).map_err(|e| Error::io(path, "rename", e))
+    });
+    if committed.is_err() {
+        let _ = fs::remove_file(temp);
+    }
+    committed?;
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 

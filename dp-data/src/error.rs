@@ -54,6 +54,22 @@ pub enum Error {
         what: String,
     },
 
+    /// Float features held NaN or infinite values, which would poison training: the dataset
+    /// was refused (nothing of it was left behind) unless the writer allowed them.
+    #[error(
+        "{count} non-finite value(s) (NaN or infinite) in float features, the first in record {record}, feature `{feature}` ({value}); refused, since one poisons every training step it reaches: clean the data, or allow them (WriterOptions::allow_nonfinite, `data import --allow-nonfinite`)"
+    )]
+    NonFinite {
+        /// How many there were.
+        count: u64,
+        /// The first one's record (counted from 0 in the input).
+        record: u64,
+        /// Its feature.
+        feature: String,
+        /// Its value.
+        value: f64,
+    },
+
     /// The pipeline's memory budget cannot hold its working set, which construction sizes
     /// before anything is read.
     #[error(

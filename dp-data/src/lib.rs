@@ -56,6 +56,7 @@ mod checksum;
 mod dataset;
 mod element;
 mod error;
+mod finite;
 mod manifest;
 mod measure;
 mod pipeline;

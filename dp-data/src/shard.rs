@@ -101,6 +101,14 @@ pub(crate) struct ShardWriter {
     raw_bytes: u64,
 }
 
+impl Drop for ShardWriter {
+    /// A shard that was not finished leaves no temporary file (after `finish` renamed it,
+    /// there is none to remove).
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.temp);
+    }
+}
+
 impl ShardWriter {
     pub(crate) fn create(path: PathBuf, fingerprint: u64) -> Result<Self> {
         let temp = atomic::temp_path(&path);
@@ -174,8 +182,9 @@ impl ShardWriter {
         trailer.extend_from_slice(&SHARD_VERSION.to_le_bytes());
         trailer.extend_from_slice(&TRAILER_MAGIC);
         self.write(&trailer)?;
+        self.file.flush().map_err(|e| Error::io(&self.temp, "write", e))?;
         let file =
-            self.file.into_inner().map_err(|e| Error::io(&self.temp, "write", e.into_error()))?;
+            self.file.get_ref().try_clone().map_err(|e| Error::io(&self.temp, "write", e))?;
         atomic::commit(file, &self.temp, &self.path)?;
         Ok(ShardSummary {
             records: self.records,

@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 
 use crate::block::BlockBuilder;
 use crate::error::{Error, Result};
+use crate::finite::NonFinite;
 use crate::manifest::{FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardInfo};
 use crate::schema::Schema;
 use crate::shard::{ShardWriter, schema_fingerprint};
@@ -30,6 +31,10 @@ pub struct WriterOptions {
     /// Compression threads (1 to 256; default: the available cores). The bytes written do not
     /// depend on it.
     pub threads: usize,
+    /// Keep NaN and infinite values in float features. By default a dataset that holds any
+    /// is refused at [`DatasetWriter::finish`] with [`Error::NonFinite`] (their count and
+    /// the first one's place).
+    pub allow_nonfinite: bool,
 }
 
 impl Default for WriterOptions {
@@ -39,6 +44,7 @@ impl Default for WriterOptions {
             shard_size: 256 << 20,
             level: 3,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            allow_nonfinite: false,
         }
     }
 }
@@ -164,6 +170,11 @@ pub struct DatasetWriter {
     spare: Vec<Vec<u8>>,
     shard: Option<ShardWriter>,
     shards: Vec<ShardInfo>,
+    nonfinite: NonFinite,
+    /// Whether `create` made the directory (then a writer that does not finish removes it
+    /// again when it is empty).
+    made_dir: bool,
+    finished: bool,
 }
 
 impl DatasetWriter {
@@ -171,6 +182,7 @@ impl DatasetWriter {
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriterOptions) -> Result<Self> {
         options.check()?;
         let dir = dir.as_ref().to_path_buf();
+        let made_dir = !dir.exists();
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
         refuse_existing(&dir)?;
         let workers = (options.threads > 1).then(|| Workers::spawn(options.threads, options.level));
@@ -188,6 +200,9 @@ impl DatasetWriter {
             spare: Vec::new(),
             shard: None,
             shards: Vec::new(),
+            nonfinite: NonFinite::default(),
+            made_dir,
+            finished: false,
         })
     }
 
@@ -218,6 +233,12 @@ impl DatasetWriter {
         }
         for (value, feature) in record.iter().zip(features) {
             value.check(feature, self.records)?;
+            match value {
+                Value::Dense(bytes) | Value::Sparse { values: bytes, .. } => {
+                    self.nonfinite.scan(feature.dtype, bytes, self.records, &feature.name)
+                }
+                Value::Bytes(_) => {}
+            }
         }
         self.builder.push(record);
         self.records += 1;
@@ -230,8 +251,16 @@ impl DatasetWriter {
         Ok(())
     }
 
-    /// Flushes the last block, finishes the last shard and writes the manifest.
+    /// Flushes the last block, finishes the last shard and writes the manifest. Refuses a
+    /// dataset with non-finite floats unless allowed. On any error the shards written are
+    /// removed again (see the type's docs).
     pub fn finish(mut self) -> Result<Manifest> {
+        if let (false, Some((record, feature, value))) =
+            (self.options.allow_nonfinite, self.nonfinite.first.clone())
+        {
+            let count = self.nonfinite.count;
+            return Err(Error::NonFinite { count, record, feature, value });
+        }
         if self.builder.records() > 0 {
             self.seal_block()?;
         }
@@ -249,6 +278,7 @@ impl DatasetWriter {
             shards: std::mem::take(&mut self.shards),
         };
         manifest.write(&self.dir)?;
+        self.finished = true;
         Ok(manifest)
     }
 
@@ -335,6 +365,24 @@ impl DatasetWriter {
             crc32c: summary.crc32c,
         });
         Ok(())
+    }
+}
+
+impl Drop for DatasetWriter {
+    /// A writer that did not finish (an error, a dropped import) removes the shards it wrote,
+    /// and the directory if it made it and nothing else is in it: a failed import leaves
+    /// nothing behind. The shard being written removes its own temporary file.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        drop(self.shard.take());
+        for shard in &self.shards {
+            let _ = fs::remove_file(self.dir.join(&shard.file));
+        }
+        if self.made_dir {
+            let _ = fs::remove_dir(&self.dir);
+        }
     }
 }
 

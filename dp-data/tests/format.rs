@@ -181,7 +181,7 @@ fn records_that_do_not_match_the_schema_are_refused_by_name() {
     assert!(writer.append(&[Value::dense(&r.image)]).is_err());
     assert_eq!(writer.records(), 0);
     drop(writer);
-    fs::remove_dir_all(&dir).unwrap();
+    assert!(!dir.exists(), "a writer that did not finish left its directory");
 }
 
 #[test]
@@ -191,7 +191,21 @@ fn an_unfinished_writer_leaves_no_dataset() {
     for i in 0..500 {
         append(&mut writer, i);
     }
+    // It wrote shards, and removes them with the directory it made: nothing is left.
+    assert!(fs::read_dir(&dir).unwrap().count() > 0);
     drop(writer);
+    assert!(!dir.exists(), "an unfinished writer left {}", dir.display());
+    // Shards of a directory it did not make are removed; the directory and what else is in
+    // it stay, and it still does not open as a dataset.
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let mut writer = DatasetWriter::create(&dir, schema(), small_blocks(2)).unwrap();
+    for i in 0..500 {
+        append(&mut writer, i);
+    }
+    drop(writer);
+    let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["notes.txt"]);
     assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
     // A finished dataset is not overwritten by accident.
     let done = temp_dir("unfinished-2");

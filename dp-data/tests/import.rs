@@ -636,3 +636,40 @@ fn export_refuses_features_it_cannot_write_when_asked_for_them() {
         Some(Kind::Bytes)
     ));
 }
+
+#[test]
+fn non_finite_floats_are_counted_and_refused_unless_allowed_and_leave_nothing() {
+    let dir = TempDir::new("nonfinite");
+    let mut text = String::from("x,y,label\n");
+    for i in 0..3000 {
+        let x = match i {
+            1234 => "nan".to_string(),
+            2000 => "inf".to_string(),
+            _ => format!("{}", i % 17),
+        };
+        text += &format!("{x},{},{}\n", i % 5, i % 3);
+    }
+    let csv = dir.write("data.csv", text.as_bytes());
+    let out = dir.path("refused");
+    let with_label = CsvOptions { label: Some("label".into()), ..CsvOptions::default() };
+    let error = import_csv(&csv, &out, &with_label, options()).unwrap_err();
+    match &error {
+        Error::NonFinite { count, record, feature, value } => {
+            assert_eq!((*count, *record, feature.as_str()), (2, 1234, "features"), "{error}");
+            assert!(value.is_nan(), "{error}");
+        }
+        other => panic!("not a non-finite error: {other}"),
+    }
+    assert!(error.to_string().contains("--allow-nonfinite"), "{error}");
+    assert!(!out.exists(), "a refused import left {}", out.display());
+
+    let mut allowed = options();
+    allowed.allow_nonfinite = true;
+    let kept = dir.path("kept");
+    let manifest = import_csv(&csv, &kept, &with_label, allowed).unwrap();
+    assert_eq!(manifest.records, 3000);
+    let values = dense_bytes(&kept, "features");
+    let floats: Vec<f32> =
+        values.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert!(floats[2 * 1234].is_nan() && floats[2 * 2000].is_infinite());
+}

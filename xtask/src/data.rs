@@ -119,6 +119,10 @@ pub(crate) struct WriteArgs {
     /// Compression threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Keep NaN and infinite float values (by default an input with any is refused, with
+    /// their count and the first one's record).
+    #[arg(long)]
+    allow_nonfinite: bool,
 }
 
 impl WriteArgs {
@@ -130,6 +134,7 @@ impl WriteArgs {
         if let Some(threads) = self.threads {
             options.threads = threads;
         }
+        options.allow_nonfinite = self.allow_nonfinite;
         options
     }
 }
