@@ -92,6 +92,14 @@ impl Dataset {
                 return Err(stale(format!("{len} bytes, the manifest says {}", info.bytes)));
             }
             let shard = ShardReader::open(path, fingerprint)?;
+            if let Some(want) = info.index_crc32c
+                && shard.index_crc32c() != want
+            {
+                return Err(stale(format!(
+                    "its blocks are not the ones the manifest lists (block index CRC32C {:08x}, the manifest says {want:08x}): another shard, of this dataset or another, is in its place",
+                    shard.index_crc32c()
+                )));
+            }
             let raw: u64 = shard.entries().iter().map(|e| e.raw).sum();
             if shard.records() != info.records
                 || shard.entries().len() as u64 != info.blocks

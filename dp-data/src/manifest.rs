@@ -59,6 +59,12 @@ pub struct ShardInfo {
     pub raw_bytes: u64,
     /// CRC32C of the whole file.
     pub crc32c: u32,
+    /// CRC32C of the shard's block index, which lists every block's place, sizes and CRC32C:
+    /// opening the dataset compares it, so that a shard swapped for another (of this dataset
+    /// or another one, of the same size or not) is refused at once, not only by `verify`.
+    /// Absent in manifests written before it existed, which are then not bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_crc32c: Option<u32>,
 }
 
 impl Manifest {

@@ -87,6 +87,7 @@ pub(crate) struct ShardSummary {
     pub(crate) bytes: u64,
     pub(crate) raw_bytes: u64,
     pub(crate) crc32c: u32,
+    pub(crate) index_crc32c: u32,
 }
 
 /// Writes one shard under a temporary name; `finish` makes it durable and renames it.
@@ -178,7 +179,8 @@ impl ShardWriter {
         for v in [index_offset, self.entries.len() as u64, self.records, self.raw_bytes] {
             trailer.extend_from_slice(&v.to_le_bytes());
         }
-        trailer.extend_from_slice(&checksum::crc32c(&index).to_le_bytes());
+        let index_crc32c = checksum::crc32c(&index);
+        trailer.extend_from_slice(&index_crc32c.to_le_bytes());
         trailer.extend_from_slice(&SHARD_VERSION.to_le_bytes());
         trailer.extend_from_slice(&TRAILER_MAGIC);
         self.write(&trailer)?;
@@ -192,6 +194,7 @@ impl ShardWriter {
             bytes: self.position,
             raw_bytes: self.raw_bytes,
             crc32c: self.crc.value(),
+            index_crc32c,
         })
     }
 }
@@ -244,6 +247,9 @@ pub(crate) struct ShardReader {
     map: memmap2::Mmap,
     entries: Vec<BlockEntry>,
     records: u64,
+    /// CRC32C of the block index: every block's place, sizes and CRC32C, so a fingerprint of
+    /// the shard's content that opening reads anyway.
+    index_crc32c: u32,
 }
 
 thread_local! {
@@ -392,11 +398,15 @@ impl ShardReader {
         if map.len() as u64 != len {
             return Err(corrupt(0, format!("changed size while being opened ({len} bytes)")));
         }
-        Ok(ShardReader { path, map, entries, records })
+        Ok(ShardReader { path, map, entries, records, index_crc32c: index_crc })
     }
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub(crate) fn index_crc32c(&self) -> u32 {
+        self.index_crc32c
     }
 
     pub(crate) fn records(&self) -> u64 {

@@ -363,6 +363,7 @@ impl DatasetWriter {
             bytes: summary.bytes,
             raw_bytes: summary.raw_bytes,
             crc32c: summary.crc32c,
+            index_crc32c: Some(summary.index_crc32c),
         });
         Ok(())
     }

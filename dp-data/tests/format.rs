@@ -377,3 +377,58 @@ proptest! {
         fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A dataset of 64 records of 4 KiB of noise seeded by `seed`: blocks that do not compress,
+/// so every shard of 8 records has the same size.
+fn noise(dir: &Path, seed: u64) {
+    let schema = Schema::new(vec![Feature::dense("noise", DType::U8, &[4096])]).unwrap();
+    let mut options = WriterOptions::default();
+    options.block_size = 4 << 10;
+    options.shard_size = 8 * (4 << 10);
+    options.threads = 1;
+    let mut writer = DatasetWriter::create(dir, schema, options).unwrap();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for _ in 0..64 {
+        let record: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        writer.append(&[Value::dense(&record)]).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+#[test]
+fn a_shard_in_another_shards_place_is_refused_at_open() {
+    let (dir, other) = (temp_dir("bound"), temp_dir("bound-other"));
+    noise(&dir, 1);
+    noise(&other, 2);
+    let shard = |d: &Path, i: usize| d.join(format!("shard-{i:05}.dps"));
+    let size = |p: PathBuf| fs::metadata(p).unwrap().len();
+    assert!(Dataset::open(&dir).is_ok());
+    assert_eq!(size(shard(&dir, 0)), size(shard(&dir, 1)), "the case needs shards of one size");
+    assert_eq!(size(shard(&dir, 0)), size(shard(&other, 0)));
+    let original = fs::read(shard(&dir, 0)).unwrap();
+
+    // Two shards of the dataset swapped.
+    let second = fs::read(shard(&dir, 1)).unwrap();
+    fs::write(shard(&dir, 0), &second).unwrap();
+    fs::write(shard(&dir, 1), &original).unwrap();
+    let error = Dataset::open(&dir).unwrap_err().to_string();
+    assert!(error.contains("shard-00000.dps") && error.contains("another shard"), "{error}");
+    fs::write(shard(&dir, 1), &second).unwrap();
+
+    // A shard of another dataset of the same size.
+    fs::copy(shard(&other, 0), shard(&dir, 0)).unwrap();
+    let error = Dataset::open(&dir).unwrap_err().to_string();
+    assert!(error.contains("shard-00000.dps") && error.contains("another shard"), "{error}");
+
+    fs::write(shard(&dir, 0), &original).unwrap();
+    assert!(Dataset::open(&dir).unwrap().verify().is_empty());
+    fs::remove_dir_all(&dir).unwrap();
+    fs::remove_dir_all(&other).unwrap();
+}
