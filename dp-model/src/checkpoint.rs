@@ -329,14 +329,22 @@ fn decode<T: Float>(values: &Values, dst: &mut [T]) -> Result<(), String> {
 
 /// Writes to a temporary name, fsyncs, renames over `path`, and fsyncs the directory.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut temp_name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    temp_name.push(".tmp");
-    let temp: PathBuf = path.with_file_name(temp_name);
-    let mut file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
-    file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
-    file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))?;
-    drop(file);
-    std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e))?;
+    // A name of this process's own, hidden: a second writer never shares it, and readers never
+    // look at it.
+    let name = path.file_name().map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
+    let temp: PathBuf = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = File::create(&temp)
+        .map_err(|e| Error::io(&temp, "create", e))
+        .and_then(|mut file| {
+            file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
+            file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))
+        })
+        .and_then(|()| std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e)));
+    if written.is_err() {
+        // A full disk leaves no partial file behind.
+        let _ = std::fs::remove_file(&temp);
+    }
+    written?;
     #[cfg(unix)]
     {
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -93,7 +93,21 @@ pub(crate) fn lock(dir: &Path) -> Result<RunLock> {
         .set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| write!(file, "{}", std::process::id()));
+    remove_stale_temporaries(dir);
     Ok(RunLock { _file: file })
+}
+
+/// Removes the temporary files a killed writer left (hidden names with `.tmp` in them): with
+/// the lock held, no other writer's can exist.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.contains(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Writes a file whole or not at all (temporary file, fsync, rename, directory fsync). The
@@ -135,6 +149,12 @@ mod tests {
         let names: Vec<_> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["target"]);
+        // A killed writer's temporary files go when the directory is next taken.
+        std::fs::write(dir.join(".checkpoint.ckpt.4242.tmp"), b"torn").unwrap();
+        drop(lock(&dir).unwrap());
+        let names: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(!names.iter().any(|n| n.to_string_lossy().contains(".tmp")), "{names:?}");
         write_atomic(&dir.join("file"), b"one").unwrap();
         write_atomic(&dir.join("file"), b"two").unwrap();
         assert_eq!(std::fs::read(dir.join("file")).unwrap(), b"two");

@@ -1,0 +1,125 @@
+//! `cargo xtask train` killed with SIGKILL again and again, at steps drawn from a fixed seed
+//! and with a checkpoint written after every step (so a kill may land inside a write; the
+//! test counts those it sees), and resumed each time: the checkpoint is never torn, and the
+//! finished run's losses and parameters are bitwise the uninterrupted run's, every step
+//! recorded once, no temporary file left.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dp_train::{METRICS, MetricsRecord, read_metrics};
+
+fn xtask() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+}
+
+/// (step, loss bits) of every training line of a run's metrics, in file order.
+fn losses(run: &Path) -> Vec<(u64, u64)> {
+    match read_metrics(&run.join(METRICS)) {
+        Ok(records) => records
+            .iter()
+            .filter_map(|r| match r {
+                MetricsRecord::Train(m) => Some((m.step, m.loss.to_bits())),
+                MetricsRecord::Eval(_) => None,
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn checkpoint(run: &Path) -> Option<(u64, Vec<u8>)> {
+    let path = run.join(dp_train::CHECKPOINT);
+    let bytes = std::fs::read(&path).ok()?;
+    let checkpoint = dp_model::Checkpoint::load(&path).expect("a checkpoint is never torn");
+    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    Some((state["step"].as_u64().unwrap(), bytes))
+}
+
+/// Temporary files in a run directory.
+fn temporaries(run: &Path) -> usize {
+    std::fs::read_dir(run)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp"))
+        .count()
+}
+
+fn spawn(args: &[&str], extra: &[&Path]) -> Child {
+    xtask().args(args).args(extra).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+#[test]
+fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("dp-xtask-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let made = xtask()
+        .args(["data", "gen", "--records", "4096", "--eval-records", "256", "--out"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let config = dir.join("run.toml");
+    let train_data = data.join("train");
+    std::fs::write(
+        &config,
+        format!(
+            "train_data = {:?}\nmodel = \"mlp:32\"\nreplicas = 2\nglobal_batch = 64\nsteps = 240\ncheckpoint_every = 1\nshuffle_window = 2\n",
+            train_data.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let run_args = ["train", "--no-plot", "--name", "run", "--config"];
+
+    let whole = dir.join("whole");
+    let status = spawn(&run_args, &[&config, Path::new("--out"), &whole]).wait().unwrap();
+    assert!(status.success());
+    let uninterrupted = losses(&whole.join("run"));
+    assert_eq!(uninterrupted.len(), 240);
+
+    let runs = dir.join("killed");
+    let run = runs.join("run");
+    let mut child = spawn(&run_args, &[&config, Path::new("--out"), &runs]);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let (mut kills, mut resumes, mut inside_writes) = (0, 0, 0);
+    loop {
+        // Kill after 5 to 35 more recorded steps, unless the run finishes first.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let target = losses(&run).len() + 5 + (seed % 31) as usize;
+        let started = Instant::now();
+        let finished = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if losses(&run).len() >= target {
+                break None;
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "no progress");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if let Some(status) = finished {
+            assert!(status.success(), "a resumed run failed: {status}");
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        // Whatever the kill interrupted, the checkpoint on disk is a whole one.
+        let _ = checkpoint(&run);
+        inside_writes += usize::from(temporaries(&run) > 0);
+        child = spawn(&["train", "--no-plot", "--resume"], &[&run]);
+        resumes += 1;
+    }
+    println!("{kills} kills at random steps ({inside_writes} inside a write), {resumes} resumes");
+    assert!(kills >= 4, "only {kills} kills landed; the run is too short to test this");
+    assert_eq!(losses(&run), uninterrupted, "every step once, with the uninterrupted losses");
+    let (killed_step, killed_bytes) = checkpoint(&run).unwrap();
+    let (whole_step, whole_bytes) = checkpoint(&whole.join("run")).unwrap();
+    assert_eq!((killed_step, killed_bytes), (whole_step, whole_bytes), "final checkpoints differ");
+    // A kill inside a write leaves its temporary file; the resumed run removes it.
+    assert_eq!(temporaries(&run), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
