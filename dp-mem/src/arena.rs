@@ -314,7 +314,8 @@ impl<B: HostMemory> Arena<B> {
         if let Some(oom) = over_budget(&self.tracker) {
             return Err(oom.into());
         }
-        let chunk = Chunk { ptr: self.backend.allocate(bytes, BLOCK_ALIGN)?, bytes, filled: 0 };
+        let ptr = self.backend.allocate(bytes, BLOCK_ALIGN).map_err(|e| e.for_tag(self.tag))?;
+        let chunk = Chunk { ptr, bytes, filled: 0 };
         let mut state = self.tracker.lock();
         if let Err(limit) = state.ledger.check(self.tag, size, size) {
             let oom = state.ledger.out_of_memory("arena", self.tag, size, size, limit, 0);

@@ -54,6 +54,7 @@ impl Backend for SystemBackend {
             backend: self.name(),
             bytes,
             message: message.to_string(),
+            tag: None,
         };
         if bytes == 0 {
             return Err(failure("zero-byte blocks are not allocated"));

@@ -1,6 +1,7 @@
 //! The crate's error type.
 
 use crate::oom::OutOfMemory;
+use crate::tag::Tag;
 
 /// Everything that can go wrong in this crate. No operation panics or aborts on bad input; it
 /// returns one of these instead.
@@ -52,8 +53,12 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// The memory backend could not provide a block.
-    #[error("{backend} backend failed to allocate {bytes} bytes: {message}")]
+    /// The memory backend could not provide a block: the machine (or an address-space limit
+    /// such as `ulimit -v`) has less memory than was asked for, though the budgets allowed it.
+    #[error(
+        "{backend} backend failed to allocate {bytes} bytes{}: {message}",
+        tag.map_or(String::new(), |t| format!(" for {t}"))
+    )]
     Backend {
         /// The backend's name.
         backend: &'static str,
@@ -61,6 +66,8 @@ pub enum Error {
         bytes: usize,
         /// What the backend reported.
         message: String,
+        /// The tag of the request, when a pool or arena made it.
+        tag: Option<Tag>,
     },
 
     /// Allocation counting was asked for, but `CountingAlloc` is not the global allocator.
@@ -72,6 +79,18 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A backend failure, said to be for `tag`.
+    pub(crate) fn for_tag(self, tag: Tag) -> Self {
+        match self {
+            Error::Backend { backend, bytes, message, tag: None } => {
+                Error::Backend { backend, bytes, message, tag: Some(tag) }
+            }
+            other => other,
+        }
+    }
+}
 
 impl From<OutOfMemory> for Error {
     fn from(report: OutOfMemory) -> Self {

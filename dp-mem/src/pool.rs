@@ -613,7 +613,7 @@ impl<B: Backend> PoolShared<B> {
         // The budget allowed a new block. Take it from the backend outside the lock, then check
         // again before counting it (another thread may have used the room meanwhile), so that
         // neither a backend failure nor a race leaves a trace in the counters.
-        let ptr = self.backend.allocate(class.bytes, BLOCK_ALIGN)?;
+        let ptr = self.backend.allocate(class.bytes, BLOCK_ALIGN).map_err(|e| e.for_tag(tag))?;
         let block = Block { ptr, class: class.index };
         let refused = self.with_cache(|ledger, cache| match ledger.check(tag, want, want) {
             Ok(()) => {

@@ -520,7 +520,9 @@ fn backend_failure_is_an_error_and_leaves_counters_unchanged() {
     let arena = Arena::with_backend(&tracker, Tag::Temp, 4096, FailingBackend);
     let before = tracker.snapshot();
     match arena.alloc::<u8>(100) {
-        Err(Error::Backend { backend, .. }) => assert_eq!(backend, "failing"),
+        Err(Error::Backend { backend, tag, .. }) => {
+            assert_eq!((backend, tag), ("failing", Some(Tag::Temp)));
+        }
         other => panic!("expected Error::Backend, got {other:?}"),
     }
     assert_eq!((arena.chunk_count(), arena.used(), arena.reserved()), (0, 0, 0));

@@ -500,9 +500,10 @@ fn backend_failure_is_an_error_and_leaves_counters_unchanged() {
     let pool = Pool::with_backend(&tracker, FailingBackend, PoolConfig::default());
     let before = (tracker.snapshot(), pool.stats());
     match pool.alloc::<u8>(1 << 20, Tag::Data) {
-        Err(Error::Backend { backend, bytes, .. }) => {
-            assert_eq!(backend, "failing");
+        Err(error @ Error::Backend { backend, bytes, tag, .. }) => {
+            assert_eq!((backend, tag), ("failing", Some(Tag::Data)));
             assert!(bytes >= 1 << 20);
+            assert!(error.to_string().contains("bytes for Data: no memory here"), "{error}");
         }
         other => panic!("expected Error::Backend, got {other:?}"),
     }

@@ -145,6 +145,26 @@ impl Error {
                 ),
             );
         }
+        let refused = match &self {
+            Error::Memory(e @ dp_mem::Error::Backend { tag: Some(tag), .. })
+            | Error::Model(dp_model::Error::Memory(
+                e @ dp_mem::Error::Backend { tag: Some(tag), .. },
+            ))
+            | Error::Data(dp_data::Error::Memory(
+                e @ dp_mem::Error::Backend { tag: Some(tag), .. },
+            )) => Some((e.to_string(), *tag)),
+            _ => None,
+        };
+        if let Some((what, tag)) = refused {
+            let key =
+                if tag == dp_mem::Tag::Data { "data_budget_mib" } else { "memory_budget_mib" };
+            return Error::config(
+                key,
+                format!(
+                    "the system refused memory the budgets allowed ({what}): this machine, or its address-space limit (ulimit -v), holds less than the run needs; lower global_batch or replicas, or set {key} to what the machine has, so that a run that does not fit stops at setup"
+                ),
+            );
+        }
         match self {
             Error::Data(dp_data::Error::Budget { budget, needed, detail }) => Error::config(
                 "data_budget_mib",

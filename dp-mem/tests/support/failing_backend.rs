@@ -14,7 +14,8 @@ impl Backend for FailingBackend {
     }
 
     fn allocate(&self, bytes: usize, _align: usize) -> dp_mem::Result<NonNull<u8>> {
-        Err(Error::Backend { backend: self.name(), bytes, message: "no memory here".to_string() })
+        let message = "no memory here".to_string();
+        Err(Error::Backend { backend: self.name(), bytes, message, tag: None })
     }
 
     unsafe fn deallocate(&self, _ptr: NonNull<u8>, _bytes: usize, _align: usize) {
