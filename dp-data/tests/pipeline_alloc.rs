@@ -77,7 +77,12 @@ fn steady_batches_allocate_nothing() {
     // The pool grows to its high-water mark once: every batch the workers may make ahead, while
     // the consumer holds one. Reach it before counting.
     let held = pipeline.next_batch().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let consumed = 3 * pipeline.batches_per_epoch() + 2;
+    let started = std::time::Instant::now();
+    while pipeline.stats().batches < consumed + 3 + 2 {
+        assert!(started.elapsed().as_secs() < 30, "the workers did not fill the queue");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     drop(held);
     // Workers make batches of the next epoch ahead of the consumer: stop before they can.
     let batches = pipeline.batches_per_epoch() - 2 - 3 - 2;
