@@ -39,6 +39,7 @@ mod metrics;
 mod plan;
 mod plot;
 mod processes;
+mod record;
 mod replica;
 mod run_dir;
 mod summary;

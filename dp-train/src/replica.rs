@@ -5,7 +5,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::SyncSender;
 use std::time::Instant;
 
 use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, Compression, ReduceOp};
@@ -21,6 +20,7 @@ use crate::config::OptimizerConfig;
 use crate::error::{Error, Result};
 use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error};
+use crate::record::{Event, Events};
 use crate::sync::{check_in_sync, gather_state, pipeline_config, slice_state};
 
 /// A failure to inject into one replica, to test that the run stops cleanly.
@@ -58,14 +58,6 @@ pub(crate) struct StepSample {
     pub(crate) data_wait_s: f64,
     pub(crate) comm_exposed_s: f64,
     pub(crate) memory: [u64; 7],
-}
-
-/// What replica 0 tells the coordinating thread.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Event {
-    Step(StepSample),
-    Eval(EvalMetrics),
-    Checkpoint { step: u64 },
 }
 
 /// What a replica reports when it ends.
@@ -149,7 +141,7 @@ pub(crate) struct Replica<C: Communicator> {
     pruner: Option<Pruner>,
     train: Pipeline,
     eval: Option<(Pipeline, Vec<i64>)>,
-    events: Option<SyncSender<Event>>,
+    events: Option<Events>,
     stop: Arc<AtomicBool>,
     fault: Option<Fault>,
     /// The last step boundary at which parameters, optimizer state and data position agree:
@@ -189,7 +181,7 @@ impl<C: Communicator> Replica<C> {
         plan: Arc<RunPlan>,
         mut ctl: C,
         grad_comm: Option<G>,
-        events: Option<SyncSender<Event>>,
+        events: Option<Events>,
         stop: Arc<AtomicBool>,
         fault: Option<Fault>,
     ) -> Result<Self>
@@ -345,6 +337,7 @@ impl<C: Communicator> Replica<C> {
                     gather,
                     consistent,
                     updating,
+                    events,
                     ..
                 } = self;
                 drop(grad_sync);
@@ -352,7 +345,11 @@ impl<C: Communicator> Replica<C> {
                 let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
                 let saved = consistent.step > plan.start_step();
                 if rank == 0 && gather.is_none() && !diverged && !updating && saved {
-                    emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
+                    // As for every checkpoint: not past a step whose metrics were lost.
+                    let timeout = std::time::Duration::from_secs_f64(plan.config.timeout_s);
+                    if events.as_ref().is_none_or(|e| e.wait_recorded(timeout).is_ok()) {
+                        emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
+                    }
                 }
                 Err(error)
             }
@@ -515,7 +512,7 @@ impl<C: Communicator> Replica<C> {
         self.report.data_wait_s += data_wait;
         self.report.comm_exposed_s += comm_exposed;
         self.report.step_s += step_s;
-        if let Some(events) = &self.events {
+        if self.events.is_some() {
             let mut memory = [0u64; 7];
             for (slot, tag) in memory.iter_mut().zip(Tag::ALL) {
                 *slot = self.tracker.tag_in_use(tag).0;
@@ -532,8 +529,9 @@ impl<C: Communicator> Replica<C> {
                 comm_exposed_s: comm_exposed,
                 memory,
             };
-            // A coordinator that has gone away only loses the progress display.
-            let _ = events.send(Event::Step(sample));
+            if let Some(events) = &mut self.events {
+                events.send(Event::Step(sample));
+            }
         }
         Ok(totals[3] > 0.0)
     }
@@ -630,7 +628,7 @@ impl<C: Communicator> Replica<C> {
             totals[2] += loss.samples as f64;
         }
         self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
-        if let Some(events) = &self.events {
+        if let Some(events) = &mut self.events {
             let samples = totals[2].max(1.0);
             let eval = EvalMetrics {
                 step,
@@ -638,7 +636,7 @@ impl<C: Communicator> Replica<C> {
                 eval_loss: totals[0] / samples,
                 eval_accuracy: totals[1] / samples,
             };
-            let _ = events.send(Event::Eval(eval));
+            events.send(Event::Eval(eval));
         }
         Ok(())
     }
@@ -660,17 +658,29 @@ impl<C: Communicator> Replica<C> {
             state
         };
         if self.rank == 0 {
+            self.metrics_recorded()?;
             let extra =
                 serde_json::to_string(&self.consistent).expect("the run state always serializes");
             Checkpoint::capture(&self.model)
                 .with_optimizer(full)
                 .with_extra(extra)
                 .save(&self.plan.checkpoint_path())?;
-            if let Some(events) = &self.events {
-                let _ = events.send(Event::Checkpoint { step });
+            if let Some(events) = &mut self.events {
+                events.send(Event::Checkpoint { step });
             }
         }
         Ok(())
+    }
+
+    /// Waits until the metrics of every step so far are written: a checkpoint past a line the
+    /// metrics file lost would make a resumed run's record skip it.
+    fn metrics_recorded(&self) -> Result<()> {
+        let Some(events) = &self.events else { return Ok(()) };
+        let timeout = std::time::Duration::from_secs_f64(self.plan.config.timeout_s);
+        events.wait_recorded(timeout).map_err(|why| {
+            let what = format!("{why}; no checkpoint is written past the last recorded step");
+            Error::run(&self.plan.run_dir().join(crate::run_dir::METRICS), what)
+        })
     }
 
     /// Bytes the training and evaluation pipelines hold now, and the sum of their peaks.

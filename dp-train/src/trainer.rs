@@ -18,7 +18,8 @@ use crate::gate::Gate;
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
 use crate::processes::Processes;
-use crate::replica::{Event, Fault, Replica, ReplicaReport, bucket_config, reduces_in_place};
+use crate::record::{Event, Events, Recorded};
+use crate::replica::{Fault, Replica, ReplicaReport, bucket_config, reduces_in_place};
 use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, RunLock, SUMMARY};
 use crate::summary::Summary;
 
@@ -113,6 +114,7 @@ pub fn train(
     let first_rank = processes.rank() * plan.replicas;
     let gate = Gate::new(plan.replicas);
     let (sender, receiver) = sync_channel::<Event>(1024);
+    let recorded = Arc::new(Recorded::default());
     let mut losses = Vec::new();
     let mut last_eval = None;
     let mut metrics = None;
@@ -125,7 +127,8 @@ pub fn train(
             .map(|(ctl, grad)| {
                 let plan = Arc::clone(&plan);
                 let (rank, local_rank) = (ctl.rank(), ctl.local_rank());
-                let events = (local_rank == 0).then(|| sender.clone());
+                let events =
+                    (local_rank == 0).then(|| Events::new(sender.clone(), Arc::clone(&recorded)));
                 let stop = Arc::clone(&options.stop);
                 let fault = options.fault;
                 let entry = gate.enter();
@@ -183,14 +186,15 @@ pub fn train(
                 }
                 Event::Checkpoint { step } => {
                     observer.checkpoint(step);
+                    recorded.handled(None);
                     continue;
                 }
             };
-            // A metrics line that cannot be written must not kill the replicas mid-step;
-            // the error surfaces after they finish.
-            if let Some(Err(e)) = metrics.as_mut().map(|m: &mut MetricsWriter| m.write(&record)) {
-                eprintln!("{e}");
-            }
+            // A line that cannot be written (a full disk) does not stop the replicas mid-step;
+            // replica 0 learns of it before its next checkpoint, which it then does not write,
+            // so the run stops where its record does.
+            let written = metrics.as_mut().map_or(Ok(()), |m: &mut MetricsWriter| m.write(&record));
+            recorded.handled(written.err().map(|e| e.to_string()));
         }
         let join = |handle: Result<std::thread::ScopedJoinHandle<'_, _>>| match handle {
             Ok(handle) => handle.join(),
@@ -211,7 +215,7 @@ pub fn train(
     };
     if metrics.is_some() {
         // The whole run's record, so that a resumed run's summary is the uninterrupted run's.
-        let (all, eval) = recorded(&plan.run_dir().join(METRICS))?;
+        let (all, eval) = read_record(&plan.run_dir().join(METRICS))?;
         (losses, last_eval) = (all, eval.or(last_eval));
     }
     let summary =
@@ -298,7 +302,7 @@ fn set_up(
 
 /// The summary of a run that diverged at `step`: what its metrics recorded until then.
 fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64) -> Result<()> {
-    let (losses, eval) = recorded(&plan.run_dir().join(METRICS))?;
+    let (losses, eval) = read_record(&plan.run_dir().join(METRICS))?;
     let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
     let summary = Summary {
         name: plan
@@ -329,7 +333,7 @@ fn backend(plan: &RunPlan) -> &'static str {
 }
 
 /// Every training loss in a metrics file, and its last evaluation.
-fn recorded(path: &Path) -> Result<(Vec<f64>, Option<EvalMetrics>)> {
+fn read_record(path: &Path) -> Result<(Vec<f64>, Option<EvalMetrics>)> {
     let (mut losses, mut eval) = (Vec::new(), None);
     for record in crate::metrics::read_metrics(path)? {
         match record {

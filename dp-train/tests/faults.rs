@@ -6,6 +6,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
@@ -283,4 +284,104 @@ fn a_bad_label_is_an_error_naming_it_its_record_and_the_limit() {
         let text = error.to_string();
         assert!(text.contains(want), "label {label}, classes {classes:?}: {text}");
     }
+}
+
+/// A small tmpfs mounted for a test (root only; `None`, with the reason printed, elsewhere),
+/// unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(name: &str, kib: u64) -> Option<Tmpfs> {
+        let dir = std::env::temp_dir().join(format!("dp-train-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = format!("size={kib}k");
+        let mounted =
+            Command::new("mount").args(["-t", "tmpfs", "-o", &size, "tmpfs"]).arg(&dir).output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Tmpfs(dir)),
+            Ok(out) => {
+                eprintln!(
+                    "skipping: cannot mount a tmpfs: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("skipping: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn read_only(&self) {
+        let status = Command::new("mount").args(["-o", "remount,ro"]).arg(&self.0).status();
+        assert!(status.unwrap().success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect()
+}
+
+#[test]
+fn a_full_disk_stops_the_run_where_its_record_does_and_it_resumes_elsewhere() {
+    // A checkpoint of this model is about 190 KB and a metrics line 335 bytes: two
+    // checkpoints (the old one and the one being written) and about 200 lines fill 448 KiB.
+    let Some(disk) = Tmpfs::mount("full-disk", 448) else { return };
+    let c = || TrainConfig { checkpoint_every: 1, eval_data: None, ..config(1, 300) };
+    let out = TempDir::new("faults-full-disk");
+    train(c(), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let uninterrupted = train_losses(&run_dir(&out.0));
+
+    let error = train(c(), &RunOptions::new(&disk.0), &mut ()).unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("No space left on device"), "{text}");
+    let dir = run_dir(&disk.0);
+    assert_eq!(temporaries(&dir), Vec::<String>::new(), "a failed write left a temporary file");
+    // The checkpoint is whole, and the metrics hold every step up to it.
+    let checkpoint = dp_model::Checkpoint::load(&dir.join(CHECKPOINT)).unwrap();
+    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    let at = state["step"].as_u64().unwrap();
+    assert!(at > 0 && at < 300, "checkpoint at step {at}");
+    let steps: Vec<u64> = train_losses(&dir).iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps[..at as usize], (1..=at).collect::<Vec<_>>()[..]);
+
+    // Moved to a disk with room, it finishes as if nothing had happened.
+    let moved = out.0.join("moved");
+    std::fs::create_dir_all(&moved).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, moved.join(path.file_name().unwrap())).unwrap();
+    }
+    train(TrainConfig::default(), &resume_options(&moved), &mut ()).unwrap();
+    let bits =
+        |l: Vec<(u64, f64)>| l.into_iter().map(|(s, v)| (s, v.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(train_losses(&moved)), bits(uninterrupted));
+}
+
+#[test]
+fn a_read_only_run_directory_is_an_error_naming_it_that_changes_nothing() {
+    let Some(disk) = Tmpfs::mount("read-only", 4096) else { return };
+    train(config(1, 4), &RunOptions::new(&disk.0), &mut ()).unwrap();
+    let dir = run_dir(&disk.0);
+    let before = snapshot(&dir);
+    disk.read_only();
+    let error = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("Read-only file system") && text.contains(&*dir.to_string_lossy()),
+        "{text}"
+    );
+    assert_eq!(snapshot(&dir), before);
 }
