@@ -55,12 +55,12 @@ pub enum Error {
     /// The loss or the parameters stopped being finite numbers: training diverged. The run
     /// stops at that step and keeps its last good checkpoint.
     #[error(
-        "training diverged at step {step}: the {what} is {value}; lower the learning rate (lr), clip gradients (clip_grad_norm) or standardize the inputs (standardize), then resume from the last checkpoint"
+        "training diverged at step {step}: {what} is {value}; lower the learning rate (lr), clip gradients (clip_grad_norm) or standardize the inputs (standardize), then resume from the last checkpoint"
     )]
     NonFinite {
         /// The step whose loss (or whose updated parameters) is not finite.
         step: u64,
-        /// `loss` or `parameters`.
+        /// `the loss` or `a parameter`.
         what: &'static str,
         /// The value found (`NaN`, `inf`).
         value: f64,

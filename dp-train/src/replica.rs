@@ -441,10 +441,10 @@ impl<C: Communicator> Replica<C> {
             if cfg!(debug_assertions)
                 && let Some(i) = batch.x_flat().iter().position(|v| !v.is_finite())
             {
+                let record = batch.record_ids().get(i / plan.input_len).copied().unwrap_or(0);
                 let what = format!(
-                    "step {}: input {} of a batch of epoch {epoch} is {}",
+                    "step {}: the input of record {record} (epoch {epoch}) holds {}",
                     step + 1,
-                    i / plan.input_len,
                     batch.x_flat()[i]
                 );
                 return Err(Error::run(&config.train_data, what));
@@ -477,7 +477,7 @@ impl<C: Communicator> Replica<C> {
         self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
         // Every replica sees the same sum, so all stop here together, before the update.
         if !totals[0].is_finite() {
-            return Err(Error::NonFinite { step: step + 1, what: "loss", value: totals[0] });
+            return Err(Error::NonFinite { step: step + 1, what: "the loss", value: totals[0] });
         }
 
         if !update_per_bucket {
@@ -649,7 +649,7 @@ impl<C: Communicator> Replica<C> {
         // parameters, so all fail here together.
         if let Some(&value) = self.model.params().iter().find(|p| !p.is_finite()) {
             let value = f64::from(value);
-            return Err(Error::NonFinite { step, what: "parameters", value });
+            return Err(Error::NonFinite { step, what: "a parameter", value });
         }
         let state = self.optimizer.state();
         let full = if self.gather.is_some() {

@@ -190,8 +190,8 @@ fn a_config_edited_below_its_checkpoint_is_refused() {
 fn a_diverging_run_stops_at_that_step_and_keeps_its_last_good_checkpoint() {
     // A learning rate that blows the loss up at step 2, and one so large that step 1's update
     // overflows the parameters while that step's loss (computed before it) is finite.
-    for (lr, what, at) in [(1e30, "loss", 2), (1e300, "parameters", 1)] {
-        let out = TempDir::new(&format!("faults-diverge-{what}"));
+    for (lr, what, at) in [(1e30, "the loss", 2), (1e300, "a parameter", 1)] {
+        let out = TempDir::new(&format!("faults-diverge-{at}"));
         let c = TrainConfig { lr: Some(lr), checkpoint_every: 1, ..config(2, 40) };
         let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err();
         let text = error.to_string();
@@ -200,7 +200,7 @@ fn a_diverging_run_stops_at_that_step_and_keeps_its_last_good_checkpoint() {
             "{text}"
         );
         assert!(
-            text.contains(&format!("training diverged at step {at}: the {what} is"))
+            text.contains(&format!("training diverged at step {at}: {what} is"))
                 && text.contains("(lr)")
                 && text.contains("clip_grad_norm"),
             "{text}"
@@ -384,4 +384,44 @@ fn a_read_only_run_directory_is_an_error_naming_it_that_changes_nothing() {
         "{text}"
     );
     assert_eq!(snapshot(&dir), before);
+}
+
+#[test]
+fn nan_data_is_refused_at_import_and_stops_training_when_allowed_in() {
+    let out = TempDir::new("faults-nan");
+    let mut text = String::from("a,b,label\n");
+    for i in 0..400 {
+        let a = if i == 77 { "nan".to_string() } else { format!("{}", i % 7) };
+        text += &format!("{a},{},{}\n", i % 5, i % 2);
+    }
+    let csv = out.0.join("nan.csv");
+    std::fs::write(&csv, text).unwrap();
+    let options = dp_data::CsvOptions { label: Some("label".into()), ..Default::default() };
+    let refused = out.0.join("refused");
+    let error = dp_data::import_csv(&csv, &refused, &options, dp_data::WriterOptions::default())
+        .unwrap_err();
+    assert!(error.to_string().contains("record 77"), "{error}");
+    assert!(!refused.exists());
+
+    let mut allow = dp_data::WriterOptions::default();
+    allow.allow_nonfinite = true;
+    let kept = out.0.join("kept");
+    dp_data::import_csv(&csv, &kept, &options, allow).unwrap();
+    let c = TrainConfig {
+        train_data: kept,
+        eval_data: None,
+        model: "mlp:8".into(),
+        global_batch: 400,
+        steps: Some(3),
+        ..TrainConfig::default()
+    };
+    let error = train(c, &RunOptions::new(out.0.join("runs")), &mut ()).unwrap_err();
+    let text = error.to_string();
+    // Debug builds name the input; release builds stop at the first non-finite loss or
+    // parameter (ReLU passes a NaN input's gradient to the weights, not to the loss).
+    assert!(
+        text.contains("the input of record 77 (epoch 0) holds NaN")
+            || text.contains("training diverged at step 1"),
+        "{text}"
+    );
 }
