@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::{Source, checked_bytes, show_dims};
+use super::{Source, checked_bytes, record_buffer, show_dims};
 use crate::{
     DType, DatasetWriter, Feature, MAX_FEATURE_BYTES, Manifest, Result, Schema, Value,
     WriterOptions,
@@ -259,7 +259,7 @@ pub fn import_idx(
     if records > 0 {
         // One record each; the header check proved the files hold `records` of them.
         for input in &mut inputs {
-            input.raw = vec![0; input.header.record_bytes()];
+            input.raw = record_buffer(input.header.record_bytes(), input.source.path())?;
         }
     }
     let mut writer = DatasetWriter::create(out, schema, options)?;

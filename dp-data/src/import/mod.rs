@@ -37,6 +37,25 @@ pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::tfrecord::{TfRecordCompression, import_tfrecord};
 
+/// A zeroed buffer for one record of `path`, or an out-of-memory error instead of an abort
+/// when the machine (or an address-space limit) cannot hold it: a record may be as large as
+/// the format allows.
+pub(crate) fn record_buffer(bytes: usize, path: &Path) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(bytes).map_err(|_| no_memory(bytes, path))?;
+    buf.resize(bytes, 0);
+    Ok(buf)
+}
+
+fn no_memory(bytes: usize, path: &Path) -> Error {
+    Error::Memory(dp_mem::Error::Backend {
+        backend: "system",
+        bytes,
+        message: format!("no memory for a record of {}", path.display()),
+        tag: Some(dp_mem::Tag::Data),
+    })
+}
+
 /// The most a deflate stream can expand: 258 bytes from about two bits.
 const MAX_DEFLATE_RATIO: u64 = 1032;
 
@@ -227,6 +246,9 @@ impl Source {
         while (buf.len() as u64) < len {
             let old = buf.len();
             let step = (len - old as u64).min(CHUNK.max(old as u64)) as usize;
+            if buf.try_reserve_exact(step).is_err() {
+                return Err(no_memory(old + step, &self.path));
+            }
             buf.resize(old + step, 0);
             let filled = self.fill(&mut buf[old..], &what)?;
             if filled < step {
@@ -296,6 +318,15 @@ fn show_dims(dims: &[u64]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_record_too_large_for_memory_is_an_error_naming_the_file() {
+        let error = record_buffer(usize::MAX / 2, Path::new("huge.npy")).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("for Data") && text.contains("huge.npy"), "{text}");
+        assert_eq!(record_buffer(3, Path::new("x")).unwrap(), [0, 0, 0]);
+    }
+
     use std::io::Write;
 
     use super::*;

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Source, checked_bytes, show_dims};
+use super::{Source, checked_bytes, record_buffer, show_dims};
 use crate::{
     DType, DatasetWriter, Error, Feature, MAX_FEATURE_BYTES, Manifest, Result, Schema, Value,
     WriterOptions,
@@ -501,7 +501,7 @@ pub fn import_npy(
         // Each buffer is one record, and the header check proved the file holds `records` of
         // them, so these allocations are bounded by the files' sizes.
         for input in &mut inputs {
-            input.buf = vec![0; input.record_bytes];
+            input.buf = record_buffer(input.record_bytes, input.source.path())?;
         }
     }
     let mut writer = DatasetWriter::create(out, schema, options)?;
