@@ -303,8 +303,26 @@ fn set_up(
 /// The summary of a run that diverged at `step`: what its metrics recorded until then.
 fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64) -> Result<()> {
     let (losses, eval) = read_record(&plan.run_dir().join(METRICS))?;
-    let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
     let summary = Summary {
+        diverged_at: Some(step),
+        ..recorded_summary(plan, params, step - 1, &losses, eval, wall_s)
+    };
+    let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
+    run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())
+}
+
+/// What a summary says from the plan and the run's record: the run, the world, the steps
+/// done, the last evaluation and the mean loss of the last 10% of steps.
+fn recorded_summary(
+    plan: &RunPlan,
+    params: usize,
+    steps: u64,
+    losses: &[f64],
+    eval: Option<EvalMetrics>,
+    wall_s: f64,
+) -> Summary {
+    let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
+    Summary {
         name: plan
             .run_dir()
             .file_name()
@@ -315,17 +333,14 @@ fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64)
         processes: plan.processes,
         backend: backend(plan).into(),
         global_batch: plan.config.global_batch,
-        steps: step - 1,
-        epochs: (step - 1) as f64 / plan.steps_per_epoch as f64,
+        steps,
+        epochs: steps as f64 / plan.steps_per_epoch as f64,
         eval_accuracy: eval.map(|e| e.eval_accuracy),
         eval_loss: eval.map(|e| e.eval_loss),
         train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
         wall_s,
-        diverged_at: Some(step),
         ..Summary::default()
-    };
-    let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-    run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())
+    }
 }
 
 fn backend(plan: &RunPlan) -> &'static str {
@@ -405,7 +420,6 @@ fn summarize(
     params: usize,
 ) -> Summary {
     let r0 = &reports[0];
-    let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
     let peak_memory: BTreeMap<String, u64> =
         Tag::ALL.iter().zip(r0.peak).map(|(t, b)| (t.name().to_string(), b)).collect();
     let peak_total = r0.peak.iter().sum();
@@ -413,23 +427,7 @@ fn summarize(
         r0.params + r0.grads + r0.opt_state + r0.activations + (plan.config.data_budget_mib << 20);
     let step_s = r0.step_s.max(1e-9);
     Summary {
-        name: plan
-            .run_dir()
-            .file_name()
-            .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
-        model: plan.spec.name.clone(),
-        params: params as u64,
-        replicas: plan.world(),
-        processes: plan.processes,
-        backend: backend(plan).into(),
-        global_batch: plan.config.global_batch,
-        steps: r0.final_step,
-        epochs: r0.final_step as f64 / plan.steps_per_epoch as f64,
-        eval_accuracy: eval.map(|e| e.eval_accuracy),
-        eval_loss: eval.map(|e| e.eval_loss),
-        train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
         samples_per_s: (r0.steps as usize * plan.config.global_batch) as f64 / step_s,
-        wall_s,
         data_wait_share: r0.data_wait_s / step_s,
         comm_exposed_share: r0.comm_exposed_s / step_s,
         peak_memory,
@@ -440,7 +438,7 @@ fn summarize(
         allocs_per_step: r0.allocs_per_step,
         gemm_allocs_per_step: r0.gemms_per_step,
         interrupted: r0.interrupted,
-        diverged_at: None,
+        ..recorded_summary(plan, params, r0.final_step, losses, eval, wall_s)
     }
 }
 

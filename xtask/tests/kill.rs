@@ -4,37 +4,13 @@
 //! finished run's losses and parameters are bitwise the uninterrupted run's, every step
 //! recorded once, no temporary file left.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use dp_train::{METRICS, MetricsRecord, read_metrics};
-
-fn xtask() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-}
-
-/// (step, loss bits) of every training line of a run's metrics, in file order.
-fn losses(run: &Path) -> Vec<(u64, u64)> {
-    match read_metrics(&run.join(METRICS)) {
-        Ok(records) => records
-            .iter()
-            .filter_map(|r| match r {
-                MetricsRecord::Train(m) => Some((m.step, m.loss.to_bits())),
-                MetricsRecord::Eval(_) => None,
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-fn checkpoint(run: &Path) -> Option<(u64, Vec<u8>)> {
-    let path = run.join(dp_train::CHECKPOINT);
-    let bytes = std::fs::read(&path).ok()?;
-    let checkpoint = dp_model::Checkpoint::load(&path).expect("a checkpoint is never torn");
-    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
-    Some((state["step"].as_u64().unwrap(), bytes))
-}
+use common::{checkpoint, losses, small_digits, xtask};
 
 /// Temporary files in a run directory.
 fn temporaries(run: &Path) -> usize {
@@ -54,12 +30,7 @@ fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("data");
-    let made = xtask()
-        .args(["data", "gen", "--records", "4096", "--eval-records", "256", "--out"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    small_digits(&data);
     let config = dir.join("run.toml");
     let train_data = data.join("train");
     std::fs::write(

@@ -2,28 +2,17 @@
 //! its step, saves a checkpoint at that step, and exits with a status that says why; the run
 //! then resumes from it without repeating a step.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use dp_train::{METRICS, MetricsRecord, read_metrics};
-
-fn xtask() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-}
+use common::{checkpoint, losses, small_digits, xtask};
 
 /// The training steps recorded in a run's metrics.
 fn steps(run: &Path) -> Vec<u64> {
-    match read_metrics(&run.join(METRICS)) {
-        Ok(records) => records
-            .iter()
-            .filter_map(|r| match r {
-                MetricsRecord::Train(m) => Some(m.step),
-                MetricsRecord::Eval(_) => None,
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    losses(run).into_iter().map(|(step, _)| step).collect()
 }
 
 /// Waits until the run has recorded `more` steps beyond `from`, then sends `signal`, and
@@ -50,9 +39,7 @@ fn signal_after(
 }
 
 fn checkpoint_step(run: &Path) -> u64 {
-    let checkpoint = dp_model::Checkpoint::load(&run.join(dp_train::CHECKPOINT)).unwrap();
-    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
-    state["step"].as_u64().unwrap()
+    checkpoint(run).expect("a checkpoint").0
 }
 
 #[test]
@@ -61,12 +48,7 @@ fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
         std::env::temp_dir().join(format!("dp-xtask-signals-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let data = dir.join("data");
-    let made = xtask()
-        .args(["data", "gen", "--records", "4096", "--eval-records", "256", "--out"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    small_digits(&data);
 
     let run = dir.join("runs/run");
     let child = xtask()
