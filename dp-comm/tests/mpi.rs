@@ -19,17 +19,24 @@ fn is_rank() -> bool {
     std::env::var_os(RANK_VAR).is_some()
 }
 
+/// Says why an MPI test cannot run here, or fails it where it must run (`DP_REQUIRE_MPI`, which
+/// CI sets once it has installed Open MPI), so that a broken setup never passes as a skip.
+fn skip(why: &str) {
+    assert!(std::env::var_os("DP_REQUIRE_MPI").is_none(), "{why}, and DP_REQUIRE_MPI is set");
+    eprintln!("skipping {why}");
+}
+
 /// Runs the test `name` under `mpirun` with `processes` ranks and returns their output and how
 /// long they took, or `None` after printing why it cannot run here.
 fn launch(name: &str, processes: usize) -> Option<(Output, Duration)> {
     if !cfg!(feature = "mpi") {
-        eprintln!("skipping MPI test {name}: dp-comm was built without the `mpi` feature");
+        skip(&format!("MPI test {name}: dp-comm was built without the `mpi` feature"));
         return None;
     }
     let mut command = match dp_comm::mpirun(processes) {
         Ok(command) => command,
         Err(error) => {
-            eprintln!("skipping MPI test {name}: {error}");
+            skip(&format!("MPI test {name}: {error}"));
             return None;
         }
     };

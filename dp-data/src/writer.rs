@@ -275,7 +275,7 @@ impl DatasetWriter {
             records: self.records,
             block_size: self.options.block_size,
             level: self.options.level,
-            shards: std::mem::take(&mut self.shards),
+            shards: self.shards.clone(),
         };
         manifest.write(&self.dir)?;
         self.finished = true;
@@ -374,7 +374,10 @@ impl Drop for DatasetWriter {
     /// and the directory if it made it and nothing else is in it: a failed import leaves
     /// nothing behind. The shard being written removes its own temporary file.
     fn drop(&mut self) {
-        if self.finished {
+        // A manifest in the directory is this writer's (`create` refused one already there):
+        // once it is in place the shards it lists are the dataset, even if `finish` failed
+        // after the rename (syncing the directory).
+        if self.finished || self.dir.join(MANIFEST_FILE).exists() {
             return;
         }
         drop(self.shard.take());

@@ -81,7 +81,16 @@ impl RunPlan {
             Some(c) => {
                 return Err(Error::config("classes", format!("{c} is outside 2..={MAX_CLASSES}")));
             }
-            None => largest_label(&train, &config.label_feature)? as usize + 1,
+            None => {
+                let largest = largest_label(&train, &config.label_feature, MAX_CLASSES)?;
+                if largest < 1 {
+                    return Err(Error::config(
+                        "classes",
+                        "the training labels have fewer than 2 classes",
+                    ));
+                }
+                largest as usize + 1
+            }
         };
         if let Some(eval) = &config.eval_data {
             let eval_set = Dataset::open(eval)?;
@@ -92,6 +101,8 @@ impl RunPlan {
                     format!("inputs are {eval_shape:?}, the training data's {input_shape:?}"),
                 ));
             }
+            // Now rather than at the first evaluation, hours in: evaluation sets are small.
+            largest_label(&eval_set, &config.label_feature, classes)?;
         }
         let spec = model_spec(&config.model, &input_shape, classes)?;
         let input_len: usize = input_shape.iter().product();
@@ -247,9 +258,9 @@ fn model_spec(model: &str, input: &[usize], classes: usize) -> Result<ModelSpec>
 /// written by mistake (a float's bits, an id) asks for.
 pub(crate) const MAX_CLASSES: usize = 1 << 20;
 
-/// The largest label in the dataset (classes are `0..=largest`); a negative label, or one
-/// at or above [`MAX_CLASSES`], is an error naming it and its record.
-fn largest_label(dataset: &Dataset, name: &str) -> Result<i64> {
+/// The largest label in the dataset; a label outside `0..limit` is an error naming it and
+/// its record.
+fn largest_label(dataset: &Dataset, name: &str, limit: usize) -> Result<i64> {
     let mut largest = i64::MIN;
     for block in dataset.blocks() {
         let block = block?;
@@ -265,15 +276,12 @@ fn largest_label(dataset: &Dataset, name: &str) -> Result<i64> {
                 ));
             }
         };
-        let bad = labels.iter().position(|&l| l < 0 || l >= MAX_CLASSES as i64);
+        let bad = labels.iter().position(|&l| l < 0 || l >= limit as i64);
         if let Some(row) = bad {
             let record = block.first_record() + row as u64;
-            return Err(label_error(labels[row], record, MAX_CLASSES));
+            return Err(label_error(labels[row], record, limit));
         }
         largest = largest.max(labels.into_iter().max().unwrap_or(i64::MIN));
-    }
-    if largest < 1 {
-        return Err(Error::config("classes", "the training labels have fewer than 2 classes"));
     }
     Ok(largest)
 }

@@ -344,9 +344,10 @@ impl<C: Communicator> Replica<C> {
                 drop(ctl);
                 let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
                 let saved = consistent.step > plan.start_step();
-                if rank == 0 && gather.is_none() && !diverged && !updating && saved {
+                let finite = model.params().iter().all(|p| p.is_finite());
+                if rank == 0 && gather.is_none() && !diverged && !updating && saved && finite {
                     // As for every checkpoint: not past a step whose metrics were lost.
-                    let timeout = std::time::Duration::from_secs_f64(plan.config.timeout_s);
+                    let timeout = metrics_timeout(&plan);
                     if events.as_ref().is_none_or(|e| e.wait_recorded(timeout).is_ok()) {
                         emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
                     }
@@ -676,8 +677,7 @@ impl<C: Communicator> Replica<C> {
     /// metrics file lost would make a resumed run's record skip it.
     fn metrics_recorded(&self) -> Result<()> {
         let Some(events) = &self.events else { return Ok(()) };
-        let timeout = std::time::Duration::from_secs_f64(self.plan.config.timeout_s);
-        events.wait_recorded(timeout).map_err(|why| {
+        events.wait_recorded(metrics_timeout(&self.plan)).map_err(|why| {
             let what = format!("{why}; no checkpoint is written past the last recorded step");
             Error::run(&self.plan.run_dir().join(crate::run_dir::METRICS), what)
         })
@@ -706,6 +706,13 @@ impl<C: Communicator> Replica<C> {
         self.report.opt_state = self.optimizer.state_bytes();
         self.report
     }
+}
+
+/// How long replica 0 waits for the metrics before a checkpoint: half the collectives'
+/// timeout, so that its peers, waiting for it in the next collective, do not time out first
+/// and hide why.
+fn metrics_timeout(plan: &RunPlan) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(plan.config.timeout_s / 2.0)
 }
 
 /// Every label must be a class: the model would take a negative one for "ignore this

@@ -93,10 +93,6 @@ pub fn train(
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes);
     let (plan, mut lock) = processes.agree(set)?;
-    if plan.start_step() == plan.total_steps {
-        let run_dir = plan.run_dir().to_path_buf();
-        return Err(Error::Finished { run_dir, steps: plan.total_steps });
-    }
     let plan = Arc::new(plan);
     let params = plan.spec.layout()?.len();
 
@@ -154,8 +150,11 @@ pub fn train(
             .collect();
         drop(sender);
         // Every replica is built, so the setup holds: only now is the run directory made.
+        // Every process decides alike: one that cannot open the run (process 0's metrics
+        // file, say) must not leave the others training towards a collective it never joins.
         let go = opener.all_ready() && {
-            opening = open_run(&plan, options, &mut processes, &mut lock).map(|m| metrics = m);
+            let opened = open_run(&plan, options, &mut processes, &mut lock);
+            opening = processes.agree(opened).map(|m| metrics = m);
             opening.is_ok()
         };
         opener.open(go);
@@ -297,6 +296,11 @@ fn set_up(
         }
         None => RunPlan::new(effective, None, None, count)?,
     };
+    // Here, before the processes agree, so that they all end alike.
+    if plan.start_step() == plan.total_steps {
+        let run_dir = plan.run_dir().to_path_buf();
+        return Err(Error::Finished { run_dir, steps: plan.total_steps });
+    }
     Ok((plan, lock))
 }
 

@@ -284,6 +284,24 @@ fn a_bad_label_is_an_error_naming_it_its_record_and_the_limit() {
         let text = error.to_string();
         assert!(text.contains(want), "label {label}, classes {classes:?}: {text}");
     }
+    // An evaluation label past the training data's classes fails at setup, not at the first
+    // evaluation: no run directory is made.
+    let runs = out.0.join("eval-runs");
+    let c = TrainConfig {
+        eval_data: Some(csv_with_label(&out.0, 9)),
+        ..small(csv_with_label(&out.0, 2), None)
+    };
+    let error = train(c, &RunOptions::new(&runs), &mut ()).unwrap_err().to_string();
+    assert!(error.contains("label 9 of record 137 is outside 0..3"), "{error}");
+    assert!(!runs.exists());
+}
+
+/// Says why a test that needs a tmpfs cannot run here, or fails it where it must run
+/// (`DP_REQUIRE_MOUNT`, which CI sets when it runs as root).
+fn skip(why: &str) -> Option<Tmpfs> {
+    assert!(std::env::var_os("DP_REQUIRE_MOUNT").is_none(), "{why}, and DP_REQUIRE_MOUNT is set");
+    eprintln!("skipping: {why}");
+    None
 }
 
 /// A small tmpfs mounted for a test (root only; `None`, with the reason printed, elsewhere),
@@ -300,16 +318,9 @@ impl Tmpfs {
         match mounted {
             Ok(out) if out.status.success() => Some(Tmpfs(dir)),
             Ok(out) => {
-                eprintln!(
-                    "skipping: cannot mount a tmpfs: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                None
+                skip(&format!("cannot mount a tmpfs: {}", String::from_utf8_lossy(&out.stderr)))
             }
-            Err(e) => {
-                eprintln!("skipping: cannot run mount: {e}");
-                None
-            }
+            Err(e) => skip(&format!("cannot run mount: {e}")),
         }
     }
 

@@ -56,17 +56,24 @@ fn make_data(dir: &Path) {
     dp_data::generate_digits(&dir.join("data"), &spec, dp_data::WriterOptions::default()).unwrap();
 }
 
+/// Says why an MPI test cannot run here, or fails it where it must run (`DP_REQUIRE_MPI`, which
+/// CI sets once it has installed Open MPI), so that a broken setup never passes as a skip.
+fn skip(why: &str) {
+    assert!(std::env::var_os("DP_REQUIRE_MPI").is_none(), "{why}, and DP_REQUIRE_MPI is set");
+    eprintln!("skipping {why}");
+}
+
 /// Runs `test` under `mpirun` with `processes` processes that run `scenario` in `dir`, or
 /// returns `None` after printing why it cannot run here.
 fn launch(test: &str, processes: usize, scenario: &str, dir: &Path) -> Option<(Output, Duration)> {
     if !cfg!(feature = "mpi") {
-        eprintln!("skipping MPI test {test}: dp-train was built without the `mpi` feature");
+        skip(&format!("MPI test {test}: dp-train was built without the `mpi` feature"));
         return None;
     }
     let mut command = match dp_comm::mpirun(processes) {
         Ok(command) => command,
         Err(error) => {
-            eprintln!("skipping MPI test {test}: {error}");
+            skip(&format!("MPI test {test}: {error}"));
             return None;
         }
     };

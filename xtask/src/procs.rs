@@ -1,6 +1,9 @@
 //! `cargo xtask train --procs N`: starts N training processes on this host under `mpirun`,
 //! from one MPI-enabled build of this binary, so that no rank builds anything.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
 use anyhow::{Context, Result, bail};
 use libc::{SIGTERM, SIGUSR1};
 use std::ffi::OsString;
@@ -29,11 +32,11 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
     // mpirun answers Ctrl-C by killing the job, so it runs in a process group of its own,
     // away from the terminal's Ctrl-C, and this process turns the first SIGINT or SIGTERM
     // into a SIGUSR1, which mpirun forwards to every rank: a graceful stop after the current
-    // step, with a checkpoint. A second one ends the job.
-    command.process_group(0);
-    let mut child = command.spawn().with_context(|| format!("cannot start {command:?}"))?;
-    let mpirun = libc::pid_t::try_from(child.id()).context("mpirun's process id")?;
-    let stop = Stop::listen(move |signal, first| {
+    // step, with a checkpoint. A second one ends the job. The handler is in place before
+    // mpirun starts, and forgets its pid once it has ended.
+    let mpirun = Arc::new(AtomicI32::new(0));
+    let target = Arc::clone(&mpirun);
+    let stop = Stop::listen(move |_, signal, first| {
         let relay = match (first, signal) {
             (_, SIGUSR1) => return,
             (true, SIGTERM) => {
@@ -48,10 +51,34 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
             }
             (false, _) => SIGTERM,
         };
-        // SAFETY: kill(2) on a child this process started has no memory effects here.
-        unsafe { libc::kill(mpirun, relay) };
+        let pid = target.load(Ordering::Acquire);
+        if pid > 0 {
+            // SAFETY: kill(2) on the child this process started, while it runs.
+            unsafe { libc::kill(pid, relay) };
+        }
     })?;
-    let status = child.wait().context("wait for mpirun")?;
+    command.process_group(0);
+    // SAFETY: prctl is async-signal-safe, as a pre_exec hook must be. A launcher killed
+    // outright takes mpirun (and so the ranks) with it instead of leaving them training.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().with_context(|| format!("cannot start {command:?}"))?;
+    mpirun.store(
+        libc::pid_t::try_from(child.id()).context("mpirun's process id")?,
+        Ordering::Release,
+    );
+    if stop.requested() {
+        // A stop asked for while mpirun was starting.
+        // SAFETY: as above.
+        unsafe { libc::kill(mpirun.load(Ordering::Acquire), SIGUSR1) };
+    }
+    let status = child.wait().context("wait for mpirun");
+    mpirun.store(0, Ordering::Release);
+    let status = status?;
     Ok(match status.code() {
         Some(0) if stop.requested() => ExitCode::from(stop.status()),
         Some(0) => ExitCode::SUCCESS,

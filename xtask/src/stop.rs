@@ -22,15 +22,19 @@ pub(crate) const INTERRUPTED: u8 = 130;
 pub(crate) struct Stop {
     requested: Arc<AtomicBool>,
     preempted: Arc<AtomicBool>,
+    /// Print the first signal's message (see [`Stop::for_run`]).
+    announce: Arc<AtomicBool>,
 }
 
 impl Stop {
     /// Listens for the stop signals on a thread of its own, which sets the flags and then
-    /// calls `act(signal, first)`: `first` for the first SIGINT or SIGTERM (or any SIGUSR1).
-    pub(crate) fn listen(act: impl Fn(i32, bool) + Send + 'static) -> Result<Stop> {
+    /// calls `act(stop, signal, first)`: `first` for the first SIGINT or SIGTERM (or any
+    /// SIGUSR1).
+    pub(crate) fn listen(act: impl Fn(&Stop, i32, bool) + Send + 'static) -> Result<Stop> {
         let stop = Stop {
             requested: Arc::new(AtomicBool::new(false)),
             preempted: Arc::new(AtomicBool::new(false)),
+            announce: Arc::new(AtomicBool::new(false)),
         };
         let mut signals =
             Signals::new([SIGINT, SIGTERM, SIGUSR1]).context("install the signal handlers")?;
@@ -45,7 +49,7 @@ impl Stop {
                         flags.preempted.store(true, Ordering::Relaxed);
                     }
                     let first = signal == SIGUSR1 || seen.fetch_add(1, Ordering::Relaxed) == 0;
-                    act(signal, first);
+                    act(&flags, signal, first);
                 }
             })
             .context("start the signal thread")?;
@@ -53,12 +57,11 @@ impl Stop {
     }
 
     /// Stops a run in this process: the first signal says what happens, a second SIGINT or
-    /// SIGTERM exits now. `announce`: print the first signal's message (the process whose
-    /// output the user reads).
-    pub(crate) fn for_run(announce: bool) -> Result<Stop> {
-        Self::listen(move |signal, first| match (first, signal) {
+    /// SIGTERM exits now. Its message is printed once [`Stop::announce`] says so.
+    pub(crate) fn for_run() -> Result<Stop> {
+        Self::listen(move |stop, signal, first| match (first, signal) {
             (true, SIGUSR1) => {}
-            (true, _) if !announce => {}
+            (true, _) if !stop.announce.load(Ordering::Relaxed) => {}
             (true, SIGTERM) => eprintln!(
                 "\npreempted (SIGTERM): stopping after this step with a checkpoint (SIGTERM again to quit now)"
             ),
@@ -67,6 +70,11 @@ impl Stop {
             ),
             (false, signal) => std::process::exit(128 + signal),
         })
+    }
+
+    /// Whether this process prints why it stops (the one whose output the user reads).
+    pub(crate) fn announce(&self, yes: bool) {
+        self.announce.store(yes, Ordering::Relaxed);
     }
 
     /// The flag a run polls (`RunOptions::stop`).

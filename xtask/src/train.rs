@@ -103,6 +103,15 @@ pub(crate) struct TrainArgs {
 
 pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     let launch = Launch::detect()?;
+    if let (Some(processes), Launch::Single | Launch::Env { .. }) = (args.procs, &launch) {
+        if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
+            ensure_digits(&root.join("data/digits"))?;
+        }
+        return crate::procs::launch(root, processes);
+    }
+    // First thing: under MPI, SIGUSR1 (what `--procs`, or `kill -USR1 <mpirun>`, asks every
+    // rank to stop with) would otherwise kill a rank still starting.
+    let stop = Stop::for_run()?;
     let mpi = match launch {
         Launch::Mpi { .. } => Some(MpiWorld::init().context("join the MPI job")?),
         Launch::Env { world_size, .. } if world_size > 1 => bail!(
@@ -111,13 +120,9 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         ),
         _ => None,
     };
-    if let (Some(processes), None) = (args.procs, &mpi) {
-        if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
-            ensure_digits(&root.join("data/digits"))?;
-        }
-        return crate::procs::launch(root, processes);
-    }
     let first = mpi.as_ref().is_none_or(|world| world.rank() == 0);
+    // The process whose output the user reads says why it stops.
+    stop.announce(first);
     let mut config = match &args.config {
         Some(path) => TrainConfig::load(path)?,
         None => TrainConfig {
@@ -130,10 +135,6 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     if first && args.data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
     }
-
-    // Under MPI, SIGUSR1 is what `--procs` (or `kill -USR1 <mpirun>`) asks every rank to stop
-    // with, and the process that prints is rank 0.
-    let stop = Stop::for_run(first)?;
 
     let options = RunOptions {
         out: args.out.clone().unwrap_or_else(|| root.join("runs")),

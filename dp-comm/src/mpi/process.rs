@@ -5,8 +5,8 @@
 //! layer's scoped requests can only be waited for.
 
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use mpi::ffi;
@@ -28,8 +28,7 @@ struct WorldState {
     size: usize,
     local_rank: usize,
     local_size: usize,
-    /// `MPI_IN_PLACE`, which `mpi.h` defines as a macro the bindings cannot carry: `(void *) 1`
-    /// in Open MPI, `(void *) -1` in MPICH and the implementations derived from it.
+    /// `MPI_IN_PLACE` (see [`in_place`]).
     in_place: usize,
     library: String,
     finalized: AtomicBool,
@@ -67,6 +66,9 @@ impl MpiWorld {
     /// support, or if the world MPI reports is not the one the launcher announced (`srun`
     /// without `--mpi=pmix`, which starts processes that each think they are alone).
     pub fn init() -> Result<Self> {
+        // Checking and initializing are one step: two threads must not both initialize.
+        static INIT: Mutex<()> = Mutex::new(());
+        let _once = INIT.lock().unwrap_or_else(PoisonError::into_inner);
         // Before MPI_Init, which may set variables of its own (Open MPI's singletons do).
         let launch = Launch::detect()?;
         let mut initialized: c_int = 0;
@@ -89,6 +91,15 @@ impl MpiWorld {
             )
         };
         check("MPI_Init_thread", code)?;
+        // A process that cannot join leaves MPI finalized, free to exit cleanly.
+        Self::joined(&launch, provided).inspect_err(|_| {
+            // SAFETY: MPI is initialized, and nothing of it is handed out.
+            unsafe { ffi::MPI_Finalize() };
+        })
+    }
+
+    /// The world just joined, checked: full thread support, and the size the launcher said.
+    fn joined(launch: &Launch, provided: c_int) -> Result<Self> {
         // SAFETY: reading constants the MPI library defines.
         let (world, multiple) = unsafe { (ffi::RSMPI_COMM_WORLD, ffi::RSMPI_THREAD_MULTIPLE) };
         // SAFETY: MPI is initialized; the world communicator is valid.
@@ -120,7 +131,7 @@ impl MpiWorld {
         let (local_rank, local_size) = rank_and_size(local)?;
         // SAFETY: `local` was created above and is not used again.
         check("MPI_Comm_free", unsafe { ffi::MPI_Comm_free(&mut local) })?;
-        let in_place = if library.contains("Open MPI") { 1 } else { usize::MAX };
+        let in_place = in_place(&library)?;
         let world = MpiWorld {
             state: Arc::new(WorldState {
                 rank,
@@ -132,7 +143,7 @@ impl MpiWorld {
                 finalized: AtomicBool::new(false),
             }),
         };
-        if let Launch::Mpi { launcher, world_size: Some(announced) } = &launch
+        if let Launch::Mpi { launcher, world_size: Some(announced) } = launch
             && *announced != size
         {
             return Err(Error::Launch {
@@ -171,8 +182,8 @@ impl MpiWorld {
     }
 
     /// A communicator over all processes, of its own (`MPI_Comm_dup`), so that collectives on
-    /// it never match another communicator's. Collective: every process calls it, in the same
-    /// order.
+    /// it never match another communicator's. Collective: every process calls it, from one
+    /// thread, in the same order.
     pub fn communicator(&self, config: MpiConfig) -> Result<MpiComm> {
         if config.timeout.is_zero() {
             return Err(Error::Config { field: "timeout", what: "must not be zero".into() });
@@ -237,6 +248,26 @@ fn null_comm() -> ffi::MPI_Comm {
 fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading a constant the MPI library defines.
     unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// `MPI_IN_PLACE`, which `mpi.h` defines as a macro the bindings cannot carry: `(void *) 1`
+/// in Open MPI, `(void *) -1` in MPICH and the libraries built on it. A library of another
+/// family is refused rather than guessed at: a wrong value is a wild pointer to MPI.
+fn in_place(library: &str) -> Result<usize> {
+    const MPICH_FAMILY: [&str; 4] = ["MPICH", "Intel(R) MPI", "MVAPICH", "Microsoft MPI"];
+    if library.contains("Open MPI") {
+        Ok(1)
+    } else if MPICH_FAMILY.iter().any(|name| library.contains(name)) {
+        Ok(usize::MAX)
+    } else {
+        Err(Error::Mpi {
+            call: "MPI_Get_library_version",
+            code: 0,
+            message: format!(
+                "`{library}` is neither Open MPI nor of the MPICH family, whose MPI_IN_PLACE this build knows"
+            ),
+        })
+    }
 }
 
 fn rank_and_size(comm: ffi::MPI_Comm) -> Result<(usize, usize)> {
@@ -568,5 +599,18 @@ impl Communicator for MpiComm {
         self.run("MPI_Ibarrier", "barrier", 0, |request| unsafe {
             ffi::MPI_Ibarrier(comm, request)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_is_known_by_library_family_or_refused() {
+        assert_eq!(in_place("Open MPI v4.1.4, package: Debian OpenMPI").unwrap(), 1);
+        assert_eq!(in_place("MPICH Version: 4.0.2").unwrap(), usize::MAX);
+        assert_eq!(in_place("Intel(R) MPI Library 2021.6 for Linux* OS").unwrap(), usize::MAX);
+        assert!(in_place("IBM Spectrum MPI 10.4").is_err());
     }
 }
