@@ -100,8 +100,8 @@ pub enum OptimizerConfig {
         /// Momentum (0 for none).
         #[serde(default = "default_momentum")]
         momentum: f64,
-        /// Nesterov momentum.
-        #[serde(default)]
+        /// Nesterov momentum (on by default, as in the `sgd` preset).
+        #[serde(default = "yes")]
         nesterov: bool,
         /// L2 weight decay.
         #[serde(default)]
@@ -125,6 +125,34 @@ pub enum OptimizerConfig {
         #[serde(default)]
         decoupled: bool,
     },
+}
+
+impl OptimizerConfig {
+    /// The presets the command line names: `sgd` (momentum 0.9, Nesterov), `adam` (0.9,
+    /// 0.999, 1e-8) and `adamw` (Adam with decoupled weight decay 0.01). A config file's
+    /// `type = "sgd"` or `type = "adam"` with no other field is the same optimizer.
+    pub fn preset(name: &str) -> Result<Self> {
+        let adam = |weight_decay, decoupled| OptimizerConfig::Adam {
+            beta1: default_beta1(),
+            beta2: default_beta2(),
+            eps: default_eps(),
+            weight_decay,
+            decoupled,
+        };
+        match name {
+            "sgd" => Ok(OptimizerConfig::Sgd {
+                momentum: default_momentum(),
+                nesterov: true,
+                weight_decay: 0.0,
+            }),
+            "adam" => Ok(adam(0.0, false)),
+            "adamw" => Ok(adam(0.01, true)),
+            other => Err(Error::config(
+                "optimizer",
+                format!("`{other}` is not a preset (sgd, adam or adamw)"),
+            )),
+        }
+    }
 }
 
 fn default_momentum() -> f64 {
@@ -182,7 +210,7 @@ impl Default for TrainConfig {
             per_replica_batch: None,
             epochs: 4,
             steps: None,
-            optimizer: OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.0 },
+            optimizer: OptimizerConfig::preset("sgd").expect("sgd is a preset"),
             schedule: None,
             lr: None,
             seed: 0,
@@ -378,5 +406,27 @@ impl TrainConfig {
             total: total_steps,
             min_lr: 0.0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_files_optimizer_type_is_the_preset_of_that_name() {
+        for name in ["sgd", "adam"] {
+            let file: TrainConfig =
+                toml::from_str(&format!("[optimizer]\ntype = \"{name}\"\n")).unwrap();
+            assert_eq!(file.optimizer, OptimizerConfig::preset(name).unwrap(), "{name}");
+        }
+        let adamw = OptimizerConfig::preset("adamw").unwrap();
+        let file: TrainConfig =
+            toml::from_str("[optimizer]\ntype = \"adam\"\ndecoupled = true\nweight_decay = 0.01\n")
+                .unwrap();
+        assert_eq!(file.optimizer, adamw);
+        assert_eq!(TrainConfig::default().optimizer, OptimizerConfig::preset("sgd").unwrap());
+        let error = OptimizerConfig::preset("lbfgs").unwrap_err().to_string();
+        assert!(error.contains("`lbfgs` is not a preset"), "{error}");
     }
 }

@@ -55,7 +55,7 @@ pub(crate) struct TrainArgs {
     /// Micro-batches accumulated per step.
     #[arg(long, allow_negative_numbers = true)]
     grad_accum: Option<usize>,
-    /// sgd or adam.
+    /// sgd, adam or adamw (the presets of a config file's `type = "sgd"` / `"adam"`).
     #[arg(long)]
     optimizer: Option<String>,
     /// Peak learning rate (warmup then cosine).
@@ -233,31 +233,8 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     }
     config.recompute |= args.recompute;
     config.standardize |= args.standardize;
-    match args.optimizer.as_deref() {
-        Some("adam") => {
-            config.optimizer = OptimizerConfig::Adam {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0,
-                decoupled: false,
-            }
-        }
-        Some("adamw") => {
-            config.optimizer = OptimizerConfig::Adam {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.01,
-                decoupled: true,
-            }
-        }
-        Some("sgd") => {
-            config.optimizer =
-                OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 0.0 }
-        }
-        Some(other) => bail!("unknown optimizer `{other}` (expected sgd, adam or adamw)"),
-        None => {}
+    if let Some(name) = &args.optimizer {
+        config.optimizer = OptimizerConfig::preset(name)?;
     }
     if args.lr.is_some() {
         config.lr = args.lr;
