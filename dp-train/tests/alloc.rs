@@ -1,0 +1,35 @@
+//! The allocation figure the summary prints is measured, and it is zero: with the counting
+//! allocator installed, a steady training step makes no allocation of the workspace's beyond
+//! the GEMM backend's packing buffers, whether gradients are reduced in place after backward
+//! or bucket by bucket on communication threads, with and without ZeRO-1.
+//!
+//! One test in its own binary, so that the global allocator counts only this run.
+
+mod common;
+
+use common::{TempDir, config};
+use dp_mem::CountingAlloc;
+use dp_train::{RunOptions, TrainConfig, train};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::system();
+
+#[test]
+fn a_steady_step_allocates_nothing_of_the_workspace() {
+    let out = TempDir::new("alloc");
+    let one_bucket = TrainConfig::default().bucket_mib;
+    for (name, bucket_mib, zero_stage) in
+        [("in-place", one_bucket, 0), ("buckets", 0.01, 0), ("zero1", 0.01, 1)]
+    {
+        let c = TrainConfig { bucket_mib, zero_stage, eval_data: None, ..config(2, 12) };
+        let summary = train(c, &RunOptions::new(out.0.join(name)), &mut ()).unwrap();
+        let allocs = summary.allocs_per_step.expect("counted with the allocator installed");
+        let workspace = allocs - summary.gemm_allocs_per_step as f64;
+        assert!(summary.gemm_allocs_per_step > 0, "{name}: the GEMM count is part of the figure");
+        assert_eq!(
+            workspace, 0.0,
+            "{name}: {allocs} allocations per step, {} GEMMs",
+            summary.gemm_allocs_per_step
+        );
+    }
+}
