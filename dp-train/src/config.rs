@@ -245,6 +245,34 @@ impl TrainConfig {
         toml::from_str(&text).map_err(|e| Error::run(path, e.to_string()))
     }
 
+    /// Sets the setting `key` (dotted for nested ones: `optimizer.momentum`) to `value`, read
+    /// as a TOML value (`8`, `0.5`, `true`, `[1, 2]`) or else as a string: what the command
+    /// line's `--set key=value` does for any setting without a flag of its own. An unknown key
+    /// or a value of the wrong type is an error naming the key; the config is unchanged then.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let fail = |what: String| Error::config(key, what);
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        let mut whole = toml::Table::try_from(&*self).map_err(|e| fail(e.to_string()))?;
+        let (last, path) = key.rsplit_once('.').map_or((key, None), |(p, l)| (l, Some(p)));
+        let mut table = &mut whole;
+        for (i, part) in path.into_iter().flat_map(|p| p.split('.')).enumerate() {
+            let above = || key.split('.').take(i + 1).collect::<Vec<_>>().join(".");
+            table = table
+                .entry(part)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| fail(format!("`{}` is not a table", above())))?;
+        }
+        table.insert(last.to_string(), parsed);
+        *self = toml::Value::Table(whole)
+            .try_into()
+            .map_err(|e: toml::de::Error| fail(e.message().to_string()))?;
+        Ok(())
+    }
+
     /// The config as TOML.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a config always serializes")
@@ -412,6 +440,32 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_setting_can_be_set_by_key_and_mistakes_name_the_key() {
+        let mut c = TrainConfig::default();
+        c.set("data_workers", "3").unwrap();
+        c.set("bucket_mib", "0.5").unwrap();
+        c.set("recompute", "true").unwrap();
+        c.set("train_data", "data/my table").unwrap();
+        c.set("optimizer.momentum", "0.8").unwrap();
+        c.set("lr", "0.02").unwrap();
+        assert_eq!((c.data_workers, c.bucket_mib, c.recompute), (3, 0.5, true));
+        assert_eq!(c.train_data, std::path::PathBuf::from("data/my table"));
+        assert!(matches!(c.optimizer, OptimizerConfig::Sgd { momentum, .. } if momentum == 0.8));
+        assert_eq!(c.lr, Some(0.02));
+        let before = c.clone();
+        for (key, value, says) in [
+            ("data_wrokers", "3", "unknown field `data_wrokers`"),
+            ("data_workers", "many", "invalid type"),
+            ("optimizer.speed", "1", "unknown field `speed`"),
+            ("seed.low", "1", "`seed` is not a table"),
+        ] {
+            let error = c.set(key, value).unwrap_err().to_string();
+            assert!(error.contains(&format!("`{key}`")) && error.contains(says), "{error}");
+            assert_eq!(c, before, "a failed set changed the config");
+        }
+    }
 
     #[test]
     fn a_config_files_optimizer_type_is_the_preset_of_that_name() {

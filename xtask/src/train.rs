@@ -94,6 +94,11 @@ pub(crate) struct TrainArgs {
     /// Skip the plots at the end.
     #[arg(long)]
     no_plot: bool,
+    /// Any setting of the config (see dp-train/README.md) as KEY=VALUE, e.g. `--set
+    /// data_workers=2 --set optimizer.momentum=0.8`; repeatable, applied after the other
+    /// options.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
     /// Train in this many processes on this host (under mpirun), each with `--replicas`
     /// threads (default: the cores shared out). Across hosts, start the processes with
     /// mpirun or srun yourself.
@@ -241,6 +246,12 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     }
     if let Some(sparsity) = args.prune {
         config.prune = Some(PruneConfig { sparsity, global: true, start: 0, end: None, every: 50 });
+    }
+    for setting in &args.set {
+        let Some((key, value)) = setting.split_once('=') else {
+            bail!("--set {setting}: expected KEY=VALUE");
+        };
+        config.set(key.trim(), value.trim())?;
     }
     Ok(())
 }
@@ -512,6 +523,14 @@ mod tests {
         apply(&mut config, &cli.train).unwrap();
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("`lr`: -1 must be a positive number"), "{error}");
+        // Any setting by key, after the flags; a mistake names the key.
+        let cli = Cli::try_parse_from(["train", "--set", "data_workers=3", "--set", "lr=0.5"]);
+        let mut config = TrainConfig::default();
+        apply(&mut config, &cli.unwrap().train).unwrap();
+        assert_eq!((config.data_workers, config.lr), (3, Some(0.5)));
+        let cli = Cli::try_parse_from(["train", "--set", "workers=3"]).unwrap();
+        let error = apply(&mut config, &cli.train).unwrap_err().to_string();
+        assert!(error.contains("`workers`: unknown field"), "{error}");
         // Unsigned options say what is wrong with the number, not that it is a stray flag.
         let error = Cli::try_parse_from(["train", "--steps", "-3"]).err().unwrap().to_string();
         assert!(error.contains("invalid value '-3' for '--steps"), "{error}");
