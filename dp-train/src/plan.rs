@@ -38,6 +38,8 @@ pub(crate) struct RunPlan {
     /// Samples per replica per micro-batch.
     pub(crate) micro: usize,
     pub(crate) steps_per_epoch: u64,
+    /// Training records an epoch leaves out: those that do not fill a last global batch.
+    pub(crate) dropped_per_epoch: u64,
     pub(crate) total_steps: u64,
     pub(crate) schedule: Schedule,
     /// `u8` pixels to [0, 1], or standardization of `f32` inputs.
@@ -154,6 +156,7 @@ impl RunPlan {
                 format!("{} exceeds the {} training records", config.global_batch, train.len()),
             ));
         }
+        let dropped_per_epoch = train.len() - steps_per_epoch * config.global_batch as u64;
         let total_steps = config.steps.unwrap_or(config.epochs.saturating_mul(steps_per_epoch));
         let schedule = config.schedule_or_default(total_steps);
         let resume = match resume {
@@ -185,6 +188,7 @@ impl RunPlan {
             processes,
             micro,
             steps_per_epoch,
+            dropped_per_epoch,
             total_steps,
             schedule,
             normalize,

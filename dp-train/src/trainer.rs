@@ -65,6 +65,10 @@ pub struct RunInfo {
     pub total_steps: u64,
     /// Steps per pass over the training data.
     pub steps_per_epoch: u64,
+    /// Training records each epoch leaves out, because they do not fill a last global batch
+    /// (every step has the full global batch, so replicas stay in step; the shuffle changes
+    /// which records those are from epoch to epoch).
+    pub dropped_per_epoch: u64,
 }
 
 /// Follows a run as it goes (a progress bar, a log). Every method has an empty default.
@@ -168,6 +172,7 @@ pub fn train(
                 start_step: plan.start_step(),
                 total_steps: plan.total_steps,
                 steps_per_epoch: plan.steps_per_epoch,
+                dropped_per_epoch: plan.dropped_per_epoch,
             });
         }
         for event in receiver {

@@ -267,3 +267,29 @@ fn a_per_replica_batch_sets_the_global_batch() {
     let saved = TrainConfig::load(&run_dir(&out.0).join(dp_train::CONFIG)).unwrap();
     assert_eq!((saved.global_batch, saved.replicas), (64, 2));
 }
+
+/// Keeps what the run reported at its start.
+#[derive(Default)]
+struct Info(Option<dp_train::RunInfo>);
+
+impl dp_train::Observer for Info {
+    fn started(&mut self, run: &dp_train::RunInfo) {
+        self.0 = Some(run.clone());
+    }
+}
+
+#[test]
+fn a_run_states_the_records_each_epoch_leaves_out() {
+    let out = TempDir::new("dropped");
+    // 2,048 records: global batches of 64 use them all, of 96 leave out 2048 - 21 * 96 = 32.
+    for (global_batch, dropped) in [(64, 0), (96, 32)] {
+        let mut info = Info::default();
+        let c = TrainConfig { global_batch, eval_data: None, ..config(2, 2) };
+        train(c, &RunOptions::new(out.0.join(global_batch.to_string())), &mut info).unwrap();
+        let run = info.0.expect("the run started");
+        assert_eq!(
+            (run.steps_per_epoch, run.dropped_per_epoch),
+            (2048 / global_batch as u64, dropped)
+        );
+    }
+}

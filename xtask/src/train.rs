@@ -340,6 +340,12 @@ impl Observer for Progress {
             run.total_steps - run.start_step,
             run.run_dir.display()
         );
+        if run.dropped_per_epoch > 0 {
+            println!(
+                "each epoch leaves out {} records that do not fill a last global batch (which ones changes with the shuffle)",
+                run.dropped_per_epoch
+            );
+        }
         let bar = ProgressBar::new(run.total_steps);
         bar.set_style(
             ProgressStyle::with_template(
