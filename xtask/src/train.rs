@@ -137,6 +137,9 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         },
     };
     apply(&mut config, &args)?;
+    if let Some(dir) = &args.resume {
+        refuse_changes_on_resume(dir, &args)?;
+    }
     if first && args.data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
     }
@@ -252,6 +255,23 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
             bail!("--set {setting}: expected KEY=VALUE");
         };
         config.set(key.trim(), value.trim())?;
+    }
+    Ok(())
+}
+
+/// A resumed run continues with the config it saved; a flag that would change it is refused,
+/// never ignored in silence.
+fn refuse_changes_on_resume(dir: &Path, args: &TrainArgs) -> Result<()> {
+    let mut changed = TrainConfig::default();
+    apply(&mut changed, args)?;
+    if args.config.is_some() || changed != TrainConfig::default() {
+        let saved = dp_train::resolve_run_dir(dir).join(dp_train::CONFIG);
+        bail!(
+            "--resume continues the run with the config it saved, {}; options that change the \
+             config are not applied to it: edit that file (more steps or epochs, another \
+             replica count), or start a new run",
+            saved.display()
+        );
     }
     Ok(())
 }
@@ -522,7 +542,7 @@ mod tests {
     }
 
     #[test]
-    fn negative_numbers_reach_the_config_check() {
+    fn options_reach_the_config_checks_and_none_is_ignored() {
         let cli = Cli::try_parse_from(["train", "--lr", "-1", "--clip", "-0.5"]).unwrap();
         assert_eq!((cli.train.lr, cli.train.clip), (Some(-1.0), Some(-0.5)));
         let mut config = TrainConfig::default();
@@ -537,6 +557,12 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--set", "workers=3"]).unwrap();
         let error = apply(&mut config, &cli.train).unwrap_err().to_string();
         assert!(error.contains("`workers`: unknown field"), "{error}");
+        // A resumed run refuses options that would change its config, instead of ignoring them.
+        let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--epochs", "9"]).unwrap();
+        let error = refuse_changes_on_resume(Path::new("runs/x"), &cli.train).unwrap_err();
+        assert!(error.to_string().contains("runs/x/config.toml"), "{error}");
+        let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--no-plot"]).unwrap();
+        refuse_changes_on_resume(Path::new("runs/x"), &cli.train).unwrap();
         // Unsigned options say what is wrong with the number, not that it is a stray flag.
         let error = Cli::try_parse_from(["train", "--steps", "-3"]).err().unwrap().to_string();
         assert!(error.contains("invalid value '-3' for '--steps"), "{error}");
