@@ -64,6 +64,10 @@ pub struct Summary {
     /// diverged (the other figures then cover the steps before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diverged_at: Option<u64>,
+    /// What looked wrong without stopping the run (a loss at the level of guessing after the
+    /// first epoch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl fmt::Display for Summary {
@@ -125,6 +129,9 @@ impl fmt::Display for Summary {
             ByteSize(self.theoretical_min),
             self.memory_ratio
         )?;
+        for warning in &self.warnings {
+            writeln!(f, "warning        {warning}")?;
+        }
         if let Some(allocs) = self.allocs_per_step {
             writeln!(
                 f,

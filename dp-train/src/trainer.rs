@@ -12,6 +12,7 @@ use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiConfig, Mp
 use dp_mem::Tag;
 use dp_model::Checkpoint;
 
+use crate::chance::first_epoch_warning;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::gate::Gate;
@@ -81,6 +82,9 @@ pub trait Observer {
     fn eval(&mut self, _metrics: &EvalMetrics) {}
     /// A checkpoint was written after `step`.
     fn checkpoint(&mut self, _step: u64) {}
+    /// Something looks wrong but does not stop the run (a loss at the level of guessing after
+    /// the first epoch).
+    fn warning(&mut self, _text: &str) {}
 }
 
 impl Observer for () {}
@@ -116,6 +120,7 @@ pub fn train(
     let (sender, receiver) = sync_channel::<Event>(1024);
     let recorded = Arc::new(Recorded::default());
     let mut losses = Vec::new();
+    let mut warnings = Vec::new();
     let mut last_eval = None;
     let mut metrics = None;
     let mut opening = Ok(());
@@ -181,6 +186,13 @@ pub fn train(
                     losses.push(s.loss);
                     let metrics = step_metrics(&s, plan.config.global_batch);
                     observer.step(&metrics);
+                    if plan.start_step() == 0
+                        && s.step == plan.steps_per_epoch
+                        && let Some(text) = first_epoch_warning(&losses, plan.classes)
+                    {
+                        observer.warning(&text);
+                        warnings.push(text);
+                    }
                     MetricsRecord::Train(metrics)
                 }
                 Event::Eval(e) => {
@@ -222,8 +234,10 @@ pub fn train(
         let (all, eval) = read_record(&plan.run_dir().join(METRICS))?;
         (losses, last_eval) = (all, eval.or(last_eval));
     }
-    let summary =
-        summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params);
+    let summary = Summary {
+        warnings,
+        ..summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params)
+    };
     if processes.is_first() {
         let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
         run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())?;

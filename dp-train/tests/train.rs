@@ -293,3 +293,18 @@ fn a_run_states_the_records_each_epoch_leaves_out() {
         );
     }
 }
+
+#[test]
+fn a_run_at_the_loss_of_guessing_after_its_first_epoch_says_so() {
+    let out = TempDir::new("chance");
+    // 2,048 records at 64 a step: an epoch is 32 steps. A learning rate of 1e-9 learns
+    // nothing; the default one learns.
+    let stuck = TrainConfig { lr: Some(1e-9), eval_data: None, ..config(1, 40) };
+    let summary = train(stuck, &RunOptions::new(out.0.join("stuck")), &mut ()).unwrap();
+    assert_eq!(summary.warnings.len(), 1, "{:?}", summary.warnings);
+    assert!(summary.warnings[0].contains("the level of guessing among 10 classes"));
+    assert!(summary.to_string().contains("warning        after the first epoch"));
+    let learning = TrainConfig { eval_data: None, ..config(1, 40) };
+    let summary = train(learning, &RunOptions::new(out.0.join("learning")), &mut ()).unwrap();
+    assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
+}

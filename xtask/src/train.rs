@@ -397,6 +397,14 @@ impl Observer for Progress {
         }
     }
 
+    fn warning(&mut self, text: &str) {
+        let line = format!("warning: {text}");
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
     fn eval(&mut self, m: &EvalMetrics) {
         let line = format!(
             "step {:>6}  epoch {:>5.2}  eval accuracy {:.4}  eval loss {:.4}",
