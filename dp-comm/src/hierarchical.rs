@@ -86,11 +86,6 @@ impl<G: Communicator> Hierarchical<G> {
         self.processes
     }
 
-    /// The communicator among processes, on thread 0 of a multi-process world.
-    pub fn global(&mut self) -> Option<&mut G> {
-        self.global.as_mut()
-    }
-
     /// `len` elements of scratch, grown when needed.
     fn scratch<T: Element>(scratch: &mut Vec<u64>, len: usize) -> &mut [T] {
         let words = (len * size_of::<T>()).div_ceil(8);

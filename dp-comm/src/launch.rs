@@ -106,16 +106,6 @@ impl Launch {
             _ => None,
         }
     }
-
-    /// The number of processes the launcher announced (1 without a launcher; `None` when
-    /// only MPI knows).
-    pub fn world_size(&self) -> Option<usize> {
-        match self {
-            Launch::Single => Some(1),
-            Launch::Mpi { world_size, .. } => *world_size,
-            Launch::Env { world_size, .. } => Some(*world_size),
-        }
-    }
 }
 
 /// An `mpirun` command line that starts `processes` copies of a program on this host: append
