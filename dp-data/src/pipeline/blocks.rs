@@ -154,11 +154,14 @@ impl BlockTable {
     /// [`BlockTable::find`] or [`BlockTable::claim_missing`] marked as being decoded by the
     /// caller, and enters it. Under `Skip` a corrupt block becomes bad; any other error is
     /// returned (and the block left for another try).
+    ///
+    /// Its counters are added to `stats` before the block is entered: a batch that uses the
+    /// block can then not reach the consumer before the pipeline's stats account for it.
     pub(crate) fn load(
         &self,
         dataset: &Dataset,
         b: usize,
-        stats: &mut PipelineStats,
+        stats: &Mutex<PipelineStats>,
     ) -> Result<()> {
         // Whatever happens below, the block must not stay marked as being decoded: on an early
         // return the guard puts it back for another try.
@@ -178,29 +181,33 @@ impl BlockTable {
             Err(err) if !skip(&err) => return Err(err),
             other => other,
         };
-        let mut table = self.lock();
-        guard.armed = false;
-        table.entries[b] = match result {
-            Ok((block, None)) => {
-                stats.blocks_shared += 1;
-                Entry::Ready(Arc::new(block))
-            }
-            Ok((block, Some((read_s, decompress_s)))) => {
-                stats.read_s += read_s;
-                stats.decompress_s += decompress_s;
-                stats.blocks_loaded += 1;
-                let block = Arc::new(block);
-                if let Some(share) = &self.share {
-                    share.put(b, &block);
+        let entry = {
+            let mut stats = stats.lock().unwrap_or_else(PoisonError::into_inner);
+            match result {
+                Ok((block, None)) => {
+                    stats.blocks_shared += 1;
+                    Entry::Ready(Arc::new(block))
                 }
-                Entry::Ready(block)
-            }
-            Err(err) => {
-                stats.skipped_blocks += 1;
-                stats.last_skipped = Some(err.to_string());
-                Entry::Bad
+                Ok((block, Some((read_s, decompress_s)))) => {
+                    stats.read_s += read_s;
+                    stats.decompress_s += decompress_s;
+                    stats.blocks_loaded += 1;
+                    let block = Arc::new(block);
+                    if let Some(share) = &self.share {
+                        share.put(b, &block);
+                    }
+                    Entry::Ready(block)
+                }
+                Err(err) => {
+                    stats.skipped_blocks += 1;
+                    stats.last_skipped = Some(err.to_string());
+                    Entry::Bad
+                }
             }
         };
+        let mut table = self.lock();
+        guard.armed = false;
+        table.entries[b] = entry;
         let sleepers = table.sleepers > 0;
         drop(table);
         if sleepers {

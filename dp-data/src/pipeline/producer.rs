@@ -137,14 +137,12 @@ impl Producer {
 
     /// Decodes one block of the window after the latest batch's, if one is still missing.
     /// Returns whether it decoded one.
-    pub(crate) fn read_ahead(&mut self) -> bool {
+    pub(crate) fn read_ahead(&self) -> bool {
         let blocks = &self.shared.blocks;
         let Some(b) = blocks.claim_missing(&self.ahead, self.ahead_tag) else { return false };
         // A block that fails is left missing, for the batch that needs it to meet the error and
         // report it; saying nothing was done lets this worker sleep instead of retrying it.
-        let loaded = blocks.load(&self.shared.dataset, b, &mut self.stats).is_ok();
-        self.publish_stats();
-        loaded
+        blocks.load(&self.shared.dataset, b, &self.shared.stats).is_ok()
     }
 
     /// How many blocks of the next window to decode after each batch of this one (see
@@ -188,8 +186,8 @@ impl Producer {
         batch
     }
 
-    /// Adds this worker's counters to the pipeline's, whatever came of its work: blocks read
-    /// ahead or skipped count even when no batch follows.
+    /// Adds this worker's batch counters to the pipeline's, whatever came of its work, before
+    /// the batch is handed in. (Block counters go there directly; see [`BlockTable::load`].)
     fn publish_stats(&mut self) {
         let mut shared = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
         shared.add(&mut self.stats);
@@ -289,12 +287,12 @@ impl Producer {
             match self.shared.blocks.find(&self.needed, tag, ahead, &mut self.found) {
                 Needed::Done => return Ok(()),
                 Needed::Load(b) => {
-                    self.shared.blocks.load(&self.shared.dataset, b, &mut self.stats)?;
+                    self.shared.blocks.load(&self.shared.dataset, b, &self.shared.stats)?;
                 }
                 Needed::LoadAhead(b) => {
                     // Left to the batch that needs it to report; no more reading ahead for
                     // this one.
-                    if self.shared.blocks.load(&self.shared.dataset, b, &mut self.stats).is_err() {
+                    if self.shared.blocks.load(&self.shared.dataset, b, &self.shared.stats).is_err() {
                         self.ahead.clear();
                     }
                 }
