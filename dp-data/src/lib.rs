@@ -56,6 +56,7 @@ mod checksum;
 mod dataset;
 mod element;
 mod error;
+mod feature_stats;
 mod finite;
 mod manifest;
 mod measure;
@@ -69,11 +70,12 @@ pub use block::Block;
 pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
 pub use error::{Error, Result};
+pub use feature_stats::FeatureStats;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo};
 pub use measure::{PipelineReport, ReadReport, gzip_reference, measure_pipeline, measure_read};
 pub use pipeline::{
-    Batch, CorruptionPolicy, Normalize, Pipeline, PipelineConfig, PipelineState, PipelineStats,
-    RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+    Batch, CorruptionPolicy, FeatureScaling, Normalize, Pipeline, PipelineConfig, PipelineState,
+    PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
 };
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use value::Value;

@@ -10,7 +10,7 @@ pub(crate) fn first_epoch_warning(losses: &[f64], classes: usize) -> Option<Stri
     let chance = (classes as f64).ln();
     (classes >= 2 && !quarter.is_empty() && mean >= 0.95 * chance).then(|| {
         format!(
-            "after the first epoch the loss is {mean:.3}, the level of guessing among {classes} classes ({chance:.3}): the model is not learning; check the inputs' scale (standardize), the learning rate (lr) and the labels"
+            "after the first epoch the loss is {mean:.3}, the level of guessing among {classes} classes ({chance:.3}): the model is not learning; check the inputs' scale (normalize), the learning rate (lr) and the labels"
         )
     })
 }

@@ -26,9 +26,14 @@ pub struct TrainConfig {
     pub label_feature: String,
     /// Classes (default: one more than the largest label in the training data).
     pub classes: Option<usize>,
-    /// Standardize `f32` inputs to zero mean and unit variance (statistics from the first
-    /// training batches); `u8` inputs are always scaled to [0, 1].
-    pub standardize: bool,
+    /// How inputs are scaled before the model (see [`Normalization`]). The scaling a run
+    /// uses is saved in its directory and applied again at evaluation and prediction.
+    pub normalize: Normalization,
+    /// With `normalize_std`: the means to subtract, one per input element or one for all,
+    /// instead of the training data's (`standard` or `auto` scaling).
+    pub normalize_mean: Option<Vec<f32>>,
+    /// With `normalize_mean`: the standard deviations to divide by.
+    pub normalize_std: Option<Vec<f32>>,
     /// A built-in model (`mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec file.
     pub model: String,
     /// Replicas (threads) per process; 0 means one per available core, shared among the
@@ -89,6 +94,52 @@ pub struct TrainConfig {
     pub checksum_every: u64,
     /// Seconds a replica waits for its peers before the run fails.
     pub timeout_s: f64,
+}
+
+/// How a run scales its inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Normalization {
+    /// `u8` inputs (pixels) divided by 255; any other input standardized per feature.
+    #[default]
+    Auto,
+    /// Each input element to zero mean and unit variance, with statistics adapted from the
+    /// training data (scikit-learn's `StandardScaler`, Keras' `Normalization.adapt`) unless
+    /// `normalize_mean` and `normalize_std` give them.
+    Standard,
+    /// Each input element to `[0, 1]` over the range the training data spans.
+    Minmax,
+    /// Inputs as stored.
+    None,
+}
+
+impl Normalization {
+    /// The name a config file and the command line use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Normalization::Auto => "auto",
+            Normalization::Standard => "standard",
+            Normalization::Minmax => "minmax",
+            Normalization::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for Normalization {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "auto" => Ok(Normalization::Auto),
+            "standard" => Ok(Normalization::Standard),
+            "minmax" => Ok(Normalization::Minmax),
+            "none" => Ok(Normalization::None),
+            other => Err(Error::config(
+                "normalize",
+                format!("`{other}` is not auto, standard, minmax or none"),
+            )),
+        }
+    }
 }
 
 /// The optimizer and its settings.
@@ -203,7 +254,9 @@ impl Default for TrainConfig {
             input_feature: "image".into(),
             label_feature: "label".into(),
             classes: None,
-            standardize: false,
+            normalize: Normalization::Auto,
+            normalize_mean: None,
+            normalize_std: None,
             model: "mlp".into(),
             replicas: 0,
             global_batch: 256,
@@ -380,6 +433,25 @@ impl TrainConfig {
             ));
         }
         self.compression()?;
+        match (&self.normalize_mean, &self.normalize_std, self.normalize) {
+            (None, None, _) => {}
+            (Some(_), Some(_), Normalization::Auto | Normalization::Standard) => {}
+            (Some(_), Some(_), other) => {
+                return Err(Error::config(
+                    "normalize_mean",
+                    format!(
+                        "means and standard deviations are for standard scaling, not `{}`",
+                        other.name()
+                    ),
+                ));
+            }
+            _ => {
+                return Err(Error::config(
+                    "normalize_mean",
+                    "give normalize_mean and normalize_std together",
+                ));
+            }
+        }
         if self.data_workers == 0 {
             return Err(Error::config("data_workers", "must be at least 1"));
         }

@@ -55,7 +55,7 @@ pub enum Error {
     /// The loss or the parameters stopped being finite numbers: training diverged. The run
     /// stops at that step and keeps its last good checkpoint.
     #[error(
-        "training diverged at step {step}: {what} is {value}; lower the learning rate (lr), clip gradients (clip_grad_norm) or standardize the inputs (standardize), then resume from the last checkpoint"
+        "training diverged at step {step}: {what} is {value}; lower the learning rate (lr), clip gradients (clip_grad_norm) or scale the inputs (normalize), then resume from the last checkpoint"
     )]
     NonFinite {
         /// The step whose loss (or whose updated parameters) is not finite.

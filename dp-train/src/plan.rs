@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use dp_data::{DType, Dataset, Kind, Normalize, PipelineState};
+use dp_data::{DType, Dataset, FeatureScaling, Kind, PipelineState};
 use dp_model::{Checkpoint, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -42,8 +42,8 @@ pub(crate) struct RunPlan {
     pub(crate) dropped_per_epoch: u64,
     pub(crate) total_steps: u64,
     pub(crate) schedule: Schedule,
-    /// `u8` pixels to [0, 1], or standardization of `f32` inputs.
-    pub(crate) normalize: Option<Normalize>,
+    /// The inputs' scaling (see [`crate::normalization`]).
+    pub(crate) scaling: Option<FeatureScaling>,
     /// The checkpoint to resume from, and where it was.
     pub(crate) resume: Option<(Checkpoint, ResumeState)>,
 }
@@ -117,22 +117,19 @@ impl RunPlan {
                 ),
             ));
         }
-        let normalize = match dtype {
-            DType::U8 => Some(Normalize::pixels(0.0, 1.0)),
-            DType::F32 if config.standardize => {
-                Some(standardization(&train, &config.input_feature)?)
-            }
-            DType::F32 => None,
-            other => {
-                return Err(Error::config(
-                    "input_feature",
-                    format!(
-                        "`{}` is {}; the trainer reads u8 or f32 inputs",
-                        config.input_feature,
-                        other.name()
-                    ),
-                ));
-            }
+        if !matches!(dtype, DType::U8 | DType::F32) {
+            return Err(Error::config(
+                "input_feature",
+                format!(
+                    "`{}` is {}; the trainer reads u8 or f32 inputs",
+                    config.input_feature,
+                    dtype.name()
+                ),
+            ));
+        }
+        let scaling = match &run_dir {
+            Some(dir) => crate::normalization::load(dir)?,
+            None => crate::normalization::decide(&config, &train, dtype, input_len)?,
         };
 
         let replicas = config.replica_count();
@@ -191,7 +188,7 @@ impl RunPlan {
             dropped_per_epoch,
             total_steps,
             schedule,
-            normalize,
+            scaling,
             resume,
         })
     }
@@ -296,23 +293,4 @@ pub(crate) fn label_error(label: i64, record: u64, classes: usize) -> Error {
         "label_feature",
         format!("label {label} of record {record} is outside 0..{classes} (the classes)"),
     )
-}
-
-/// Mean and standard deviation of an `f32` feature over its first ten million values or so
-/// (whole blocks), plenty for two numbers.
-fn standardization(dataset: &Dataset, name: &str) -> Result<Normalize> {
-    let (mut n, mut sum, mut squares) = (0f64, 0f64, 0f64);
-    for block in dataset.blocks() {
-        for &v in block?.dense::<f32>(name)?.iter() {
-            n += 1.0;
-            sum += f64::from(v);
-            squares += f64::from(v) * f64::from(v);
-        }
-        if n >= 1e7 {
-            break;
-        }
-    }
-    let mean = sum / n.max(1.0);
-    let std = (squares / n.max(1.0) - mean * mean).max(0.0).sqrt().max(1e-6);
-    Ok(Normalize { scale: 1.0, mean: mean as f32, std: std as f32 })
 }

@@ -227,7 +227,7 @@ impl<C: Communicator> Replica<C> {
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0.
         let train_config = pipeline_config(&plan, rank, world, true);
         let transforms = || -> Vec<Box<dyn Transform>> {
-            plan.normalize.iter().map(|n| Box::new(*n) as Box<dyn Transform>).collect()
+            plan.scaling.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
         let train = match &plan.resume {
             Some((checkpoint, state)) => {

@@ -1,13 +1,17 @@
-//! The run directory: `config.toml` (the effective config), `metrics.jsonl`, `summary.json`,
-//! `checkpoint.ckpt` and the plots.
+//! The run directory: `config.toml` (the effective config), `normalization.json`,
+//! `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` and the plots.
 
 use std::path::{Path, PathBuf};
+
+use dp_data::FeatureScaling;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 
 /// The effective config of the run.
 pub const CONFIG: &str = "config.toml";
+/// The input scaling the run adapted (or was given): JSON, `null` for none.
+pub const NORMALIZATION: &str = "normalization.json";
 /// One JSON line per step and evaluation.
 pub const METRICS: &str = "metrics.jsonl";
 /// The end-of-run summary.
@@ -16,8 +20,14 @@ pub const SUMMARY: &str = "summary.json";
 pub const CHECKPOINT: &str = "checkpoint.ckpt";
 
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if
-/// taken, so no run overwrites another. Writes the effective config into it.
-pub(crate) fn create(out: &Path, name: &str, config: &TrainConfig) -> Result<PathBuf> {
+/// taken, so no run overwrites another. Writes the input scaling and then the effective
+/// config into it (a directory with a config is a run that can be resumed).
+pub(crate) fn create(
+    out: &Path,
+    name: &str,
+    config: &TrainConfig,
+    scaling: Option<&FeatureScaling>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, "create", e))?;
     let mut dir = out.join(name);
     let mut n = 1;
@@ -31,6 +41,7 @@ pub(crate) fn create(out: &Path, name: &str, config: &TrainConfig) -> Result<Pat
             Err(e) => return Err(Error::io(&dir, "create", e)),
         }
     }
+    crate::normalization::save(&dir, scaling)?;
     write_atomic(&dir.join(CONFIG), config.to_toml().as_bytes())?;
     Ok(dir)
 }

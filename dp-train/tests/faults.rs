@@ -426,6 +426,11 @@ fn nan_data_is_refused_at_import_and_stops_training_when_allowed_in() {
         steps: Some(3),
         ..TrainConfig::default()
     };
+    // Adapting the inputs' scaling meets the NaN before any step.
+    let error = train(c.clone(), &RunOptions::new(out.0.join("runs")), &mut ()).unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("`normalize`") && text.contains("NaN in record 77"), "{text}");
+    let c = TrainConfig { normalize: dp_train::Normalization::None, ..c };
     let error = train(c, &RunOptions::new(out.0.join("runs")), &mut ()).unwrap_err();
     let text = error.to_string();
     // Debug builds name the input; release builds stop at the first non-finite loss or

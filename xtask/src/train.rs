@@ -76,9 +76,17 @@ pub(crate) struct TrainArgs {
     /// Gradient compression: none, bf16 or int8.
     #[arg(long)]
     compression: Option<String>,
-    /// Standardize f32 inputs.
-    #[arg(long)]
-    standardize: bool,
+    /// Input scaling: auto (u8 pixels / 255, other inputs standardized per feature),
+    /// standard, minmax or none; the run saves it, and eval and predict apply it.
+    #[arg(long, value_name = "HOW")]
+    normalize: Option<dp_train::Normalization>,
+    /// Means to subtract instead of the training data's (one per input element, or one for
+    /// all), with --std.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, requires = "std")]
+    mean: Option<Vec<f32>>,
+    /// Standard deviations to divide by, with --mean.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, requires = "mean")]
+    std: Option<Vec<f32>>,
     /// Seed.
     #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
@@ -240,7 +248,10 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
         config.name = args.name.clone();
     }
     config.recompute |= args.recompute;
-    config.standardize |= args.standardize;
+    set(&mut config.normalize, args.normalize);
+    if args.mean.is_some() {
+        (config.normalize_mean, config.normalize_std) = (args.mean.clone(), args.std.clone());
+    }
     if let Some(name) = &args.optimizer {
         config.optimizer = OptimizerConfig::preset(name)?;
     }

@@ -43,7 +43,7 @@ use dp_mem::{Pool, Tracker};
 pub use batch::Batch;
 pub use config::{CorruptionPolicy, PipelineConfig, PipelineState, TailPolicy};
 pub use stats::PipelineStats;
-pub use transform::{Normalize, RandomCrop, RandomFlip, Rng, Sample, Transform};
+pub use transform::{FeatureScaling, Normalize, RandomCrop, RandomFlip, Rng, Sample, Transform};
 
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::{Error, Result};
@@ -124,6 +124,12 @@ impl Pipeline {
             ReadOptions { pool: Some(pool.clone()), cache_blocks: 1, ..ReadOptions::default() };
         let dataset = Arc::new(Dataset::open_with(dir, read)?);
         let columns = resolve(&dataset, &config)?;
+        for transform in &transforms {
+            transform.check(&columns.shape[1..]).map_err(|why| Error::Config {
+                field: "transforms",
+                what: format!("{}: {why}", transform.describe()),
+            })?;
+        }
         let transforms: Arc<[Box<dyn Transform>]> = transforms.into();
         let config_hash = stream_hash(&dataset, &config, &transforms);
         let global_batch = config.global_batch() as u64;

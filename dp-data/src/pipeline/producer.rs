@@ -292,7 +292,8 @@ impl Producer {
                 Needed::LoadAhead(b) => {
                     // Left to the batch that needs it to report; no more reading ahead for
                     // this one.
-                    if self.shared.blocks.load(&self.shared.dataset, b, &self.shared.stats).is_err() {
+                    if self.shared.blocks.load(&self.shared.dataset, b, &self.shared.stats).is_err()
+                    {
                         self.ahead.clear();
                     }
                 }

@@ -3,6 +3,10 @@
 
 use std::fmt::Debug;
 
+use serde::{Deserialize, Serialize};
+
+use crate::FeatureStats;
+
 /// A record as transforms see it: its input as `f32` in row-major `shape` (`[H, W]` or
 /// `[C, H, W]` for images), and its label.
 #[derive(Debug)]
@@ -60,6 +64,12 @@ pub trait Transform: Send + Sync + Debug {
     fn as_affine(&self) -> Option<(f32, f32)> {
         None
     }
+
+    /// Whether the transform can apply to inputs of `shape` (checked once, when a pipeline is
+    /// built); the error says why not.
+    fn check(&self, _shape: &[usize]) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 /// `x = (x * scale - mean) / std`: e.g. `scale = 1/255` turns `u8` pixels into `[0, 1]`.
@@ -100,6 +110,95 @@ impl Transform for Normalize {
 
     fn as_affine(&self) -> Option<(f32, f32)> {
         Some(self.affine())
+    }
+}
+
+/// Per-feature scaling, `x[i] = (x[i] - offset[i]) / scale[i]`: scikit-learn's
+/// `StandardScaler` (the mean and standard deviation) or `MinMaxScaler` (the minimum and the
+/// range) applied to each element of the input; a single offset and scale apply to every
+/// element alike.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureScaling {
+    /// Subtracted from each element.
+    pub offset: Vec<f32>,
+    /// Divides each element after that.
+    pub scale: Vec<f32>,
+}
+
+impl FeatureScaling {
+    /// Offsets and scales given, each one per element or one for all; every scale must be a
+    /// positive number and every offset finite.
+    pub fn new(offset: Vec<f32>, scale: Vec<f32>) -> std::result::Result<Self, String> {
+        if offset.len() != scale.len() || offset.is_empty() {
+            return Err(format!(
+                "{} offsets (means) and {} scales (standard deviations): give as many of each, one per element or one for all",
+                offset.len(),
+                scale.len()
+            ));
+        }
+        if let Some(i) = scale.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
+            return Err(format!("scale {i} is {}: scales must be positive numbers", scale[i]));
+        }
+        if let Some(i) = offset.iter().position(|o| !o.is_finite()) {
+            return Err(format!("offset {i} is {}: offsets must be finite", offset[i]));
+        }
+        Ok(FeatureScaling { offset, scale })
+    }
+
+    /// Zero mean and unit variance per element; an element that never varies is only centered
+    /// (scale 1), as `StandardScaler` does.
+    pub fn standard(stats: &FeatureStats) -> Self {
+        Self::from_stats(&stats.mean, stats.std.iter().copied())
+    }
+
+    /// Each element to `[0, 1]` over the range seen; a constant element is only shifted to 0.
+    pub fn min_max(stats: &FeatureStats) -> Self {
+        Self::from_stats(&stats.min, stats.max.iter().zip(&stats.min).map(|(max, min)| max - min))
+    }
+
+    fn from_stats(offset: &[f64], spread: impl Iterator<Item = f64>) -> Self {
+        // A spread too small to divide by in f32 counts as none.
+        let scale = spread.map(|s| if s > 1e-12 && s.is_finite() { s as f32 } else { 1.0 });
+        FeatureScaling {
+            offset: offset.iter().map(|&o| o as f32).collect(),
+            scale: scale.collect(),
+        }
+    }
+}
+
+impl Transform for FeatureScaling {
+    fn describe(&self) -> String {
+        let mut crc = crate::checksum::Crc32c::new();
+        for v in self.offset.iter().chain(&self.scale) {
+            crc.update(&v.to_le_bytes());
+        }
+        format!("scale(elements={}, crc32c={:08x})", self.offset.len(), crc.value())
+    }
+
+    fn apply(&self, sample: &mut Sample<'_>, _rng: &mut Rng) {
+        if let ([offset], [scale]) = (&self.offset[..], &self.scale[..]) {
+            sample.x.iter_mut().for_each(|v| *v = (*v - offset) / scale);
+        } else {
+            for ((v, offset), scale) in sample.x.iter_mut().zip(&self.offset).zip(&self.scale) {
+                *v = (*v - offset) / scale;
+            }
+        }
+    }
+
+    fn as_affine(&self) -> Option<(f32, f32)> {
+        match (&self.offset[..], &self.scale[..]) {
+            ([offset], [scale]) => Some((1.0 / scale, -offset / scale)),
+            _ => None,
+        }
+    }
+
+    fn check(&self, shape: &[usize]) -> std::result::Result<(), String> {
+        let elements: usize = shape.iter().product();
+        match self.offset.len() {
+            1 => Ok(()),
+            n if n == elements => Ok(()),
+            n => Err(format!("{n} offsets and scales for inputs of {elements} elements {shape:?}")),
+        }
     }
 }
 
@@ -199,6 +298,41 @@ mod tests {
         let mut x = [0.0, 255.0, 127.5];
         run(&Normalize::pixels(0.5, 0.25), &mut x, &[3], 0);
         assert_eq!(x, [-2.0, 2.0, 0.0]);
+    }
+
+    #[test]
+    fn feature_scaling_scales_each_element_by_its_own_statistics() {
+        // Three columns a thousand times apart in scale, and one constant column.
+        let stats = FeatureStats {
+            records: 4,
+            mean: vec![2.0, 2000.0, 0.002, 7.0],
+            std: vec![1.0, 1000.0, 0.001, 0.0],
+            min: vec![1.0, 1000.0, 0.001, 7.0],
+            max: vec![3.0, 3000.0, 0.003, 7.0],
+        };
+        let mut x = [3.0, 1000.0, 0.002, 7.0];
+        run(&FeatureScaling::standard(&stats), &mut x, &[4], 0);
+        assert_eq!(x, [1.0, -1.0, 0.0, 0.0]);
+        let mut x = [3.0, 1000.0, 0.002, 7.0];
+        run(&FeatureScaling::min_max(&stats), &mut x, &[4], 0);
+        for (got, want) in x.iter().zip([1.0, 0.0, 0.5, 0.0]) {
+            assert!((got - want).abs() < 1e-6, "{x:?}");
+        }
+        let one = FeatureScaling::new(vec![1.0], vec![2.0]).unwrap();
+        let mut x = [3.0, 5.0];
+        run(&one, &mut x, &[2], 0);
+        assert_eq!((x, one.as_affine()), ([1.0, 2.0], Some((0.5, -0.5))));
+        assert!(FeatureScaling::standard(&stats).check(&[4]).is_ok());
+        let error = FeatureScaling::standard(&stats).check(&[2, 3]).unwrap_err();
+        assert!(error.contains("4 offsets and scales for inputs of 6 elements"), "{error}");
+        for (offset, scale, says) in [
+            (vec![0.0], vec![0.0], "scale 0 is 0"),
+            (vec![0.0, 1.0], vec![1.0], "2 offsets (means) and 1 scales"),
+            (vec![f32::NAN], vec![1.0], "offset 0 is NaN"),
+        ] {
+            let error = FeatureScaling::new(offset, scale).unwrap_err();
+            assert!(error.contains(says), "{error}");
+        }
     }
 
     #[test]

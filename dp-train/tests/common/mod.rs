@@ -106,3 +106,41 @@ impl Observer for StopAfter {
         }
     }
 }
+
+/// A table of `records` rows whose three `f32` columns differ in scale by up to a million
+/// times (`x`: z0 / 1000, 5000 + 1000 z1, 8 + 4 z2, with z uniform in [-1, 1)), and a label
+/// that is the largest of three linear scores of the z: separable once each column is
+/// standardized, hard to learn from the raw values.
+pub fn table(dir: &Path, records: u64, seed: u64) {
+    use dp_data::{DType, DatasetWriter, Feature, Schema, Value, WriterOptions};
+    let schema = Schema::new(vec![
+        Feature::dense("x", DType::F32, &[3]),
+        Feature::dense("label", DType::I64, &[]),
+    ])
+    .unwrap();
+    let mut writer = DatasetWriter::create(dir, schema, WriterOptions::default()).unwrap();
+    let mut rng = dp_data::Rng::new(seed);
+    for _ in 0..records {
+        let z: [f32; 3] = std::array::from_fn(|_| 2.0 * rng.next_f32() - 1.0);
+        let x = [z[0] / 1000.0, 5000.0 + 1000.0 * z[1], 8.0 + 4.0 * z[2]];
+        let scores = [z[0] + z[1], z[1] - z[2], z[2] - z[0]];
+        let label = (0..3).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as i64;
+        writer.append(&[Value::dense(&x), Value::dense(&[label])]).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+/// A config for a table written by [`table`] under `dir` (`train` and `eval`).
+pub fn table_config(dir: &Path, epochs: u64) -> TrainConfig {
+    TrainConfig {
+        train_data: dir.join("train"),
+        eval_data: Some(dir.join("eval")),
+        input_feature: "x".into(),
+        model: "mlp:32".into(),
+        replicas: 2,
+        global_batch: 32,
+        epochs,
+        timeout_s: 10.0,
+        ..TrainConfig::default()
+    }
+}
