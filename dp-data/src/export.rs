@@ -133,6 +133,34 @@ pub fn export_npy(dataset: &Path, out: &Path, options: &ExportOptions) -> Result
     Ok(summary)
 }
 
+/// Writes `values` as a NumPy `.npy` array of `f32` with `shape` (C order), the way
+/// [`export_npy`] writes its files: to a temporary name, flushed, then renamed, so a file with
+/// the final name is always complete; on an error nothing is left behind.
+pub fn write_npy_f32(path: &Path, shape: &[u64], values: &[f32]) -> Result<()> {
+    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+    if elements != Some(values.len() as u64) {
+        return Err(Error::Config {
+            field: "shape",
+            what: format!("{shape:?} does not hold {} values", values.len()),
+        });
+    }
+    let temp = temp_path(path);
+    let written = File::create(&temp).map_err(|e| Error::io(&temp, "create", e)).and_then(|file| {
+        let mut out = BufWriter::with_capacity(1 << 16, file);
+        out.write_all(&npy_header("<f4", shape))
+            .and_then(|()| out.write_all(bytemuck::cast_slice(values)))
+            .map_err(|e| Error::io(&temp, "write", e))?;
+        out.into_inner().map_err(|e| Error::io(&temp, "write", e.into_error()))
+    });
+    match written {
+        Ok(file) => commit(file, &temp, path),
+        Err(error) => {
+            let _ = fs::remove_file(&temp);
+            Err(error)
+        }
+    }
+}
+
 /// Creates each chosen feature's temporary file and writes its header.
 fn start_outputs(
     chosen: &[&crate::Feature],

@@ -86,7 +86,7 @@ mod synthetic;
 pub use synthetic::{Split, SyntheticDigits, generate_digits, render_digit};
 mod export;
 mod import;
-pub use export::{ExportOptions, ExportSummary, export_npy};
+pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32};
 pub use import::{
     CsvOptions, TfRecordCompression, import_csv, import_idx, import_npy, import_tfrecord,
 };

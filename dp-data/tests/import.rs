@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use dp_data::{
     CsvOptions, DType, Dataset, Error, ExportOptions, Feature, Kind, TfRecordCompression,
-    WriterOptions, export_npy, import_csv, import_idx, import_npy, import_tfrecord,
+    WriterOptions, export_npy, import_csv, import_idx, import_npy, import_tfrecord, write_npy_f32,
 };
 
 // Files and headers written by NumPy 2.4.6 (`np.save`, and `np.lib.format.write_array` with
@@ -210,6 +210,18 @@ fn numpy_files_round_trip_byte_for_byte() {
         assert_eq!(std::fs::read(path).unwrap(), fixture(*dtype), "{name}");
     }
     assert!(!tmp.path("out/u8.npy.tmp").exists());
+}
+
+#[test]
+fn an_f32_array_is_written_as_numpy_saves_it() {
+    let tmp = TempDir::new("npy-write");
+    let values: Vec<f32> = (0..24).map(|i| 0.25 * i as f32 - 1.5).collect();
+    let path = tmp.path("x.npy");
+    write_npy_f32(&path, &[6, 2, 2], &values).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), fixture(DType::F32));
+    let error = write_npy_f32(&tmp.path("bad.npy"), &[5, 5], &values).unwrap_err().to_string();
+    assert!(error.contains("[5, 5] does not hold 24 values"), "{error}");
+    assert!(!tmp.path("bad.npy").exists() && !tmp.path("bad.npy.tmp").exists());
 }
 
 #[test]

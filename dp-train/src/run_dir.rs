@@ -1,15 +1,18 @@
-//! The run directory: `config.toml` (the effective config), `normalization.json`,
-//! `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` and the plots.
+//! The run directory: `config.toml` (the effective config), `model.json`,
+//! `normalization.json`, `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` and the plots.
 
 use std::path::{Path, PathBuf};
 
 use dp_data::FeatureScaling;
+use dp_model::ModelSpec;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 
 /// The effective config of the run.
 pub const CONFIG: &str = "config.toml";
+/// The model's spec as the run resolved it for its data (input shape, classes).
+pub const MODEL: &str = "model.json";
 /// The input scaling the run adapted (or was given): JSON, `null` for none.
 pub const NORMALIZATION: &str = "normalization.json";
 /// One JSON line per step and evaluation.
@@ -20,12 +23,13 @@ pub const SUMMARY: &str = "summary.json";
 pub const CHECKPOINT: &str = "checkpoint.ckpt";
 
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if
-/// taken, so no run overwrites another. Writes the input scaling and then the effective
-/// config into it (a directory with a config is a run that can be resumed).
+/// taken, so no run overwrites another. Writes the model's spec, the input scaling and then
+/// the effective config into it (a directory with a config is a run that can be resumed).
 pub(crate) fn create(
     out: &Path,
     name: &str,
     config: &TrainConfig,
+    spec: &ModelSpec,
     scaling: Option<&FeatureScaling>,
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, "create", e))?;
@@ -41,6 +45,8 @@ pub(crate) fn create(
             Err(e) => return Err(Error::io(&dir, "create", e)),
         }
     }
+    let spec = serde_json::to_string_pretty(spec).expect("a spec always serializes");
+    write_atomic(&dir.join(MODEL), spec.as_bytes())?;
     crate::normalization::save(&dir, scaling)?;
     write_atomic(&dir.join(CONFIG), config.to_toml().as_bytes())?;
     Ok(dir)

@@ -3,6 +3,7 @@
 
 mod bench;
 mod data;
+mod inference;
 mod procs;
 mod stop;
 mod train;
@@ -43,6 +44,30 @@ enum Cmd {
     },
     /// Train a model data-parallel (default: the built-in digits, one replica per core).
     Train(Box<train::TrainArgs>),
+    /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
+    Eval {
+        /// The run directory (or its checkpoint.ckpt).
+        #[arg(value_name = "RUN_DIR")]
+        run_dir: PathBuf,
+        /// The dataset to evaluate on (same input feature as the run's).
+        #[arg(long)]
+        data: PathBuf,
+        /// Also evaluate the model with int8 weights and compare.
+        #[arg(long)]
+        int8: bool,
+    },
+    /// Write a run's class probabilities for every record of a dataset as an npy file.
+    Predict {
+        /// The run directory (or its checkpoint.ckpt).
+        #[arg(value_name = "RUN_DIR")]
+        run_dir: PathBuf,
+        /// The dataset to predict (labels not needed).
+        #[arg(long)]
+        data: PathBuf,
+        /// The npy file to write: f32 `[records, classes]`, in dataset order.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Work with datasets: import, inspect, verify, export, gen, bench-read.
     Data {
         #[command(subcommand)]
@@ -77,6 +102,8 @@ fn main() -> Result<ExitCode> {
         Cmd::Data { command } => return data::run(command),
         Cmd::Train(args) => return train::run(&root, *args),
         Cmd::Plot { run_dir } => plot(&run_dir),
+        Cmd::Eval { run_dir, data, int8 } => inference::eval(&run_dir, &data, int8),
+        Cmd::Predict { run_dir, data, out } => inference::predict(&run_dir, &data, &out),
     }
     .map(|()| ExitCode::SUCCESS)
 }

@@ -1,0 +1,80 @@
+//! Evaluation and prediction from a run directory agree with what the run measured, apply the
+//! run's input scaling, keep dataset order, and refuse data the model cannot take.
+
+mod common;
+
+use common::{TempDir, config, digits, run_dir, table, table_config};
+use dp_train::{RunOptions, SavedRun, TrainConfig, train};
+
+#[test]
+fn evaluation_from_the_run_directory_matches_the_runs_own() {
+    let out = TempDir::new("inference-digits");
+    let summary = train(config(2, 48), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let run = SavedRun::open(&run_dir(&out.0)).unwrap();
+    let eval = run.evaluate(&digits().join("eval"), true).unwrap();
+    assert_eq!(eval.records, 512);
+    assert_eq!(Some(eval.model.accuracy), summary.eval_accuracy);
+    let loss = summary.eval_loss.unwrap();
+    assert!((eval.model.loss - loss).abs() <= 1e-5 * loss, "{} vs {loss}", eval.model.loss);
+    // The confusion matrix counts every record once, under its label.
+    let dataset = dp_data::Dataset::open(digits().join("eval")).unwrap();
+    let mut per_label = [0u64; 10];
+    for block in dataset.blocks() {
+        for &l in block.unwrap().dense::<i64>("label").unwrap().iter() {
+            per_label[l as usize] += 1;
+        }
+    }
+    let rows: Vec<u64> = eval.model.confusion.iter().map(|r| r.iter().sum()).collect();
+    assert_eq!(rows, per_label);
+    // Int8 weights: a quarter of the memory, about the same accuracy.
+    let int8 = eval.int8.unwrap();
+    assert!((int8.accuracy - eval.model.accuracy).abs() <= 0.02, "{int8:?}");
+    let ratio = eval.model.weight_bytes as f64 / int8.weight_bytes as f64;
+    assert!((3.5..=4.0).contains(&ratio), "{ratio}");
+
+    // Predictions: a probability row per record, in dataset order (their argmax against the
+    // labels read in that order gives the evaluation's accuracy).
+    let predictions = run.predict(&digits().join("eval")).unwrap();
+    assert_eq!((predictions.records, predictions.classes), (512, 10));
+    let labels: Vec<i64> = dataset
+        .blocks()
+        .flat_map(|b| b.unwrap().dense::<i64>("label").unwrap().iter().copied().collect::<Vec<_>>())
+        .collect();
+    let mut hits = 0;
+    for (row, &label) in predictions.probabilities.chunks_exact(10).zip(&labels) {
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4, "{row:?}");
+        let best = (0..10).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        hits += usize::from(best as i64 == label);
+    }
+    assert_eq!(hits as f64 / 512.0, eval.model.accuracy);
+}
+
+#[test]
+fn evaluation_applies_the_scaling_the_run_adapted() {
+    let data = TempDir::new("inference-table");
+    table(&data.0.join("train"), 2000, 1);
+    table(&data.0.join("eval"), 500, 2);
+    let out = data.0.join("runs");
+    let summary = train(table_config(&data.0, 4), &RunOptions::new(&out), &mut ()).unwrap();
+    let eval = SavedRun::open(&run_dir(&out)).unwrap().evaluate(&data.0.join("eval"), false);
+    let eval = eval.unwrap();
+    assert_eq!(Some(eval.model.accuracy), summary.eval_accuracy);
+    assert!(eval.model.accuracy >= 0.9, "{eval:?}");
+}
+
+#[test]
+fn data_the_model_cannot_take_and_runs_without_a_model_are_refused() {
+    let out = TempDir::new("inference-refused");
+    let c = TrainConfig { eval_data: None, ..config(1, 4) };
+    train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+    let dir = run_dir(&out.0);
+    let table_dir = out.0.join("table");
+    table(&table_dir, 10, 1);
+    let run = SavedRun::open(&dir).unwrap();
+    let error = run.evaluate(&table_dir, false).unwrap_err().to_string();
+    assert!(error.contains("`image` is not a feature of"), "{error}");
+
+    std::fs::remove_file(dir.join(dp_train::CHECKPOINT)).unwrap();
+    let error = SavedRun::open(&dir).unwrap_err().to_string();
+    assert!(error.contains("has no checkpoint"), "{error}");
+}

@@ -1,0 +1,70 @@
+//! `cargo xtask eval` and `cargo xtask predict`: a run's model on another dataset.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use dp_train::{SavedRun, Scores};
+
+/// Prints the run's loss, accuracy and confusion matrix on `data`; with `int8`, the int8-weight
+/// model's beside them, and both models' weight memory.
+pub(crate) fn eval(run_dir: &Path, data: &Path, int8: bool) -> Result<()> {
+    let run = SavedRun::open(&dp_train::resolve_run_dir(run_dir))?;
+    let evaluation =
+        run.evaluate(data, int8).with_context(|| format!("evaluate on {}", data.display()))?;
+    println!("records        {}", evaluation.records);
+    let line = |name: &str, s: &Scores| {
+        println!(
+            "{name:<14} accuracy {:.2}%  loss {:.4}  weights {:.2} MiB",
+            100.0 * s.accuracy,
+            s.loss,
+            s.weight_bytes as f64 / (1 << 20) as f64
+        );
+    };
+    line("f32", &evaluation.model);
+    if let Some(q) = &evaluation.int8 {
+        line("int8", q);
+        println!(
+            "int8 vs f32    accuracy {:+.2} points, weights {:.2}x smaller",
+            100.0 * (q.accuracy - evaluation.model.accuracy),
+            evaluation.model.weight_bytes as f64 / q.weight_bytes.max(1) as f64
+        );
+    }
+    print_confusion(&evaluation.model.confusion);
+    Ok(())
+}
+
+/// The confusion matrix, rows the labels and columns the predictions, when it fits a screen.
+fn print_confusion(confusion: &[Vec<u64>]) {
+    const MOST: usize = 20;
+    if confusion.len() > MOST {
+        println!("confusion      {} classes: more than {MOST}, not printed", confusion.len());
+        return;
+    }
+    let width = confusion.iter().flatten().max().map_or(1, |m| m.to_string().len()).max(3);
+    println!("confusion      rows: label, columns: predicted");
+    print!("{:>6}", "");
+    (0..confusion.len()).for_each(|c| print!(" {c:>width$}"));
+    println!();
+    for (label, row) in confusion.iter().enumerate() {
+        print!("{label:>6}");
+        row.iter().for_each(|n| print!(" {n:>width$}"));
+        println!();
+    }
+}
+
+/// Writes the run's class probabilities for every record of `data` to `out` (npy, f32,
+/// `[records, classes]`, dataset order).
+pub(crate) fn predict(run_dir: &Path, data: &Path, out: &Path) -> Result<()> {
+    let run = SavedRun::open(&dp_train::resolve_run_dir(run_dir))?;
+    let predictions =
+        run.predict(data).with_context(|| format!("predict on {}", data.display()))?;
+    let shape = [predictions.records, predictions.classes as u64];
+    dp_data::write_npy_f32(out, &shape, &predictions.probabilities)?;
+    println!(
+        "wrote {} ({} records x {} class probabilities, f32)",
+        out.display(),
+        predictions.records,
+        predictions.classes
+    );
+    Ok(())
+}

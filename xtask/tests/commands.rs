@@ -1,0 +1,115 @@
+//! A user's path through the command line on their own table: import a CSV whose columns
+//! differ in scale by a million times, train with the default scaling, evaluate, predict.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::xtask;
+
+/// `records` rows of `a,b,c,label`: a = z0 / 1000, b = 5000 + 1000 z1, c = 8 + 4 z2, the label
+/// the largest of three linear scores of the z (z uniform in [-1, 1), from a fixed stream).
+fn write_csv(path: &Path, records: usize, seed: u64) {
+    let mut rng = dp_data::Rng::new(seed);
+    let mut text = String::from("a,b,c,label\n");
+    for _ in 0..records {
+        let z: [f32; 3] = std::array::from_fn(|_| 2.0 * rng.next_f32() - 1.0);
+        let scores = [z[0] + z[1], z[1] - z[2], z[2] - z[0]];
+        let label = (0..3).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap();
+        text +=
+            &format!("{},{},{},{label}\n", z[0] / 1000.0, 5000.0 + 1000.0 * z[1], 8.0 + 4.0 * z[2]);
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn succeeded(output: Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
+/// The number after `key` on the line starting with `line`.
+fn figure(text: &str, line: &str, key: &str) -> f64 {
+    let found = text.lines().find(|l| l.starts_with(line)).unwrap_or_else(|| panic!("{text}"));
+    let after = found.split(key).nth(1).unwrap_or_else(|| panic!("{found}"));
+    after.split_whitespace().next().unwrap().trim_end_matches('%').parse().unwrap()
+}
+
+#[test]
+fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("xtask-commands-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (split, records, seed) in [("train", 2000, 1), ("eval", 500, 2)] {
+        let csv = dir.join(format!("{split}.csv"));
+        write_csv(&csv, records, seed);
+        succeeded(
+            xtask()
+                .args(["data", "import", "--format", "csv", "--label", "label", "--out"])
+                .arg(dir.join(split))
+                .arg(&csv)
+                .output()
+                .unwrap(),
+        );
+    }
+    let trained = succeeded(
+        xtask()
+            .args(["train", "--replicas", "2", "--global-batch", "32", "--epochs", "6"])
+            .args(["--name", "table", "--no-plot", "--data"])
+            .arg(dir.join("train"))
+            .arg("--eval-data")
+            .arg(dir.join("eval"))
+            .arg("--out")
+            .arg(dir.join("runs"))
+            .output()
+            .unwrap(),
+    );
+    let run = dir.join("runs/table");
+    let trained_accuracy = figure(&trained, "eval", "accuracy");
+    assert!(trained_accuracy >= 90.0, "{trained}");
+
+    let evaluated = succeeded(
+        xtask().arg("eval").arg(&run).arg("--data").arg(dir.join("eval")).output().unwrap(),
+    );
+    assert_eq!(figure(&evaluated, "records", "records"), 500.0, "{evaluated}");
+    // The summary rounds to a tenth of a point, eval to a hundredth.
+    let evaluated_accuracy = figure(&evaluated, "f32", "accuracy");
+    assert!((evaluated_accuracy - trained_accuracy).abs() <= 0.05, "{evaluated}\n{trained}");
+    assert!(evaluated.contains("rows: label, columns: predicted"), "{evaluated}");
+
+    let npy = dir.join("predictions.npy");
+    let predicted = succeeded(
+        xtask()
+            .arg("predict")
+            .arg(&run)
+            .args(["--data"])
+            .arg(dir.join("eval"))
+            .arg("--out")
+            .arg(&npy)
+            .output()
+            .unwrap(),
+    );
+    assert!(predicted.contains("500 records x 3 class probabilities"), "{predicted}");
+    // Read back as a dataset: one probability row per record, each summing to 1.
+    let imported = dir.join("predictions");
+    succeeded(
+        xtask()
+            .args(["data", "import", "--format", "npy", "--out"])
+            .arg(&imported)
+            .arg(format!("p={}", npy.display()))
+            .output()
+            .unwrap(),
+    );
+    let dataset = dp_data::Dataset::open(&imported).unwrap();
+    assert_eq!(dataset.len(), 500);
+    for block in dataset.blocks() {
+        let block = block.unwrap();
+        let p = block.dense::<f32>("p").unwrap();
+        assert_eq!(&p.shape()[1..], &[3]);
+        for row in p.outer_iter() {
+            assert!((row.sum() - 1.0).abs() < 1e-4, "{row}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
