@@ -36,6 +36,10 @@ pub struct TrainConfig {
     pub normalize_std: Option<Vec<f32>>,
     /// A built-in model (`mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec file.
     pub model: String,
+    /// Augmentations of the training inputs, applied after scaling, each from the record's
+    /// own random stream: `flip-h`, `flip-v` (each with probability 1/2) and `crop:PAD` (pad
+    /// with zeros, crop a random window of the original size), for image inputs.
+    pub augment: Vec<String>,
     /// Replicas (threads) per process; 0 means one per available core, shared among the
     /// run's processes on the host.
     pub replicas: usize,
@@ -257,6 +261,7 @@ impl Default for TrainConfig {
             normalize: Normalization::Auto,
             normalize_mean: None,
             normalize_std: None,
+            augment: Vec::new(),
             model: "mlp".into(),
             replicas: 0,
             global_batch: 256,
@@ -433,6 +438,7 @@ impl TrainConfig {
             ));
         }
         self.compression()?;
+        self.augmentations()?;
         match (&self.normalize_mean, &self.normalize_std, self.normalize) {
             (None, None, _) => {}
             (Some(_), Some(_), Normalization::Auto | Normalization::Standard) => {}
@@ -493,6 +499,31 @@ impl TrainConfig {
                 Err(Error::config("compression", format!("`{other}` is not none, bf16 or int8")))
             }
         }
+    }
+
+    /// The training inputs' augmentations, as pipeline transforms.
+    pub fn augmentations(&self) -> Result<Vec<Box<dyn dp_data::Transform>>> {
+        let flip = |horizontal| dp_data::RandomFlip { horizontal, vertical: !horizontal, p: 0.5 };
+        self.augment
+            .iter()
+            .map(|name| -> Result<Box<dyn dp_data::Transform>> {
+                match name.split_once(':') {
+                    None if name == "flip-h" => Ok(Box::new(flip(true))),
+                    None if name == "flip-v" => Ok(Box::new(flip(false))),
+                    Some(("crop", padding)) => match padding.parse() {
+                        Ok(padding) if padding > 0 => Ok(Box::new(dp_data::RandomCrop { padding })),
+                        _ => Err(Error::config(
+                            "augment",
+                            format!("`{name}`: the padding must be a positive number of pixels"),
+                        )),
+                    },
+                    _ => Err(Error::config(
+                        "augment",
+                        format!("`{name}` is not flip-h, flip-v or crop:PAD"),
+                    )),
+                }
+            })
+            .collect()
     }
 
     /// The schedule, or the default: 2% warmup, then cosine to 0 over `total_steps`.

@@ -127,6 +127,11 @@ impl RunPlan {
                 ),
             ));
         }
+        for augmentation in config.augmentations()? {
+            augmentation.check(&input_shape).map_err(|why| {
+                Error::config("augment", format!("{}: {why}", augmentation.describe()))
+            })?;
+        }
         let scaling = match &run_dir {
             Some(dir) => crate::normalization::load(dir)?,
             None => crate::normalization::decide(&config, &train, dtype, input_len)?,

@@ -226,8 +226,11 @@ impl<C: Communicator> Replica<C> {
 
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0.
         let train_config = pipeline_config(&plan, rank, world, true);
-        let transforms = || -> Vec<Box<dyn Transform>> {
+        let scaling = || -> Vec<Box<dyn Transform>> {
             plan.scaling.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
+        };
+        let training = || -> Result<Vec<Box<dyn Transform>>> {
+            Ok(scaling().into_iter().chain(config.augmentations()?).collect())
         };
         let train = match &plan.resume {
             Some((checkpoint, state)) => {
@@ -240,11 +243,11 @@ impl<C: Communicator> Replica<C> {
                     shard.clone(),
                     &plan.checkpoint_path(),
                 )?)?;
-                Pipeline::resume(&config.train_data, train_config, transforms(), &state.pipeline)?
+                Pipeline::resume(&config.train_data, train_config, training()?, &state.pipeline)?
             }
             None => {
                 ctl.broadcast(model.params_mut(), 0)?;
-                Pipeline::new(&config.train_data, train_config, transforms())?
+                Pipeline::new(&config.train_data, train_config, training()?)?
             }
         };
         let pruner = match &config.prune {
@@ -269,7 +272,7 @@ impl<C: Communicator> Replica<C> {
             None => None,
             Some(dir) => {
                 let pipeline =
-                    Pipeline::new(dir, pipeline_config(&plan, rank, world, false), transforms())?;
+                    Pipeline::new(dir, pipeline_config(&plan, rank, world, false), scaling())?;
                 Some((pipeline, vec![0i64; plan.micro]))
             }
         };

@@ -308,3 +308,56 @@ fn a_run_at_the_loss_of_guessing_after_its_first_epoch_says_so() {
     let summary = train(learning, &RunOptions::new(out.0.join("learning")), &mut ()).unwrap();
     assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
 }
+
+#[test]
+fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
+    let out = TempDir::new("augment");
+    let plain = TrainConfig { eval_data: None, ..config(1, 6) };
+    train(plain.clone(), &RunOptions::new(out.0.join("plain")), &mut ()).unwrap();
+    let augment = vec!["flip-h".to_string(), "crop:2".to_string()];
+    let augmented = TrainConfig { augment: augment.clone(), ..config(1, 6) };
+    let summary = train(augmented, &RunOptions::new(out.0.join("augmented")), &mut ()).unwrap();
+    let (plain, augmented) = (run_dir(&out.0.join("plain")), run_dir(&out.0.join("augmented")));
+    let (a, b) = (train_losses(&plain), train_losses(&augmented));
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().zip(&b).all(|(a, b)| a.1 != b.1), "{a:?} {b:?}");
+    let saved = TrainConfig::load(&augmented.join(dp_train::CONFIG)).unwrap();
+    assert_eq!(saved.augment, augment);
+    // The run's evaluation saw the inputs as they are, as evaluation from its directory does.
+    let eval = dp_train::SavedRun::open(&augmented).unwrap();
+    let eval = eval.evaluate(&common::digits().join("eval"), false).unwrap();
+    assert_eq!(Some(eval.model.accuracy), summary.eval_accuracy);
+
+    let table_dir = out.0.join("table");
+    common::table(&table_dir.join("train"), 100, 1);
+    for (augment, train_data, says) in [
+        (
+            "flip-v",
+            table_dir.join("train"),
+            "takes images ([H, W] or [C, H, W]), the inputs are [3]",
+        ),
+        (
+            "crop:28",
+            common::digits().join("train"),
+            "a padding of 28 leaves nothing of 28x28 images",
+        ),
+        (
+            "crop:-1",
+            common::digits().join("train"),
+            "`crop:-1`: the padding must be a positive number",
+        ),
+        ("rotate", common::digits().join("train"), "`rotate` is not flip-h, flip-v or crop:PAD"),
+    ] {
+        let c = TrainConfig {
+            train_data,
+            input_feature: if augment == "flip-v" { "x".into() } else { "image".into() },
+            eval_data: None,
+            augment: vec![augment.into()],
+            ..config(1, 2)
+        };
+        let error = train(c, &RunOptions::new(out.0.join("refused")), &mut ()).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("`augment`") && text.contains(says), "{text}");
+    }
+    assert!(!out.0.join("refused").exists());
+}

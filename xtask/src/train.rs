@@ -87,6 +87,9 @@ pub(crate) struct TrainArgs {
     /// Standard deviations to divide by, with --mean.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true, requires = "mean")]
     std: Option<Vec<f32>>,
+    /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    augment: Option<Vec<String>>,
     /// Seed.
     #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
@@ -249,6 +252,7 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     }
     config.recompute |= args.recompute;
     set(&mut config.normalize, args.normalize);
+    set(&mut config.augment, args.augment.clone());
     if args.mean.is_some() {
         (config.normalize_mean, config.normalize_std) = (args.mean.clone(), args.std.clone());
     }

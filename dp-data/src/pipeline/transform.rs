@@ -222,9 +222,21 @@ pub struct RandomFlip {
     pub p: f32,
 }
 
+/// Flips and crops move pixels: they take images, `[H, W]` or `[C, H, W]`.
+fn check_image(shape: &[usize]) -> std::result::Result<(), String> {
+    match shape {
+        [h, w] | [_, h, w] if *h > 0 && *w > 0 => Ok(()),
+        _ => Err(format!("takes images ([H, W] or [C, H, W]), the inputs are {shape:?}")),
+    }
+}
+
 impl Transform for RandomFlip {
     fn describe(&self) -> String {
         format!("flip(h={}, v={}, p={})", self.horizontal, self.vertical, self.p)
+    }
+
+    fn check(&self, shape: &[usize]) -> std::result::Result<(), String> {
+        check_image(shape)
     }
 
     fn apply(&self, sample: &mut Sample<'_>, rng: &mut Rng) {
@@ -256,6 +268,15 @@ pub struct RandomCrop {
 impl Transform for RandomCrop {
     fn describe(&self) -> String {
         format!("crop(padding={})", self.padding)
+    }
+
+    fn check(&self, shape: &[usize]) -> std::result::Result<(), String> {
+        check_image(shape)?;
+        let (_, h, w) = planes(shape);
+        if self.padding >= h.min(w) {
+            return Err(format!("a padding of {} leaves nothing of {h}x{w} images", self.padding));
+        }
+        Ok(())
     }
 
     fn apply(&self, sample: &mut Sample<'_>, rng: &mut Rng) {
