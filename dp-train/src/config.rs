@@ -92,8 +92,15 @@ pub struct TrainConfig {
     pub compression: String,
     /// Optimizer steps between checkpoints (0: at the end of each epoch and of the run).
     pub checkpoint_every: u64,
+    /// Checkpoints kept: the latest is `checkpoint.ckpt`; above 1, the latest `keep` are also
+    /// kept as `checkpoint-STEP.ckpt`. Whatever this is, the model with the lowest evaluation
+    /// loss so far is kept as `best.ckpt`.
+    pub keep: usize,
     /// Optimizer steps between evaluations (0: at the end of each epoch).
     pub eval_every: u64,
+    /// Stop the run once this many evaluations in a row have not lowered the evaluation loss
+    /// (Keras' `EarlyStopping` patience); needs `eval_data`.
+    pub early_stop: Option<u64>,
     /// Optimizer steps between cross-replica parameter checksums.
     pub checksum_every: u64,
     /// Seconds a replica waits for its peers before the run fails.
@@ -285,7 +292,9 @@ impl Default for TrainConfig {
             bucket_mib: 25.0,
             compression: "none".into(),
             checkpoint_every: 0,
+            keep: 1,
             eval_every: 0,
+            early_stop: None,
             checksum_every: 100,
             timeout_s: 300.0,
         }
@@ -460,6 +469,19 @@ impl TrainConfig {
         }
         if self.data_workers == 0 {
             return Err(Error::config("data_workers", "must be at least 1"));
+        }
+        if self.keep == 0 {
+            return Err(Error::config("keep", "must be at least 1 (the latest checkpoint)"));
+        }
+        match self.early_stop {
+            Some(0) => return Err(Error::config("early_stop", "the patience must be at least 1")),
+            Some(_) if self.eval_data.is_none() => {
+                return Err(Error::config(
+                    "early_stop",
+                    "stops on the evaluation loss, so it needs eval_data",
+                ));
+            }
+            _ => {}
         }
         if self.checksum_every == 0 {
             return Err(Error::config("checksum_every", "must be at least 1"));

@@ -25,8 +25,8 @@ pub enum Error {
         what: String,
     },
 
-    /// `--resume` of a run that already ran all its steps: nothing was done.
-    #[error("{} is finished (step {steps} of {steps}): nothing to resume", run_dir.display())]
+    /// `--resume` of a run that already ran all its steps, or stopped early: nothing was done.
+    #[error("{} is finished at step {steps}: nothing to resume", run_dir.display())]
     Finished {
         /// The run directory.
         run_dir: PathBuf,

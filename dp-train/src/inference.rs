@@ -23,7 +23,8 @@ const BATCH: usize = 256;
 /// What a run left that a model needs to be used again.
 #[derive(Debug)]
 pub struct SavedRun {
-    dir: PathBuf,
+    /// The checkpoint file.
+    path: PathBuf,
     config: TrainConfig,
     spec: ModelSpec,
     scaling: Option<FeatureScaling>,
@@ -66,28 +67,32 @@ pub struct Predictions {
 }
 
 impl SavedRun {
-    /// Opens the run in `dir`, which must hold a checkpoint.
+    /// Opens the run in `dir` with its latest checkpoint.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_checkpoint(dir, CHECKPOINT)
+    }
+
+    /// Opens the run in `dir` with the checkpoint file `name` in it: `checkpoint.ckpt`,
+    /// `best.ckpt` or a kept `checkpoint-STEP.ckpt`.
+    pub fn open_checkpoint(dir: &Path, name: &str) -> Result<Self> {
         let config = TrainConfig::load(&dir.join(CONFIG))?;
         let spec = ModelSpec::from_file(&dir.join(MODEL))?;
         let scaling = crate::normalization::load(dir)?;
-        let path = dir.join(CHECKPOINT);
+        let path = dir.join(name);
         if !path.exists() {
             return Err(Error::run(
                 dir,
-                "has no checkpoint: the run stopped before its first one, so there is no model",
+                format!("has no {name}: the run did not save that checkpoint (yet)"),
             ));
         }
         let checkpoint = Checkpoint::load(&path)?;
-        Ok(SavedRun { dir: dir.to_path_buf(), config, spec, scaling, checkpoint })
+        Ok(SavedRun { path, config, spec, scaling, checkpoint })
     }
 
     /// The run's model with the checkpoint's parameters, for batches of up to [`BATCH`].
     fn model(&self, pool: &Pool) -> Result<Model<f32>> {
         let mut model = Model::<f32>::new(&self.spec, pool, ModelOptions::new(BATCH, 0))?;
-        self.checkpoint
-            .restore(&mut model)
-            .map_err(|e| Error::run(&self.dir.join(CHECKPOINT), e.to_string()))?;
+        self.checkpoint.restore(&mut model).map_err(|e| Error::run(&self.path, e.to_string()))?;
         Ok(model)
     }
 

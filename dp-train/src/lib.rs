@@ -31,6 +31,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod best;
 mod chance;
 mod config;
 mod error;
@@ -56,6 +57,6 @@ pub use measure::{ScalingReport, measure_scaling};
 pub use metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, read_metrics};
 pub use plot::plot_run;
 pub use replica::{Fault, FaultKind};
-pub use run_dir::{CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY};
+pub use run_dir::{BEST, CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY};
 pub use summary::Summary;
 pub use trainer::{Observer, RunInfo, RunOptions, resolve_run_dir, train};

@@ -9,6 +9,7 @@ use dp_data::{DType, Dataset, FeatureScaling, Kind, PipelineState};
 use dp_model::{Checkpoint, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
+use crate::best::BestSoFar;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 
@@ -19,6 +20,9 @@ pub(crate) struct ResumeState {
     pub(crate) step: u64,
     /// The training pipeline's position after them.
     pub(crate) pipeline: PipelineState,
+    /// The best evaluation so far, and whether the run stopped early.
+    #[serde(default)]
+    pub(crate) best: BestSoFar,
 }
 
 /// The run, resolved.
@@ -196,6 +200,11 @@ impl RunPlan {
             scaling,
             resume,
         })
+    }
+
+    /// Whether the checkpoint the run resumes from ended it early.
+    pub(crate) fn stopped_early(&self) -> bool {
+        self.resume.as_ref().is_some_and(|(_, s)| s.best.stopped_early)
     }
 
     /// The step the run starts from (0, or where the checkpoint was taken).

@@ -16,6 +16,7 @@ use dp_model::{
 };
 use ndarray::ArrayView2;
 
+use crate::best::BestSoFar;
 use crate::config::OptimizerConfig;
 use crate::error::{Error, Result};
 use crate::metrics::EvalMetrics;
@@ -83,6 +84,8 @@ pub(crate) struct ReplicaReport {
     pub(crate) allocs_per_step: Option<f64>,
     pub(crate) gemms_per_step: u64,
     pub(crate) interrupted: bool,
+    /// The best evaluation and whether the run stopped early.
+    pub(crate) best: BestSoFar,
 }
 
 /// The gradient buffer the all-reduce works on, from the replica's pool (tag `Comm`).
@@ -293,7 +296,8 @@ impl<C: Communicator> Replica<C> {
         // The last step of building, and its only collective after the parameters' broadcast:
         // once it completes on a replica, every replica of the run is built (a failed one
         // has left, failing this), which is what lets the trainer create the run directory.
-        let consistent = ResumeState { step: plan.start_step(), pipeline: train.state() };
+        let best = plan.resume.as_ref().map(|(_, state)| state.best.clone()).unwrap_or_default();
+        let consistent = ResumeState { step: plan.start_step(), pipeline: train.state(), best };
         let mut checksums = vec![0u64; world];
         check_in_sync(&mut ctl, model.params(), plan.start_step(), &mut checksums)?;
         let report = ReplicaReport {
@@ -395,8 +399,13 @@ impl<C: Communicator> Replica<C> {
                 0 => epoch_end || last,
                 every => done.is_multiple_of(every) || last,
             };
-            if eval_due && self.eval.is_some() {
-                self.evaluate(done)?;
+            let mut stop_early = false;
+            if eval_due && let Some(eval_loss) = self.evaluate(done)? {
+                if self.consistent.best.record(done, eval_loss) && self.rank == 0 {
+                    self.save_best(done, eval_loss)?;
+                }
+                stop_early = self.consistent.best.out_of_patience(plan.config.early_stop);
+                self.consistent.best.stopped_early = stop_early;
             }
             if done.is_multiple_of(plan.config.checksum_every) {
                 check_in_sync(&mut self.ctl, self.model.params(), done, &mut self.checksums)?;
@@ -405,11 +414,11 @@ impl<C: Communicator> Replica<C> {
                 0 => epoch_end || last,
                 every => done.is_multiple_of(every) || last,
             };
-            if checkpoint_due || stop {
+            if checkpoint_due || stop || stop_early {
                 self.checkpoint(done)?;
             }
-            if stop {
-                self.report.interrupted = true;
+            if stop || stop_early {
+                self.report.interrupted = stop && !stop_early;
                 break;
             }
         }
@@ -507,7 +516,7 @@ impl<C: Communicator> Replica<C> {
         if let Some(pruner) = &mut self.pruner {
             pruner.update(step, self.model.params_mut());
         }
-        self.consistent = ResumeState { step: step + 1, pipeline: self.train.state() };
+        (self.consistent.step, self.consistent.pipeline) = (step + 1, self.train.state());
         self.updating = false;
 
         let step_s = started.elapsed().as_secs_f64();
@@ -607,9 +616,10 @@ impl<C: Communicator> Replica<C> {
         Ok((loss, waited + waiting.elapsed().as_secs_f64()))
     }
 
-    /// One pass over the evaluation data, shared out among the replicas.
-    fn evaluate(&mut self, step: u64) -> Result<()> {
-        let Some((pipeline, labels)) = &mut self.eval else { return Ok(()) };
+    /// One pass over the evaluation data, shared out among the replicas; returns the mean
+    /// loss (`None` without evaluation data).
+    fn evaluate(&mut self, step: u64) -> Result<Option<f64>> {
+        let Some((pipeline, labels)) = &mut self.eval else { return Ok(None) };
         let mut totals = [0f64; 3];
         for _ in 0..pipeline.batches_per_epoch() {
             let batch = pipeline.next_batch()?;
@@ -632,16 +642,26 @@ impl<C: Communicator> Replica<C> {
             totals[2] += loss.samples as f64;
         }
         self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
+        let samples = totals[2].max(1.0);
+        let eval_loss = totals[0] / samples;
         if let Some(events) = &mut self.events {
-            let samples = totals[2].max(1.0);
             let eval = EvalMetrics {
                 step,
                 epoch: step / self.plan.steps_per_epoch,
-                eval_loss: totals[0] / samples,
+                eval_loss,
                 eval_accuracy: totals[1] / samples,
             };
             events.send(Event::Eval(eval));
         }
+        Ok(Some(eval_loss))
+    }
+
+    /// Saves the parameters as the best model (replica 0): no optimizer state, as this
+    /// checkpoint is for using the model, not for resuming.
+    fn save_best(&self, step: u64, eval_loss: f64) -> Result<()> {
+        let extra = serde_json::json!({ "step": step, "eval_loss": eval_loss }).to_string();
+        let path = self.plan.run_dir().join(crate::run_dir::BEST);
+        Checkpoint::capture(&self.model).with_extra(extra).save(&path)?;
         Ok(())
     }
 
@@ -669,6 +689,7 @@ impl<C: Communicator> Replica<C> {
                 .with_optimizer(full)
                 .with_extra(extra)
                 .save(&self.plan.checkpoint_path())?;
+            crate::run_dir::keep_checkpoints(self.plan.run_dir(), step, self.plan.config.keep)?;
             if let Some(events) = &mut self.events {
                 events.send(Event::Checkpoint { step });
             }
@@ -707,6 +728,7 @@ impl<C: Communicator> Replica<C> {
         self.report.grads = memory.grads;
         self.report.activations = memory.saved_activations + memory.workspace;
         self.report.opt_state = self.optimizer.state_bytes();
+        self.report.best = self.consistent.best.clone();
         self.report
     }
 }

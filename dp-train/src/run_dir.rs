@@ -1,5 +1,6 @@
 //! The run directory: `config.toml` (the effective config), `model.json`,
-//! `normalization.json`, `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` and the plots.
+//! `normalization.json`, `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` (with `keep`,
+//! also `checkpoint-STEP.ckpt`), `best.ckpt` and the plots.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +22,40 @@ pub const METRICS: &str = "metrics.jsonl";
 pub const SUMMARY: &str = "summary.json";
 /// The latest checkpoint (replaced atomically).
 pub const CHECKPOINT: &str = "checkpoint.ckpt";
+/// The parameters of the model with the lowest evaluation loss so far.
+pub const BEST: &str = "best.ckpt";
+
+/// With `keep` above 1: the latest checkpoint, just written, is also kept as
+/// `checkpoint-STEP.ckpt` (a hard link where the file system has them), and the oldest
+/// of those beyond `keep` are removed.
+pub(crate) fn keep_checkpoints(dir: &Path, step: u64, keep: usize) -> Result<()> {
+    if keep <= 1 {
+        return Ok(());
+    }
+    let kept = dir.join(format!("checkpoint-{step:010}.ckpt"));
+    let _ = std::fs::remove_file(&kept);
+    let latest = dir.join(CHECKPOINT);
+    if std::fs::hard_link(&latest, &kept).is_err() {
+        write_atomic(&kept, &std::fs::read(&latest).map_err(|e| Error::io(&latest, "read", e))?)?;
+    }
+    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, "list", e))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix("checkpoint-").and_then(|n| n.strip_suffix(".ckpt")).is_some_and(
+                    |step| step.len() == 10 && step.bytes().all(|b| b.is_ascii_digit()),
+                )
+            })
+        })
+        .collect();
+    // Zero-padded steps sort as numbers.
+    all.sort();
+    for old in &all[..all.len().saturating_sub(keep)] {
+        std::fs::remove_file(old).map_err(|e| Error::io(old, "remove", e))?;
+    }
+    Ok(())
+}
 
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if
 /// taken, so no run overwrites another. Writes the model's spec, the input scaling and then

@@ -60,6 +60,12 @@ pub struct Summary {
     pub gemm_allocs_per_step: u64,
     /// Whether the run was stopped early (Ctrl-C).
     pub interrupted: bool,
+    /// The step and evaluation loss of the best model (`best.ckpt`), when the run evaluates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<(u64, f64)>,
+    /// Whether the run stopped because its evaluation loss stopped improving (`early_stop`).
+    #[serde(default)]
+    pub stopped_early: bool,
     /// The step at which the loss or the parameters stopped being finite, when the run
     /// diverged (the other figures then cover the steps before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,10 +97,11 @@ impl fmt::Display for Summary {
             if self.replicas / self.processes.max(1) == 1 { "" } else { "s" },
             self.backend
         )?;
-        let ending = match (self.diverged_at, self.interrupted) {
-            (Some(step), _) => format!(", diverged at step {step}"),
-            (None, true) => ", interrupted".into(),
-            (None, false) => String::new(),
+        let ending = match (self.diverged_at, self.interrupted, self.stopped_early) {
+            (Some(step), ..) => format!(", diverged at step {step}"),
+            (None, true, _) => ", interrupted".into(),
+            (None, false, true) => ", stopped early: the evaluation loss stopped improving".into(),
+            (None, false, false) => String::new(),
         };
         writeln!(f, "steps          {} ({:.2} epochs){ending}", self.steps, self.epochs)?;
         match (self.eval_accuracy, self.eval_loss) {
@@ -102,6 +109,9 @@ impl fmt::Display for Summary {
                 writeln!(f, "eval           accuracy {}  loss {loss:.4}", pct(acc))?
             }
             _ => writeln!(f, "eval           (no eval data)")?,
+        }
+        if let Some((step, loss)) = self.best {
+            writeln!(f, "best           step {step}, eval loss {loss:.4} (best.ckpt)")?;
         }
         writeln!(f, "train loss     {:.4} (last 10% of steps)", self.train_loss)?;
         writeln!(

@@ -317,9 +317,9 @@ fn set_up(
         None => RunPlan::new(effective, None, None, count)?,
     };
     // Here, before the processes agree, so that they all end alike.
-    if plan.start_step() == plan.total_steps {
+    if plan.start_step() == plan.total_steps || plan.stopped_early() {
         let run_dir = plan.run_dir().to_path_buf();
-        return Err(Error::Finished { run_dir, steps: plan.total_steps });
+        return Err(Error::Finished { run_dir, steps: plan.start_step() });
     }
     Ok((plan, lock))
 }
@@ -462,6 +462,8 @@ fn summarize(
         allocs_per_step: r0.allocs_per_step,
         gemm_allocs_per_step: r0.gemms_per_step,
         interrupted: r0.interrupted,
+        best: r0.best.best,
+        stopped_early: r0.best.stopped_early,
         ..recorded_summary(plan, params, r0.final_step, losses, eval, wall_s)
     }
 }

@@ -165,7 +165,7 @@ fn resuming_a_finished_run_says_so_and_changes_nothing() {
     let before = snapshot(&dir);
     let error = train(TrainConfig::default(), &resume_options(&dir), &mut ()).unwrap_err();
     assert!(matches!(error, Error::Finished { steps: 4, .. }), "{error}");
-    assert!(error.to_string().contains("is finished (step 4 of 4)"), "{error}");
+    assert!(error.to_string().contains("is finished at step 4: nothing to resume"), "{error}");
     assert_eq!(snapshot(&dir), before);
 }
 

@@ -76,5 +76,5 @@ fn data_the_model_cannot_take_and_runs_without_a_model_are_refused() {
 
     std::fs::remove_file(dir.join(dp_train::CHECKPOINT)).unwrap();
     let error = SavedRun::open(&dir).unwrap_err().to_string();
-    assert!(error.contains("has no checkpoint"), "{error}");
+    assert!(error.contains("has no checkpoint.ckpt"), "{error}");
 }

@@ -7,8 +7,8 @@ use dp_train::{SavedRun, Scores};
 
 /// Prints the run's loss, accuracy and confusion matrix on `data`; with `int8`, the int8-weight
 /// model's beside them, and both models' weight memory.
-pub(crate) fn eval(run_dir: &Path, data: &Path, int8: bool) -> Result<()> {
-    let run = SavedRun::open(&dp_train::resolve_run_dir(run_dir))?;
+pub(crate) fn eval(run_dir: &Path, checkpoint: &str, data: &Path, int8: bool) -> Result<()> {
+    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
     let evaluation =
         run.evaluate(data, int8).with_context(|| format!("evaluate on {}", data.display()))?;
     println!("records        {}", evaluation.records);
@@ -54,8 +54,8 @@ fn print_confusion(confusion: &[Vec<u64>]) {
 
 /// Writes the run's class probabilities for every record of `data` to `out` (npy, f32,
 /// `[records, classes]`, dataset order).
-pub(crate) fn predict(run_dir: &Path, data: &Path, out: &Path) -> Result<()> {
-    let run = SavedRun::open(&dp_train::resolve_run_dir(run_dir))?;
+pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path) -> Result<()> {
+    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
     let predictions =
         run.predict(data).with_context(|| format!("predict on {}", data.display()))?;
     let shape = [predictions.records, predictions.classes as u64];

@@ -46,9 +46,13 @@ enum Cmd {
     Train(Box<train::TrainArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {
-        /// The run directory (or its checkpoint.ckpt).
+        /// The run directory.
         #[arg(value_name = "RUN_DIR")]
         run_dir: PathBuf,
+        /// The checkpoint in it: checkpoint.ckpt (the latest), best.ckpt (the lowest
+        /// evaluation loss) or a kept checkpoint-STEP.ckpt.
+        #[arg(long, default_value = dp_train::CHECKPOINT)]
+        checkpoint: String,
         /// The dataset to evaluate on (same input feature as the run's).
         #[arg(long)]
         data: PathBuf,
@@ -58,9 +62,12 @@ enum Cmd {
     },
     /// Write a run's class probabilities for every record of a dataset as an npy file.
     Predict {
-        /// The run directory (or its checkpoint.ckpt).
+        /// The run directory.
         #[arg(value_name = "RUN_DIR")]
         run_dir: PathBuf,
+        /// The checkpoint in it (see `eval`).
+        #[arg(long, default_value = dp_train::CHECKPOINT)]
+        checkpoint: String,
         /// The dataset to predict (labels not needed).
         #[arg(long)]
         data: PathBuf,
@@ -102,8 +109,12 @@ fn main() -> Result<ExitCode> {
         Cmd::Data { command } => return data::run(command),
         Cmd::Train(args) => return train::run(&root, *args),
         Cmd::Plot { run_dir } => plot(&run_dir),
-        Cmd::Eval { run_dir, data, int8 } => inference::eval(&run_dir, &data, int8),
-        Cmd::Predict { run_dir, data, out } => inference::predict(&run_dir, &data, &out),
+        Cmd::Eval { run_dir, checkpoint, data, int8 } => {
+            inference::eval(&run_dir, &checkpoint, &data, int8)
+        }
+        Cmd::Predict { run_dir, checkpoint, data, out } => {
+            inference::predict(&run_dir, &checkpoint, &data, &out)
+        }
     }
     .map(|()| ExitCode::SUCCESS)
 }

@@ -90,6 +90,12 @@ pub(crate) struct TrainArgs {
     /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     augment: Option<Vec<String>>,
+    /// Checkpoints to keep: the latest N as checkpoint-STEP.ckpt (best.ckpt is always kept).
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
+    keep: Option<usize>,
+    /// Stop once this many evaluations in a row have not lowered the evaluation loss.
+    #[arg(long, allow_negative_numbers = true, value_name = "PATIENCE")]
+    early_stop: Option<u64>,
     /// Seed.
     #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
@@ -253,6 +259,10 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     config.recompute |= args.recompute;
     set(&mut config.normalize, args.normalize);
     set(&mut config.augment, args.augment.clone());
+    set(&mut config.keep, args.keep);
+    if args.early_stop.is_some() {
+        config.early_stop = args.early_stop;
+    }
     if args.mean.is_some() {
         (config.normalize_mean, config.normalize_std) = (args.mean.clone(), args.std.clone());
     }

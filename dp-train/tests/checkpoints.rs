@@ -1,0 +1,94 @@
+//! Which checkpoints a run keeps: the latest, the last `keep`, and the best by evaluation
+//! loss; and early stopping once the evaluation loss stops improving, also across a resume.
+
+mod common;
+
+use common::{TempDir, config, digits, run_dir};
+use dp_train::{Error, MetricsRecord, RunOptions, SavedRun, TrainConfig, read_metrics, train};
+
+fn eval_losses(run: &std::path::Path) -> Vec<(u64, f64)> {
+    read_metrics(&run.join(dp_train::METRICS))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            MetricsRecord::Eval(e) => Some((e.step, e.eval_loss)),
+            MetricsRecord::Train(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_last_keep_checkpoints_and_the_best_model_are_kept() {
+    let out = TempDir::new("keep");
+    let c = TrainConfig { keep: 3, checkpoint_every: 4, eval_every: 4, ..config(2, 20) };
+    let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+    let dir = run_dir(&out.0);
+    let mut kept: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("checkpoint-"))
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        ["checkpoint-0000000012.ckpt", "checkpoint-0000000016.ckpt", "checkpoint-0000000020.ckpt"]
+    );
+    let latest = std::fs::read(dir.join(dp_train::CHECKPOINT)).unwrap();
+    assert_eq!(std::fs::read(dir.join(&kept[2])).unwrap(), latest);
+    assert_ne!(std::fs::read(dir.join(&kept[0])).unwrap(), latest);
+
+    // best.ckpt holds the model of the lowest evaluation loss the metrics recorded.
+    let losses = eval_losses(&dir);
+    let lowest = losses.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+    assert_eq!(summary.best, Some(lowest));
+    assert!(summary.to_string().contains(&format!("best           step {}", lowest.0)));
+    let best = SavedRun::open_checkpoint(&dir, dp_train::BEST).unwrap();
+    let eval = best.evaluate(&digits().join("eval"), false).unwrap();
+    assert!((eval.model.loss - lowest.1).abs() <= 1e-5 * lowest.1, "{eval:?} {lowest:?}");
+}
+
+#[test]
+fn a_run_stops_early_when_evaluations_stop_improving_also_across_a_resume() {
+    let out = TempDir::new("early-stop");
+    // A learning rate of 1e-30 leaves every f32 parameter as it is: the evaluation loss never
+    // improves after the first evaluation, at step 4; with a patience of 2, the evaluations
+    // at 8 and 12 end the run at step 12.
+    let c = TrainConfig { lr: Some(1e-30), eval_every: 4, early_stop: Some(2), ..config(1, 40) };
+    let summary = train(c.clone(), &RunOptions::new(out.0.join("whole")), &mut ()).unwrap();
+    assert!(summary.stopped_early && !summary.interrupted, "{summary}");
+    assert_eq!((summary.steps, summary.best.map(|b| b.0)), (12, Some(4)));
+    assert!(summary.to_string().contains("stopped early"), "{summary}");
+    let dir = run_dir(&out.0.join("whole"));
+    let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(out.0.join("whole")) };
+    let error = train(TrainConfig::default(), &resume, &mut ()).unwrap_err();
+    assert!(matches!(error, Error::Finished { steps: 12, .. }), "{error}");
+
+    // The count carries over a resume. Patience 3, a first run of 10 steps: evaluations at
+    // 4 (the best), 8 and 10 (its last), two without improvement. Resumed to 40 steps, the
+    // evaluation at 12 is the third: the run ends there (counting afresh, at 24).
+    let c = TrainConfig { early_stop: Some(3), ..c };
+    let first = TrainConfig { steps: Some(10), ..c };
+    let summary = train(first, &RunOptions::new(out.0.join("parts")), &mut ()).unwrap();
+    assert!(!summary.stopped_early && summary.steps == 10, "{summary}");
+    let dir = run_dir(&out.0.join("parts"));
+    let saved = dir.join(dp_train::CONFIG);
+    let longer = TrainConfig { steps: Some(40), ..TrainConfig::load(&saved).unwrap() };
+    std::fs::write(&saved, longer.to_toml()).unwrap();
+    let resume = RunOptions { resume: Some(dir), ..RunOptions::new(out.0.join("parts")) };
+    let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
+    assert!(resumed.stopped_early, "{resumed}");
+    assert_eq!((resumed.steps, resumed.best.map(|b| b.0)), (12, Some(4)));
+}
+
+#[test]
+fn checkpoint_settings_that_cannot_work_are_refused() {
+    let out = TempDir::new("keep-refused");
+    for (c, says) in [
+        (TrainConfig { keep: 0, ..config(1, 4) }, "`keep`"),
+        (TrainConfig { early_stop: Some(0), ..config(1, 4) }, "patience must be at least 1"),
+        (TrainConfig { early_stop: Some(3), eval_data: None, ..config(1, 4) }, "needs eval_data"),
+    ] {
+        let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+        assert!(error.contains(says), "{error}");
+    }
+}
