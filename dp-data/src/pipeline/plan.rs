@@ -66,13 +66,15 @@ pub(crate) struct WindowCursor {
 }
 
 impl WindowCursor {
-    /// A cursor for windows of up to `records` records, its table from `pool`.
-    pub(crate) fn new(pool: &Pool, records: usize) -> Result<Self> {
+    /// A cursor for windows of up to `blocks` blocks and `records` records, its table from
+    /// `pool`. Both are sized here, so that laying out a window never allocates (a worker may
+    /// meet its first full window long after the warm-up).
+    pub(crate) fn new(pool: &Pool, blocks: usize, records: usize) -> Result<Self> {
         Ok(WindowCursor {
             window: None,
             start: 0,
             end: 0,
-            blocks: Vec::new(),
+            blocks: Vec::with_capacity(blocks),
             order: pool.alloc::<u64>(records.max(1), Tag::Data)?,
         })
     }
@@ -195,7 +197,7 @@ mod tests {
 
     fn cursor() -> WindowCursor {
         let tracker = dp_mem::Tracker::new();
-        WindowCursor::new(&Pool::new(&tracker), 100).unwrap()
+        WindowCursor::new(&Pool::new(&tracker), 16, 100).unwrap()
     }
 
     fn all(plan: &EpochPlan) -> Vec<(usize, usize)> {

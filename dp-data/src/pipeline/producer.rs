@@ -85,15 +85,14 @@ impl Producer {
         let window_records =
             EpochPlan::max_window_records(&shared.sizes, shared.config.shuffle_window);
         let b = shared.config.batch_size;
+        let window_blocks = shared.config.shuffle_window.unwrap_or(1).min(shared.sizes.count());
         Ok(Producer {
-            cursor: WindowCursor::new(&shared.pool, window_records)?,
+            cursor: WindowCursor::new(&shared.pool, window_blocks, window_records)?,
             plan: None,
             slots: Vec::with_capacity(b),
             needed: Vec::with_capacity(b),
             found: Vec::with_capacity(b),
-            ahead: Vec::with_capacity(
-                shared.config.shuffle_window.unwrap_or(1).min(shared.sizes.count()),
-            ),
+            ahead: Vec::with_capacity(window_blocks),
             ahead_tag: (0, 0),
             ahead_share: 0,
             bad: Vec::new(),
