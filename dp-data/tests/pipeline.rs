@@ -133,6 +133,21 @@ fn the_budget_is_checked_at_construction_and_never_exceeded() {
     let peak = p.tracker().snapshot().peak_held;
     assert!(peak <= 256 << 10, "peak {peak}");
     assert!(p.stats().peak_bytes > 0);
+    // Without the cache, what is held lies between the least a window and the batches in
+    // flight need and the working set the budget is checked against.
+    for (workers, prefetch) in [(1, 0), (2, 2)] {
+        let mut c = config(64, 0, 1, workers, prefetch);
+        c.cache = false;
+        let mut p = Pipeline::new(&dir, c.clone(), vec![]).unwrap();
+        let n = 3 * p.batches_per_epoch();
+        take(&mut p, n);
+        let (peak, minimum) = (p.tracker().snapshot().peak_held, p.minimum_bytes());
+        c.memory_budget = 0;
+        let Err(Error::Budget { needed, .. }) = Pipeline::new(&dir, c, vec![]) else {
+            panic!("a budget of 0 is refused")
+        };
+        assert!(minimum <= peak && peak <= needed, "{minimum} <= {peak} <= {needed}");
+    }
     fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -67,11 +67,12 @@ pub(crate) struct ReplicaReport {
     /// Peak bytes by tag (`Tag::ALL` order): the model side's tracker, and the pipeline's
     /// peak for `Data`.
     pub(crate) peak: [u64; 7],
-    /// Parameters, gradients, optimizer state and saved activations, in bytes.
-    pub(crate) params: u64,
-    pub(crate) grads: u64,
+    /// The least each tag needs for the run's step: parameters, gradients, optimizer state
+    /// (its shard under ZeRO-1), one micro-batch's activations, the gradient and gather
+    /// buffers of the chosen reduction, the pipelines' working sets.
+    pub(crate) minimum: [u64; 7],
+    /// Optimizer state bytes (its shard under ZeRO-1).
     pub(crate) opt_state: u64,
-    pub(crate) activations: u64,
     /// Steps run in this process.
     pub(crate) steps: u64,
     /// The last step completed.
@@ -718,16 +719,41 @@ impl<C: Communicator> Replica<C> {
         (now, peak)
     }
 
+    /// See [`ReplicaReport::minimum`].
+    fn minimum_memory(&self) -> [u64; 7] {
+        let memory = self.model.memory();
+        let f32s = |n: usize| n as u64 * 4;
+        let mut comm = match &self.grad_sync {
+            GradSync::Buckets { reducer, .. } => {
+                f32s(self.model.params().len()) + reducer.scratch_bytes() as u64
+            }
+            GradSync::InPlace => 0,
+        };
+        comm += self.gather.as_ref().map_or(0, |(shard, all)| f32s(shard.len() + all.len()));
+        let eval = self.eval.as_ref().map_or(0, |(eval, _)| eval.minimum_bytes());
+        let mut minimum = [0; 7];
+        for (slot, tag) in minimum.iter_mut().zip(Tag::ALL) {
+            *slot = match tag {
+                Tag::Param => memory.params,
+                Tag::Grad => memory.grads,
+                Tag::OptState => self.optimizer.state_bytes(),
+                Tag::Activation => memory.saved_activations + memory.workspace,
+                Tag::Data => self.train.minimum_bytes() + eval,
+                Tag::Comm => comm,
+                // Scratch, and any tag added later: nothing is needed for certain.
+                _ => 0,
+            };
+        }
+        minimum
+    }
+
     fn finish(mut self) -> ReplicaReport {
         for (slot, tag) in self.report.peak.iter_mut().zip(Tag::ALL) {
             *slot = self.tracker.tag_in_use(tag).1;
         }
         self.report.peak[DATA] = self.data_held().1;
-        let memory = self.model.memory();
-        self.report.params = memory.params;
-        self.report.grads = memory.grads;
-        self.report.activations = memory.saved_activations + memory.workspace;
         self.report.opt_state = self.optimizer.state_bytes();
+        self.report.minimum = self.minimum_memory();
         self.report.best = self.consistent.best.clone();
         self.report
     }

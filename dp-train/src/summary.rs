@@ -47,8 +47,12 @@ pub struct Summary {
     pub peak_memory: BTreeMap<String, u64>,
     /// Sum of the peaks above.
     pub peak_total: u64,
-    /// The least one replica needs: parameters + gradients + optimizer state + activations +
-    /// the pipeline budget.
+    /// The least each tag needs on a replica for the run's step: parameters, gradients,
+    /// optimizer state (its shard under ZeRO-1), one micro-batch's activations (fewer with
+    /// recomputation), the gradient and gather buffers of the chosen reduction, and the
+    /// pipelines' working sets (the batches in flight and the blocks they are decoded from).
+    pub minimum_memory: BTreeMap<String, u64>,
+    /// Their sum.
     pub theoretical_min: u64,
     /// `peak_total / theoretical_min`.
     pub memory_ratio: f64,
@@ -125,20 +129,23 @@ impl fmt::Display for Summary {
             pct(self.data_wait_share),
             pct(self.comm_exposed_share)
         )?;
-        writeln!(f, "memory (replica 0, peak by tag):")?;
+        writeln!(f, "memory (replica 0)         peak      minimum  peak/minimum")?;
+        let line = |f: &mut fmt::Formatter<'_>, name: &str, peak: u64, minimum: u64| {
+            let ratio = match (peak, minimum) {
+                (0, 0) => "-".to_string(),
+                (_, 0) => "inf".to_string(),
+                _ => format!("{:.2}x", peak as f64 / minimum as f64),
+            };
+            let (peak, minimum) = (ByteSize(peak).to_string(), ByteSize(minimum).to_string());
+            writeln!(f, "  {name:<12} {peak:>12} {minimum:>12} {ratio:>13}")
+        };
         for tag in Tag::ALL {
-            if let Some(&bytes) = self.peak_memory.get(tag.name()) {
-                writeln!(f, "  {:<10} {:>12}", tag.name(), ByteSize(bytes).to_string())?;
+            if let Some(&peak) = self.peak_memory.get(tag.name()) {
+                let minimum = self.minimum_memory.get(tag.name()).copied().unwrap_or(0);
+                line(f, tag.name(), peak, minimum)?;
             }
         }
-        writeln!(
-            f,
-            "  {:<10} {:>12}   theoretical minimum {} ({:.2}x)",
-            "total",
-            ByteSize(self.peak_total).to_string(),
-            ByteSize(self.theoretical_min),
-            self.memory_ratio
-        )?;
+        line(f, "total", self.peak_total, self.theoretical_min)?;
         for warning in &self.warnings {
             writeln!(f, "warning        {warning}")?;
         }

@@ -105,6 +105,7 @@ pub(crate) fn pipeline_config(
     p.workers = config.data_workers;
     p.prefetch = config.data_prefetch;
     p.memory_budget = config.data_budget_mib << 20;
+    p.cache = config.data_cache;
     if train {
         p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
         p.tail = TailPolicy::Drop;

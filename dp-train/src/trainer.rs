@@ -447,8 +447,9 @@ fn summarize(
     let peak_memory: BTreeMap<String, u64> =
         Tag::ALL.iter().zip(r0.peak).map(|(t, b)| (t.name().to_string(), b)).collect();
     let peak_total = r0.peak.iter().sum();
-    let theoretical_min =
-        r0.params + r0.grads + r0.opt_state + r0.activations + (plan.config.data_budget_mib << 20);
+    let minimum_memory: BTreeMap<String, u64> =
+        Tag::ALL.iter().zip(r0.minimum).map(|(t, b)| (t.name().to_string(), b)).collect();
+    let theoretical_min = r0.minimum.iter().sum();
     let step_s = r0.step_s.max(1e-9);
     Summary {
         samples_per_s: (r0.steps as usize * plan.config.global_batch) as f64 / step_s,
@@ -456,6 +457,7 @@ fn summarize(
         comm_exposed_share: r0.comm_exposed_s / step_s,
         peak_memory,
         peak_total,
+        minimum_memory,
         theoretical_min,
         memory_ratio: peak_total as f64 / theoretical_min as f64,
         opt_state_per_replica: r0.opt_state,

@@ -361,3 +361,37 @@ fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
     }
     assert!(!out.0.join("refused").exists());
 }
+
+#[test]
+fn the_memory_minimum_moves_with_accumulation_recomputation_and_zero() {
+    let out = TempDir::new("minimum");
+    let run = |name: &str, c: TrainConfig| {
+        let c = TrainConfig { eval_data: None, model: "mlp:256,128".into(), ..c };
+        train(c, &RunOptions::new(out.0.join(name)), &mut ()).unwrap()
+    };
+    let min = |s: &dp_train::Summary, tag: &str| s.minimum_memory[tag];
+    let peak = |s: &dp_train::Summary, tag: &str| s.peak_memory[tag];
+    let base = run("base", config(2, 4));
+    let accum = run("accum", TrainConfig { grad_accum: 2, ..config(2, 4) });
+    let recompute = run("recompute", TrainConfig { recompute: true, ..config(2, 4) });
+    let zero = run("zero", TrainConfig { zero_stage: 1, ..config(2, 4) });
+    // Half the micro-batch, half the activations; recomputation keeps fewer.
+    let acts = min(&base, "Activation") as f64;
+    assert!((min(&accum, "Activation") as f64 / acts - 0.5).abs() < 0.05, "{accum}");
+    assert!((min(&recompute, "Activation") as f64) < acts, "{recompute}");
+    // ZeRO-1 on 2 replicas: half the optimizer state, plus the buffers the gather needs.
+    let opt = min(&base, "OptState") as f64;
+    assert!((min(&zero, "OptState") as f64 / opt - 0.5).abs() < 0.01, "{zero}");
+    assert!(min(&zero, "Comm") > min(&base, "Comm"), "{zero}");
+    for s in [&base, &accum, &recompute, &zero] {
+        assert_eq!(s.theoretical_min, s.minimum_memory.values().sum::<u64>());
+        // The model side holds what its step needs and little more.
+        for tag in ["Param", "Grad", "OptState", "Activation", "Comm"] {
+            let (peak, min) = (peak(s, tag) as f64, min(s, tag) as f64);
+            assert!(min <= peak && peak <= 1.1 * min, "{tag}: {s}");
+        }
+        // The pipeline holds at least a window and its batches (more, as it caches).
+        assert!(min(s, "Data") <= peak(s, "Data"), "{s}");
+        assert!(s.to_string().contains("peak/minimum"), "{s}");
+    }
+}

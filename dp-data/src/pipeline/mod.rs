@@ -72,6 +72,7 @@ pub struct Pipeline {
     /// kept here so that taking a batch shares no lock with the workers).
     taken: u64,
     consumer_wait_s: f64,
+    minimum_bytes: u64,
     cached: bool,
     /// The autotuner (`None` without autotuning).
     tuner: Option<Tuner>,
@@ -164,7 +165,7 @@ impl Pipeline {
                 (s.epoch, s.batch)
             }
         };
-        let cached = plan_memory(&dataset, &config, &columns)?;
+        let (minimum_bytes, cached) = plan_memory(&dataset, &config, &columns)?;
         let disk = match (&config.cache_file, cached) {
             (Some(path), false) => {
                 let id = hash(&[config_hash_of_dataset(&dataset), dataset.block_count() as u64]);
@@ -218,6 +219,7 @@ impl Pipeline {
             latest: None,
             taken: 0,
             consumer_wait_s: 0.0,
+            minimum_bytes,
             cached,
             tuner,
         })
@@ -303,6 +305,14 @@ impl Pipeline {
     /// Whether decoded blocks are kept after the first epoch (the dataset fits the budget).
     pub fn caches_everything(&self) -> bool {
         self.cached
+    }
+
+    /// The least the pipeline holds while it makes batches: one shuffle window's decoded
+    /// blocks (what a batch is drawn from) and its batches in flight. Decoding the next window
+    /// ahead and caching the whole dataset ([`Pipeline::caches_everything`]) hold more, for
+    /// speed; the budget is checked against an upper bound of the working set.
+    pub fn minimum_bytes(&self) -> u64 {
+        self.minimum_bytes
     }
 
     /// What the pipeline has done so far.
@@ -464,9 +474,13 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
     })
 }
 
-/// Checks that the working set fits the budget, and says whether the whole dataset can be
-/// cached on top of it.
-fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) -> Result<bool> {
+/// Checks that the working set fits the budget; returns the least the pipeline holds (see
+/// [`Pipeline::minimum_bytes`]), and whether the whole dataset can be cached on top of it.
+fn plan_memory(
+    dataset: &Dataset,
+    config: &PipelineConfig,
+    columns: &Columns,
+) -> Result<(u64, bool)> {
     let (max_raw, _) = dataset.largest_block();
     let sizes = dataset.block_records();
     let blocks = sizes.len() as u64;
@@ -514,7 +528,13 @@ fn plan_memory(dataset: &Dataset, config: &PipelineConfig, columns: &Columns) ->
         });
     }
     let everything = rounding(dataset.raw_bytes().saturating_add(tables).saturating_add(batches));
-    Ok(config.cache && everything <= config.memory_budget)
+    let mean_block = dataset.raw_bytes() / blocks.max(1);
+    let in_flight = match config.prefetch {
+        0 => 1,
+        prefetch => makers + prefetch as u64 + 1,
+    };
+    let minimum = window.saturating_mul(mean_block) + in_flight * batch_bytes;
+    Ok((minimum, config.cache && everything <= config.memory_budget))
 }
 
 /// A hash of the dataset's identity: its records and its shards' checksums.
