@@ -44,12 +44,18 @@ pub enum Error {
     },
 
     /// The replicas' parameters differ: a desynchronization that would silently ruin the run.
-    #[error("replicas diverged at step {step}: parameter checksums {checksums:016x?}")]
+    #[error(
+        "the replicas' parameters differ at step {step}: replica(s) {differ:?} disagree with replica 0 (checksums {checksums:016x?}), as a memory fault or a non-deterministic kernel would make them; they last agreed at step {agreed}: resume from a checkpoint taken no later (keep > 1 keeps earlier ones)"
+    )]
     Diverged {
         /// The step at which it was found.
         step: u64,
         /// Each replica's checksum.
         checksums: Vec<u64>,
+        /// The replicas whose checksum differs from replica 0's.
+        differ: Vec<usize>,
+        /// The step of the last check at which they agreed.
+        agreed: u64,
     },
 
     /// The loss or the parameters stopped being finite numbers: training diverged. The run

@@ -44,6 +44,9 @@ pub enum FaultKind {
     Panic,
     /// The replica's whole process is killed (`SIGKILL`), as a crashed or preempted host is.
     Kill,
+    /// The lowest bit of the replica's first parameter flips, as a memory fault or a
+    /// non-deterministic kernel would change it, and the replica goes on.
+    Desync,
 }
 
 /// Replica 0's report of one step, sent to the coordinating thread. Plain numbers, so sending
@@ -300,7 +303,8 @@ impl<C: Communicator> Replica<C> {
         let best = plan.resume.as_ref().map(|(_, state)| state.best.clone()).unwrap_or_default();
         let consistent = ResumeState { step: plan.start_step(), pipeline: train.state(), best };
         let mut checksums = vec![0u64; world];
-        check_in_sync(&mut ctl, model.params(), plan.start_step(), &mut checksums)?;
+        let start = plan.start_step();
+        check_in_sync(&mut ctl, model.params(), (start, start), &mut checksums)?;
         let report = ReplicaReport {
             gemms_per_step: (model.gemm_shapes(plan.micro).len() * config.grad_accum) as u64,
             ..ReplicaReport::default()
@@ -385,6 +389,11 @@ impl<C: Communicator> Replica<C> {
                     FaultKind::Kill => unsafe {
                         libc::kill(libc::getpid(), libc::SIGKILL);
                     },
+                    FaultKind::Desync => {
+                        if let Some(p) = self.model.params_mut().first_mut() {
+                            *p = f32::from_bits(p.to_bits() ^ 1);
+                        }
+                    }
                 }
             }
             let before = CountingAlloc::thread_counts();
@@ -408,8 +417,12 @@ impl<C: Communicator> Replica<C> {
                 stop_early = self.consistent.best.out_of_patience(plan.config.early_stop);
                 self.consistent.best.stopped_early = stop_early;
             }
-            if done.is_multiple_of(plan.config.checksum_every) {
-                check_in_sync(&mut self.ctl, self.model.params(), done, &mut self.checksums)?;
+            let every = plan.config.checksum_every;
+            if done.is_multiple_of(every) {
+                // Checked at the start, and at every multiple of `every` since.
+                let agreed = done.saturating_sub(every).max(start);
+                let params = self.model.params();
+                check_in_sync(&mut self.ctl, params, (done, agreed), &mut self.checksums)?;
             }
             let checkpoint_due = match plan.config.checkpoint_every {
                 0 => epoch_end || last,

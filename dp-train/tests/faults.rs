@@ -441,3 +441,32 @@ fn nan_data_is_refused_at_import_and_stops_training_when_allowed_in() {
         "{text}"
     );
 }
+
+#[test]
+fn replicas_whose_parameters_drift_apart_stop_the_run_at_the_next_check() {
+    let out = TempDir::new("faults-desync");
+    // Replica 1's first parameter changes in its last bit before step 7; the checksums are
+    // compared every 5 steps and checkpoints taken every 4.
+    let fault = Fault { rank: 1, step: 7, kind: FaultKind::Desync };
+    let options = RunOptions { fault: Some(fault), ..RunOptions::new(&out.0) };
+    let c = TrainConfig { checksum_every: 5, checkpoint_every: 4, ..config(2, 20) };
+    let error = train(c, &options, &mut ()).unwrap_err();
+    match &error {
+        Error::Diverged { step: 10, differ, agreed: 5, checksums } => {
+            assert_eq!((differ.as_slice(), checksums.len()), ([1].as_slice(), 2));
+        }
+        other => panic!("{other}"),
+    }
+    let text = error.to_string();
+    assert!(text.contains("replica(s) [1] disagree with replica 0"), "{text}");
+    // Nothing is saved past the check that found it: the last checkpoint is step 8's.
+    let dir = run_dir(&out.0);
+    assert_eq!(checkpoint_step(&dir), 8);
+}
+
+/// The step a run's checkpoint was taken at.
+fn checkpoint_step(dir: &Path) -> u64 {
+    let checkpoint = dp_model::Checkpoint::load(&dir.join(CHECKPOINT)).unwrap();
+    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    state["step"].as_u64().unwrap()
+}
