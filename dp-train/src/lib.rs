@@ -59,4 +59,4 @@ pub use plot::plot_run;
 pub use replica::{Fault, FaultKind};
 pub use run_dir::{BEST, CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY};
 pub use summary::Summary;
-pub use trainer::{Observer, RunInfo, RunOptions, resolve_run_dir, train};
+pub use trainer::{Observer, ResumeChanges, RunInfo, RunOptions, resolve_run_dir, train};

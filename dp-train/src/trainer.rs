@@ -31,6 +31,8 @@ pub struct RunOptions {
     pub out: PathBuf,
     /// Continue the run in this directory from its checkpoint, with its saved config.
     pub resume: Option<PathBuf>,
+    /// What the resumed run changes of its saved config (saved back when it does).
+    pub resume_changes: ResumeChanges,
     /// Set it (from a Ctrl-C handler) to stop after the current step with a checkpoint.
     pub stop: Arc<AtomicBool>,
     /// A failure to inject, for testing failure handling.
@@ -38,6 +40,39 @@ pub struct RunOptions {
     /// The MPI job this process is one of (from [`MpiWorld::init`]); `None` trains in this
     /// process alone. Every process of the job calls [`train`] with the same arguments.
     pub mpi: Option<MpiWorld>,
+}
+
+/// What a resumed run may change of the config it saved: how long it runs, and how many
+/// replicas each process runs (its data position does not depend on them; the global batch
+/// stays). Anything else would make it another run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResumeChanges {
+    /// Passes over the training data, in all (with `steps` unset).
+    pub epochs: Option<u64>,
+    /// Optimizer steps, in all.
+    pub steps: Option<u64>,
+    /// Replicas per process (0: one per core).
+    pub replicas: Option<usize>,
+}
+
+impl ResumeChanges {
+    /// `saved` with the changes made, for a run of `processes` processes, `on_host` of which
+    /// share this host's cores.
+    fn apply(&self, saved: &TrainConfig, processes: usize, on_host: usize) -> Result<TrainConfig> {
+        let mut changed = saved.clone();
+        if let Some(epochs) = self.epochs {
+            (changed.epochs, changed.steps) = (epochs, None);
+        }
+        if self.steps.is_some() {
+            changed.steps = self.steps;
+        }
+        if let Some(replicas) = self.replicas {
+            changed.replicas = replicas;
+            changed = changed.resolved_for(processes, on_host)?;
+        }
+        changed.validate()?;
+        Ok(changed)
+    }
 }
 
 impl RunOptions {
@@ -286,12 +321,16 @@ fn set_up(
 ) -> Result<(RunPlan, Option<RunLock>)> {
     let count = processes.count();
     let mut lock = None;
+    let mut changed = false;
     let effective = match &options.resume {
         Some(dir) => (|| {
             if processes.is_first() {
                 lock = Some(run_dir::lock(dir)?);
             }
-            TrainConfig::load(&dir.join(CONFIG))
+            let saved = TrainConfig::load(&dir.join(CONFIG))?;
+            let effective = options.resume_changes.apply(&saved, count, processes.on_host())?;
+            changed = effective != saved;
+            Ok(effective)
         })(),
         None => config
             .resolved_for(count, processes.on_host())
@@ -320,6 +359,11 @@ fn set_up(
     if plan.start_step() == plan.total_steps || plan.stopped_early() {
         let run_dir = plan.run_dir().to_path_buf();
         return Err(Error::Finished { run_dir, steps: plan.start_step() });
+    }
+    // The changed config holds for the run from now on, and for any later resume.
+    if changed && processes.is_first() {
+        let path = plan.run_dir().join(CONFIG);
+        run_dir::write_atomic(&path, plan.config.to_toml().as_bytes())?;
     }
     Ok((plan, lock))
 }

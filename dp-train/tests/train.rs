@@ -395,3 +395,43 @@ fn the_memory_minimum_moves_with_accumulation_recomputation_and_zero() {
         assert!(s.to_string().contains("peak/minimum"), "{s}");
     }
 }
+
+#[test]
+fn a_resumed_run_may_run_longer_on_other_replicas() {
+    let out = TempDir::new("resume-changes");
+    let c = TrainConfig { eval_data: None, ..config(2, 20) };
+    train(c.clone(), &RunOptions::new(out.0.join("whole")), &mut ()).unwrap();
+    let whole = run_dir(&out.0.join("whole"));
+
+    // Stopped on 2 replicas, resumed on 1 with the same global batch: the same steps on the
+    // same data, summed in another order.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let options = RunOptions { stop: Arc::clone(&stop), ..RunOptions::new(out.0.join("parts")) };
+    train(c, &options, &mut StopAfter { step: 3, stop }).unwrap();
+    let dir = run_dir(&out.0.join("parts"));
+    let one = dp_train::ResumeChanges { replicas: Some(1), ..Default::default() };
+    let resume = |changes| RunOptions {
+        resume: Some(dir.clone()),
+        resume_changes: changes,
+        ..RunOptions::new(out.0.join("parts"))
+    };
+    let summary = train(TrainConfig::default(), &resume(one), &mut ()).unwrap();
+    assert_eq!((summary.steps, summary.replicas, summary.global_batch), (20, 1, 64));
+    let difference = max_relative_difference(&final_params(&dir), &final_params(&whole));
+    assert!(difference <= 1e-5, "{difference}");
+
+    // Finished, it runs on to 30 steps, and the config it saves says so.
+    let longer = dp_train::ResumeChanges { steps: Some(30), ..Default::default() };
+    let summary = train(TrainConfig::default(), &resume(longer), &mut ()).unwrap();
+    assert_eq!(summary.steps, 30);
+    let steps: Vec<u64> = train_losses(&dir).iter().map(|s| s.0).collect();
+    assert_eq!(steps, (1..=30).collect::<Vec<_>>());
+    let saved = TrainConfig::load(&dir.join(dp_train::CONFIG)).unwrap();
+    assert_eq!((saved.steps, saved.replicas), (Some(30), 1));
+
+    // Fewer steps than the checkpoint has done is refused, and the config stays.
+    let shorter = dp_train::ResumeChanges { steps: Some(5), ..Default::default() };
+    let error = train(TrainConfig::default(), &resume(shorter), &mut ()).unwrap_err();
+    assert!(error.to_string().contains("fewer than the 30 its checkpoint has done"), "{error}");
+    assert_eq!(TrainConfig::load(&dir.join(dp_train::CONFIG)).unwrap(), saved);
+}

@@ -17,7 +17,7 @@ use dp_train::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
 /// Options of `cargo xtask train`; each overrides the config file (or the default job).
-#[derive(Args, Debug, Default)]
+#[derive(Args, Clone, Debug, Default)]
 pub(crate) struct TrainArgs {
     /// A TOML config file (see `dp-train/README.md`); options below override it.
     #[arg(long)]
@@ -154,9 +154,10 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         },
     };
     apply(&mut config, &args)?;
-    if let Some(dir) = &args.resume {
-        refuse_changes_on_resume(dir, &args)?;
-    }
+    let resume_changes = match &args.resume {
+        Some(dir) => resume_changes(dir, &args)?,
+        None => dp_train::ResumeChanges::default(),
+    };
     if first && args.data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
     }
@@ -164,6 +165,7 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
     let options = RunOptions {
         out: args.out.clone().unwrap_or_else(|| root.join("runs")),
         resume: args.resume.as_deref().map(dp_train::resolve_run_dir),
+        resume_changes,
         stop: stop.flag(),
         fault: None,
         mpi: mpi.clone(),
@@ -284,21 +286,22 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// A resumed run continues with the config it saved; a flag that would change it is refused,
-/// never ignored in silence.
-fn refuse_changes_on_resume(dir: &Path, args: &TrainArgs) -> Result<()> {
+/// What `--resume` changes of the saved config: `--epochs`, `--steps` and `--replicas`. Any
+/// other option that would change it is refused, never ignored in silence.
+fn resume_changes(dir: &Path, args: &TrainArgs) -> Result<dp_train::ResumeChanges> {
+    let others = TrainArgs { epochs: None, steps: None, replicas: None, ..args.clone() };
     let mut changed = TrainConfig::default();
-    apply(&mut changed, args)?;
+    apply(&mut changed, &others)?;
     if args.config.is_some() || changed != TrainConfig::default() {
         let saved = dp_train::resolve_run_dir(dir).join(dp_train::CONFIG);
         bail!(
-            "--resume continues the run with the config it saved, {}; options that change the \
-             config are not applied to it: edit that file (more steps or epochs, another \
-             replica count), or start a new run",
+            "--resume continues the run with the config it saved, {}; of the options that \
+             change it, only --epochs, --steps and --replicas apply to a resumed run: start a \
+             new run for the others",
             saved.display()
         );
     }
-    Ok(())
+    Ok(dp_train::ResumeChanges { epochs: args.epochs, steps: args.steps, replicas: args.replicas })
 }
 
 fn set<T>(field: &mut T, value: Option<T>) {
@@ -590,12 +593,18 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--set", "workers=3"]).unwrap();
         let error = apply(&mut config, &cli.train).unwrap_err().to_string();
         assert!(error.contains("`workers`: unknown field"), "{error}");
-        // A resumed run refuses options that would change its config, instead of ignoring them.
-        let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--epochs", "9"]).unwrap();
-        let error = refuse_changes_on_resume(Path::new("runs/x"), &cli.train).unwrap_err();
+        // A resumed run takes a new length and replica count, and refuses other options that
+        // would change its config instead of ignoring them.
+        let args = ["train", "--resume", "runs/x", "--epochs", "9", "--replicas", "1"];
+        let cli = Cli::try_parse_from(args).unwrap();
+        let changes = resume_changes(Path::new("runs/x"), &cli.train).unwrap();
+        assert_eq!((changes.epochs, changes.steps, changes.replicas), (Some(9), None, Some(1)));
+        let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--lr", "0.5"]).unwrap();
+        let error = resume_changes(Path::new("runs/x"), &cli.train).unwrap_err();
         assert!(error.to_string().contains("runs/x/config.toml"), "{error}");
         let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--no-plot"]).unwrap();
-        refuse_changes_on_resume(Path::new("runs/x"), &cli.train).unwrap();
+        let changes = resume_changes(Path::new("runs/x"), &cli.train).unwrap();
+        assert_eq!(changes, dp_train::ResumeChanges::default());
         // Unsigned options say what is wrong with the number, not that it is a stray flag.
         let error = Cli::try_parse_from(["train", "--steps", "-3"]).err().unwrap().to_string();
         assert!(error.contains("invalid value '-3' for '--steps"), "{error}");

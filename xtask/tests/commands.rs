@@ -111,5 +111,20 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
             assert!((row.sum() - 1.0).abs() < 1e-4, "{row}");
         }
     }
+
+    // A resumed run takes more epochs (and replicas); an option that would make it another
+    // run is refused, not ignored.
+    let resume = || {
+        let mut command = xtask();
+        command.args(["train", "--no-plot", "--resume"]).arg(&run);
+        command
+    };
+    let refused = resume().args(["--model", "mlp:8"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("only --epochs, --steps and --replicas apply"), "{stderr}");
+    let longer = succeeded(resume().args(["--epochs", "7", "--replicas", "1"]).output().unwrap());
+    let steps = figure(&longer, "steps", "steps");
+    assert_eq!(steps, (7 * (2000 / 32)) as f64, "{longer}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
