@@ -43,12 +43,14 @@ pub struct TrainConfig {
     /// Replicas (threads) per process; 0 means one per available core, shared among the
     /// run's processes on the host.
     pub replicas: usize,
-    /// Samples per optimizer step over all replicas.
+    /// Samples per optimizer step over all replicas; 0 chooses it from the training data
+    /// ([`auto_global_batch`]).
     pub global_batch: usize,
     /// Samples per replica per micro-batch; when set, the global batch is this times replicas
     /// times `grad_accum` (for runs that should keep each replica's batch as replicas change).
     pub per_replica_batch: Option<usize>,
-    /// Passes over the training data (ignored when `steps` is set).
+    /// Passes over the training data (ignored when `steps` is set); 0 chooses them from the
+    /// training data ([`auto_epochs`]).
     pub epochs: u64,
     /// Optimizer steps to run, overriding `epochs`.
     pub steps: Option<u64>,
@@ -275,9 +277,9 @@ impl Default for TrainConfig {
             augment: Vec::new(),
             model: "mlp".into(),
             replicas: 0,
-            global_batch: 256,
+            global_batch: 0,
             per_replica_batch: None,
-            epochs: 4,
+            epochs: 0,
             steps: None,
             optimizer: OptimizerConfig::preset("sgd").expect("sgd is a preset"),
             schedule: None,
@@ -304,6 +306,23 @@ impl Default for TrainConfig {
             timeout_s: 300.0,
         }
     }
+}
+
+/// The global batch chosen for `records` training records when none is set: 256, as for the
+/// built-in digits; for a smaller dataset, the largest power of two that still makes 50 steps
+/// an epoch, at least 16 (Keras' default batch is 32, scikit-learn's MLP takes 200 or the whole
+/// set); always a multiple of `multiple` (replicas x grad_accum).
+pub fn auto_global_batch(records: u64, multiple: usize) -> usize {
+    let per_step = (records / 50).clamp(16, 256) as usize;
+    let power = 1usize << per_step.ilog2();
+    power.next_multiple_of(multiple.max(1))
+}
+
+/// The epochs chosen when none are set, for `steps_per_epoch`: enough for about 800 steps,
+/// at least 4 (the built-in digits' 4 x 234 steps) and at most 200 (scikit-learn's MLP's
+/// `max_iter`), so that a table of a few hundred rows trains as long as an image set does.
+pub fn auto_epochs(steps_per_epoch: u64) -> u64 {
+    800u64.div_ceil(steps_per_epoch.max(1)).clamp(4, 200)
 }
 
 /// Replicas per available core beyond which a run is refused: replicas past the cores only
@@ -400,20 +419,17 @@ impl TrainConfig {
         if self.grad_accum == 0 {
             return Err(Error::config("grad_accum", "must be at least 1"));
         }
-        if self.global_batch == 0 || !self.global_batch.is_multiple_of(n * self.grad_accum) {
+        if !self.global_batch.is_multiple_of(n * self.grad_accum) {
             return Err(Error::config(
                 "global_batch",
                 format!(
-                    "{} must be a positive multiple of replicas x grad_accum = {n} x {} (so every replica runs equal micro-batches)",
+                    "{} must be a multiple of replicas x grad_accum = {n} x {} (so every replica runs equal micro-batches), or 0 to choose from the data",
                     self.global_batch, self.grad_accum
                 ),
             ));
         }
-        if self.steps == Some(0) || (self.steps.is_none() && self.epochs == 0) {
-            return Err(Error::config(
-                "epochs",
-                "the run must have at least one step (epochs or steps)",
-            ));
+        if self.steps == Some(0) {
+            return Err(Error::config("steps", "the run must have at least one step"));
         }
         if self.zero_stage > 1 {
             return Err(Error::config(
@@ -595,6 +611,19 @@ mod tests {
             assert!(error.contains(&format!("`{key}`")) && error.contains(says), "{error}");
             assert_eq!(c, before, "a failed set changed the config");
         }
+    }
+
+    #[test]
+    fn batch_and_epochs_adapt_to_the_size_of_the_data() {
+        // The built-in digits: 60,000 records, 234 steps an epoch.
+        assert_eq!((auto_global_batch(60_000, 2), auto_epochs(60_000 / 256)), (256, 4));
+        // A table of 2,000 rows: 32 a step, 62 steps an epoch, 13 epochs.
+        assert_eq!((auto_global_batch(2_000, 2), auto_epochs(2_000 / 32)), (32, 13));
+        // 133 rows (a wine table's training split): 16 a step, 100 epochs of 8 steps.
+        assert_eq!((auto_global_batch(133, 1), auto_epochs(133 / 16)), (16, 100));
+        // Always a multiple of the replicas (and accumulation), never past 200 epochs.
+        assert_eq!(auto_global_batch(1_000, 24), 24);
+        assert_eq!(auto_epochs(1), 200);
     }
 
     #[test]

@@ -50,7 +50,9 @@ mod summary;
 mod sync;
 mod trainer;
 
-pub use config::{Normalization, OptimizerConfig, PruneConfig, TrainConfig};
+pub use config::{
+    Normalization, OptimizerConfig, PruneConfig, TrainConfig, auto_epochs, auto_global_batch,
+};
 pub use error::{Error, Result};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};
 pub use measure::{ScalingReport, measure_scaling};

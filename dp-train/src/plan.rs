@@ -144,6 +144,9 @@ impl RunPlan {
         let replicas = config.replica_count();
         let world = replicas * processes;
         let accum = config.grad_accum;
+        if config.global_batch == 0 {
+            config.global_batch = crate::config::auto_global_batch(train.len(), world * accum);
+        }
         if !config.global_batch.is_multiple_of(world * accum) {
             return Err(Error::config(
                 "global_batch",
@@ -163,6 +166,9 @@ impl RunPlan {
             ));
         }
         let dropped_per_epoch = train.len() - steps_per_epoch * config.global_batch as u64;
+        if config.epochs == 0 {
+            config.epochs = crate::config::auto_epochs(steps_per_epoch);
+        }
         let total_steps = config.steps.unwrap_or(config.epochs.saturating_mul(steps_per_epoch));
         let schedule = config.schedule_or_default(total_steps);
         let resume = match resume {
