@@ -59,7 +59,8 @@ pub struct TrainConfig {
     /// The learning rate per step (default: warmup then cosine to 0 over the run, peaking at
     /// `lr`).
     pub schedule: Option<Schedule>,
-    /// Peak learning rate of the default schedule (default: 0.1 for SGD, 0.001 for Adam).
+    /// Peak learning rate of the default schedule (default: for SGD 0.1 per 256 samples of
+    /// global batch, the linear scaling rule of Goyal et al.; 0.001 for Adam).
     pub lr: Option<f64>,
     /// Seed of the initial parameters, the data order, augmentation and dropout.
     pub seed: u64,
@@ -573,7 +574,7 @@ impl TrainConfig {
     pub fn schedule_or_default(&self, total_steps: u64) -> Schedule {
         self.schedule.clone().unwrap_or(Schedule::WarmupCosine {
             lr: self.lr.unwrap_or(match self.optimizer {
-                OptimizerConfig::Sgd { .. } => 0.1,
+                OptimizerConfig::Sgd { .. } => 0.1 * self.global_batch as f64 / 256.0,
                 OptimizerConfig::Adam { .. } => 1e-3,
             }),
             warmup: (total_steps / 50).max(1),
