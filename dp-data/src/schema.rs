@@ -43,6 +43,11 @@ impl DType {
         }
     }
 
+    /// Whether it is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::Bf16 | DType::F32 | DType::F64)
+    }
+
     /// The name used in schemas and reports.
     pub fn name(self) -> &'static str {
         match self {

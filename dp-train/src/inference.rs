@@ -1,19 +1,21 @@
 //! Evaluation and prediction from a run directory: the model the run resolved
-//! ([`MODEL`]), its parameters ([`CHECKPOINT`]), its input scaling ([`NORMALIZATION`]) and
+//! ([`MODEL`]), its parameters ([`CHECKPOINT`]), its scalings ([`NORMALIZATION`]) and
 //! features ([`CONFIG`]), applied to any dataset with the same inputs, in dataset order, in
-//! this one process.
+//! this one process. A classifier's outputs are class probabilities; a regression's, values
+//! in its label's units.
 //!
 //! [`NORMALIZATION`]: crate::NORMALIZATION
 
 use std::path::{Path, PathBuf};
 
-use dp_data::{Block, DType, Dataset, FeatureScaling, Rng, Sample, Transform};
+use dp_data::{Block, DType, Dataset, Rng, Sample, Transform};
 use dp_mem::{Pool, Tracker};
 use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec, QuantizedModel};
 use ndarray::ArrayView2;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::normalization::Scalings;
 use crate::plan::label_error;
 use crate::run_dir::{CHECKPOINT, CONFIG, MODEL};
 
@@ -27,19 +29,25 @@ pub struct SavedRun {
     path: PathBuf,
     config: TrainConfig,
     spec: ModelSpec,
-    scaling: Option<FeatureScaling>,
+    scalings: Scalings,
     checkpoint: Checkpoint,
 }
 
 /// How one model does on a dataset.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scores {
-    /// Mean cross-entropy.
+    /// Mean cross-entropy; for a regression, the mean squared error of the standardized
+    /// values (the loss it trained on).
     pub loss: f64,
-    /// Fraction of records whose most likely class is their label.
-    pub accuracy: f64,
-    /// `confusion[label][predicted]`: how many records of each class were predicted as each.
+    /// Fraction of records whose most likely class is their label (classifiers).
+    pub accuracy: Option<f64>,
+    /// `confusion[label][predicted]`: how many records of each class were predicted as each
+    /// (classifiers; empty for a regression).
     pub confusion: Vec<Vec<u64>>,
+    /// Root mean squared error in the label's units (regressions).
+    pub rmse: Option<f64>,
+    /// Mean absolute error in the label's units (regressions).
+    pub mae: Option<f64>,
     /// Bytes the model's parameters take.
     pub weight_bytes: u64,
 }
@@ -55,15 +63,18 @@ pub struct Evaluation {
     pub int8: Option<Scores>,
 }
 
-/// A run's class probabilities for every record of a dataset, in dataset order.
+/// A run's outputs for every record of a dataset, in dataset order: class probabilities, or
+/// a regression's values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Predictions {
     /// Records.
     pub records: u64,
-    /// Classes: each record's row holds this many probabilities.
-    pub classes: usize,
-    /// `records x classes` probabilities, row-major.
-    pub probabilities: Vec<f32>,
+    /// Values per record: the classes, or 1 for a regression.
+    pub columns: usize,
+    /// `records x columns`, row-major.
+    pub values: Vec<f32>,
+    /// Whether the values are a regression's (else class probabilities).
+    pub regression: bool,
 }
 
 impl SavedRun {
@@ -77,7 +88,7 @@ impl SavedRun {
     pub fn open_checkpoint(dir: &Path, name: &str) -> Result<Self> {
         let config = TrainConfig::load(&dir.join(CONFIG))?;
         let spec = ModelSpec::from_file(&dir.join(MODEL))?;
-        let scaling = crate::normalization::load(dir)?;
+        let scalings = crate::normalization::load(dir)?;
         let path = dir.join(name);
         if !path.exists() {
             return Err(Error::run(
@@ -86,7 +97,7 @@ impl SavedRun {
             ));
         }
         let checkpoint = Checkpoint::load(&path)?;
-        Ok(SavedRun { path, config, spec, scaling, checkpoint })
+        Ok(SavedRun { path, config, spec, scalings, checkpoint })
     }
 
     /// The run's model with the checkpoint's parameters, for batches of up to [`BATCH`].
@@ -96,18 +107,32 @@ impl SavedRun {
         Ok(model)
     }
 
-    /// Loss, accuracy and confusion matrix of the model on the labelled dataset in `data`;
-    /// with `int8`, also of the model with int8 weights (`QuantizedModel`).
+    /// Whether the run regresses a float label.
+    pub fn regression(&self) -> bool {
+        self.scalings.targets.is_some()
+    }
+
+    /// A regression's target standardization, `(offset, scale)`.
+    fn target_scaling(&self) -> (f32, f32) {
+        self.scalings.targets.as_ref().map_or((0.0, 1.0), |t| (t.offset[0], t.scale[0]))
+    }
+
+    /// The model's scores on the labelled dataset in `data`: loss, accuracy and confusion
+    /// matrix, or a regression's loss, RMSE and MAE; with `int8`, also of the model with
+    /// int8 weights (`QuantizedModel`).
     pub fn evaluate(&self, data: &Path, int8: bool) -> Result<Evaluation> {
         let pool = Pool::new(&Tracker::new());
         let mut model = self.model(&pool)?;
         let classes = model.outputs();
         let mut quantized = int8.then(|| QuantizedModel::quantize(&model, &pool)).transpose()?;
-        let mut tally = Tally::new(classes, model.params().len() as u64 * 4);
-        let mut tally_int8 = quantized.as_ref().map(|q| Tally::new(classes, q.bytes()));
+        let targets = self.scalings.targets.as_ref().map(|_| self.target_scaling());
+        let mut tally = Tally::new(classes, targets, model.params().len() as u64 * 4);
+        let mut tally_int8 = quantized.as_ref().map(|q| Tally::new(classes, targets, q.bytes()));
         let records = self.each_batch(data, true, |x, labels, first| {
-            let labels = labels.unwrap_or_default();
-            if let Some(row) = labels.iter().position(|&l| !(0..classes as i64).contains(&l)) {
+            let labels = labels.expect("asked for");
+            if let Labels::Classes(labels) = labels
+                && let Some(row) = labels.iter().position(|&l| !(0..classes as i64).contains(&l))
+            {
                 return Err(label_error(labels[row], first + row as u64, classes));
             }
             tally.add(model.forward_eval(x)?.as_slice().expect("contiguous"), labels);
@@ -119,24 +144,30 @@ impl SavedRun {
         Ok(Evaluation { records, model: tally.scores(), int8: tally_int8.map(Tally::scores) })
     }
 
-    /// The class probabilities (softmax of the outputs) of every record in `data`, which
-    /// needs no labels.
+    /// The model's outputs for every record in `data`, which needs no labels: class
+    /// probabilities (the softmax of the outputs), or a regression's values in its label's
+    /// units.
     pub fn predict(&self, data: &Path) -> Result<Predictions> {
         let pool = Pool::new(&Tracker::new());
         let mut model = self.model(&pool)?;
-        let classes = model.outputs();
-        let mut probabilities = Vec::new();
+        let columns = model.outputs();
+        let (regression, (offset, scale)) = (self.regression(), self.target_scaling());
+        let mut values = Vec::new();
         let records = self.each_batch(data, false, |x, _, _| {
-            for logits in model.forward_eval(x)?.rows() {
-                let max = logits.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let start = probabilities.len();
-                probabilities.extend(logits.iter().map(|&v| (v - max).exp()));
-                let sum: f32 = probabilities[start..].iter().sum();
-                probabilities[start..].iter_mut().for_each(|p| *p /= sum);
+            for outputs in model.forward_eval(x)?.rows() {
+                if regression {
+                    values.extend(outputs.iter().map(|&z| z * scale + offset));
+                    continue;
+                }
+                let max = outputs.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let start = values.len();
+                values.extend(outputs.iter().map(|&v| (v - max).exp()));
+                let sum: f32 = values[start..].iter().sum();
+                values[start..].iter_mut().for_each(|p| *p /= sum);
             }
             Ok(())
         })?;
-        Ok(Predictions { records, classes, probabilities })
+        Ok(Predictions { records, columns, values, regression })
     }
 
     /// Runs `f` on the dataset's records in order, [`BATCH`] at a time: their scaled inputs,
@@ -145,7 +176,7 @@ impl SavedRun {
         &self,
         data: &Path,
         labels: bool,
-        mut f: impl FnMut(ArrayView2<'_, f32>, Option<&[i64]>, u64) -> Result<()>,
+        mut f: impl FnMut(ArrayView2<'_, f32>, Option<Labels<'_>>, u64) -> Result<()>,
     ) -> Result<u64> {
         let dataset = Dataset::open(data)?;
         let (input, label) = (&self.config.input_feature, &self.config.label_feature);
@@ -171,11 +202,11 @@ impl SavedRun {
                 ));
             }
         };
-        let (mut x, mut y) = (Vec::new(), Vec::new());
+        let (mut x, mut y, mut values) = (Vec::new(), Vec::new(), Vec::new());
         for block in dataset.blocks() {
             let block = block?;
             inputs(&block, input, feature.dtype, &mut x)?;
-            if let Some(scaling) = &self.scaling {
+            if let Some(scaling) = &self.scalings.inputs {
                 let mut unused = 0;
                 for record in x.chunks_exact_mut(input_len) {
                     let mut sample = Sample { x: record, shape: &shape, label: &mut unused };
@@ -183,7 +214,7 @@ impl SavedRun {
                 }
             }
             if labels {
-                block_labels(&block, label, &mut y)?;
+                block_labels(&block, label, self.regression(), &mut y, &mut values)?;
             }
             let rows = x.len() / input_len.max(1);
             for start in (0..rows).step_by(BATCH) {
@@ -194,7 +225,11 @@ impl SavedRun {
                 )
                 .expect("sized above");
                 let first = block.first_record() + start as u64;
-                f(view, labels.then(|| &y[start..end]), first)?;
+                let batch_labels = labels.then(|| match self.regression() {
+                    true => Labels::Values(&values[start..end]),
+                    false => Labels::Classes(&y[start..end]),
+                });
+                f(view, batch_labels, first)?;
             }
         }
         Ok(dataset.len())
@@ -217,63 +252,107 @@ fn inputs(block: &Block, name: &str, dtype: DType, out: &mut Vec<f32>) -> Result
     Ok(())
 }
 
-/// A block's labels as `i64`.
-fn block_labels(block: &Block, name: &str, out: &mut Vec<i64>) -> Result<()> {
-    out.clear();
+/// A batch's labels: classes, or a regression's values.
+#[derive(Clone, Copy)]
+enum Labels<'a> {
+    Classes(&'a [i64]),
+    Values(&'a [f32]),
+}
+
+/// A block's labels: classes as `i64` into `classes`, or a regression's values as `f32` into
+/// `values`.
+fn block_labels(
+    block: &Block,
+    name: &str,
+    regression: bool,
+    classes: &mut Vec<i64>,
+    values: &mut Vec<f32>,
+) -> Result<()> {
+    classes.clear();
+    values.clear();
     match block.schema().feature(name).map(|f| f.dtype) {
-        Some(DType::U8) => out.extend(block.dense::<u8>(name)?.iter().map(|&v| i64::from(v))),
-        Some(DType::I32) => out.extend(block.dense::<i32>(name)?.iter().map(|&v| i64::from(v))),
-        Some(DType::I64) => out.extend(block.dense::<i64>(name)?.iter()),
+        Some(DType::U8) if !regression => {
+            classes.extend(block.dense::<u8>(name)?.iter().map(|&v| i64::from(v)))
+        }
+        Some(DType::I32) if !regression => {
+            classes.extend(block.dense::<i32>(name)?.iter().map(|&v| i64::from(v)))
+        }
+        Some(DType::I64) if !regression => classes.extend(block.dense::<i64>(name)?.iter()),
+        Some(DType::F32) if regression => values.extend(block.dense::<f32>(name)?.iter()),
+        Some(DType::F64) if regression => {
+            values.extend(block.dense::<f64>(name)?.iter().map(|&v| v as f32))
+        }
         _ => {
+            let expected = if regression { "an f32 or f64" } else { "a u8, i32 or i64" };
             return Err(Error::config(
                 "label_feature",
-                format!("`{name}` is not a u8, i32 or i64 feature of the data"),
+                format!("`{name}` is not {expected} feature of the data, as the run's was"),
             ));
         }
     }
     Ok(())
 }
 
-/// Running loss, hits and confusion counts.
+/// Running loss and, for classes, hits and confusion counts; for a regression, its errors in
+/// the label's units.
 struct Tally {
     loss_sum: f64,
     records: u64,
     confusion: Vec<Vec<u64>>,
+    /// A regression's target standardization, and its squared and absolute errors.
+    regression: Option<((f32, f32), f64, f64)>,
     weight_bytes: u64,
 }
 
 impl Tally {
-    fn new(classes: usize, weight_bytes: u64) -> Self {
-        Tally {
-            loss_sum: 0.0,
-            records: 0,
-            confusion: vec![vec![0; classes]; classes],
-            weight_bytes,
-        }
+    fn new(classes: usize, targets: Option<(f32, f32)>, weight_bytes: u64) -> Self {
+        let confusion = match targets {
+            Some(_) => Vec::new(),
+            None => vec![vec![0; classes]; classes],
+        };
+        let regression = targets.map(|scaling| (scaling, 0.0, 0.0));
+        Tally { loss_sum: 0.0, records: 0, confusion, regression, weight_bytes }
     }
 
-    /// Adds a batch: `logits` row-major, one row per label.
-    fn add(&mut self, logits: &[f32], labels: &[i64]) {
-        let classes = self.confusion.len();
-        for (row, &label) in logits.chunks_exact(classes).zip(labels) {
-            let (predicted, max) =
-                row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (c, &v)| {
-                    if v > best.1 { (c, v) } else { best }
-                });
-            let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
-            self.loss_sum += sum.ln() - f64::from(row[label as usize] - max);
-            self.confusion[label as usize][predicted] += 1;
-            self.records += 1;
+    /// Adds a batch: `outputs` row-major, one row per label.
+    fn add(&mut self, outputs: &[f32], labels: Labels<'_>) {
+        match (labels, &mut self.regression) {
+            (Labels::Values(values), Some(((offset, scale), squared, absolute))) => {
+                for (&z, &t) in outputs.iter().zip(values) {
+                    let standardized = f64::from(z - (t - *offset) / *scale);
+                    self.loss_sum += standardized * standardized;
+                    let error = f64::from(z * *scale + *offset - t);
+                    (*squared, *absolute) = (*squared + error * error, *absolute + error.abs());
+                    self.records += 1;
+                }
+            }
+            (Labels::Classes(labels), None) => {
+                let classes = self.confusion.len();
+                for (row, &label) in outputs.chunks_exact(classes).zip(labels) {
+                    let (predicted, max) =
+                        row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (c, &v)| {
+                            if v > best.1 { (c, v) } else { best }
+                        });
+                    let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
+                    self.loss_sum += sum.ln() - f64::from(row[label as usize] - max);
+                    self.confusion[label as usize][predicted] += 1;
+                    self.records += 1;
+                }
+            }
+            _ => unreachable!("the labels are read as the run's task needs"),
         }
     }
 
     fn scores(self) -> Scores {
         let n = self.records.max(1) as f64;
         let hits: u64 = (0..self.confusion.len()).map(|c| self.confusion[c][c]).sum();
+        let errors = self.regression.map(|(_, squared, absolute)| (squared, absolute));
         Scores {
             loss: self.loss_sum / n,
-            accuracy: hits as f64 / n,
+            accuracy: errors.is_none().then(|| hits as f64 / n),
             confusion: self.confusion,
+            rmse: errors.map(|(squared, _)| (squared / n).sqrt()),
+            mae: errors.map(|(_, absolute)| absolute / n),
             weight_bytes: self.weight_bytes,
         }
     }

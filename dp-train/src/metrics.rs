@@ -39,8 +39,9 @@ pub struct StepMetrics {
     pub epoch: u64,
     /// Mean loss over the global batch.
     pub loss: f64,
-    /// Accuracy over the global batch.
-    pub accuracy: f64,
+    /// Accuracy over the global batch (absent for a regression).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
     /// The learning rate used.
     pub lr: f64,
     /// Global samples per second of wall time over this step.
@@ -66,8 +67,15 @@ pub struct EvalMetrics {
     pub epoch: u64,
     /// Mean loss over the eval data.
     pub eval_loss: f64,
-    /// Accuracy over the eval data, a fraction in [0, 1].
-    pub eval_accuracy: f64,
+    /// Accuracy over the eval data, a fraction in [0, 1] (absent for a regression).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// A regression's root mean squared error, in the label's units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_rmse: Option<f64>,
+    /// A regression's mean absolute error, in the label's units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_mae: Option<f64>,
 }
 
 /// Appends records to a `metrics.jsonl`, one flushed line each.

@@ -1,10 +1,12 @@
-//! The scaling of a run's inputs: decided from its config and training data when it starts,
-//! saved in its run directory ([`NORMALIZATION`]), and read back by a resumed run, by
-//! evaluation and by prediction, so that all of them see the inputs alike.
+//! The scaling of a run's inputs, and of its targets when it regresses a float label: decided
+//! from its config and training data when it starts, saved in its run directory
+//! ([`NORMALIZATION`]), and read back by a resumed run, by evaluation and by prediction, so
+//! that all of them see the data alike.
 
 use std::path::Path;
 
 use dp_data::{DType, Dataset, FeatureScaling, FeatureStats};
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Normalization, TrainConfig};
 use crate::error::{Error, Result};
@@ -14,16 +16,29 @@ use crate::run_dir::{NORMALIZATION, write_atomic};
 /// bound on the time a large dataset's first pass takes.
 const STATS_RECORDS: u64 = 100_000;
 
-/// The scaling `config` asks for, on inputs of `dtype` and `input_len` elements, with
-/// statistics adapted from `train` where it needs them; `None` leaves inputs as stored.
+/// What `normalization.json` holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Scalings {
+    /// The inputs' scaling; `None` leaves them as stored.
+    pub(crate) inputs: Option<FeatureScaling>,
+    /// The targets' standardization: present exactly when the run regresses a float label.
+    /// The model learns standardized values; its outputs are mapped back for reports and
+    /// predictions.
+    pub(crate) targets: Option<FeatureScaling>,
+}
+
+/// The scalings `config` asks for, on inputs of `dtype` and `input_len` elements, with
+/// statistics adapted from `train` where they are needed; with `regression`, the targets are
+/// standardized too.
 pub(crate) fn decide(
     config: &TrainConfig,
     train: &Dataset,
     dtype: DType,
     input_len: usize,
-) -> Result<Option<FeatureScaling>> {
-    let stats = || {
-        FeatureStats::of(train, &config.input_feature, STATS_RECORDS).map_err(|e| {
+    regression: bool,
+) -> Result<Scalings> {
+    let stats = |feature: &str| {
+        FeatureStats::of(train, feature, STATS_RECORDS).map_err(|e| {
             Error::config(
                 "normalize",
                 format!(
@@ -33,17 +48,26 @@ pub(crate) fn decide(
             )
         })
     };
-    let scaling = match (config.normalize, &config.normalize_mean, &config.normalize_std) {
-        (Normalization::None, ..) => return Ok(None),
-        (_, Some(mean), Some(std)) => FeatureScaling::new(mean.clone(), std.clone())
-            .map_err(|why| Error::config("normalize_mean", why))?,
+    let inputs = match (config.normalize, &config.normalize_mean, &config.normalize_std) {
+        (Normalization::None, ..) => None,
+        (_, Some(mean), Some(std)) => Some(
+            FeatureScaling::new(mean.clone(), std.clone())
+                .map_err(|why| Error::config("normalize_mean", why))?,
+        ),
         (Normalization::Auto, ..) if dtype == DType::U8 => {
-            FeatureScaling::new(vec![0.0], vec![255.0]).expect("a valid scaling")
+            Some(FeatureScaling::new(vec![0.0], vec![255.0]).expect("a valid scaling"))
         }
-        (Normalization::Minmax, ..) => FeatureScaling::min_max(&stats()?),
-        (Normalization::Auto | Normalization::Standard, ..) => FeatureScaling::standard(&stats()?),
+        (Normalization::Minmax, ..) => {
+            Some(FeatureScaling::min_max(&stats(&config.input_feature)?))
+        }
+        (Normalization::Auto | Normalization::Standard, ..) => {
+            Some(FeatureScaling::standard(&stats(&config.input_feature)?))
+        }
     };
-    if scaling.offset.len() != 1 && scaling.offset.len() != input_len {
+    if let Some(scaling) = &inputs
+        && scaling.offset.len() != 1
+        && scaling.offset.len() != input_len
+    {
         return Err(Error::config(
             "normalize_mean",
             format!(
@@ -52,25 +76,27 @@ pub(crate) fn decide(
             ),
         ));
     }
-    Ok(Some(scaling))
+    let targets = match regression {
+        true => Some(FeatureScaling::standard(&stats(&config.label_feature)?)),
+        false => None,
+    };
+    Ok(Scalings { inputs, targets })
 }
 
-/// Saves a new run's scaling into its directory.
-pub(crate) fn save(run_dir: &Path, scaling: Option<&FeatureScaling>) -> Result<()> {
-    let json = serde_json::to_string(&scaling).expect("a scaling always serializes");
+/// Saves a new run's scalings into its directory.
+pub(crate) fn save(run_dir: &Path, scalings: &Scalings) -> Result<()> {
+    let json = serde_json::to_string(scalings).expect("scalings always serialize");
     write_atomic(&run_dir.join(NORMALIZATION), json.as_bytes())
 }
 
-/// The scaling a run saved.
-pub(crate) fn load(run_dir: &Path) -> Result<Option<FeatureScaling>> {
+/// The scalings a run saved.
+pub(crate) fn load(run_dir: &Path) -> Result<Scalings> {
     let path = run_dir.join(NORMALIZATION);
+    let damaged = |why: String| Error::run(&path, format!("the saved scaling is damaged: {why}"));
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, "read", e))?;
-    let scaling: Option<FeatureScaling> = serde_json::from_str(&text)
-        .map_err(|e| Error::run(&path, format!("the saved input scaling is damaged: {e}")))?;
-    match scaling {
-        Some(s) => FeatureScaling::new(s.offset, s.scale)
-            .map(Some)
-            .map_err(|why| Error::run(&path, format!("the saved input scaling is damaged: {why}"))),
-        None => Ok(None),
-    }
+    let saved: Scalings = serde_json::from_str(&text).map_err(|e| damaged(e.to_string()))?;
+    let check = |scaling: Option<FeatureScaling>| {
+        scaling.map(|s| FeatureScaling::new(s.offset, s.scale).map_err(damaged)).transpose()
+    };
+    Ok(Scalings { inputs: check(saved.inputs)?, targets: check(saved.targets)? })
 }

@@ -5,13 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use dp_data::{DType, Dataset, FeatureScaling, Kind, PipelineState};
+use dp_data::{DType, Dataset, Kind, PipelineState};
 use dp_model::{Checkpoint, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::best::BestSoFar;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::normalization::Scalings;
 
 /// The caller's part of a checkpoint: where the run was.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -33,7 +34,7 @@ pub(crate) struct RunPlan {
     pub(crate) run_dir: OnceLock<PathBuf>,
     pub(crate) spec: ModelSpec,
     pub(crate) input_len: usize,
-    /// Classes: labels are in `0..classes`.
+    /// Classes: labels are in `0..classes` (1, the output, for a regression).
     pub(crate) classes: usize,
     /// Replicas (threads) per process.
     pub(crate) replicas: usize,
@@ -46,8 +47,10 @@ pub(crate) struct RunPlan {
     pub(crate) dropped_per_epoch: u64,
     pub(crate) total_steps: u64,
     pub(crate) schedule: Schedule,
-    /// The inputs' scaling (see [`crate::normalization`]).
-    pub(crate) scaling: Option<FeatureScaling>,
+    /// Whether the run regresses a float label (one output) instead of classifying.
+    pub(crate) regression: bool,
+    /// The inputs' and targets' scaling (see [`crate::normalization`]).
+    pub(crate) scalings: Scalings,
     /// The checkpoint to resume from, and where it was.
     pub(crate) resume: Option<(Checkpoint, ResumeState)>,
 }
@@ -82,7 +85,19 @@ impl RunPlan {
                 format!("`{}` is not a scalar", config.label_feature),
             ));
         }
+        // A float label is a value to regress: one output, trained with the squared error.
+        let regression = label.dtype.is_float();
         let classes = match config.classes {
+            _ if regression && config.classes.is_some() => {
+                return Err(Error::config(
+                    "classes",
+                    format!(
+                        "`{}` is a float feature, a value to regress, not classes",
+                        config.label_feature
+                    ),
+                ));
+            }
+            _ if regression => 1,
             Some(c) if (2..=MAX_CLASSES).contains(&c) => c,
             Some(c) => {
                 return Err(Error::config("classes", format!("{c} is outside 2..={MAX_CLASSES}")));
@@ -108,7 +123,21 @@ impl RunPlan {
                 ));
             }
             // Now rather than at the first evaluation, hours in: evaluation sets are small.
-            largest_label(&eval_set, &config.label_feature, classes)?;
+            let eval_label = eval_set.schema().feature(&config.label_feature).map(|f| f.dtype);
+            if regression {
+                if !eval_label.is_some_and(DType::is_float) {
+                    return Err(Error::config(
+                        "eval_data",
+                        format!(
+                            "`{}` in {} is not a float feature like the training data's",
+                            config.label_feature,
+                            eval.display()
+                        ),
+                    ));
+                }
+            } else {
+                largest_label(&eval_set, &config.label_feature, classes)?;
+            }
         }
         let spec = model_spec(&config.model, &input_shape, classes)?;
         let input_len: usize = input_shape.iter().product();
@@ -136,9 +165,9 @@ impl RunPlan {
                 Error::config("augment", format!("{}: {why}", augmentation.describe()))
             })?;
         }
-        let scaling = match &run_dir {
+        let scalings = match &run_dir {
             Some(dir) => crate::normalization::load(dir)?,
-            None => crate::normalization::decide(&config, &train, dtype, input_len)?,
+            None => crate::normalization::decide(&config, &train, dtype, input_len, regression)?,
         };
 
         let replicas = config.replica_count();
@@ -203,7 +232,8 @@ impl RunPlan {
             dropped_per_epoch,
             total_steps,
             schedule,
-            scaling,
+            regression,
+            scalings,
             resume,
         })
     }

@@ -1,6 +1,6 @@
 //! PNG plots of a run, drawn from its `metrics.jsonl`: loss, accuracy, throughput and memory
-//! by tag, each written next to the metrics as `loss.png`, `accuracy.png`, `throughput.png` and
-//! `memory.png`.
+//! by tag, each written next to the metrics as `loss.png`, `accuracy.png` (for a regression,
+//! its evaluation errors), `throughput.png` and `memory.png`.
 //!
 //! Text is rendered by `ab_glyph` from the DejaVu Sans font embedded in the binary, so plotting
 //! needs no fontconfig, freetype or any system font: the CI machines have none.
@@ -375,12 +375,22 @@ fn draw_loss<DB: DrawingBackend>(run: &Run, area: &DrawingArea<DB, Shift>) -> Dr
     legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
+/// Accuracy; for a regression, which has none, the evaluation's errors in the label's units.
 fn draw_accuracy<DB: DrawingBackend>(
     run: &Run,
     area: &DrawingArea<DB, Shift>,
 ) -> DrawResult<(), DB> {
-    let train = run.train_series(|m| m.accuracy);
-    let eval = run.eval_series(|m| m.eval_accuracy);
+    if run.eval.iter().any(|m| m.eval_rmse.is_some()) {
+        let rmse = run.eval_series(|m| m.eval_rmse.unwrap_or(f64::NAN));
+        let mae = run.eval_series(|m| m.eval_mae.unwrap_or(f64::NAN));
+        let mut chart = new_chart(area, "Eval error", run.steps(), y_range(&[&rmse, &mae], true))?;
+        mesh(&mut chart, &run.step_label(), "label units", &|y| format!("{y:.3}"))?;
+        marked_line(&mut chart, &rmse, "eval RMSE", PALETTE[0])?;
+        marked_line(&mut chart, &mae, "eval MAE", PALETTE[1])?;
+        return legend(&mut chart, SeriesLabelPosition::UpperRight);
+    }
+    let train = run.train_series(|m| m.accuracy.unwrap_or(f64::NAN));
+    let eval = run.eval_series(|m| m.eval_accuracy.unwrap_or(f64::NAN));
     let mut chart = new_chart(area, "Accuracy", run.steps(), 0.0..1.0)?;
     mesh(&mut chart, &run.step_label(), "accuracy", &|y| format!("{y:.1}"))?;
     line(&mut chart, &train, "train accuracy", PALETTE[0].stroke_width(1))?;

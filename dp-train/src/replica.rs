@@ -56,7 +56,7 @@ pub(crate) struct StepSample {
     pub(crate) step: u64,
     pub(crate) epoch: u64,
     pub(crate) loss: f64,
-    pub(crate) accuracy: f64,
+    pub(crate) accuracy: Option<f64>,
     pub(crate) lr: f64,
     pub(crate) step_s: f64,
     pub(crate) data_wait_s: f64,
@@ -148,6 +148,8 @@ pub(crate) struct Replica<C: Communicator> {
     pruner: Option<Pruner>,
     train: Pipeline,
     eval: Option<(Pipeline, Vec<i64>)>,
+    /// A regression's standardized targets of the current batch (empty when classifying).
+    values: Vec<f32>,
     events: Option<Events>,
     stop: Arc<AtomicBool>,
     fault: Option<Fault>,
@@ -234,7 +236,7 @@ impl<C: Communicator> Replica<C> {
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0.
         let train_config = pipeline_config(&plan, rank, world, true);
         let scaling = || -> Vec<Box<dyn Transform>> {
-            plan.scaling.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
+            plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
         let training = || -> Result<Vec<Box<dyn Transform>>> {
             Ok(scaling().into_iter().chain(config.augmentations()?).collect())
@@ -322,6 +324,7 @@ impl<C: Communicator> Replica<C> {
             pruner,
             train,
             eval,
+            values: vec![0.0; if plan.regression { plan.micro } else { 0 }],
             events,
             stop,
             fault,
@@ -478,24 +481,22 @@ impl<C: Communicator> Replica<C> {
             }
             let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
                 .map_err(|e| Error::run(&config.train_data, format!("batch shape: {e}")))?;
-            let y = batch.y();
-            let labels = y
-                .as_slice()
-                .ok_or_else(|| Error::run(&config.train_data, "labels are not contiguous"))?;
-            check_labels(labels, batch.record_ids(), plan.classes)?;
+            let mut values = std::mem::take(&mut self.values);
+            let targets = targets(&batch, batch.len(), &plan, &mut values)?;
             let options = StepOptions {
                 step: step * config.grad_accum as u64 + micro as u64,
                 denominator: Some(config.global_batch),
                 accumulate: micro > 0,
             };
             let loss = if micro + 1 == config.grad_accum {
-                let (loss, exposed) =
-                    self.backward_and_reduce(x, labels, &options, lr, update_per_bucket)?;
+                let reduced = self.backward_and_reduce(x, targets, &options, lr, update_per_bucket);
+                let (loss, exposed) = reduced?;
                 comm_exposed += exposed;
                 loss
             } else {
-                self.model.forward_backward(x, Targets::Classes(labels), &options)?
+                self.model.forward_backward(x, targets, &options)?
             };
+            self.values = values;
             totals[0] += loss.loss_sum;
             totals[1] += loss.correct as f64;
             totals[2] += loss.samples as f64;
@@ -549,7 +550,7 @@ impl<C: Communicator> Replica<C> {
                 step: step + 1,
                 epoch,
                 loss: totals[0] / totals[2].max(1.0),
-                accuracy: totals[1] / totals[2].max(1.0),
+                accuracy: (!plan.regression).then(|| totals[1] / totals[2].max(1.0)),
                 lr,
                 step_s,
                 data_wait_s: data_wait,
@@ -571,7 +572,7 @@ impl<C: Communicator> Replica<C> {
     fn backward_and_reduce(
         &mut self,
         x: ArrayView2<'_, f32>,
-        labels: &[i64],
+        targets: Targets<'_, f32>,
         options: &StepOptions,
         lr: f64,
         update_per_bucket: bool,
@@ -579,7 +580,7 @@ impl<C: Communicator> Replica<C> {
         let (reducer, bucket_ends) = match &mut self.grad_sync {
             GradSync::Buckets { reducer, ends, .. } => (reducer, ends),
             GradSync::InPlace => {
-                let loss = self.model.forward_backward(x, Targets::Classes(labels), options)?;
+                let loss = self.model.forward_backward(x, targets, options)?;
                 let reducing = Instant::now();
                 self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?;
                 return Ok((loss, reducing.elapsed().as_secs_f64()));
@@ -604,8 +605,7 @@ impl<C: Communicator> Replica<C> {
             });
             failed = result.err();
         };
-        let loss =
-            self.model.forward_backward_with(x, Targets::Classes(labels), options, &mut hand_over);
+        let loss = self.model.forward_backward_with(x, targets, options, &mut hand_over);
         if let Some(error) = failed {
             return Err(error.into());
         }
@@ -631,26 +631,38 @@ impl<C: Communicator> Replica<C> {
     }
 
     /// One pass over the evaluation data, shared out among the replicas; returns the mean
-    /// loss (`None` without evaluation data).
+    /// loss (`None` without evaluation data). A regression also measures its errors in the
+    /// label's own units.
     fn evaluate(&mut self, step: u64) -> Result<Option<f64>> {
         let Some((pipeline, labels)) = &mut self.eval else { return Ok(None) };
-        let mut totals = [0f64; 3];
+        let plan = &*self.plan;
+        // Loss sum, hits, samples; a regression's squared and absolute errors.
+        let mut totals = [0f64; 5];
         for _ in 0..pipeline.batches_per_epoch() {
             let batch = pipeline.next_batch()?;
-            let n = batch.len();
-            let y = batch.y();
-            if let Some(labels) = y.as_slice() {
-                check_labels(labels, batch.record_ids(), self.plan.classes)?;
-            }
-            for (dst, &src) in labels.iter_mut().zip(y.iter()) {
-                *dst = src;
-            }
-            // Records repeated to fill the last batch count once only: their labels are
-            // marked ignored.
-            labels[n - batch.padded()..n].fill(-1);
-            let x = ArrayView2::from_shape((n, self.plan.input_len), batch.x_flat())
-                .map_err(|e| Error::run(self.plan.run_dir(), format!("eval batch shape: {e}")))?;
-            let loss = self.model.evaluate(x, Targets::Classes(&labels[..n]))?;
+            // Records repeated to fill the last batch count once only.
+            let n = batch.len() - batch.padded();
+            let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
+                .map_err(|e| Error::run(plan.run_dir(), format!("eval batch shape: {e}")))?;
+            let x = x.slice_move(ndarray::s![..n, ..]);
+            let loss = if plan.regression {
+                let targets = targets(&batch, n, plan, &mut self.values)?;
+                let loss = self.model.evaluate(x, targets)?;
+                let (offset, scale) = target_scaling(plan);
+                let outputs = self.model.forward_eval(x)?;
+                let values = batch.targets().expect("a regression's batches have targets");
+                for (z, &t) in outputs.iter().zip(values.iter()) {
+                    let error = f64::from(z * scale + offset - t);
+                    totals[3] += error * error;
+                    totals[4] += error.abs();
+                }
+                loss
+            } else {
+                let y = batch.y();
+                labels[..n].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
+                check_labels(&labels[..n], batch.record_ids(), plan.classes)?;
+                self.model.evaluate(x, Targets::Classes(&labels[..n]))?
+            };
             totals[0] += loss.loss_sum;
             totals[1] += loss.correct as f64;
             totals[2] += loss.samples as f64;
@@ -659,11 +671,14 @@ impl<C: Communicator> Replica<C> {
         let samples = totals[2].max(1.0);
         let eval_loss = totals[0] / samples;
         if let Some(events) = &mut self.events {
+            let regression = self.plan.regression;
             let eval = EvalMetrics {
                 step,
                 epoch: step / self.plan.steps_per_epoch,
                 eval_loss,
-                eval_accuracy: totals[1] / samples,
+                eval_accuracy: (!regression).then(|| totals[1] / samples),
+                eval_rmse: regression.then(|| (totals[3] / samples).sqrt()),
+                eval_mae: regression.then(|| totals[4] / samples),
             };
             events.send(Event::Eval(eval));
         }
@@ -781,6 +796,40 @@ fn metrics_timeout(plan: &RunPlan) -> std::time::Duration {
 
 /// Every label must be a class: the model would take a negative one for "ignore this
 /// sample" and fail on one past its outputs without naming the record.
+/// What the first `n` records of `batch` train towards: their class labels (checked), or
+/// for a regression their float label's values standardized into `values`.
+fn targets<'a>(
+    batch: &'a dp_data::Batch,
+    n: usize,
+    plan: &RunPlan,
+    values: &'a mut [f32],
+) -> Result<Targets<'a, f32>> {
+    match batch.targets() {
+        Some(targets) if plan.regression => {
+            let (offset, scale) = target_scaling(plan);
+            for (dst, &t) in values[..n].iter_mut().zip(targets.iter()) {
+                *dst = (t - offset) / scale;
+            }
+            let view = ArrayView2::from_shape((n, 1), &values[..n]).expect("one value a record");
+            Ok(Targets::Values(view))
+        }
+        _ => {
+            let labels = batch
+                .y()
+                .to_slice()
+                .ok_or_else(|| Error::run(plan.run_dir(), "labels are not contiguous"))?;
+            let labels = &labels[..n];
+            check_labels(labels, batch.record_ids(), plan.classes)?;
+            Ok(Targets::Classes(labels))
+        }
+    }
+}
+
+/// A regression's target standardization, `(offset, scale)`.
+fn target_scaling(plan: &RunPlan) -> (f32, f32) {
+    plan.scalings.targets.as_ref().map_or((0.0, 1.0), |t| (t.offset[0], t.scale[0]))
+}
+
 fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
     match labels.iter().position(|&l| !(0..classes as i64).contains(&l)) {
         None => Ok(()),

@@ -4,17 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use dp_data::FeatureScaling;
 use dp_model::ModelSpec;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::normalization::Scalings;
 
 /// The effective config of the run.
 pub const CONFIG: &str = "config.toml";
 /// The model's spec as the run resolved it for its data (input shape, classes).
 pub const MODEL: &str = "model.json";
-/// The input scaling the run adapted (or was given): JSON, `null` for none.
+/// The input scaling the run adapted (or was given), and its targets' for a regression.
 pub const NORMALIZATION: &str = "normalization.json";
 /// One JSON line per step and evaluation.
 pub const METRICS: &str = "metrics.jsonl";
@@ -58,14 +58,14 @@ pub(crate) fn keep_checkpoints(dir: &Path, step: u64, keep: usize) -> Result<()>
 }
 
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if
-/// taken, so no run overwrites another. Writes the model's spec, the input scaling and then
+/// taken, so no run overwrites another. Writes the model's spec, the scalings and then
 /// the effective config into it (a directory with a config is a run that can be resumed).
 pub(crate) fn create(
     out: &Path,
     name: &str,
     config: &TrainConfig,
     spec: &ModelSpec,
-    scaling: Option<&FeatureScaling>,
+    scalings: &Scalings,
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, "create", e))?;
     let mut dir = out.join(name);
@@ -82,7 +82,7 @@ pub(crate) fn create(
     }
     let spec = serde_json::to_string_pretty(spec).expect("a spec always serializes");
     write_atomic(&dir.join(MODEL), spec.as_bytes())?;
-    crate::normalization::save(&dir, scaling)?;
+    crate::normalization::save(&dir, scalings)?;
     write_atomic(&dir.join(CONFIG), config.to_toml().as_bytes())?;
     Ok(dir)
 }

@@ -33,6 +33,12 @@ pub struct Summary {
     pub eval_accuracy: Option<f64>,
     /// Final evaluation loss.
     pub eval_loss: Option<f64>,
+    /// A regression's final root mean squared error, in the label's units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_rmse: Option<f64>,
+    /// A regression's final mean absolute error, in the label's units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_mae: Option<f64>,
     /// Mean training loss of the last 10% of steps.
     pub train_loss: f64,
     /// Training samples per second over the steps (excluding evaluation and checkpoints).
@@ -108,9 +114,12 @@ impl fmt::Display for Summary {
             (None, false, false) => String::new(),
         };
         writeln!(f, "steps          {} ({:.2} epochs){ending}", self.steps, self.epochs)?;
-        match (self.eval_accuracy, self.eval_loss) {
-            (Some(acc), Some(loss)) => {
+        match (self.eval_accuracy, self.eval_rmse, self.eval_mae, self.eval_loss) {
+            (Some(acc), _, _, Some(loss)) => {
                 writeln!(f, "eval           accuracy {}  loss {loss:.4}", pct(acc))?
+            }
+            (None, Some(rmse), Some(mae), Some(loss)) => {
+                writeln!(f, "eval           rmse {rmse:.4}  mae {mae:.4}  loss {loss:.4}")?
             }
             _ => writeln!(f, "eval           (no eval data)")?,
         }

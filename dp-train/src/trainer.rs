@@ -295,11 +295,12 @@ fn open_run(
         let created = if processes.is_first() {
             let config = &plan.config;
             let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
-            run_dir::create(&options.out, &name, config, &plan.spec, plan.scaling.as_ref())
-                .and_then(|dir| {
+            run_dir::create(&options.out, &name, config, &plan.spec, &plan.scalings).and_then(
+                |dir| {
                     *lock = Some(run_dir::lock(&dir)?);
                     Ok(dir.to_string_lossy().into_owned())
-                })
+                },
+            )
         } else {
             Ok(String::new())
         };
@@ -403,7 +404,9 @@ fn recorded_summary(
         global_batch: plan.config.global_batch,
         steps,
         epochs: steps as f64 / plan.steps_per_epoch as f64,
-        eval_accuracy: eval.map(|e| e.eval_accuracy),
+        eval_accuracy: eval.and_then(|e| e.eval_accuracy),
+        eval_rmse: eval.and_then(|e| e.eval_rmse),
+        eval_mae: eval.and_then(|e| e.eval_mae),
         eval_loss: eval.map(|e| e.eval_loss),
         train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
         wall_s,

@@ -13,7 +13,7 @@ fn evaluation_from_the_run_directory_matches_the_runs_own() {
     let run = SavedRun::open(&run_dir(&out.0)).unwrap();
     let eval = run.evaluate(&digits().join("eval"), true).unwrap();
     assert_eq!(eval.records, 512);
-    assert_eq!(Some(eval.model.accuracy), summary.eval_accuracy);
+    assert_eq!(eval.model.accuracy, summary.eval_accuracy);
     let loss = summary.eval_loss.unwrap();
     assert!((eval.model.loss - loss).abs() <= 1e-5 * loss, "{} vs {loss}", eval.model.loss);
     // The confusion matrix counts every record once, under its label.
@@ -28,25 +28,29 @@ fn evaluation_from_the_run_directory_matches_the_runs_own() {
     assert_eq!(rows, per_label);
     // Int8 weights: a quarter of the memory, about the same accuracy.
     let int8 = eval.int8.unwrap();
-    assert!((int8.accuracy - eval.model.accuracy).abs() <= 0.02, "{int8:?}");
+    let (int8_accuracy, accuracy) = (int8.accuracy.unwrap(), eval.model.accuracy.unwrap());
+    assert!((int8_accuracy - accuracy).abs() <= 0.02, "{int8:?}");
     let ratio = eval.model.weight_bytes as f64 / int8.weight_bytes as f64;
     assert!((3.5..=4.0).contains(&ratio), "{ratio}");
 
     // Predictions: a probability row per record, in dataset order (their argmax against the
     // labels read in that order gives the evaluation's accuracy).
     let predictions = run.predict(&digits().join("eval")).unwrap();
-    assert_eq!((predictions.records, predictions.classes), (512, 10));
+    assert_eq!(
+        (predictions.records, predictions.columns, predictions.regression),
+        (512, 10, false)
+    );
     let labels: Vec<i64> = dataset
         .blocks()
         .flat_map(|b| b.unwrap().dense::<i64>("label").unwrap().iter().copied().collect::<Vec<_>>())
         .collect();
     let mut hits = 0;
-    for (row, &label) in predictions.probabilities.chunks_exact(10).zip(&labels) {
+    for (row, &label) in predictions.values.chunks_exact(10).zip(&labels) {
         assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4, "{row:?}");
         let best = (0..10).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
         hits += usize::from(best as i64 == label);
     }
-    assert_eq!(hits as f64 / 512.0, eval.model.accuracy);
+    assert_eq!(Some(hits as f64 / 512.0), eval.model.accuracy);
 }
 
 #[test]
@@ -58,8 +62,8 @@ fn evaluation_applies_the_scaling_the_run_adapted() {
     let summary = train(table_config(&data.0, 4), &RunOptions::new(&out), &mut ()).unwrap();
     let eval = SavedRun::open(&run_dir(&out)).unwrap().evaluate(&data.0.join("eval"), false);
     let eval = eval.unwrap();
-    assert_eq!(Some(eval.model.accuracy), summary.eval_accuracy);
-    assert!(eval.model.accuracy >= 0.9, "{eval:?}");
+    assert_eq!(eval.model.accuracy, summary.eval_accuracy);
+    assert!(eval.model.accuracy.unwrap() >= 0.9, "{eval:?}");
 }
 
 #[test]

@@ -30,7 +30,9 @@ fn a_table_of_very_different_scales_trains_with_the_defaults() {
     // The saved scaling is the training data's per-column mean and standard deviation.
     let saved =
         std::fs::read_to_string(run_dir(&out.join("auto")).join(dp_train::NORMALIZATION)).unwrap();
-    let saved: FeatureScaling = serde_json::from_str(&saved).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert!(saved["targets"].is_null(), "a classifier has no target scaling: {saved}");
+    let saved: FeatureScaling = serde_json::from_value(saved["inputs"].clone()).unwrap();
     let dataset = dp_data::Dataset::open(data.0.join("train")).unwrap();
     let stats = FeatureStats::of(&dataset, "x", u64::MAX).unwrap();
     for i in 0..3 {
@@ -79,7 +81,7 @@ fn a_resumed_run_applies_the_scaling_it_saved() {
     // Resuming reads the saved scaling instead of adapting it again: damaged, it is refused.
     let path = dir.join(dp_train::NORMALIZATION);
     let saved = std::fs::read(&path).unwrap();
-    std::fs::write(&path, b"{\"offset\": [1.0], \"scale\": [0.0]}").unwrap();
+    std::fs::write(&path, b"{\"inputs\": {\"offset\": [1.0], \"scale\": [0.0]}}").unwrap();
     let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(out.join("parts")) };
     let error = train(TrainConfig::default(), &resume, &mut ()).unwrap_err().to_string();
     assert!(error.contains("normalization.json") && error.contains("scale 0 is 0"), "{error}");

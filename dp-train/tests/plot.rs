@@ -42,7 +42,7 @@ fn write_run(dir: &Path, steps: u64, eval_every: u64) {
             step,
             epoch: step / 100,
             loss: 2.3 * (-4.0 * t).exp() + 0.05 + 0.05 * noise,
-            accuracy: (1.0 - 0.9 * (-5.0 * t).exp() + 0.03 * noise).clamp(0.0, 1.0),
+            accuracy: Some((1.0 - 0.9 * (-5.0 * t).exp() + 0.03 * noise).clamp(0.0, 1.0)),
             lr: 0.01,
             samples_per_s,
             step_s: 256.0 / samples_per_s,
@@ -56,7 +56,8 @@ fn write_run(dir: &Path, steps: u64, eval_every: u64) {
                 step,
                 epoch: step / 100,
                 eval_loss: 2.3 * (-4.0 * t).exp() + 0.08,
-                eval_accuracy: 1.0 - 0.9 * (-5.0 * t).exp() - 0.01,
+                eval_accuracy: Some(1.0 - 0.9 * (-5.0 * t).exp() - 0.01),
+                ..EvalMetrics::default()
             };
             writer.write(&MetricsRecord::Eval(eval)).unwrap();
         }
@@ -143,7 +144,7 @@ fn a_resumed_run_with_repeated_steps_plots() {
         let record = StepMetrics {
             step,
             loss: 0.3,
-            accuracy: 0.9,
+            accuracy: Some(0.9),
             samples_per_s: 1000.0,
             step_s: 0.25,
             ..Default::default()

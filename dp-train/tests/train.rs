@@ -329,7 +329,7 @@ fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
     // The run's evaluation saw the inputs as they are, as evaluation from its directory does.
     let eval = dp_train::SavedRun::open(&augmented).unwrap();
     let eval = eval.evaluate(&common::digits().join("eval"), false).unwrap();
-    assert_eq!(Some(eval.model.accuracy), summary.eval_accuracy);
+    assert_eq!(eval.model.accuracy, summary.eval_accuracy);
 
     let table_dir = out.0.join("table");
     common::table(&table_dir.join("train"), 100, 1);

@@ -13,29 +13,37 @@ pub(crate) fn eval(run_dir: &Path, checkpoint: &str, data: &Path, int8: bool) ->
         run.evaluate(data, int8).with_context(|| format!("evaluate on {}", data.display()))?;
     println!("records        {}", evaluation.records);
     let line = |name: &str, s: &Scores| {
-        println!(
-            "{name:<14} accuracy {:.2}%  loss {:.4}  weights {:.2} MiB",
-            100.0 * s.accuracy,
-            s.loss,
-            s.weight_bytes as f64 / (1 << 20) as f64
-        );
+        let scores = match (s.accuracy, s.rmse, s.mae) {
+            (Some(accuracy), ..) => format!("accuracy {:.2}%", 100.0 * accuracy),
+            (None, Some(rmse), Some(mae)) => format!("rmse {rmse:.4}  mae {mae:.4}"),
+            _ => String::new(),
+        };
+        let mib = s.weight_bytes as f64 / (1 << 20) as f64;
+        println!("{name:<14} {scores}  loss {:.4}  weights {mib:.2} MiB", s.loss);
     };
     line("f32", &evaluation.model);
     if let Some(q) = &evaluation.int8 {
         line("int8", q);
-        println!(
-            "int8 vs f32    accuracy {:+.2} points, weights {:.2}x smaller",
-            100.0 * (q.accuracy - evaluation.model.accuracy),
-            evaluation.model.weight_bytes as f64 / q.weight_bytes.max(1) as f64
-        );
+        let smaller = evaluation.model.weight_bytes as f64 / q.weight_bytes.max(1) as f64;
+        match (q.accuracy, evaluation.model.accuracy) {
+            (Some(int8), Some(f32)) => println!(
+                "int8 vs f32    accuracy {:+.2} points, weights {smaller:.2}x smaller",
+                100.0 * (int8 - f32)
+            ),
+            _ => println!("int8 vs f32    weights {smaller:.2}x smaller"),
+        }
     }
     print_confusion(&evaluation.model.confusion);
     Ok(())
 }
 
-/// The confusion matrix, rows the labels and columns the predictions, when it fits a screen.
+/// A classifier's confusion matrix, rows the labels and columns the predictions, when it fits
+/// a screen.
 fn print_confusion(confusion: &[Vec<u64>]) {
     const MOST: usize = 20;
+    if confusion.is_empty() {
+        return;
+    }
     if confusion.len() > MOST {
         println!("confusion      {} classes: more than {MOST}, not printed", confusion.len());
         return;
@@ -52,19 +60,18 @@ fn print_confusion(confusion: &[Vec<u64>]) {
     }
 }
 
-/// Writes the run's class probabilities for every record of `data` to `out` (npy, f32,
-/// `[records, classes]`, dataset order).
+/// Writes the run's outputs for every record of `data` to `out` (npy, f32, dataset order):
+/// class probabilities `[records, classes]`, or a regression's values `[records, 1]`.
 pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path) -> Result<()> {
     let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
     let predictions =
         run.predict(data).with_context(|| format!("predict on {}", data.display()))?;
-    let shape = [predictions.records, predictions.classes as u64];
-    dp_data::write_npy_f32(out, &shape, &predictions.probabilities)?;
-    println!(
-        "wrote {} ({} records x {} class probabilities, f32)",
-        out.display(),
-        predictions.records,
-        predictions.classes
-    );
+    let shape = [predictions.records, predictions.columns as u64];
+    dp_data::write_npy_f32(out, &shape, &predictions.values)?;
+    let what = match predictions.regression {
+        true => "predicted values".to_string(),
+        false => format!("{} class probabilities", predictions.columns),
+    };
+    println!("wrote {} ({} records x {what}, f32)", out.display(), predictions.records);
     Ok(())
 }

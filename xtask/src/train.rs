@@ -415,11 +415,11 @@ impl Observer for Progress {
     fn step(&mut self, m: &StepMetrics) {
         if let Some(bar) = &self.bar {
             bar.set_position(m.step);
+            let accuracy = m.accuracy.map_or(String::new(), |a| format!(" acc {a:.3}"));
             bar.set_message(format!(
-                "epoch {} loss {:.4} acc {:.3} {:.0} samples/s",
+                "epoch {} loss {:.4}{accuracy} {:.0} samples/s",
                 m.epoch + 1,
                 m.loss,
-                m.accuracy,
                 m.samples_per_s
             ));
         }
@@ -434,11 +434,15 @@ impl Observer for Progress {
     }
 
     fn eval(&mut self, m: &EvalMetrics) {
+        let scores = match (m.eval_accuracy, m.eval_rmse, m.eval_mae) {
+            (Some(accuracy), ..) => format!("eval accuracy {accuracy:.4}"),
+            (None, Some(rmse), Some(mae)) => format!("eval rmse {rmse:.4}  mae {mae:.4}"),
+            _ => String::new(),
+        };
         let line = format!(
-            "step {:>6}  epoch {:>5.2}  eval accuracy {:.4}  eval loss {:.4}",
+            "step {:>6}  epoch {:>5.2}  {scores}  eval loss {:.4}",
             m.step,
             m.step as f64 / self.steps_per_epoch.max(1) as f64,
-            m.eval_accuracy,
             m.eval_loss
         );
         match &self.bar {

@@ -129,3 +129,64 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
     assert_eq!(steps, (15 * (2000 / 32)) as f64, "{longer}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_csv_table_with_a_float_label_trains_a_regression_from_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("xtask-regression-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // y = 50,000 + 10,000 (3 z0 - 2 z1): prices, say, from columns of very different scales.
+    for (split, records, seed) in [("train", 2000, 3), ("eval", 500, 4)] {
+        let mut rng = dp_data::Rng::new(seed);
+        let mut text = String::from("a,b,price\n");
+        for _ in 0..records {
+            let z: [f32; 2] = std::array::from_fn(|_| 2.0 * rng.next_f32() - 1.0);
+            let price = 50_000.0 + 10_000.0 * (3.0 * z[0] - 2.0 * z[1]);
+            text += &format!("{},{},{price}\n", z[0] / 1000.0, 5000.0 + 1000.0 * z[1]);
+        }
+        let csv = dir.join(format!("{split}.csv"));
+        std::fs::write(&csv, text).unwrap();
+        succeeded(
+            xtask()
+                .args(["data", "import", "--format", "csv", "--label", "price", "--out"])
+                .arg(dir.join(split))
+                .arg(&csv)
+                .output()
+                .unwrap(),
+        );
+    }
+    let trained = succeeded(
+        xtask()
+            .args(["train", "--replicas", "2", "--name", "prices", "--no-plot", "--data"])
+            .arg(dir.join("train"))
+            .arg("--eval-data")
+            .arg(dir.join("eval"))
+            .arg("--out")
+            .arg(dir.join("runs"))
+            .output()
+            .unwrap(),
+    );
+    // Predicting the mean would miss by 10,000 x sqrt(13 / 3), about 20,800: within a tenth
+    // of that.
+    let rmse = figure(&trained, "eval", "rmse");
+    assert!(rmse < 2_000.0, "{trained}");
+    let run = dir.join("runs/prices");
+    let evaluated = succeeded(
+        xtask().arg("eval").arg(&run).arg("--data").arg(dir.join("eval")).output().unwrap(),
+    );
+    assert!((figure(&evaluated, "f32", "rmse") - rmse).abs() <= 1e-3 * rmse, "{evaluated}");
+    let npy = dir.join("prices.npy");
+    let predicted = succeeded(
+        xtask()
+            .arg("predict")
+            .arg(&run)
+            .arg("--data")
+            .arg(dir.join("eval"))
+            .arg("--out")
+            .arg(&npy)
+            .output()
+            .unwrap(),
+    );
+    assert!(predicted.contains("500 records x predicted values"), "{predicted}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -5,8 +5,8 @@ use ndarray::{ArrayView1, ArrayViewD, IxDyn};
 
 use crate::error::{Error, Result};
 
-/// A batch of one rank: `x` shaped `[batch, input shape...]` as `f32`, `y` as `i64`, and the
-/// dataset index of every record. Its buffers return to the pipeline's pool when it drops, so a
+/// A batch of one rank: `x` shaped `[batch, input shape...]` as `f32`, class labels `y` as
+/// `i64` (or a float label's `targets` as `f32`), and the dataset index of every record. Its buffers return to the pipeline's pool when it drops, so a
 /// steady stream of batches allocates nothing.
 #[derive(Debug)]
 pub struct Batch {
@@ -14,6 +14,8 @@ pub struct Batch {
     pub(crate) index: u64,
     pub(crate) x: PoolBuf<f32>,
     pub(crate) y: PoolBuf<i64>,
+    /// A float label's values (regression); `None` for class labels.
+    pub(crate) targets: Option<PoolBuf<f32>>,
     pub(crate) ids: PoolBuf<u64>,
     pub(crate) shape: std::sync::Arc<[usize]>,
     pub(crate) padded: usize,
@@ -56,9 +58,15 @@ impl Batch {
         &self.x
     }
 
-    /// The labels.
+    /// The class labels (all 0 when the label is a float feature: see [`Batch::targets`]).
     pub fn y(&self) -> ArrayView1<'_, i64> {
         ArrayView1::from(&self.y[..])
+    }
+
+    /// The values of a float label feature, as `f32` (for regression); `None` when the label
+    /// is an integer class.
+    pub fn targets(&self) -> Option<ArrayView1<'_, f32>> {
+        self.targets.as_deref().map(ArrayView1::from)
     }
 
     /// The dataset index of each record, in batch order.

@@ -453,10 +453,13 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
         });
     }
     let scalar = matches!(&fl.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1);
-    if !scalar || !matches!(fl.dtype, DType::U8 | DType::I32 | DType::I64) {
+    let numeric = matches!(fl.dtype, DType::U8 | DType::I32 | DType::I64 | DType::F32 | DType::F64);
+    if !scalar || !numeric {
         return Err(Error::Config {
             field: "label",
-            what: format!("{fl} is not a scalar integer feature"),
+            what: format!(
+                "{fl} is not a scalar integer (a class) or float (a value to regress) feature"
+            ),
         });
     }
     if fi.elements() == Some(0) {
@@ -505,8 +508,13 @@ fn plan_memory(
     let held = spans.saturating_mul(window).min(blocks.max(1));
     // Every buffer is at least one 64-byte block.
     let buffer = |bytes: u64| bytes.max(64);
+    let targets = match columns.label_dtype.is_float() {
+        true => buffer(config.batch_size as u64 * 4),
+        false => 0,
+    };
     let batch_bytes = buffer(config.batch_size as u64 * columns.elements as u64 * 4)
-        + 2 * buffer(config.batch_size as u64 * 8);
+        + 2 * buffer(config.batch_size as u64 * 8)
+        + targets;
     // Batches being made, made ahead, held by the consumer, and being dropped.
     let batches = (makers + config.prefetch as u64 + 2) * batch_bytes;
     let sizes = BlockSizes::new(sizes);

@@ -307,6 +307,10 @@ impl Producer {
         let (b, columns, pool) = (self.slots.len(), &shared.columns, &shared.pool);
         let mut x = pool.alloc::<f32>(b * columns.elements, Tag::Data)?;
         let mut y = pool.alloc::<i64>(b, Tag::Data)?;
+        let mut targets = match columns.label_dtype.is_float() {
+            true => Some(pool.alloc::<f32>(b, Tag::Data)?),
+            false => None,
+        };
         let mut ids = pool.alloc::<u64>(b, Tag::Data)?;
         // A leading normalization is folded into the conversion to f32.
         let (affine, transforms) = match shared.transforms.first().and_then(|t| t.as_affine()) {
@@ -345,6 +349,9 @@ impl Producer {
             *id = block.first_record() + slot.row as u64;
             convert_input(input, columns.input_dtype, affine, x);
             *y = read_label(label, columns.label_dtype);
+            if let Some(targets) = &mut targets {
+                targets[k] = read_target(label, columns.label_dtype);
+            }
             if !transforms.is_empty() {
                 let mut rng = Rng::new(hash(&[shared.config.seed, epoch, *id]));
                 let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
@@ -362,6 +369,7 @@ impl Producer {
             index,
             x,
             y,
+            targets,
             ids,
             shape: Arc::clone(&columns.shape),
             padded: padded.min(b),
@@ -452,11 +460,21 @@ fn pixels_to_f32(bytes: &[u8], affine: (f32, f32), out: &mut [f32]) {
 }
 
 /// Reads one record's label as `i64`.
+/// A class label; 0 for a float label, whose value is read by [`read_target`].
 fn read_label(bytes: &[u8], dtype: DType) -> i64 {
     match dtype {
         DType::U8 => i64::from(bytes[0]),
         DType::I32 => i64::from(i32::from_le_bytes(bytes.try_into().unwrap_or_default())),
         DType::I64 => i64::from_le_bytes(bytes.try_into().unwrap_or_default()),
-        _ => unreachable!("rejected when the pipeline is built"),
+        _ => 0,
+    }
+}
+
+/// A float label's value.
+fn read_target(bytes: &[u8], dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(bytes.try_into().unwrap_or_default()),
+        DType::F64 => f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as f32,
+        _ => unreachable!("only float labels have targets"),
     }
 }

@@ -263,6 +263,7 @@ mod tests {
             index,
             x,
             y,
+            targets: None,
             ids,
             shape: std::sync::Arc::from([1usize, 1]),
             padded: 0,

@@ -144,3 +144,23 @@ pub fn table_config(dir: &Path, epochs: u64) -> TrainConfig {
         ..TrainConfig::default()
     }
 }
+
+/// A table like [`table`]'s inputs whose label is a value to regress, in large units, as
+/// prices are: `y = 50,000 + 10,000 (3 z0 - 2 z1 + z2 / 2)`, an `f32` feature.
+pub fn regression_table(dir: &Path, records: u64, seed: u64) {
+    use dp_data::{DType, DatasetWriter, Feature, Schema, Value, WriterOptions};
+    let schema = Schema::new(vec![
+        Feature::dense("x", DType::F32, &[3]),
+        Feature::dense("label", DType::F32, &[]),
+    ])
+    .unwrap();
+    let mut writer = DatasetWriter::create(dir, schema, WriterOptions::default()).unwrap();
+    let mut rng = dp_data::Rng::new(seed);
+    for _ in 0..records {
+        let z: [f32; 3] = std::array::from_fn(|_| 2.0 * rng.next_f32() - 1.0);
+        let x = [z[0] / 1000.0, 5000.0 + 1000.0 * z[1], 8.0 + 4.0 * z[2]];
+        let y = 50_000.0 + 10_000.0 * (3.0 * z[0] - 2.0 * z[1] + 0.5 * z[2]);
+        writer.append(&[Value::dense(&x), Value::dense(&[y])]).unwrap();
+    }
+    writer.finish().unwrap();
+}
