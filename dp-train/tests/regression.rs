@@ -4,19 +4,12 @@
 
 mod common;
 
-use common::{TempDir, regression_table, run_dir};
+use common::{TempDir, regression_table, run_dir, table_config};
 use dp_train::{RunOptions, SavedRun, TrainConfig, train};
 
+/// A regression table's run, with the batch and epochs chosen from the data.
 fn config(dir: &std::path::Path) -> TrainConfig {
-    TrainConfig {
-        train_data: dir.join("train"),
-        eval_data: Some(dir.join("eval")),
-        input_feature: "x".into(),
-        model: "mlp:32".into(),
-        replicas: 2,
-        timeout_s: 10.0,
-        ..TrainConfig::default()
-    }
+    TrainConfig { global_batch: 0, epochs: 0, ..table_config(dir, 0) }
 }
 
 #[test]

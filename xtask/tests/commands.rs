@@ -37,42 +37,50 @@ fn figure(text: &str, line: &str, key: &str) -> f64 {
     after.split_whitespace().next().unwrap().trim_end_matches('%').parse().unwrap()
 }
 
-#[test]
-fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
-    let dir = std::env::temp_dir().join(format!("xtask-commands-{}", std::process::id()));
+/// A fresh scratch directory.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Imports `dir/<split>.csv` as the dataset `dir/<split>` with `label` as its label.
+fn import(dir: &Path, split: &str, label: &str) {
+    let mut command = xtask();
+    command.args(["data", "import", "--format", "csv", "--label", label, "--out"]);
+    succeeded(command.arg(dir.join(split)).arg(dir.join(format!("{split}.csv"))).output().unwrap());
+}
+
+/// Trains on `dir/train`, evaluating on `dir/eval`, as the run `dir/runs/<name>`, with the
+/// defaults but for two replicas (on any machine, so that the batch chosen is the same).
+fn train(dir: &Path, name: &str) -> String {
+    let mut command = xtask();
+    command.args(["train", "--replicas", "2", "--no-plot", "--name", name, "--data"]);
+    command.arg(dir.join("train")).arg("--eval-data").arg(dir.join("eval"));
+    succeeded(command.arg("--out").arg(dir.join("runs")).output().unwrap())
+}
+
+/// `cargo xtask <command> RUN --data dir/eval [args]`.
+fn on_eval(command: &str, run: &Path, dir: &Path, args: &[&std::ffi::OsStr]) -> String {
+    let mut xtask = xtask();
+    xtask.arg(command).arg(run).arg("--data").arg(dir.join("eval")).args(args);
+    succeeded(xtask.output().unwrap())
+}
+
+#[test]
+fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
+    let dir = scratch("commands");
     for (split, records, seed) in [("train", 2000, 1), ("eval", 500, 2)] {
-        let csv = dir.join(format!("{split}.csv"));
-        write_csv(&csv, records, seed);
-        succeeded(
-            xtask()
-                .args(["data", "import", "--format", "csv", "--label", "label", "--out"])
-                .arg(dir.join(split))
-                .arg(&csv)
-                .output()
-                .unwrap(),
-        );
+        write_csv(&dir.join(format!("{split}.csv")), records, seed);
+        import(&dir, split, "label");
     }
-    let trained = succeeded(
-        xtask()
-            // Two replicas on any machine, so that the batch chosen is the same everywhere.
-            .args(["train", "--replicas", "2", "--name", "table", "--no-plot", "--data"])
-            .arg(dir.join("train"))
-            .arg("--eval-data")
-            .arg(dir.join("eval"))
-            .arg("--out")
-            .arg(dir.join("runs"))
-            .output()
-            .unwrap(),
-    );
+    let trained = train(&dir, "table");
     let run = dir.join("runs/table");
     let trained_accuracy = figure(&trained, "eval", "accuracy");
     assert!(trained_accuracy >= 90.0, "{trained}");
 
-    let evaluated = succeeded(
-        xtask().arg("eval").arg(&run).arg("--data").arg(dir.join("eval")).output().unwrap(),
-    );
+    let evaluated = on_eval("eval", &run, &dir, &[]);
     assert_eq!(figure(&evaluated, "records", "records"), 500.0, "{evaluated}");
     // The summary rounds to a tenth of a point, eval to a hundredth.
     let evaluated_accuracy = figure(&evaluated, "f32", "accuracy");
@@ -80,17 +88,7 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
     assert!(evaluated.contains("rows: label, columns: predicted"), "{evaluated}");
 
     let npy = dir.join("predictions.npy");
-    let predicted = succeeded(
-        xtask()
-            .arg("predict")
-            .arg(&run)
-            .args(["--data"])
-            .arg(dir.join("eval"))
-            .arg("--out")
-            .arg(&npy)
-            .output()
-            .unwrap(),
-    );
+    let predicted = on_eval("predict", &run, &dir, &["--out".as_ref(), npy.as_ref()]);
     assert!(predicted.contains("500 records x 3 class probabilities"), "{predicted}");
     // Read back as a dataset: one probability row per record, each summing to 1.
     let imported = dir.join("predictions");
@@ -132,9 +130,7 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
 
 #[test]
 fn a_csv_table_with_a_float_label_trains_a_regression_from_the_command_line() {
-    let dir = std::env::temp_dir().join(format!("xtask-regression-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("regression");
     // y = 50,000 + 10,000 (3 z0 - 2 z1): prices, say, from columns of very different scales.
     for (split, records, seed) in [("train", 2000, 3), ("eval", 500, 4)] {
         let mut rng = dp_data::Rng::new(seed);
@@ -144,49 +140,19 @@ fn a_csv_table_with_a_float_label_trains_a_regression_from_the_command_line() {
             let price = 50_000.0 + 10_000.0 * (3.0 * z[0] - 2.0 * z[1]);
             text += &format!("{},{},{price}\n", z[0] / 1000.0, 5000.0 + 1000.0 * z[1]);
         }
-        let csv = dir.join(format!("{split}.csv"));
-        std::fs::write(&csv, text).unwrap();
-        succeeded(
-            xtask()
-                .args(["data", "import", "--format", "csv", "--label", "price", "--out"])
-                .arg(dir.join(split))
-                .arg(&csv)
-                .output()
-                .unwrap(),
-        );
+        std::fs::write(dir.join(format!("{split}.csv")), text).unwrap();
+        import(&dir, split, "price");
     }
-    let trained = succeeded(
-        xtask()
-            .args(["train", "--replicas", "2", "--name", "prices", "--no-plot", "--data"])
-            .arg(dir.join("train"))
-            .arg("--eval-data")
-            .arg(dir.join("eval"))
-            .arg("--out")
-            .arg(dir.join("runs"))
-            .output()
-            .unwrap(),
-    );
+    let trained = train(&dir, "prices");
     // Predicting the mean would miss by 10,000 x sqrt(13 / 3), about 20,800: within a tenth
     // of that.
     let rmse = figure(&trained, "eval", "rmse");
     assert!(rmse < 2_000.0, "{trained}");
     let run = dir.join("runs/prices");
-    let evaluated = succeeded(
-        xtask().arg("eval").arg(&run).arg("--data").arg(dir.join("eval")).output().unwrap(),
-    );
+    let evaluated = on_eval("eval", &run, &dir, &[]);
     assert!((figure(&evaluated, "f32", "rmse") - rmse).abs() <= 1e-3 * rmse, "{evaluated}");
     let npy = dir.join("prices.npy");
-    let predicted = succeeded(
-        xtask()
-            .arg("predict")
-            .arg(&run)
-            .arg("--data")
-            .arg(dir.join("eval"))
-            .arg("--out")
-            .arg(&npy)
-            .output()
-            .unwrap(),
-    );
+    let predicted = on_eval("predict", &run, &dir, &["--out".as_ref(), npy.as_ref()]);
     assert!(predicted.contains("500 records x predicted values"), "{predicted}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -112,10 +112,32 @@ impl Observer for StopAfter {
 /// that is the largest of three linear scores of the z: separable once each column is
 /// standardized, hard to learn from the raw values.
 pub fn table(dir: &Path, records: u64, seed: u64) {
+    write_table(dir, records, seed, dp_data::DType::I64, |z| {
+        let scores = [z[0] + z[1], z[1] - z[2], z[2] - z[0]];
+        (0..3).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as i64
+    });
+}
+
+/// [`table`]'s inputs with a label that is a value to regress, in large units, as prices
+/// are: `y = 50,000 + 10,000 (3 z0 - 2 z1 + z2 / 2)`, an `f32` feature.
+pub fn regression_table(dir: &Path, records: u64, seed: u64) {
+    write_table(dir, records, seed, dp_data::DType::F32, |z| {
+        50_000.0 + 10_000.0 * (3.0 * z[0] - 2.0 * z[1] + 0.5 * z[2])
+    });
+}
+
+/// Writes [`table`]'s inputs and `label(z)` as the feature `label` of `dtype`.
+fn write_table<L: dp_data::Element>(
+    dir: &Path,
+    records: u64,
+    seed: u64,
+    dtype: dp_data::DType,
+    label: impl Fn(&[f32; 3]) -> L,
+) {
     use dp_data::{DType, DatasetWriter, Feature, Schema, Value, WriterOptions};
     let schema = Schema::new(vec![
         Feature::dense("x", DType::F32, &[3]),
-        Feature::dense("label", DType::I64, &[]),
+        Feature::dense("label", dtype, &[]),
     ])
     .unwrap();
     let mut writer = DatasetWriter::create(dir, schema, WriterOptions::default()).unwrap();
@@ -123,9 +145,7 @@ pub fn table(dir: &Path, records: u64, seed: u64) {
     for _ in 0..records {
         let z: [f32; 3] = std::array::from_fn(|_| 2.0 * rng.next_f32() - 1.0);
         let x = [z[0] / 1000.0, 5000.0 + 1000.0 * z[1], 8.0 + 4.0 * z[2]];
-        let scores = [z[0] + z[1], z[1] - z[2], z[2] - z[0]];
-        let label = (0..3).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as i64;
-        writer.append(&[Value::dense(&x), Value::dense(&[label])]).unwrap();
+        writer.append(&[Value::dense(&x), Value::dense(&[label(&z)])]).unwrap();
     }
     writer.finish().unwrap();
 }
@@ -143,24 +163,4 @@ pub fn table_config(dir: &Path, epochs: u64) -> TrainConfig {
         timeout_s: 10.0,
         ..TrainConfig::default()
     }
-}
-
-/// A table like [`table`]'s inputs whose label is a value to regress, in large units, as
-/// prices are: `y = 50,000 + 10,000 (3 z0 - 2 z1 + z2 / 2)`, an `f32` feature.
-pub fn regression_table(dir: &Path, records: u64, seed: u64) {
-    use dp_data::{DType, DatasetWriter, Feature, Schema, Value, WriterOptions};
-    let schema = Schema::new(vec![
-        Feature::dense("x", DType::F32, &[3]),
-        Feature::dense("label", DType::F32, &[]),
-    ])
-    .unwrap();
-    let mut writer = DatasetWriter::create(dir, schema, WriterOptions::default()).unwrap();
-    let mut rng = dp_data::Rng::new(seed);
-    for _ in 0..records {
-        let z: [f32; 3] = std::array::from_fn(|_| 2.0 * rng.next_f32() - 1.0);
-        let x = [z[0] / 1000.0, 5000.0 + 1000.0 * z[1], 8.0 + 4.0 * z[2]];
-        let y = 50_000.0 + 10_000.0 * (3.0 * z[0] - 2.0 * z[1] + 0.5 * z[2]);
-        writer.append(&[Value::dense(&x), Value::dense(&[y])]).unwrap();
-    }
-    writer.finish().unwrap();
 }
