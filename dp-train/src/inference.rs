@@ -112,11 +112,6 @@ impl SavedRun {
         self.scalings.targets.is_some()
     }
 
-    /// A regression's target standardization, `(offset, scale)`.
-    fn target_scaling(&self) -> (f32, f32) {
-        self.scalings.targets.as_ref().map_or((0.0, 1.0), |t| (t.offset[0], t.scale[0]))
-    }
-
     /// The model's scores on the labelled dataset in `data`: loss, accuracy and confusion
     /// matrix, or a regression's loss, RMSE and MAE; with `int8`, also of the model with
     /// int8 weights (`QuantizedModel`).
@@ -125,7 +120,7 @@ impl SavedRun {
         let mut model = self.model(&pool)?;
         let classes = model.outputs();
         let mut quantized = int8.then(|| QuantizedModel::quantize(&model, &pool)).transpose()?;
-        let targets = self.scalings.targets.as_ref().map(|_| self.target_scaling());
+        let targets = self.scalings.target();
         let mut tally = Tally::new(classes, targets, model.params().len() as u64 * 4);
         let mut tally_int8 = quantized.as_ref().map(|q| Tally::new(classes, targets, q.bytes()));
         let records = self.each_batch(data, true, |x, labels, first| {
@@ -151,11 +146,11 @@ impl SavedRun {
         let pool = Pool::new(&Tracker::new());
         let mut model = self.model(&pool)?;
         let columns = model.outputs();
-        let (regression, (offset, scale)) = (self.regression(), self.target_scaling());
+        let target = self.scalings.target();
         let mut values = Vec::new();
         let records = self.each_batch(data, false, |x, _, _| {
             for outputs in model.forward_eval(x)?.rows() {
-                if regression {
+                if let Some((offset, scale)) = target {
                     values.extend(outputs.iter().map(|&z| z * scale + offset));
                     continue;
                 }
@@ -167,7 +162,7 @@ impl SavedRun {
             }
             Ok(())
         })?;
-        Ok(Predictions { records, columns, values, regression })
+        Ok(Predictions { records, columns, values, regression: target.is_some() })
     }
 
     /// Runs `f` on the dataset's records in order, [`BATCH`] at a time: their scaled inputs,

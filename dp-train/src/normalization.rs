@@ -27,6 +27,14 @@ pub(crate) struct Scalings {
     pub(crate) targets: Option<FeatureScaling>,
 }
 
+impl Scalings {
+    /// A regression's target standardization as `(offset, scale)`: a value `t` is learned as
+    /// `(t - offset) / scale`.
+    pub(crate) fn target(&self) -> Option<(f32, f32)> {
+        self.targets.as_ref().map(|t| (t.offset[0], t.scale[0]))
+    }
+}
+
 /// The scalings `config` asks for, on inputs of `dtype` and `input_len` elements, with
 /// statistics adapted from `train` where they are needed; with `regression`, the targets are
 /// standardized too.

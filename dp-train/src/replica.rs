@@ -648,7 +648,7 @@ impl<C: Communicator> Replica<C> {
             let loss = if plan.regression {
                 let targets = targets(&batch, n, plan, &mut self.values)?;
                 let loss = self.model.evaluate(x, targets)?;
-                let (offset, scale) = target_scaling(plan);
+                let (offset, scale) = plan.scalings.target().expect("a regression's");
                 let outputs = self.model.forward_eval(x)?;
                 let values = batch.targets().expect("a regression's batches have targets");
                 for (z, &t) in outputs.iter().zip(values.iter()) {
@@ -805,8 +805,7 @@ fn targets<'a>(
     values: &'a mut [f32],
 ) -> Result<Targets<'a, f32>> {
     match batch.targets() {
-        Some(targets) if plan.regression => {
-            let (offset, scale) = target_scaling(plan);
+        Some(targets) if let Some((offset, scale)) = plan.scalings.target() => {
             for (dst, &t) in values[..n].iter_mut().zip(targets.iter()) {
                 *dst = (t - offset) / scale;
             }
@@ -823,11 +822,6 @@ fn targets<'a>(
             Ok(Targets::Classes(labels))
         }
     }
-}
-
-/// A regression's target standardization, `(offset, scale)`.
-fn target_scaling(plan: &RunPlan) -> (f32, f32) {
-    plan.scalings.targets.as_ref().map_or((0.0, 1.0), |t| (t.offset[0], t.scale[0]))
 }
 
 fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
