@@ -551,7 +551,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         verdict(many.data_wait_share <= 0.05)
     );
     println!(
-        "peak memory / theoretical minimum {:.2}  <= 1.25 {}",
+        "peak memory / least the step needs {:.2}  <= 1.25 {}",
         many.memory_ratio,
         verdict(many.memory_ratio <= 1.25)
     );
