@@ -178,9 +178,11 @@ pub(crate) fn bucket_config(config: &crate::config::TrainConfig) -> Result<Bucke
 /// Whether `params` gradients are averaged in place once backward is done, rather than bucket
 /// by bucket on a communication thread (which then needs a group of its own). A gradient that
 /// fits in one bucket cannot be reduced while backward goes on, so a communication thread
-/// would only add a copy of the gradients and two hand-offs between threads to every step.
-pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig) -> bool {
-    params * size_of::<f32>() <= bucket.bucket_bytes && bucket.compression == Compression::None
+/// would only add a copy of the gradients and two hand-offs between threads to every step;
+/// and a world of one replica has nobody to send them to (nor a reason to compress them).
+pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, world: usize) -> bool {
+    let one_bucket = params * size_of::<f32>() <= bucket.bucket_bytes;
+    world == 1 || (one_bucket && bucket.compression == Compression::None)
 }
 
 impl<C: Communicator> Replica<C> {

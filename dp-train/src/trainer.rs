@@ -144,7 +144,8 @@ pub fn train(
     let world_comm = || options.mpi.as_ref().map(|w| w.communicator(across)).transpose();
     let ctl = Hierarchical::group(LocalGroup::with_config(plan.replicas, local)?, world_comm()?);
     // Gradient buckets travel on groups of their own, on communication threads.
-    let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket_config(&plan.config)?) {
+    let bucket = bucket_config(&plan.config)?;
+    let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket, plan.world()) {
         (0..plan.replicas).map(|_| None).collect()
     } else {
         let threads = LocalGroup::with_config(plan.replicas, local)?;

@@ -438,3 +438,22 @@ fn a_resumed_run_may_run_longer_on_other_replicas() {
     assert!(error.to_string().contains("fewer than the 30 its checkpoint has done"), "{error}");
     assert_eq!(TrainConfig::load(&dir.join(dp_train::CONFIG)).unwrap(), saved);
 }
+
+#[test]
+fn one_replica_holds_no_communication_buffer() {
+    let out = TempDir::new("one-replica-comm");
+    // Small buckets and compression would make two replicas reduce bucket by bucket from a
+    // copy of the gradients; one replica has nobody to send them to.
+    for (replicas, comm) in [(1, false), (2, true)] {
+        let c = TrainConfig {
+            eval_data: None,
+            bucket_mib: 0.01,
+            compression: "bf16".into(),
+            ..config(replicas, 2)
+        };
+        let summary =
+            train(c, &RunOptions::new(out.0.join(replicas.to_string())), &mut ()).unwrap();
+        assert_eq!(summary.peak_memory["Comm"] > 0, comm, "{summary}");
+        assert_eq!(summary.minimum_memory["Comm"] > 0, comm, "{summary}");
+    }
+}
