@@ -642,8 +642,12 @@ impl<C: Communicator> Replica<C> {
         let mut totals = [0f64; 5];
         for _ in 0..pipeline.batches_per_epoch() {
             let batch = pipeline.next_batch()?;
-            // Records repeated to fill the last batch count once only.
+            // Records repeated to fill the last batch count once only; a rank's last batch
+            // may be nothing but repeats.
             let n = batch.len() - batch.padded();
+            if n == 0 {
+                continue;
+            }
             let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
                 .map_err(|e| Error::run(plan.run_dir(), format!("eval batch shape: {e}")))?;
             let x = x.slice_move(ndarray::s![..n, ..]);

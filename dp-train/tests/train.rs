@@ -457,3 +457,16 @@ fn one_replica_holds_no_communication_buffer() {
         assert_eq!(summary.minimum_memory["Comm"] > 0, comm, "{summary}");
     }
 }
+
+#[test]
+fn an_eval_set_that_leaves_a_replica_only_repeats_is_evaluated_once_each() {
+    let data = TempDir::new("eval-tail");
+    common::table(&data.0.join("train"), 200, 1);
+    // 10 records, 2 replicas of 16: replica 0 gets all 10, replica 1 nothing but repeats.
+    common::table(&data.0.join("eval"), 10, 2);
+    let c = TrainConfig { steps: Some(4), ..common::table_config(&data.0, 1) };
+    let summary = train(c, &RunOptions::new(data.0.join("runs")), &mut ()).unwrap();
+    let dir = run_dir(&data.0.join("runs"));
+    let eval = dp_train::SavedRun::open(&dir).unwrap().evaluate(&data.0.join("eval"), false);
+    assert_eq!(eval.unwrap().model.accuracy, summary.eval_accuracy);
+}
