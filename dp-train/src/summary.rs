@@ -62,6 +62,16 @@ pub struct Summary {
     pub theoretical_min: u64,
     /// `peak_total / theoretical_min`.
     pub memory_ratio: f64,
+    /// What this process's replicas accounted at their peaks, all of them together.
+    #[serde(default)]
+    pub process_accounted: u64,
+    /// The process's resident memory when the run started (the binary, its libraries, and
+    /// anything the caller held), where the system reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_baseline_rss: Option<u64>,
+    /// The most the process ever had resident (`VmHWM`), as the kernel counts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_peak_rss: Option<u64>,
     /// Optimizer state bytes per replica (1/replicas of the whole with ZeRO stage 1).
     pub opt_state_per_replica: u64,
     /// Allocation calls per steady step on a replica's thread (with the counting allocator).
@@ -155,6 +165,17 @@ impl fmt::Display for Summary {
             }
         }
         line(f, "total", self.peak_total, self.theoretical_min)?;
+        if let (Some(baseline), Some(peak)) = (self.process_baseline_rss, self.process_peak_rss) {
+            let expected = self.process_accounted + baseline;
+            writeln!(
+                f,
+                "process        peak RSS {} against {} accounted + {} at start ({:.2}x)",
+                ByteSize(peak),
+                ByteSize(self.process_accounted),
+                ByteSize(baseline),
+                peak as f64 / expected.max(1) as f64
+            )?;
+        }
         for warning in &self.warnings {
             writeln!(f, "warning        {warning}")?;
         }

@@ -133,6 +133,7 @@ pub fn train(
     observer: &mut dyn Observer,
 ) -> Result<Summary> {
     let started = Instant::now();
+    let baseline_rss = dp_mem::process_memory().map(|m| m.rss);
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes);
     let (plan, mut lock) = processes.agree(set)?;
@@ -272,6 +273,8 @@ pub fn train(
     }
     let summary = Summary {
         warnings,
+        process_baseline_rss: baseline_rss,
+        process_peak_rss: dp_mem::process_memory().map(|m| m.peak_rss),
         ..summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params)
     };
     if processes.is_first() {
@@ -509,6 +512,7 @@ fn summarize(
         theoretical_min,
         memory_ratio: peak_total as f64 / theoretical_min as f64,
         opt_state_per_replica: r0.opt_state,
+        process_accounted: reports.iter().map(|r| r.peak.iter().sum::<u64>()).sum(),
         allocs_per_step: r0.allocs_per_step,
         gemm_allocs_per_step: r0.gemms_per_step,
         interrupted: r0.interrupted,
