@@ -487,6 +487,69 @@ fn processes_run(
     Ok(runs.swap_remove(runs.len() / 2))
 }
 
+/// The 20M-parameter model (MLP 784-4096-4096-10, Adam), 30 steps on the built-in digits, in
+/// a process of its own per setting, so that each peak RSS is that run's (checkpoint
+/// included): `(name, summary)` for 1 replica, 2 replicas and 2 with ZeRO-1.
+fn large_model_runs(root: &Path, out: &Path) -> Result<Vec<(String, dp_train::Summary)>> {
+    let exe = std::env::current_exe().context("find this program")?;
+    let mut runs = Vec::new();
+    for (name, replicas, zero) in [("1 replica", 1, 0), ("2 replicas", 2, 0), ("2, ZeRO-1", 2, 1)] {
+        let dir = format!("large-{replicas}-{zero}");
+        let mut command = std::process::Command::new(&exe);
+        command.arg("train").arg("--data").arg(root.join("data/digits/train"));
+        command.args(["--model", "mlp:4096,4096", "--optimizer", "adam", "--global-batch"]);
+        command.args(["256", "--steps", "30", "--no-plot", "--name", &dir]);
+        command.arg("--replicas").arg(replicas.to_string());
+        command.arg("--zero").arg(zero.to_string()).arg("--out").arg(out);
+        let output = command.output().with_context(|| format!("cannot start {command:?}"))?;
+        if !output.status.success() {
+            bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        let summary = std::fs::read(out.join(&dir).join(dp_train::SUMMARY))?;
+        runs.push((name.to_string(), serde_json::from_slice(&summary)?));
+    }
+    Ok(runs)
+}
+
+/// Prints the 20M-parameter runs' memory against the targets of a report that matches the
+/// process and of replicas that share what is identical.
+fn print_large_model(runs: &[(String, dp_train::Summary)], verdict: impl Fn(bool) -> &'static str) {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "\nMLP 784-4096-4096-10 (20M parameters), Adam, global batch 256, 30 steps, a process each (its checkpoint included)"
+    );
+    println!(
+        "{:<24} {:>12} {:>14} {:>14} {:>20}",
+        "", "samples/s", "accounted MiB", "peak RSS MiB", "RSS / (acc. + start)"
+    );
+    let mut worst: f64 = 0.0;
+    for (name, s) in runs {
+        let (Some(peak), Some(start)) = (s.process_peak_rss, s.process_baseline_rss) else {
+            println!("{name:<24} {:>12.0}  (this system reports no RSS)", s.samples_per_s);
+            continue;
+        };
+        let ratio = peak as f64 / (s.process_accounted + start) as f64;
+        worst = worst.max(ratio);
+        println!(
+            "{name:<24} {:>12.0} {:>14.1} {:>14.1} {ratio:>20.2}",
+            s.samples_per_s,
+            mib(s.process_accounted),
+            mib(peak)
+        );
+    }
+    println!("peak RSS / (accounted + start), worst {worst:.2}  <= 1.1 {}", verdict(worst <= 1.1));
+    let peak = |i: usize| runs.get(i).and_then(|(_, s)| s.process_peak_rss);
+    if let (Some(one), Some(two)) = (peak(0), peak(1)) {
+        println!(
+            "1 replica peak RSS {:.0} MiB  <= 0.45x PyTorch's 1.24 GB (550 MB) {}",
+            mib(one),
+            verdict(one <= 550_000_000)
+        );
+        let ratio = two as f64 / one as f64;
+        println!("2 replicas peak RSS / 1 replica's {ratio:.2}  <= 1.3 {}", verdict(ratio <= 1.3));
+    }
+}
+
 /// `cargo xtask bench train`: one replica against one per core on the default job, and the
 /// same replicas as processes, with the targets.
 pub(crate) fn bench(root: &Path) -> Result<()> {
@@ -504,6 +567,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
     );
     let report = dp_train::measure_scaling(&base, &out, replicas, 3);
     let procs = report.as_ref().ok().map(|_| processes_run(root, &out, replicas, 3));
+    let large = report.as_ref().ok().map(|_| large_model_runs(root, &out));
     let _ = std::fs::remove_dir_all(&out);
     let report = report?;
     let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
@@ -567,6 +631,11 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         workspace.map_or("not measured".into(), |a| format!("{a:.2}")),
         verdict(workspace == Some(0.0))
     );
+    match large {
+        Some(Ok(runs)) => print_large_model(&runs, verdict),
+        Some(Err(error)) => println!("20M-parameter model: skipped: {error:#}"),
+        None => {}
+    }
     Ok(())
 }
 
