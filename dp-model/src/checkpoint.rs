@@ -3,7 +3,7 @@
 //! Written atomically: a crash leaves the previous checkpoint or the new one, never half.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -16,6 +16,11 @@ use crate::model::Model;
 const MAGIC: &[u8; 8] = b"DPMODEL\0";
 const VERSION: u32 = 1;
 const ZSTD_LEVEL: i32 = 3;
+/// What a checkpoint holds of its file or its encoding at once while streaming.
+const STREAM_BUFFER: usize = 64 << 10;
+/// The longest string (a tensor's name, the caller's state) that loading takes. Allocated
+/// zeroed, it is resident only as far as a string fills it.
+const STRING_SCRATCH: usize = 16 << 20;
 
 /// An optimizer's state (momentum or moments), as raw little-endian values.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -224,46 +229,71 @@ impl Checkpoint {
     /// Serializes: magic, version, then a zstd frame (with its content checksum) of the
     /// postcard encoding.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let body = postcard::to_stdvec(self).expect("a checkpoint always serializes");
-        let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("a valid zstd level");
-        compressor.include_checksum(true).expect("checksums are supported");
-        let frame =
-            compressor.compress(&body).expect("compression into a growing buffer cannot fail");
-        let mut bytes = Vec::with_capacity(12 + frame.len());
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&VERSION.to_le_bytes());
-        bytes.extend_from_slice(&frame);
-        bytes
+        self.write_to(Vec::new()).expect("writing into memory cannot fail")
+    }
+
+    /// Writes [`Checkpoint::to_bytes`]'s bytes into `out` as they are made, through a 64 KiB
+    /// buffer: neither the encoding nor the compressed frame is ever held whole.
+    fn write_to<W: Write>(&self, mut out: W) -> std::io::Result<W> {
+        out.write_all(MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        let mut encoder = zstd::stream::Encoder::new(out, ZSTD_LEVEL)?;
+        encoder.include_checksum(true)?;
+        // postcard writes a byte buffer a byte at a time: batch them before zstd sees them.
+        let mut buffered = KeepError::new(BufWriter::with_capacity(STREAM_BUFFER, encoder));
+        if let Err(e) = postcard::to_io(self, &mut buffered) {
+            return Err(buffered.error.take().unwrap_or_else(|| std::io::Error::other(e)));
+        }
+        buffered.inner.into_inner().map_err(|e| e.into_error())?.finish()
     }
 
     /// Parses bytes from [`Checkpoint::to_bytes`]; `path` names them in errors.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        Self::read_from(bytes, path)
+    }
+
+    /// Reads a checkpoint from `input` as it is decompressed, holding no more of the file
+    /// than a 64 KiB buffer; the zstd frame's checksum is checked at its end.
+    fn read_from(mut input: impl Read, path: &Path) -> Result<Self> {
         let fail = |what: String| Error::Checkpoint { path: path.to_path_buf(), what };
-        if bytes.len() < 12 || &bytes[..8] != MAGIC {
+        let mut header = [0u8; 12];
+        if input.read_exact(&mut header).is_err() || &header[..8] != MAGIC {
             return Err(fail("not a dp-model checkpoint (bad magic)".into()));
         }
-        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
             return Err(fail(format!(
                 "checkpoint format version {version}, this build reads {VERSION}"
             )));
         }
-        let body = zstd::stream::decode_all(&bytes[12..])
-            .map_err(|e| fail(format!("damaged (zstd: {e})")))?;
-        postcard::from_bytes(&body).map_err(|e| fail(format!("damaged (decoding: {e})")))
+        let damaged = |e: &dyn std::fmt::Display| fail(format!("damaged (zstd: {e})"));
+        let decoder = zstd::stream::Decoder::new(input).map_err(|e| damaged(&e))?;
+        let mut reader = BufReader::with_capacity(STREAM_BUFFER, decoder);
+        // Strings (names, the caller's state) pass through this scratch space.
+        let mut scratch = vec![0u8; STRING_SCRATCH];
+        let (checkpoint, (reader, _)) = postcard::from_io((&mut reader, &mut scratch[..]))
+            .map_err(|e| fail(format!("damaged (decoding: {e})")))?;
+        // Reading to the frame's end checks its checksum, and finds anything after the data.
+        let mut rest = [0u8; 1];
+        match reader.read(&mut rest) {
+            Ok(0) => Ok(checkpoint),
+            Ok(_) => Err(fail("damaged (bytes after the checkpoint's data)".into())),
+            Err(e) => Err(damaged(&e)),
+        }
     }
 
-    /// Writes the checkpoint atomically; returns the bytes written.
+    /// Writes the checkpoint atomically, streaming it to the file; returns the bytes written.
     pub fn save(&self, path: &Path) -> Result<u64> {
-        let bytes = self.to_bytes();
-        write_atomic(path, &bytes)?;
-        Ok(bytes.len() as u64)
+        write_atomic(path, |file| {
+            let file = self.write_to(BufWriter::with_capacity(STREAM_BUFFER, file))?;
+            file.into_inner().map_err(|e| e.into_error())
+        })
     }
 
-    /// Reads a checkpoint.
+    /// Reads a checkpoint, streaming it from the file.
     pub fn load(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
-        Self::from_bytes(&bytes, path)
+        let file = File::open(path).map_err(|e| Error::io(path, "read", e))?;
+        Self::read_from(BufReader::with_capacity(STREAM_BUFFER, file), path)
     }
 
     /// Reads a checkpoint and restores its parameters into `model`; returns it for its
@@ -272,6 +302,33 @@ impl Checkpoint {
         let checkpoint = Self::load(path)?;
         checkpoint.restore_params(model, path)?;
         Ok(checkpoint)
+    }
+}
+
+/// A writer that keeps the first error of the writer it wraps: postcard reports a failed
+/// write only as a full buffer, and a full disk must be named as one.
+struct KeepError<W> {
+    inner: W,
+    error: Option<std::io::Error>,
+}
+
+impl<W> KeepError<W> {
+    fn new(inner: W) -> Self {
+        KeepError { inner, error: None }
+    }
+}
+
+impl<W: Write> Write for KeepError<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf).inspect_err(|e| {
+            self.error.get_or_insert_with(|| std::io::Error::new(e.kind(), e.to_string()));
+        })
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().inspect_err(|e| {
+            self.error.get_or_insert_with(|| std::io::Error::new(e.kind(), e.to_string()));
+        })
     }
 }
 
@@ -328,27 +385,32 @@ fn decode<T: Float>(values: &Values, dst: &mut [T]) -> Result<(), String> {
 }
 
 /// Writes to a temporary name, fsyncs, renames over `path`, and fsyncs the directory.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+fn write_atomic(path: &Path, write: impl FnOnce(File) -> std::io::Result<File>) -> Result<u64> {
     // A name of this process's own, hidden: a second writer never shares it, and readers never
     // look at it.
     let name = path.file_name().map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
     let temp: PathBuf = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let written = File::create(&temp)
         .map_err(|e| Error::io(&temp, "create", e))
-        .and_then(|mut file| {
-            file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
-            file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))
+        .and_then(|file| write(file).map_err(|e| Error::io(&temp, "write", e)))
+        .and_then(|file| {
+            let bytes = file.metadata().map_err(|e| Error::io(&temp, "stat", e))?.len();
+            file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))?;
+            Ok(bytes)
         })
-        .and_then(|()| std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e)));
+        .and_then(|bytes| {
+            std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e))?;
+            Ok(bytes)
+        });
     if written.is_err() {
         // A full disk leaves no partial file behind.
         let _ = std::fs::remove_file(&temp);
     }
-    written?;
+    let bytes = written?;
     #[cfg(unix)]
     {
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))?;
     }
-    Ok(())
+    Ok(bytes)
 }

@@ -226,7 +226,7 @@ fn damaged_or_mismatched_checkpoints_are_clear_errors() {
         Model::<f64>::new(&ModelSpec::mlp(8, &[16], 4), &pool, ModelOptions::new(4, 1)).unwrap();
     assert!(Checkpoint::load_into(&path, &mut wide).unwrap_err().to_string().contains("bytes"));
 
-    let cases: [(&str, Vec<u8>); 4] = [
+    let cases: [(&str, Vec<u8>); 5] = [
         ("magic", {
             let mut b = bytes.clone();
             b[0] ^= 1;
@@ -244,6 +244,7 @@ fn damaged_or_mismatched_checkpoints_are_clear_errors() {
             b
         }),
         ("truncated", bytes[..bytes.len() - 7].to_vec()),
+        ("appended", [&bytes[..], b"more"].concat()),
     ];
     for (what, damaged) in cases {
         std::fs::write(&path, &damaged).unwrap();
