@@ -16,7 +16,7 @@ use ndarray::ArrayView2;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::normalization::Scalings;
-use crate::plan::label_error;
+use crate::plan::{class_labels, label_error};
 use crate::run_dir::{CHECKPOINT, CONFIG, MODEL};
 
 /// Records run through the model at once.
@@ -263,27 +263,25 @@ fn block_labels(
     classes: &mut Vec<i64>,
     values: &mut Vec<f32>,
 ) -> Result<()> {
-    classes.clear();
     values.clear();
-    match block.schema().feature(name).map(|f| f.dtype) {
-        Some(DType::U8) if !regression => {
-            classes.extend(block.dense::<u8>(name)?.iter().map(|&v| i64::from(v)))
+    let read = match block.schema().feature(name).map(|f| f.dtype) {
+        _ if !regression => class_labels(block, name, classes)?,
+        Some(DType::F32) => {
+            values.extend(block.dense::<f32>(name)?.iter());
+            true
         }
-        Some(DType::I32) if !regression => {
-            classes.extend(block.dense::<i32>(name)?.iter().map(|&v| i64::from(v)))
+        Some(DType::F64) => {
+            values.extend(block.dense::<f64>(name)?.iter().map(|&v| v as f32));
+            true
         }
-        Some(DType::I64) if !regression => classes.extend(block.dense::<i64>(name)?.iter()),
-        Some(DType::F32) if regression => values.extend(block.dense::<f32>(name)?.iter()),
-        Some(DType::F64) if regression => {
-            values.extend(block.dense::<f64>(name)?.iter().map(|&v| v as f32))
-        }
-        _ => {
-            let expected = if regression { "an f32 or f64" } else { "a u8, i32 or i64" };
-            return Err(Error::config(
-                "label_feature",
-                format!("`{name}` is not {expected} feature of the data, as the run's was"),
-            ));
-        }
+        _ => false,
+    };
+    if !read {
+        let expected = if regression { "an f32 or f64" } else { "a u8, i32 or i64" };
+        return Err(Error::config(
+            "label_feature",
+            format!("`{name}` is not {expected} feature of the data, as the run's was"),
+        ));
     }
     Ok(())
 }

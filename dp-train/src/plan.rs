@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use dp_data::{DType, Dataset, Kind, PipelineState};
+use dp_data::{Block, DType, Dataset, Kind, PipelineState};
 use dp_model::{Checkpoint, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +169,19 @@ impl RunPlan {
             Some(dir) => crate::normalization::load(dir)?,
             None => crate::normalization::decide(&config, &train, dtype, input_len, regression)?,
         };
+        // The saved scaling has targets exactly when the run regresses: a label that changed
+        // between classes and values since is another run.
+        if scalings.targets.is_some() != regression {
+            return Err(Error::config(
+                "label_feature",
+                format!(
+                    "`{}` is now {}, but the run was saved {}",
+                    config.label_feature,
+                    if regression { "a float (a value)" } else { "an integer (a class)" },
+                    if regression { "as a classifier" } else { "as a regression" }
+                ),
+            ));
+        }
 
         let replicas = config.replica_count();
         let world = replicas * processes;
@@ -315,18 +328,10 @@ fn largest_label(dataset: &Dataset, name: &str, limit: usize) -> Result<i64> {
     let mut largest = i64::MIN;
     for block in dataset.blocks() {
         let block = block?;
-        let dtype = block.schema().feature(name).map(|f| f.dtype);
-        let labels: Vec<i64> = match dtype {
-            Some(DType::U8) => block.dense::<u8>(name)?.iter().map(|&v| i64::from(v)).collect(),
-            Some(DType::I32) => block.dense::<i32>(name)?.iter().map(|&v| i64::from(v)).collect(),
-            Some(DType::I64) => block.dense::<i64>(name)?.iter().copied().collect(),
-            _ => {
-                return Err(Error::config(
-                    "label_feature",
-                    format!("`{name}` must be u8, i32 or i64"),
-                ));
-            }
-        };
+        let mut labels = Vec::new();
+        if !class_labels(&block, name, &mut labels)? {
+            return Err(Error::config("label_feature", format!("`{name}` must be u8, i32 or i64")));
+        }
         let bad = labels.iter().position(|&l| l < 0 || l >= limit as i64);
         if let Some(row) = bad {
             let record = block.first_record() + row as u64;
@@ -335,6 +340,19 @@ fn largest_label(dataset: &Dataset, name: &str, limit: usize) -> Result<i64> {
         largest = largest.max(labels.into_iter().max().unwrap_or(i64::MIN));
     }
     Ok(largest)
+}
+
+/// A block's class labels as `i64` into `out`; `false` (and nothing read) when `name` is not
+/// a u8, i32 or i64 feature.
+pub(crate) fn class_labels(block: &Block, name: &str, out: &mut Vec<i64>) -> Result<bool> {
+    out.clear();
+    match block.schema().feature(name).map(|f| f.dtype) {
+        Some(DType::U8) => out.extend(block.dense::<u8>(name)?.iter().map(|&v| i64::from(v))),
+        Some(DType::I32) => out.extend(block.dense::<i32>(name)?.iter().map(|&v| i64::from(v))),
+        Some(DType::I64) => out.extend(block.dense::<i64>(name)?.iter()),
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// A label outside `0..classes`.

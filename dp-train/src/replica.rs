@@ -484,7 +484,7 @@ impl<C: Communicator> Replica<C> {
             let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
                 .map_err(|e| Error::run(&config.train_data, format!("batch shape: {e}")))?;
             let mut values = std::mem::take(&mut self.values);
-            let targets = targets(&batch, batch.len(), &plan, &mut values)?;
+            let targets = targets(&batch, &plan, &mut values)?;
             let options = StepOptions {
                 step: step * config.grad_accum as u64 + micro as u64,
                 denominator: Some(config.global_batch),
@@ -652,12 +652,15 @@ impl<C: Communicator> Replica<C> {
                 .map_err(|e| Error::run(plan.run_dir(), format!("eval batch shape: {e}")))?;
             let x = x.slice_move(ndarray::s![..n, ..]);
             let loss = if plan.regression {
-                let targets = targets(&batch, n, plan, &mut self.values)?;
-                let loss = self.model.evaluate(x, targets)?;
+                // One forward gives both the loss the model trains on (the squared error of
+                // standardized values) and the errors in the label's units.
                 let (offset, scale) = plan.scalings.target().expect("a regression's");
                 let outputs = self.model.forward_eval(x)?;
                 let values = batch.targets().expect("a regression's batches have targets");
+                let mut loss = LossTotals { samples: n, ..LossTotals::default() };
                 for (z, &t) in outputs.iter().zip(values.iter()) {
+                    let standardized = f64::from(z - (t - offset) / scale);
+                    loss.loss_sum += standardized * standardized;
                     let error = f64::from(z * scale + offset - t);
                     totals[3] += error * error;
                     totals[4] += error.abs();
@@ -802,14 +805,14 @@ fn metrics_timeout(plan: &RunPlan) -> std::time::Duration {
 
 /// Every label must be a class: the model would take a negative one for "ignore this
 /// sample" and fail on one past its outputs without naming the record.
-/// What the first `n` records of `batch` train towards: their class labels (checked), or
-/// for a regression their float label's values standardized into `values`.
+/// What `batch` trains towards: its class labels (checked), or for a regression its float
+/// label's values standardized into `values`.
 fn targets<'a>(
     batch: &'a dp_data::Batch,
-    n: usize,
     plan: &RunPlan,
     values: &'a mut [f32],
 ) -> Result<Targets<'a, f32>> {
+    let n = batch.len();
     match batch.targets() {
         Some(targets) if let Some((offset, scale)) = plan.scalings.target() => {
             for (dst, &t) in values[..n].iter_mut().zip(targets.iter()) {
@@ -823,7 +826,6 @@ fn targets<'a>(
                 .y()
                 .to_slice()
                 .ok_or_else(|| Error::run(plan.run_dir(), "labels are not contiguous"))?;
-            let labels = &labels[..n];
             check_labels(labels, batch.record_ids(), plan.classes)?;
             Ok(Targets::Classes(labels))
         }

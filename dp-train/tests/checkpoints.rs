@@ -3,19 +3,8 @@
 
 mod common;
 
-use common::{TempDir, config, digits, run_dir};
-use dp_train::{Error, MetricsRecord, RunOptions, SavedRun, TrainConfig, read_metrics, train};
-
-fn eval_losses(run: &std::path::Path) -> Vec<(u64, f64)> {
-    read_metrics(&run.join(dp_train::METRICS))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            MetricsRecord::Eval(e) => Some((e.step, e.eval_loss)),
-            MetricsRecord::Train(_) => None,
-        })
-        .collect()
-}
+use common::{TempDir, config, digits, eval_losses, run_dir};
+use dp_train::{Error, RunOptions, SavedRun, TrainConfig, train};
 
 #[test]
 fn the_last_keep_checkpoints_and_the_best_model_are_kept() {

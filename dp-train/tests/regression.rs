@@ -58,3 +58,29 @@ fn classes_for_a_float_label_are_refused() {
     let error = train(c, &RunOptions::new(data.0.join("runs")), &mut ()).unwrap_err();
     assert!(error.to_string().contains("is a float feature, a value to regress"), "{error}");
 }
+
+#[test]
+fn a_run_whose_label_changed_between_classes_and_values_is_not_resumed() {
+    let data = TempDir::new("regression-changed");
+    common::table(&data.0.join("train"), 200, 1);
+    common::table(&data.0.join("eval"), 50, 2);
+    let out = data.0.join("runs");
+    train(TrainConfig { steps: Some(2), ..config(&data.0) }, &RunOptions::new(&out), &mut ())
+        .unwrap();
+    // The same paths now hold a float label.
+    for split in ["train", "eval"] {
+        std::fs::remove_dir_all(data.0.join(split)).unwrap();
+        regression_table(&data.0.join(split), 200, 3);
+    }
+    let dir = run_dir(&out);
+    let resume = RunOptions {
+        resume: Some(dir),
+        resume_changes: dp_train::ResumeChanges { steps: Some(4), ..Default::default() },
+        ..RunOptions::new(&out)
+    };
+    let error = train(TrainConfig::default(), &resume, &mut ()).unwrap_err().to_string();
+    assert!(
+        error.contains("is now a float (a value), but the run was saved as a classifier"),
+        "{error}"
+    );
+}

@@ -49,6 +49,18 @@ pub fn train_losses(run_dir: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// Every evaluation's (step, eval loss), in the order the metrics file has them.
+pub fn eval_losses(run_dir: &Path) -> Vec<(u64, f64)> {
+    read_metrics(&run_dir.join(dp_train::METRICS))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            MetricsRecord::Eval(e) => Some((e.step, e.eval_loss)),
+            MetricsRecord::Train(_) => None,
+        })
+        .collect()
+}
+
 /// Largest difference relative to the parameters' scale (their largest magnitude): f32
 /// sums taken in another order differ in the last bits, which this measures.
 pub fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
