@@ -68,7 +68,7 @@ pub use error::{Error, Result};
 pub use oom::{Limit, OutOfMemory};
 pub use pool::{Pool, PoolConfig, PoolStats};
 pub use pool_buf::PoolBuf;
-pub use process::{ProcessMemory, process_memory};
+pub use process::{ProcessMemory, process_memory, reset_peak_rss};
 pub use snapshot::{MemorySnapshot, TagStats};
 pub use tag::Tag;
 pub use trace::{AllocTrace, TraceEvent};

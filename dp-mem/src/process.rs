@@ -21,6 +21,13 @@ pub fn process_memory() -> Option<ProcessMemory> {
     Some(ProcessMemory { rss: kib("VmRSS:")?, peak_rss: kib("VmHWM:")? })
 }
 
+/// Starts a new window for [`ProcessMemory::peak_rss`]: the kernel's peak becomes what is
+/// resident now. Returns whether the system allows it (Linux's `/proc/self/clear_refs`), so
+/// that a measurement of one phase's peak knows when it would include earlier phases.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", b"5").is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

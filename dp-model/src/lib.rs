@@ -51,7 +51,10 @@ mod quant;
 mod spec;
 mod tape;
 
-pub use checkpoint::{Checkpoint, CheckpointInfo, OptimizerState};
+pub use checkpoint::{
+    CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta,
+    OptimizerState, OptimizerStateMut, ShardFile, save_optimizer_shard,
+};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};

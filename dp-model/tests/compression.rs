@@ -7,8 +7,9 @@ use std::path::PathBuf;
 
 use dp_mem::{Pool, Tracker};
 use dp_model::{
-    Checkpoint, Error, Model, ModelOptions, ModelSpec, Optimizer, PruneSchedule, Pruner,
-    QuantizedModel, Sgd, Sparsity, StepOptions, Targets,
+    Adam, CheckpointHeader, CheckpointReader, CheckpointWriter, Error, Model, ModelOptions,
+    ModelSpec, Optimizer, PruneSchedule, Pruner, QuantizedModel, Sgd, ShardFile, Sparsity,
+    StepOptions, Targets, save_optimizer_shard,
 };
 use ndarray::s;
 use support::{Rng, blobs};
@@ -165,18 +166,19 @@ fn checkpoints_round_trip_and_pruned_ones_shrink() {
     opt.step(p, g, 0.1).unwrap();
 
     let dense_path = dir.0.join("dense.ckpt");
-    let dense_bytes = Checkpoint::capture(&model)
-        .with_optimizer(opt.state())
+    let dense_bytes = CheckpointWriter::new(&model)
+        .with_optimizer(&opt)
         .with_extra("{\"step\":1}")
         .save(&dense_path)
         .unwrap();
     let mut other = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 99)).unwrap();
     assert_ne!(other.params(), model.params());
-    let restored = Checkpoint::load_into(&dense_path, &mut other).unwrap();
+    let mut reader = CheckpointReader::open(&dense_path).unwrap();
+    reader.restore_params(&mut other).unwrap();
     assert_eq!(other.params(), model.params());
-    assert_eq!(restored.extra(), "{\"step\":1}");
+    assert_eq!(reader.header().extra(), "{\"step\":1}");
     let mut opt2 = Sgd::<f32>::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
-    opt2.load_state(&restored.optimizers()[0]).unwrap();
+    reader.restore_optimizer(&mut opt2, 0..model.params().len()).unwrap();
     assert_eq!(opt2.state(), opt.state());
 
     let mut pruner =
@@ -184,16 +186,16 @@ fn checkpoints_round_trip_and_pruned_ones_shrink() {
     pruner.update(0, model.params_mut());
     let pruned_path = dir.0.join("pruned.ckpt");
     let dense_params_only =
-        Checkpoint::capture(&other).save(&dir.0.join("dense-params.ckpt")).unwrap();
-    let pruned_bytes = Checkpoint::capture(&model).save(&pruned_path).unwrap();
+        CheckpointWriter::new(&other).save(&dir.0.join("dense-params.ckpt")).unwrap();
+    let pruned_bytes = CheckpointWriter::new(&model).save(&pruned_path).unwrap();
     let ratio = pruned_bytes as f64 / dense_params_only as f64;
     println!(
         "dense {dense_params_only} B, pruned at 80% {pruned_bytes} B: {ratio:.3}x (with optimizer state: {dense_bytes} B)"
     );
     assert!(ratio <= 0.35, "{ratio}");
-    let info = Checkpoint::load(&pruned_path).unwrap().info();
+    let info = CheckpointHeader::read(&pruned_path).unwrap().info();
     assert_eq!(info.sparse_tensors, 3);
-    Checkpoint::load_into(&pruned_path, &mut other).unwrap();
+    CheckpointReader::load_into(&pruned_path, &mut other).unwrap();
     assert_eq!(other.params(), model.params());
     assert!(
         std::fs::read_dir(&dir.0).unwrap().all(|e| !e
@@ -204,6 +206,78 @@ fn checkpoints_round_trip_and_pruned_ones_shrink() {
     );
 }
 
+/// Replicas that each hold a shard of the optimizer (ZeRO) write a shard file each; the
+/// checkpoint names them, and a run resumed on another number of replicas takes any range.
+#[test]
+fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
+    let dir = TempDir::new("ckpt-shards");
+    let pool = Pool::new(&Tracker::new());
+    let model =
+        Model::<f32>::new(&ModelSpec::mlp(8, &[8], 4), &pool, ModelOptions::new(4, 1)).unwrap();
+    let len = model.params().len();
+    let adam = |n| Adam::<f32>::new(n, (0.9, 0.99), 1e-8, 0.0, false, &pool).unwrap();
+    let mut rng = Rng::new(9);
+    let mut whole = adam(len);
+    let cuts = [0, 40, 70, len];
+    let mut shards: Vec<_> = cuts.windows(2).map(|c| adam(c[1] - c[0])).collect();
+    let mut params = model.params().to_vec();
+    for _ in 0..3 {
+        let grads: Vec<f32> = (0..len).map(|_| rng.uniform() as f32 - 0.5).collect();
+        whole.step(&mut params.clone(), &grads, 0.01).unwrap();
+        for (shard, c) in shards.iter_mut().zip(cuts.windows(2)) {
+            shard.step(&mut params[c[0]..c[1]], &grads[c[0]..c[1]], 0.01).unwrap();
+        }
+    }
+    let mut files = Vec::new();
+    for (k, (shard, c)) in shards.iter().zip(cuts.windows(2)).enumerate() {
+        let name = format!("optimizer-{k}.ckpt");
+        save_optimizer_shard(&dir.0.join(&name), shard, c[0]..c[1], len).unwrap();
+        files.push(ShardFile { name, start: c[0], end: c[1] });
+    }
+    let path = dir.0.join("model.ckpt");
+    CheckpointWriter::new(&model)
+        .with_optimizer_shards(&shards[0], files.clone())
+        .save(&path)
+        .unwrap();
+
+    // Two replicas now: their ranges cut across the saved shards.
+    for (start, end) in [(0, 50), (50, len), (0, len), (45, 46)] {
+        let mut resumed = adam(end - start);
+        let mut reader = CheckpointReader::open(&path).unwrap();
+        reader.restore_optimizer(&mut resumed, start..end).unwrap();
+        let (got, want) = (resumed.state(), whole.state());
+        assert_eq!(got.steps, 3);
+        for (g, w) in got.buffers.iter().zip(&want.buffers) {
+            assert_eq!(*g, &w[start..end], "range {start}..{end}");
+        }
+    }
+
+    // The wrong optimizer, a shard from another checkpoint, a damaged or a missing shard.
+    let mut reader = CheckpointReader::open(&path).unwrap();
+    let mut sgd = Sgd::<f32>::new(len, 0.9, false, 0.0, &pool).unwrap();
+    let error = reader.restore_optimizer(&mut sgd, 0..len).unwrap_err();
+    assert!(error.to_string().contains("adam") && error.to_string().contains("sgd"), "{error}");
+    let shard_path = dir.0.join(&files[1].name);
+    let saved = std::fs::read(&shard_path).unwrap();
+    save_optimizer_shard(&shard_path, &adam(30), 40..70, len).unwrap();
+    let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
+    assert!(error.to_string().contains("optimizer-1.ckpt"), "{error}");
+    let mut damaged = saved.clone();
+    let n = damaged.len();
+    damaged[n - 9] ^= 0x10;
+    std::fs::write(&shard_path, &damaged).unwrap();
+    let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
+    assert!(matches!(&error, Error::Checkpoint { path, .. } if *path == shard_path), "{error}");
+    std::fs::remove_file(&shard_path).unwrap();
+    let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
+    assert!(matches!(&error, Error::Io { path, .. } if *path == shard_path), "{error}");
+
+    // Shards that do not cover the model are refused when saving.
+    let gap = vec![files[0].clone(), files[2].clone()];
+    let error = CheckpointWriter::new(&model).with_optimizer_shards(&shards[0], gap).save(&path);
+    assert!(error.unwrap_err().to_string().contains("starting at 40"));
+}
+
 #[test]
 fn damaged_or_mismatched_checkpoints_are_clear_errors() {
     let dir = TempDir::new("ckpt-bad");
@@ -211,12 +285,12 @@ fn damaged_or_mismatched_checkpoints_are_clear_errors() {
     let mut model =
         Model::<f32>::new(&ModelSpec::mlp(8, &[16], 4), &pool, ModelOptions::new(4, 1)).unwrap();
     let path = dir.0.join("model.ckpt");
-    Checkpoint::capture(&model).save(&path).unwrap();
+    CheckpointWriter::new(&model).save(&path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
 
     let mut wrong =
         Model::<f32>::new(&ModelSpec::mlp(8, &[17], 4), &pool, ModelOptions::new(4, 1)).unwrap();
-    let err = Checkpoint::load_into(&path, &mut wrong).unwrap_err();
+    let err = CheckpointReader::load_into(&path, &mut wrong).unwrap_err();
     assert!(matches!(&err, Error::Checkpoint { path: p, .. } if *p == path), "{err}");
     assert!(
         err.to_string().contains("mlp-8-16-4") && err.to_string().contains("mlp-8-17-4"),
@@ -224,7 +298,9 @@ fn damaged_or_mismatched_checkpoints_are_clear_errors() {
     );
     let mut wide =
         Model::<f64>::new(&ModelSpec::mlp(8, &[16], 4), &pool, ModelOptions::new(4, 1)).unwrap();
-    assert!(Checkpoint::load_into(&path, &mut wide).unwrap_err().to_string().contains("bytes"));
+    assert!(
+        CheckpointReader::load_into(&path, &mut wide).unwrap_err().to_string().contains("bytes")
+    );
 
     let cases: [(&str, Vec<u8>); 5] = [
         ("magic", {
@@ -249,11 +325,11 @@ fn damaged_or_mismatched_checkpoints_are_clear_errors() {
     for (what, damaged) in cases {
         std::fs::write(&path, &damaged).unwrap();
         let before = model.params().to_vec();
-        let err = Checkpoint::load_into(&path, &mut model).unwrap_err();
+        let err = CheckpointReader::load_into(&path, &mut model).unwrap_err();
         assert!(matches!(&err, Error::Checkpoint { .. }), "{what}: {err}");
         assert_eq!(model.params(), &before[..], "{what}: a failed load changed the model");
     }
-    assert!(matches!(Checkpoint::load(&dir.0.join("missing")), Err(Error::Io { .. })));
+    assert!(matches!(CheckpointReader::open(&dir.0.join("missing")), Err(Error::Io { .. })));
 }
 
 #[test]

@@ -158,24 +158,26 @@ fn a_step_in_pieces_is_one_step() {
 }
 
 #[test]
-fn optimizer_state_round_trips_and_rejects_the_wrong_optimizer() {
+fn optimizer_state_copied_over_continues_the_same_and_bad_settings_are_refused() {
     let pool = Pool::new(&Tracker::new());
     let g = [0.5f32, -0.5, 1.0];
     let mut first = Adam::<f32>::with_defaults(3, &pool).unwrap();
     let mut p = vec![1.0f32, 2.0, 3.0];
     first.step(&mut p, &g, 0.1).unwrap();
-    let state = first.state();
     let mut second = Adam::<f32>::with_defaults(3, &pool).unwrap();
-    second.load_state(&state).unwrap();
+    {
+        let (from, to) = (first.state(), second.state_mut());
+        *to.steps = from.steps;
+        for (dst, src) in to.buffers.into_iter().zip(from.buffers) {
+            dst.copy_from_slice(src);
+        }
+    }
     let mut q = p.clone();
     first.step(&mut p, &g, 0.1).unwrap();
     second.step(&mut q, &g, 0.1).unwrap();
     assert_eq!(p, q);
 
     let mut sgd = Sgd::<f32>::new(3, 0.9, false, 0.0, &pool).unwrap();
-    assert!(matches!(sgd.load_state(&state), Err(Error::Optimizer { .. })));
-    let mut short = Adam::<f32>::with_defaults(2, &pool).unwrap();
-    assert!(matches!(short.load_state(&state), Err(Error::Optimizer { .. })));
     assert!(matches!(sgd.step(&mut [0.0; 2], &[0.0; 2], 0.1), Err(Error::Shape { .. })));
     assert!(Sgd::<f32>::new(3, 1.5, false, 0.0, &pool).is_err());
     assert!(Sgd::<f32>::new(3, 0.0, true, 0.0, &pool).is_err());

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use dp_data::{Block, DType, Dataset, Rng, Sample, Transform};
 use dp_mem::{Pool, Tracker};
-use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec, QuantizedModel};
+use dp_model::{
+    CheckpointHeader, CheckpointReader, Model, ModelOptions, ModelSpec, QuantizedModel,
+};
 use ndarray::ArrayView2;
 
 use crate::config::TrainConfig;
@@ -30,7 +32,6 @@ pub struct SavedRun {
     config: TrainConfig,
     spec: ModelSpec,
     scalings: Scalings,
-    checkpoint: Checkpoint,
 }
 
 /// How one model does on a dataset.
@@ -96,14 +97,15 @@ impl SavedRun {
                 format!("has no {name}: the run did not save that checkpoint (yet)"),
             ));
         }
-        let checkpoint = Checkpoint::load(&path)?;
-        Ok(SavedRun { path, config, spec, scalings, checkpoint })
+        // A file that is not a checkpoint fails here; its values are checked when read.
+        CheckpointHeader::read(&path)?;
+        Ok(SavedRun { path, config, spec, scalings })
     }
 
     /// The run's model with the checkpoint's parameters, for batches of up to [`BATCH`].
     fn model(&self, pool: &Pool) -> Result<Model<f32>> {
         let mut model = Model::<f32>::new(&self.spec, pool, ModelOptions::new(BATCH, 0))?;
-        self.checkpoint.restore(&mut model).map_err(|e| Error::run(&self.path, e.to_string()))?;
+        CheckpointReader::load_into(&self.path, &mut model)?;
         Ok(model)
     }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use dp_data::{Block, DType, Dataset, Kind, PipelineState};
-use dp_model::{Checkpoint, ModelSpec, Schedule};
+use dp_model::{CheckpointHeader, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::best::BestSoFar;
@@ -52,7 +52,7 @@ pub(crate) struct RunPlan {
     /// The inputs' and targets' scaling (see [`crate::normalization`]).
     pub(crate) scalings: Scalings,
     /// The checkpoint to resume from, and where it was.
-    pub(crate) resume: Option<(Checkpoint, ResumeState)>,
+    pub(crate) resume: Option<(CheckpointHeader, ResumeState)>,
 }
 
 impl RunPlan {
@@ -60,7 +60,7 @@ impl RunPlan {
     pub(crate) fn new(
         config: TrainConfig,
         run_dir: Option<PathBuf>,
-        resume: Option<Checkpoint>,
+        resume: Option<CheckpointHeader>,
         processes: usize,
     ) -> Result<Self> {
         config.validate()?;

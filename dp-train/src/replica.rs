@@ -11,8 +11,9 @@ use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, Compressio
 use dp_data::{Pipeline, Transform};
 use dp_mem::{CountingAlloc, Pool, PoolBuf, Tag, Tracker};
 use dp_model::{
-    Adam, Checkpoint, LossTotals, Model, ModelOptions, Optimizer, PruneSchedule, Pruner, Recompute,
-    Sgd, Sparsity, StepOptions, Targets, clip_grad_norm,
+    Adam, CheckpointReader, CheckpointWriter, LossTotals, Model, ModelOptions, Optimizer,
+    PruneSchedule, Pruner, Recompute, Sgd, ShardFile, Sparsity, StepOptions, Targets,
+    clip_grad_norm, save_optimizer_shard,
 };
 use ndarray::ArrayView2;
 
@@ -22,7 +23,8 @@ use crate::error::{Error, Result};
 use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error};
 use crate::record::{Event, Events};
-use crate::sync::{check_in_sync, gather_state, pipeline_config, slice_state};
+use crate::run_dir::{keep_checkpoints, optimizer_shard, remove_unnamed_shards};
+use crate::sync::{check_in_sync, pipeline_config, zero_shard};
 
 /// A failure to inject into one replica, to test that the run stops cleanly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,12 +212,7 @@ impl<C: Communicator> Replica<C> {
         let mut model = Model::<f32>::new(&plan.spec, &pool, options)?;
         let len = model.params().len();
 
-        let shard = if config.zero_stage == 1 {
-            let size = len.div_ceil(world);
-            (rank * size).min(len)..((rank + 1) * size).min(len)
-        } else {
-            0..len
-        };
+        let shard = if config.zero_stage == 1 { zero_shard(len, world, rank) } else { 0..len };
         let mut optimizer: Box<dyn Optimizer<f32>> = match config.optimizer {
             OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
                 Box::new(Sgd::new(shard.len(), momentum, nesterov, weight_decay, &pool)?)
@@ -244,16 +241,12 @@ impl<C: Communicator> Replica<C> {
             Ok(scaling().into_iter().chain(config.augmentations()?).collect())
         };
         let train = match &plan.resume {
-            Some((checkpoint, state)) => {
-                checkpoint.restore(&mut model)?;
-                let saved = checkpoint.optimizers().first().ok_or_else(|| {
-                    Error::run(&plan.checkpoint_path(), "the checkpoint holds no optimizer state")
-                })?;
-                optimizer.load_state(&slice_state(
-                    saved,
-                    shard.clone(),
-                    &plan.checkpoint_path(),
-                )?)?;
+            Some((_, state)) => {
+                // Whatever number of replicas saved the optimizer state, this one reads its
+                // own shard of it.
+                let mut reader = CheckpointReader::open(&plan.checkpoint_path())?;
+                reader.restore_params(&mut model)?;
+                reader.restore_optimizer(optimizer.as_mut(), shard.clone())?;
                 Pipeline::resume(&config.train_data, train_config, training()?, &state.pipeline)?
             }
             None => {
@@ -699,12 +692,13 @@ impl<C: Communicator> Replica<C> {
     fn save_best(&self, step: u64, eval_loss: f64) -> Result<()> {
         let extra = serde_json::json!({ "step": step, "eval_loss": eval_loss }).to_string();
         let path = self.plan.run_dir().join(crate::run_dir::BEST);
-        Checkpoint::capture(&self.model).with_extra(extra).save(&path)?;
+        CheckpointWriter::new(&self.model).with_extra(extra).save(&path)?;
         Ok(())
     }
 
-    /// Saves parameters, the whole optimizer state (gathered from the shards under ZeRO)
-    /// and the data position; replica 0 writes it.
+    /// Saves parameters, the optimizer state and the data position. Under ZeRO-1 every
+    /// replica writes its own shard of the optimizer state (nothing is gathered), and replica
+    /// 0 the checkpoint naming them, once all are written; otherwise replica 0 writes it all.
     fn checkpoint(&mut self, step: u64) -> Result<()> {
         // A finite loss can come with gradients that overflowed into the parameters; such a
         // model must never replace the last good checkpoint. Every replica holds the same
@@ -713,21 +707,38 @@ impl<C: Communicator> Replica<C> {
             let value = f64::from(value);
             return Err(Error::NonFinite { step, what: "a parameter", value });
         }
-        let state = self.optimizer.state();
-        let full = if self.gather.is_some() {
-            gather_state(&mut self.ctl, &state, self.model.params().len())?
-        } else {
-            state
-        };
+        let (dir, len) = (self.plan.run_dir(), self.model.params().len());
+        let sharded = self.gather.is_some();
+        if sharded {
+            let path = dir.join(optimizer_shard(step, self.rank));
+            save_optimizer_shard(&path, self.optimizer.as_ref(), self.shard.clone(), len)?;
+            // A replica that failed to write its shard has left the group, failing this.
+            self.ctl.barrier()?;
+        }
         if self.rank == 0 {
             self.metrics_recorded()?;
             let extra =
                 serde_json::to_string(&self.consistent).expect("the run state always serializes");
-            Checkpoint::capture(&self.model)
-                .with_optimizer(full)
-                .with_extra(extra)
-                .save(&self.plan.checkpoint_path())?;
-            crate::run_dir::keep_checkpoints(self.plan.run_dir(), step, self.plan.config.keep)?;
+            let writer = CheckpointWriter::new(&self.model).with_extra(extra);
+            let writer = if sharded {
+                let world = self.ctl.world_size();
+                let shards = (0..world)
+                    .map(|r| {
+                        let range = zero_shard(len, world, r);
+                        ShardFile {
+                            name: optimizer_shard(step, r),
+                            start: range.start,
+                            end: range.end,
+                        }
+                    })
+                    .collect();
+                writer.with_optimizer_shards(self.optimizer.as_ref(), shards)
+            } else {
+                writer.with_optimizer(self.optimizer.as_ref())
+            };
+            writer.save(&self.plan.checkpoint_path())?;
+            keep_checkpoints(dir, step, self.plan.config.keep)?;
+            remove_unnamed_shards(dir, step)?;
             if let Some(events) = &mut self.events {
                 events.send(Event::Checkpoint { step });
             }
@@ -850,8 +861,8 @@ fn emergency_checkpoint(
 ) {
     let extra = serde_json::to_string(consistent).expect("the run state always serializes");
     // The run already failed; a checkpoint that cannot be written only loses the resume.
-    let _ = Checkpoint::capture(model)
-        .with_optimizer(optimizer.state())
+    let _ = CheckpointWriter::new(model)
+        .with_optimizer(optimizer)
         .with_extra(extra)
         .save(&plan.checkpoint_path());
 }

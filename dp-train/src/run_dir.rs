@@ -1,6 +1,7 @@
 //! The run directory: `config.toml` (the effective config), `model.json`,
 //! `normalization.json`, `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` (with `keep`,
-//! also `checkpoint-STEP.ckpt`), `best.ckpt` and the plots.
+//! also `checkpoint-STEP.ckpt`; under ZeRO-1, the optimizer shards they name,
+//! `optimizer-STEP-RANK.ckpt`), `best.ckpt` and the plots.
 
 use std::path::{Path, PathBuf};
 
@@ -38,23 +39,63 @@ pub(crate) fn keep_checkpoints(dir: &Path, step: u64, keep: usize) -> Result<()>
     if std::fs::hard_link(&latest, &kept).is_err() {
         write_atomic(&kept, &std::fs::read(&latest).map_err(|e| Error::io(&latest, "read", e))?)?;
     }
-    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(dir, "list", e))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| {
-            path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.strip_prefix("checkpoint-").and_then(|n| n.strip_suffix(".ckpt")).is_some_and(
-                    |step| step.len() == 10 && step.bytes().all(|b| b.is_ascii_digit()),
-                )
-            })
-        })
-        .collect();
-    // Zero-padded steps sort as numbers.
+    let mut all = kept_checkpoints(dir)?;
     all.sort();
-    for old in &all[..all.len().saturating_sub(keep)] {
+    for (_, old) in &all[..all.len().saturating_sub(keep)] {
         std::fs::remove_file(old).map_err(|e| Error::io(old, "remove", e))?;
     }
     Ok(())
+}
+
+/// The kept `checkpoint-STEP.ckpt` files, with their steps.
+fn kept_checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let kept = list(dir)?
+        .into_iter()
+        .filter_map(|(name, path)| {
+            let step = name.strip_prefix("checkpoint-")?.strip_suffix(".ckpt")?;
+            Some((parse_step(step)?, path))
+        })
+        .collect();
+    Ok(kept)
+}
+
+/// Replica `rank`'s shard of the optimizer state in the checkpoint of `step` (ZeRO-1). Named
+/// by step, so that a checkpoint's shards never replace those of the last checkpoint written
+/// whole.
+pub(crate) fn optimizer_shard(step: u64, rank: usize) -> String {
+    format!("optimizer-{step:010}-{rank:05}.ckpt")
+}
+
+/// Removes the optimizer shards no checkpoint names: those of steps other than `latest` (the
+/// checkpoint just written) and the kept checkpoints'.
+pub(crate) fn remove_unnamed_shards(dir: &Path, latest: u64) -> Result<()> {
+    let kept: Vec<u64> = kept_checkpoints(dir)?.into_iter().map(|(step, _)| step).collect();
+    for (name, path) in list(dir)? {
+        let step = name.strip_prefix("optimizer-").and_then(|n| n.get(..10)).and_then(parse_step);
+        if let Some(step) = step
+            && name.ends_with(".ckpt")
+            && step != latest
+            && !kept.contains(&step)
+        {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, "remove", e))?;
+        }
+    }
+    Ok(())
+}
+
+/// A zero-padded step in a file name.
+fn parse_step(digits: &str) -> Option<u64> {
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())?
+}
+
+/// The files in `dir`, by name.
+fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "list", e))?;
+    Ok(entries
+        .filter_map(|entry| entry.ok())
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+        .collect())
 }
 
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if

@@ -1,11 +1,10 @@
-//! How replicas agree: a parameter checksum compared across replicas, optimizer state
-//! gathered from its shards and cut back into them, and each replica's slice of the data.
+//! How replicas agree: a parameter checksum compared across replicas, each replica's shard
+//! of the optimizer (ZeRO-1), and each replica's slice of the data.
 
 use std::ops::Range;
 
 use dp_comm::Communicator;
 use dp_data::{PipelineConfig, TailPolicy};
-use dp_model::OptimizerState;
 
 use crate::error::{Error, Result};
 use crate::plan::RunPlan;
@@ -36,56 +35,11 @@ pub(crate) fn check_in_sync(
     Ok(())
 }
 
-/// The whole optimizer state from the shards every replica holds (ZeRO stage 1), for a
-/// checkpoint that any number of replicas can resume from.
-pub(crate) fn gather_state(
-    ctl: &mut impl Communicator,
-    shard: &OptimizerState,
-    len: usize,
-) -> Result<OptimizerState> {
-    let world = ctl.world_size();
+/// The parameters replica `rank` of `world` updates under ZeRO-1: equal shards (the last
+/// ones shorter or empty), so that they can be gathered with one all-gather.
+pub(crate) fn zero_shard(len: usize, world: usize, rank: usize) -> Range<usize> {
     let size = len.div_ceil(world);
-    let mut full = shard.clone();
-    full.len = len as u64;
-    // Every replica's state has the same buffers, empty ones included (SGD without momentum
-    // keeps none); those stay empty.
-    for buffer in full.buffers.iter_mut().filter(|b| !b.is_empty()) {
-        let mut padded = vec![0f32; size];
-        for (dst, src) in padded.iter_mut().zip(buffer.chunks_exact(4)) {
-            *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-        }
-        let mut gathered = vec![0f32; size * world];
-        ctl.all_gather(&padded, &mut gathered)?;
-        gathered.truncate(len);
-        *buffer = gathered.iter().flat_map(|v| v.to_le_bytes()).collect();
-    }
-    Ok(full)
-}
-
-/// The part of a whole optimizer state that covers `range`; `path` names the checkpoint in
-/// errors.
-pub(crate) fn slice_state(
-    full: &OptimizerState,
-    range: Range<usize>,
-    path: &std::path::Path,
-) -> Result<OptimizerState> {
-    let mut part = full.clone();
-    part.len = range.len() as u64;
-    for (k, buffer) in part.buffers.iter_mut().enumerate().filter(|(_, b)| !b.is_empty()) {
-        let bytes = range.start * 4..range.end * 4;
-        let Some(values) = buffer.get(bytes.clone()) else {
-            return Err(Error::run(
-                path,
-                format!(
-                    "optimizer buffer {k} holds {} bytes, the model needs {}",
-                    buffer.len(),
-                    bytes.end
-                ),
-            ));
-        };
-        *buffer = values.to_vec();
-    }
-    Ok(part)
+    (rank * size).min(len)..((rank + 1) * size).min(len)
 }
 
 /// The data pipeline of one replica: training (shuffled, full batches only) or evaluation

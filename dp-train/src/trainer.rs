@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiConfig, MpiWorld};
 use dp_mem::Tag;
-use dp_model::Checkpoint;
+use dp_model::CheckpointHeader;
 
 use crate::chance::first_epoch_warning;
 use crate::config::TrainConfig;
@@ -355,7 +355,8 @@ fn set_up(
             // A run stopped before its first checkpoint starts again from step 0, with the
             // config it saved.
             let path = dir.join(CHECKPOINT);
-            let checkpoint = if path.exists() { Some(Checkpoint::load(&path)?) } else { None };
+            let checkpoint =
+                if path.exists() { Some(CheckpointHeader::read(&path)?) } else { None };
             RunPlan::new(effective, Some(dir.clone()), checkpoint, count)?
         }
         None => RunPlan::new(effective, None, None, count)?,

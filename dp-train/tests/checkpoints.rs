@@ -81,3 +81,62 @@ fn checkpoint_settings_that_cannot_work_are_refused() {
         assert!(error.contains(says), "{error}");
     }
 }
+
+/// Under ZeRO-1 each replica writes its own optimizer shard and the checkpoint names them;
+/// a resume on another number of replicas re-shards on load and continues as the
+/// uninterrupted run does (up to the reduction order of the new replica count), and the
+/// shards of checkpoints no longer kept are removed.
+#[test]
+fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
+    let out = TempDir::new("zero1-shards");
+    let adam = dp_train::OptimizerConfig::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+    };
+    // A schedule that does not depend on the run's length, which the first part shortens.
+    let c = TrainConfig {
+        zero_stage: 1,
+        optimizer: adam,
+        schedule: Some(dp_model::Schedule::Constant { lr: 1e-3 }),
+        checkpoint_every: 6,
+        ..config(2, 12)
+    };
+    train(c.clone(), &RunOptions::new(out.0.join("whole")), &mut ()).unwrap();
+    let whole = common::final_params(&run_dir(&out.0.join("whole")));
+
+    let parts = out.0.join("parts");
+    let stopped = TrainConfig { steps: Some(6), ..c };
+    train(stopped, &RunOptions::new(&parts), &mut ()).unwrap();
+    let dir = run_dir(&parts);
+    let header = dp_model::CheckpointHeader::read(&dir.join(dp_train::CHECKPOINT)).unwrap();
+    let names: Vec<&str> =
+        header.optimizer().unwrap().shards().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["optimizer-0000000006-00000.ckpt", "optimizer-0000000006-00001.ckpt"]);
+    assert!(names.iter().all(|n| dir.join(n).exists()));
+
+    let resume = RunOptions {
+        resume: Some(dir.clone()),
+        resume_changes: dp_train::ResumeChanges {
+            steps: Some(12),
+            replicas: Some(4),
+            ..Default::default()
+        },
+        ..RunOptions::new(&parts)
+    };
+    let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
+    assert_eq!(resumed.steps, 12);
+    let diff = common::max_relative_difference(&common::final_params(&dir), &whole);
+    assert!(diff <= 1e-5, "resumed on 4 replicas differs by {diff}");
+    let mut shards: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("optimizer-"))
+        .collect();
+    shards.sort();
+    let expected: Vec<String> =
+        (0..4).map(|r| format!("optimizer-0000000012-{r:05}.ckpt")).collect();
+    assert_eq!(shards, expected);
+}

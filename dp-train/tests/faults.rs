@@ -209,9 +209,13 @@ fn a_diverging_run_stops_at_that_step_and_keeps_its_last_good_checkpoint() {
         if at > 1 {
             // The checkpoint is the last step's whose parameters were finite, and it loads.
             assert!(final_params(&dir).iter().all(|p| p.is_finite()));
-            let checkpoint = dp_model::Checkpoint::load(&dir.join(CHECKPOINT)).unwrap();
+            let checkpoint = dp_model::CheckpointReader::open(&dir.join(CHECKPOINT)).unwrap();
             let saved = format!("\"step\":{}", at - 1);
-            assert!(checkpoint.extra().contains(&saved), "{}", checkpoint.extra());
+            assert!(
+                checkpoint.header().extra().contains(&saved),
+                "{}",
+                checkpoint.header().extra()
+            );
         } else {
             assert!(!dir.join(CHECKPOINT).exists(), "a model with infinite parameters was saved");
         }
@@ -361,8 +365,8 @@ fn a_full_disk_stops_the_run_where_its_record_does_and_it_resumes_elsewhere() {
     let dir = run_dir(&disk.0);
     assert_eq!(temporaries(&dir), Vec::<String>::new(), "a failed write left a temporary file");
     // The checkpoint is whole, and the metrics hold every step up to it.
-    let checkpoint = dp_model::Checkpoint::load(&dir.join(CHECKPOINT)).unwrap();
-    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    let checkpoint = dp_model::CheckpointReader::open(&dir.join(CHECKPOINT)).unwrap();
+    let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
     let at = state["step"].as_u64().unwrap();
     assert!(at > 0 && at < 300, "checkpoint at step {at}");
     let steps: Vec<u64> = train_losses(&dir).iter().map(|(s, _)| *s).collect();
@@ -466,7 +470,7 @@ fn replicas_whose_parameters_drift_apart_stop_the_run_at_the_next_check() {
 
 /// The step a run's checkpoint was taken at.
 fn checkpoint_step(dir: &Path) -> u64 {
-    let checkpoint = dp_model::Checkpoint::load(&dir.join(CHECKPOINT)).unwrap();
-    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    let checkpoint = dp_model::CheckpointReader::open(&dir.join(CHECKPOINT)).unwrap();
+    let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
     state["step"].as_u64().unwrap()
 }

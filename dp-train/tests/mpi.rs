@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{TempDir, final_params, max_relative_difference, train_losses};
 use dp_comm::MpiWorld;
-use dp_model::Checkpoint;
+use dp_model::CheckpointReader;
 use dp_train::{Fault, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
 
 /// Set in the processes' environment: what to run, and where.
@@ -219,8 +219,8 @@ fn a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes() {
     assert!(took < Duration::from_secs(20), "took {took:?}: {said}");
     // The last good checkpoint is step 8's (checkpoints every 4 steps; killed at step 10).
     let killed = dir.0.join("killed/run");
-    let checkpoint = Checkpoint::load(&killed.join(dp_train::CHECKPOINT)).unwrap();
-    assert!(checkpoint.extra().contains("\"step\":8"), "{}", checkpoint.extra());
+    let checkpoint = CheckpointReader::open(&killed.join(dp_train::CHECKPOINT)).unwrap();
+    assert!(checkpoint.header().extra().contains("\"step\":8"), "{}", checkpoint.header().extra());
     let copy = dir.0.join("copy");
     copy_dir(&killed, &copy);
 

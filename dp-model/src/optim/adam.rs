@@ -3,7 +3,7 @@
 use dp_mem::{Pool, PoolBuf, Tag};
 
 use super::{Optimizer, check_piece, check_range};
-use crate::checkpoint::OptimizerState;
+use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::Result;
 use crate::float::Float;
 
@@ -96,13 +96,12 @@ impl<T: Float> Optimizer<T> for Adam<T> {
         ((self.m.len() + self.v.len()) * size_of::<T>()) as u64
     }
 
-    fn state(&self) -> OptimizerState {
-        OptimizerState::new::<T>("adam", self.m.len(), self.steps, &[&self.m[..], &self.v[..]])
+    fn state(&self) -> OptimizerState<'_, T> {
+        OptimizerState { kind: "adam", steps: self.steps, buffers: vec![&self.m, &self.v] }
     }
 
-    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
-        let len = self.m.len();
-        self.steps = state.restore::<T>("adam", len, &mut [&mut self.m[..], &mut self.v[..]])?;
-        Ok(())
+    fn state_mut(&mut self) -> OptimizerStateMut<'_, T> {
+        let buffers = vec![&mut self.m[..], &mut self.v[..]];
+        OptimizerStateMut { kind: "adam", steps: &mut self.steps, buffers }
     }
 }

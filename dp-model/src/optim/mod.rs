@@ -13,7 +13,7 @@ pub use clip::{clip_grad_norm, grad_norm};
 pub use schedule::Schedule;
 pub use sgd::Sgd;
 
-use crate::checkpoint::OptimizerState;
+use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::{Error, Result};
 use crate::float::Float;
 
@@ -51,12 +51,11 @@ pub trait Optimizer<T: Float>: Send {
     /// Bytes of state it holds (momentum, moments).
     fn state_bytes(&self) -> u64;
 
-    /// Its state, for a checkpoint.
-    fn state(&self) -> OptimizerState;
+    /// Its state, borrowed, for a checkpoint to write.
+    fn state(&self) -> OptimizerState<'_, T>;
 
-    /// Restores state saved by [`Optimizer::state`] from an optimizer of the same kind and
-    /// length.
-    fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+    /// Its state, borrowed, for a checkpoint to restore.
+    fn state_mut(&mut self) -> OptimizerStateMut<'_, T>;
 }
 
 fn check_piece(kind: &str, len: usize, offset: usize, params: usize, grads: usize) -> Result<()> {

@@ -4,7 +4,7 @@
 use dp_mem::{Pool, PoolBuf, Tag};
 
 use super::{Optimizer, check_piece, check_range};
-use crate::checkpoint::OptimizerState;
+use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::Result;
 use crate::float::Float;
 
@@ -87,12 +87,13 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
         (self.velocity.len() * size_of::<T>()) as u64
     }
 
-    fn state(&self) -> OptimizerState {
-        OptimizerState::new::<T>("sgd", self.len, self.steps, &[&self.velocity[..]])
+    fn state(&self) -> OptimizerState<'_, T> {
+        let buffers = if self.velocity.is_empty() { vec![] } else { vec![&self.velocity[..]] };
+        OptimizerState { kind: "sgd", steps: self.steps, buffers }
     }
 
-    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
-        self.steps = state.restore::<T>("sgd", self.len, &mut [&mut self.velocity[..]])?;
-        Ok(())
+    fn state_mut(&mut self) -> OptimizerStateMut<'_, T> {
+        let buffers = if self.velocity.is_empty() { vec![] } else { vec![&mut self.velocity[..]] };
+        OptimizerStateMut { kind: "sgd", steps: &mut self.steps, buffers }
     }
 }

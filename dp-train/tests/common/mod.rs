@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use dp_mem::{Pool, Tracker};
-use dp_model::{Checkpoint, Model, ModelOptions, ModelSpec};
+use dp_model::{CheckpointReader, Model, ModelOptions, ModelSpec};
 use dp_train::{MetricsRecord, Observer, StepMetrics, TrainConfig, read_metrics};
 
 /// A scratch directory removed when dropped.
@@ -33,7 +33,7 @@ pub fn final_params(run_dir: &Path) -> Vec<f32> {
     let spec = ModelSpec::mlp(784, &[32], 10);
     let pool = Pool::new(&Tracker::new());
     let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
-    Checkpoint::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
+    CheckpointReader::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
     model.params().to_vec()
 }
 

@@ -43,7 +43,7 @@ pub fn losses(run: &Path) -> Vec<(u64, u64)> {
 pub fn checkpoint(run: &Path) -> Option<(u64, Vec<u8>)> {
     let path = run.join(dp_train::CHECKPOINT);
     let bytes = std::fs::read(&path).ok()?;
-    let checkpoint = dp_model::Checkpoint::load(&path).expect("a checkpoint is never torn");
-    let state: serde_json::Value = serde_json::from_str(checkpoint.extra()).unwrap();
+    let checkpoint = dp_model::CheckpointReader::open(&path).expect("a checkpoint is never torn");
+    let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
     Some((state["step"].as_u64().unwrap(), bytes))
 }

@@ -1,0 +1,159 @@
+//! The container every checkpoint file shares: an 8-byte magic, a version, then one zstd frame
+//! (with its content checksum) holding a length-prefixed postcard header and, after it, raw
+//! little-endian values. Both ways stream through 64 KiB buffers straight from and into the
+//! buffers that hold the values, so saving or loading never holds a model's values twice.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+
+/// The format both checkpoint files are in.
+const VERSION: u32 = 2;
+const ZSTD_LEVEL: i32 = 3;
+/// What a file holds of its bytes or their encoding at once while streaming.
+const STREAM_BUFFER: usize = 64 << 10;
+/// The largest header a reader takes: names, the layout and the caller's state, never values.
+const MAX_HEADER: u64 = 64 << 20;
+
+/// Writes `header`, then whatever `body` writes, atomically to `path`; returns the file's bytes.
+pub(super) fn write<H: Serialize>(
+    path: &Path,
+    magic: &[u8; 8],
+    header: &H,
+    body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<u64> {
+    let header = postcard::to_allocvec(header).expect("checkpoint headers always serialize");
+    write_atomic(path, |file| {
+        let mut out = BufWriter::with_capacity(STREAM_BUFFER, file);
+        out.write_all(magic)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        let mut encoder = zstd::stream::Encoder::new(out, ZSTD_LEVEL)?;
+        encoder.include_checksum(true)?;
+        // The values arrive a tensor or a chunk at a time: batch them before zstd sees them.
+        let mut frame = BufWriter::with_capacity(STREAM_BUFFER, encoder);
+        frame.write_all(&(header.len() as u64).to_le_bytes())?;
+        frame.write_all(&header)?;
+        body(&mut frame)?;
+        let out = frame.into_inner().map_err(|e| e.into_error())?.finish()?;
+        out.into_inner().map_err(|e| e.into_error())
+    })
+}
+
+/// An open checkpoint file, positioned after its header.
+pub(super) struct Frame {
+    input: BufReader<zstd::stream::Decoder<'static, BufReader<File>>>,
+    path: PathBuf,
+}
+
+impl Frame {
+    /// Opens `path`, checks its magic (`what` names the kind of file in errors) and version,
+    /// and reads its header.
+    pub(super) fn open<H: DeserializeOwned>(
+        path: &Path,
+        magic: &[u8; 8],
+        what: &str,
+    ) -> Result<(H, Self)> {
+        let file = File::open(path).map_err(|e| Error::io(path, "read", e))?;
+        let mut input = BufReader::with_capacity(STREAM_BUFFER, file);
+        let fail = |what: String| Error::Checkpoint { path: path.to_path_buf(), what };
+        let mut start = [0u8; 12];
+        if input.read_exact(&mut start).is_err() || &start[..8] != magic {
+            return Err(fail(format!("not a {what} (bad magic)")));
+        }
+        let version = u32::from_le_bytes(start[8..].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(fail(format!(
+                "{what} format version {version}, this build reads {VERSION}"
+            )));
+        }
+        let decoder = zstd::stream::Decoder::with_buffer(input)
+            .map_err(|e| fail(format!("damaged (zstd: {e})")))?;
+        let mut frame =
+            Frame { input: BufReader::with_capacity(STREAM_BUFFER, decoder), path: path.into() };
+        let mut len = [0u8; 8];
+        frame.read(&mut len)?;
+        let len = u64::from_le_bytes(len);
+        if len > MAX_HEADER {
+            return Err(fail(format!("damaged (a header of {len} bytes)")));
+        }
+        let mut bytes = vec![0u8; len as usize];
+        frame.read(&mut bytes)?;
+        let header =
+            postcard::from_bytes(&bytes).map_err(|e| fail(format!("damaged (header: {e})")))?;
+        Ok((header, frame))
+    }
+
+    /// Fills `dst` with the next bytes.
+    pub(super) fn read(&mut self, dst: &mut [u8]) -> Result<()> {
+        self.input.read_exact(dst).map_err(|e| self.damaged(&e))
+    }
+
+    /// Passes over the next `bytes` bytes.
+    pub(super) fn skip(&mut self, bytes: u64) -> Result<()> {
+        let skipped = std::io::copy(&mut (&mut self.input).take(bytes), &mut std::io::sink())
+            .map_err(|e| self.damaged(&e))?;
+        if skipped < bytes {
+            return Err(self.fail("damaged (truncated)".into()));
+        }
+        Ok(())
+    }
+
+    /// Checks that the frame ends here: reading to its end checks its checksum, and finds
+    /// anything written after the data.
+    pub(super) fn finish(mut self) -> Result<()> {
+        let mut rest = [0u8; 1];
+        match self.input.read(&mut rest) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(self.fail("damaged (bytes after the data)".into())),
+            Err(e) => Err(self.damaged(&e)),
+        }
+    }
+
+    pub(super) fn fail(&self, what: String) -> Error {
+        Error::Checkpoint { path: self.path.clone(), what }
+    }
+
+    fn damaged(&self, e: &std::io::Error) -> Error {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            self.fail("damaged (truncated)".into())
+        } else {
+            self.fail(format!("damaged (zstd: {e})"))
+        }
+    }
+}
+
+/// Writes to a temporary name, fsyncs, renames over `path`, and fsyncs the directory.
+fn write_atomic(path: &Path, write: impl FnOnce(File) -> std::io::Result<File>) -> Result<u64> {
+    // A name of this process's own, hidden: a second writer never shares it, and readers never
+    // look at it.
+    let name = path.file_name().map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
+    let temp: PathBuf = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let written = File::create(&temp)
+        .map_err(|e| Error::io(&temp, "create", e))
+        .and_then(|file| write(file).map_err(|e| Error::io(&temp, "write", e)))
+        .and_then(|file| {
+            let bytes = file.metadata().map_err(|e| Error::io(&temp, "stat", e))?.len();
+            file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))?;
+            Ok(bytes)
+        })
+        .and_then(|bytes| {
+            std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e))?;
+            Ok(bytes)
+        });
+    if written.is_err() {
+        // A full disk leaves no partial file behind.
+        let _ = std::fs::remove_file(&temp);
+    }
+    let bytes = written?;
+    #[cfg(unix)]
+    {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))?;
+    }
+    Ok(bytes)
+}

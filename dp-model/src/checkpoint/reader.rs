@@ -1,0 +1,169 @@
+//! Reading a checkpoint straight into a model's and an optimizer's buffers.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use super::frame::Frame;
+use super::{CheckpointHeader, MAGIC, WHAT, shard, values};
+use crate::error::{Error, Result};
+use crate::float::Float;
+use crate::model::Model;
+use crate::optim::Optimizer;
+
+/// An open checkpoint, checked whole, from which the parameters and then the optimizer state
+/// (any range of it) are read in one pass.
+pub struct CheckpointReader {
+    header: CheckpointHeader,
+    frame: Frame,
+    path: PathBuf,
+    at: Section,
+}
+
+/// Where the reader is in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Section {
+    Params,
+    Optimizer,
+    End,
+}
+
+impl CheckpointReader {
+    /// Opens the checkpoint at `path` after reading it through once: a damaged, truncated or
+    /// inconsistent file is an error here, before anything is restored from it.
+    pub fn open(path: &Path) -> Result<Self> {
+        let (header, mut frame) = Frame::open::<CheckpointHeader>(path, MAGIC, WHAT)?;
+        let fail = |what: String| Error::Checkpoint { path: path.to_path_buf(), what };
+        let width = usize::from(header.value_bytes);
+        if !matches!(width, 4 | 8) || header.tensors.len() != header.layout.tensors().len() {
+            return Err(fail(format!(
+                "damaged ({} tensors of {width}-byte values, its layout has {})",
+                header.tensors.len(),
+                header.layout.tensors().len()
+            )));
+        }
+        for (t, meta) in header.tensors.iter().zip(header.layout.tensors()) {
+            values::read(&mut frame, &t.name, (meta.len(), width), t.nonzeros, None)?;
+        }
+        if let Some(optimizer) = header.optimizer.as_ref().filter(|o| o.shards.is_empty()) {
+            if optimizer.len != header.layout.len() {
+                return Err(fail(format!(
+                    "damaged (optimizer state over {} parameters, the model has {})",
+                    optimizer.len,
+                    header.layout.len()
+                )));
+            }
+            frame.skip((optimizer.buffers * optimizer.len * width) as u64)?;
+        }
+        frame.finish()?;
+        let (_, frame) = Frame::open::<CheckpointHeader>(path, MAGIC, WHAT)?;
+        Ok(Self { header, frame, path: path.to_path_buf(), at: Section::Params })
+    }
+
+    /// Opens the checkpoint at `path` and restores its parameters into `model`; returns its
+    /// header (optimizer and caller state). A failed load leaves `model` as it was.
+    pub fn load_into<T: Float>(path: &Path, model: &mut Model<T>) -> Result<CheckpointHeader> {
+        let mut reader = Self::open(path)?;
+        reader.restore_params(model)?;
+        Ok(reader.header)
+    }
+
+    /// What the file says before its values.
+    pub fn header(&self) -> &CheckpointHeader {
+        &self.header
+    }
+
+    /// Reads the parameters into `model`, which must be built from the same spec (its
+    /// fingerprint) with the same value type; they come first, so this is called first.
+    pub fn restore_params<T: Float>(&mut self, model: &mut Model<T>) -> Result<()> {
+        let header = &self.header;
+        if header.fingerprint != model.spec().fingerprint() || &header.layout != model.layout() {
+            return Err(self.fail(format!(
+                "saved for model `{}` (spec {:016x}), loading into `{}` (spec {:016x}); the specs differ",
+                header.model,
+                header.fingerprint,
+                model.spec().name,
+                model.spec().fingerprint()
+            )));
+        }
+        self.check_width::<T>()?;
+        if self.at != Section::Params {
+            return Err(self.fail("the parameters were read past already".into()));
+        }
+        let params = model.params_mut();
+        for (t, meta) in self.header.tensors.iter().zip(self.header.layout.tensors()) {
+            let dst = bytemuck::cast_slice_mut(&mut params[meta.range()]);
+            values::read(
+                &mut self.frame,
+                &t.name,
+                (meta.len(), size_of::<T>()),
+                t.nonzeros,
+                Some(dst),
+            )?;
+        }
+        self.at = Section::Optimizer;
+        Ok(())
+    }
+
+    /// Reads the state of `optimizer`, which covers `range` of the parameters, from the
+    /// checkpoint or from the shard files it names, whatever ranges those were saved for.
+    pub fn restore_optimizer<T: Float>(
+        &mut self,
+        optimizer: &mut dyn Optimizer<T>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        self.check_width::<T>()?;
+        let Some(meta) = self.header.optimizer.clone() else {
+            return Err(self.fail("holds no optimizer state".into()));
+        };
+        let len = optimizer.len();
+        let state = optimizer.state_mut();
+        if state.kind != meta.kind
+            || state.buffers.len() != meta.buffers
+            || range.end > meta.len
+            || range.len() != len
+        {
+            return Err(self.fail(format!(
+                "holds {} state over {} parameters, loading {} over {range:?} of them",
+                meta.kind, meta.len, state.kind
+            )));
+        }
+        let width = size_of::<T>();
+        let mut buffers: Vec<&mut [u8]> =
+            state.buffers.into_iter().map(|b| bytemuck::cast_slice_mut(b)).collect();
+        if meta.shards.is_empty() {
+            if self.at == Section::Params {
+                self.frame.skip(self.header.params_bytes())?;
+            } else if self.at == Section::End {
+                return Err(self.fail("the optimizer state was read past already".into()));
+            }
+            for buffer in &mut buffers {
+                self.frame.skip((range.start * width) as u64)?;
+                self.frame.read(buffer)?;
+                self.frame.skip(((meta.len - range.end) * width) as u64)?;
+            }
+            self.at = Section::End;
+        } else {
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            for file in meta.shards.iter().filter(|s| s.start < range.end && range.start < s.end) {
+                shard::read_part(dir, file, &meta, width, &range, &mut buffers)?;
+            }
+        }
+        *state.steps = meta.steps;
+        Ok(())
+    }
+
+    fn check_width<T: Float>(&self) -> Result<()> {
+        if usize::from(self.header.value_bytes) != size_of::<T>() {
+            return Err(self.fail(format!(
+                "values are {} bytes, the model's {}",
+                self.header.value_bytes,
+                size_of::<T>()
+            )));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, what: String) -> Error {
+        Error::Checkpoint { path: self.path.clone(), what }
+    }
+}

@@ -1,0 +1,122 @@
+//! Optimizer shard files: the state of the optimizer over one range of the parameters, which
+//! the replica holding it writes itself (nothing is gathered), and from which a reader takes
+//! any overlapping part (a run resumed on another number of replicas re-shards on load).
+
+use std::ops::Range;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::frame::{self, Frame};
+use super::{OptimizerMeta, ShardFile};
+use crate::error::{Error, Result};
+use crate::float::Float;
+use crate::optim::Optimizer;
+
+const MAGIC: &[u8; 8] = b"DPOPTIM\0";
+const WHAT: &str = "dp-model optimizer shard";
+
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct ShardHeader {
+    kind: String,
+    value_bytes: u8,
+    steps: u64,
+    /// Parameters of the whole model.
+    len: usize,
+    start: usize,
+    end: usize,
+    buffers: usize,
+}
+
+/// Writes the state of `optimizer`, which covers `range` of a model's `len` parameters, to
+/// `path` atomically, streaming it from the optimizer's buffers; returns the bytes written.
+pub fn save_optimizer_shard<T: Float>(
+    path: &Path,
+    optimizer: &dyn Optimizer<T>,
+    range: Range<usize>,
+    len: usize,
+) -> Result<u64> {
+    if optimizer.len() != range.len() || range.end > len {
+        return Err(Error::Checkpoint {
+            path: path.to_path_buf(),
+            what: format!(
+                "an optimizer over {} parameters cannot be the shard {range:?} of {len}",
+                optimizer.len()
+            ),
+        });
+    }
+    let state = optimizer.state();
+    let header = ShardHeader {
+        kind: state.kind.into(),
+        value_bytes: size_of::<T>() as u8,
+        steps: state.steps,
+        len,
+        start: range.start,
+        end: range.end,
+        buffers: state.buffers.len(),
+    };
+    frame::write(path, MAGIC, &header, |out| {
+        state.buffers.iter().try_for_each(|b| out.write_all(bytemuck::cast_slice(b)))
+    })
+}
+
+/// Reads the part of `shard` (in `dir`) that overlaps `want` into `dst`: one byte slice per
+/// state buffer, each covering `want` with `width`-byte values. The whole file is read, so
+/// its checksum is checked.
+pub(super) fn read_part(
+    dir: &Path,
+    shard: &ShardFile,
+    meta: &OptimizerMeta,
+    width: usize,
+    want: &Range<usize>,
+    dst: &mut [&mut [u8]],
+) -> Result<()> {
+    if !is_plain_name(&shard.name) {
+        let what = format!("names the shard file `{}`, which is not a plain file name", shard.name);
+        return Err(Error::Checkpoint { path: dir.to_path_buf(), what });
+    }
+    let path = dir.join(&shard.name);
+    let (header, mut frame): (ShardHeader, _) = Frame::open(&path, MAGIC, WHAT)?;
+    let expected = ShardHeader {
+        kind: meta.kind.clone(),
+        value_bytes: width as u8,
+        steps: meta.steps,
+        len: meta.len,
+        start: shard.start,
+        end: shard.end,
+        buffers: meta.buffers,
+    };
+    if header != expected {
+        return Err(frame.fail(format!(
+            "holds {header:?}, its checkpoint expects {expected:?} (a shard of another checkpoint?)"
+        )));
+    }
+    let (start, end) = (want.start.max(shard.start), want.end.min(shard.end));
+    for buffer in dst.iter_mut() {
+        if start < end {
+            frame.skip(((start - shard.start) * width) as u64)?;
+            frame.read(&mut buffer[(start - want.start) * width..(end - want.start) * width])?;
+            frame.skip(((shard.end - end) * width) as u64)?;
+        } else {
+            frame.skip((shard.len() * width) as u64)?;
+        }
+    }
+    frame.finish()
+}
+
+/// A file name without a directory: what a checkpoint may name its shard files by.
+pub(super) fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\'])
+}
+
+impl ShardFile {
+    /// Parameters it covers.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether it covers none.
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
