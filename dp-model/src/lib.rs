@@ -48,6 +48,7 @@ mod ops;
 mod optim;
 mod prune;
 mod quant;
+mod shared;
 mod spec;
 mod tape;
 
@@ -65,4 +66,5 @@ pub use ops::loss::{LossTotals, Targets};
 pub use optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm, grad_norm};
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;
+pub use shared::SharedParams;
 pub use spec::{LayerSpec, ModelSpec};

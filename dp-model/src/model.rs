@@ -15,6 +15,7 @@ use crate::ops::Op;
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::GemmShape;
 use crate::ops::loss::{LossTotals, Targets, loss};
+use crate::shared::SharedParams;
 use crate::spec::ModelSpec;
 use crate::tape::{Node, Tape};
 
@@ -106,12 +107,42 @@ impl ModelMemory {
     }
 }
 
+/// Where a model's parameters live: a buffer of its own, or one shared with the other
+/// replicas of its process.
+enum Params<T: Float> {
+    Own(PoolBuf<T>),
+    Shared(SharedParams<T>),
+}
+
+impl<T: Float> std::ops::Deref for Params<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Params::Own(params) => params,
+            // SAFETY: `Model::with_shared_params`' contract keeps writes away from reads.
+            Params::Shared(shared) => unsafe { shared.values() },
+        }
+    }
+}
+
+impl<T: Float> std::ops::DerefMut for Params<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Params::Own(params) => params,
+            // SAFETY: `Model::with_shared_params`' contract keeps every other access away
+            // from what is written.
+            Params::Shared(shared) => unsafe { shared.values_mut(0..shared.len()) },
+        }
+    }
+}
+
 /// A model ready to train: see the crate docs for an example.
 pub struct Model<T: Float = f32> {
     spec: ModelSpec,
     tape: Tape,
     options: ModelOptions,
-    params: PoolBuf<T>,
+    params: Params<T>,
     grads: PoolBuf<T>,
     /// Saved activations: one buffer per kept node output, then the recomputation slots.
     acts: Vec<PoolBuf<T>>,
@@ -143,6 +174,38 @@ impl<T: Float> Model<T> {
     /// Builds and initializes a model, allocating every buffer it will use from `pool`
     /// (tags `Param`, `Grad` and `Activation`). Every shape is checked here.
     pub fn new(spec: &ModelSpec, pool: &Pool, options: ModelOptions) -> Result<Self> {
+        Self::build(spec, pool, options, None)
+    }
+
+    /// Builds a model that reads and writes `params`, which other models (the replicas of
+    /// one process) share, instead of a buffer of its own; its other buffers come from `pool`
+    /// as [`Model::new`]'s do.
+    ///
+    /// # Safety
+    ///
+    /// The models sharing `params` run on several threads with no lock between them, so the
+    /// caller keeps their accesses apart: between two synchronization points (a collective
+    /// every replica joins), either every model only reads the parameters (forward, backward,
+    /// [`Model::params`]), or each writes only a range of them (its optimizer shard) that no
+    /// other model reads or writes until the next synchronization point.
+    pub unsafe fn with_shared_params(
+        spec: &ModelSpec,
+        pool: &Pool,
+        options: ModelOptions,
+        params: SharedParams<T>,
+    ) -> Result<Self> {
+        if params.fingerprint() != spec.fingerprint() {
+            return Err(Error::spec("params", "the shared parameters are another spec's"));
+        }
+        Self::build(spec, pool, options, Some(params))
+    }
+
+    fn build(
+        spec: &ModelSpec,
+        pool: &Pool,
+        options: ModelOptions,
+        shared: Option<SharedParams<T>>,
+    ) -> Result<Self> {
         if options.max_batch == 0 {
             return Err(Error::spec("max_batch", "must be at least 1"));
         }
@@ -182,8 +245,14 @@ impl<T: Float> Model<T> {
             .collect::<Result<Vec<_>, _>>()?;
         let (ping_len, scratch_len) = (tape.ping_len(batch), tape.scratch_len(batch));
 
-        let mut params = pool.alloc_zeroed(tape.layout.len(), Tag::Param)?;
-        initialize(spec, &tape.layout, options.seed, &mut params);
+        let params = match shared {
+            Some(shared) => Params::Shared(shared),
+            None => {
+                let mut params = pool.alloc_zeroed(tape.layout.len(), Tag::Param)?;
+                initialize(spec, &tape.layout, options.seed, &mut params);
+                Params::Own(params)
+            }
+        };
         Ok(Self {
             spec: spec.clone(),
             grads: pool.alloc_zeroed(tape.layout.len(), Tag::Grad)?,
@@ -238,6 +307,30 @@ impl<T: Float> Model<T> {
         &mut self.params
     }
 
+    /// The parameters in `range`, writable: a replica's optimizer shard. Of parameters
+    /// shared with other models, only `range` is borrowed, so that the others may write
+    /// theirs meanwhile (see [`Model::with_shared_params`]).
+    pub fn params_range_mut(&mut self, range: Range<usize>) -> &mut [T] {
+        match &mut self.params {
+            Params::Own(params) => &mut params[range],
+            // SAFETY: `Model::with_shared_params`' contract keeps other accesses away from
+            // the range this model writes.
+            Params::Shared(shared) => unsafe { shared.values_mut(range) },
+        }
+    }
+
+    /// [`Model::params_range_mut`] and all the gradients, writable: to clip them, then
+    /// update the range.
+    pub fn params_range_and_grads_mut(&mut self, range: Range<usize>) -> (&mut [T], &mut [T]) {
+        let grads = &mut self.grads;
+        let params = match &mut self.params {
+            Params::Own(params) => &mut params[range],
+            // SAFETY: as in `params_range_mut`.
+            Params::Shared(shared) => unsafe { shared.values_mut(range) },
+        };
+        (params, grads)
+    }
+
     /// All gradients, at the same offsets as the parameters.
     pub fn grads(&self) -> &[T] {
         &self.grads
@@ -269,11 +362,14 @@ impl<T: Float> Model<T> {
         initialize(&self.spec, &self.tape.layout, seed, &mut self.params);
     }
 
-    /// Bytes held, by use.
+    /// Bytes held, by use (shared parameters are their [`SharedParams`]' and not counted).
     pub fn memory(&self) -> ModelMemory {
         let bytes = |b: &PoolBuf<T>| (b.len() * size_of::<T>()) as u64;
         ModelMemory {
-            params: bytes(&self.params),
+            params: match &self.params {
+                Params::Own(params) => bytes(params),
+                Params::Shared(_) => 0,
+            },
             grads: bytes(&self.grads),
             saved_activations: self.acts.iter().map(bytes).sum(),
             workspace: bytes(&self.ping[0]) + bytes(&self.ping[1]) + bytes(&self.scratch),

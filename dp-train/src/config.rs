@@ -72,6 +72,11 @@ pub struct TrainConfig {
     /// 0: every replica holds the whole optimizer state. 1: each holds and updates a
     /// 1/replicas shard, and parameters are all-gathered after the update.
     pub zero_stage: u8,
+    /// The replicas of one process read one parameter buffer and hold one optimizer state
+    /// between them, each updating its shard of both after the gradient reduction (ZeRO-3 in
+    /// shared memory: nothing to broadcast or gather); off, each holds its own copies, as
+    /// processes do. Under ZeRO-1 across processes, replicas keep their own parameters.
+    pub share_params: bool,
     /// Activation recomputation (one segment per parameterized layer).
     pub recompute: bool,
     /// Magnitude pruning.
@@ -289,6 +294,7 @@ impl Default for TrainConfig {
             grad_accum: 1,
             clip_grad_norm: None,
             zero_stage: 0,
+            share_params: true,
             recompute: false,
             prune: None,
             memory_budget_mib: None,

@@ -261,6 +261,13 @@ impl RunPlan {
         self.resume.as_ref().map_or(0, |(_, s)| s.step)
     }
 
+    /// Whether this process's replicas share parameters and optimizer state (see
+    /// [`TrainConfig::share_params`]).
+    pub(crate) fn shares_params(&self) -> bool {
+        let zero_across_processes = self.processes > 1 && self.config.zero_stage == 1;
+        self.config.share_params && self.replicas > 1 && !zero_across_processes
+    }
+
     /// Replicas over all processes.
     pub(crate) fn world(&self) -> usize {
         self.replicas * self.processes

@@ -12,7 +12,7 @@ use dp_data::{Pipeline, Transform};
 use dp_mem::{CountingAlloc, Pool, PoolBuf, Tag, Tracker};
 use dp_model::{
     Adam, CheckpointReader, CheckpointWriter, LossTotals, Model, ModelOptions, Optimizer,
-    PruneSchedule, Pruner, Recompute, Sgd, ShardFile, Sparsity, StepOptions, Targets,
+    PruneSchedule, Pruner, Recompute, Sgd, ShardFile, SharedParams, Sparsity, StepOptions, Targets,
     clip_grad_norm, save_optimizer_shard,
 };
 use ndarray::ArrayView2;
@@ -140,8 +140,11 @@ pub(crate) struct Replica<C: Communicator> {
     model: Model<f32>,
     grad_sync: GradSync,
     optimizer: Box<dyn Optimizer<f32>>,
-    /// The parameters this replica's optimizer updates (all of them without ZeRO).
+    /// The parameters this replica's optimizer updates (all of them without ZeRO or shared
+    /// parameters).
     shard: Range<usize>,
+    /// Whether the model's parameters are the process's [`SharedParams`].
+    shared: bool,
     /// ZeRO stage 1: this replica's updated shard, padded to the common shard size, and
     /// where every replica's shard lands.
     gather: Option<(PoolBuf<f32>, PoolBuf<f32>)>,
@@ -164,6 +167,13 @@ pub(crate) struct Replica<C: Communicator> {
     report: ReplicaReport,
 }
 
+/// The parameters this process's replicas share, and for the replica that accounts them
+/// (its first), the tracker they were allocated under.
+pub(crate) struct SharedState {
+    pub(crate) params: SharedParams<f32>,
+    pub(crate) tracker: Option<Tracker>,
+}
+
 /// How gradients are bucketed for averaging.
 pub(crate) fn bucket_config(config: &crate::config::TrainConfig) -> Result<BucketConfig> {
     let mut bucket = BucketConfig::default();
@@ -181,10 +191,14 @@ pub(crate) fn bucket_config(config: &crate::config::TrainConfig) -> Result<Bucke
 /// by bucket on a communication thread (which then needs a group of its own). A gradient that
 /// fits in one bucket cannot be reduced while backward goes on, so a communication thread
 /// would only add a copy of the gradients and two hand-offs between threads to every step;
-/// and a world of one replica has nobody to send them to (nor a reason to compress them).
-pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, world: usize) -> bool {
+/// replicas that share their parameters update them only once every gradient is reduced,
+/// and a communication thread's copy of the gradients would cost each of them what sharing
+/// saves; and a world of one replica has nobody to send them to (nor a reason to compress
+/// them).
+pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, plan: &RunPlan) -> bool {
     let one_bucket = params * size_of::<f32>() <= bucket.bucket_bytes;
-    world == 1 || (one_bucket && bucket.compression == Compression::None)
+    let uncompressed = bucket.compression == Compression::None;
+    plan.world() == 1 || (uncompressed && (one_bucket || plan.shares_params()))
 }
 
 impl<C: Communicator> Replica<C> {
@@ -197,22 +211,45 @@ impl<C: Communicator> Replica<C> {
         events: Option<Events>,
         stop: Arc<AtomicBool>,
         fault: Option<Fault>,
+        shared: Option<SharedState>,
     ) -> Result<Self>
     where
         G: Communicator + Send + 'static,
     {
         let config = &plan.config;
         let (rank, world) = (ctl.rank(), ctl.world_size());
-        let tracker = Tracker::new();
+        let local_rank = rank % plan.replicas;
+        let (shared, tracker) = match shared {
+            Some(SharedState { params, tracker }) => (Some(params), tracker),
+            None => (None, None),
+        };
+        let tracker = tracker.unwrap_or_default();
         tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
         let pool = Pool::new(&tracker);
         let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
         let options =
             ModelOptions::new(plan.micro, config.seed).replica(rank as u64).recompute(recompute);
-        let mut model = Model::<f32>::new(&plan.spec, &pool, options)?;
+        let is_shared = shared.is_some();
+        let mut model = match shared {
+            // SAFETY: the replicas sharing these parameters only read them, except in
+            // `Replica::step`'s update, where each writes its own `shard` between the step's
+            // last collective (every replica is past backward) and a barrier (none reads
+            // before every update is done), and in pruning, which the first replica does alone
+            // between two barriers.
+            Some(params) => unsafe {
+                Model::with_shared_params(&plan.spec, &pool, options, params)?
+            },
+            None => Model::<f32>::new(&plan.spec, &pool, options)?,
+        };
         let len = model.params().len();
 
-        let shard = if config.zero_stage == 1 { zero_shard(len, world, rank) } else { 0..len };
+        let shard = if is_shared {
+            zero_shard(len, plan.replicas, local_rank)
+        } else if config.zero_stage == 1 {
+            zero_shard(len, world, rank)
+        } else {
+            0..len
+        };
         let mut optimizer: Box<dyn Optimizer<f32>> = match config.optimizer {
             OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
                 Box::new(Sgd::new(shard.len(), momentum, nesterov, weight_decay, &pool)?)
@@ -222,7 +259,7 @@ impl<C: Communicator> Replica<C> {
             ),
         };
         let gather = match config.zero_stage {
-            1 => {
+            1 if !is_shared => {
                 let size = len.div_ceil(world);
                 Some((
                     pool.alloc_zeroed(size, Tag::Comm)?,
@@ -232,7 +269,8 @@ impl<C: Communicator> Replica<C> {
             _ => None,
         };
 
-        // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0.
+        // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
+        // (shared parameters were initialized or restored once for all, before the replicas).
         let train_config = pipeline_config(&plan, rank, world, true);
         let scaling = || -> Vec<Box<dyn Transform>> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
@@ -245,17 +283,23 @@ impl<C: Communicator> Replica<C> {
                 // Whatever number of replicas saved the optimizer state, this one reads its
                 // own shard of it.
                 let mut reader = CheckpointReader::open(&plan.checkpoint_path())?;
-                reader.restore_params(&mut model)?;
+                if !is_shared {
+                    reader.restore_params(&mut model)?;
+                }
                 reader.restore_optimizer(optimizer.as_mut(), shard.clone())?;
                 Pipeline::resume(&config.train_data, train_config, training()?, &state.pipeline)?
             }
             None => {
-                ctl.broadcast(model.params_mut(), 0)?;
+                if !is_shared {
+                    ctl.broadcast(model.params_mut(), 0)?;
+                }
                 Pipeline::new(&config.train_data, train_config, training()?)?
             }
         };
         let pruner = match &config.prune {
             None => None,
+            // Shared parameters are pruned once, by the process's first replica.
+            Some(_) if is_shared && local_rank != 0 => None,
             Some(p) => {
                 let scope = if p.global {
                     Sparsity::Global(p.sparsity)
@@ -314,6 +358,7 @@ impl<C: Communicator> Replica<C> {
             grad_sync,
             optimizer,
             shard,
+            shared: is_shared,
             gather,
             checksums,
             pruner,
@@ -345,6 +390,7 @@ impl<C: Communicator> Replica<C> {
                     model,
                     optimizer,
                     gather,
+                    shared,
                     consistent,
                     updating,
                     events,
@@ -355,7 +401,9 @@ impl<C: Communicator> Replica<C> {
                 let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
                 let saved = consistent.step > plan.start_step();
                 let finite = model.params().iter().all(|p| p.is_finite());
-                if rank == 0 && gather.is_none() && !diverged && !updating && saved && finite {
+                // Replica 0 must hold the whole optimizer state.
+                let whole = gather.is_none() && !shared;
+                if rank == 0 && whole && !diverged && !updating && saved && finite {
                     // As for every checkpoint: not past a step whose metrics were lost.
                     let timeout = metrics_timeout(&plan);
                     if events.as_ref().is_none_or(|e| e.wait_recorded(timeout).is_ok()) {
@@ -387,6 +435,8 @@ impl<C: Communicator> Replica<C> {
                     FaultKind::Kill => unsafe {
                         libc::kill(libc::getpid(), libc::SIGKILL);
                     },
+                    // Shared parameters cannot drift apart: only a replica's own can be flipped.
+                    FaultKind::Desync if self.shared => {}
                     FaultKind::Desync => {
                         if let Some(p) = self.model.params_mut().first_mut() {
                             *p = f32::from_bits(p.to_bits() ^ 1);
@@ -451,7 +501,8 @@ impl<C: Communicator> Replica<C> {
         // (global-norm clipping) or covers only this replica's shard (ZeRO-1).
         let update_per_bucket = matches!(self.grad_sync, GradSync::Buckets { .. })
             && config.clip_grad_norm.is_none()
-            && self.gather.is_none();
+            && self.gather.is_none()
+            && !self.shared;
         let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
         // Loss sum, correct, samples, stop request: one small all-reduce per step.
         let mut totals = [0f64; 4];
@@ -504,16 +555,19 @@ impl<C: Communicator> Replica<C> {
         }
 
         if !update_per_bucket {
+            // Only this replica's shard of the parameters is borrowed: with shared
+            // parameters, the other replicas are updating theirs meanwhile.
+            let shard = self.shard.clone();
             let (params, grads) = match &mut self.grad_sync {
                 GradSync::Buckets { reducer, .. } => {
-                    (self.model.params_mut(), reducer.buffer_mut())
+                    (self.model.params_range_mut(shard.clone()), reducer.buffer_mut())
                 }
-                GradSync::InPlace => self.model.params_and_grads_mut(),
+                GradSync::InPlace => self.model.params_range_and_grads_mut(shard.clone()),
             };
             if let Some(max) = config.clip_grad_norm {
                 clip_grad_norm(grads, max);
             }
-            self.optimizer.step(&mut params[self.shard.clone()], &grads[self.shard.clone()], lr)?;
+            self.optimizer.step(params, &grads[shard], lr)?;
         }
         let params = self.model.params_mut();
         if let Some((own, all)) = &mut self.gather {
@@ -523,8 +577,15 @@ impl<C: Communicator> Replica<C> {
             let len = params.len();
             params.copy_from_slice(&all[..len]);
         }
+        if self.shared {
+            // Every shard is updated before any replica reads the parameters again.
+            self.ctl.barrier()?;
+        }
         if let Some(pruner) = &mut self.pruner {
             pruner.update(step, self.model.params_mut());
+        }
+        if self.shared && config.prune.is_some() {
+            self.ctl.barrier()?;
         }
         (self.consistent.step, self.consistent.pipeline) = (step + 1, self.train.state());
         self.updating = false;
@@ -708,10 +769,12 @@ impl<C: Communicator> Replica<C> {
             return Err(Error::NonFinite { step, what: "a parameter", value });
         }
         let (dir, len) = (self.plan.run_dir(), self.model.params().len());
-        let sharded = self.gather.is_some();
-        if sharded {
-            let path = dir.join(optimizer_shard(step, self.rank));
-            save_optimizer_shard(&path, self.optimizer.as_ref(), self.shard.clone(), len)?;
+        let shards = self.optimizer_shards();
+        if let Some(count) = shards {
+            if self.rank < count {
+                let path = dir.join(optimizer_shard(step, self.rank));
+                save_optimizer_shard(&path, self.optimizer.as_ref(), self.shard.clone(), len)?;
+            }
             // A replica that failed to write its shard has left the group, failing this.
             self.ctl.barrier()?;
         }
@@ -720,11 +783,10 @@ impl<C: Communicator> Replica<C> {
             let extra =
                 serde_json::to_string(&self.consistent).expect("the run state always serializes");
             let writer = CheckpointWriter::new(&self.model).with_extra(extra);
-            let writer = if sharded {
-                let world = self.ctl.world_size();
-                let shards = (0..world)
+            let writer = if let Some(count) = shards {
+                let shards = (0..count)
                     .map(|r| {
-                        let range = zero_shard(len, world, r);
+                        let range = zero_shard(len, count, r);
                         ShardFile {
                             name: optimizer_shard(step, r),
                             start: range.start,
@@ -744,6 +806,17 @@ impl<C: Communicator> Replica<C> {
             }
         }
         Ok(())
+    }
+
+    /// How many shards the optimizer state is saved in (`None`: replica 0 holds it whole):
+    /// one per replica of the first process when replicas share it, one per replica under
+    /// ZeRO-1. Shard `r` is replica `r`'s.
+    fn optimizer_shards(&self) -> Option<usize> {
+        if self.shared {
+            Some(self.plan.replicas)
+        } else {
+            self.gather.is_some().then(|| self.ctl.world_size())
+        }
     }
 
     /// Waits until the metrics of every step so far are written: a checkpoint past a line the
@@ -782,6 +855,10 @@ impl<C: Communicator> Replica<C> {
         let mut minimum = [0; 7];
         for (slot, tag) in minimum.iter_mut().zip(Tag::ALL) {
             *slot = match tag {
+                // Shared parameters are the first replica's to account.
+                Tag::Param if self.shared && self.rank.is_multiple_of(self.plan.replicas) => {
+                    f32s(self.model.params().len())
+                }
                 Tag::Param => memory.params,
                 Tag::Grad => memory.grads,
                 Tag::OptState => self.optimizer.state_bytes(),
@@ -850,8 +927,8 @@ fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
     }
 }
 
-/// After a failure elsewhere, replica 0 still holds the last consistent step (without ZeRO,
-/// where it has the whole optimizer state): save it so the run can resume. Not after a
+/// After a failure elsewhere, replica 0 still holds the last consistent step (where it has
+/// the whole optimizer state: without ZeRO-1 or shared parameters): save it so the run can resume. Not after a
 /// divergence, whose parameters are not to be trusted.
 fn emergency_checkpoint(
     plan: &RunPlan,

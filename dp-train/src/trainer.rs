@@ -9,8 +9,8 @@ use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiConfig, MpiWorld};
-use dp_mem::Tag;
-use dp_model::CheckpointHeader;
+use dp_mem::{Pool, Tag, Tracker};
+use dp_model::{CheckpointHeader, CheckpointReader, SharedParams};
 
 use crate::chance::first_epoch_warning;
 use crate::config::TrainConfig;
@@ -20,7 +20,7 @@ use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
 use crate::processes::Processes;
 use crate::record::{Event, Events, Recorded};
-use crate::replica::{Fault, Replica, ReplicaReport, bucket_config, reduces_in_place};
+use crate::replica::{Fault, Replica, ReplicaReport, SharedState, bucket_config, reduces_in_place};
 use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, RunLock, SUMMARY};
 use crate::summary::Summary;
 
@@ -146,12 +146,14 @@ pub fn train(
     let ctl = Hierarchical::group(LocalGroup::with_config(plan.replicas, local)?, world_comm()?);
     // Gradient buckets travel on groups of their own, on communication threads.
     let bucket = bucket_config(&plan.config)?;
-    let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket, plan.world()) {
+    let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket, &plan) {
         (0..plan.replicas).map(|_| None).collect()
     } else {
         let threads = LocalGroup::with_config(plan.replicas, local)?;
         Hierarchical::group(threads, world_comm()?).into_iter().map(Some).collect()
     };
+    let shared = shared_params(&plan);
+    let shared = processes.agree(shared)?;
     let first_rank = processes.rank() * plan.replicas;
     let gate = Gate::new(plan.replicas);
     let (sender, receiver) = sync_channel::<Event>(1024);
@@ -173,13 +175,19 @@ pub fn train(
                     (local_rank == 0).then(|| Events::new(sender.clone(), Arc::clone(&recorded)));
                 let stop = Arc::clone(&options.stop);
                 let fault = options.fault;
+                let shared = shared.as_ref().map(|(params, tracker)| SharedState {
+                    params: params.clone(),
+                    // The first replica accounts the shared parameters.
+                    tracker: (local_rank == 0).then(|| tracker.clone()),
+                });
                 let entry = gate.enter();
                 // A thread that cannot start drops its communicators (and its place at the
                 // gate) with the closure, so its peers fail at once instead of waiting for it.
                 std::thread::Builder::new()
                     .name(format!("replica-{rank}"))
                     .spawn_scoped(scope, move || {
-                        let built = Replica::new(Arc::clone(&plan), ctl, grad, events, stop, fault);
+                        let built =
+                            Replica::new(Arc::clone(&plan), ctl, grad, events, stop, fault, shared);
                         let started = match built {
                             Ok(replica) if entry.ready() => replica.run(),
                             // Another replica or the coordinator failed; it reports why.
@@ -283,6 +291,24 @@ pub fn train(
     }
     drop(lock);
     Ok(summary)
+}
+
+/// The parameters this process's replicas share (see [`TrainConfig::share_params`]),
+/// initialized from the seed or restored from the checkpoint, and the tracker they are
+/// accounted under; `None` when each replica holds its own.
+fn shared_params(plan: &RunPlan) -> Result<Option<(SharedParams<f32>, Tracker)>> {
+    if !plan.shares_params() {
+        return Ok(None);
+    }
+    let tracker = Tracker::new();
+    tracker.set_budget(plan.config.memory_budget_mib.map(|m| m << 20));
+    let built = SharedParams::new(&plan.spec, plan.config.seed, &Pool::new(&tracker));
+    let mut params = built.map_err(|e| Error::from(e).in_config_terms(&plan.config))?;
+    if plan.resume.is_some() {
+        let mut reader = CheckpointReader::open(&plan.checkpoint_path())?;
+        reader.restore_shared(&plan.spec, &mut params)?;
+    }
+    Ok(Some((params, tracker)))
 }
 
 /// Once the replicas are built: process 0 creates a new run's directory (its final name,

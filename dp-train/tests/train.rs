@@ -378,15 +378,30 @@ fn the_memory_minimum_moves_with_accumulation_recomputation_and_zero() {
     let accum = run("accum", TrainConfig { grad_accum: 2, ..config(2, 4) });
     let recompute = run("recompute", TrainConfig { recompute: true, ..config(2, 4) });
     let zero = run("zero", TrainConfig { zero_stage: 1, ..config(2, 4) });
+    let own = run("own", TrainConfig { share_params: false, ..config(2, 4) });
+    let zero_own =
+        run("zero-own", TrainConfig { zero_stage: 1, share_params: false, ..config(2, 4) });
     // Half the micro-batch, half the activations; recomputation keeps fewer.
     let acts = min(&base, "Activation") as f64;
     assert!((min(&accum, "Activation") as f64 / acts - 0.5).abs() < 0.05, "{accum}");
     assert!((min(&recompute, "Activation") as f64) < acts, "{recompute}");
-    // ZeRO-1 on 2 replicas: half the optimizer state, plus the buffers the gather needs.
-    let opt = min(&base, "OptState") as f64;
-    assert!((min(&zero, "OptState") as f64 / opt - 0.5).abs() < 0.01, "{zero}");
-    assert!(min(&zero, "Comm") > min(&base, "Comm"), "{zero}");
-    for s in [&base, &accum, &recompute, &zero] {
+    // Replicas that share parameters hold half the optimizer state each, and reduce their
+    // gradients in place: no communication buffer. ZeRO-1 is then the same layout.
+    let whole = min(&own, "OptState") as f64;
+    for shared in [&base, &zero] {
+        assert!((min(shared, "OptState") as f64 / whole - 0.5).abs() < 0.01, "{shared}");
+        assert_eq!(min(shared, "Comm"), 0, "{shared}");
+        assert_eq!(min(shared, "Param"), min(&own, "Param"), "{shared}");
+    }
+    // The process holds one copy of the parameters and of the optimizer state, not two.
+    let saved = own.process_accounted as f64 - base.process_accounted as f64;
+    let one_copy = (min(&own, "Param") + min(&own, "OptState")) as f64;
+    assert!(saved >= 0.95 * one_copy, "{saved} saved, {one_copy} in one copy");
+    // ZeRO-1 over replicas with their own parameters: half the optimizer state, plus the
+    // buffers the gather needs.
+    assert!((min(&zero_own, "OptState") as f64 / whole - 0.5).abs() < 0.01, "{zero_own}");
+    assert!(min(&zero_own, "Comm") > min(&own, "Comm"), "{zero_own}");
+    for s in [&base, &accum, &recompute, &zero, &own, &zero_own] {
         assert_eq!(s.theoretical_min, s.minimum_memory.values().sum::<u64>());
         // The model side holds what its step needs and little more.
         for tag in ["Param", "Grad", "OptState", "Activation", "Comm"] {

@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::model::Model;
 use crate::optim::Optimizer;
+use crate::shared::SharedParams;
+use crate::spec::ModelSpec;
 
 /// An open checkpoint, checked whole, from which the parameters and then the optimizer state
 /// (any range of it) are read in one pass.
@@ -75,21 +77,47 @@ impl CheckpointReader {
     /// Reads the parameters into `model`, which must be built from the same spec (its
     /// fingerprint) with the same value type; they come first, so this is called first.
     pub fn restore_params<T: Float>(&mut self, model: &mut Model<T>) -> Result<()> {
+        let (name, fingerprint) = (model.spec().name.clone(), model.spec().fingerprint());
+        self.check_model(&name, fingerprint, model.layout() == &self.header.layout)?;
+        self.read_params(model.params_mut())
+    }
+
+    /// Reads the parameters into `params` while no model shares them yet (see
+    /// [`SharedParams::get_mut`]); `spec` is their model's.
+    pub fn restore_shared<T: Float>(
+        &mut self,
+        spec: &ModelSpec,
+        params: &mut SharedParams<T>,
+    ) -> Result<()> {
+        let same_layout = spec.layout().is_ok_and(|layout| layout == self.header.layout);
+        self.check_model(&spec.name, spec.fingerprint(), same_layout)?;
+        let Some(values) = params.get_mut() else {
+            return Err(self.fail("the shared parameters are in use by a model".into()));
+        };
+        self.read_params(values)
+    }
+
+    fn check_model(&self, name: &str, fingerprint: u64, same_layout: bool) -> Result<()> {
         let header = &self.header;
-        if header.fingerprint != model.spec().fingerprint() || &header.layout != model.layout() {
+        if header.fingerprint != fingerprint || !same_layout {
             return Err(self.fail(format!(
-                "saved for model `{}` (spec {:016x}), loading into `{}` (spec {:016x}); the specs differ",
-                header.model,
-                header.fingerprint,
-                model.spec().name,
-                model.spec().fingerprint()
+                "saved for model `{}` (spec {:016x}), loading into `{name}` (spec {fingerprint:016x}); the specs differ",
+                header.model, header.fingerprint,
             )));
         }
+        Ok(())
+    }
+
+    fn read_params<T: Float>(&mut self, params: &mut [T]) -> Result<()> {
         self.check_width::<T>()?;
         if self.at != Section::Params {
             return Err(self.fail("the parameters were read past already".into()));
         }
-        let params = model.params_mut();
+        if params.len() != self.header.layout.len() {
+            let what =
+                format!("{} parameters, loading into {}", self.header.layout.len(), params.len());
+            return Err(self.fail(what));
+        }
         for (t, meta) in self.header.tensors.iter().zip(self.header.layout.tensors()) {
             let dst = bytemuck::cast_slice_mut(&mut params[meta.range()]);
             values::read(
