@@ -400,10 +400,16 @@ impl<C: Communicator> Replica<C> {
                 drop(ctl);
                 let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
                 let saved = consistent.step > plan.start_step();
-                let finite = model.params().iter().all(|p| p.is_finite());
-                // Replica 0 must hold the whole optimizer state.
+                // Replica 0 must hold the whole optimizer state (and its own parameters,
+                // which no other replica may be writing now).
                 let whole = gather.is_none() && !shared;
-                if rank == 0 && whole && !diverged && !updating && saved && finite {
+                if rank == 0
+                    && whole
+                    && !diverged
+                    && !updating
+                    && saved
+                    && model.params().iter().all(|p| p.is_finite())
+                {
                     // As for every checkpoint: not past a step whose metrics were lost.
                     let timeout = metrics_timeout(&plan);
                     if events.as_ref().is_none_or(|e| e.wait_recorded(timeout).is_ok()) {
@@ -569,8 +575,8 @@ impl<C: Communicator> Replica<C> {
             }
             self.optimizer.step(params, &grads[shard], lr)?;
         }
-        let params = self.model.params_mut();
         if let Some((own, all)) = &mut self.gather {
+            let params = self.model.params_mut();
             own.fill(0.0);
             own[..self.shard.len()].copy_from_slice(&params[self.shard.clone()]);
             self.ctl.all_gather(own, all)?;
