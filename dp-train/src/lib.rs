@@ -34,6 +34,7 @@
 mod best;
 mod chance;
 mod config;
+mod emergency;
 mod error;
 mod gate;
 mod inference;

@@ -19,6 +19,7 @@ use ndarray::ArrayView2;
 
 use crate::best::BestSoFar;
 use crate::config::OptimizerConfig;
+use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error};
@@ -161,9 +162,14 @@ pub(crate) struct Replica<C: Communicator> {
     /// The last step boundary at which parameters, optimizer state and data position agree:
     /// what an emergency checkpoint saves.
     consistent: ResumeState,
-    /// The parameters are part way through an update (per-bucket updates have begun), so
-    /// they match no step boundary.
+    /// The parameters are part way through an update (this replica's has begun, and, with
+    /// shared parameters, not every replica's is known to be done), so they match no step
+    /// boundary.
     updating: bool,
+    /// The step of the last checkpoint written (or resumed from).
+    checkpointed: u64,
+    /// With shared parameters: this replica's say in an emergency checkpoint.
+    vote: Option<Vote>,
     report: ReplicaReport,
 }
 
@@ -172,6 +178,8 @@ pub(crate) struct Replica<C: Communicator> {
 pub(crate) struct SharedState {
     pub(crate) params: SharedParams<f32>,
     pub(crate) tracker: Option<Tracker>,
+    /// Where the replicas say whether they saved their part of an emergency checkpoint.
+    pub(crate) board: Arc<Board>,
 }
 
 /// How gradients are bucketed for averaging.
@@ -219,9 +227,11 @@ impl<C: Communicator> Replica<C> {
         let config = &plan.config;
         let (rank, world) = (ctl.rank(), ctl.world_size());
         let local_rank = rank % plan.replicas;
-        let (shared, tracker) = match shared {
-            Some(SharedState { params, tracker }) => (Some(params), tracker),
-            None => (None, None),
+        let (shared, tracker, vote) = match shared {
+            Some(SharedState { params, tracker, board }) => {
+                (Some(params), tracker, Some(Vote::new(board)))
+            }
+            None => (None, None, None),
         };
         let tracker = tracker.unwrap_or_default();
         tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
@@ -370,6 +380,8 @@ impl<C: Communicator> Replica<C> {
             fault,
             consistent,
             updating: false,
+            checkpointed: start,
+            vote,
             report,
             plan,
         })
@@ -389,31 +401,32 @@ impl<C: Communicator> Replica<C> {
                     plan,
                     model,
                     optimizer,
+                    shard,
                     gather,
-                    shared,
                     consistent,
                     updating,
+                    checkpointed,
+                    mut vote,
                     events,
                     ..
                 } = self;
                 drop(grad_sync);
                 drop(ctl);
+                // Only a step boundary past the last checkpoint is worth saving, and never a
+                // diverged one.
                 let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
-                let saved = consistent.step > plan.start_step();
-                // Replica 0 must hold the whole optimizer state (and its own parameters,
-                // which no other replica may be writing now).
-                let whole = gather.is_none() && !shared;
-                if rank == 0
-                    && whole
-                    && !diverged
-                    && !updating
-                    && saved
-                    && model.params().iter().all(|p| p.is_finite())
-                {
-                    // As for every checkpoint: not past a step whose metrics were lost.
-                    let timeout = metrics_timeout(&plan);
-                    if events.as_ref().is_none_or(|e| e.wait_recorded(timeout).is_ok()) {
-                        emergency_checkpoint(&plan, &model, optimizer.as_ref(), &consistent);
+                if !diverged && !updating && consistent.step > checkpointed {
+                    let save = Emergency {
+                        plan: &plan,
+                        model: &model,
+                        optimizer: optimizer.as_ref(),
+                        consistent: &consistent,
+                        events: events.as_ref(),
+                    };
+                    if let Some(vote) = &mut vote {
+                        save.shard(rank, shard, vote);
+                    } else if rank == 0 && gather.is_none() {
+                        save.whole();
                     }
                 }
                 Err(error)
@@ -561,6 +574,7 @@ impl<C: Communicator> Replica<C> {
         }
 
         if !update_per_bucket {
+            self.updating = true;
             // Only this replica's shard of the parameters is borrowed: with shared
             // parameters, the other replicas are updating theirs meanwhile.
             let shard = self.shard.clone();
@@ -811,6 +825,7 @@ impl<C: Communicator> Replica<C> {
                 events.send(Event::Checkpoint { step });
             }
         }
+        self.checkpointed = step;
         Ok(())
     }
 
@@ -931,21 +946,4 @@ fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
         None => Ok(()),
         Some(i) => Err(label_error(labels[i], records.get(i).copied().unwrap_or(0), classes)),
     }
-}
-
-/// After a failure elsewhere, replica 0 still holds the last consistent step (where it has
-/// the whole optimizer state: without ZeRO-1 or shared parameters): save it so the run can resume. Not after a
-/// divergence, whose parameters are not to be trusted.
-fn emergency_checkpoint(
-    plan: &RunPlan,
-    model: &Model<f32>,
-    optimizer: &dyn Optimizer<f32>,
-    consistent: &ResumeState,
-) {
-    let extra = serde_json::to_string(consistent).expect("the run state always serializes");
-    // The run already failed; a checkpoint that cannot be written only loses the resume.
-    let _ = CheckpointWriter::new(model)
-        .with_optimizer(optimizer)
-        .with_extra(extra)
-        .save(&plan.checkpoint_path());
 }

@@ -14,6 +14,7 @@ use dp_model::{CheckpointHeader, CheckpointReader, SharedParams};
 
 use crate::chance::first_epoch_warning;
 use crate::config::TrainConfig;
+use crate::emergency::Board;
 use crate::error::{Error, Result};
 use crate::gate::Gate;
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
@@ -154,6 +155,7 @@ pub fn train(
     };
     let shared = shared_params(&plan);
     let shared = processes.agree(shared)?;
+    let board = Arc::new(Board::default());
     let first_rank = processes.rank() * plan.replicas;
     let gate = Gate::new(plan.replicas);
     let (sender, receiver) = sync_channel::<Event>(1024);
@@ -179,6 +181,7 @@ pub fn train(
                     params: params.clone(),
                     // The first replica accounts the shared parameters.
                     tracker: (local_rank == 0).then(|| tracker.clone()),
+                    board: Arc::clone(&board),
                 });
                 let entry = gate.enter();
                 // A thread that cannot start drops its communicators (and its place at the

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
-use common::{StopAfter, TempDir, config, final_params, run_dir, train_losses};
+use common::{StopAfter, TempDir, checkpoint_step, config, final_params, run_dir, train_losses};
 use dp_train::{
     CHECKPOINT, CONFIG, Error, Fault, FaultKind, METRICS, Observer, RunInfo, RunOptions,
     StepMetrics, TrainConfig, train,
@@ -472,11 +472,4 @@ fn replicas_whose_parameters_drift_apart_stop_the_run_at_the_next_check() {
     // Nothing is saved past the check that found it: the last checkpoint is step 8's.
     let dir = run_dir(&out.0);
     assert_eq!(checkpoint_step(&dir), 8);
-}
-
-/// The step a run's checkpoint was taken at.
-fn checkpoint_step(dir: &Path) -> u64 {
-    let checkpoint = dp_model::CheckpointReader::open(&dir.join(CHECKPOINT)).unwrap();
-    let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
-    state["step"].as_u64().unwrap()
 }

@@ -104,13 +104,17 @@ fn a_resumed_run_continues_exactly() {
 
 #[test]
 fn a_failing_replica_stops_the_run_naming_it() {
-    for kind in [FaultKind::Panic, FaultKind::Error] {
+    for (kind, share_params) in [
+        (FaultKind::Panic, false),
+        (FaultKind::Error, false),
+        (FaultKind::Panic, true),
+        (FaultKind::Error, true),
+    ] {
         let panic = kind == FaultKind::Panic;
-        let out = TempDir::new(&format!("fault-{panic}"));
+        let out = TempDir::new(&format!("fault-{panic}-{share_params}"));
         let mut c = config(2, 20);
         c.timeout_s = 2.0;
-        // Replica 0 holds the whole optimizer state only when the replicas do not share it.
-        c.share_params = false;
+        c.share_params = share_params;
         let options = RunOptions {
             fault: Some(dp_train::Fault { rank: 1, step: 5, kind }),
             ..RunOptions::new(&out.0)
@@ -123,9 +127,15 @@ fn a_failing_replica_stops_the_run_naming_it() {
         assert!(what.contains("injected fault at step 5"), "{error}");
         assert_eq!(what.contains("panicked"), panic, "{error}");
 
-        // Replica 0 saved the last consistent step, and the run resumes from it.
+        // The last consistent step is saved (replica 0 holds the whole optimizer state, or
+        // each replica saves its shard of the shared one), and the run resumes from it;
+        // with shared state, a replica that panicked took its shard with it.
         let dir = run_dir(&out.0);
-        assert!(dir.join(dp_train::CHECKPOINT).exists(), "no emergency checkpoint");
+        let saved = !(panic && share_params);
+        assert_eq!(dir.join(dp_train::CHECKPOINT).exists(), saved, "{kind:?} {share_params}");
+        if saved {
+            assert_eq!(common::checkpoint_step(&dir), 5);
+        }
         let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(&out.0) };
         let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
         assert_eq!(resumed.steps, 20);

@@ -176,3 +176,10 @@ pub fn table_config(dir: &Path, epochs: u64) -> TrainConfig {
         ..TrainConfig::default()
     }
 }
+
+/// The step a run's checkpoint was taken at.
+pub fn checkpoint_step(dir: &Path) -> u64 {
+    let checkpoint = CheckpointReader::open(&dir.join(dp_train::CHECKPOINT)).unwrap();
+    let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
+    state["step"].as_u64().unwrap()
+}
