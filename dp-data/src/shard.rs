@@ -488,25 +488,24 @@ impl ShardReader {
     /// Drops block `index`'s pages from this process's resident memory once it is decoded
     /// (the page cache keeps them, so reading the block again costs a minor fault, not a
     /// disk read): a mapped shard would otherwise stay resident in the process as far as it
-    /// has been read, outside every memory account. Only the pages wholly inside the block
-    /// go; those it shares with its neighbours stay.
+    /// has been read, outside every memory account. A fault maps the pages around the one
+    /// asked for that the page cache holds (Linux's fault-around, 64 KiB by default), so the
+    /// range released reaches to the 64 KiB boundaries around the block, neighbours' pages
+    /// included: those read back from the page cache just the same when touched.
     fn release(&self, index: usize) {
+        const AROUND: usize = 64 << 10;
         let entry = &self.entries[index];
-        let page = page_size();
-        let start = (entry.offset as usize).next_multiple_of(page);
-        let end = (entry.offset + BLOCK_HEADER_LEN + entry.compressed) as usize / page * page;
-        if start < end {
-            // SAFETY: the mapping is private and read-only, so dropping its pages loses
-            // nothing: they read back from the file. No reference into these pages outlives
-            // `read_block`, which has decoded the block into its own buffer.
-            let _ = unsafe {
-                self.map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    start,
-                    end - start,
-                )
-            };
-        }
+        // The mapping rounds the start down to a page boundary itself.
+        let start = entry.offset as usize / AROUND * AROUND;
+        let end = ((entry.offset + BLOCK_HEADER_LEN + entry.compressed) as usize)
+            .next_multiple_of(AROUND)
+            .min(self.map.len());
+        // SAFETY: the mapping is private and read-only, so dropping its pages changes nothing
+        // a reader sees: a page touched again reads back from the file, with the same bytes,
+        // also under a reader of a neighbouring block on another thread.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
     }
 
     /// Decompresses the compressed bytes of block `index` and validates the block.
@@ -556,14 +555,4 @@ impl ShardReader {
             entry.offset,
         )
     }
-}
-
-/// The system's memory page size.
-fn page_size() -> usize {
-    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PAGE.get_or_init(|| {
-        // SAFETY: sysconf has no memory effects.
-        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        usize::try_from(size).unwrap_or(4096)
-    })
 }
