@@ -500,9 +500,10 @@ impl ShardReader {
         let end = ((entry.offset + BLOCK_HEADER_LEN + entry.compressed) as usize)
             .next_multiple_of(AROUND)
             .min(self.map.len());
-        // SAFETY: the mapping is private and read-only, so dropping its pages changes nothing
-        // a reader sees: a page touched again reads back from the file, with the same bytes,
-        // also under a reader of a neighbouring block on another thread.
+        // SAFETY: the mapping is read-only and its file is never written in place, so dropping
+        // its pages changes nothing a reader sees: a page touched again reads back from the
+        // page cache, with the same bytes, also under a reader of a neighbouring block on
+        // another thread.
         let _ = unsafe {
             self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
         };

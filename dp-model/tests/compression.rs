@@ -266,11 +266,32 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
     let n = damaged.len();
     damaged[n - 9] ^= 0x10;
     std::fs::write(&shard_path, &damaged).unwrap();
-    let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
+    let mut untouched = adam(len);
+    let error = reader.restore_optimizer(&mut untouched, 0..len).unwrap_err();
     assert!(matches!(&error, Error::Checkpoint { path, .. } if *path == shard_path), "{error}");
+    assert!(
+        untouched.state().buffers.iter().all(|b| b.iter().all(|&v| v == 0.0)),
+        "a damaged shard changed the optimizer"
+    );
     std::fs::remove_file(&shard_path).unwrap();
     let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
     assert!(matches!(&error, Error::Io { path, .. } if *path == shard_path), "{error}");
+
+    // SGD with momentum over an empty shard (more replicas than a small model fills) still
+    // has its one buffer, so its shard reads back like the others.
+    let sgd = |n| Sgd::<f32>::new(n, 0.9, false, 0.0, &pool).unwrap();
+    let (full, empty) = (sgd(len), sgd(0));
+    let names = ["sgd-0.ckpt", "sgd-1.ckpt"];
+    save_optimizer_shard(&dir.0.join(names[0]), &full, 0..len, len).unwrap();
+    save_optimizer_shard(&dir.0.join(names[1]), &empty, len..len, len).unwrap();
+    let sgd_files = vec![
+        ShardFile { name: names[0].into(), start: 0, end: len },
+        ShardFile { name: names[1].into(), start: len, end: len },
+    ];
+    CheckpointWriter::new(&model).with_optimizer_shards(&full, sgd_files).save(&path).unwrap();
+    let mut reader = CheckpointReader::open(&path).unwrap();
+    reader.restore_optimizer(&mut sgd(0), len..len).unwrap();
+    reader.restore_optimizer(&mut sgd(len), 0..len).unwrap();
 
     // Shards that do not cover the model are refused when saving.
     let gap = vec![files[0].clone(), files[2].clone()];

@@ -166,7 +166,8 @@ pub(crate) struct Replica<C: Communicator> {
     /// shared parameters, not every replica's is known to be done), so they match no step
     /// boundary.
     updating: bool,
-    /// The step of the last checkpoint written (or resumed from).
+    /// The step of the last checkpoint this replica knows to be written whole (or resumed
+    /// from).
     checkpointed: u64,
     /// With shared parameters: this replica's say in an emergency checkpoint.
     vote: Option<Vote>,
@@ -819,13 +820,15 @@ impl<C: Communicator> Replica<C> {
                 writer.with_optimizer(self.optimizer.as_ref())
             };
             writer.save(&self.plan.checkpoint_path())?;
+            // Replica 0 alone knows the checkpoint whole; the others, knowing only their shards
+            // written, would save them again for an emergency checkpoint of the same step.
+            self.checkpointed = step;
             keep_checkpoints(dir, step, self.plan.config.keep)?;
             remove_unnamed_shards(dir, step)?;
             if let Some(events) = &mut self.events {
                 events.send(Event::Checkpoint { step });
             }
         }
-        self.checkpointed = step;
         Ok(())
     }
 

@@ -490,33 +490,42 @@ fn processes_run(
 /// The 20M-parameter model (MLP 784-4096-4096-10, Adam), 30 steps on the built-in digits, in
 /// a process of its own per setting, so that each peak RSS is that run's (checkpoint
 /// included): `(name, summary)` for 1 replica, 2 replicas, 2 with ZeRO-1, and the 2 replicas'
-/// run resumed for 5 more steps (a checkpoint loaded and saved).
+/// run resumed for 5 more steps (a checkpoint loaded and saved); then the default MLP on 2
+/// replicas, where the process's fixed costs weigh most.
 fn large_model_runs(root: &Path, out: &Path) -> Result<Vec<(String, dp_train::Summary)>> {
     let exe = std::env::current_exe().context("find this program")?;
-    let mut runs = Vec::new();
-    let settings =
-        [("1 replica", 1, 0), ("2 replicas", 2, 0), ("2, ZeRO-1", 2, 1), ("2, resumed", 2, 0)];
-    for (name, replicas, zero) in settings {
-        let dir = format!("large-{replicas}-{zero}");
+    let data = root.join("data/digits/train");
+    let large = |dir: &str, replicas: &str, zero: &str| {
         let mut command = std::process::Command::new(&exe);
-        if name.ends_with("resumed") {
-            command.arg("train").arg("--resume").arg(out.join(&dir));
-            command.args(["--steps", "35", "--no-plot"]);
-        } else {
-            command.arg("train").arg("--data").arg(root.join("data/digits/train"));
-            command.args(["--model", "mlp:4096,4096", "--optimizer", "adam", "--global-batch"]);
-            command.args(["256", "--steps", "30", "--no-plot", "--name", &dir]);
-            command.arg("--replicas").arg(replicas.to_string());
-            command.arg("--zero").arg(zero.to_string()).arg("--out").arg(out);
-        }
+        command.arg("train").arg("--data").arg(&data).arg("--out").arg(out);
+        command.args(["--model", "mlp:4096,4096", "--optimizer", "adam", "--global-batch"]);
+        command.args(["256", "--steps", "30", "--no-plot", "--name", dir]);
+        command.args(["--replicas", replicas, "--zero", zero]);
+        command
+    };
+    let mut resumed = std::process::Command::new(&exe);
+    resumed.arg("train").arg("--resume").arg(out.join("large-2"));
+    resumed.args(["--steps", "35", "--no-plot"]);
+    let mut default = std::process::Command::new(&exe);
+    default.arg("train").arg("--data").arg(&data).arg("--out").arg(out);
+    default.args(["--steps", "470", "--no-plot", "--name", "default-mlp", "--replicas", "2"]);
+    let runs = [
+        ("1 replica", "large-1", large("large-1", "1", "0")),
+        ("2 replicas", "large-2", large("large-2", "2", "0")),
+        ("2, ZeRO-1", "large-2-zero1", large("large-2-zero1", "2", "1")),
+        ("2, resumed", "large-2", resumed),
+        ("default MLP, 2 replicas", "default-mlp", default),
+    ];
+    let mut summaries = Vec::new();
+    for (name, dir, mut command) in runs {
         let output = command.output().with_context(|| format!("cannot start {command:?}"))?;
         if !output.status.success() {
             bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
         }
-        let summary = std::fs::read(out.join(&dir).join(dp_train::SUMMARY))?;
-        runs.push((name.to_string(), serde_json::from_slice(&summary)?));
+        let summary = std::fs::read(out.join(dir).join(dp_train::SUMMARY))?;
+        summaries.push((name.to_string(), serde_json::from_slice(&summary)?));
     }
-    Ok(runs)
+    Ok(summaries)
 }
 
 /// Prints the 20M-parameter runs' memory against the targets of a report that matches the
@@ -524,7 +533,7 @@ fn large_model_runs(root: &Path, out: &Path) -> Result<Vec<(String, dp_train::Su
 fn print_large_model(runs: &[(String, dp_train::Summary)], verdict: impl Fn(bool) -> &'static str) {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
-        "\nMLP 784-4096-4096-10 (20M parameters), Adam, global batch 256, 30 steps, a process each (its checkpoint included)"
+        "\nMLP 784-4096-4096-10 (20M parameters), Adam, global batch 256, 30 steps, and the default job's MLP, a process each (checkpoints included)"
     );
     println!(
         "{:<24} {:>12} {:>14} {:>14} {:>20}",

@@ -59,6 +59,18 @@ impl Frame {
         what: &str,
     ) -> Result<(H, Self)> {
         let file = File::open(path).map_err(|e| Error::io(path, "read", e))?;
+        Self::reopen(file, path, magic, what)
+    }
+
+    /// [`Frame::open`] on `file` (`path` names it in errors), read from its start.
+    pub(super) fn reopen<H: DeserializeOwned>(
+        mut file: File,
+        path: &Path,
+        magic: &[u8; 8],
+        what: &str,
+    ) -> Result<(H, Self)> {
+        use std::io::Seek;
+        file.rewind().map_err(|e| Error::io(path, "read", e))?;
         let mut input = BufReader::with_capacity(STREAM_BUFFER, file);
         let fail = |what: String| Error::Checkpoint { path: path.to_path_buf(), what };
         let mut start = [0u8; 12];
@@ -104,11 +116,11 @@ impl Frame {
     }
 
     /// Checks that the frame ends here: reading to its end checks its checksum, and finds
-    /// anything written after the data.
-    pub(super) fn finish(mut self) -> Result<()> {
+    /// anything written after the data. Returns the file, to read again.
+    pub(super) fn finish(mut self) -> Result<File> {
         let mut rest = [0u8; 1];
         match self.input.read(&mut rest) {
-            Ok(0) => Ok(()),
+            Ok(0) => Ok(self.input.into_inner().finish().into_inner()),
             Ok(_) => Err(self.fail("damaged (bytes after the data)".into())),
             Err(e) => Err(self.damaged(&e)),
         }

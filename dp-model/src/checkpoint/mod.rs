@@ -163,7 +163,7 @@ impl CheckpointHeader {
         for (t, meta) in self.tensors.iter().zip(self.layout.tensors()) {
             if let Some(nonzeros) = t.nonzeros {
                 info.sparse_tensors += 1;
-                info.zeros += meta.len() - nonzeros as usize;
+                info.zeros += meta.len().saturating_sub(nonzeros as usize);
             }
         }
         info

@@ -56,8 +56,10 @@ impl CheckpointReader {
             }
             frame.skip((optimizer.buffers * optimizer.len * width) as u64)?;
         }
-        frame.finish()?;
-        let (_, frame) = Frame::open::<CheckpointHeader>(path, MAGIC, WHAT)?;
+        // The second pass reads the very file the first checked, even if another has been
+        // renamed over its name meanwhile.
+        let file = frame.finish()?;
+        let (_, frame) = Frame::reopen::<CheckpointHeader>(file, path, MAGIC, WHAT)?;
         Ok(Self { header, frame, path: path.to_path_buf(), at: Section::Params })
     }
 
@@ -151,8 +153,12 @@ impl CheckpointReader {
             || range.len() != len
         {
             return Err(self.fail(format!(
-                "holds {} state over {} parameters, loading {} over {range:?} of them",
-                meta.kind, meta.len, state.kind
+                "holds {} state ({} buffers) over {} parameters, loading {} ({} buffers) over {range:?} of them",
+                meta.kind,
+                meta.buffers,
+                meta.len,
+                state.kind,
+                state.buffers.len()
             )));
         }
         let width = size_of::<T>();
@@ -171,9 +177,23 @@ impl CheckpointReader {
             }
             self.at = Section::End;
         } else {
+            // Every shard read from is checked whole first, so that a damaged one changes
+            // nothing.
             let dir = self.path.parent().unwrap_or(Path::new("."));
-            for file in meta.shards.iter().filter(|s| s.start < range.end && range.start < s.end) {
-                shard::read_part(dir, file, &meta, width, &range, &mut buffers)?;
+            let files: Vec<_> = (meta.shards.iter())
+                .filter(|s| s.start < range.end && range.start < s.end)
+                .collect();
+            let covered = files.first().is_none_or(|f| f.start <= range.start)
+                && files.windows(2).all(|w| w[0].end == w[1].start)
+                && files.last().is_none_or(|f| f.end >= range.end);
+            if !covered || (files.is_empty() && !range.is_empty()) {
+                return Err(self.fail(format!("its shard files do not cover {range:?}")));
+            }
+            for file in &files {
+                shard::read_part(dir, file, &meta, width, &range, None)?;
+            }
+            for file in &files {
+                shard::read_part(dir, file, &meta, width, &range, Some(&mut buffers))?;
             }
         }
         *state.steps = meta.steps;

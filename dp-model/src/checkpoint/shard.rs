@@ -61,18 +61,19 @@ pub fn save_optimizer_shard<T: Float>(
 }
 
 /// Reads the part of `shard` (in `dir`) that overlaps `want` into `dst`: one byte slice per
-/// state buffer, each covering `want` with `width`-byte values. The whole file is read, so
-/// its checksum is checked.
+/// state buffer, each covering `want` with `width`-byte values; without `dst`, only checks
+/// the file. The whole file is read, so its checksum is checked.
 pub(super) fn read_part(
     dir: &Path,
     shard: &ShardFile,
     meta: &OptimizerMeta,
     width: usize,
     want: &Range<usize>,
-    dst: &mut [&mut [u8]],
+    dst: Option<&mut [&mut [u8]]>,
 ) -> Result<()> {
-    if !is_plain_name(&shard.name) {
-        let what = format!("names the shard file `{}`, which is not a plain file name", shard.name);
+    if !is_plain_name(&shard.name) || shard.end < shard.start {
+        let what =
+            format!("names the shard file `{}` over {}..{}", shard.name, shard.start, shard.end);
         return Err(Error::Checkpoint { path: dir.to_path_buf(), what });
     }
     let path = dir.join(&shard.name);
@@ -92,16 +93,18 @@ pub(super) fn read_part(
         )));
     }
     let (start, end) = (want.start.max(shard.start), want.end.min(shard.end));
-    for buffer in dst.iter_mut() {
-        if start < end {
-            frame.skip(((start - shard.start) * width) as u64)?;
-            frame.read(&mut buffer[(start - want.start) * width..(end - want.start) * width])?;
-            frame.skip(((shard.end - end) * width) as u64)?;
-        } else {
-            frame.skip((shard.len() * width) as u64)?;
+    match dst {
+        Some(dst) if start < end => {
+            for buffer in dst.iter_mut() {
+                frame.skip(((start - shard.start) * width) as u64)?;
+                frame
+                    .read(&mut buffer[(start - want.start) * width..(end - want.start) * width])?;
+                frame.skip(((shard.end - end) * width) as u64)?;
+            }
         }
+        _ => frame.skip((meta.buffers * shard.len() * width) as u64)?,
     }
-    frame.finish()
+    frame.finish().map(drop)
 }
 
 /// A file name without a directory: what a checkpoint may name its shard files by.

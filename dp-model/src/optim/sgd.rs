@@ -87,13 +87,15 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
         (self.velocity.len() * size_of::<T>()) as u64
     }
 
+    // With momentum there is one buffer, also over an empty range (a replica's empty shard),
+    // so that every shard of one optimizer has the same buffers.
     fn state(&self) -> OptimizerState<'_, T> {
-        let buffers = if self.velocity.is_empty() { vec![] } else { vec![&self.velocity[..]] };
+        let buffers = if self.momentum == 0.0 { vec![] } else { vec![&self.velocity[..]] };
         OptimizerState { kind: "sgd", steps: self.steps, buffers }
     }
 
     fn state_mut(&mut self) -> OptimizerStateMut<'_, T> {
-        let buffers = if self.velocity.is_empty() { vec![] } else { vec![&mut self.velocity[..]] };
+        let buffers = if self.momentum == 0.0 { vec![] } else { vec![&mut self.velocity[..]] };
         OptimizerStateMut { kind: "sgd", steps: &mut self.steps, buffers }
     }
 }
