@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs dp-comm's NCCL tests and benchmark on a machine with an NVIDIA GPU, and prints
-# a short report. World size 1: NCCL refuses two ranks on one GPU, so one GPU allows one rank
+# Builds and runs dp-mem's device-memory tests and dp-comm's NCCL tests and benchmark on a
+# machine with an NVIDIA GPU, and prints a short report. World size 1: NCCL refuses two ranks on one GPU, so one GPU allows one rank
 # (set DP_COMM_NCCL_RANKS=N on a machine with N GPUs).
 #
 # cudarc looks for NCCL as `libnccl.so` (and a few other names) but installs and the
@@ -37,6 +37,11 @@ else
     echo "NCCL: libnccl.so.2 not found (pip install nvidia-nccl-cu13, or set NCCL_LIB)"
 fi
 
+step "cargo test -p dp-mem --features cuda --test cuda"
+mem_log=$(mktemp)
+cargo test -p dp-mem --features cuda --release --test cuda -- --nocapture --test-threads 1 2>&1 | tee "$mem_log"
+mem_status=${PIPESTATUS[0]}
+
 step "cargo test -p dp-comm --features cuda --test nccl"
 test_log=$(mktemp)
 cargo test -p dp-comm --features cuda --release --test nccl -- --nocapture --test-threads 1 2>&1 | tee "$test_log"
@@ -49,11 +54,13 @@ bench_status=${PIPESTATUS[0]}
 
 step "report"
 echo "NCCL library:  ${nccl:-not found}"
+echo "device memory: $(grep -E '^test result:' "$mem_log" | tail -1) (exit $mem_status)"
+grep -m1 'skipping CUDA memory test' "$mem_log" | sed 's/^/               /'
 echo "tests:         $(grep -E '^test result:' "$test_log" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$test_log")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$test_log")"
 grep -E '^nccl host-staged|^NCCL not measured' "$bench_log" | sed 's/^/bench:         /'
 grep -E '^memcpy bandwidth|^4 KiB latency' "$bench_log" | sed 's/^/cpu:           /'
 echo "bench exit:    $bench_status"
-rm -f "$test_log" "$bench_log"
-[ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
+rm -f "$mem_log" "$test_log" "$bench_log"
+[ "$mem_status" -eq 0 ] && [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]

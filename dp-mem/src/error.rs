@@ -53,6 +53,17 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// CUDA memory was asked for from a build without the `cuda` feature.
+    #[error("this build has no CUDA support: build with the `cuda` feature")]
+    CudaNotCompiled,
+
+    /// CUDA memory was asked for where CUDA cannot be used: no driver, no GPU.
+    #[error("CUDA is not available: {what}")]
+    CudaUnavailable {
+        /// What is missing and how to fix it.
+        what: String,
+    },
+
     /// The memory backend could not provide a block: the machine (or an address-space limit
     /// such as `ulimit -v`) has less memory than was asked for, though the budgets allowed it.
     #[error(

@@ -10,7 +10,9 @@
 //!   [`MemorySnapshot`] serializes and prints as a table.
 //! * [`Pool`]: a caching pool of typed buffers ([`PoolBuf`], an RAII handle that derefs to a
 //!   slice and views as an ndarray array) with size classes, best-fit reuse and statistics. It
-//!   takes blocks from a [`Backend`] (the system heap now; a device allocator plugs in there).
+//!   takes blocks from a [`Backend`]: the system heap, or with the `cuda` feature a GPU's memory
+//!   ([`CudaBackend`], which makes it a caching device allocator) or pinned host memory
+//!   ([`PinnedBackend`]).
 //! * [`Arena`]: per-step scratch with O(1) [`Arena::reset`] that keeps its chunks, checkpoints
 //!   and a high-water mark.
 //! * [`CountingAlloc`]: an opt-in `#[global_allocator]` that counts calls and bytes, to prove
@@ -47,6 +49,7 @@ mod arena;
 mod backend;
 mod bytes;
 mod counting;
+mod cuda;
 mod error;
 mod ledger;
 mod lock;
@@ -64,6 +67,7 @@ pub use arena::{Arena, ArenaCheckpoint};
 pub use backend::{BLOCK_ALIGN, Backend, HostMemory, SystemBackend};
 pub use bytes::ByteSize;
 pub use counting::{AllocCounts, CountingAlloc, ProcessAllocStats};
+pub use cuda::{CudaBackend, PinnedBackend, cuda_available};
 pub use error::{Error, Result};
 pub use oom::{Limit, OutOfMemory};
 pub use pool::{Pool, PoolConfig, PoolStats};

@@ -613,7 +613,21 @@ impl<B: Backend> PoolShared<B> {
         // The budget allowed a new block. Take it from the backend outside the lock, then check
         // again before counting it (another thread may have used the room meanwhile), so that
         // neither a backend failure nor a race leaves a trace in the counters.
-        let ptr = self.backend.allocate(class.bytes, BLOCK_ALIGN).map_err(|e| e.for_tag(tag))?;
+        let ptr = match self.backend.allocate(class.bytes, BLOCK_ALIGN) {
+            Ok(ptr) => ptr,
+            // The backend itself ran out (a GPU's memory, an address-space limit) while the
+            // cache holds blocks of other sizes: return them all and ask once more, as
+            // PyTorch's caching allocator does.
+            Err(first) => {
+                let mut victims = Vec::new();
+                self.with_cache(|ledger, cache| ledger.release_held(cache.drain(0, &mut victims)));
+                if victims.is_empty() {
+                    return Err(first.for_tag(tag));
+                }
+                self.free_blocks(victims);
+                self.backend.allocate(class.bytes, BLOCK_ALIGN).map_err(|e| e.for_tag(tag))?
+            }
+        };
         let block = Block { ptr, class: class.index };
         let refused = self.with_cache(|ledger, cache| match ledger.check(tag, want, want) {
             Ok(()) => {

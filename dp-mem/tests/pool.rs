@@ -73,10 +73,12 @@ fn assert_consistent(snapshot: &MemorySnapshot, stats: &PoolStats) {
     assert_eq!(stats.live_buffers, snapshot.total.live_count(), "{stats:?}");
 }
 
-/// A system-heap backend that counts the bytes it has handed out and not taken back.
+/// A system-heap backend that counts the bytes it has handed out and not taken back, and
+/// with a capacity, fails beyond it as a GPU out of memory does.
 #[derive(Debug, Clone, Default)]
 struct CountingBackend {
     outstanding: Arc<AtomicU64>,
+    capacity: Option<u64>,
 }
 
 impl Backend for CountingBackend {
@@ -85,6 +87,11 @@ impl Backend for CountingBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> dp_mem::Result<NonNull<u8>> {
+        let held = self.outstanding.load(Ordering::SeqCst);
+        if self.capacity.is_some_and(|capacity| held + bytes as u64 > capacity) {
+            let message = format!("{held} bytes out, no room for {bytes} more");
+            return Err(dp_mem::Error::Backend { backend: "counting", bytes, message, tag: None });
+        }
         let ptr = SystemBackend.allocate(bytes, align)?;
         self.outstanding.fetch_add(bytes as u64, Ordering::SeqCst);
         Ok(ptr)
@@ -443,6 +450,31 @@ fn global_budget_releases_the_cache_instead_of_failing() {
     assert_eq!(stats.cached_blocks, 4 - stats.backend_frees);
     assert_eq!(stats.cached_bytes, stats.cached_blocks * block);
     assert_consistent(&s, &stats);
+}
+
+/// A backend that runs out while the pool caches blocks of other sizes (a GPU's memory held by
+/// the cache): the pool returns its cache and asks again, as PyTorch's allocator does; with
+/// nothing cached, the backend's error names the tag.
+#[test]
+fn a_backend_that_runs_out_gets_the_cache_back_and_is_asked_again() {
+    let backend = CountingBackend { capacity: Some(3 << 20), ..CountingBackend::default() };
+    let outstanding = Arc::clone(&backend.outstanding);
+    let tracker = Tracker::new();
+    let pool = Pool::with_backend(&tracker, backend, PoolConfig::default());
+    drop(pool.alloc::<u8>(1 << 20, Tag::Data).unwrap());
+    drop(pool.alloc::<u8>(1 << 20, Tag::Data).unwrap());
+    assert_eq!(pool.stats().cached_blocks, 1);
+
+    let big = pool.alloc::<u8>(5 << 19, Tag::Activation).unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.cached_blocks, 0, "{stats:?}");
+    assert_eq!(outstanding.load(Ordering::SeqCst), big.block_bytes() as u64);
+    assert_consistent(&tracker.snapshot(), &stats);
+
+    let error = pool.alloc::<u8>(1 << 20, Tag::Grad).unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("counting backend") && text.contains("for Grad"), "{text}");
+    assert_eq!(tracker.snapshot().tag(Tag::Grad), TagStats::default());
 }
 
 #[test]
