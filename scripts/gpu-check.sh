@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs dp-mem's device-memory tests and dp-comm's NCCL tests and benchmark on a
-# machine with an NVIDIA GPU, and prints a short report. World size 1: NCCL refuses two ranks on one GPU, so one GPU allows one rank
+# Builds and runs dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the
+# machine's NVRTC, and runs dp-comm's NCCL tests and benchmark on a machine with an NVIDIA
+# GPU, and prints a short report. World size 1: NCCL refuses two ranks on one GPU, so one GPU allows one rank
 # (set DP_COMM_NCCL_RANKS=N on a machine with N GPUs).
 #
 # cudarc looks for NCCL as `libnccl.so` (and a few other names) but installs and the
@@ -42,6 +43,10 @@ mem_log=$(mktemp)
 cargo test -p dp-mem --features cuda --release --test cuda -- --nocapture --test-threads 1 2>&1 | tee "$mem_log"
 mem_status=${PIPESTATUS[0]}
 
+step "cargo test -p dp-model --features cuda --test cuda_kernels (NVRTC of this machine's CUDA)"
+DP_REQUIRE_NVRTC=1 cargo test -p dp-model --features cuda --release --test cuda_kernels -- --nocapture 2>&1 | tee -a "$mem_log"
+kernel_status=${PIPESTATUS[0]}
+
 step "cargo test -p dp-comm --features cuda --test nccl"
 test_log=$(mktemp)
 cargo test -p dp-comm --features cuda --release --test nccl -- --nocapture --test-threads 1 2>&1 | tee "$test_log"
@@ -56,6 +61,7 @@ step "report"
 echo "NCCL library:  ${nccl:-not found}"
 echo "device memory: $(grep -E '^test result:' "$mem_log" | tail -1) (exit $mem_status)"
 grep -m1 'skipping CUDA memory test' "$mem_log" | sed 's/^/               /'
+echo "kernels:       $(grep -E 'kernels compiled' "$mem_log" | tail -1) (exit $kernel_status)"
 echo "tests:         $(grep -E '^test result:' "$test_log" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$test_log")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$test_log")"
@@ -63,4 +69,5 @@ grep -E '^nccl host-staged|^NCCL not measured' "$bench_log" | sed 's/^/bench:   
 grep -E '^memcpy bandwidth|^4 KiB latency' "$bench_log" | sed 's/^/cpu:           /'
 echo "bench exit:    $bench_status"
 rm -f "$mem_log" "$test_log" "$bench_log"
-[ "$mem_status" -eq 0 ] && [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
+[ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
+    && [ "$bench_status" -eq 0 ]

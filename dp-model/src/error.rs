@@ -67,6 +67,24 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The CUDA path was asked for from a build without the `cuda` feature.
+    #[error("this build has no CUDA support: build with the `cuda` feature")]
+    CudaNotCompiled,
+
+    /// The CUDA path was asked for where a library it needs does not load.
+    #[error("CUDA is not available: {what}")]
+    CudaUnavailable {
+        /// What is missing and how to fix it.
+        what: String,
+    },
+
+    /// A CUDA kernel did not compile.
+    #[error("the CUDA kernels do not compile: {what}")]
+    KernelCompile {
+        /// NVRTC's code and log.
+        what: String,
+    },
+
     /// Memory for parameters, gradients or activations could not be had within the budget.
     #[error(transparent)]
     Memory(#[from] dp_mem::Error),

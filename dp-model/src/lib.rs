@@ -39,6 +39,7 @@
 //! [`QuantizedModel`] (int8 weights).
 
 mod checkpoint;
+mod cuda;
 mod error;
 mod float;
 mod init;
@@ -56,6 +57,7 @@ pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta,
     OptimizerState, OptimizerStateMut, ShardFile, save_optimizer_shard,
 };
+pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, cuda_kernels_ptx};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};

@@ -1,0 +1,194 @@
+// dp-model's CUDA kernels for f32: the same arithmetic as the CPU ops in src/ops, so that a
+// model trained on one device continues on the other. GEMMs go through cuBLAS; everything
+// else is here. One thread per element (grid-stride loops) unless a kernel says otherwise.
+// Compiled once per process by NVRTC.
+
+extern "C" {
+
+// SplitMix64's finalizer, as src/ops/dropout.rs `mix`.
+__device__ unsigned long long dp_mix(unsigned long long z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+#define DP_FOR_EACH(i, n) \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)blockDim.x * gridDim.x)
+
+// The tanh approximation of GELU, as src/ops/activation.rs.
+#define DP_GELU_C 0.7978845608028654f
+#define DP_GELU_A 0.044715f
+
+// Activation kinds: 0 ReLU, 1 GELU, 2 tanh.
+__global__ void dp_activation_forward(const float* x, float* y, long long n, int kind) {
+    DP_FOR_EACH(i, n) {
+        float v = x[i];
+        if (kind == 0) {
+            y[i] = v > 0.0f ? v : 0.0f;
+        } else if (kind == 1) {
+            float t = tanhf(DP_GELU_C * (v + DP_GELU_A * v * v * v));
+            y[i] = 0.5f * v * (1.0f + t);
+        } else {
+            y[i] = tanhf(v);
+        }
+    }
+}
+
+// ReLU and tanh read the output, GELU the input, as on the CPU.
+__global__ void dp_activation_backward(const float* x, const float* y, const float* dy,
+                                       float* dx, long long n, int kind) {
+    DP_FOR_EACH(i, n) {
+        if (kind == 0) {
+            dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        } else if (kind == 1) {
+            float v = x[i];
+            float t = tanhf(DP_GELU_C * (v + DP_GELU_A * v * v * v));
+            float du = DP_GELU_C * (1.0f + 3.0f * DP_GELU_A * v * v);
+            dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        } else {
+            dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+        }
+    }
+}
+
+// Inverted dropout with the CPU's counter-based mask: element i is kept when
+// mix(key ^ i) >= threshold. Forward and backward are this same kernel.
+__global__ void dp_dropout(const float* src, float* dst, long long n, unsigned long long key,
+                           unsigned long long threshold, float scale) {
+    DP_FOR_EACH(i, n) {
+        bool keep = dp_mix(key ^ (unsigned long long)i) >= threshold;
+        dst[i] = keep ? src[i] * scale : 0.0f;
+    }
+}
+
+// y[r, c] += bias[c] for a row-major [rows, cols] output.
+__global__ void dp_add_bias(float* y, const float* bias, long long rows, long long cols) {
+    DP_FOR_EACH(i, rows * cols) { y[i] += bias[i % cols]; }
+}
+
+// db[c] (+)= sum over rows of dy[r, c]; one thread per column, so neighbouring threads read
+// neighbouring values.
+__global__ void dp_bias_grad(const float* dy, float* db, long long rows, long long cols,
+                             int accumulate) {
+    DP_FOR_EACH(c, cols) {
+        float sum = 0.0f;
+        for (long long r = 0; r < rows; ++r) sum += dy[r * cols + c];
+        db[c] = accumulate ? db[c] + sum : sum;
+    }
+}
+
+// Softmax cross-entropy over row-major logits [rows, cols], one thread per row, as
+// src/ops/loss.rs: a negative label means "ignore this sample" (zero gradient, not counted).
+// Writes each row's loss, whether it counts and whether its argmax is the label; with grad,
+// the gradient of the loss divided by the denominator.
+__global__ void dp_softmax_cross_entropy(const float* logits, const long long* labels,
+                                         float* grad, float* row_loss, int* row_counted,
+                                         int* row_correct, long long rows, long long cols,
+                                         float inv_denominator) {
+    DP_FOR_EACH(r, rows) {
+        const float* z = logits + r * cols;
+        long long label = labels[r];
+        long long best = 0;
+        float max = z[0];
+        for (long long c = 1; c < cols; ++c) {
+            if (z[c] > max) { max = z[c]; best = c; }
+        }
+        if (label < 0 || label >= cols) {
+            if (grad) for (long long c = 0; c < cols; ++c) grad[r * cols + c] = 0.0f;
+            row_loss[r] = 0.0f;
+            row_counted[r] = 0;
+            row_correct[r] = 0;
+            continue;
+        }
+        float sum = 0.0f;
+        for (long long c = 0; c < cols; ++c) sum += expf(z[c] - max);
+        if (grad) {
+            float scale = inv_denominator / sum;
+            for (long long c = 0; c < cols; ++c) grad[r * cols + c] = expf(z[c] - max) * scale;
+            grad[r * cols + label] -= inv_denominator;
+        }
+        row_loss[r] = max + logf(sum) - z[label];
+        row_counted[r] = 1;
+        row_correct[r] = best == label;
+    }
+}
+
+// Mean squared error per row of [rows, cols] outputs against targets, one thread per row; its
+// gradient divided by the denominator, and whether the row's argmax matches the target's.
+__global__ void dp_squared_error(const float* z, const float* t, float* grad, float* row_loss,
+                                 int* row_correct, long long rows, long long cols,
+                                 float inv_denominator) {
+    DP_FOR_EACH(r, rows) {
+        float sum = 0.0f;
+        long long best_z = 0, best_t = 0;
+        for (long long c = 0; c < cols; ++c) {
+            long long i = r * cols + c;
+            float d = z[i] - t[i];
+            sum += d * d;
+            if (grad) grad[i] = d * (2.0f * inv_denominator / (float)cols);
+            if (z[i] > z[r * cols + best_z]) best_z = c;
+            if (t[i] > t[r * cols + best_t]) best_t = c;
+        }
+        row_loss[r] = sum / (float)cols;
+        row_correct[r] = best_z == best_t;
+    }
+}
+
+// SGD as src/optim/sgd.rs: g = grad + wd * p; v = mu * v + g; p -= lr * (nesterov ? g + mu * v : v).
+// Without momentum, v is null.
+__global__ void dp_sgd_step(float* p, const float* grad, float* v, long long n, float lr,
+                            float wd, float mu, int nesterov) {
+    DP_FOR_EACH(i, n) {
+        float g = grad[i] + wd * p[i];
+        if (v) {
+            float vi = mu * v[i] + g;
+            v[i] = vi;
+            p[i] -= lr * (nesterov ? g + mu * vi : vi);
+        } else {
+            p[i] -= lr * g;
+        }
+    }
+}
+
+// Adam and AdamW as src/optim/adam.rs, with the bias corrections folded into step_size and
+// sqrt_c2 by the caller, as PyTorch does.
+__global__ void dp_adam_step(float* p, const float* grad, float* m, float* v, long long n,
+                             float step_size, float sqrt_c2, float b1, float b2, float eps,
+                             float coupled_wd, float shrink) {
+    DP_FOR_EACH(i, n) {
+        float g = grad[i] + coupled_wd * p[i];
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * shrink - step_size * mi / (sqrtf(vi) / sqrt_c2 + eps);
+    }
+}
+
+// out[0] += sum of x[i]^2, in double: the gradient norm for clipping. Each block reduces in
+// shared memory (blockDim.x a power of two, at most 1024) and adds once.
+__global__ void dp_sum_squares(const float* x, long long n, double* out) {
+    __shared__ double partial[1024];
+    double sum = 0.0;
+    DP_FOR_EACH(i, n) { sum += (double)x[i] * (double)x[i]; }
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(out, partial[0]);
+}
+
+// x[i] *= s (clipping), or x[i] = s with fill.
+__global__ void dp_scale(float* x, long long n, float s) {
+    DP_FOR_EACH(i, n) { x[i] *= s; }
+}
+
+__global__ void dp_fill(float* x, long long n, float value) {
+    DP_FOR_EACH(i, n) { x[i] = value; }
+}
+
+}  // extern "C"

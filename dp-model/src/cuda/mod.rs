@@ -1,0 +1,92 @@
+//! The model's CUDA kernels (feature `cuda`): everything a training step does on a GPU besides
+//! its GEMMs (which go through cuBLAS), with the CPU ops' arithmetic, in `kernels.cu`. They are
+//! compiled at run time by NVRTC, once per process, so that no CUDA toolkit is needed to build
+//! and the PTX matches the driver it runs on. A machine without NVRTC gets an error naming the
+//! library and how to install it; a kernel that does not compile is an error carrying NVRTC's
+//! log (and fails CI, which compiles them all with NVRTC's Python wheel).
+//!
+//! Without the `cuda` feature [`cuda_kernels_ptx`] returns
+//! [`Error::CudaNotCompiled`](crate::Error::CudaNotCompiled).
+
+use crate::error::Result;
+
+/// The kernels' CUDA C source.
+pub const CUDA_KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// The name of every kernel in [`CUDA_KERNEL_SOURCE`].
+pub const CUDA_KERNELS: &[&str] = &[
+    "dp_activation_forward",
+    "dp_activation_backward",
+    "dp_dropout",
+    "dp_add_bias",
+    "dp_bias_grad",
+    "dp_softmax_cross_entropy",
+    "dp_squared_error",
+    "dp_sgd_step",
+    "dp_adam_step",
+    "dp_sum_squares",
+    "dp_scale",
+    "dp_fill",
+];
+
+/// The kernels compiled to PTX by NVRTC (once per process; later calls return the same text or
+/// the same error).
+pub fn cuda_kernels_ptx() -> Result<&'static str> {
+    #[cfg(feature = "cuda")]
+    {
+        use std::sync::OnceLock;
+
+        use crate::error::Error;
+        // The outcome, kept as text: an error is made anew for every caller.
+        static PTX: OnceLock<std::result::Result<String, (bool, String)>> = OnceLock::new();
+        let compiled = PTX.get_or_init(|| {
+            compile().map_err(|error| match error {
+                Error::CudaUnavailable { what } => (true, what),
+                Error::KernelCompile { what } => (false, what),
+                other => (false, other.to_string()),
+            })
+        });
+        match compiled {
+            Ok(ptx) => Ok(ptx),
+            Err((true, what)) => Err(Error::CudaUnavailable { what: what.clone() }),
+            Err((false, what)) => Err(Error::KernelCompile { what: what.clone() }),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(crate::Error::CudaNotCompiled)
+}
+
+#[cfg(feature = "cuda")]
+fn compile() -> Result<String> {
+    use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
+
+    use crate::error::Error;
+
+    // SAFETY: only probes whether the library loads.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        let mut tried: Vec<String> = Vec::new();
+        for name in cudarc::get_lib_name_candidates("nvrtc") {
+            if !tried.contains(&name) {
+                tried.push(name);
+            }
+        }
+        return Err(Error::CudaUnavailable {
+            what: format!(
+                "NVRTC (libnvrtc) does not load: tried {}. Install CUDA's NVRTC for the driver's \
+                 CUDA version (for CUDA 13.0: pip install 'nvidia-cuda-nvrtc==13.0.*') and put the \
+                 directory holding libnvrtc.so on LD_LIBRARY_PATH",
+                tried.join(", ")
+            ),
+        });
+    }
+    let options = CompileOptions { name: Some("dp_model_kernels.cu".into()), ..Default::default() };
+    compile_ptx_with_opts(CUDA_KERNEL_SOURCE, options).map(|ptx| ptx.to_src()).map_err(|error| {
+        let what = match error {
+            CompileError::CompileError { nvrtc, log, .. } => {
+                format!("{nvrtc:?}: {}", log.to_string_lossy())
+            }
+            other => format!("{other:?}"),
+        };
+        Error::KernelCompile { what }
+    })
+}
