@@ -1,16 +1,60 @@
 #!/usr/bin/env bash
-# Builds and runs dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the
-# machine's NVRTC, and runs dp-comm's NCCL tests and benchmark on a machine with an NVIDIA
-# GPU, and prints a short report. World size 1: NCCL refuses two ranks on one GPU, so one GPU allows one rank
-# (set DP_COMM_NCCL_RANKS=N on a machine with N GPUs).
+# The one prepared GPU check. On the GPU machine (which has no Rust toolchain as far as we
+# know) it runs test and bench binaries built on a CPU machine:
+#
+#   scripts/gpu-check.sh --build   # on a CPU machine: builds them into target/gpu-check/
+#   scripts/gpu-check.sh           # on the GPU machine, with target/gpu-check/ carried along
+#
+# Without target/gpu-check/ it builds them itself with cargo, where cargo exists. It runs
+# dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the machine's NVRTC, and
+# runs dp-comm's NCCL tests and benchmark (world size 1: NCCL refuses two ranks on one GPU;
+# set DP_COMM_NCCL_RANKS=N on a machine with N GPUs), then prints a short report.
 #
 # cudarc looks for NCCL as `libnccl.so` (and a few other names) but installs and the
 # `nvidia-nccl-cu13` Python wheel ship `libnccl.so.2`; this script finds it and puts a
 # `libnccl.so` symlink to it on LD_LIBRARY_PATH. Set NCCL_LIB=/path/to/libnccl.so.2 to choose.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+bin=target/gpu-check
 
 step() { printf '\n==> %s\n' "$*"; }
+
+# Builds the binaries the check runs and copies them to $bin under fixed names.
+build() {
+    mkdir -p "$bin"
+    local built
+    built=$(cargo test --release --no-run --message-format=json \
+        -p dp-mem -p dp-model -p dp-comm --features dp-mem/cuda,dp-model/cuda,dp-comm/cuda \
+        --test cuda --test cuda_kernels --test nccl 2>/dev/null &&
+        cargo bench --no-run --message-format=json -p dp-comm --features cuda \
+            --bench collectives 2>/dev/null) || return 1
+    printf '%s\n' "$built" | python3 -c '
+import json, shutil, sys
+wanted = {"cuda": "dp-mem-cuda", "cuda_kernels": "dp-model-cuda-kernels",
+          "nccl": "dp-comm-nccl", "collectives": "dp-comm-collectives"}
+found = {}
+for line in sys.stdin:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        continue
+    name = message.get("target", {}).get("name")
+    if message.get("reason") == "compiler-artifact" and name in wanted and message.get("executable"):
+        found[wanted[name]] = message["executable"]
+missing = sorted(set(wanted.values()) - set(found))
+if missing:
+    sys.exit(f"not built: {missing}")
+for name, path in found.items():
+    shutil.copy(path, f"{sys.argv[1]}/{name}")
+    print(f"{sys.argv[1]}/{name}")
+' "$bin"
+}
+
+if [ "${1:-}" = "--build" ]; then
+    step "building the GPU check's binaries into $bin"
+    build || { echo "build failed" >&2; exit 1; }
+    exit 0
+fi
 
 find_nccl() {
     if [ -n "${NCCL_LIB:-}" ]; then echo "$NCCL_LIB"; return; fi
@@ -24,7 +68,7 @@ for root in roots:
 PY
 }
 
-step "GPU and libraries"
+step "GPU, libraries and binaries"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4
 nccl=$(find_nccl | head -1)
 if [ -n "$nccl" ]; then
@@ -37,37 +81,39 @@ if [ -n "$nccl" ]; then
 else
     echo "NCCL: libnccl.so.2 not found (pip install nvidia-nccl-cu13, or set NCCL_LIB)"
 fi
+# NVRTC and the driver's CUDA libraries, where a CUDA toolkit keeps them.
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir"
+done
+if [ ! -x "$bin/dp-comm-nccl" ]; then
+    command -v cargo >/dev/null || { echo "no $bin/ and no cargo: run --build elsewhere" >&2; exit 1; }
+    build || { echo "build failed" >&2; exit 1; }
+fi
+ls -l "$bin"
 
-step "cargo test -p dp-mem --features cuda --test cuda"
-mem_log=$(mktemp)
-cargo test -p dp-mem --features cuda --release --test cuda -- --nocapture --test-threads 1 2>&1 | tee "$mem_log"
-mem_status=${PIPESTATUS[0]}
-
-step "cargo test -p dp-model --features cuda --test cuda_kernels (NVRTC of this machine's CUDA)"
-DP_REQUIRE_NVRTC=1 cargo test -p dp-model --features cuda --release --test cuda_kernels -- --nocapture 2>&1 | tee -a "$mem_log"
-kernel_status=${PIPESTATUS[0]}
-
-step "cargo test -p dp-comm --features cuda --test nccl"
-test_log=$(mktemp)
-cargo test -p dp-comm --features cuda --release --test nccl -- --nocapture --test-threads 1 2>&1 | tee "$test_log"
-test_status=${PIPESTATUS[0]}
-
-step "cargo bench -p dp-comm --features cuda"
-bench_log=$(mktemp)
-cargo bench -p dp-comm --features cuda --bench collectives -- --bench 2>&1 | tee "$bench_log"
-bench_status=${PIPESTATUS[0]}
+log=$(mktemp)
+run() { # name, then the command
+    local name=$1; shift
+    step "$name"
+    "$@" 2>&1 | tee -a "$log.$name"
+    return "${PIPESTATUS[0]}"
+}
+run mem "$bin/dp-mem-cuda" --nocapture --test-threads 1; mem_status=$?
+DP_REQUIRE_NVRTC=1 run kernels "$bin/dp-model-cuda-kernels" --nocapture; kernel_status=$?
+run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
+run bench "$bin/dp-comm-collectives" --bench; bench_status=$?
 
 step "report"
 echo "NCCL library:  ${nccl:-not found}"
-echo "device memory: $(grep -E '^test result:' "$mem_log" | tail -1) (exit $mem_status)"
-grep -m1 'skipping CUDA memory test' "$mem_log" | sed 's/^/               /'
-echo "kernels:       $(grep -E 'kernels compiled' "$mem_log" | tail -1) (exit $kernel_status)"
-echo "tests:         $(grep -E '^test result:' "$test_log" | tail -1) (exit $test_status)"
-skipped=$(grep -c 'skipping NCCL test' "$test_log")
-[ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$test_log")"
-grep -E '^nccl host-staged|^NCCL not measured' "$bench_log" | sed 's/^/bench:         /'
-grep -E '^memcpy bandwidth|^4 KiB latency' "$bench_log" | sed 's/^/cpu:           /'
+echo "device memory: $(grep -E '^test result:' "$log.mem" | tail -1) (exit $mem_status)"
+grep -m1 'skipping CUDA memory test' "$log.mem" | sed 's/^/               /'
+echo "kernels:       $(grep -E 'kernels compiled' "$log.kernels" | tail -1) (exit $kernel_status)"
+echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
+skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
+[ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
+grep -E '^nccl host-staged|^NCCL not measured' "$log.bench" | sed 's/^/bench:         /'
+grep -E '^memcpy bandwidth|^4 KiB latency' "$log.bench" | sed 's/^/cpu:           /'
 echo "bench exit:    $bench_status"
-rm -f "$mem_log" "$test_log" "$bench_log"
+rm -f "$log" "$log".*
 [ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
     && [ "$bench_status" -eq 0 ]
