@@ -6,9 +6,10 @@
 #   scripts/gpu-check.sh           # on the GPU machine, with target/gpu-check/ carried along
 #
 # Without target/gpu-check/ it builds them itself with cargo, where cargo exists. It runs
-# dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the machine's NVRTC, and
-# runs dp-comm's NCCL tests and benchmark (world size 1: NCCL refuses two ranks on one GPU;
-# set DP_COMM_NCCL_RANKS=N on a machine with N GPUs), then prints a short report.
+# dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the machine's NVRTC,
+# checks the GPU training step against the CPU's, and runs dp-comm's NCCL tests and benchmark
+# (world size 1: NCCL refuses two ranks on one GPU; set DP_COMM_NCCL_RANKS=N on a machine with
+# N GPUs), then prints a short report. A GPU test that would skip fails here instead.
 #
 # cudarc looks for NCCL as `libnccl.so` (and a few other names) but installs and the
 # `nvidia-nccl-cu13` Python wheel ship `libnccl.so.2`; this script finds it and puts a
@@ -25,13 +26,14 @@ build() {
     local built
     built=$(cargo test --release --no-run --message-format=json \
         -p dp-mem -p dp-model -p dp-comm --features dp-mem/cuda,dp-model/cuda,dp-comm/cuda \
-        --test cuda --test cuda_kernels --test nccl 2>/dev/null &&
+        --test cuda --test cuda_kernels --test cuda_model --test nccl 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
             --bench collectives 2>/dev/null) || return 1
     printf '%s\n' "$built" | python3 -c '
 import json, shutil, sys
 wanted = {"cuda": "dp-mem-cuda", "cuda_kernels": "dp-model-cuda-kernels",
-          "nccl": "dp-comm-nccl", "collectives": "dp-comm-collectives"}
+          "cuda_model": "dp-model-cuda-model", "nccl": "dp-comm-nccl",
+          "collectives": "dp-comm-collectives"}
 found = {}
 for line in sys.stdin:
     try:
@@ -98,8 +100,10 @@ run() { # name, then the command
     "$@" 2>&1 | tee -a "$log.$name"
     return "${PIPESTATUS[0]}"
 }
+export DP_REQUIRE_GPU=1 DP_REQUIRE_NVRTC=1
 run mem "$bin/dp-mem-cuda" --nocapture --test-threads 1; mem_status=$?
-DP_REQUIRE_NVRTC=1 run kernels "$bin/dp-model-cuda-kernels" --nocapture; kernel_status=$?
+run kernels "$bin/dp-model-cuda-kernels" --nocapture; kernel_status=$?
+run model "$bin/dp-model-cuda-model" --nocapture --test-threads 1; model_status=$?
 run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
 run bench "$bin/dp-comm-collectives" --bench; bench_status=$?
 
@@ -108,6 +112,8 @@ echo "NCCL library:  ${nccl:-not found}"
 echo "device memory: $(grep -E '^test result:' "$log.mem" | tail -1) (exit $mem_status)"
 grep -m1 'skipping CUDA memory test' "$log.mem" | sed 's/^/               /'
 echo "kernels:       $(grep -E 'kernels compiled' "$log.kernels" | tail -1) (exit $kernel_status)"
+echo "GPU model:     $(grep -E '^test result:' "$log.model" | tail -1) (exit $model_status)"
+grep -E 'gradients differ|parameters differ' "$log.model" | sed 's/^/               /'
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
@@ -115,5 +121,5 @@ grep -E '^nccl host-staged|^NCCL not measured' "$log.bench" | sed 's/^/bench:   
 grep -E '^memcpy bandwidth|^4 KiB latency' "$log.bench" | sed 's/^/cpu:           /'
 echo "bench exit:    $bench_status"
 rm -f "$log" "$log".*
-[ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
-    && [ "$bench_status" -eq 0 ]
+[ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$model_status" -eq 0 ] \
+    && [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]

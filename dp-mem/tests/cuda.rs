@@ -18,6 +18,7 @@ fn gpu() -> Option<CudaBackend> {
                 }
                 other => panic!("unexpected error {other}"),
             }
+            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {text}");
             eprintln!("skipping CUDA memory test: {text}");
             None
         }

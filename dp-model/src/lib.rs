@@ -57,7 +57,7 @@ pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta,
     OptimizerState, OptimizerStateMut, ShardFile, save_optimizer_shard,
 };
-pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, cuda_kernels_ptx};
+pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, cuda_kernels_ptx};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};

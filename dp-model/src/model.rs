@@ -272,6 +272,11 @@ impl<T: Float> Model<T> {
         })
     }
 
+    #[cfg(feature = "cuda")]
+    pub(crate) fn tape(&self) -> &Tape {
+        &self.tape
+    }
+
     /// The spec the model was built from.
     pub fn spec(&self) -> &ModelSpec {
         &self.spec

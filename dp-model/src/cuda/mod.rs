@@ -8,6 +8,16 @@
 //! Without the `cuda` feature [`cuda_kernels_ptx`] returns
 //! [`Error::CudaNotCompiled`](crate::Error::CudaNotCompiled).
 
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+#[cfg(feature = "cuda")]
+pub use device::CudaModel;
+#[cfg(not(feature = "cuda"))]
+pub use stub::CudaModel;
+
 use crate::error::Result;
 
 /// The kernels' CUDA C source.

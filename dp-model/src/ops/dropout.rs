@@ -32,12 +32,12 @@ pub(crate) fn mix(mut z: u64) -> u64 {
 }
 
 impl Dropout {
-    fn key(&self, stream: DropoutStream, step: u64) -> u64 {
+    pub(crate) fn key(&self, stream: DropoutStream, step: u64) -> u64 {
         mix(mix(mix(mix(stream.seed) ^ stream.stream) ^ step) ^ self.layer)
     }
 
     /// Elements whose hash falls below this are dropped.
-    fn threshold(&self) -> u64 {
+    pub(crate) fn threshold(&self) -> u64 {
         (self.p * 2f64.powi(64)).min(u64::MAX as f64) as u64
     }
 

@@ -1,0 +1,76 @@
+//! [`CudaModel`] in a build without the `cuda` feature: its constructor returns
+//! [`Error::CudaNotCompiled`], so code that names it builds everywhere.
+
+use std::convert::Infallible;
+
+use dp_mem::{CudaBackend, Pool, PoolBuf, Tracker};
+use ndarray::ArrayView2;
+
+use crate::error::{Error, Result};
+use crate::model::{Model, ModelMemory, StepOptions};
+use crate::ops::loss::{LossTotals, Targets};
+
+type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
+
+/// A model whose training step runs on one GPU (no value exists in this build).
+#[derive(Debug)]
+pub struct CudaModel(Infallible);
+
+#[allow(clippy::too_many_arguments, missing_docs)]
+impl CudaModel {
+    /// Fails with [`Error::CudaNotCompiled`].
+    pub fn from_model(_model: &Model<f32>, _device: usize, _tracker: &Tracker) -> Result<Self> {
+        Err(Error::CudaNotCompiled)
+    }
+    pub fn upload_params(&mut self, _model: &Model<f32>) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn download_params(&self, _model: &mut Model<f32>) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn download_grads(&self, _dst: &mut [f32]) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn memory(&self) -> ModelMemory {
+        match self.0 {}
+    }
+    pub fn pool(&self) -> &Pool<CudaBackend> {
+        match self.0 {}
+    }
+    pub fn forward_backward(
+        &mut self,
+        _x: ArrayView2<'_, f32>,
+        _targets: Targets<'_, f32>,
+        _options: &StepOptions,
+    ) -> Result<LossTotals> {
+        match self.0 {}
+    }
+    pub fn sgd_step(
+        &mut self,
+        _velocity: Option<&mut DeviceBuf<f32>>,
+        _lr: f64,
+        _momentum: f64,
+        _nesterov: bool,
+        _weight_decay: f64,
+    ) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn adam_step(
+        &mut self,
+        _state: (&mut DeviceBuf<f32>, &mut DeviceBuf<f32>),
+        _steps: u64,
+        _lr: f64,
+        _betas: (f64, f64),
+        _eps: f64,
+        _weight_decay: f64,
+        _decoupled: bool,
+    ) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn state_buffer(&self) -> Result<DeviceBuf<f32>> {
+        match self.0 {}
+    }
+    pub fn wait(&self) -> Result<()> {
+        match self.0 {}
+    }
+}

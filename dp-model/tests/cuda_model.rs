@@ -1,0 +1,145 @@
+//! The GPU training step against the CPU's on the same model, inputs and seed: losses,
+//! gradients and 20 optimizer steps agree within 1e-4 (GPU runs only; elsewhere the tests say
+//! why they skip, unless `DP_REQUIRE_GPU` is set, as `scripts/gpu-check.sh` does).
+
+mod support;
+
+use dp_mem::{Pool, Tracker};
+use dp_model::{
+    Adam, CudaModel, Error, LayerSpec, Model, ModelOptions, ModelSpec, Optimizer, Sgd, StepOptions,
+    Targets,
+};
+use support::Rng;
+
+/// A model with every op the GPU path has: linear layers, each activation, dropout.
+fn spec() -> ModelSpec {
+    ModelSpec {
+        name: "gpu-check".into(),
+        input: vec![784],
+        layers: vec![
+            LayerSpec::Linear { out: 64 },
+            LayerSpec::Gelu,
+            LayerSpec::Dropout { p: 0.2 },
+            LayerSpec::Linear { out: 32 },
+            LayerSpec::Tanh,
+            LayerSpec::Linear { out: 16 },
+            LayerSpec::Relu,
+            LayerSpec::Linear { out: 10 },
+        ],
+    }
+}
+
+/// The CPU model and its GPU copy, or `None` (after printing why) without a GPU.
+fn models(tracker: &Tracker, pool: &Pool) -> Option<(Model<f32>, CudaModel)> {
+    let cpu = Model::<f32>::new(&spec(), pool, ModelOptions::new(64, 3)).unwrap();
+    match CudaModel::from_model(&cpu, 0, tracker) {
+        Ok(gpu) => Some((cpu, gpu)),
+        Err(error @ (Error::CudaNotCompiled | Error::CudaUnavailable { .. })) => {
+            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
+            eprintln!("skipping GPU model test: {error}");
+            None
+        }
+        Err(other) => panic!("{other}"),
+    }
+}
+
+fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs() / scale)).fold(0.0, f64::max)
+}
+
+#[test]
+fn a_gpu_step_matches_the_cpu_step() {
+    let (tracker, pool) = (Tracker::new(), Pool::new(&Tracker::new()));
+    let Some((mut cpu, mut gpu)) = models(&tracker, &pool) else { return };
+    let mut rng = Rng::new(11);
+    let x = rng.array::<f32>(64, 784);
+    let mut labels = rng.labels(64, 10);
+    labels[5] = -1;
+    let options = StepOptions { step: 4, ..StepOptions::default() };
+    let a = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+    let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+    assert_eq!((a.samples, a.correct), (b.samples, b.correct));
+    assert!((a.loss_sum - b.loss_sum).abs() <= 1e-4 * a.loss_sum.abs(), "{a:?} {b:?}");
+    let mut grads = vec![0f32; cpu.params().len()];
+    gpu.download_grads(&mut grads).unwrap();
+    let diff = max_relative_difference(&grads, cpu.grads());
+    println!(
+        "classification step: loss {} vs {}, gradients differ by {diff:e}",
+        a.loss_sum, b.loss_sum
+    );
+    assert!(diff <= 1e-4, "{diff}");
+    // Device memory is accounted by tag.
+    assert_eq!(tracker.snapshot().tag(dp_mem::Tag::Param).current, cpu.params().len() as u64 * 4);
+
+    // A regression's squared error.
+    let targets = rng.array::<f32>(64, 10);
+    let a = cpu.forward_backward(x.view(), Targets::Values(targets.view()), &options).unwrap();
+    let b = gpu.forward_backward(x.view(), Targets::Values(targets.view()), &options).unwrap();
+    assert!((a.loss_sum - b.loss_sum).abs() <= 1e-4 * a.loss_sum.abs(), "{a:?} {b:?}");
+    gpu.download_grads(&mut grads).unwrap();
+    assert!(max_relative_difference(&grads, cpu.grads()) <= 1e-4);
+}
+
+#[test]
+fn twenty_steps_on_the_gpu_follow_the_cpu() {
+    for adam in [false, true] {
+        let (tracker, pool) = (Tracker::new(), Pool::new(&Tracker::new()));
+        let Some((mut cpu, mut gpu)) = models(&tracker, &pool) else { return };
+        let len = cpu.params().len();
+        let mut rng = Rng::new(5);
+        let (mut sgd, mut adam_cpu) = (
+            Sgd::<f32>::new(len, 0.9, true, 1e-4, &pool).unwrap(),
+            Adam::<f32>::new(len, (0.9, 0.999), 1e-8, 0.01, true, &pool).unwrap(),
+        );
+        let (mut first, mut second) = (gpu.state_buffer().unwrap(), gpu.state_buffer().unwrap());
+        let lr = if adam { 1e-3 } else { 0.05 };
+        for step in 0..20u64 {
+            let x = rng.array::<f32>(64, 784);
+            let labels = rng.labels(64, 10);
+            let options = StepOptions { step, ..StepOptions::default() };
+            let a = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let (pa, pb) = (a.mean_loss(), b.mean_loss());
+            assert!(
+                (pa - pb).abs() <= 1e-4 * pa.abs().max(1.0),
+                "adam {adam} step {step}: {pa} vs {pb}"
+            );
+            let (params, grads) = cpu.params_and_grads();
+            if adam {
+                adam_cpu.step(params, grads, lr).unwrap();
+                gpu.adam_step(
+                    (&mut first, &mut second),
+                    step + 1,
+                    lr,
+                    (0.9, 0.999),
+                    1e-8,
+                    0.01,
+                    true,
+                )
+                .unwrap();
+            } else {
+                sgd.step(params, grads, lr).unwrap();
+                gpu.sgd_step(Some(&mut first), lr, 0.9, true, 1e-4).unwrap();
+            }
+        }
+        let mut on_gpu = Model::<f32>::new(&spec(), &pool, ModelOptions::new(64, 99)).unwrap();
+        gpu.download_params(&mut on_gpu).unwrap();
+        let diff = max_relative_difference(on_gpu.params(), cpu.params());
+        println!("20 steps ({}): parameters differ by {diff:e}", if adam { "Adam" } else { "SGD" });
+        assert!(diff <= 1e-4, "{diff}");
+    }
+}
+
+#[test]
+fn convolutions_are_refused_with_the_layer_named() {
+    let pool = Pool::new(&Tracker::new());
+    let lenet =
+        Model::<f32>::new(&ModelSpec::lenet([1, 28, 28], 10), &pool, ModelOptions::new(8, 1))
+            .unwrap();
+    match CudaModel::from_model(&lenet, 0, &Tracker::new()) {
+        Err(Error::Spec { field, .. }) => assert!(field.starts_with("layers["), "{field}"),
+        Err(error @ Error::CudaNotCompiled) => eprintln!("skipping: {error}"),
+        other => panic!("{other:?}"),
+    }
+}
