@@ -70,7 +70,7 @@ pub struct TrainConfig {
     /// Clip the global gradient norm to this.
     pub clip_grad_norm: Option<f64>,
     /// 0: every replica holds the whole optimizer state. 1: each holds and updates a
-    /// 1/replicas shard, and parameters are all-gathered after the update.
+    /// 1/replicas shard, and each shard is broadcast from its replica after the update.
     pub zero_stage: u8,
     /// The replicas of one process read one parameter buffer and hold one optimizer state
     /// between them, each updating its shard of both after the gradient reduction (ZeRO-3 in

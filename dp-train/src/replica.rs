@@ -74,8 +74,8 @@ pub(crate) struct ReplicaReport {
     /// peak for `Data`.
     pub(crate) peak: [u64; 7],
     /// The least each tag needs for the run's step: parameters, gradients, optimizer state
-    /// (its shard under ZeRO-1), one micro-batch's activations, the gradient and gather
-    /// buffers of the chosen reduction, the pipelines' working sets.
+    /// (its shard under ZeRO-1), one micro-batch's activations, the gradient buffers of the
+    /// chosen reduction, the pipelines' working sets.
     pub(crate) minimum: [u64; 7],
     /// Optimizer state bytes (its shard under ZeRO-1).
     pub(crate) opt_state: u64,
@@ -146,9 +146,9 @@ pub(crate) struct Replica<C: Communicator> {
     shard: Range<usize>,
     /// Whether the model's parameters are the process's [`SharedParams`].
     shared: bool,
-    /// ZeRO stage 1: this replica's updated shard, padded to the common shard size, and
-    /// where every replica's shard lands.
-    gather: Option<(PoolBuf<f32>, PoolBuf<f32>)>,
+    /// ZeRO stage 1 over replicas with their own parameters: after its update, each
+    /// replica's shard is broadcast to the others.
+    zero: bool,
     /// Every replica's parameter checksum, at each check.
     checksums: Vec<u64>,
     pruner: Option<Pruner>,
@@ -269,16 +269,7 @@ impl<C: Communicator> Replica<C> {
                 Adam::new(shard.len(), (beta1, beta2), eps, weight_decay, decoupled, &pool)?,
             ),
         };
-        let gather = match config.zero_stage {
-            1 if !is_shared => {
-                let size = len.div_ceil(world);
-                Some((
-                    pool.alloc_zeroed(size, Tag::Comm)?,
-                    pool.alloc_zeroed(size * world, Tag::Comm)?,
-                ))
-            }
-            _ => None,
-        };
+        let zero = config.zero_stage == 1 && !is_shared;
 
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
         // (shared parameters were initialized or restored once for all, before the replicas).
@@ -370,7 +361,7 @@ impl<C: Communicator> Replica<C> {
             optimizer,
             shard,
             shared: is_shared,
-            gather,
+            zero,
             checksums,
             pruner,
             train,
@@ -403,7 +394,7 @@ impl<C: Communicator> Replica<C> {
                     model,
                     optimizer,
                     shard,
-                    gather,
+                    zero,
                     consistent,
                     updating,
                     checkpointed,
@@ -426,7 +417,7 @@ impl<C: Communicator> Replica<C> {
                     };
                     if let Some(vote) = &mut vote {
                         save.shard(rank, shard, vote);
-                    } else if rank == 0 && gather.is_none() {
+                    } else if rank == 0 && !zero {
                         save.whole();
                     }
                 }
@@ -521,7 +512,7 @@ impl<C: Communicator> Replica<C> {
         // (global-norm clipping) or covers only this replica's shard (ZeRO-1).
         let update_per_bucket = matches!(self.grad_sync, GradSync::Buckets { .. })
             && config.clip_grad_norm.is_none()
-            && self.gather.is_none()
+            && !self.zero
             && !self.shared;
         let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
         // Loss sum, correct, samples, stop request: one small all-reduce per step.
@@ -590,13 +581,17 @@ impl<C: Communicator> Replica<C> {
             }
             self.optimizer.step(params, &grads[shard], lr)?;
         }
-        if let Some((own, all)) = &mut self.gather {
-            let params = self.model.params_mut();
-            own.fill(0.0);
-            own[..self.shard.len()].copy_from_slice(&params[self.shard.clone()]);
-            self.ctl.all_gather(own, all)?;
-            let len = params.len();
-            params.copy_from_slice(&all[..len]);
+        if self.zero {
+            // Each shard from the replica that updated it, in place: an all-gather split into
+            // one broadcast per replica, which needs no buffer and takes uneven shards. An
+            // empty shard is skipped by every replica alike.
+            let (len, world) = (self.model.params().len(), self.ctl.world_size());
+            for owner in 0..world {
+                let range = zero_shard(len, world, owner);
+                if !range.is_empty() {
+                    self.ctl.broadcast(&mut self.model.params_mut()[range], owner)?;
+                }
+            }
         }
         if self.shared {
             // Every shard is updated before any replica reads the parameters again.
@@ -839,7 +834,7 @@ impl<C: Communicator> Replica<C> {
         if self.shared {
             Some(self.plan.replicas)
         } else {
-            self.gather.is_some().then(|| self.ctl.world_size())
+            self.zero.then(|| self.ctl.world_size())
         }
     }
 
@@ -868,13 +863,12 @@ impl<C: Communicator> Replica<C> {
     fn minimum_memory(&self) -> [u64; 7] {
         let memory = self.model.memory();
         let f32s = |n: usize| n as u64 * 4;
-        let mut comm = match &self.grad_sync {
+        let comm = match &self.grad_sync {
             GradSync::Buckets { reducer, .. } => {
                 f32s(self.model.params().len()) + reducer.scratch_bytes() as u64
             }
             GradSync::InPlace => 0,
         };
-        comm += self.gather.as_ref().map_or(0, |(shard, all)| f32s(shard.len() + all.len()));
         let eval = self.eval.as_ref().map_or(0, |(eval, _)| eval.minimum_bytes());
         let mut minimum = [0; 7];
         for (slot, tag) in minimum.iter_mut().zip(Tag::ALL) {

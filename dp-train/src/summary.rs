@@ -55,7 +55,7 @@ pub struct Summary {
     pub peak_total: u64,
     /// The least each tag needs on a replica for the run's step: parameters, gradients,
     /// optimizer state (its shard under ZeRO-1), one micro-batch's activations (fewer with
-    /// recomputation), the gradient and gather buffers of the chosen reduction, and the
+    /// recomputation), the gradient buffers of the chosen reduction, and the
     /// pipelines' working sets (the batches in flight and the blocks they are decoded from).
     pub minimum_memory: BTreeMap<String, u64>,
     /// Their sum.

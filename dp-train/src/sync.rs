@@ -36,7 +36,7 @@ pub(crate) fn check_in_sync(
 }
 
 /// The parameters replica `rank` of `world` updates under ZeRO-1: equal shards (the last
-/// ones shorter or empty), so that they can be gathered with one all-gather.
+/// ones shorter or empty).
 pub(crate) fn zero_shard(len: usize, world: usize, rank: usize) -> Range<usize> {
     let size = len.div_ceil(world);
     (rank * size).min(len)..((rank + 1) * size).min(len)
