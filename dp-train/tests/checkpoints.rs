@@ -89,13 +89,7 @@ fn checkpoint_settings_that_cannot_work_are_refused() {
 #[test]
 fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
     let out = TempDir::new("zero1-shards");
-    let adam = dp_train::OptimizerConfig::Adam {
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-    };
+    let adam = common::adam();
     // A schedule that does not depend on the run's length, which the first part shortens.
     let c = TrainConfig {
         zero_stage: 1,

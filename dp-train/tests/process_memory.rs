@@ -6,20 +6,14 @@
 mod common;
 
 use common::{TempDir, config};
-use dp_train::{OptimizerConfig, RunOptions, TrainConfig, train};
+use dp_train::{RunOptions, TrainConfig, train};
 
 #[test]
 fn the_process_peak_is_within_1_1x_of_what_the_replicas_accounted() {
     let out = TempDir::new("process-memory");
     // 11.6M parameters with Adam on 2 replicas that share them: large enough that the
     // accounted buffers, not the binary, make up the process.
-    let adam = OptimizerConfig::Adam {
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-    };
+    let adam = common::adam();
     let c = TrainConfig {
         model: "mlp:4096,2048".into(),
         optimizer: adam,

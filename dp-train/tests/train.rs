@@ -15,13 +15,7 @@ use dp_train::{Error, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train
 
 #[test]
 fn n_replicas_match_one_replica_with_the_same_global_batch() {
-    let adam = OptimizerConfig::Adam {
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-    };
+    let adam = common::adam();
     let sgd = OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
     // Small buckets reduced while backward goes on, and one bucket (the default size) reduced
     // in place after it.
