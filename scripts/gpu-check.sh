@@ -7,7 +7,8 @@
 #
 # Without target/gpu-check/ it builds them itself with cargo, where cargo exists. It runs
 # dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the machine's NVRTC,
-# checks the GPU training step against the CPU's, and runs dp-comm's NCCL tests and benchmark
+# checks the GPU training step against the CPU's, trains the default job on the GPU (at least
+# 97% eval accuracy), and runs dp-comm's NCCL tests and benchmark
 # (world size 1: NCCL refuses two ranks on one GPU; set DP_COMM_NCCL_RANKS=N on a machine with
 # N GPUs), then prints a short report. A GPU test that would skip fails here instead.
 #
@@ -29,6 +30,9 @@ build() {
         --test cuda --test cuda_kernels --test cuda_model --test nccl 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
             --bench collectives 2>/dev/null) || return 1
+    # The trainer with the GPU path, in a target directory of its own.
+    cargo build --release --quiet -p xtask --features cuda --target-dir target/cuda || return 1
+    cp target/cuda/release/xtask "$bin/xtask-cuda" || return 1
     printf '%s\n' "$built" | python3 -c '
 import json, shutil, sys
 wanted = {"cuda": "dp-mem-cuda", "cuda_kernels": "dp-model-cuda-kernels",
@@ -104,6 +108,15 @@ export DP_REQUIRE_GPU=1 DP_REQUIRE_NVRTC=1
 run mem "$bin/dp-mem-cuda" --nocapture --test-threads 1; mem_status=$?
 run kernels "$bin/dp-model-cuda-kernels" --nocapture; kernel_status=$?
 run model "$bin/dp-model-cuda-model" --nocapture --test-threads 1; model_status=$?
+# The default job on the GPU: the built-in digits, to at least 97% evaluation accuracy.
+job=$(mktemp -d)
+run job bash -c "'$bin/xtask-cuda' data gen --out '$job/digits' && '$bin/xtask-cuda' train --device cuda \
+    --data '$job/digits/train' --eval-data '$job/digits/eval' --out '$job/runs' --name gpu --no-plot"
+job_status=$?
+accuracy=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval_accuracy"])' \
+    "$job/runs/gpu/summary.json" 2>/dev/null || echo 0)
+python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 0.97 else 1)' "$accuracy" || job_status=1
+rm -rf "$job"
 run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
 run bench "$bin/dp-comm-collectives" --bench; bench_status=$?
 
@@ -113,6 +126,8 @@ echo "device memory: $(grep -E '^test result:' "$log.mem" | tail -1) (exit $mem_
 grep -m1 'skipping CUDA memory test' "$log.mem" | sed 's/^/               /'
 echo "kernels:       $(grep -E 'kernels compiled' "$log.kernels" | tail -1) (exit $kernel_status)"
 echo "GPU model:     $(grep -E '^test result:' "$log.model" | tail -1) (exit $model_status)"
+echo "default job:   eval accuracy $accuracy (>= 0.97), $(grep -E '^throughput' "$log.job" | tail -1) (exit $job_status)"
+grep -E '^device memory' "$log.job" | sed 's/^/               /'
 grep -E 'gradients differ|parameters differ' "$log.model" | sed 's/^/               /'
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
@@ -122,4 +137,4 @@ grep -E '^memcpy bandwidth|^4 KiB latency' "$log.bench" | sed 's/^/cpu:         
 echo "bench exit:    $bench_status"
 rm -f "$log" "$log".*
 [ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$model_status" -eq 0 ] \
-    && [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
+    && [ "$job_status" -eq 0 ] && [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]

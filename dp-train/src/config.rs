@@ -77,6 +77,8 @@ pub struct TrainConfig {
     /// shared memory: nothing to broadcast or gather); off, each holds its own copies, as
     /// processes do. Under ZeRO-1 across processes, replicas keep their own parameters.
     pub share_params: bool,
+    /// Where the replicas compute: `cpu`, or `cuda` (one replica per process on its GPU).
+    pub device: Device,
     /// Activation recomputation (one segment per parameterized layer).
     pub recompute: bool,
     /// Magnitude pruning.
@@ -119,6 +121,18 @@ pub struct TrainConfig {
     pub timeout_s: f64,
 }
 
+/// Where replicas compute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// Threads on the CPU's cores.
+    #[default]
+    Cpu,
+    /// One GPU per process (needs the `cuda` feature), for models of linear layers,
+    /// activations and dropout.
+    Cuda,
+}
+
 /// How a run scales its inputs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -144,6 +158,18 @@ impl Normalization {
             Normalization::Standard => "standard",
             Normalization::Minmax => "minmax",
             Normalization::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(Error::config("device", format!("`{other}` is not cpu or cuda"))),
         }
     }
 }
@@ -295,6 +321,7 @@ impl Default for TrainConfig {
             clip_grad_norm: None,
             zero_stage: 0,
             share_params: true,
+            device: Device::Cpu,
             recompute: false,
             prune: None,
             memory_budget_mib: None,
@@ -397,6 +424,8 @@ impl TrainConfig {
         let mut resolved = self.clone();
         resolved.replicas = if self.replicas > 0 {
             self.replicas
+        } else if self.device == Device::Cuda {
+            1
         } else {
             (self.replica_count() / on_host.max(1)).max(1)
         };
@@ -409,6 +438,32 @@ impl TrainConfig {
                 })?;
         }
         Ok(resolved)
+    }
+
+    /// What the GPU path has so far: one replica on one GPU, plain updates.
+    fn validate_cuda(&self) -> Result<()> {
+        let refuse = |field: &'static str, what: &str| {
+            Err(Error::config(field, format!("{what} is not on the GPU path yet (device = cuda)")))
+        };
+        if self.replicas > 1 {
+            return refuse("replicas", "more than one replica per process (one per GPU)");
+        }
+        if self.zero_stage != 0 {
+            return refuse("zero_stage", "ZeRO");
+        }
+        if self.recompute {
+            return refuse("recompute", "activation recomputation");
+        }
+        if self.prune.is_some() {
+            return refuse("prune", "pruning");
+        }
+        if self.clip_grad_norm.is_some() {
+            return refuse("clip_grad_norm", "gradient clipping");
+        }
+        if self.compression()? != dp_comm::Compression::None {
+            return refuse("compression", "gradient compression");
+        }
+        Ok(())
     }
 
     /// Checks every setting and their combinations.
@@ -425,6 +480,9 @@ impl TrainConfig {
         }
         if self.grad_accum == 0 {
             return Err(Error::config("grad_accum", "must be at least 1"));
+        }
+        if self.device == Device::Cuda {
+            self.validate_cuda()?;
         }
         if !self.global_batch.is_multiple_of(n * self.grad_accum) {
             return Err(Error::config(

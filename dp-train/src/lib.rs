@@ -37,6 +37,7 @@ mod config;
 mod emergency;
 mod error;
 mod gate;
+mod gpu;
 mod inference;
 mod measure;
 mod metrics;
@@ -52,7 +53,8 @@ mod sync;
 mod trainer;
 
 pub use config::{
-    Normalization, OptimizerConfig, PruneConfig, TrainConfig, auto_epochs, auto_global_batch,
+    Device, Normalization, OptimizerConfig, PruneConfig, TrainConfig, auto_epochs,
+    auto_global_batch,
 };
 pub use error::{Error, Result};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};

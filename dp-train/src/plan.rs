@@ -64,6 +64,12 @@ impl RunPlan {
         processes: usize,
     ) -> Result<Self> {
         config.validate()?;
+        if config.device == crate::config::Device::Cuda && processes > 1 {
+            return Err(Error::config(
+                "device",
+                "GPUs in several processes need NCCL on the device gradients, which the GPU path does not have yet: run one process",
+            ));
+        }
         let mut config = config;
         let train = Dataset::open(&config.train_data)?;
         config.input_feature = input_feature(&train, &config);

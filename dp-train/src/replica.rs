@@ -18,9 +18,10 @@ use dp_model::{
 use ndarray::ArrayView2;
 
 use crate::best::BestSoFar;
-use crate::config::OptimizerConfig;
+use crate::config::{Device, OptimizerConfig};
 use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
+use crate::gpu::GpuStep;
 use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error};
 use crate::record::{Event, Events};
@@ -93,6 +94,8 @@ pub(crate) struct ReplicaReport {
     pub(crate) interrupted: bool,
     /// The best evaluation and whether the run stopped early.
     pub(crate) best: BestSoFar,
+    /// Peak device bytes by tag, for a GPU replica.
+    pub(crate) device_peak: Option<[u64; 7]>,
 }
 
 /// The gradient buffer the all-reduce works on, from the replica's pool (tag `Comm`).
@@ -146,6 +149,9 @@ pub(crate) struct Replica<C: Communicator> {
     shard: Range<usize>,
     /// Whether the model's parameters are the process's [`SharedParams`].
     shared: bool,
+    /// With `device = "cuda"`: the step on the GPU, and `model` and `optimizer` its copies
+    /// on the CPU.
+    gpu: Option<GpuStep>,
     /// ZeRO stage 1 over replicas with their own parameters: after its update, each
     /// replica's shard is broadcast to the others.
     zero: bool,
@@ -326,6 +332,12 @@ impl<C: Communicator> Replica<C> {
                 Some((pipeline, vec![0i64; plan.micro]))
             }
         };
+        let gpu = match config.device {
+            Device::Cpu => None,
+            Device::Cuda => {
+                Some(GpuStep::new(&model, optimizer.as_ref(), &config.optimizer, local_rank)?)
+            }
+        };
         let grad_sync = if let Some(grad_comm) = grad_comm {
             let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
             let reducer = BucketReducer::new(buffer, grad_comm, bucket_config(config)?)?;
@@ -361,6 +373,7 @@ impl<C: Communicator> Replica<C> {
             optimizer,
             shard,
             shared: is_shared,
+            gpu,
             zero,
             checksums,
             pruner,
@@ -386,6 +399,9 @@ impl<C: Communicator> Replica<C> {
             Err(error) => {
                 // Leave the groups first, so the peers learn of it now (`PeerLost`) instead
                 // of waiting out their timeout while the checkpoint is written.
+                // The CPU copies of a GPU replica's last consistent step, if the device still
+                // answers; otherwise nothing is saved.
+                let synced = self.sync_host().is_ok();
                 let Self {
                     ctl,
                     grad_sync,
@@ -407,7 +423,7 @@ impl<C: Communicator> Replica<C> {
                 // Only a step boundary past the last checkpoint is worth saving, and never a
                 // diverged one.
                 let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
-                if !diverged && !updating && consistent.step > checkpointed {
+                if synced && !diverged && !updating && consistent.step > checkpointed {
                     let save = Emergency {
                         plan: &plan,
                         model: &model,
@@ -478,6 +494,7 @@ impl<C: Communicator> Replica<C> {
             }
             let every = plan.config.checksum_every;
             if done.is_multiple_of(every) {
+                self.sync_host()?;
                 // Checked at the start, and at every multiple of `every` since.
                 let agreed = done.saturating_sub(every).max(start);
                 let params = self.model.params();
@@ -545,7 +562,10 @@ impl<C: Communicator> Replica<C> {
                 denominator: Some(config.global_batch),
                 accumulate: micro > 0,
             };
-            let loss = if micro + 1 == config.grad_accum {
+            let loss = if let Some(gpu) = &mut self.gpu {
+                // One replica on one GPU: nothing to reduce.
+                gpu.forward_backward(x, targets, &options)?
+            } else if micro + 1 == config.grad_accum {
                 let reduced = self.backward_and_reduce(x, targets, &options, lr, update_per_bucket);
                 let (loss, exposed) = reduced?;
                 comm_exposed += exposed;
@@ -565,7 +585,10 @@ impl<C: Communicator> Replica<C> {
             return Err(Error::NonFinite { step: step + 1, what: "the loss", value: totals[0] });
         }
 
-        if !update_per_bucket {
+        if let Some(gpu) = &mut self.gpu {
+            self.updating = true;
+            gpu.update(lr)?;
+        } else if !update_per_bucket {
             self.updating = true;
             // Only this replica's shard of the parameters is borrowed: with shared
             // parameters, the other replicas are updating theirs meanwhile.
@@ -706,6 +729,10 @@ impl<C: Communicator> Replica<C> {
     /// loss (`None` without evaluation data). A regression also measures its errors in the
     /// label's own units.
     fn evaluate(&mut self, step: u64) -> Result<Option<f64>> {
+        if self.eval.is_none() {
+            return Ok(None);
+        }
+        self.sync_host()?;
         let Some((pipeline, labels)) = &mut self.eval else { return Ok(None) };
         let plan = &*self.plan;
         // Loss sum, hits, samples; a regression's squared and absolute errors.
@@ -777,6 +804,7 @@ impl<C: Communicator> Replica<C> {
     /// replica writes its own shard of the optimizer state (nothing is gathered), and replica
     /// 0 the checkpoint naming them, once all are written; otherwise replica 0 writes it all.
     fn checkpoint(&mut self, step: u64) -> Result<()> {
+        self.sync_host()?;
         // A finite loss can come with gradients that overflowed into the parameters; such a
         // model must never replace the last good checkpoint. Every replica holds the same
         // parameters, so all fail here together.
@@ -825,6 +853,14 @@ impl<C: Communicator> Replica<C> {
             }
         }
         Ok(())
+    }
+
+    /// Brings the CPU model and optimizer up to the GPU's, before anything reads them.
+    fn sync_host(&mut self) -> Result<()> {
+        match &mut self.gpu {
+            Some(gpu) => gpu.sync_host(&mut self.model, self.optimizer.as_mut()),
+            None => Ok(()),
+        }
     }
 
     /// How many shards the optimizer state is saved in (`None`: replica 0 holds it whole):
@@ -898,6 +934,7 @@ impl<C: Communicator> Replica<C> {
         self.report.opt_state = self.optimizer.state_bytes();
         self.report.minimum = self.minimum_memory();
         self.report.best = self.consistent.best.clone();
+        self.report.device_peak = self.gpu.as_ref().map(GpuStep::peak);
         self.report
     }
 }

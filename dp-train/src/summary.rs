@@ -62,6 +62,9 @@ pub struct Summary {
     pub theoretical_min: u64,
     /// `peak_total / theoretical_min`.
     pub memory_ratio: f64,
+    /// Peak device bytes by tag on replica 0, for a run on a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<BTreeMap<String, u64>>,
     /// What this process's replicas accounted at their peaks, all of them together.
     #[serde(default)]
     pub process_accounted: u64,
@@ -165,6 +168,15 @@ impl fmt::Display for Summary {
             }
         }
         line(f, "total", self.peak_total, self.theoretical_min)?;
+        if let Some(device) = &self.device_memory {
+            let tags: Vec<String> = (Tag::ALL.iter())
+                .filter_map(|tag| Some((tag, *device.get(tag.name())?)))
+                .filter(|&(_, bytes)| bytes > 0)
+                .map(|(tag, bytes)| format!("{} {}", tag.name(), ByteSize(bytes)))
+                .collect();
+            let total = ByteSize(device.values().sum());
+            writeln!(f, "device memory  {total} at peak: {}", tags.join(", "))?;
+        }
         if let (Some(baseline), Some(peak)) = (self.process_baseline_rss, self.process_peak_rss) {
             let expected = self.process_accounted + baseline;
             writeln!(

@@ -543,6 +543,9 @@ fn summarize(
         memory_ratio: peak_total as f64 / theoretical_min as f64,
         opt_state_per_replica: r0.opt_state,
         process_accounted: reports.iter().map(|r| r.peak.iter().sum::<u64>()).sum(),
+        device_memory: r0.device_peak.map(|peak| {
+            Tag::ALL.iter().zip(peak).map(|(t, b)| (t.name().to_string(), b)).collect()
+        }),
         allocs_per_step: r0.allocs_per_step,
         gemm_allocs_per_step: r0.gemms_per_step,
         interrupted: r0.interrupted,

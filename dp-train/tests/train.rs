@@ -11,7 +11,7 @@ use common::{
 };
 use dp_mem::{Pool, Tracker};
 use dp_model::{Model, ModelOptions, ModelSpec};
-use dp_train::{Error, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
+use dp_train::{Device, Error, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
 
 #[test]
 fn n_replicas_match_one_replica_with_the_same_global_batch() {
@@ -160,6 +160,15 @@ fn bad_configs_fail_before_anything_starts() {
         ("replicas", TrainConfig { replicas: 1 << 20, ..config(1, 1) }),
         ("per core", TrainConfig { replicas: 8 * cores() + 1, ..config(1, 1) }),
         ("lr", TrainConfig { lr: Some(f64::NAN), ..config(1, 1) }),
+        // What the GPU path does not have yet is refused by name.
+        ("replicas", TrainConfig { device: Device::Cuda, ..config(2, 1) }),
+        ("zero_stage", TrainConfig { device: Device::Cuda, zero_stage: 1, ..config(1, 1) }),
+        (
+            "clip_grad_norm",
+            TrainConfig { device: Device::Cuda, clip_grad_norm: Some(1.0), ..config(1, 1) },
+        ),
+        // A build or machine without CUDA says so.
+        ("CUDA", TrainConfig { device: Device::Cuda, ..config(1, 1) }),
     ];
     for (field, c) in cases {
         let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();

@@ -76,6 +76,10 @@ pub(crate) struct TrainArgs {
     /// Gradient compression: none, bf16 or int8.
     #[arg(long)]
     compression: Option<String>,
+    /// Where to compute: cpu (threads, the default) or cuda (one GPU; needs a build with the
+    /// `cuda` feature: cargo xtask-cuda).
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<dp_train::Device>,
     /// Input scaling: auto (u8 pixels / 255, other inputs standardized per feature),
     /// standard, minmax or none; the run saves it, and eval and predict apply it.
     #[arg(long, value_name = "HOW")]
@@ -260,6 +264,7 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     }
     config.recompute |= args.recompute;
     set(&mut config.normalize, args.normalize);
+    set(&mut config.device, args.device);
     set(&mut config.augment, args.augment.clone());
     set(&mut config.keep, args.keep);
     if args.early_stop.is_some() {

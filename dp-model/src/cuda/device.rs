@@ -227,6 +227,23 @@ impl CudaModel {
         self.copy_out(dst, ptr(&self.grads))
     }
 
+    /// Copies `src` into the device buffer `dst` (optimizer state restored from a checkpoint).
+    pub fn upload_buffer(&self, dst: &mut DeviceBuf<f32>, src: &[f32]) -> Result<()> {
+        if dst.len() != src.len() {
+            return Err(Error::shape("device buffer", dst.len(), src.len()));
+        }
+        self.copy_in(ptr(dst), src)?;
+        self.synchronize()
+    }
+
+    /// Copies the device buffer `src` into `dst` (optimizer state for a checkpoint).
+    pub fn download_buffer(&self, src: &DeviceBuf<f32>, dst: &mut [f32]) -> Result<()> {
+        if dst.len() != src.len() {
+            return Err(Error::shape("device buffer", src.len(), dst.len()));
+        }
+        self.copy_out(dst, ptr(src))
+    }
+
     /// Device bytes held, by use.
     pub fn memory(&self) -> ModelMemory {
         let bytes = |n: usize| (n * 4) as u64;

@@ -31,6 +31,12 @@ impl CudaModel {
     pub fn download_grads(&self, _dst: &mut [f32]) -> Result<()> {
         match self.0 {}
     }
+    pub fn upload_buffer(&self, _dst: &mut DeviceBuf<f32>, _src: &[f32]) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn download_buffer(&self, _src: &DeviceBuf<f32>, _dst: &mut [f32]) -> Result<()> {
+        match self.0 {}
+    }
     pub fn memory(&self) -> ModelMemory {
         match self.0 {}
     }
