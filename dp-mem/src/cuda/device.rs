@@ -58,7 +58,8 @@ fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     })
 }
 
-/// Device memory on one GPU, for a [`Pool`](crate::Pool): see the [module docs](super).
+/// Device memory on one GPU, which makes a [`Pool`](crate::Pool) a caching device allocator:
+/// blocks reused without `cuMemFree`, tags and budgets as on the host, `empty_cache`.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {
     context: Arc<CudaContext>,
