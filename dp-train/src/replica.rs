@@ -526,7 +526,8 @@ impl<C: Communicator> Replica<C> {
         let lr = plan.schedule.lr(step);
         // Each bucket's parameters are updated as soon as its all-reduce is done, while later
         // buckets are still being reduced, unless the update needs every gradient first
-        // (global-norm clipping) or covers only this replica's shard (ZeRO-1).
+        // (global-norm clipping), covers only this replica's shard (ZeRO-1), or writes
+        // parameters that other replicas are still reading (shared parameters).
         let update_per_bucket = matches!(self.grad_sync, GradSync::Buckets { .. })
             && config.clip_grad_norm.is_none()
             && !self.zero
