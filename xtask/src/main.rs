@@ -46,31 +46,17 @@ enum Cmd {
     Train(Box<train::TrainArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {
-        /// The run directory.
-        #[arg(value_name = "RUN_DIR")]
-        run_dir: PathBuf,
-        /// The checkpoint in it: checkpoint.ckpt (the latest), best.ckpt (the lowest
-        /// evaluation loss) or a kept checkpoint-STEP.ckpt.
-        #[arg(long, default_value = dp_train::CHECKPOINT)]
-        checkpoint: String,
-        /// The dataset to evaluate on (same input feature as the run's).
-        #[arg(long)]
-        data: PathBuf,
+        #[command(flatten)]
+        model: SavedModel,
         /// Also evaluate the model with int8 weights and compare.
         #[arg(long)]
         int8: bool,
     },
-    /// Write a run's class probabilities for every record of a dataset as an npy file.
+    /// Write a run's class probabilities for every record of a dataset as an npy file (the
+    /// dataset's labels are not needed).
     Predict {
-        /// The run directory.
-        #[arg(value_name = "RUN_DIR")]
-        run_dir: PathBuf,
-        /// The checkpoint in it (see `eval`).
-        #[arg(long, default_value = dp_train::CHECKPOINT)]
-        checkpoint: String,
-        /// The dataset to predict (labels not needed).
-        #[arg(long)]
-        data: PathBuf,
+        #[command(flatten)]
+        model: SavedModel,
         /// The npy file to write: f32 `[records, classes]`, in dataset order.
         #[arg(long)]
         out: PathBuf,
@@ -109,14 +95,29 @@ fn main() -> Result<ExitCode> {
         Cmd::Data { command } => return data::run(command),
         Cmd::Train(args) => return train::run(&root, *args),
         Cmd::Plot { run_dir } => plot(&run_dir),
-        Cmd::Eval { run_dir, checkpoint, data, int8 } => {
-            inference::eval(&run_dir, &checkpoint, &data, int8)
+        Cmd::Eval { model, int8 } => {
+            inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
         }
-        Cmd::Predict { run_dir, checkpoint, data, out } => {
-            inference::predict(&run_dir, &checkpoint, &data, &out)
+        Cmd::Predict { model, out } => {
+            inference::predict(&model.run_dir, &model.checkpoint, &model.data, &out)
         }
     }
     .map(|()| ExitCode::SUCCESS)
+}
+
+/// A run's model and the dataset to use it on (`eval`, `predict`).
+#[derive(Debug, clap::Args)]
+struct SavedModel {
+    /// The run directory.
+    #[arg(value_name = "RUN_DIR")]
+    run_dir: PathBuf,
+    /// The checkpoint in it: checkpoint.ckpt (the latest), best.ckpt (the lowest evaluation
+    /// loss) or a kept checkpoint-STEP.ckpt.
+    #[arg(long, default_value = dp_train::CHECKPOINT)]
+    checkpoint: String,
+    /// The dataset (the same input feature as the run's).
+    #[arg(long)]
+    data: PathBuf,
 }
 
 /// Draws the plots of a run and prints the paths written.

@@ -39,26 +39,23 @@ pub fn final_params(run_dir: &Path) -> Vec<f32> {
 
 /// Every training step's (step, loss), in the order the metrics file has them.
 pub fn train_losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    read_metrics(&run_dir.join(dp_train::METRICS))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            MetricsRecord::Train(m) => Some((m.step, m.loss)),
-            MetricsRecord::Eval(_) => None,
-        })
-        .collect()
+    losses(run_dir, |r| match r {
+        MetricsRecord::Train(m) => Some((m.step, m.loss)),
+        MetricsRecord::Eval(_) => None,
+    })
 }
 
 /// Every evaluation's (step, eval loss), in the order the metrics file has them.
 pub fn eval_losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    read_metrics(&run_dir.join(dp_train::METRICS))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            MetricsRecord::Eval(e) => Some((e.step, e.eval_loss)),
-            MetricsRecord::Train(_) => None,
-        })
-        .collect()
+    losses(run_dir, |r| match r {
+        MetricsRecord::Eval(e) => Some((e.step, e.eval_loss)),
+        MetricsRecord::Train(_) => None,
+    })
+}
+
+fn losses(run_dir: &Path, pick: fn(MetricsRecord) -> Option<(u64, f64)>) -> Vec<(u64, f64)> {
+    let records = read_metrics(&run_dir.join(dp_train::METRICS)).unwrap();
+    records.into_iter().filter_map(pick).collect()
 }
 
 /// Largest difference relative to the parameters' scale (their largest magnitude): f32
