@@ -137,3 +137,38 @@ fn device_buffers() {
         assert!(part.iter().enumerate().all(|(i, x)| *x == want(rank * m + i)));
     }
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn enqueued_buckets_reduce_after_the_work_they_wait_for() {
+    use cudarc::driver::{CudaSlice, DevicePtr};
+    use dp_comm::{Communicator, ReduceOp};
+    let n = world_size();
+    let len = 4096;
+    let Some(results) = run(|comm| {
+        // The buffer is written on another stream, which the buckets wait for on the device.
+        let producer = comm.stream().context().new_stream().unwrap();
+        let rank = comm.rank();
+        let mut buf: CudaSlice<f32> = producer.alloc_zeros(len).unwrap();
+        let host: Vec<f32> = (0..len).map(|i| (i % 5 + rank) as f32).collect();
+        producer.memcpy_htod(&host, &mut buf).unwrap();
+        comm.wait_for(&producer).unwrap();
+        let (base, record) = buf.device_ptr(&producer);
+        drop(record);
+        // Two buckets, the tail first, as backward makes them ready.
+        for range in [len / 2..len, 0..len / 2] {
+            let ptr = base + 4 * range.start as u64;
+            // SAFETY: a live buffer of `len` f32 on this rank's context, untouched until
+            // `wait` returns.
+            unsafe { comm.all_reduce_device_ptr::<f32>(ptr, range.len(), ReduceOp::Sum) }.unwrap();
+        }
+        comm.wait().unwrap();
+        producer.clone_dtoh(&buf).unwrap()
+    }) else {
+        return;
+    };
+    let ranks: usize = (0..n).sum();
+    for reduced in results {
+        assert!(reduced.iter().enumerate().all(|(i, x)| *x == (n * (i % 5) + ranks) as f32));
+    }
+}

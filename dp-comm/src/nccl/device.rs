@@ -400,6 +400,54 @@ impl NcclComm {
         self.finish("all_reduce")
     }
 
+    /// Makes this communicator's stream wait, on the device, for the work queued on `stream`
+    /// so far: a collective enqueued next sees what that work writes, while the host goes on.
+    pub fn wait_for(&mut self, stream: &CudaStream) -> Result<()> {
+        self.check()?;
+        let joined = self.stream.join(stream);
+        self.cuda("cuStreamWaitEvent", joined)
+    }
+
+    /// Enqueues an in-place all-reduce of `len` elements of `T` at device address `ptr` on
+    /// this communicator's stream and returns without waiting: several such calls overlap
+    /// with other streams' work, and [`NcclComm::wait`] waits for them all. This is how
+    /// gradient buckets are reduced while backward still runs.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must address `len` live elements of `T` in device memory of this rank's
+    /// context, which nothing reads or writes until the collective has completed, except
+    /// work ordered after it (through [`NcclComm::wait`], or a stream that waits on this
+    /// one's).
+    pub unsafe fn all_reduce_device_ptr<T: Element>(
+        &mut self,
+        ptr: u64,
+        len: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check()?;
+        let p = ptr as usize as *mut c_void;
+        // SAFETY: the caller guarantees the buffer, on our context, for the collective.
+        let result = unsafe {
+            nccl::all_reduce(
+                p,
+                p,
+                len,
+                data_type(T::DTYPE),
+                reduce_op(op),
+                self.raw,
+                self.cu_stream(),
+            )
+        };
+        self.nccl("ncclAllReduce", result)
+    }
+
+    /// Waits for every collective enqueued so far, under the watchdog (see the module docs).
+    pub fn wait(&mut self) -> Result<()> {
+        self.check()?;
+        self.finish("all_reduce")
+    }
+
     /// Broadcasts a device buffer from `root` in place and waits for it.
     pub fn broadcast_device<T: Element + DeviceRepr>(
         &mut self,

@@ -8,7 +8,9 @@
 //!
 //! Collectives run on device buffers (`*_device` methods, with the feature) or, through the
 //! [`Communicator`](crate::Communicator) trait, on host slices, staged through a device buffer
-//! allocated once at construction. Every collective waits for its completion under a
+//! allocated once at construction. To overlap with compute, `wait_for` orders NCCL's stream
+//! after another stream's queued work on the device, `all_reduce_device_ptr` enqueues without
+//! waiting, and `wait` waits for everything enqueued. Every collective waits for its completion under a
 //! watchdog: one that does not complete within the timeout aborts the communicator and returns
 //! [`Error::Timeout`](crate::Error::Timeout); NCCL errors carry NCCL's code and text.
 //!
