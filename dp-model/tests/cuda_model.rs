@@ -29,10 +29,11 @@ fn spec() -> ModelSpec {
     }
 }
 
-/// The CPU model and its GPU copy, or `None` (after printing why) without a GPU.
+/// The CPU model and its GPU copy (device memory under `tracker`, its page-locked staging
+/// buffers under `pool`'s), or `None` (after printing why) without a GPU.
 fn models(tracker: &Tracker, pool: &Pool) -> Option<(Model<f32>, CudaModel)> {
     let cpu = Model::<f32>::new(&spec(), pool, ModelOptions::new(64, 3)).unwrap();
-    match CudaModel::from_model(&cpu, 0, tracker) {
+    match CudaModel::from_model(&cpu, 0, tracker, pool.tracker()) {
         Ok(gpu) => Some((cpu, gpu)),
         Err(error @ (Error::CudaNotCompiled | Error::CudaUnavailable { .. })) => {
             assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
@@ -69,8 +70,11 @@ fn a_gpu_step_matches_the_cpu_step() {
         a.loss_sum, b.loss_sum
     );
     assert!(diff <= 1e-4, "{diff}");
-    // Device memory is accounted by tag.
+    // Device memory is accounted by tag, the staged batch with the host's.
     assert_eq!(tracker.snapshot().tag(dp_mem::Tag::Param).current, cpu.params().len() as u64 * 4);
+    let batch_bytes = 64 * 784 * 4;
+    assert!(tracker.snapshot().tag(dp_mem::Tag::Data).current >= batch_bytes);
+    assert!(pool.tracker().snapshot().tag(dp_mem::Tag::Data).current >= batch_bytes);
 
     // A regression's squared error.
     let targets = rng.array::<f32>(64, 10);
@@ -79,6 +83,29 @@ fn a_gpu_step_matches_the_cpu_step() {
     assert!((a.loss_sum - b.loss_sum).abs() <= 1e-4 * a.loss_sum.abs(), "{a:?} {b:?}");
     gpu.download_grads(&mut grads).unwrap();
     assert!(max_relative_difference(&grads, cpu.grads()) <= 1e-4);
+}
+
+#[test]
+fn each_layers_gradients_are_announced_once_in_the_order_backward_makes_them() {
+    let (tracker, pool) = (Tracker::new(), Pool::new(&Tracker::new()));
+    let Some((cpu, mut gpu)) = models(&tracker, &pool) else { return };
+    let mut rng = Rng::new(2);
+    let x = rng.array::<f32>(64, 784);
+    let labels = rng.labels(64, 10);
+    let mut ranges = Vec::new();
+    let options = StepOptions::default();
+    gpu.forward_backward_with(x.view(), Targets::Classes(&labels), &options, &mut |r| {
+        ranges.push(r)
+    })
+    .unwrap();
+    // Contiguous from the start of the buffer, which holds the last layer (the layout is
+    // last layer first): one range per linear layer.
+    let mut start = 0;
+    for range in &ranges {
+        assert_eq!(range.start, start, "{ranges:?}");
+        start = range.end;
+    }
+    assert_eq!((start, ranges.len()), (cpu.params().len(), 4), "{ranges:?}");
 }
 
 #[test]
@@ -137,7 +164,7 @@ fn convolutions_are_refused_with_the_layer_named() {
     let lenet =
         Model::<f32>::new(&ModelSpec::lenet([1, 28, 28], 10), &pool, ModelOptions::new(8, 1))
             .unwrap();
-    match CudaModel::from_model(&lenet, 0, &Tracker::new()) {
+    match CudaModel::from_model(&lenet, 0, &Tracker::new(), &Tracker::new()) {
         Err(Error::Spec { field, .. }) => assert!(field.starts_with("layers["), "{field}"),
         Err(error @ Error::CudaNotCompiled) => eprintln!("skipping: {error}"),
         other => panic!("{other:?}"),

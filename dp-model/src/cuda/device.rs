@@ -2,6 +2,7 @@
 //! gradient buffers in device memory from a dp-mem pool, GEMMs through cuBLAS and the rest
 //! through the kernels of `kernels.cu`, all queued on one stream.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::cublas::result as cublas;
@@ -10,7 +11,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg, result,
 };
 use cudarc::nvrtc::Ptx;
-use dp_mem::{CudaBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
+use dp_mem::{CudaBackend, PinnedBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use ndarray::ArrayView2;
 
 use super::cuda_kernels_ptx;
@@ -23,6 +24,7 @@ use crate::ops::loss::{LossTotals, Targets};
 use crate::tape::Tape;
 
 type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
+type PinnedBuf<T> = PoolBuf<T, PinnedBackend>;
 
 /// Threads per block of every elementwise kernel, and the most blocks one launch takes (the
 /// kernels loop over the rest).
@@ -44,7 +46,8 @@ struct Kernels {
     activation_backward: CudaFunction,
     dropout: CudaFunction,
     add_bias: CudaFunction,
-    bias_grad: CudaFunction,
+    bias_activation: CudaFunction,
+    fill: CudaFunction,
     softmax_cross_entropy: CudaFunction,
     squared_error: CudaFunction,
     sgd_step: CudaFunction,
@@ -96,12 +99,69 @@ pub struct CudaModel {
     ping: [DeviceBuf<f32>; 2],
     labels: DeviceBuf<i64>,
     values: DeviceBuf<f32>,
+    /// Ones, a batch long: the bias gradients are the GEMM `dy^T 1`.
+    ones: DeviceBuf<f32>,
     row_loss: DeviceBuf<f32>,
     row_counted: DeviceBuf<i32>,
     row_correct: DeviceBuf<i32>,
-    host_loss: Vec<f32>,
-    host_counted: Vec<i32>,
-    host_correct: Vec<i32>,
+    staged: Staged,
+}
+
+/// Page-locked host buffers that a batch goes to the device through, and each row's loss
+/// comes back through. Copies from and to them are asynchronous, so the host fills the next
+/// batch while the device still runs the last update, and a step waits for the device once.
+struct Staged {
+    input: PinnedBuf<f32>,
+    labels: PinnedBuf<i64>,
+    values: PinnedBuf<f32>,
+    loss: PinnedBuf<f32>,
+    counted: PinnedBuf<i32>,
+    correct: PinnedBuf<i32>,
+    /// Dropped after the buffers it holds.
+    _pool: Pool<PinnedBackend>,
+}
+
+impl Staged {
+    fn new(
+        device: usize,
+        host_tracker: &Tracker,
+        batch: usize,
+        spec: (usize, usize),
+    ) -> Result<Self> {
+        let (input_len, outputs) = spec;
+        let backend = PinnedBackend::new(device).map_err(mem_error)?;
+        let pool = Pool::with_backend(host_tracker, backend, PoolConfig::default());
+        Ok(Staged {
+            input: pool.alloc((batch * input_len).max(1), Tag::Data)?,
+            labels: pool.alloc(batch, Tag::Data)?,
+            values: pool.alloc((batch * outputs).max(1), Tag::Data)?,
+            loss: pool.alloc(batch, Tag::Temp)?,
+            counted: pool.alloc(batch, Tag::Temp)?,
+            correct: pool.alloc(batch, Tag::Temp)?,
+            _pool: pool,
+        })
+    }
+}
+
+/// Queues a copy of device memory at `src` into the page-locked `dst`.
+///
+/// # Safety
+///
+/// `src` holds at least `dst.len()` values of `T`; `dst` is not read, written or freed before
+/// the caller has waited for `stream`.
+unsafe fn copy_out_async<T>(stream: &CudaStream, dst: &mut [T], src: u64) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
+        .map_err(|e| driver("cuMemcpyDtoHAsync", e))
+}
+
+/// dp-mem's CUDA errors as this crate's.
+fn mem_error(error: dp_mem::Error) -> Error {
+    match error {
+        dp_mem::Error::CudaUnavailable { what } => Error::CudaUnavailable { what },
+        dp_mem::Error::CudaNotCompiled => Error::CudaNotCompiled,
+        other => Error::from(other),
+    }
 }
 
 impl std::fmt::Debug for CudaModel {
@@ -124,8 +184,14 @@ impl Drop for CudaModel {
 
 impl CudaModel {
     /// `model` on GPU `device`: its spec, batch size, dropout stream and current parameters;
-    /// device memory accounted under `tracker` by tag, as the host's.
-    pub fn from_model(model: &Model<f32>, device: usize, tracker: &Tracker) -> Result<Self> {
+    /// device memory accounted under `tracker` by tag, and the page-locked host buffers that
+    /// batches go through under `host_tracker`.
+    pub fn from_model(
+        model: &Model<f32>,
+        device: usize,
+        tracker: &Tracker,
+        host_tracker: &Tracker,
+    ) -> Result<Self> {
         let tape = model.tape().clone();
         if let Some(node) = tape
             .nodes
@@ -138,11 +204,7 @@ impl CudaModel {
             ));
         }
         let ptx = cuda_kernels_ptx()?;
-        let backend = CudaBackend::new(device).map_err(|e| match e {
-            dp_mem::Error::CudaUnavailable { what } => Error::CudaUnavailable { what },
-            dp_mem::Error::CudaNotCompiled => Error::CudaNotCompiled,
-            other => Error::from(other),
-        })?;
+        let backend = CudaBackend::new(device).map_err(mem_error)?;
         let context: Arc<CudaContext> = Arc::clone(backend.context());
         let stream = context.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
         let module = context
@@ -155,7 +217,8 @@ impl CudaModel {
             activation_backward: load("dp_activation_backward")?,
             dropout: load("dp_dropout")?,
             add_bias: load("dp_add_bias")?,
-            bias_grad: load("dp_bias_grad")?,
+            bias_activation: load("dp_bias_activation")?,
+            fill: load("dp_fill")?,
             softmax_cross_entropy: load("dp_softmax_cross_entropy")?,
             squared_error: load("dp_squared_error")?,
             sgd_step: load("dp_sgd_step")?,
@@ -190,18 +253,19 @@ impl CudaModel {
             ],
             labels: pool.alloc::<i64>(batch, Tag::Data)?,
             values: alloc(batch * outputs, Tag::Data)?,
+            ones: alloc(batch, Tag::Temp)?,
             row_loss: alloc(batch, Tag::Temp)?,
             row_counted: pool.alloc::<i32>(batch, Tag::Temp)?,
             row_correct: pool.alloc::<i32>(batch, Tag::Temp)?,
-            host_loss: vec![0.0; batch],
-            host_counted: vec![0; batch],
-            host_correct: vec![0; batch],
+            staged: Staged::new(device, host_tracker, batch, (tape.input_len, outputs))?,
             tape,
             stream,
             blas,
             kernels,
             pool,
         };
+        let (ones, n, one) = (ptr(&this.ones), this.ones.len() as i64, 1.0f32);
+        launch!(this, fill, n as usize; ones, n, one);
         this.upload_params(model)?;
         Ok(this)
     }
@@ -336,6 +400,21 @@ impl CudaModel {
         targets: Targets<'_, f32>,
         options: &StepOptions,
     ) -> Result<LossTotals> {
+        self.forward_backward_with(x, targets, options, &mut |_| {})
+    }
+
+    /// [`CudaModel::forward_backward`], calling `grads_ready` with each layer's range of the
+    /// flat gradients as soon as the work writing it is queued on [`CudaModel::stream`]: the
+    /// last layer's first, which the layout puts at the start, so the ranges follow each other
+    /// up the buffer. Work queued on another stream after that stream waits on this one
+    /// (an NCCL all-reduce of a bucket) runs while backward goes on.
+    pub fn forward_backward_with(
+        &mut self,
+        x: ArrayView2<'_, f32>,
+        targets: Targets<'_, f32>,
+        options: &StepOptions,
+        grads_ready: &mut dyn FnMut(Range<usize>),
+    ) -> Result<LossTotals> {
         let (batch, features) = x.dim();
         if features != self.tape.input_len || batch == 0 || batch > self.max_batch {
             return Err(Error::shape(
@@ -349,9 +428,12 @@ impl CudaModel {
             .ok_or_else(|| Error::shape("GPU input", "a contiguous array", "a strided view"))?;
         let outputs = self.tape.outputs();
         targets.check(batch, outputs)?;
-        self.copy_in(ptr(&self.input), x)?;
-        for i in 0..self.tape.nodes.len() {
-            self.forward_node(i, batch, options.step)?;
+        // The staging buffers are free: the last step waited for its copies.
+        self.staged.input[..x.len()].copy_from_slice(x);
+        self.copy_in(ptr(&self.input), &self.staged.input[..x.len()])?;
+        let mut i = 0;
+        while i < self.tape.nodes.len() {
+            i += self.forward_node(i, batch, options.step)?;
         }
 
         let counted = match targets {
@@ -366,7 +448,8 @@ impl CudaModel {
             (ptr(&self.row_loss), ptr(&self.row_counted), ptr(&self.row_correct));
         match targets {
             Targets::Classes(labels) => {
-                self.copy_in(ptr(&self.labels), labels)?;
+                self.staged.labels[..batch].copy_from_slice(labels);
+                self.copy_in(ptr(&self.labels), &self.staged.labels[..batch])?;
                 let labels = ptr(&self.labels);
                 launch!(self, softmax_cross_entropy, batch; logits, labels, grad, row_loss, row_counted, row_correct, rows, cols, inv_denominator);
             }
@@ -374,7 +457,8 @@ impl CudaModel {
                 let values = values.as_slice().ok_or_else(|| {
                     Error::shape("GPU targets", "a contiguous array", "a strided view")
                 })?;
-                self.copy_in(ptr(&self.values), values)?;
+                self.staged.values[..values.len()].copy_from_slice(values);
+                self.copy_in(ptr(&self.values), &self.staged.values[..values.len()])?;
                 let values = ptr(&self.values);
                 launch!(self, squared_error, batch; logits, values, grad, row_loss, row_correct, rows, cols, inv_denominator);
             }
@@ -385,37 +469,37 @@ impl CudaModel {
                 break;
             }
             self.backward_node(i, batch, options)?;
+            if !self.tape.nodes[i].params.is_empty() {
+                grads_ready(self.tape.nodes[i].params.clone());
+            }
         }
 
-        // The loss totals: every row's, summed here in f64 as the CPU does.
+        // Every row's loss, summed here in f64 as the CPU does, after one wait.
         let n = batch;
-        let mut host_loss = std::mem::take(&mut self.host_loss);
-        let mut host_correct = std::mem::take(&mut self.host_correct);
-        let mut host_counted = std::mem::take(&mut self.host_counted);
-        self.copy_out(&mut host_loss[..n], row_loss)?;
-        self.copy_out(&mut host_correct[..n], row_correct)?;
-        let mut totals = LossTotals::default();
-        match targets {
-            Targets::Classes(_) => {
-                self.copy_out(&mut host_counted[..n], row_counted)?;
-                for r in 0..n {
-                    if host_counted[r] != 0 {
-                        totals.loss_sum += f64::from(host_loss[r]);
-                        totals.samples += 1;
-                        totals.correct += usize::from(host_correct[r] != 0);
-                    }
-                }
-            }
-            Targets::Values(_) => {
-                for r in 0..n {
-                    totals.loss_sum += f64::from(host_loss[r]);
-                    totals.samples += 1;
-                    totals.correct += usize::from(host_correct[r] != 0);
-                }
+        let staged = &mut self.staged;
+        // SAFETY: the per-row buffers are a batch long; the staging buffers are read only
+        // after the wait below.
+        unsafe {
+            copy_out_async(&self.stream, &mut staged.loss[..n], row_loss)?;
+            copy_out_async(&self.stream, &mut staged.correct[..n], row_correct)?;
+            if let Targets::Classes(_) = targets {
+                copy_out_async(&self.stream, &mut staged.counted[..n], row_counted)?;
             }
         }
-        (self.host_loss, self.host_correct, self.host_counted) =
-            (host_loss, host_correct, host_counted);
+        self.synchronize()?;
+        let staged = &self.staged;
+        let mut totals = LossTotals::default();
+        for r in 0..n {
+            let counts = match targets {
+                Targets::Classes(_) => staged.counted[r] != 0,
+                Targets::Values(_) => true,
+            };
+            if counts {
+                totals.loss_sum += f64::from(staged.loss[r]);
+                totals.samples += 1;
+                totals.correct += usize::from(staged.correct[r] != 0);
+            }
+        }
         Ok(totals)
     }
 
@@ -424,7 +508,9 @@ impl CudaModel {
         if i == 0 { ptr(&self.input) } else { ptr(&self.acts[i - 1]) }
     }
 
-    fn forward_node(&mut self, i: usize, batch: usize, step: u64) -> Result<()> {
+    /// Queues node `i`'s forward and returns how many nodes that covered: a linear layer
+    /// followed by an activation is one kernel after its GEMM.
+    fn forward_node(&mut self, i: usize, batch: usize, step: u64) -> Result<usize> {
         let node = &self.tape.nodes[i];
         let (x, y) = (self.input_of(i), ptr(&self.acts[i]));
         let n = (batch * node.out_len) as i64;
@@ -445,6 +531,11 @@ impl CudaModel {
                     l.outputs,
                 )?;
                 let (rows, cols) = (batch as i64, l.outputs as i64);
+                if let Some(Op::Activation(a)) = self.tape.nodes.get(i + 1).map(|n| &n.op) {
+                    let (out, kind) = (ptr(&self.acts[i + 1]), activation_kind(*a));
+                    launch!(self, bias_activation, batch * l.outputs; y, bias, out, rows, cols, kind);
+                    return Ok(2);
+                }
                 launch!(self, add_bias, batch * l.outputs; y, bias, rows, cols);
             }
             Op::Activation(a) => {
@@ -459,7 +550,7 @@ impl CudaModel {
             }
             _ => unreachable!("refused when the model was built"),
         }
-        Ok(())
+        Ok(1)
     }
 
     fn backward_node(&mut self, i: usize, batch: usize, options: &StepOptions) -> Result<()> {
@@ -487,9 +578,18 @@ impl CudaModel {
                     dw,
                     l.inputs,
                 )?;
-                let (rows, cols, accumulate) =
-                    (batch as i64, l.outputs as i64, i32::from(options.accumulate));
-                launch!(self, bias_grad, l.outputs; dy, db, rows, cols, accumulate);
+                // db[out] = dy^T 1: column-major DY' (out x batch) times ones (batch x 1).
+                self.gemm(
+                    (false, false),
+                    (l.outputs, 1, batch),
+                    dy,
+                    l.outputs,
+                    ptr(&self.ones),
+                    batch,
+                    beta,
+                    db,
+                    l.outputs,
+                )?;
                 if i > 0 {
                     // dx[batch, in] = dy W: column-major dX' = W' DY'.
                     self.gemm(
@@ -577,6 +677,17 @@ impl CudaModel {
         unsafe { result::memset_d8_async(ptr(&buf), 0, buf.len() * 4, self.stream.cu_stream()) }
             .map_err(|e| driver("cuMemsetD8Async", e))?;
         Ok(buf)
+    }
+
+    /// The stream every step's work is queued on, for work on other streams to wait on (see
+    /// [`CudaModel::forward_backward_with`]). Only with the `cuda` feature.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The flat gradients in device memory (the layout of [`Model::layout`]).
+    pub fn grads(&self) -> &DeviceBuf<f32> {
+        &self.grads
     }
 
     /// Waits for every step queued so far.

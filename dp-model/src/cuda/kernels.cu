@@ -22,17 +22,28 @@ __device__ unsigned long long dp_mix(unsigned long long z) {
 #define DP_GELU_A 0.044715f
 
 // Activation kinds: 0 ReLU, 1 GELU, 2 tanh.
+__device__ float dp_activate(float v, int kind) {
+    if (kind == 0) return v > 0.0f ? v : 0.0f;
+    if (kind == 1) {
+        float t = tanhf(DP_GELU_C * (v + DP_GELU_A * v * v * v));
+        return 0.5f * v * (1.0f + t);
+    }
+    return tanhf(v);
+}
+
 __global__ void dp_activation_forward(const float* x, float* y, long long n, int kind) {
-    DP_FOR_EACH(i, n) {
-        float v = x[i];
-        if (kind == 0) {
-            y[i] = v > 0.0f ? v : 0.0f;
-        } else if (kind == 1) {
-            float t = tanhf(DP_GELU_C * (v + DP_GELU_A * v * v * v));
-            y[i] = 0.5f * v * (1.0f + t);
-        } else {
-            y[i] = tanhf(v);
-        }
+    DP_FOR_EACH(i, n) { y[i] = dp_activate(x[i], kind); }
+}
+
+// A linear layer's bias and the activation after it in one pass over its [rows, cols] output:
+// y += bias (the activation's input, which backward reads) and out = act(y). One launch and
+// one read of y instead of two: small layers are bound by launches and memory, not FLOPs.
+__global__ void dp_bias_activation(float* y, const float* bias, float* out, long long rows,
+                                   long long cols, int kind) {
+    DP_FOR_EACH(i, rows * cols) {
+        float v = y[i] + bias[i % cols];
+        y[i] = v;
+        out[i] = dp_activate(v, kind);
     }
 }
 
@@ -66,17 +77,6 @@ __global__ void dp_dropout(const float* src, float* dst, long long n, unsigned l
 // y[r, c] += bias[c] for a row-major [rows, cols] output.
 __global__ void dp_add_bias(float* y, const float* bias, long long rows, long long cols) {
     DP_FOR_EACH(i, rows * cols) { y[i] += bias[i % cols]; }
-}
-
-// db[c] (+)= sum over rows of dy[r, c]; one thread per column, so neighbouring threads read
-// neighbouring values.
-__global__ void dp_bias_grad(const float* dy, float* db, long long rows, long long cols,
-                             int accumulate) {
-    DP_FOR_EACH(c, cols) {
-        float sum = 0.0f;
-        for (long long r = 0; r < rows; ++r) sum += dy[r * cols + c];
-        db[c] = accumulate ? db[c] + sum : sum;
-    }
 }
 
 // Softmax cross-entropy over row-major logits [rows, cols], one thread per row, as
@@ -182,7 +182,7 @@ __global__ void dp_sum_squares(const float* x, long long n, double* out) {
     if (threadIdx.x == 0) atomicAdd(out, partial[0]);
 }
 
-// x[i] *= s (clipping), or x[i] = s with fill.
+// x[i] *= s (clipping), or x[i] = value (a vector of ones for the bias gradients' GEMM).
 __global__ void dp_scale(float* x, long long n, float s) {
     DP_FOR_EACH(i, n) { x[i] *= s; }
 }

@@ -26,10 +26,10 @@ pub const CUDA_KERNEL_SOURCE: &str = include_str!("kernels.cu");
 /// The name of every kernel in [`CUDA_KERNEL_SOURCE`].
 pub const CUDA_KERNELS: &[&str] = &[
     "dp_activation_forward",
+    "dp_bias_activation",
     "dp_activation_backward",
     "dp_dropout",
     "dp_add_bias",
-    "dp_bias_grad",
     "dp_softmax_cross_entropy",
     "dp_squared_error",
     "dp_sgd_step",

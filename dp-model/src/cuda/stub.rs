@@ -2,6 +2,7 @@
 //! [`Error::CudaNotCompiled`], so code that names it builds everywhere.
 
 use std::convert::Infallible;
+use std::ops::Range;
 
 use dp_mem::{CudaBackend, Pool, PoolBuf, Tracker};
 use ndarray::ArrayView2;
@@ -19,7 +20,12 @@ pub struct CudaModel(Infallible);
 #[allow(clippy::too_many_arguments, missing_docs)]
 impl CudaModel {
     /// Fails with [`Error::CudaNotCompiled`].
-    pub fn from_model(_model: &Model<f32>, _device: usize, _tracker: &Tracker) -> Result<Self> {
+    pub fn from_model(
+        _model: &Model<f32>,
+        _device: usize,
+        _tracker: &Tracker,
+        _host_tracker: &Tracker,
+    ) -> Result<Self> {
         Err(Error::CudaNotCompiled)
     }
     pub fn upload_params(&mut self, _model: &Model<f32>) -> Result<()> {
@@ -49,6 +55,18 @@ impl CudaModel {
         _targets: Targets<'_, f32>,
         _options: &StepOptions,
     ) -> Result<LossTotals> {
+        match self.0 {}
+    }
+    pub fn forward_backward_with(
+        &mut self,
+        _x: ArrayView2<'_, f32>,
+        _targets: Targets<'_, f32>,
+        _options: &StepOptions,
+        _grads_ready: &mut dyn FnMut(Range<usize>),
+    ) -> Result<LossTotals> {
+        match self.0 {}
+    }
+    pub fn grads(&self) -> &DeviceBuf<f32> {
         match self.0 {}
     }
     pub fn sgd_step(

@@ -1,0 +1,115 @@
+//! One training step (forward, backward, SGD with momentum) of MLP 784-512-256-10 on one GPU
+//! at batch 256 and 4096, each batch copied from host memory, as a training loop does: under
+//! criterion, then a line per batch size that `scripts/gpu-check.sh` compares with PyTorch
+//! eager on the same GPU (`scripts/torch_mlp_step.py`, the same step and timing):
+//!
+//!   cuda step: batch 4096, 123456 samples/s (median of 5 runs of 50 steps); device peak
+//!   1.02x params + grads + optimizer state + activations
+//!
+//! `cargo bench -p dp-model --features cuda --bench cuda_step` (on a machine with a GPU; it
+//! says why it measures nothing elsewhere).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{Criterion, Throughput};
+use dp_mem::{Pool, Tracker};
+use dp_model::{CudaModel, Model, ModelOptions, ModelSpec, StepOptions, Targets};
+use ndarray::Array2;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+/// Distinct host batches the steps cycle through, so each step copies a batch it has not
+/// just copied.
+const BATCHES: usize = 4;
+
+struct Bench {
+    model: CudaModel,
+    velocity: dp_mem::PoolBuf<f32, dp_mem::CudaBackend>,
+    batches: Vec<(Array2<f32>, Vec<i64>)>,
+    step: u64,
+    tracker: Tracker,
+}
+
+impl Bench {
+    fn new(batch: usize) -> Result<Self, dp_model::Error> {
+        let spec = ModelSpec::mlp(784, &[512, 256], 10);
+        let host = Pool::new(&Tracker::new());
+        let cpu = Model::<f32>::new(&spec, &host, ModelOptions::new(batch, 1))?;
+        let tracker = Tracker::new();
+        let model = CudaModel::from_model(&cpu, 0, &tracker, host.tracker())?;
+        let velocity = model.state_buffer()?;
+        let mut rng = support::Rng::new(7);
+        let batches =
+            (0..BATCHES).map(|_| (rng.array::<f32>(batch, 784), rng.labels(batch, 10))).collect();
+        Ok(Self { model, velocity, batches, step: 0, tracker })
+    }
+
+    fn step(&mut self) -> f64 {
+        let (x, y) = &self.batches[self.step as usize % BATCHES];
+        let options = StepOptions { step: self.step, ..StepOptions::default() };
+        let loss =
+            self.model.forward_backward(x.view(), Targets::Classes(y), &options).expect("GPU step");
+        self.model.sgd_step(Some(&mut self.velocity), 1e-3, 0.9, false, 0.0).expect("SGD step");
+        self.step += 1;
+        loss.loss_sum
+    }
+
+    /// Samples per second over `steps` steps, waiting for the last update.
+    fn samples_per_s(&mut self, steps: usize) -> f64 {
+        let batch = self.batches[0].1.len();
+        let start = Instant::now();
+        for _ in 0..steps {
+            black_box(self.step());
+        }
+        self.model.wait().expect("wait for the GPU");
+        (steps * batch) as f64 / start.elapsed().as_secs_f64()
+    }
+
+    /// The most device memory the pool took from the driver, over what the step must hold:
+    /// parameters, gradients, the momentum buffer and the activations (the batch, which the
+    /// first layer reads in backward, and the two activation-gradient buffers included).
+    /// cuBLAS's own workspace is not in the pool.
+    fn memory_ratio(&self) -> f64 {
+        let need = self.model.memory();
+        let needed = need.params + need.grads + need.saved_activations + need.workspace;
+        let batch = self.batches[0].0.len() * 4;
+        let needed = needed + (self.velocity.len() * 4 + batch) as u64;
+        self.tracker.snapshot().peak_held as f64 / needed as f64
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    for batch in [256, 4096] {
+        let mut bench = match Bench::new(batch) {
+            Ok(bench) => bench,
+            Err(error) => {
+                println!("cuda step: not measured ({error})");
+                return;
+            }
+        };
+        for _ in 0..20 {
+            bench.step();
+        }
+        let mut group = criterion.benchmark_group("cuda_step");
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_function(format!("mlp-784-512-256-10/batch-{batch}"), |b| {
+            b.iter(|| black_box(bench.step()))
+        });
+        group.finish();
+        let rate = median((0..5).map(|_| bench.samples_per_s(50)).collect());
+        println!(
+            "cuda step: batch {batch}, {rate:.0} samples/s (median of 5 runs of 50 steps); \
+             device peak {:.2}x params + grads + optimizer state + activations",
+            bench.memory_ratio()
+        );
+    }
+    criterion.final_summary();
+}
