@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::best::BestSoFar;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::gpu::GpuPeers;
 use crate::normalization::Scalings;
 
 /// The caller's part of a checkpoint: where the run was.
@@ -53,6 +54,8 @@ pub(crate) struct RunPlan {
     pub(crate) scalings: Scalings,
     /// The checkpoint to resume from, and where it was.
     pub(crate) resume: Option<(CheckpointHeader, ResumeState)>,
+    /// With GPUs in several processes: this one's place among them, set once they agree.
+    pub(crate) gpu_peers: Option<GpuPeers>,
 }
 
 impl RunPlan {
@@ -64,12 +67,6 @@ impl RunPlan {
         processes: usize,
     ) -> Result<Self> {
         config.validate()?;
-        if config.device == crate::config::Device::Cuda && processes > 1 {
-            return Err(Error::config(
-                "device",
-                "GPUs in several processes need NCCL on the device gradients, which the GPU path does not have yet: run one process",
-            ));
-        }
         let mut config = config;
         let train = Dataset::open(&config.train_data)?;
         config.input_feature = input_feature(&train, &config);
@@ -254,6 +251,7 @@ impl RunPlan {
             regression,
             scalings,
             resume,
+            gpu_peers: None,
         })
     }
 

@@ -3,9 +3,10 @@
 //! directory's name) and shares it; a setup step that fails on any process fails on all of
 //! them, so no process waits for a peer that has given up.
 
-use dp_comm::{Communicator, MpiComm, MpiConfig, MpiWorld};
+use dp_comm::{Communicator, MpiComm, MpiConfig, MpiWorld, NcclId};
 
 use crate::error::{Error, Result};
+use crate::gpu::GpuPeers;
 
 /// This process's place among the run's processes, and the communicator they set up on.
 pub(crate) struct Processes {
@@ -13,19 +14,22 @@ pub(crate) struct Processes {
     comm: Option<MpiComm>,
     rank: usize,
     count: usize,
-    /// Processes on this host, which share its cores.
+    /// Processes on this host, which share its cores (and its GPUs, one each).
     on_host: usize,
+    /// This process's rank among those on its host.
+    local_rank: usize,
 }
 
 impl Processes {
     pub(crate) fn new(world: Option<&MpiWorld>) -> Result<Self> {
         match world {
-            None => Ok(Processes { comm: None, rank: 0, count: 1, on_host: 1 }),
+            None => Ok(Processes { comm: None, rank: 0, count: 1, on_host: 1, local_rank: 0 }),
             Some(world) => Ok(Processes {
                 comm: Some(world.communicator(MpiConfig::default())?),
                 rank: world.rank(),
                 count: world.size(),
                 on_host: world.local_size(),
+                local_rank: world.local_rank(),
             }),
         }
     }
@@ -70,6 +74,18 @@ impl Processes {
         }
         String::from_utf8(bytes)
             .map_err(|_| Error::Process { rank: 0, what: "sent text that is not UTF-8".into() })
+    }
+
+    /// With several processes, their NCCL group: process 0 makes its id and shares it (as
+    /// Horovod does), and each process takes the GPU of its rank on its host. `None` for a
+    /// run of one process, whose GPU has no one to reduce with.
+    pub(crate) fn gpu_peers(&mut self) -> Result<Option<GpuPeers>> {
+        let Some(comm) = &mut self.comm else { return Ok(None) };
+        if self.count == 1 {
+            return Ok(None);
+        }
+        let id = NcclId::shared(comm)?;
+        Ok(Some(GpuPeers { id, rank: self.rank, world: self.count, device: self.local_rank }))
     }
 
     /// `result` where it is `Ok` on every process; otherwise an error on every process: this

@@ -213,7 +213,9 @@ pub(crate) fn bucket_config(config: &crate::config::TrainConfig) -> Result<Bucke
 pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, plan: &RunPlan) -> bool {
     let one_bucket = params * size_of::<f32>() <= bucket.bucket_bytes;
     let uncompressed = bucket.compression == Compression::None;
-    plan.world() == 1 || (uncompressed && (one_bucket || plan.shares_params()))
+    // GPUs reduce on the devices, through NCCL (`gpu::reduce`).
+    let on_gpus = plan.config.device == Device::Cuda;
+    plan.world() == 1 || on_gpus || (uncompressed && (one_bucket || plan.shares_params()))
 }
 
 impl<C: Communicator> Replica<C> {
@@ -334,9 +336,7 @@ impl<C: Communicator> Replica<C> {
         };
         let gpu = match config.device {
             Device::Cpu => None,
-            Device::Cuda => {
-                Some(GpuStep::new(&model, optimizer.as_ref(), &config.optimizer, local_rank)?)
-            }
+            Device::Cuda => Some(GpuStep::new(&model, optimizer.as_ref(), &plan, &tracker)?),
         };
         let grad_sync = if let Some(grad_comm) = grad_comm {
             let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
@@ -564,8 +564,8 @@ impl<C: Communicator> Replica<C> {
                 accumulate: micro > 0,
             };
             let loss = if let Some(gpu) = &mut self.gpu {
-                // One replica on one GPU: nothing to reduce.
-                gpu.forward_backward(x, targets, &options)?
+                // The GPUs of other processes reduce with this one's on the device.
+                gpu.forward_backward(x, targets, &options, micro + 1 == config.grad_accum)?
             } else if micro + 1 == config.grad_accum {
                 let reduced = self.backward_and_reduce(x, targets, &options, lr, update_per_bucket);
                 let (loss, exposed) = reduced?;

@@ -13,7 +13,7 @@ use dp_mem::{Pool, Tag, Tracker};
 use dp_model::{CheckpointHeader, CheckpointReader, SharedParams};
 
 use crate::chance::first_epoch_warning;
-use crate::config::TrainConfig;
+use crate::config::{Device, TrainConfig};
 use crate::emergency::Board;
 use crate::error::{Error, Result};
 use crate::gate::Gate;
@@ -137,7 +137,10 @@ pub fn train(
     let baseline_rss = dp_mem::process_memory().map(|m| m.rss);
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes);
-    let (plan, mut lock) = processes.agree(set)?;
+    let (mut plan, mut lock) = processes.agree(set)?;
+    if plan.config.device == Device::Cuda {
+        plan.gpu_peers = processes.gpu_peers()?;
+    }
     let plan = Arc::new(plan);
     let params = plan.spec.layout()?.len();
 

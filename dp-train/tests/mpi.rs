@@ -250,3 +250,33 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn gpus_in_two_processes_without_a_gpu_fail_on_both_with_the_reason() {
+    let test = "gpus_in_two_processes_without_a_gpu_fail_on_both_with_the_reason";
+    if let Some((_, dir)) = scenario() {
+        let world = MpiWorld::init().unwrap();
+        let c = TrainConfig { device: dp_train::Device::Cuda, ..config(&dir, "gpu", 1, 4) };
+        let error = train_in_job(&world, c, RunOptions::new(dir.join("runs"))).unwrap_err();
+        std::fs::write(dir.join(format!("error-{}", world.rank())), error.to_string()).unwrap();
+        world.finalize().unwrap();
+        return;
+    }
+    if dp_comm::nccl_available().is_ok() {
+        skip(&format!("MPI test {test}: NCCL and a GPU driver are here, so the run could start"));
+        return;
+    }
+    let dir = TempDir::new("mpi-gpu");
+    make_data(&dir.0);
+    let Some((output, took)) = launch(test, 2, "gpu", &dir.0) else { return };
+    assert!(output.status.success(), "{}", text(&output));
+    let error = |rank: usize| std::fs::read_to_string(dir.0.join(format!("error-{rank}"))).unwrap();
+    // Process 0 says what is missing (the feature, or the libraries); process 1 does not wait
+    // for an NCCL id that never comes, and names process 0.
+    let first = error(0);
+    println!("process 0: {first}\nprocess 1: {}", error(1));
+    assert!(first.contains("cuda") || first.contains("NCCL"), "{first}");
+    assert!(error(1).contains("rank 0"), "{}", error(1));
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(!dir.0.join("runs/gpu").exists(), "no run directory for a run that never started");
+}

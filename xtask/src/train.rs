@@ -76,8 +76,8 @@ pub(crate) struct TrainArgs {
     /// Gradient compression: none, bf16 or int8.
     #[arg(long)]
     compression: Option<String>,
-    /// Where to compute: cpu (threads, the default) or cuda (one GPU; needs a build with the
-    /// `cuda` feature: cargo xtask-cuda).
+    /// Where to compute: cpu (threads, the default) or cuda (one GPU per process, several
+    /// under mpirun; needs a build with the `cuda` feature: cargo xtask-cuda).
     #[arg(long, value_name = "DEVICE")]
     device: Option<dp_train::Device>,
     /// Input scaling: auto (u8 pixels / 255, other inputs standardized per feature),

@@ -2,13 +2,44 @@
 //! run there (dp-model's [`CudaModel`]), with the optimizer state in device memory. The
 //! replica's CPU model and optimizer hold the parameters and state only when something reads
 //! them (evaluation, checksums, checkpoints), copied back then; a resumed run copies them in.
+//! A run of several processes, one GPU each, all-reduces the gradients on the devices
+//! (`reduce.rs`).
 
+// Used by the NCCL reducer only; its tests run in every build.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod buckets;
+#[cfg(feature = "cuda")]
+mod reduce;
+#[cfg(not(feature = "cuda"))]
+mod reduce_stub;
+
+use std::time::Duration;
+
+use dp_comm::NcclId;
 use dp_mem::{CudaBackend, PoolBuf, Tracker};
 use dp_model::{CudaModel, LossTotals, Model, Optimizer, StepOptions, Targets};
 use ndarray::ArrayView2;
+#[cfg(feature = "cuda")]
+use reduce::DeviceReducer;
+#[cfg(not(feature = "cuda"))]
+use reduce_stub::DeviceReducer;
 
 use crate::config::OptimizerConfig;
 use crate::error::Result;
+use crate::plan::RunPlan;
+
+/// This process's place among the processes of a run on several GPUs, one each.
+#[derive(Debug, Clone)]
+// Only the NCCL reducer reads the group (a build without `cuda` never makes one).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct GpuPeers {
+    /// The NCCL group's id, the same on every process.
+    pub(crate) id: NcclId,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    /// The GPU of this process: its rank among the processes on its host.
+    pub(crate) device: usize,
+}
 
 /// Optimizer state on the device, as the CPU optimizer of the same config keeps it.
 enum State {
@@ -24,20 +55,33 @@ pub(crate) struct GpuStep {
     config: OptimizerConfig,
     /// Optimizer steps taken (Adam's bias correction needs them).
     steps: u64,
+    /// With other processes' GPUs: the gradients' all-reduce.
+    reducer: Option<DeviceReducer>,
     /// The CPU copies are behind the device's.
     host_stale: bool,
 }
 
 impl GpuStep {
-    /// `host` and `optimizer` (its state restored or fresh) on GPU `device`.
+    /// `host` and `optimizer` (its state restored or fresh) on this process's GPU; the
+    /// page-locked batch buffers are accounted under `host_tracker`.
     pub(crate) fn new(
         host: &Model<f32>,
         optimizer: &dyn Optimizer<f32>,
-        config: &OptimizerConfig,
-        device: usize,
+        plan: &RunPlan,
+        host_tracker: &Tracker,
     ) -> Result<Self> {
+        let config = &plan.config.optimizer;
+        let device = plan.gpu_peers.as_ref().map_or(0, |peers| peers.device);
         let tracker = Tracker::new();
-        let model = CudaModel::from_model(host, device, &tracker)?;
+        let model = CudaModel::from_model(host, device, &tracker, host_tracker)?;
+        let reducer = match &plan.gpu_peers {
+            None => None,
+            Some(peers) => {
+                let bucket_bytes = crate::replica::bucket_config(&plan.config)?.bucket_bytes;
+                let timeout = Duration::from_secs_f64(plan.config.timeout_s);
+                Some(DeviceReducer::new(peers, &model, bucket_bytes, timeout)?)
+            }
+        };
         let saved = optimizer.state();
         let state = match config {
             OptimizerConfig::Sgd { momentum, .. } if *momentum == 0.0 => State::Sgd(None),
@@ -52,6 +96,7 @@ impl GpuStep {
             state,
             config: config.clone(),
             steps: saved.steps,
+            reducer,
             host_stale: false,
         };
         let buffers: Vec<&mut PoolBuf<f32, CudaBackend>> = match &mut step.state {
@@ -64,14 +109,25 @@ impl GpuStep {
         Ok(step)
     }
 
+    /// Forward and backward of one micro-batch; with `reduce` (the step's last), the
+    /// gradients are then summed over the processes' GPUs.
     pub(crate) fn forward_backward(
         &mut self,
         x: ArrayView2<'_, f32>,
         targets: Targets<'_, f32>,
         options: &StepOptions,
+        reduce: bool,
     ) -> Result<LossTotals> {
         self.host_stale = true;
-        Ok(self.model.forward_backward(x, targets, options)?)
+        match &mut self.reducer {
+            Some(reducer) if reduce => {
+                let ready = &mut |range| reducer.ready(range);
+                let totals = self.model.forward_backward_with(x, targets, options, ready)?;
+                reducer.finish()?;
+                Ok(totals)
+            }
+            _ => Ok(self.model.forward_backward(x, targets, options)?),
+        }
     }
 
     /// One update of every parameter with the gradients on the device.

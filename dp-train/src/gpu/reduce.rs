@@ -1,0 +1,86 @@
+//! Gradients all-reduced among the run's GPUs by NCCL, directly on the device gradient
+//! buffer, in buckets that start while backward still runs: each bucket waits on the device
+//! for the model's stream (not the host), on NCCL's stream, so reduction overlaps with the
+//! earlier layers' backward.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::CudaStream;
+use dp_comm::{NcclComm, NcclConfig, ReduceOp};
+use dp_model::CudaModel;
+
+use super::GpuPeers;
+use super::buckets::Buckets;
+use crate::error::Result;
+
+pub(crate) struct DeviceReducer {
+    comm: NcclComm,
+    /// The model's stream, which each bucket waits for.
+    model_stream: Arc<CudaStream>,
+    /// The device address of the flat gradients.
+    grads: u64,
+    buckets: Buckets,
+    /// The first failure while backward ran, which `finish` returns.
+    failed: Option<dp_comm::Error>,
+}
+
+impl DeviceReducer {
+    /// Joins the NCCL group of `peers` (every process calls this at about the same time) to
+    /// reduce `model`'s gradients in buckets of about `bucket_bytes`.
+    pub(crate) fn new(
+        peers: &GpuPeers,
+        model: &CudaModel,
+        bucket_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut config = NcclConfig::new(peers.device, timeout);
+        // Only device buffers are reduced: the smallest host staging buffer will do.
+        config.staging_bytes = 4096;
+        let comm = NcclComm::from_id(&peers.id, peers.rank, peers.world, config)?;
+        Ok(DeviceReducer {
+            comm,
+            model_stream: Arc::clone(model.stream()),
+            grads: model.grads().as_ptr() as usize as u64,
+            buckets: Buckets::new(bucket_bytes / size_of::<f32>()),
+            failed: None,
+        })
+    }
+
+    /// Backward has queued the work writing the gradients in `range`.
+    pub(crate) fn ready(&mut self, range: Range<usize>) {
+        for bucket in self.buckets.ready(range).into_iter().flatten() {
+            self.reduce(bucket);
+        }
+    }
+
+    /// Hands `bucket` to NCCL, to reduce once the model's stream has written it.
+    fn reduce(&mut self, bucket: Range<usize>) {
+        if self.failed.is_some() {
+            return;
+        }
+        let ptr = self.grads + (bucket.start * size_of::<f32>()) as u64;
+        let queued = self.comm.wait_for(&self.model_stream).and_then(|()| {
+            // SAFETY: the range lies in the model's gradient buffer, which outlives this
+            // reducer's use of it (both belong to the replica's `GpuStep`); NCCL's stream
+            // waits for the model's work that writes it, and the model touches it again only
+            // in the update, which the host queues after `finish` has waited.
+            unsafe { self.comm.all_reduce_device_ptr::<f32>(ptr, bucket.len(), ReduceOp::Sum) }
+        });
+        if let Err(error) = queued {
+            self.failed = Some(error);
+        }
+    }
+
+    /// Reduces what is still pending and waits until every bucket is reduced.
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        if let Some(bucket) = self.buckets.rest() {
+            self.reduce(bucket);
+        }
+        if let Some(error) = self.failed.take() {
+            return Err(error.into());
+        }
+        Ok(self.comm.wait()?)
+    }
+}

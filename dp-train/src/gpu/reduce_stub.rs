@@ -1,0 +1,31 @@
+//! [`DeviceReducer`] in a build without the `cuda` feature, where no GPU step is ever made.
+
+use std::convert::Infallible;
+use std::ops::Range;
+use std::time::Duration;
+
+use dp_model::CudaModel;
+
+use super::GpuPeers;
+use crate::error::{Error, Result};
+
+pub(crate) struct DeviceReducer(Infallible);
+
+impl DeviceReducer {
+    pub(crate) fn new(
+        _peers: &GpuPeers,
+        _model: &CudaModel,
+        _bucket_bytes: usize,
+        _timeout: Duration,
+    ) -> Result<Self> {
+        Err(Error::Comm(dp_comm::Error::CudaNotCompiled))
+    }
+
+    pub(crate) fn ready(&mut self, _range: Range<usize>) {
+        match self.0 {}
+    }
+
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        match self.0 {}
+    }
+}
