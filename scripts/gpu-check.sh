@@ -8,7 +8,9 @@
 # Without target/gpu-check/ it builds them itself with cargo, where cargo exists. It runs
 # dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the machine's NVRTC,
 # checks the GPU training step against the CPU's, trains the default job on the GPU (at least
-# 97% eval accuracy), and runs dp-comm's NCCL tests and benchmark
+# 97% eval accuracy), measures the MLP step's samples/s against PyTorch eager on the same GPU
+# (scripts/torch_mlp_step.py; target 1.5x at batch 4096) and its device memory (target 1.1x
+# what it must hold), and runs dp-comm's NCCL tests and benchmark
 # (world size 1: NCCL refuses two ranks on one GPU; set DP_COMM_NCCL_RANKS=N on a machine with
 # N GPUs), then prints a short report. A GPU test that would skip fails here instead.
 #
@@ -29,7 +31,9 @@ build() {
         -p dp-mem -p dp-model -p dp-comm --features dp-mem/cuda,dp-model/cuda,dp-comm/cuda \
         --test cuda --test cuda_kernels --test cuda_model --test nccl 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
-            --bench collectives 2>/dev/null) || return 1
+            --bench collectives 2>/dev/null &&
+        cargo bench --no-run --message-format=json -p dp-model --features cuda \
+            --bench cuda_step 2>/dev/null) || return 1
     # The trainer with the GPU path, in a target directory of its own.
     cargo build --release --quiet -p xtask --features cuda --target-dir target/cuda || return 1
     cp target/cuda/release/xtask "$bin/xtask-cuda" || return 1
@@ -37,7 +41,7 @@ build() {
 import json, shutil, sys
 wanted = {"cuda": "dp-mem-cuda", "cuda_kernels": "dp-model-cuda-kernels",
           "cuda_model": "dp-model-cuda-model", "nccl": "dp-comm-nccl",
-          "collectives": "dp-comm-collectives"}
+          "collectives": "dp-comm-collectives", "cuda_step": "dp-model-cuda-step"}
 found = {}
 for line in sys.stdin:
     try:
@@ -91,7 +95,7 @@ fi
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir"
 done
-if [ ! -x "$bin/dp-comm-nccl" ]; then
+if [ ! -x "$bin/dp-model-cuda-step" ]; then
     command -v cargo >/dev/null || { echo "no $bin/ and no cargo: run --build elsewhere" >&2; exit 1; }
     build || { echo "build failed" >&2; exit 1; }
 fi
@@ -117,6 +121,9 @@ accuracy=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval
     "$job/runs/gpu/summary.json" 2>/dev/null || echo 0)
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 0.97 else 1)' "$accuracy" || job_status=1
 rm -rf "$job"
+# The MLP step against PyTorch eager, measured alike, one after the other.
+run step "$bin/dp-model-cuda-step" --bench --warm-up-time 1 --measurement-time 3; step_status=$?
+run torch python3 scripts/torch_mlp_step.py; torch_status=$?
 run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
 run bench "$bin/dp-comm-collectives" --bench; bench_status=$?
 
@@ -129,6 +136,15 @@ echo "GPU model:     $(grep -E '^test result:' "$log.model" | tail -1) (exit $mo
 echo "default job:   eval accuracy $accuracy (>= 0.97), $(grep -E '^throughput' "$log.job" | tail -1) (exit $job_status)"
 grep -E '^device memory' "$log.job" | sed 's/^/               /'
 grep -E 'gradients differ|parameters differ' "$log.model" | sed 's/^/               /'
+for batch in 256 4096; do
+    ours=$(sed -n "s/^cuda step: batch $batch, \([0-9]*\) samples.*/\1/p" "$log.step")
+    theirs=$(sed -n "s/^torch step: batch $batch, \([0-9]*\) samples.*/\1/p" "$log.torch")
+    ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}x")' \
+        "$ours" "$theirs" 2>/dev/null || echo "n/a")
+    echo "MLP step:      batch $batch: ${ours:-?} samples/s vs PyTorch eager ${theirs:-?}: $ratio"
+done
+grep -E '^cuda step: batch 4096' "$log.step" | sed 's/.*; /               /'
+echo "               (target at batch 4096: 1.5x; memory 1.1x; exits $step_status, $torch_status)"
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
@@ -137,4 +153,5 @@ grep -E '^memcpy bandwidth|^4 KiB latency' "$log.bench" | sed 's/^/cpu:         
 echo "bench exit:    $bench_status"
 rm -f "$log" "$log".*
 [ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$model_status" -eq 0 ] \
-    && [ "$job_status" -eq 0 ] && [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
+    && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
+    && [ "$bench_status" -eq 0 ]
