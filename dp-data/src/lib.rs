@@ -8,7 +8,8 @@
 //!
 //! * Writing and reading: [`DatasetWriter`], [`Dataset`] (random access through a small block
 //!   cache, sequential iteration by [`Block`], [`Dataset::verify`]).
-//! * Importers: [`import_npy`], [`import_idx`], [`import_csv`], [`import_tfrecord`]; and
+//! * Importers: [`import_npy`], [`import_idx`], [`import_csv`], [`import_tfrecord`],
+//!   [`import_svmlight`] (sparse features, stored as CSR); and
 //!   [`export_npy`], so any import can be round-tripped and compared byte for byte.
 //! * The built-in dataset: [`generate_digits`] writes synthetic 28x28 digits with a held-out
 //!   eval split, the default data everywhere in the project.
@@ -71,7 +72,7 @@ pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use feature_stats::FeatureStats;
-pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo};
+pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use measure::{PipelineReport, ReadReport, gzip_reference, measure_pipeline, measure_read};
 pub use pipeline::{
     Batch, CorruptionPolicy, FeatureScaling, Normalize, Pipeline, PipelineConfig, PipelineState,
@@ -88,5 +89,6 @@ mod export;
 mod import;
 pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32};
 pub use import::{
-    CsvOptions, TfRecordCompression, import_csv, import_idx, import_npy, import_tfrecord,
+    CsvOptions, SvmlightOptions, TfRecordCompression, import_csv, import_idx, import_npy,
+    import_svmlight, import_tfrecord,
 };

@@ -1,6 +1,7 @@
 //! The manifest: the schema and the list of shards. Written last, atomically; a directory
 //! without a valid one is not a dataset.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -41,6 +42,34 @@ pub struct Manifest {
     pub level: i32,
     /// The shards, in record order.
     pub shards: Vec<ShardInfo>,
+    /// The non-zeros of each sparse feature, by name: what a reader sizes its CSR buffers
+    /// by, and `data inspect` shows.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sparse: BTreeMap<String, SparseCounts>,
+}
+
+/// How many non-zeros a sparse feature holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SparseCounts {
+    /// Over all records.
+    pub nnz: u64,
+    /// In the record that has the most.
+    pub max_per_record: u64,
+}
+
+impl SparseCounts {
+    /// Counts one record's non-zeros.
+    pub(crate) fn add(&mut self, nnz: u64) {
+        self.nnz += nnz;
+        self.max_per_record = self.max_per_record.max(nnz);
+    }
+
+    /// The share of the feature's `elements` x `records` values that are stored.
+    pub fn density(&self, elements: usize, records: u64) -> f64 {
+        let all = elements as f64 * records as f64;
+        if all == 0.0 { 0.0 } else { self.nnz as f64 / all }
+    }
 }
 
 /// One shard file as the manifest records it.

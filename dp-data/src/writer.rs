@@ -11,8 +11,10 @@ use std::thread::JoinHandle;
 use crate::block::BlockBuilder;
 use crate::error::{Error, Result};
 use crate::finite::NonFinite;
-use crate::manifest::{FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardInfo};
-use crate::schema::Schema;
+use crate::manifest::{
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardInfo, SparseCounts,
+};
+use crate::schema::{Kind, Schema};
 use crate::shard::{ShardWriter, schema_fingerprint};
 use crate::value::Value;
 
@@ -171,6 +173,8 @@ pub struct DatasetWriter {
     shard: Option<ShardWriter>,
     shards: Vec<ShardInfo>,
     nonfinite: NonFinite,
+    /// Non-zeros per sparse feature (in schema order; dense features count nothing).
+    sparse: Vec<SparseCounts>,
     /// Whether `create` made the directory (then a writer that does not finish removes it
     /// again when it is empty).
     made_dir: bool,
@@ -188,6 +192,7 @@ impl DatasetWriter {
         let workers = (options.threads > 1).then(|| Workers::spawn(options.threads, options.level));
         Ok(DatasetWriter {
             fingerprint: schema_fingerprint(&schema),
+            sparse: vec![SparseCounts::default(); schema.features().len()],
             builder: BlockBuilder::new(&schema),
             schema: Arc::new(schema),
             dir,
@@ -233,9 +238,15 @@ impl DatasetWriter {
         }
         for (value, feature) in record.iter().zip(features) {
             value.check(feature, self.records)?;
+        }
+        for ((value, feature), counts) in record.iter().zip(features).zip(&mut self.sparse) {
             match value {
-                Value::Dense(bytes) | Value::Sparse { values: bytes, .. } => {
+                Value::Dense(bytes) => {
                     self.nonfinite.scan(feature.dtype, bytes, self.records, &feature.name)
+                }
+                Value::Sparse { indices, values } => {
+                    counts.add(indices.len() as u64);
+                    self.nonfinite.scan(feature.dtype, values, self.records, &feature.name)
                 }
                 Value::Bytes(_) => {}
             }
@@ -276,6 +287,14 @@ impl DatasetWriter {
             block_size: self.options.block_size,
             level: self.options.level,
             shards: self.shards.clone(),
+            sparse: self
+                .schema
+                .features()
+                .iter()
+                .zip(&self.sparse)
+                .filter(|(f, _)| matches!(f.kind, Kind::Sparse { .. }))
+                .map(|(f, counts)| (f.name.clone(), *counts))
+                .collect(),
         };
         manifest.write(&self.dir)?;
         self.finished = true;

@@ -1,7 +1,7 @@
 //! `cargo xtask data`: import, inspect, verify, export, generate and benchmark datasets. The
 //! logic lives in dp-data; this parses arguments and prints.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -150,6 +150,8 @@ pub(crate) enum ImportFormat {
     Csv,
     /// TFRecord files of tf.train.Example (plain or GZIP).
     Tfrecord,
+    /// svmlight / libsvm text (`label [qid:N] index:value ...`), into a sparse feature `x`.
+    Svmlight,
 }
 
 /// Output formats `data export` writes.
@@ -176,7 +178,7 @@ pub(crate) struct ImportArgs {
     #[arg(long, value_enum)]
     format: ImportFormat,
     /// Input files: for idx, the images then (optionally) the labels; for csv, one file; for
-    /// tfrecord, any number; for npy, `NAME=PATH` pairs (or use --feature).
+    /// tfrecord and svmlight, any number; for npy, `NAME=PATH` pairs (or use --feature).
     inputs: Vec<String>,
     /// Output dataset directory.
     #[arg(long)]
@@ -197,6 +199,14 @@ pub(crate) struct ImportArgs {
     /// csv: the field separator (one ASCII character).
     #[arg(long, default_value_t = ',')]
     delimiter: char,
+    /// svmlight: the width of `x` (default: from the largest index; give it for a split
+    /// whose largest index may be smaller than another's).
+    #[arg(long, value_name = "N")]
+    width: Option<usize>,
+    /// svmlight: whether the first index is 0 (true) or 1 (false); default: 1 unless some
+    /// index is 0, as scikit-learn's zero_based="auto".
+    #[arg(long, value_name = "BOOL")]
+    zero_based: Option<bool>,
     /// tfrecord: compression of the inputs.
     #[arg(long, value_enum, default_value_t = Compression::Auto)]
     compression: Compression,
@@ -297,6 +307,15 @@ fn inspect(dir: &PathBuf) -> Result<ExitCode> {
     println!("on disk   {} ({} uncompressed)", ByteSize(m.bytes()), ByteSize(m.raw_bytes()));
     let ratio = if m.bytes() == 0 { 0.0 } else { m.raw_bytes() as f64 / m.bytes() as f64 };
     println!("ratio     {ratio:.2}x");
+    for (name, counts) in &m.sparse {
+        let elements = m.schema.feature(name).and_then(|f| f.elements()).unwrap_or(0);
+        println!(
+            "sparse    {name}: {} non-zeros, {:.3}% dense, at most {} in a record",
+            counts.nnz,
+            100.0 * counts.density(elements, m.records),
+            counts.max_per_record
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -362,6 +381,18 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
                 Compression::Gzip => dp_data::TfRecordCompression::Gzip,
             };
             dp_data::import_tfrecord(&paths, out, compression, options)?
+        }
+        ImportFormat::Svmlight => {
+            if args.inputs.is_empty() {
+                bail!("svmlight takes one or more input files");
+            }
+            let paths: Vec<&Path> = args.inputs.iter().map(Path::new).collect();
+            let svm = dp_data::SvmlightOptions {
+                features: args.width,
+                zero_based: args.zero_based,
+                ..Default::default()
+            };
+            dp_data::import_svmlight(&paths, out, &svm, options)?
         }
     };
     println!(

@@ -1,5 +1,5 @@
-//! Importers from the formats people already have: NumPy `.npy`, MNIST-style IDX, CSV and
-//! TFRecord files of `tf.train.Example`.
+//! Importers from the formats people already have: NumPy `.npy`, MNIST-style IDX, CSV,
+//! TFRecord files of `tf.train.Example` and svmlight / libsvm text.
 //!
 //! Every importer streams its input through a [`DatasetWriter`](crate::DatasetWriter) and
 //! returns the finished dataset's [`Manifest`](crate::Manifest). Headers are read and checked
@@ -20,6 +20,7 @@
 mod csv;
 mod idx;
 mod npy;
+mod svmlight;
 mod tfrecord;
 
 use std::fmt;
@@ -35,6 +36,7 @@ pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
+pub use self::svmlight::{SvmlightOptions, import_svmlight};
 pub use self::tfrecord::{TfRecordCompression, import_tfrecord};
 
 /// A zeroed buffer for one record of `path`, or an out-of-memory error instead of an abort

@@ -1,0 +1,155 @@
+//! The svmlight importer through the public API: what it writes (CSR rows, labels, query
+//! ids) read back record by record, the index base and width decided as scikit-learn does,
+//! and malformed lines reported by file, offset and line.
+
+#[path = "support/temp_dir.rs"]
+#[allow(dead_code)]
+mod temp_dir;
+
+use std::path::Path;
+
+use dp_data::{DType, Dataset, Error, Kind, SvmlightOptions, WriterOptions, import_svmlight};
+use temp_dir::{TempDir, gzip};
+
+/// Every record of `dir`: its sparse `x`, label bytes and (if any) query id.
+fn records(dir: &Path) -> Vec<(Vec<u64>, Vec<f32>, Vec<u8>, Option<i64>)> {
+    let dataset = Dataset::open(dir).unwrap();
+    let label_size = dataset.schema().feature("label").unwrap().dtype.size();
+    let mut out = Vec::new();
+    for block in dataset.blocks() {
+        let block = block.unwrap();
+        let labels = block.dense_bytes("label").unwrap();
+        let qids = block.dense_bytes("qid").ok();
+        for row in 0..block.len() {
+            let (positions, values) = block.sparse::<f32>("x", row).unwrap();
+            let label = labels[row * label_size..(row + 1) * label_size].to_vec();
+            let qid = qids.map(|q| i64::from_le_bytes(q[row * 8..row * 8 + 8].try_into().unwrap()));
+            out.push((positions.to_vec(), values.to_vec(), label, qid));
+        }
+    }
+    out
+}
+
+fn import(
+    tmp: &TempDir,
+    text: &str,
+    options: &SvmlightOptions,
+) -> dp_data::Result<std::path::PathBuf> {
+    let file = tmp.write("in.svm", text.as_bytes());
+    let out = tmp.out();
+    import_svmlight(&[&file], &out, options, WriterOptions::default()).map(|_| out)
+}
+
+fn corrupt(result: dp_data::Result<impl std::fmt::Debug>) -> (u64, String) {
+    match result {
+        Err(Error::Corrupt { offset, what, .. }) => (offset, what),
+        other => panic!("expected a Corrupt error, got {other:?}"),
+    }
+}
+
+#[test]
+fn lines_become_csr_rows_with_their_labels_and_query_ids() {
+    let tmp = TempDir::new("svm-basic");
+    let text = "# a comment line\n\
+                +1 qid:3 1:0.5 4:-2 7:1e-3 # trailing comment\n\
+                \n\
+                -1 qid:3\n\
+                1 qid:9 2:3.25\r\n";
+    let out = import(&tmp, text, &SvmlightOptions::default()).unwrap();
+    let dataset = Dataset::open(&out).unwrap();
+    let counts = dataset.manifest().sparse["x"];
+    assert_eq!((counts.nnz, counts.max_per_record), (4, 3));
+    assert!((counts.density(7, 3) - 4.0 / 21.0).abs() < 1e-12);
+    let x = dataset.schema().feature("x").unwrap();
+    // 1-based (no index 0), so the widest index 7 is the 7th of 7 features.
+    assert_eq!((x.dtype, &x.kind), (DType::F32, &Kind::Sparse { shape: vec![7] }));
+    assert_eq!(dataset.schema().feature("label").unwrap().dtype, DType::I64);
+    let class = |c: i64| c.to_le_bytes().to_vec();
+    assert_eq!(
+        records(&out),
+        vec![
+            (vec![0, 3, 6], vec![0.5, -2.0, 1e-3], class(1), Some(3)),
+            (vec![], vec![], class(0), Some(3)),
+            (vec![1], vec![3.25], class(1), Some(9)),
+        ]
+    );
+}
+
+#[test]
+fn the_index_base_and_width_follow_the_data_or_the_options() {
+    let tmp = TempDir::new("svm-base");
+    // An index 0 makes the file 0-based.
+    let out = import(&tmp, "0 0:1 3:2\n2 1:1\n", &SvmlightOptions::default()).unwrap();
+    let schema = Dataset::open(&out).unwrap().schema().clone();
+    assert_eq!(schema.feature("x").unwrap().kind, Kind::Sparse { shape: vec![4] });
+    assert!(schema.feature("qid").is_none());
+    assert_eq!(records(&out)[0].0, vec![0, 3]);
+    // A given width holds indices the data does not reach (another split's).
+    let wide = SvmlightOptions { features: Some(100), ..SvmlightOptions::default() };
+    let out = import(&tmp, "1 2:1\n", &wide).unwrap();
+    let schema = Dataset::open(&out).unwrap().schema().clone();
+    assert_eq!(schema.feature("x").unwrap().kind, Kind::Sparse { shape: vec![100] });
+    assert_eq!(records(&out)[0].0, vec![1]);
+    // Forced 0-based: index 1 is the second feature.
+    let zero = SvmlightOptions { zero_based: Some(true), ..SvmlightOptions::default() };
+    assert_eq!(records(&import(&tmp, "1 1:1\n", &zero).unwrap())[0].0, vec![1]);
+    // Fractional labels make the label f32; multiclass labels stay as written.
+    let out = import(&tmp, "0.5 1:1\n-2.25 2:1\n", &SvmlightOptions::default()).unwrap();
+    let dataset = Dataset::open(&out).unwrap();
+    assert_eq!(dataset.schema().feature("label").unwrap().dtype, DType::F32);
+    assert_eq!(records(&out)[1].2, (-2.25f32).to_le_bytes().to_vec());
+    let out = import(&tmp, "3 1:1\n1 2:1\n", &SvmlightOptions::default()).unwrap();
+    assert_eq!(records(&out)[0].2, 3i64.to_le_bytes().to_vec());
+}
+
+#[test]
+fn gzip_files_and_several_files_import_as_one_dataset() {
+    let tmp = TempDir::new("svm-gzip");
+    let a = tmp.write("a.svm.gz", &gzip(b"1 1:1\n"));
+    let b = tmp.write("b.svm", b"0 2:2\n");
+    let out = tmp.out();
+    let manifest =
+        import_svmlight(&[&a, &b], &out, &SvmlightOptions::default(), WriterOptions::default())
+            .unwrap();
+    assert_eq!(manifest.records, 2);
+    let rows: Vec<_> = records(&out).into_iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(rows, vec![(vec![0], vec![1.0]), (vec![1], vec![2.0])]);
+}
+
+#[test]
+fn malformed_lines_are_named_by_line_offset_and_what_was_expected() {
+    let tmp = TempDir::new("svm-errors");
+    let default = SvmlightOptions::default();
+    let cases: [(&str, &SvmlightOptions, u64, &str); 9] = [
+        ("1 1:1\n1 3:1 2:1\n", &default, 12, "line 2: index 2 comes after index 3"),
+        ("1 3:1 3:2\n", &default, 6, "line 1: index 3 repeats index 3"),
+        ("1 1:x\n", &default, 2, "index 1: expected a finite value"),
+        ("1 1:nan\n", &default, 2, "expected a finite value"),
+        ("yes 1:1\n", &default, 0, "expected a finite label"),
+        ("1 a:1\n", &default, 2, "expected a non-negative integer index"),
+        ("1 qid:1 1:1\n1 1:1\n", &default, 12, "line 2: some lines have a qid and others none"),
+        ("1 1:1\n-3 1:1\n", &default, 6, "label -3 is negative"),
+        (
+            "1 1:1 7:1\n",
+            &SvmlightOptions { features: Some(5), ..default.clone() },
+            6,
+            "index 7 is past the 5 features",
+        ),
+    ];
+    for (text, options, offset, what) in cases {
+        let (at, message) = corrupt(import(&tmp, text, options));
+        assert!(message.contains(what), "{text:?}: {message}");
+        assert_eq!(at, offset, "{text:?}: {message}");
+    }
+    let one = SvmlightOptions { zero_based: Some(false), ..SvmlightOptions::default() };
+    let (at, message) = corrupt(import(&tmp, "1 0:1\n", &one));
+    assert!(message.contains("line 1: index 0 in a file read as 1-based"), "{message}");
+    assert_eq!(at, 2);
+    let (_, message) = corrupt(import(&tmp, "# only a comment\n\n", &default));
+    assert!(message.contains("at least one svmlight line"), "{message}");
+    // Nothing is written for a file that fails.
+    let out = tmp.out();
+    let file = tmp.write("bad.svm", b"1 1:1\n1 2:1 1:1\n");
+    assert!(import_svmlight(&[&file], &out, &default, WriterOptions::default()).is_err());
+    assert!(!out.exists());
+}
