@@ -400,6 +400,23 @@ impl Block {
         }
     }
 
+    /// Record `row`'s positions (u64, little-endian) and value bytes of sparse feature number
+    /// `feature`; empty for another kind. The pipeline resolves names once and uses this per
+    /// record.
+    pub(crate) fn sparse_column_row(&self, feature: usize, row: usize) -> (&[u8], &[u8]) {
+        match self.columns[feature] {
+            ColumnView::Sparse { ends, indices, values } => {
+                let (a, b) = (self.end_at(ends, row), self.end_at(ends, row + 1));
+                let size = self.schema.features()[feature].dtype.size();
+                (
+                    &self.data[indices + 8 * a..indices + 8 * b],
+                    &self.data[values + size * a..values + size * b],
+                )
+            }
+            _ => (&[], &[]),
+        }
+    }
+
     /// A dense feature for all records, shaped `[len(), shape...]`.
     pub fn dense<T: Element>(&self, name: &str) -> Result<ArrayViewD<'_, T>> {
         let (feature, _) = self.lookup(name)?;

@@ -75,8 +75,8 @@ pub use feature_stats::FeatureStats;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use measure::{PipelineReport, ReadReport, gzip_reference, measure_pipeline, measure_read};
 pub use pipeline::{
-    Batch, CorruptionPolicy, FeatureScaling, Normalize, Pipeline, PipelineConfig, PipelineState,
-    PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+    Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
+    PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
 };
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use value::Value;

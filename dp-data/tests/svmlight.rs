@@ -11,8 +11,11 @@ use std::path::Path;
 use dp_data::{DType, Dataset, Error, Kind, SvmlightOptions, WriterOptions, import_svmlight};
 use temp_dir::{TempDir, gzip};
 
-/// Every record of `dir`: its sparse `x`, label bytes and (if any) query id.
-fn records(dir: &Path) -> Vec<(Vec<u64>, Vec<f32>, Vec<u8>, Option<i64>)> {
+/// One record as imported: the positions and values of `x`, the label's bytes, the query id.
+type Record = (Vec<u64>, Vec<f32>, Vec<u8>, Option<i64>);
+
+/// Every record of `dir`.
+fn records(dir: &Path) -> Vec<Record> {
     let dataset = Dataset::open(dir).unwrap();
     let label_size = dataset.schema().feature("label").unwrap().dtype.size();
     let mut out = Vec::new();

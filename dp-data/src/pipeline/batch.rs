@@ -5,8 +5,9 @@ use ndarray::{ArrayView1, ArrayViewD, IxDyn};
 
 use crate::error::{Error, Result};
 
-/// A batch of one rank: `x` shaped `[batch, input shape...]` as `f32`, class labels `y` as
-/// `i64` (or a float label's `targets` as `f32`), and the dataset index of every record. Its buffers return to the pipeline's pool when it drops, so a
+/// A batch of one rank: `x` shaped `[batch, input shape...]` as `f32` (or a sparse input in
+/// CSR), class labels `y` as `i64` (or a float label's `targets` as `f32`), and the dataset
+/// index of every record. Its buffers return to the pipeline's pool when it drops, so a
 /// steady stream of batches allocates nothing.
 #[derive(Debug)]
 pub struct Batch {
@@ -19,6 +20,58 @@ pub struct Batch {
     pub(crate) ids: PoolBuf<u64>,
     pub(crate) shape: std::sync::Arc<[usize]>,
     pub(crate) padded: usize,
+    /// A sparse input, in place of `x` (which is then empty).
+    pub(crate) sparse: Option<CsrBatch>,
+}
+
+/// A batch's sparse input in CSR: row `r`'s non-zeros are at `indices[offsets[r]..offsets[r +
+/// 1]]` (increasing positions into the feature's flattened shape, of `width` elements), with
+/// their `values` as `f32`. The buffers are pooled and sized for the dataset's densest
+/// record, so a stream of sparse batches allocates nothing either.
+#[derive(Debug)]
+pub struct CsrBatch {
+    pub(crate) offsets: PoolBuf<u32>,
+    pub(crate) indices: PoolBuf<u32>,
+    pub(crate) values: PoolBuf<f32>,
+    pub(crate) width: usize,
+}
+
+impl CsrBatch {
+    /// Rows (records).
+    pub fn rows(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The flattened width of the sparse feature: every index is below it.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Non-zeros over all rows.
+    pub fn nnz(&self) -> usize {
+        self.offsets[self.rows()] as usize
+    }
+
+    /// `rows() + 1` offsets into `indices` and `values`, from 0 to `nnz()`.
+    pub fn offsets(&self) -> &[u32] {
+        &self.offsets
+    }
+
+    /// Every row's positions, row after row.
+    pub fn indices(&self) -> &[u32] {
+        &self.indices[..self.nnz()]
+    }
+
+    /// Every row's values, row after row.
+    pub fn values(&self) -> &[f32] {
+        &self.values[..self.nnz()]
+    }
+
+    /// Row `r`'s positions and values.
+    pub fn row(&self, r: usize) -> (&[u32], &[f32]) {
+        let (a, b) = (self.offsets[r] as usize, self.offsets[r + 1] as usize);
+        (&self.indices[a..b], &self.values[a..b])
+    }
 }
 
 impl Batch {
@@ -47,7 +100,13 @@ impl Batch {
         self.padded
     }
 
-    /// The inputs, shaped `[len(), input shape...]`.
+    /// A sparse input feature's values, in CSR; `None` for a dense one (see [`Batch::x`]).
+    pub fn sparse(&self) -> Option<&CsrBatch> {
+        self.sparse.as_ref()
+    }
+
+    /// The inputs, shaped `[len(), input shape...]`; for a sparse input, empty and shaped
+    /// `[len(), 0]` (see [`Batch::sparse`]).
     pub fn x(&self) -> ArrayViewD<'_, f32> {
         ArrayViewD::from_shape(IxDyn(&self.shape), &self.x)
             .unwrap_or_else(|_| unreachable!("the buffer is sized from the shape"))

@@ -40,18 +40,18 @@ use std::time::Instant;
 
 use dp_mem::{Pool, Tracker};
 
-pub use batch::Batch;
+pub use batch::{Batch, CsrBatch};
 pub use config::{CorruptionPolicy, PipelineConfig, PipelineState, TailPolicy};
 pub use stats::PipelineStats;
 pub use transform::{FeatureScaling, Normalize, RandomCrop, RandomFlip, Rng, Sample, Transform};
 
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::{Error, Result};
-use crate::schema::{DType, Kind};
+use crate::schema::{DType, Feature, Kind};
 use blocks::BlockTable;
 use permutation::hash;
 use plan::BlockSizes;
-use producer::{Columns, Producer, Shared};
+use producer::{Columns, Producer, Shared, SparseColumn};
 use queue::{Next, Queue};
 use shared_blocks::SharedBlocks;
 use tuning::{Tuner, Waits};
@@ -125,6 +125,15 @@ impl Pipeline {
             ReadOptions { pool: Some(pool.clone()), cache_blocks: 1, ..ReadOptions::default() };
         let dataset = Arc::new(Dataset::open_with(dir, read)?);
         let columns = resolve(&dataset, &config)?;
+        if columns.sparse.is_some() && !transforms.is_empty() {
+            return Err(Error::Config {
+                field: "transforms",
+                what: format!(
+                    "`{}` is sparse, and transforms work on dense inputs (scaling a sparse input would make it dense)",
+                    config.input
+                ),
+            });
+        }
         for transform in &transforms {
             transform.check(&columns.shape[1..]).map_err(|why| Error::Config {
                 field: "transforms",
@@ -443,8 +452,15 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
     };
     let (input, label) = (find(&config.input, "input")?, find(&config.label, "label")?);
     let (fi, fl) = (&schema.features()[input], &schema.features()[label]);
-    let Kind::Dense { shape } = &fi.kind else {
-        return Err(Error::Config { field: "input", what: format!("{fi} is not a dense feature") });
+    let (shape, sparse) = match &fi.kind {
+        Kind::Dense { shape } => (&shape[..], None),
+        Kind::Sparse { .. } => (&[0][..], Some(sparse_column(dataset, fi, config)?)),
+        Kind::Bytes => {
+            return Err(Error::Config {
+                field: "input",
+                what: format!("{fi} is not a dense or sparse feature"),
+            });
+        }
     };
     if matches!(fi.dtype, DType::F16 | DType::Bf16) {
         return Err(Error::Config {
@@ -470,11 +486,39 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
     Ok(Columns {
         input,
         input_dtype: fi.dtype,
-        elements: fi.elements().unwrap_or(0),
+        elements: if sparse.is_some() { 0 } else { fi.elements().unwrap_or(0) },
         shape: batch_shape.into(),
+        sparse,
         label,
         label_dtype: fl.dtype,
     })
+}
+
+/// How a sparse input is batched: its width and the non-zeros a batch can hold, which the
+/// manifest's count of the densest record bounds.
+fn sparse_column(
+    dataset: &Dataset,
+    feature: &Feature,
+    config: &PipelineConfig,
+) -> Result<SparseColumn> {
+    let refuse = |what: String| Err(Error::Config { field: "input", what });
+    let width = feature.elements().unwrap_or(usize::MAX);
+    if u32::try_from(width).is_err() {
+        return refuse(format!("{feature} is wider than the 2^32 positions a batch indexes"));
+    }
+    let Some(counts) = dataset.manifest().sparse.get(&feature.name) else {
+        return refuse(format!(
+            "{feature}: the manifest does not count its non-zeros (the dataset was written by an older version: import it again)"
+        ));
+    };
+    let per_batch = counts.max_per_record.saturating_mul(config.batch_size as u64);
+    if u32::try_from(per_batch).is_err() {
+        return refuse(format!(
+            "{feature}: a batch of {} records may hold {per_batch} non-zeros, more than the 2^32 a batch indexes",
+            config.batch_size
+        ));
+    }
+    Ok(SparseColumn { width, max_per_record: counts.max_per_record as usize })
 }
 
 /// Checks that the working set fits the budget; returns the least the pipeline holds (see
@@ -512,9 +556,15 @@ fn plan_memory(
         true => buffer(config.batch_size as u64 * 4),
         false => 0,
     };
+    // A sparse input's offsets, and its positions and values for the densest records.
+    let sparse = columns.sparse.map_or(0, |column| {
+        let nnz = config.batch_size as u64 * column.max_per_record as u64;
+        buffer((config.batch_size as u64 + 1) * 4) + 2 * buffer(nnz * 4)
+    });
     let batch_bytes = buffer(config.batch_size as u64 * columns.elements as u64 * 4)
         + 2 * buffer(config.batch_size as u64 * 8)
-        + targets;
+        + targets
+        + sparse;
     // Batches being made, made ahead, held by the consumer, and being dropped.
     let batches = (makers + config.prefetch as u64 + 2) * batch_bytes;
     let sizes = BlockSizes::new(sizes);

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use dp_mem::{Pool, Tag};
 
-use super::batch::Batch;
+use super::batch::{Batch, CsrBatch};
 use super::blocks::{BlockTable, Needed, WindowTag};
 use super::config::{PipelineConfig, TailPolicy};
 use super::permutation::hash;
@@ -27,8 +27,17 @@ pub(crate) struct Columns {
     pub(crate) elements: usize,
     /// `[batch_size, input shape...]`.
     pub(crate) shape: Arc<[usize]>,
+    /// A sparse input (then `elements` is 0 and `shape` is `[batch_size, 0]`).
+    pub(crate) sparse: Option<SparseColumn>,
     pub(crate) label: usize,
     pub(crate) label_dtype: DType,
+}
+
+/// A sparse input's width and the most non-zeros one of its records holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SparseColumn {
+    pub(crate) width: usize,
+    pub(crate) max_per_record: usize,
 }
 
 /// What every worker of a pipeline shares.
@@ -312,6 +321,18 @@ impl Producer {
             false => None,
         };
         let mut ids = pool.alloc::<u64>(b, Tag::Data)?;
+        let mut sparse = match columns.sparse {
+            Some(column) => Some(CsrBatch {
+                offsets: pool.alloc::<u32>(b + 1, Tag::Data)?,
+                indices: pool.alloc::<u32>(b * column.max_per_record, Tag::Data)?,
+                values: pool.alloc::<f32>(b * column.max_per_record, Tag::Data)?,
+                width: column.width,
+            }),
+            None => None,
+        };
+        if let Some(csr) = &mut sparse {
+            csr.offsets[0] = 0;
+        }
         // A leading normalization is folded into the conversion to f32.
         let (affine, transforms) = match shared.transforms.first().and_then(|t| t.as_affine()) {
             Some(affine) => (affine, &shared.transforms[1..]),
@@ -334,7 +355,8 @@ impl Producer {
         for (k, ((slot, x), (y, id))) in self
             .slots
             .iter()
-            .zip(x.chunks_exact_mut(elements))
+            // A sparse input has no dense `x`: an empty slice for each record.
+            .zip(x.chunks_exact_mut(elements).chain(std::iter::repeat_with(|| &mut [][..])))
             .zip(y.iter_mut().zip(ids.iter_mut()))
             .enumerate()
         {
@@ -347,7 +369,10 @@ impl Producer {
                 prefetch(label);
             }
             *id = block.first_record() + slot.row as u64;
-            convert_input(input, columns.input_dtype, affine, x);
+            match &mut sparse {
+                Some(csr) => append_row(csr, k, block, columns, slot.row, *id)?,
+                None => convert_input(input, columns.input_dtype, affine, x),
+            }
             *y = read_label(label, columns.label_dtype);
             if let Some(targets) = &mut targets {
                 targets[k] = read_target(label, columns.label_dtype);
@@ -373,6 +398,7 @@ impl Producer {
             ids,
             shape: Arc::clone(&columns.shape),
             padded: padded.min(b),
+            sparse,
         })
     }
 
@@ -413,6 +439,39 @@ fn prefetch(bytes: &[u8]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
+}
+
+/// Appends record `row` of `block` as row `k` of `csr`; `id` names it in errors.
+fn append_row(
+    csr: &mut CsrBatch,
+    k: usize,
+    block: &Block,
+    columns: &Columns,
+    row: usize,
+    id: u64,
+) -> Result<()> {
+    let (positions, values) = block.sparse_column_row(columns.input, row);
+    let (start, count) = (csr.offsets[k] as usize, positions.len() / 8);
+    let most = columns.sparse.map_or(0, |column| column.max_per_record);
+    if count > most {
+        // Only a dataset whose manifest lies about its densest record gets here; the buffers
+        // hold `most` per record.
+        return Err(Error::Record {
+            record: id,
+            feature: block.schema().features()[columns.input].name.clone(),
+            what: format!(
+                "holds {count} non-zeros, more than the manifest's most in one record ({most})"
+            ),
+        });
+    }
+    let end = start + count;
+    for (out, p) in csr.indices[start..end].iter_mut().zip(positions.chunks_exact(8)) {
+        // Positions were checked against the width (below 2^32) when the block was read.
+        *out = u64::from_le_bytes(p.try_into().unwrap_or_default()) as u32;
+    }
+    convert_input(values, columns.input_dtype, (1.0, 0.0), &mut csr.values[start..end]);
+    csr.offsets[k + 1] = end as u32;
+    Ok(())
 }
 
 /// Converts one record's input to `f32` as `a * value + b`.

@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 
 /// What the consumer is to do next.
 #[derive(Debug)]
+// Boxing the batch would allocate once per batch, which a steady stream must not.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Next {
     /// Take this batch (or its error): the next in order.
     Batch(Result<Batch>),
@@ -267,6 +269,7 @@ mod tests {
             ids,
             shape: std::sync::Arc::from([1usize, 1]),
             padded: 0,
+            sparse: None,
         })
     }
 
