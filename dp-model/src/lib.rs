@@ -32,7 +32,8 @@
 //! ```
 //!
 //! Layers: Linear, Conv2d (im2col + GEMM, stride and padding), MaxPool2d, Flatten, ReLU,
-//! GELU, Tanh, Dropout; losses: softmax cross-entropy and mean squared error. Optimizers work
+//! GELU, Tanh, Dropout, and as a first layer over sparse inputs ([`SparseInput`], CSR)
+//! SparseLinear and EmbeddingBag; losses: softmax cross-entropy and mean squared error. Optimizers work
 //! on flat slices (any sub-range, for sharded optimizer state): [`Sgd`] and [`Adam`], with
 //! [`Schedule`]s and [`clip_grad_norm`]. Memory techniques: [`Recompute`] (activation
 //! recomputation), [`Pruner`] (magnitude pruning with compressed checkpoints) and
@@ -65,8 +66,9 @@ pub use model::{Model, ModelMemory, ModelOptions, Recompute, StepOptions};
 pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{BareGemm, GemmShape};
 pub use ops::loss::{LossTotals, Targets};
+pub use ops::sparse::SparseInput;
 pub use optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm, grad_norm};
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;
 pub use shared::SharedParams;
-pub use spec::{LayerSpec, ModelSpec};
+pub use spec::{BagMode, LayerSpec, ModelSpec};

@@ -15,6 +15,7 @@ use crate::ops::Op;
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::GemmShape;
 use crate::ops::loss::{LossTotals, Targets, loss};
+use crate::ops::sparse::SparseInput;
 use crate::shared::SharedParams;
 use crate::spec::ModelSpec;
 use crate::tape::{Node, Tape};
@@ -158,6 +159,19 @@ pub struct Model<T: Float = f32> {
     /// skip unfolding again.
     scratch_holds: Option<usize>,
     dropout: DropoutStream,
+    /// With a sparse first layer: a bit per row of its weight gradient written since the
+    /// last overwriting backward (see `ops/sparse.rs`).
+    dirty_rows: PoolBuf<u64>,
+    /// The gradients were lent out writable (an all-reduce, clipping) since the last
+    /// overwriting backward, so rows the bits do not name may hold values.
+    grads_lent: bool,
+}
+
+/// What the first node reads: a dense batch, or a sparse one for a sparse first layer.
+#[derive(Clone, Copy)]
+enum Input<'a, T> {
+    Dense(&'a [T]),
+    Sparse(SparseInput<'a, T>),
 }
 
 impl<T: Float> std::fmt::Debug for Model<T> {
@@ -266,6 +280,11 @@ impl<T: Float> Model<T> {
             ],
             scratch: pool.alloc_zeroed(scratch_len, Tag::Activation)?,
             scratch_holds: None,
+            dirty_rows: pool.alloc_zeroed(
+                if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
+                Tag::Grad,
+            )?,
+            grads_lent: false,
             dropout: DropoutStream { seed: options.seed, stream: options.replica },
             tape,
             options,
@@ -327,6 +346,7 @@ impl<T: Float> Model<T> {
     /// [`Model::params_range_mut`] and all the gradients, writable: to clip them, then
     /// update the range.
     pub fn params_range_and_grads_mut(&mut self, range: Range<usize>) -> (&mut [T], &mut [T]) {
+        self.grads_lent = true;
         let grads = &mut self.grads;
         let params = match &mut self.params {
             Params::Own(params) => &mut params[range],
@@ -343,6 +363,7 @@ impl<T: Float> Model<T> {
 
     /// All gradients, writable (for an all-reduce).
     pub fn grads_mut(&mut self) -> &mut [T] {
+        self.grads_lent = true;
         &mut self.grads
     }
 
@@ -353,6 +374,7 @@ impl<T: Float> Model<T> {
 
     /// Parameters and gradients at once, both writable: to clip the gradients, then step.
     pub fn params_and_grads_mut(&mut self) -> (&mut [T], &mut [T]) {
+        self.grads_lent = true;
         (&mut self.params, &mut self.grads)
     }
 
@@ -404,6 +426,41 @@ impl<T: Float> Model<T> {
         ready: &mut dyn FnMut(&[T]),
     ) -> Result<LossTotals> {
         let (batch, x) = self.check_input(&x)?;
+        self.step(batch, Input::Dense(x), targets, options, ready)
+    }
+
+    /// [`Model::forward_backward`] for a model whose first layer is sparse
+    /// ([`LayerSpec::SparseLinear`](crate::LayerSpec::SparseLinear) or
+    /// [`LayerSpec::EmbeddingBag`](crate::LayerSpec::EmbeddingBag)), on a batch in CSR.
+    pub fn forward_backward_sparse(
+        &mut self,
+        x: SparseInput<'_, T>,
+        targets: Targets<'_, T>,
+        options: &StepOptions,
+    ) -> Result<LossTotals> {
+        self.forward_backward_sparse_with(x, targets, options, &mut |_: &[T]| {})
+    }
+
+    /// [`Model::forward_backward_with`] on a sparse batch.
+    pub fn forward_backward_sparse_with(
+        &mut self,
+        x: SparseInput<'_, T>,
+        targets: Targets<'_, T>,
+        options: &StepOptions,
+        ready: &mut dyn FnMut(&[T]),
+    ) -> Result<LossTotals> {
+        let batch = self.check_sparse(&x)?;
+        self.step(batch, Input::Sparse(x), targets, options, ready)
+    }
+
+    fn step(
+        &mut self,
+        batch: usize,
+        x: Input<'_, T>,
+        targets: Targets<'_, T>,
+        options: &StepOptions,
+        ready: &mut dyn FnMut(&[T]),
+    ) -> Result<LossTotals> {
         let outputs = self.outputs();
         targets.check(batch, outputs)?;
         let nodes = self.tape.nodes.len();
@@ -430,7 +487,25 @@ impl<T: Float> Model<T> {
             if i == 0 && node.params.is_empty() {
                 break;
             }
-            let input = if i == 0 { x } else { &self.acts[self.out_buf[i - 1]] };
+            let input = match x {
+                _ if i > 0 => &self.acts[self.out_buf[i - 1]],
+                Input::Dense(x) => x,
+                Input::Sparse(x) => {
+                    let Op::Sparse(op) = &node.op else {
+                        unreachable!("a sparse input's first node")
+                    };
+                    let dy =
+                        if (nodes - 1).is_multiple_of(2) { &self.ping[0] } else { &self.ping[1] };
+                    if !options.accumulate && std::mem::take(&mut self.grads_lent) {
+                        // Written from outside: no bit says where.
+                        self.grads[node.params.clone()].fill(T::zero());
+                        self.dirty_rows.fill(0);
+                    }
+                    op.backward(&x, &mut self.grads, dy, &mut self.dirty_rows, options.accumulate);
+                    ready(&self.grads[..node.params.end]);
+                    break;
+                }
+            };
             let output = &self.acts[self.out_buf[i]];
             let [a, b] = &mut self.ping;
             let (dy, dx) =
@@ -498,13 +573,28 @@ impl<T: Float> Model<T> {
     /// backward (activations alternate between two buffers) and skips dropout.
     pub fn forward_eval(&mut self, x: ArrayView2<'_, T>) -> Result<ArrayView2<'_, T>> {
         let (batch, x) = self.check_input(&x)?;
+        self.eval(batch, Input::Dense(x))
+    }
+
+    /// [`Model::forward_eval`] on a sparse batch (a model with a sparse first layer).
+    pub fn forward_eval_sparse(&mut self, x: SparseInput<'_, T>) -> Result<ArrayView2<'_, T>> {
+        let batch = self.check_sparse(&x)?;
+        self.eval(batch, Input::Sparse(x))
+    }
+
+    fn eval(&mut self, batch: usize, x: Input<'_, T>) -> Result<ArrayView2<'_, T>> {
         self.scratch_holds = None;
         let nodes = self.tape.nodes.len();
         for (i, node) in self.tape.nodes.iter().enumerate() {
             let [a, b] = &mut self.ping;
             let (src, dst) = if i.is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
-            let input = if i == 0 { x } else { src };
-            forward_op(node, batch, &self.params, input, dst, &mut self.scratch, None);
+            match (i, x) {
+                (0, Input::Sparse(x)) => sparse_forward(node, &x, &self.params, dst),
+                (0, Input::Dense(x)) => {
+                    forward_op(node, batch, &self.params, x, dst, &mut self.scratch, None)
+                }
+                _ => forward_op(node, batch, &self.params, src, dst, &mut self.scratch, None),
+            }
         }
         let out = &self.ping[nodes % 2][..batch * self.outputs()];
         Ok(ArrayView2::from_shape((batch, self.outputs()), out).expect("sized at build"))
@@ -524,7 +614,49 @@ impl<T: Float> Model<T> {
         Ok(loss(logits, batch, outputs, &targets, T::one(), None))
     }
 
+    /// [`Model::evaluate`] on a sparse batch.
+    pub fn evaluate_sparse(
+        &mut self,
+        x: SparseInput<'_, T>,
+        targets: Targets<'_, T>,
+    ) -> Result<LossTotals> {
+        let (batch, outputs) = (x.rows(), self.outputs());
+        targets.check(batch, outputs)?;
+        let logits = self.forward_eval_sparse(x)?;
+        let logits = logits.as_slice().expect("contiguous");
+        Ok(loss(logits, batch, outputs, &targets, T::one(), None))
+    }
+
+    /// The rows of a sparse batch, checked against the model.
+    fn check_sparse(&self, x: &SparseInput<'_, T>) -> Result<usize> {
+        let name = format!("{} input", self.spec.name);
+        if !self.tape.sparse_input {
+            return Err(Error::shape(
+                name,
+                "a dense array (the first layer is dense)",
+                "a sparse batch",
+            ));
+        }
+        let batch = x.rows();
+        if x.width != self.tape.input_len || batch == 0 || batch > self.options.max_batch {
+            return Err(Error::shape(
+                name,
+                format!("[1..={}, {}] in CSR", self.options.max_batch, self.tape.input_len),
+                format!("[{batch}, {}]", x.width),
+            ));
+        }
+        x.check().map_err(|what| Error::shape(name, "a well-formed CSR batch", what))?;
+        Ok(batch)
+    }
+
     fn check_input<'x>(&self, x: &'x ArrayView2<'_, T>) -> Result<(usize, &'x [T])> {
+        if self.tape.sparse_input {
+            return Err(Error::shape(
+                format!("{} input", self.spec.name),
+                "a sparse batch (the first layer is sparse)",
+                "a dense array",
+            ));
+        }
         let (batch, features) = x.dim();
         if features != self.tape.input_len || batch == 0 || batch > self.options.max_batch {
             return Err(Error::shape(
@@ -544,10 +676,20 @@ impl<T: Float> Model<T> {
     }
 
     /// Runs node `i` in training mode, from its saved input to its saved output.
-    fn forward_node(&mut self, i: usize, batch: usize, x: &[T], step: u64) {
+    fn forward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, step: u64) {
         let out = self.out_buf[i];
         let (input, output): (&[T], &mut [T]) = if i == 0 {
-            (x, &mut self.acts[out])
+            match x {
+                Input::Dense(x) => (x, &mut self.acts[out]),
+                Input::Sparse(x) => {
+                    return sparse_forward(
+                        &self.tape.nodes[0],
+                        &x,
+                        &self.params,
+                        &mut self.acts[out],
+                    );
+                }
+            }
         } else {
             let (read, write) = (self.out_buf[i - 1], out);
             if read < write {
@@ -565,6 +707,12 @@ impl<T: Float> Model<T> {
             self.scratch_holds = Some(i);
         }
     }
+}
+
+/// A sparse first node's forward.
+fn sparse_forward<T: Float>(node: &Node, x: &SparseInput<'_, T>, params: &[T], y: &mut [T]) {
+    let Op::Sparse(op) = &node.op else { unreachable!("only a sparse node reads a sparse input") };
+    op.forward(x, params, y);
 }
 
 /// The activations a node's backward reads and writes.
@@ -596,6 +744,7 @@ pub(crate) fn forward_op<T: Float>(
             Some((stream, step)) => d.forward(stream, step, x, y),
             None => y.copy_from_slice(x),
         },
+        Op::Sparse(_) => unreachable!("the model runs a sparse first node on its sparse input"),
     }
 }
 
@@ -627,6 +776,7 @@ fn backward_op<T: Float>(
                 Op::Activation(a) => a.backward(x, y, dy, dx),
                 Op::Dropout(d) => d.backward(stream, step, dy, dx),
                 Op::Linear(_) | Op::Conv2d(_) => unreachable!("handled above"),
+                Op::Sparse(_) => unreachable!("the model runs a sparse first node itself"),
             }
         }
     }

@@ -54,6 +54,9 @@ impl QuantizedModel {
     pub fn quantize(model: &Model<f32>, pool: &Pool) -> Result<Self> {
         let max_batch = model.options().max_batch;
         let tape = Tape::build(model.spec(), max_batch)?;
+        if tape.sparse_input {
+            return Err(Error::spec("layers[0]", "int8 inference has no sparse first layer yet"));
+        }
         let params = model.params();
         let mut index = Vec::with_capacity(tape.nodes.len());
         let (mut q, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());

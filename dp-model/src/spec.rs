@@ -78,6 +78,34 @@ pub enum LayerSpec {
         /// Drop probability, in `[0, 1)`.
         p: f64,
     },
+    /// A linear layer over a sparse input (CSR): `y = x W + b`, with `W` stored `[inputs,
+    /// out]`, costing O(non-zeros) per sample. Only as the first layer; the model then takes
+    /// [`SparseInput`](crate::SparseInput) batches.
+    SparseLinear {
+        /// Output features.
+        out: usize,
+    },
+    /// An embedding bag over ids (a sparse input whose values count or weigh them): each
+    /// sample's rows of an `[inputs, dim]` table, summed (weighted by the values) or averaged,
+    /// as PyTorch's `EmbeddingBag`. Only as the first layer.
+    EmbeddingBag {
+        /// Columns of the table: the output features.
+        dim: usize,
+        /// `mean` (the default, as PyTorch's) or `sum`.
+        #[serde(default)]
+        mode: BagMode,
+    },
+}
+
+/// How an [`LayerSpec::EmbeddingBag`] combines a sample's rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BagMode {
+    /// The rows weighted by the values, divided by the sum of the values.
+    #[default]
+    Mean,
+    /// The rows weighted by the values.
+    Sum,
 }
 
 fn one() -> usize {
@@ -199,6 +227,17 @@ impl ModelSpec {
 impl LayerSpec {
     /// Whether the layer has parameters.
     pub fn has_params(&self) -> bool {
-        matches!(self, Self::Linear { .. } | Self::Conv2d { .. })
+        matches!(
+            self,
+            Self::Linear { .. }
+                | Self::Conv2d { .. }
+                | Self::SparseLinear { .. }
+                | Self::EmbeddingBag { .. }
+        )
+    }
+
+    /// Whether the layer reads a sparse input (and must come first).
+    pub fn takes_sparse_input(&self) -> bool {
+        matches!(self, Self::SparseLinear { .. } | Self::EmbeddingBag { .. })
     }
 }

@@ -11,8 +11,9 @@ use crate::ops::conv::Conv2d;
 use crate::ops::dropout::Dropout;
 use crate::ops::linear::Linear;
 use crate::ops::pool::MaxPool2d;
+use crate::ops::sparse::{Reduce, SparseLinear};
 use crate::ops::transpose::Transpose;
-use crate::spec::{LayerSpec, ModelSpec};
+use crate::spec::{BagMode, LayerSpec, ModelSpec};
 
 /// One op with its per-sample sizes.
 #[derive(Clone, Debug)]
@@ -56,6 +57,8 @@ pub(crate) struct Tape {
     pub(crate) nodes: Vec<Node>,
     pub(crate) layout: ParamLayout,
     pub(crate) input_len: usize,
+    /// The first node reads a sparse input (see [`crate::SparseInput`]).
+    pub(crate) sparse_input: bool,
 }
 
 impl Tape {
@@ -93,7 +96,32 @@ impl Tape {
                     params: 0..0,
                 });
             };
+            if layer_spec.takes_sparse_input() && layer > 0 {
+                return Err(Error::spec(
+                    field,
+                    "reads the sparse input, so it must be the first layer",
+                ));
+            }
             match *layer_spec {
+                LayerSpec::SparseLinear { out } | LayerSpec::EmbeddingBag { dim: out, .. } => {
+                    let Shape::Flat(inputs) = shape else {
+                        return Err(Error::spec(field, "needs a flat input [features]"));
+                    };
+                    let name =
+                        if let LayerSpec::SparseLinear { .. } = layer_spec { "out" } else { "dim" };
+                    positive(&field, name, out)?;
+                    let (bias, reduce) = match *layer_spec {
+                        LayerSpec::EmbeddingBag { mode: BagMode::Mean, .. } => {
+                            (false, Reduce::Mean)
+                        }
+                        LayerSpec::EmbeddingBag { mode: BagMode::Sum, .. } => (false, Reduce::Sum),
+                        _ => (true, Reduce::Sum),
+                    };
+                    let op = SparseLinear { inputs, outputs: out, bias, reduce, offset: 0 };
+                    let next = Shape::Flat(out);
+                    push(Op::Sparse(op), shape, next);
+                    shape = next;
+                }
                 LayerSpec::Linear { out } => {
                     let Shape::Flat(inputs) = shape else {
                         return Err(Error::spec(
@@ -209,8 +237,9 @@ impl Tape {
                 )
             })?;
         }
+        let sparse_input = matches!(nodes[0].op, Op::Sparse(_));
         let layout = assign_params(&mut nodes);
-        Ok(Self { nodes, layout, input_len })
+        Ok(Self { nodes, layout, input_len, sparse_input })
     }
 
     /// Values of the largest activation of `batch` samples: the size of each of the two
@@ -272,6 +301,12 @@ fn assign_params(nodes: &mut [Node]) -> ParamLayout {
         node.params = offset..offset + len;
         let (weight_shape, fan_in, fan_out) = match &node.op {
             Op::Linear(l) => (vec![l.outputs, l.inputs], l.inputs, l.outputs),
+            // A table of rows: an embedding bag's sample reads one row per id, a sparse linear
+            // layer's sums over the whole input.
+            Op::Sparse(s) => {
+                let fan_in = if s.bias { s.inputs } else { 1 };
+                (vec![s.inputs, s.outputs], fan_in, s.outputs)
+            }
             Op::Conv2d(c) => {
                 let k2 = c.kernel * c.kernel;
                 (
@@ -282,8 +317,12 @@ fn assign_params(nodes: &mut [Node]) -> ParamLayout {
             }
             _ => unreachable!("only linear and conv layers have parameters"),
         };
-        let outputs = weight_shape[0];
+        let outputs = match &node.op {
+            Op::Sparse(s) => s.outputs,
+            _ => weight_shape[0],
+        };
         let weights: usize = weight_shape.iter().product();
+        let has_bias = !matches!(&node.op, Op::Sparse(s) if !s.bias);
         let tensor = |role, suffix, shape, offset| ParamTensor {
             name: format!("layers.{}.{suffix}", node.layer),
             layer: node.layer,
@@ -294,7 +333,9 @@ fn assign_params(nodes: &mut [Node]) -> ParamLayout {
             fan_out,
         };
         tensors.push(tensor(ParamRole::Weight, "weight", weight_shape, offset));
-        tensors.push(tensor(ParamRole::Bias, "bias", vec![outputs], offset + weights));
+        if has_bias {
+            tensors.push(tensor(ParamRole::Bias, "bias", vec![outputs], offset + weights));
+        }
         offset += len;
     }
     ParamLayout::new(tensors)

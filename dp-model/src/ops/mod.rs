@@ -8,6 +8,7 @@ pub(crate) mod gemm;
 pub(crate) mod linear;
 pub(crate) mod loss;
 pub(crate) mod pool;
+pub(crate) mod sparse;
 pub(crate) mod transpose;
 
 use activation::Activation;
@@ -15,6 +16,7 @@ use conv::Conv2d;
 use dropout::Dropout;
 use linear::Linear;
 use pool::MaxPool2d;
+use sparse::SparseLinear;
 use transpose::Transpose;
 
 /// A parameterized layer's values in the flat buffer: a `rows x cols` weight matrix at
@@ -47,6 +49,8 @@ pub(crate) enum Op {
     Transpose(Transpose),
     Activation(Activation),
     Dropout(Dropout),
+    /// Only ever the first node: it reads the model's sparse input.
+    Sparse(SparseLinear),
 }
 
 impl Op {
@@ -55,6 +59,7 @@ impl Op {
         match self {
             Op::Linear(l) => l.param_len(),
             Op::Conv2d(c) => c.param_len(),
+            Op::Sparse(s) => s.param_len(),
             _ => 0,
         }
     }
@@ -64,6 +69,7 @@ impl Op {
         match self {
             Op::Linear(l) => l.offset = offset,
             Op::Conv2d(c) => c.offset = offset,
+            Op::Sparse(s) => s.offset = offset,
             _ => {}
         }
     }
