@@ -153,6 +153,7 @@ impl ModelSpec {
 
     /// A built-in model by name for samples of shape `input`:
     ///
+    /// * `linear`: one linear layer (logistic or softmax regression, or linear regression).
     /// * `mlp`: hidden widths 512 and 256; `mlp:W1,W2,...` picks the widths.
     /// * `lenet`: [`ModelSpec::lenet`]; a `[H, W]` input is taken as one channel, and a flat
     ///   input of a square size (784) as a square image.
@@ -160,6 +161,11 @@ impl ModelSpec {
         let features: usize = input.iter().product();
         let (base, args) = name.split_once(':').unwrap_or((name, ""));
         match base {
+            "linear" if args.is_empty() => Ok(Self {
+                name: format!("linear-{features}-{classes}"),
+                input: vec![features],
+                layers: vec![LayerSpec::Linear { out: classes }],
+            }),
             "mlp" => {
                 let hidden = if args.is_empty() {
                     vec![512, 256]
@@ -187,7 +193,24 @@ impl ModelSpec {
             }
             _ => Err(Error::spec(
                 "model",
-                format!("unknown built-in `{name}` (expected mlp, mlp:W1,W2,... or lenet)"),
+                format!("unknown built-in `{name}` (expected linear, mlp, mlp:W1,W2,... or lenet)"),
+            )),
+        }
+    }
+
+    /// The same model for sparse inputs: a first linear layer becomes a
+    /// [`LayerSpec::SparseLinear`] (the same function, stored a row per input); a first layer
+    /// that already reads sparse inputs stays. Any other first layer is an error.
+    pub fn for_sparse_input(mut self) -> Result<Self> {
+        match self.layers.first() {
+            Some(LayerSpec::Linear { out }) => {
+                self.layers[0] = LayerSpec::SparseLinear { out: *out };
+                Ok(self)
+            }
+            Some(first) if first.takes_sparse_input() => Ok(self),
+            _ => Err(Error::spec(
+                "layers[0]",
+                "a sparse input needs a first linear, sparse_linear or embedding_bag layer",
             )),
         }
     }

@@ -11,12 +11,13 @@ use std::path::{Path, PathBuf};
 use dp_data::{Block, DType, Dataset, Rng, Sample, Transform};
 use dp_mem::{Pool, Tracker};
 use dp_model::{
-    CheckpointHeader, CheckpointReader, Model, ModelOptions, ModelSpec, QuantizedModel,
+    CheckpointHeader, CheckpointReader, Model, ModelOptions, ModelSpec, QuantizedModel, SparseInput,
 };
 use ndarray::ArrayView2;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::input::Input;
 use crate::normalization::Scalings;
 use crate::plan::{class_labels, label_error};
 use crate::run_dir::{CHECKPOINT, CONFIG, MODEL};
@@ -132,8 +133,8 @@ impl SavedRun {
             {
                 return Err(label_error(labels[row], first + row as u64, classes));
             }
-            tally.add(model.forward_eval(x)?.as_slice().expect("contiguous"), labels);
-            if let (Some(q), Some(t)) = (&mut quantized, &mut tally_int8) {
+            tally.add(x.forward_eval(&mut model)?.as_slice().expect("contiguous"), labels);
+            if let (Some(q), Some(t), Input::Dense(x)) = (&mut quantized, &mut tally_int8, x) {
                 t.add(q.forward(x)?.as_slice().expect("contiguous"), labels);
             }
             Ok(())
@@ -151,7 +152,7 @@ impl SavedRun {
         let target = self.scalings.target();
         let mut values = Vec::new();
         let records = self.each_batch(data, false, |x, _, _| {
-            for outputs in model.forward_eval(x)?.rows() {
+            for outputs in x.forward_eval(&mut model)?.rows() {
                 if let Some((offset, scale)) = target {
                     values.extend(outputs.iter().map(|&z| z * scale + offset));
                     continue;
@@ -173,7 +174,7 @@ impl SavedRun {
         &self,
         data: &Path,
         labels: bool,
-        mut f: impl FnMut(ArrayView2<'_, f32>, Option<Labels<'_>>, u64) -> Result<()>,
+        mut f: impl FnMut(Input<'_>, Option<Labels<'_>>, u64) -> Result<()>,
     ) -> Result<u64> {
         let dataset = Dataset::open(data)?;
         let (input, label) = (&self.config.input_feature, &self.config.label_feature);
@@ -184,8 +185,11 @@ impl SavedRun {
                 format!("`{input}` is not a feature of {}", data.display()),
             )
         })?;
+        let sparse = matches!(feature.kind, dp_data::Kind::Sparse { .. });
         let shape = match &feature.kind {
-            dp_data::Kind::Dense { shape } if shape.iter().product::<usize>() == input_len => {
+            dp_data::Kind::Dense { shape } | dp_data::Kind::Sparse { shape }
+                if shape.iter().product::<usize>() == input_len =>
+            {
                 shape.clone()
             }
             _ => {
@@ -200,8 +204,25 @@ impl SavedRun {
             }
         };
         let (mut x, mut y, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        let mut csr = Csr::default();
         for block in dataset.blocks() {
             let block = block?;
+            if sparse {
+                csr.read(&block, input)?;
+                if labels {
+                    block_labels(&block, label, self.regression(), &mut y, &mut values)?;
+                }
+                for start in (0..block.len()).step_by(BATCH) {
+                    let end = (start + BATCH).min(block.len());
+                    let first = block.first_record() + start as u64;
+                    let batch_labels = labels.then(|| match self.regression() {
+                        true => Labels::Values(&values[start..end]),
+                        false => Labels::Classes(&y[start..end]),
+                    });
+                    f(csr.rows(start..end, input_len), batch_labels, first)?;
+                }
+                continue;
+            }
             inputs(&block, input, feature.dtype, &mut x)?;
             if let Some(scaling) = &self.scalings.inputs {
                 let mut unused = 0;
@@ -216,11 +237,13 @@ impl SavedRun {
             let rows = x.len() / input_len.max(1);
             for start in (0..rows).step_by(BATCH) {
                 let end = (start + BATCH).min(rows);
-                let view = ArrayView2::from_shape(
-                    (end - start, input_len),
-                    &x[start * input_len..end * input_len],
-                )
-                .expect("sized above");
+                let view = Input::Dense(
+                    ArrayView2::from_shape(
+                        (end - start, input_len),
+                        &x[start * input_len..end * input_len],
+                    )
+                    .expect("sized above"),
+                );
                 let first = block.first_record() + start as u64;
                 let batch_labels = labels.then(|| match self.regression() {
                     true => Labels::Values(&values[start..end]),
@@ -247,6 +270,49 @@ fn inputs(block: &Block, name: &str, dtype: DType, out: &mut Vec<f32>) -> Result
         }
     }
     Ok(())
+}
+
+/// A block's sparse inputs in CSR, and the offsets of the rows being handed out (from 0).
+#[derive(Default)]
+struct Csr {
+    offsets: Vec<u32>,
+    indices: Vec<u32>,
+    values: Vec<f32>,
+    batch_offsets: Vec<u32>,
+}
+
+impl Csr {
+    /// Reads the block's rows of sparse feature `name`.
+    fn read(&mut self, block: &Block, name: &str) -> Result<()> {
+        self.offsets.clear();
+        self.indices.clear();
+        self.values.clear();
+        self.offsets.push(0);
+        for row in 0..block.len() {
+            let (positions, values) = block.sparse::<f32>(name, row).map_err(|e| {
+                Error::config("input_feature", format!("`{name}`: {e} (the model reads f32)"))
+            })?;
+            // Positions are below the width, which the pipeline keeps under 2^32.
+            self.indices.extend(positions.iter().map(|&p| p as u32));
+            self.values.extend_from_slice(values);
+            self.offsets.push(self.indices.len() as u32);
+        }
+        Ok(())
+    }
+
+    /// Rows `rows` of the block as a batch.
+    fn rows(&mut self, rows: std::ops::Range<usize>, width: usize) -> Input<'_> {
+        let base = self.offsets[rows.start];
+        self.batch_offsets.clear();
+        self.batch_offsets.extend(self.offsets[rows.start..=rows.end].iter().map(|&o| o - base));
+        let (a, b) = (base as usize, self.offsets[rows.end] as usize);
+        Input::Sparse(SparseInput {
+            offsets: &self.batch_offsets,
+            indices: &self.indices[a..b],
+            values: &self.values[a..b],
+            width,
+        })
+    }
 }
 
 /// A batch's labels: classes, or a regression's values.

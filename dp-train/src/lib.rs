@@ -39,6 +39,7 @@ mod error;
 mod gate;
 mod gpu;
 mod inference;
+mod input;
 mod measure;
 mod metrics;
 mod normalization;

@@ -41,8 +41,7 @@ impl Scalings {
 pub(crate) fn decide(
     config: &TrainConfig,
     train: &Dataset,
-    dtype: DType,
-    input_len: usize,
+    (dtype, input_len, sparse): (DType, usize, bool),
     regression: bool,
 ) -> Result<Scalings> {
     let stats = |feature: &str| {
@@ -58,6 +57,14 @@ pub(crate) fn decide(
     };
     let inputs = match (config.normalize, &config.normalize_mean, &config.normalize_std) {
         (Normalization::None, ..) => None,
+        // As scikit-learn's scalers without centering: a sparse input is used as it is.
+        (Normalization::Auto, None, None) if sparse => None,
+        _ if sparse => {
+            return Err(Error::config(
+                "normalize",
+                "a sparse input is not scaled (centering it would make it dense): use auto or none",
+            ));
+        }
         (_, Some(mean), Some(std)) => Some(
             FeatureScaling::new(mean.clone(), std.clone())
                 .map_err(|why| Error::config("normalize_mean", why))?,

@@ -70,8 +70,8 @@ impl RunPlan {
         let mut config = config;
         let train = Dataset::open(&config.train_data)?;
         config.input_feature = input_feature(&train, &config);
-        let (input_shape, dtype) =
-            dense_feature(&train, &config.input_feature, &config.train_data)?;
+        let (input_shape, dtype, sparse) =
+            input_of(&train, &config.input_feature, &config.train_data)?;
         let label = train.schema().feature(&config.label_feature).ok_or_else(|| {
             Error::config(
                 "label_feature",
@@ -118,11 +118,16 @@ impl RunPlan {
         };
         if let Some(eval) = &config.eval_data {
             let eval_set = Dataset::open(eval)?;
-            let (eval_shape, _) = dense_feature(&eval_set, &config.input_feature, eval)?;
-            if eval_shape != input_shape {
+            let (eval_shape, _, eval_sparse) = input_of(&eval_set, &config.input_feature, eval)?;
+            if (&eval_shape, eval_sparse) != (&input_shape, sparse) {
+                let kind = |sparse| if sparse { "sparse " } else { "" };
                 return Err(Error::config(
                     "eval_data",
-                    format!("inputs are {eval_shape:?}, the training data's {input_shape:?}"),
+                    format!(
+                        "inputs are {}{eval_shape:?}, the training data's {}{input_shape:?}",
+                        kind(eval_sparse),
+                        kind(sparse)
+                    ),
                 ));
             }
             // Now rather than at the first evaluation, hours in: evaluation sets are small.
@@ -142,7 +147,13 @@ impl RunPlan {
                 largest_label(&eval_set, &config.label_feature, classes)?;
             }
         }
-        let spec = model_spec(&config.model, &input_shape, classes)?;
+        // On a sparse input the default is a linear model (logistic regression, as one starts
+        // with on wide sparse data), not an MLP whose first layer would hold the input's
+        // width times 512 weights.
+        if sparse && config.model == TrainConfig::default().model {
+            config.model = "linear".into();
+        }
+        let spec = model_spec(&config.model, &input_shape, classes, sparse)?;
         let input_len: usize = input_shape.iter().product();
         if spec.input.iter().product::<usize>() != input_len {
             return Err(Error::config(
@@ -170,7 +181,10 @@ impl RunPlan {
         }
         let scalings = match &run_dir {
             Some(dir) => crate::normalization::load(dir)?,
-            None => crate::normalization::decide(&config, &train, dtype, input_len, regression)?,
+            None => {
+                let input = (dtype, input_len, sparse);
+                crate::normalization::decide(&config, &train, input, regression)?
+            }
         };
         // The saved scaling has targets exactly when the run regresses: a label that changed
         // between classes and values since is another run.
@@ -299,7 +313,11 @@ fn input_feature(dataset: &Dataset, config: &TrainConfig) -> String {
     }
     let mut arrays = dataset.schema().features().iter().filter(|f| {
         f.name != config.label_feature
-            && matches!(&f.kind, Kind::Dense { shape } if !shape.is_empty())
+            && match &f.kind {
+                Kind::Dense { shape } => !shape.is_empty(),
+                Kind::Sparse { .. } => true,
+                Kind::Bytes => false,
+            }
     });
     match (arrays.next(), arrays.next()) {
         (Some(only), None) => only.name.clone(),
@@ -307,26 +325,34 @@ fn input_feature(dataset: &Dataset, config: &TrainConfig) -> String {
     }
 }
 
-fn dense_feature(dataset: &Dataset, name: &str, dir: &Path) -> Result<(Vec<usize>, DType)> {
+/// The input feature's shape and dtype, and whether it is sparse (its shape then flattened).
+fn input_of(dataset: &Dataset, name: &str, dir: &Path) -> Result<(Vec<usize>, DType, bool)> {
     let feature = dataset.schema().feature(name).ok_or_else(|| {
         Error::config("input_feature", format!("`{name}` is not a feature of {}", dir.display()))
     })?;
     match &feature.kind {
-        Kind::Dense { shape } if !shape.is_empty() => Ok((shape.clone(), feature.dtype)),
+        Kind::Dense { shape } if !shape.is_empty() => Ok((shape.clone(), feature.dtype, false)),
+        Kind::Sparse { shape } => Ok((vec![shape.iter().product()], feature.dtype, true)),
         _ => Err(Error::config(
             "input_feature",
-            format!("`{name}` in {} is not a dense array", dir.display()),
+            format!("`{name}` in {} is not a dense array or a sparse feature", dir.display()),
         )),
     }
 }
 
-fn model_spec(model: &str, input: &[usize], classes: usize) -> Result<ModelSpec> {
+/// The model: built in or from a file; for a sparse input, its first linear layer reads the
+/// sparse batches.
+fn model_spec(model: &str, input: &[usize], classes: usize, sparse: bool) -> Result<ModelSpec> {
     let path = Path::new(model);
-    if path.extension().is_some_and(|e| e == "toml" || e == "json") {
-        Ok(ModelSpec::from_file(path)?)
+    let spec = if path.extension().is_some_and(|e| e == "toml" || e == "json") {
+        ModelSpec::from_file(path)?
     } else {
-        Ok(ModelSpec::builtin(model, input, classes)?)
+        ModelSpec::builtin(model, input, classes)?
+    };
+    if !sparse {
+        return Ok(spec);
     }
+    spec.for_sparse_input().map_err(|e| Error::config("model", format!("`{model}`: {e}")))
 }
 
 /// The most classes a run takes: more would be an output layer of gigabytes, which a label

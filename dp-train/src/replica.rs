@@ -22,6 +22,7 @@ use crate::config::{Device, OptimizerConfig};
 use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
+use crate::input::Input;
 use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error};
 use crate::record::{Event, Events};
@@ -554,8 +555,8 @@ impl<C: Communicator> Replica<C> {
                 );
                 return Err(Error::run(&config.train_data, what));
             }
-            let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
-                .map_err(|e| Error::run(&config.train_data, format!("batch shape: {e}")))?;
+            let x = Input::of(&batch, plan.input_len)
+                .map_err(|what| Error::run(&config.train_data, what))?;
             let mut values = std::mem::take(&mut self.values);
             let targets = targets(&batch, &plan, &mut values)?;
             let options = StepOptions {
@@ -564,6 +565,9 @@ impl<C: Communicator> Replica<C> {
                 accumulate: micro > 0,
             };
             let loss = if let Some(gpu) = &mut self.gpu {
+                let Input::Dense(x) = x else {
+                    unreachable!("the GPU path refuses a sparse first layer when it is built")
+                };
                 // The GPUs of other processes reduce with this one's on the device.
                 gpu.forward_backward(x, targets, &options, micro + 1 == config.grad_accum)?
             } else if micro + 1 == config.grad_accum {
@@ -572,7 +576,7 @@ impl<C: Communicator> Replica<C> {
                 comm_exposed += exposed;
                 loss
             } else {
-                self.model.forward_backward(x, targets, &options)?
+                x.forward_backward(&mut self.model, targets, &options)?
             };
             self.values = values;
             totals[0] += loss.loss_sum;
@@ -667,7 +671,7 @@ impl<C: Communicator> Replica<C> {
     /// Returns the loss and the seconds spent waiting for reductions.
     fn backward_and_reduce(
         &mut self,
-        x: ArrayView2<'_, f32>,
+        x: Input<'_>,
         targets: Targets<'_, f32>,
         options: &StepOptions,
         lr: f64,
@@ -676,7 +680,7 @@ impl<C: Communicator> Replica<C> {
         let (reducer, bucket_ends) = match &mut self.grad_sync {
             GradSync::Buckets { reducer, ends, .. } => (reducer, ends),
             GradSync::InPlace => {
-                let loss = self.model.forward_backward(x, targets, options)?;
+                let loss = x.forward_backward(&mut self.model, targets, options)?;
                 let reducing = Instant::now();
                 self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?;
                 return Ok((loss, reducing.elapsed().as_secs_f64()));
@@ -701,7 +705,7 @@ impl<C: Communicator> Replica<C> {
             });
             failed = result.err();
         };
-        let loss = self.model.forward_backward_with(x, targets, options, &mut hand_over);
+        let loss = x.forward_backward_with(&mut self.model, targets, options, &mut hand_over);
         if let Some(error) = failed {
             return Err(error.into());
         }
@@ -746,14 +750,14 @@ impl<C: Communicator> Replica<C> {
             if n == 0 {
                 continue;
             }
-            let x = ArrayView2::from_shape((batch.len(), plan.input_len), batch.x_flat())
-                .map_err(|e| Error::run(plan.run_dir(), format!("eval batch shape: {e}")))?;
-            let x = x.slice_move(ndarray::s![..n, ..]);
+            let x = Input::of(&batch, plan.input_len)
+                .map_err(|what| Error::run(plan.run_dir(), format!("eval {what}")))?
+                .first(n);
             let loss = if plan.regression {
                 // One forward gives both the loss the model trains on (the squared error of
                 // standardized values) and the errors in the label's units.
                 let (offset, scale) = plan.scalings.target().expect("a regression's");
-                let outputs = self.model.forward_eval(x)?;
+                let outputs = x.forward_eval(&mut self.model)?;
                 let values = batch.targets().expect("a regression's batches have targets");
                 let mut loss = LossTotals { samples: n, ..LossTotals::default() };
                 for (z, &t) in outputs.iter().zip(values.iter()) {
@@ -768,7 +772,7 @@ impl<C: Communicator> Replica<C> {
                 let y = batch.y();
                 labels[..n].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
                 check_labels(&labels[..n], batch.record_ids(), plan.classes)?;
-                self.model.evaluate(x, Targets::Classes(&labels[..n]))?
+                x.evaluate(&mut self.model, Targets::Classes(&labels[..n]))?
             };
             totals[0] += loss.loss_sum;
             totals[1] += loss.correct as f64;

@@ -30,9 +30,13 @@ impl Drop for TempDir {
 
 /// The parameters a run of `mlp:32` on digits ended with, from its checkpoint.
 pub fn final_params(run_dir: &Path) -> Vec<f32> {
-    let spec = ModelSpec::mlp(784, &[32], 10);
+    final_params_of(run_dir, &ModelSpec::mlp(784, &[32], 10))
+}
+
+/// The parameters a run of `spec` ended with, from its checkpoint.
+pub fn final_params_of(run_dir: &Path, spec: &ModelSpec) -> Vec<f32> {
     let pool = Pool::new(&Tracker::new());
-    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
+    let mut model = Model::<f32>::new(spec, &pool, ModelOptions::new(1, 0)).unwrap();
     CheckpointReader::load_into(&run_dir.join(dp_train::CHECKPOINT), &mut model).unwrap();
     model.params().to_vec()
 }
