@@ -89,6 +89,6 @@ mod export;
 mod import;
 pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32};
 pub use import::{
-    CsvOptions, SvmlightOptions, TfRecordCompression, import_csv, import_idx, import_npy,
-    import_svmlight, import_tfrecord,
+    CsvOptions, SparseFeature, SvmlightOptions, TfRecordCompression, TfRecordOptions,
+    VarLenFeature, import_csv, import_idx, import_npy, import_svmlight, import_tfrecord,
 };

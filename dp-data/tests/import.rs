@@ -543,7 +543,7 @@ fn tfrecord_plain_and_gzip_import_to_the_same_arrays() {
         ("gzip-auto", &gz, TfRecordCompression::Auto),
     ] {
         let out = tmp.path(name);
-        let manifest = import_tfrecord(paths, &out, compression, options()).unwrap();
+        let manifest = import_tfrecord(paths, &out, &tf(compression), options()).unwrap();
         assert_eq!(manifest.records, 300, "{name}");
         assert_eq!(
             manifest.schema.to_string(),
@@ -589,7 +589,7 @@ fn tfrecord_errors_name_the_file_record_and_offset() {
     let (p, offset, what) = corrupt(import_tfrecord(
         std::slice::from_ref(&path),
         &tmp.path("a"),
-        TfRecordCompression::Auto,
+        &tf(TfRecordCompression::Auto),
         options(),
     ));
     assert_eq!((p, offset), (path, offset_of(3)));
@@ -604,22 +604,30 @@ fn tfrecord_errors_name_the_file_record_and_offset() {
     let at = offset_of(2) as usize + 12 + 3;
     bytes[at] ^= 0x40;
     let path = tmp.write("flipped.tfrecord", &bytes);
-    let (_, offset, what) =
-        corrupt(import_tfrecord(&[path], &tmp.path("b"), TfRecordCompression::None, options()));
+    let (_, offset, what) = corrupt(import_tfrecord(
+        &[path],
+        &tmp.path("b"),
+        &tf(TfRecordCompression::None),
+        options(),
+    ));
     assert_eq!(offset, offset_of(3) - 4);
     assert!(what.contains("CRC32C"), "{what}");
 
     // A truncated file.
     let bytes = good.concat();
     let path = tmp.write("short.tfrecord", &bytes[..bytes.len() - 5]);
-    let (_, offset, _) =
-        corrupt(import_tfrecord(&[path], &tmp.path("c"), TfRecordCompression::None, options()));
+    let (_, offset, _) = corrupt(import_tfrecord(
+        &[path],
+        &tmp.path("c"),
+        &tf(TfRecordCompression::None),
+        options(),
+    ));
     assert_eq!(offset, offset_of(4));
 
     // Bytes lists of several values cannot be imported, nor can no Example at all.
     let path = tmp.write("empty.tfrecord", b"");
     assert!(matches!(
-        import_tfrecord(&[path], &tmp.path("d"), TfRecordCompression::None, options()),
+        import_tfrecord(&[path], &tmp.path("d"), &tf(TfRecordCompression::None), options()),
         Err(Error::Schema(_))
     ));
 }
@@ -630,7 +638,7 @@ fn export_refuses_features_it_cannot_write_when_asked_for_them() {
     let path =
         tmp.write("a.tfrecord", &(0..3).map(|i| frame(&record(i))).collect::<Vec<_>>().concat());
     let out = tmp.path("ds");
-    import_tfrecord(&[path], &out, TfRecordCompression::Auto, options()).unwrap();
+    import_tfrecord(&[path], &out, &tf(TfRecordCompression::Auto), options()).unwrap();
     let ask = |names: &[&str]| ExportOptions {
         features: Some(names.iter().map(|s| s.to_string()).collect()),
     };
@@ -684,4 +692,84 @@ fn non_finite_floats_are_counted_and_refused_unless_allowed_and_leave_nothing() 
     let floats: Vec<f32> =
         values.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     assert!(floats[2 * 1234].is_nan() && floats[2 * 2000].is_infinite());
+}
+
+/// TFRecord options with `compression` and nothing declared sparse.
+fn tf(compression: dp_data::TfRecordCompression) -> dp_data::TfRecordOptions {
+    dp_data::TfRecordOptions { compression, ..dp_data::TfRecordOptions::default() }
+}
+
+#[test]
+fn tfrecord_var_len_and_sparse_features_become_csr_rows() {
+    let tmp = TempDir::new("tfrecord-sparse");
+    // Record i: a label; i % 4 word ids with repeats; sparse (index, value) pairs out of order;
+    // record 2 lacks the sparse keys altogether.
+    let record = |i: i64| {
+        let words: Vec<i64> = (0..i % 4).map(|k| (i * 3 + k * k) % 6).collect();
+        let (index, value, label) = (vec![9 - i, i], vec![0.5 * i as f32, 1.0], [i]);
+        let mut features =
+            vec![("label", List::Ints(&label, false)), ("words", List::Ints(&words, true))];
+        let sparse = [("idx", List::Ints(&index, true)), ("val", List::Floats(&value, true))];
+        if i != 2 {
+            features.extend(sparse);
+        }
+        frame(&example(&features))
+    };
+    let file: Vec<u8> = (0..5).flat_map(record).collect();
+    let path = tmp.write("sparse.tfrecord", &file);
+    let declared = dp_data::TfRecordOptions {
+        var_len: vec![dp_data::VarLenFeature { key: "words".into(), width: 6 }],
+        sparse: vec![dp_data::SparseFeature {
+            name: "x".into(),
+            index_key: "idx".into(),
+            value_key: "val".into(),
+            width: 10,
+        }],
+        ..dp_data::TfRecordOptions::default()
+    };
+    let out = tmp.path("out");
+    let manifest =
+        import_tfrecord(std::slice::from_ref(&path), &out, &declared, options()).unwrap();
+    assert_eq!(
+        manifest.schema.to_string(),
+        "label: i64[1], words: sparse f32[6], x: sparse f32[10]"
+    );
+    let dataset = Dataset::open(&out).unwrap();
+    let block = dataset.blocks().next().unwrap().unwrap();
+    let row = |name: &str, r: usize| {
+        let (p, v) = block.sparse::<f32>(name, r).unwrap();
+        (p.to_vec(), v.to_vec())
+    };
+    // Record 3: ids (9 + 0, 9 + 1, 9 + 4) % 6 = 3, 4, 1; record 1: id 3 once.
+    assert_eq!(row("words", 3), (vec![1, 3, 4], vec![1.0, 1.0, 1.0]));
+    assert_eq!(row("words", 1), (vec![3], vec![1.0]));
+    assert_eq!(row("words", 0), (vec![], vec![]));
+    // Sorted by index with their values; record 2 is empty.
+    assert_eq!(row("x", 1), (vec![1, 8], vec![1.0, 0.5]));
+    assert_eq!(row("x", 2), (vec![], vec![]));
+
+    // An index past the declared width, named with the record and the keys.
+    let narrow = dp_data::TfRecordOptions {
+        sparse: vec![dp_data::SparseFeature { width: 9, ..declared.sparse[0].clone() }],
+        ..declared.clone()
+    };
+    let (_, offset, what) = corrupt(import_tfrecord(
+        std::slice::from_ref(&path),
+        &tmp.path("narrow"),
+        &narrow,
+        options(),
+    ));
+    assert_eq!(offset, 0, "{what}");
+    assert!(
+        what.contains("record 0 of this file: sparse feature `x` (idx, val): index 9 is outside"),
+        "{what}"
+    );
+    // Without the declarations, a varying list is ragged where the first Example fixed it.
+    let (_, _, what) = corrupt(import_tfrecord(
+        &[path],
+        &tmp.path("plain"),
+        &tf(TfRecordCompression::Auto),
+        options(),
+    ));
+    assert!(what.contains("record 1 of this file: feature `words`"), "{what}");
 }

@@ -298,7 +298,7 @@ proptest! {
             (false, false) => TfRecordCompression::None,
         };
         let paths = [path.clone()];
-        let (result, largest) = largest_during(|| import_tfrecord(&paths, &out, compression, options()));
+        let (result, largest) = largest_during(|| import_tfrecord(&paths, &out, &tf(compression), options()));
         check(result, largest, &[(path, file.len(), gz)], &out)?;
     }
 }
@@ -429,10 +429,20 @@ fn regression_tfrecord_lengths_that_lie_with_valid_crcs() {
             let compression =
                 if gz { TfRecordCompression::Gzip } else { TfRecordCompression::None };
             let (result, largest) = largest_during(|| {
-                import_tfrecord(std::slice::from_ref(&path), &tmp.out(), compression, options())
+                import_tfrecord(
+                    std::slice::from_ref(&path),
+                    &tmp.out(),
+                    &tf(compression),
+                    options(),
+                )
             });
             let (offset, what) = expect_corrupt(result, largest, &path);
             assert!(offset == 0 || offset == 12 + 64, "{len} {name}: {offset}: {what}");
         }
     }
+}
+
+/// TFRecord options with `compression` and nothing declared sparse.
+fn tf(compression: dp_data::TfRecordCompression) -> dp_data::TfRecordOptions {
+    dp_data::TfRecordOptions { compression, ..dp_data::TfRecordOptions::default() }
 }

@@ -207,6 +207,15 @@ pub(crate) struct ImportArgs {
     /// index is 0, as scikit-learn's zero_based="auto".
     #[arg(long, value_name = "BOOL")]
     zero_based: Option<bool>,
+    /// tfrecord: a key read as tf.io.VarLenFeature into a sparse feature, `KEY,WIDTH`
+    /// (repeatable): an int64 list is a bag of ids below WIDTH, a float list a vector of at
+    /// most WIDTH values.
+    #[arg(long = "var-len", value_name = "KEY,WIDTH")]
+    var_len: Vec<String>,
+    /// tfrecord: index and value keys read as tf.io.SparseFeature into the sparse feature
+    /// NAME, `NAME,INDEX_KEY,VALUE_KEY,WIDTH` (repeatable).
+    #[arg(long = "sparse-feature", value_name = "NAME,INDEX_KEY,VALUE_KEY,WIDTH")]
+    sparse_features: Vec<String>,
     /// tfrecord: compression of the inputs.
     #[arg(long, value_enum, default_value_t = Compression::Auto)]
     compression: Compression,
@@ -380,7 +389,16 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
                 Compression::None => dp_data::TfRecordCompression::None,
                 Compression::Gzip => dp_data::TfRecordCompression::Gzip,
             };
-            dp_data::import_tfrecord(&paths, out, compression, options)?
+            let tf = dp_data::TfRecordOptions {
+                compression,
+                var_len: args.var_len.iter().map(|s| var_len(s)).collect::<Result<_>>()?,
+                sparse: args
+                    .sparse_features
+                    .iter()
+                    .map(|s| sparse_feature(s))
+                    .collect::<Result<_>>()?,
+            };
+            dp_data::import_tfrecord(&paths, out, &tf, options)?
         }
         ImportFormat::Svmlight => {
             if args.inputs.is_empty() {
@@ -406,6 +424,29 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--var-len KEY,WIDTH`.
+fn var_len(text: &str) -> Result<dp_data::VarLenFeature> {
+    let Some((key, width)) = text.rsplit_once(',') else {
+        bail!("--var-len `{text}`: expected KEY,WIDTH");
+    };
+    let width = width.parse().with_context(|| format!("--var-len `{text}`: the width"))?;
+    Ok(dp_data::VarLenFeature { key: key.into(), width })
+}
+
+/// `--sparse-feature NAME,INDEX_KEY,VALUE_KEY,WIDTH`.
+fn sparse_feature(text: &str) -> Result<dp_data::SparseFeature> {
+    let [name, index_key, value_key, width] = text.split(',').collect::<Vec<_>>()[..] else {
+        bail!("--sparse-feature `{text}`: expected NAME,INDEX_KEY,VALUE_KEY,WIDTH");
+    };
+    let width = width.parse().with_context(|| format!("--sparse-feature `{text}`: the width"))?;
+    Ok(dp_data::SparseFeature {
+        name: name.into(),
+        index_key: index_key.into(),
+        value_key: value_key.into(),
+        width,
+    })
+}
+
 /// The CSV field separator as the byte it is in the file: an ASCII character. `é` would fit
 /// in a `u8` as U+00E9 but is two bytes in a UTF-8 file, so it is refused rather than taken
 /// for the byte 0xE9.
@@ -422,6 +463,20 @@ fn csv_delimiter(delimiter: char) -> Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sparse_declarations_parse_or_say_what_is_expected() {
+        let v = var_len("tags/id,5000").unwrap();
+        assert_eq!((v.key.as_str(), v.width), ("tags/id", 5000));
+        assert!(var_len("tags").unwrap_err().to_string().contains("KEY,WIDTH"));
+        let s = sparse_feature("x,idx,val,100").unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.index_key.as_str(), s.value_key.as_str(), s.width),
+            ("x", "idx", "val", 100)
+        );
+        assert!(sparse_feature("x,idx,100").unwrap_err().to_string().contains("NAME,INDEX_KEY"));
+        assert!(sparse_feature("x,idx,val,wide").unwrap_err().to_string().contains("the width"));
+    }
 
     #[test]
     fn a_delimiter_is_one_ascii_byte() {

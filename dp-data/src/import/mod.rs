@@ -22,6 +22,7 @@ mod idx;
 mod npy;
 mod svmlight;
 mod tfrecord;
+mod tfrecord_sparse;
 
 use std::fmt;
 use std::fs::File;
@@ -37,7 +38,8 @@ pub use self::idx::import_idx;
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight};
-pub use self::tfrecord::{TfRecordCompression, import_tfrecord};
+pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
+pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
 
 /// A zeroed buffer for one record of `path`, or an out-of-memory error instead of an abort
 /// when the machine (or an address-space limit) cannot hold it: a record may be as large as

@@ -29,7 +29,60 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::Source;
+use super::tfrecord_sparse::{SparseFeature, SparseRow, VarLenFeature};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
+
+/// How [`import_tfrecord`] reads TFRecord files: their compression, and the keys to read as
+/// sparse features, which the first Example alone cannot tell (TensorFlow's feature specs).
+///
+/// ```
+/// use dp_data::{TfRecordOptions, VarLenFeature};
+///
+/// let options = TfRecordOptions {
+///     var_len: vec![VarLenFeature { key: "words".into(), width: 50_000 }],
+///     ..TfRecordOptions::default()
+/// };
+/// assert!(options.sparse.is_empty());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TfRecordOptions {
+    /// Whether the files are GZIP-compressed (by default, decided per file).
+    pub compression: TfRecordCompression,
+    /// Keys read as `tf.io.VarLenFeature`.
+    pub var_len: Vec<VarLenFeature>,
+    /// Index and value keys read as `tf.io.SparseFeature`.
+    pub sparse: Vec<SparseFeature>,
+}
+
+impl TfRecordOptions {
+    /// Whether `key` is declared sparse (then not inferred from the first Example).
+    fn declares(&self, key: &[u8]) -> bool {
+        self.var_len.iter().any(|v| v.key.as_bytes() == key)
+            || self
+                .sparse
+                .iter()
+                .any(|s| s.index_key.as_bytes() == key || s.value_key.as_bytes() == key)
+    }
+
+    /// The declared sparse features: their names and widths, in declaration order.
+    fn features(&self) -> Vec<(String, usize)> {
+        let var_len = self.var_len.iter().map(|v| (feature_name(v.key.as_bytes()), v.width));
+        var_len.chain(self.sparse.iter().map(|s| (s.name.clone(), s.width))).collect()
+    }
+
+    fn check(&self) -> Result<()> {
+        let widths = self.var_len.iter().map(|v| (&v.key, v.width));
+        for (key, width) in widths.chain(self.sparse.iter().map(|s| (&s.name, s.width))) {
+            if width == 0 {
+                return Err(Error::Config {
+                    field: "width",
+                    what: format!("the sparse feature `{key}` must be at least 1 wide"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
 
 /// How the TFRecord files given to [`import_tfrecord`] are compressed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -200,7 +253,7 @@ impl<'a> Wire<'a> {
 
 /// Which list a feature holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum List {
+pub(crate) enum List {
     Bytes,
     Float,
     Int64,
@@ -218,16 +271,16 @@ impl List {
 
 /// One decoded feature of an Example.
 #[derive(Debug, Default)]
-struct Parsed {
-    list: Option<List>,
+pub(crate) struct Parsed {
+    pub(crate) list: Option<List>,
     /// Bounds of the byte strings in the record's data.
-    bytes: Vec<(usize, usize)>,
-    floats: Vec<f32>,
-    ints: Vec<i64>,
+    pub(crate) bytes: Vec<(usize, usize)>,
+    pub(crate) floats: Vec<f32>,
+    pub(crate) ints: Vec<i64>,
 }
 
 impl Parsed {
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         match self.list {
             Some(List::Bytes) => self.bytes.len(),
             Some(List::Float) => self.floats.len(),
@@ -246,7 +299,7 @@ impl Parsed {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.list {
             Some(list) => format!("{} of {} values", list.name(), self.count()),
             None => "no value list".into(),
@@ -401,11 +454,12 @@ struct Column {
 /// The schema inferred from the first Example, in feature-name order.
 fn infer_schema(
     example: &BTreeMap<&[u8], Parsed>,
+    tf: &TfRecordOptions,
     source: &Source,
     at: u64,
 ) -> Result<(Schema, Vec<Column>)> {
     let mut columns: Vec<(String, Column)> = Vec::with_capacity(example.len());
-    for (key, parsed) in example {
+    for (key, parsed) in example.iter().filter(|(key, _)| !tf.declares(key)) {
         let name = feature_name(key);
         let shown = String::from_utf8_lossy(key);
         let Some(list) = parsed.list else {
@@ -434,10 +488,17 @@ fn infer_schema(
         }
         columns.push((name, Column { key: key.to_vec(), list, count: parsed.count() }));
     }
-    if columns.is_empty() {
+    let declared = tf.features();
+    if columns.is_empty() && declared.is_empty() {
         return Err(source.corrupt(at, "the first Example has no features to infer a schema from"));
     }
+    if let Some((name, _)) = declared.iter().find(|(n, _)| columns.iter().any(|(c, _)| c == n)) {
+        return Err(Error::Schema(format!(
+            "the sparse feature `{name}` has the name of a key of the Example: rename it"
+        )));
+    }
     columns.sort_by(|a, b| a.0.cmp(&b.0));
+    // The inferred features by name, then the declared sparse ones in declaration order.
     let features = columns
         .iter()
         .map(|(name, c)| match c.list {
@@ -445,6 +506,11 @@ fn infer_schema(
             List::Float => Feature::dense(name.clone(), DType::F32, &[c.count]),
             List::Int64 => Feature::dense(name.clone(), DType::I64, &[c.count]),
         })
+        .chain(
+            declared
+                .iter()
+                .map(|(name, width)| Feature::sparse(name.clone(), DType::F32, &[*width])),
+        )
         .collect();
     Ok((Schema::new(features)?, columns.into_iter().map(|(_, c)| c).collect()))
 }
@@ -454,6 +520,7 @@ fn infer_schema(
 fn check_example(
     example: &BTreeMap<&[u8], Parsed>,
     columns: &[Column],
+    tf: &TfRecordOptions,
     source: &Source,
     at: u64,
     index: u64,
@@ -477,12 +544,11 @@ fn check_example(
             Some(_) => {}
         }
     }
-    if example.len() != columns.len() {
-        let extra = example
-            .keys()
-            .find(|k| !columns.iter().any(|c| c.key.as_slice() == **k))
-            .map(|k| String::from_utf8_lossy(k).into_owned())
-            .unwrap_or_default();
+    let extra = example
+        .keys()
+        .find(|k| !tf.declares(k) && !columns.iter().any(|c| c.key.as_slice() == **k));
+    if let Some(extra) = extra {
+        let extra = String::from_utf8_lossy(extra);
         return Err(fail(format!("feature `{extra}` is not in the first Example")));
     }
     Ok(())
@@ -514,24 +580,32 @@ fn open(path: &Path, compression: TfRecordCompression) -> Result<Source> {
 /// `image/encoded`) become `_`. Every later Example must have the same features with the same
 /// lists and lengths, or the import fails naming the file, the record's offset and the feature.
 ///
-/// Every record's length and data CRC32C are checked. `compression` says whether the files are
-/// GZIP-compressed; [`TfRecordCompression::Auto`] decides per file.
+/// Keys declared in `tf` as variable-length or sparse (see [`VarLenFeature`] and
+/// [`SparseFeature`]) become sparse `f32` features after the inferred ones, and may be
+/// missing from an Example (an empty row); an id or index outside the declared width, a
+/// repeated index, or index and value lists of different lengths fail naming the file, the
+/// record's offset and the key.
+///
+/// Every record's length and data CRC32C are checked. `tf.compression` says whether the files
+/// are GZIP-compressed; [`TfRecordCompression::Auto`] decides per file.
 ///
 /// ```no_run
 /// use std::path::{Path, PathBuf};
-/// use dp_data::{TfRecordCompression, WriterOptions, import_tfrecord};
+/// use dp_data::{TfRecordOptions, WriterOptions, import_tfrecord};
 ///
 /// let files = [PathBuf::from("train-00000-of-00002.tfrecord.gz"), PathBuf::from("train-00001-of-00002.tfrecord.gz")];
 /// let manifest =
-///     import_tfrecord(&files, Path::new("train"), TfRecordCompression::Auto, WriterOptions::default())?;
+///     import_tfrecord(&files, Path::new("train"), &TfRecordOptions::default(), WriterOptions::default())?;
 /// # Ok::<(), dp_data::Error>(())
 /// ```
 pub fn import_tfrecord(
     paths: &[PathBuf],
     out: &Path,
-    compression: TfRecordCompression,
+    tf: &TfRecordOptions,
     options: WriterOptions,
 ) -> Result<Manifest> {
+    tf.check()?;
+    let compression = tf.compression;
     if paths.is_empty() {
         return Err(Error::Config {
             field: "paths",
@@ -541,6 +615,8 @@ pub fn import_tfrecord(
     let mut options = Some(options);
     let mut writer: Option<(DatasetWriter, Vec<Column>)> = None;
     let mut data = Vec::new();
+    let mut rows: Vec<SparseRow> =
+        (0..tf.var_len.len() + tf.sparse.len()).map(|_| SparseRow::default()).collect();
     for path in paths {
         let mut source = open(path, compression)?;
         let mut index = 0u64;
@@ -554,18 +630,34 @@ pub fn import_tfrecord(
             })?;
             let (writer, columns) = match &mut writer {
                 Some((writer, columns)) => {
-                    check_example(&example, columns, &source, at, index)?;
+                    check_example(&example, columns, tf, &source, at, index)?;
                     (writer, &*columns)
                 }
                 None => {
-                    let (schema, columns) = infer_schema(&example, &source, at)?;
+                    let (schema, columns) = infer_schema(&example, tf, &source, at)?;
                     let created =
                         DatasetWriter::create(out, schema, options.take().unwrap_or_default())?;
                     let (writer, columns) = writer.insert((created, columns));
                     (writer, &*columns)
                 }
             };
-            let mut values = Vec::with_capacity(columns.len());
+            let in_record =
+                |what: String| source.corrupt(at, format!("record {index} of this file: {what}"));
+            for (row, v) in rows.iter_mut().zip(&tf.var_len) {
+                row.var_len(example.get(v.key.as_bytes()), v.width)
+                    .map_err(|what| in_record(format!("feature `{}`: {what}", v.key)))?;
+            }
+            for (row, s) in rows[tf.var_len.len()..].iter_mut().zip(&tf.sparse) {
+                let (index, value) =
+                    (example.get(s.index_key.as_bytes()), example.get(s.value_key.as_bytes()));
+                row.indexed(index, value, s.width).map_err(|what| {
+                    in_record(format!(
+                        "sparse feature `{}` ({}, {}): {what}",
+                        s.name, s.index_key, s.value_key
+                    ))
+                })?;
+            }
+            let mut values = Vec::with_capacity(columns.len() + rows.len());
             for column in columns {
                 let parsed = &example[column.key.as_slice()];
                 values.push(match column.list {
@@ -577,6 +669,7 @@ pub fn import_tfrecord(
                     List::Int64 => Value::dense(&parsed.ints),
                 });
             }
+            values.extend(rows.iter().map(|row| Value::sparse(&row.positions, &row.values)));
             writer.append(&values)?;
             index += 1;
         }
