@@ -156,3 +156,49 @@ fn malformed_lines_are_named_by_line_offset_and_what_was_expected() {
     assert!(import_svmlight(&[&file], &out, &default, WriterOptions::default()).is_err());
     assert!(!out.exists());
 }
+
+#[test]
+fn export_writes_svmlight_that_imports_back_and_npz_in_scipys_csr_layout() {
+    let tmp = TempDir::new("svm-export");
+    let text = "1 qid:2 1:0.5 4:-2\n0 qid:2\n1 qid:7 2:3.25 3:1e-7\n";
+    let first = import(&tmp, text, &SvmlightOptions::default()).unwrap();
+    let svm = tmp.path("back.svm");
+    assert_eq!(
+        dp_data::export_svmlight(&first, &svm, &dp_data::SparseExport::default()).unwrap(),
+        3
+    );
+    let written = std::fs::read_to_string(&svm).unwrap();
+    assert_eq!(written, "1 qid:2 1:0.5 4:-2\n0 qid:2\n1 qid:7 2:3.25 3:0.0000001\n");
+    let again = tmp.out();
+    import_svmlight(&[&svm], &again, &SvmlightOptions::default(), WriterOptions::default())
+        .unwrap();
+    assert_eq!(records(&again), records(&first));
+
+    let npz = tmp.path("x.npz");
+    dp_data::export_npz(&first, &npz, &dp_data::SparseExport::default()).unwrap();
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(&npz).unwrap()).unwrap();
+    let mut array = |name: &str| {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut archive.by_name(name).unwrap(), &mut bytes).unwrap();
+        // The .npy header is padded to a multiple of 64 bytes; the data follows.
+        let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        (
+            String::from_utf8_lossy(&bytes[10..10 + header]).into_owned(),
+            bytes[10 + header..].to_vec(),
+        )
+    };
+    let ints = |b: Vec<u8>| {
+        b.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>()
+    };
+    let (header, indptr) = array("indptr.npy");
+    assert!(header.contains("'descr': '<i4'") && header.contains("(4,)"), "{header}");
+    assert_eq!(ints(indptr), vec![0, 2, 2, 4]);
+    assert_eq!(ints(array("indices.npy").1), vec![0, 3, 1, 2]);
+    let values: Vec<f32> =
+        array("data.npy").1.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(values, vec![0.5, -2.0, 3.25, 1e-7]);
+    assert_eq!(ints(array("shape.npy").1), vec![3, 4]);
+    let (header, format) = array("format.npy");
+    assert!(header.contains("'descr': '|S3'") && header.contains("'shape': ()"), "{header}");
+    assert_eq!(format, b"csr");
+}

@@ -15,15 +15,16 @@ pub(crate) enum DataCmd {
     Import(ImportArgs),
     /// Write every dense feature of a dataset to one .npy file each.
     Export {
-        /// Output format (only npy).
+        /// Output format: npy (dense features), svmlight or npz (a sparse feature).
         #[arg(long, value_enum, default_value_t = ExportFormat::Npy)]
         format: ExportFormat,
         /// The dataset directory.
         dir: PathBuf,
-        /// Directory for the .npy files.
+        /// Directory for the .npy files; the file, for svmlight and npz.
         #[arg(long)]
         out: PathBuf,
-        /// Export only these features (comma-separated), in this order.
+        /// Export only these features (comma-separated), in this order; for svmlight and
+        /// npz, the sparse feature (default: the only one).
         #[arg(long, value_delimiter = ',')]
         features: Option<Vec<String>>,
     },
@@ -159,6 +160,10 @@ pub(crate) enum ImportFormat {
 pub(crate) enum ExportFormat {
     /// One .npy file per dense feature.
     Npy,
+    /// The sparse feature and the label as svmlight text (--out is the file).
+    Svmlight,
+    /// The sparse feature in SciPy's CSR layout, for scipy.sparse.load_npz (--out is the file).
+    Npz,
 }
 
 /// TFRecord compression as given on the command line.
@@ -226,6 +231,23 @@ pub(crate) struct ImportArgs {
 pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
     match cmd {
         DataCmd::Import(args) => import(args),
+        DataCmd::Export {
+            format: format @ (ExportFormat::Svmlight | ExportFormat::Npz),
+            dir,
+            out,
+            features,
+        } => {
+            let sparse = dp_data::SparseExport {
+                feature: features.and_then(|f| f.into_iter().next()),
+                ..Default::default()
+            };
+            let records = match format {
+                ExportFormat::Svmlight => dp_data::export_svmlight(&dir, &out, &sparse)?,
+                _ => dp_data::export_npz(&dir, &out, &sparse)?,
+            };
+            println!("{records} records exported to {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         DataCmd::Export { format: ExportFormat::Npy, dir, out, features } => {
             let summary = dp_data::export_npy(&dir, &out, &dp_data::ExportOptions { features })?;
             for (name, path) in &summary.written {

@@ -1,0 +1,253 @@
+//! Export of a sparse feature: as svmlight text (with the label, and the query ids when the
+//! dataset has them), or as an `.npz` file in SciPy's CSR layout (`scipy.sparse.load_npz`).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use crate::atomic::{commit, temp_path};
+use crate::import::npy_header;
+use crate::{DType, Dataset, Error, Feature, Kind, Result};
+
+/// What [`export_svmlight`] and [`export_npz`] write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SparseExport {
+    /// The sparse feature; `None` takes the dataset's only one.
+    pub feature: Option<String>,
+    /// The label feature svmlight lines start with (a scalar number).
+    pub label: String,
+    /// svmlight: whether the first index is written as 0 (`true`) or 1 (libsvm's convention).
+    pub zero_based: bool,
+}
+
+impl Default for SparseExport {
+    fn default() -> Self {
+        SparseExport { feature: None, label: "label".into(), zero_based: false }
+    }
+}
+
+impl SparseExport {
+    /// The sparse feature to export.
+    fn feature<'a>(&self, dataset: &'a Dataset) -> Result<&'a Feature> {
+        let schema = dataset.schema();
+        let feature = match &self.feature {
+            Some(name) => schema.feature(name).ok_or_else(|| Error::Config {
+                field: "feature",
+                what: format!("no feature `{name}` (the schema is: {schema})"),
+            })?,
+            None => {
+                let mut sparse =
+                    schema.features().iter().filter(|f| matches!(f.kind, Kind::Sparse { .. }));
+                match (sparse.next(), sparse.next()) {
+                    (Some(only), None) => only,
+                    _ => {
+                        return Err(Error::Config {
+                            field: "feature",
+                            what: format!(
+                                "name the sparse feature to export (the schema is: {schema})"
+                            ),
+                        });
+                    }
+                }
+            }
+        };
+        if !matches!(feature.kind, Kind::Sparse { .. }) || feature.dtype == DType::Bf16 {
+            return Err(Error::Config {
+                field: "feature",
+                what: format!("{feature} is not a sparse feature of a NumPy dtype"),
+            });
+        }
+        Ok(feature)
+    }
+}
+
+/// A scalar number of one record, as text.
+fn scalar_text(bytes: &[u8], dtype: DType) -> String {
+    let at = |n: usize| -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[..n].copy_from_slice(&bytes[..n]);
+        b
+    };
+    match dtype {
+        DType::U8 => bytes[0].to_string(),
+        DType::I32 => i32::from_le_bytes(at(4)[..4].try_into().unwrap_or_default()).to_string(),
+        DType::I64 => i64::from_le_bytes(at(8)).to_string(),
+        DType::F32 => f32::from_le_bytes(at(4)[..4].try_into().unwrap_or_default()).to_string(),
+        DType::F64 => f64::from_le_bytes(at(8)).to_string(),
+        DType::F16 | DType::Bf16 => String::from("nan"),
+    }
+}
+
+/// Writes `feature`'s record values as `f64` into `out`.
+fn values_f64(values: &[u8], dtype: DType, out: &mut Vec<f64>) {
+    out.clear();
+    let size = dtype.size();
+    out.extend(values.chunks_exact(size).map(|c| {
+        let mut b = [0u8; 8];
+        b[..size].copy_from_slice(c);
+        match dtype {
+            DType::U8 => f64::from(c[0]),
+            DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DType::I64 => i64::from_le_bytes(b) as f64,
+            DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            DType::F64 => f64::from_le_bytes(b),
+            DType::F16 | DType::Bf16 => f64::NAN,
+        }
+    }));
+}
+
+/// Writes the sparse feature of the dataset at `dataset` as an svmlight file `out`: a line
+/// per record, `label [qid:N] index:value ...` with increasing indices (1-based unless
+/// `zero_based`), what scikit-learn's `load_svmlight_file` and [`import_svmlight`] read back.
+/// The label is `options.label`; query ids come from a scalar integer feature `qid` when the
+/// dataset has one. Written to a temporary name and renamed when complete. Returns the records.
+///
+/// [`import_svmlight`]: crate::import_svmlight
+pub fn export_svmlight(dataset: &Path, out: &Path, options: &SparseExport) -> Result<u64> {
+    let data = Dataset::open(dataset)?;
+    let feature = options.feature(&data)?.clone();
+    let label = data.schema().feature(&options.label).cloned().ok_or_else(|| Error::Config {
+        field: "label",
+        what: format!("no feature `{}` (the schema is: {})", options.label, data.schema()),
+    })?;
+    if !matches!(&label.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1) {
+        return Err(Error::Config { field: "label", what: format!("{label} is not a scalar") });
+    }
+    let qid = data
+        .schema()
+        .feature("qid")
+        .filter(|f| matches!(f.dtype, DType::I32 | DType::I64) && f.elements() == Some(1))
+        .cloned();
+    let base = u64::from(!options.zero_based);
+    let index = data.schema().index_of(&feature.name).unwrap_or_default();
+    write_atomically(out, |file| {
+        let mut values = Vec::new();
+        for block in data.blocks() {
+            let block = block?;
+            let labels = block.dense_bytes(&label.name)?;
+            let qids = qid.as_ref().map(|q| block.dense_bytes(&q.name)).transpose()?;
+            for row in 0..block.len() {
+                let size = label.dtype.size();
+                let mut line = scalar_text(&labels[row * size..(row + 1) * size], label.dtype);
+                if let (Some(qids), Some(q)) = (qids, &qid) {
+                    let size = q.dtype.size();
+                    line += &format!(
+                        " qid:{}",
+                        scalar_text(&qids[row * size..(row + 1) * size], q.dtype)
+                    );
+                }
+                let (positions, raw) = block.sparse_column_row(index, row);
+                values_f64(raw, feature.dtype, &mut values);
+                for (p, v) in positions.chunks_exact(8).zip(&values) {
+                    let p = u64::from_le_bytes(p.try_into().unwrap_or_default()) + base;
+                    match feature.dtype {
+                        DType::F32 => line += &format!(" {p}:{}", *v as f32),
+                        _ => line += &format!(" {p}:{v}"),
+                    }
+                }
+                line.push('\n');
+                file.write_all(line.as_bytes()).map_err(|e| Error::io(out, "write", e))?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(data.len())
+}
+
+/// Writes the sparse feature of the dataset at `dataset` as `out`, an `.npz` file in SciPy's
+/// CSR layout, as `scipy.sparse.save_npz` writes it (`data`, `indices`, `indptr`, `shape`,
+/// `format` arrays, stored uncompressed): `scipy.sparse.load_npz(out)` gives a `[records,
+/// width]` CSR matrix. Values keep their dtype; indices and offsets are `int32` where they
+/// fit, else `int64`, as SciPy chooses. Written to a temporary name and renamed when
+/// complete. Returns the records.
+pub fn export_npz(dataset: &Path, out: &Path, options: &SparseExport) -> Result<u64> {
+    let data = Dataset::open(dataset)?;
+    let feature = options.feature(&data)?.clone();
+    let index = data.schema().index_of(&feature.name).unwrap_or_default();
+    let width = feature.elements().unwrap_or(0) as u64;
+    let records = data.len();
+    let nnz = data.manifest().sparse.get(&feature.name).map_or(0, |c| c.nnz);
+    let wide = width > i32::MAX as u64 || nnz > i32::MAX as u64;
+    let int = |v: u64, out: &mut Vec<u8>| match wide {
+        true => out.extend_from_slice(&v.to_le_bytes()),
+        false => out.extend_from_slice(&(v as i32).to_le_bytes()),
+    };
+    let descr = crate::import::npy_descr(feature.dtype).unwrap_or("<f4");
+    let int_descr = if wide { "<i8" } else { "<i4" };
+    write_atomically(out, |file| {
+        let mut zip = zip::ZipWriter::new(&mut *file);
+        let stored = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(true);
+        let start = |name: &str, header: Vec<u8>, zip: &mut zip::ZipWriter<_>| -> Result<()> {
+            zip.start_file(name, stored).map_err(|e| zip_error(out, e))?;
+            zip.write_all(&header).map_err(|e| Error::io(out, "write", e))
+        };
+        // One pass over the blocks per array: values, then positions, then offsets.
+        for array in ["data.npy", "indices.npy", "indptr.npy"] {
+            let (descr, len) = match array {
+                "data.npy" => (descr, nnz),
+                "indices.npy" => (int_descr, nnz),
+                _ => (int_descr, records + 1),
+            };
+            start(array, npy_header(descr, &[len]), &mut zip)?;
+            let (mut written, mut bytes) = (0u64, Vec::new());
+            if array == "indptr.npy" {
+                int(0, &mut bytes);
+            }
+            for block in data.blocks() {
+                let block = block?;
+                for row in 0..block.len() {
+                    let (positions, values) = block.sparse_column_row(index, row);
+                    match array {
+                        "data.npy" => bytes.extend_from_slice(values),
+                        "indices.npy" => positions.chunks_exact(8).for_each(|p| {
+                            int(u64::from_le_bytes(p.try_into().unwrap_or_default()), &mut bytes)
+                        }),
+                        _ => {
+                            written += (positions.len() / 8) as u64;
+                            int(written, &mut bytes);
+                        }
+                    }
+                }
+                zip.write_all(&bytes).map_err(|e| Error::io(out, "write", e))?;
+                bytes.clear();
+            }
+            zip.write_all(&bytes).map_err(|e| Error::io(out, "write", e))?;
+        }
+        let mut shape = npy_header(int_descr, &[2]);
+        int(records, &mut shape);
+        int(width, &mut shape);
+        start("shape.npy", shape, &mut zip)?;
+        let mut format = npy_header("|S3", &[]);
+        format.extend_from_slice(b"csr");
+        start("format.npy", format, &mut zip)?;
+        zip.finish().map_err(|e| zip_error(out, e))?;
+        file.flush().map_err(|e| Error::io(out, "write", e))
+    })?;
+    Ok(records)
+}
+
+fn zip_error(path: &Path, error: zip::result::ZipError) -> Error {
+    Error::io(path, "write the zip archive", std::io::Error::other(error.to_string()))
+}
+
+/// Writes `out` through `write` under a temporary name, then renames it into place; on an
+/// error the temporary file is removed.
+fn write_atomically(
+    out: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
+) -> Result<()> {
+    let temp = temp_path(out);
+    let result = (|| {
+        let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
+        let mut file = BufWriter::new(file);
+        write(&mut file)?;
+        let file = file.into_inner().map_err(|e| Error::io(&temp, "write", e.into_error()))?;
+        commit(file, &temp, out)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
