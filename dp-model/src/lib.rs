@@ -62,7 +62,7 @@ pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, cuda_kernels_ptx};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
-pub use model::{Model, ModelMemory, ModelOptions, Recompute, StepOptions};
+pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
 pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{BareGemm, GemmShape};
 pub use ops::loss::{LossTotals, Targets};

@@ -167,6 +167,21 @@ pub struct Model<T: Float = f32> {
     grads_lent: bool,
 }
 
+/// The gradients of a model with a sparse first layer, as [`Model::sparse_grads_mut`] lends
+/// them.
+#[derive(Debug)]
+pub struct SparseGrads<'a, T> {
+    /// Every gradient, in the layout's order.
+    pub grads: &'a mut [T],
+    /// Where the table's gradient lies in `grads`: `inputs` rows of `row_len` values.
+    pub table: Range<usize>,
+    /// Values per table row.
+    pub row_len: usize,
+    /// A bit per table row (row `r` is bit `r % 64` of word `r / 64`): set for the rows
+    /// written since the last overwriting backward; every other row's gradient is zero.
+    pub touched: &'a mut [u64],
+}
+
 /// What the first node reads: a dense batch, or a sparse one for a sparse first layer.
 #[derive(Clone, Copy)]
 enum Input<'a, T> {
@@ -343,10 +358,11 @@ impl<T: Float> Model<T> {
         }
     }
 
-    /// [`Model::params_range_mut`] and all the gradients, writable: to clip them, then
-    /// update the range.
+    /// [`Model::params_range_mut`] and all the gradients, writable: to clip them (scale
+    /// them), then update the range. Whatever is written to the gradients must leave a zero
+    /// gradient zero, as scaling does: with a sparse first layer, the next backward clears
+    /// only the table rows it knows were written (use [`Model::grads_mut`] for anything else).
     pub fn params_range_and_grads_mut(&mut self, range: Range<usize>) -> (&mut [T], &mut [T]) {
-        self.grads_lent = true;
         let grads = &mut self.grads;
         let params = match &mut self.params {
             Params::Own(params) => &mut params[range],
@@ -365,6 +381,21 @@ impl<T: Float> Model<T> {
     pub fn grads_mut(&mut self) -> &mut [T] {
         self.grads_lent = true;
         &mut self.grads
+    }
+
+    /// With a sparse first layer: the gradients writable, with where its table lies and the
+    /// bitmap of the table rows written since the last overwriting backward, for an
+    /// all-reduce of only the rows some replica touched (`None` for a dense first layer).
+    /// Whoever writes a table row through it sets the row's bit, so that the next backward
+    /// clears it.
+    pub fn sparse_grads_mut(&mut self) -> Option<SparseGrads<'_, T>> {
+        let Op::Sparse(op) = &self.tape.nodes.first()?.op else { return None };
+        Some(SparseGrads {
+            table: op.offset..op.offset + op.inputs * op.outputs,
+            row_len: op.outputs,
+            grads: &mut self.grads,
+            touched: &mut self.dirty_rows,
+        })
     }
 
     /// Parameters and gradients at once, for an optimizer step.

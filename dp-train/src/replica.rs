@@ -28,6 +28,7 @@ use crate::plan::{ResumeState, RunPlan, label_error};
 use crate::record::{Event, Events};
 use crate::run_dir::{keep_checkpoints, optimizer_shard, remove_unnamed_shards};
 use crate::sync::{check_in_sync, pipeline_config, zero_shard};
+use crate::touched_rows::TouchedRows;
 
 /// A failure to inject into one replica, to test that the run stops cleanly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +154,8 @@ pub(crate) struct Replica<C: Communicator> {
     /// With `device = "cuda"`: the step on the GPU, and `model` and `optimizer` its copies
     /// on the CPU.
     gpu: Option<GpuStep>,
+    /// With a sparse first layer reduced in place: its touched rows only, when few are.
+    touched_rows: Option<TouchedRows>,
     /// ZeRO stage 1 over replicas with their own parameters: after its update, each
     /// replica's shard is broadcast to the others.
     zero: bool,
@@ -353,6 +356,10 @@ impl<C: Communicator> Replica<C> {
         } else {
             GradSync::InPlace
         };
+        let touched_rows = match (&grad_sync, world) {
+            (GradSync::InPlace, 2..) => TouchedRows::new(&mut model, world, &pool)?,
+            _ => None,
+        };
         // The last step of building, and its only collective after the parameters' broadcast:
         // once it completes on a replica, every replica of the run is built (a failed one
         // has left, failing this), which is what lets the trainer create the run directory.
@@ -375,6 +382,7 @@ impl<C: Communicator> Replica<C> {
             shard,
             shared: is_shared,
             gpu,
+            touched_rows,
             zero,
             checksums,
             pruner,
@@ -682,7 +690,12 @@ impl<C: Communicator> Replica<C> {
             GradSync::InPlace => {
                 let loss = x.forward_backward(&mut self.model, targets, options)?;
                 let reducing = Instant::now();
-                self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?;
+                match &mut self.touched_rows {
+                    Some(rows) => {
+                        rows.all_reduce(&mut self.model, &mut self.ctl)?;
+                    }
+                    None => self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?,
+                }
                 return Ok((loss, reducing.elapsed().as_secs_f64()));
             }
         };
