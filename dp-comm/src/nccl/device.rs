@@ -117,6 +117,14 @@ fn rank_arg(op: &'static str, rank: usize, world_size: usize) -> Result<i32> {
     i32::try_from(rank).map_err(|_| Error::InvalidRank { op, rank, world_size })
 }
 
+/// A communicator handle made on NCCL's initialization thread, on its way to the rank's thread.
+struct MadeComm(ncclComm_t);
+
+// SAFETY: the handle is only moved, never used, on the initialization thread once NCCL has
+// returned it; from then on the rank's thread alone uses it (NCCL allows a communicator to be
+// used from another thread than the one that made it, one thread at a time).
+unsafe impl Send for MadeComm {}
+
 /// Runs NCCL's blocking initialization on a thread of its own, so that a peer that never
 /// joins costs this rank an [`Error::Timeout`] after `timeout` instead of a hang. There is no
 /// communicator to abort yet, so the abandoned thread stays blocked inside NCCL (and its
@@ -140,9 +148,8 @@ fn init_rank(
                     // SAFETY: `raw` is written by NCCL on success; the id is a valid unique id.
                     unsafe { nccl::comm_init_rank(raw.as_mut_ptr(), nranks, id, rank) }
                         .map_err(|e| nccl_error("ncclCommInitRank", e, std::ptr::null_mut()))?;
-                    // SAFETY: initialized by the successful call above. Sent as an address: the
-                    // communicator is used from the rank's thread once this one is done with it.
-                    Ok(unsafe { raw.assume_init() } as usize)
+                    // SAFETY: initialized by the successful call above.
+                    Ok(MadeComm(unsafe { raw.assume_init() }))
                 });
             // The receiver is gone only after a timeout, which already reported the failure.
             let _ = sender.send(result);
@@ -153,7 +160,7 @@ fn init_rank(
         })?;
     let started = Instant::now();
     match receiver.recv_timeout(timeout) {
-        Ok(result) => result.map(|raw| raw as ncclComm_t),
+        Ok(result) => result.map(|made| made.0),
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
             Err(Error::Timeout { op: "init", waited: started.elapsed(), missing: None })
         }
