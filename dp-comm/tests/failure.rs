@@ -5,10 +5,17 @@ use std::time::{Duration, Instant};
 
 use dp_comm::{Communicator, Error, LocalComm, LocalConfig, LocalGroup, ReduceOp};
 
-const TIMEOUT: Duration = Duration::from_millis(300);
+/// The timeout of the tests that must not meet it: far above anything a loaded machine adds,
+/// so that a failure they check is found by the event, not by the clock.
+const LONG: Duration = Duration::from_secs(10);
 
-fn group(n: usize) -> Vec<LocalComm> {
-    LocalGroup::with_config(n, LocalConfig::with_timeout(TIMEOUT)).unwrap()
+/// The timeout the stall test waits out, and the slack it allows past it: a loaded 2-core
+/// machine may wake a waiting thread late by tens of milliseconds, rarely by hundreds.
+const TIMEOUT: Duration = Duration::from_secs(1);
+const SLACK: Duration = Duration::from_millis(600);
+
+fn group(n: usize, timeout: Duration) -> Vec<LocalComm> {
+    LocalGroup::with_config(n, LocalConfig::with_timeout(timeout)).unwrap()
 }
 
 /// What a healthy rank saw: the error of the first failing call, how long that call took, and
@@ -33,9 +40,15 @@ fn reduce_until_error(comm: &mut LocalComm) -> Seen {
     }
 }
 
-/// Runs `n` ranks; rank `bad` runs `misbehave`, the others `reduce_until_error`.
-fn with_bad_rank(n: usize, bad: usize, misbehave: impl FnOnce(LocalComm) + Send) -> Vec<Seen> {
-    let mut comms = group(n);
+/// Runs `n` ranks with `timeout`; rank `bad` runs `misbehave`, the others
+/// `reduce_until_error`.
+fn with_bad_rank(
+    n: usize,
+    bad: usize,
+    timeout: Duration,
+    misbehave: impl FnOnce(LocalComm) + Send,
+) -> Vec<Seen> {
+    let mut comms = group(n, timeout);
     let bad_comm = comms.remove(bad);
     std::thread::scope(|s| {
         let bad = s.spawn(move || misbehave(bad_comm));
@@ -49,7 +62,7 @@ fn with_bad_rank(n: usize, bad: usize, misbehave: impl FnOnce(LocalComm) + Send)
 
 #[test]
 fn a_rank_that_panics_is_reported_as_lost() {
-    let seen = with_bad_rank(4, 2, |mut comm| {
+    let seen = with_bad_rank(4, 2, LONG, |mut comm| {
         let mut buf = vec![1.0f32; 1 << 16];
         for _ in 0..5 {
             comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
@@ -60,13 +73,14 @@ fn a_rank_that_panics_is_reported_as_lost() {
     for s in seen {
         assert_eq!(s.first, Error::PeerLost { rank: 2 });
         assert_eq!(s.next, Error::PeerLost { rank: 2 });
-        assert!(s.took < TIMEOUT, "took {:?}", s.took);
+        // Found when the rank is lost, not when the timeout runs out.
+        assert!(s.took < LONG / 2, "took {:?}", s.took);
     }
 }
 
 #[test]
 fn a_rank_that_drops_its_communicator_is_reported_as_lost() {
-    let seen = with_bad_rank(3, 0, |mut comm| {
+    let seen = with_bad_rank(3, 0, LONG, |mut comm| {
         comm.all_reduce(&mut vec![1.0f32; 1 << 16], ReduceOp::Sum).unwrap();
         drop(comm);
     });
@@ -77,10 +91,10 @@ fn a_rank_that_drops_its_communicator_is_reported_as_lost() {
 }
 
 #[test]
-fn a_rank_that_stalls_makes_the_others_time_out_within_1_2x_the_timeout() {
+fn a_rank_that_stalls_makes_the_others_time_out_on_time() {
     for n in [2, 4] {
         let late = n - 1;
-        let seen = with_bad_rank(n, late, |mut comm| {
+        let seen = with_bad_rank(n, late, TIMEOUT, |mut comm| {
             let mut buf = vec![1.0f32; 1 << 16];
             comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
             // Stalls in "user code" while the others wait inside the next collective.
@@ -97,7 +111,7 @@ fn a_rank_that_stalls_makes_the_others_time_out_within_1_2x_the_timeout() {
                 }
                 other => panic!("expected a timeout, got {other}"),
             }
-            assert!(s.took < TIMEOUT.mul_f64(1.2), "n {n}: took {:?}", s.took);
+            assert!(s.took < TIMEOUT + SLACK, "n {n}: took {:?}", s.took);
             assert!(matches!(s.next, Error::Timeout { .. }));
         }
     }
@@ -105,7 +119,7 @@ fn a_rank_that_stalls_makes_the_others_time_out_within_1_2x_the_timeout() {
 
 #[test]
 fn ranks_that_call_different_collectives_all_get_the_same_error() {
-    let comms = group(3);
+    let comms = group(3, LONG);
     let errors: Vec<Error> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -131,7 +145,7 @@ fn ranks_that_call_different_collectives_all_get_the_same_error() {
             }
         );
     }
-    let comms = group(2);
+    let comms = group(2, LONG);
     let errors: Vec<Error> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -149,13 +163,13 @@ fn ranks_that_call_different_collectives_all_get_the_same_error() {
 
 #[test]
 fn a_slow_but_arriving_rank_is_not_an_error() {
-    let comms = group(2);
+    let comms = group(2, TIMEOUT);
     std::thread::scope(|s| {
         for mut c in comms {
             s.spawn(move || {
                 for step in 0..3 {
                     if c.rank() == 1 {
-                        std::thread::sleep(TIMEOUT / 3);
+                        std::thread::sleep(TIMEOUT / 4);
                     }
                     let mut x = [step as f32];
                     c.all_reduce(&mut x, ReduceOp::Sum).unwrap();

@@ -225,6 +225,16 @@ mod tests {
     use super::*;
 
     impl Queue {
+        /// Polls until `ready` holds of the state (a thread has reached its wait), instead of
+        /// sleeping and hoping it has; fails after 10 s.
+        fn until(&self, what: &str, ready: impl Fn(&State) -> bool) {
+            let started = std::time::Instant::now();
+            while !ready(&self.lock()) {
+                assert!(started.elapsed().as_secs() < 10, "never {what}");
+                std::thread::yield_now();
+            }
+        }
+
         /// The consumer's next batch, without helping.
         fn take(&self) -> Result<Batch> {
             match self.take_or_claim(false)? {
@@ -244,7 +254,7 @@ mod tests {
             let queue = std::sync::Arc::clone(&queue);
             std::thread::spawn(move || queue.claim(0).map(|c| c.0))
         };
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        queue.until("the worker waits", |s| s.idle == 1);
         assert!(!waiter.is_finished());
         queue.hand_in(6, Err(Error::Stopped("six".into())));
         queue.hand_in(5, Err(Error::Stopped("five".into())));
@@ -276,8 +286,9 @@ mod tests {
     /// Starts a consumer taking one batch, and gives it time to start waiting.
     fn waiting_consumer(queue: &std::sync::Arc<Queue>) -> std::thread::JoinHandle<Result<Batch>> {
         let queue = std::sync::Arc::clone(queue);
+        let waiting = std::sync::Arc::clone(&queue);
         let consumer = std::thread::spawn(move || queue.take());
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        waiting.until("the consumer waits", |s| s.consumer_waits);
         consumer
     }
 
@@ -294,7 +305,7 @@ mod tests {
             let queue = std::sync::Arc::clone(&queue);
             std::thread::spawn(move || queue.take_or_claim(true))
         };
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        queue.until("the consumer waits", |s| s.consumer_waits);
         assert!(!consumer.is_finished(), "claimed beyond the depth");
         queue.hand_in(0, batch(0));
         assert!(matches!(consumer.join().unwrap(), Ok(Next::Batch(Ok(b))) if b.index() == 0));
@@ -316,6 +327,8 @@ mod tests {
         let consumer = waiting_consumer(&queue);
         queue.hand_in(0, batch(0));
         queue.hand_in(2, batch(2));
+        // A consumer woken wrongly would be done after this pause; on a loaded machine the
+        // pause can only let such a bug pass, never fail a correct queue.
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!consumer.is_finished(), "woken before a run of two was ready");
         queue.hand_in(1, batch(1));
@@ -327,6 +340,8 @@ mod tests {
         // A failure wakes it at once: no run may ever be complete after it.
         let consumer = waiting_consumer(&queue);
         queue.hand_in(4, Err(Error::Stopped("four".into())));
+        // A consumer woken wrongly would be done after this pause; on a loaded machine the
+        // pause can only let such a bug pass, never fail a correct queue.
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!consumer.is_finished(), "its batch is not ready");
         queue.hand_in(3, batch(3));
@@ -340,6 +355,8 @@ mod tests {
         assert_eq!(queue.claim(0).map(|c| c.0), Some(0));
         let consumer = waiting_consumer(&queue);
         queue.hand_in(0, batch(0));
+        // A consumer woken wrongly would be done after this pause; on a loaded machine the
+        // pause can only let such a bug pass, never fail a correct queue.
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!consumer.is_finished());
         // The autotuner takes the queue down to one batch ahead: the one ready is a run.
