@@ -388,22 +388,11 @@ impl NcclComm {
         let stream = self.stream.clone();
         let len = buf.len();
         let (ptr, record) = buf.device_ptr_mut(&stream);
-        let p = ptr as usize as *mut c_void;
-        // SAFETY: `p` is a live device allocation of `len` elements of `T`, on this rank's
-        // context; NCCL reads and writes it on our stream.
-        let result = unsafe {
-            nccl::all_reduce(
-                p,
-                p,
-                len,
-                data_type(T::DTYPE),
-                reduce_op(op),
-                self.raw,
-                self.cu_stream(),
-            )
-        };
+        // SAFETY: a live device allocation of `len` elements of `T` on this rank's context,
+        // which nothing else uses until `finish` has waited for the collective.
+        let queued = unsafe { self.all_reduce_device_ptr::<T>(ptr, len, op) };
         drop(record);
-        self.nccl("ncclAllReduce", result)?;
+        queued?;
         self.finish("all_reduce")
     }
 
