@@ -47,6 +47,7 @@
 
 mod arena;
 mod backend;
+mod by_tag;
 mod bytes;
 mod counting;
 mod cuda;
@@ -65,6 +66,7 @@ mod tracker;
 
 pub use arena::{Arena, ArenaCheckpoint};
 pub use backend::{BLOCK_ALIGN, Backend, HostMemory, SystemBackend};
+pub use by_tag::ByTag;
 pub use bytes::ByteSize;
 pub use counting::{AllocCounts, CountingAlloc, ProcessAllocStats};
 pub use cuda::{CudaBackend, PinnedBackend, cuda_available};

@@ -51,6 +51,7 @@ mod replica;
 mod run_dir;
 mod summary;
 mod sync;
+mod totals;
 mod touched_rows;
 mod trainer;
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, Compression, ReduceOp};
 use dp_data::{Pipeline, Transform};
-use dp_mem::{CountingAlloc, Pool, PoolBuf, Tag, Tracker};
+use dp_mem::{ByTag, CountingAlloc, Pool, PoolBuf, Tag, Tracker};
 use dp_model::{
     Adam, CheckpointReader, CheckpointWriter, LossTotals, Model, ModelOptions, Optimizer,
     PruneSchedule, Pruner, Recompute, Sgd, ShardFile, SharedParams, Sparsity, StepOptions, Targets,
@@ -28,6 +28,7 @@ use crate::plan::{ResumeState, RunPlan, label_error};
 use crate::record::{Event, Events};
 use crate::run_dir::{keep_checkpoints, optimizer_shard, remove_unnamed_shards};
 use crate::sync::{check_in_sync, pipeline_config, zero_shard};
+use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
 
 /// A failure to inject into one replica, to test that the run stops cleanly.
@@ -67,19 +68,18 @@ pub(crate) struct StepSample {
     pub(crate) step_s: f64,
     pub(crate) data_wait_s: f64,
     pub(crate) comm_exposed_s: f64,
-    pub(crate) memory: [u64; 7],
+    pub(crate) memory: ByTag<u64>,
 }
 
 /// What a replica reports when it ends.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ReplicaReport {
-    /// Peak bytes by tag (`Tag::ALL` order): the model side's tracker, and the pipeline's
-    /// peak for `Data`.
-    pub(crate) peak: [u64; 7],
+    /// Peak bytes by tag: the model side's tracker, and the pipeline's peak for `Data`.
+    pub(crate) peak: ByTag<u64>,
     /// The least each tag needs for the run's step: parameters, gradients, optimizer state
     /// (its shard under ZeRO-1), one micro-batch's activations, the gradient buffers of the
     /// chosen reduction, the pipelines' working sets.
-    pub(crate) minimum: [u64; 7],
+    pub(crate) minimum: ByTag<u64>,
     /// Optimizer state bytes (its shard under ZeRO-1).
     pub(crate) opt_state: u64,
     /// Steps run in this process.
@@ -97,7 +97,7 @@ pub(crate) struct ReplicaReport {
     /// The best evaluation and whether the run stopped early.
     pub(crate) best: BestSoFar,
     /// Peak device bytes by tag, for a GPU replica.
-    pub(crate) device_peak: Option<[u64; 7]>,
+    pub(crate) device_peak: Option<ByTag<u64>>,
 }
 
 /// The gradient buffer the all-reduce works on, from the replica's pool (tag `Comm`).
@@ -129,10 +129,6 @@ enum GradSync {
     /// own thread.
     InPlace,
 }
-
-/// `Tag::Data`'s position in `Tag::ALL` (which lists the tags in declaration order), where
-/// the pipelines' bytes are reported.
-const DATA: usize = Tag::Data as usize;
 
 /// Steps excluded from the allocation count while everything warms up (first batches,
 /// pipeline cache fill, GEMM packing sizes).
@@ -542,8 +538,8 @@ impl<C: Communicator> Replica<C> {
             && !self.zero
             && !self.shared;
         let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
-        // Loss sum, correct, samples, stop request: one small all-reduce per step.
-        let mut totals = [0f64; 4];
+        // One small all-reduce per step.
+        let mut totals = Totals::default();
         let mut epoch = 0;
         for micro in 0..config.grad_accum {
             let waiting = Instant::now();
@@ -587,15 +583,17 @@ impl<C: Communicator> Replica<C> {
                 x.forward_backward(&mut self.model, targets, &options)?
             };
             self.values = values;
-            totals[0] += loss.loss_sum;
-            totals[1] += loss.correct as f64;
-            totals[2] += loss.samples as f64;
+            totals.add(&loss);
         }
-        totals[3] = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
-        self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
+        totals.stop = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
+        totals.all_reduce(&mut self.ctl)?;
         // Every replica sees the same sum, so all stop here together, before the update.
-        if !totals[0].is_finite() {
-            return Err(Error::NonFinite { step: step + 1, what: "the loss", value: totals[0] });
+        if !totals.loss_sum.is_finite() {
+            return Err(Error::NonFinite {
+                step: step + 1,
+                what: "the loss",
+                value: totals.loss_sum,
+            });
         }
 
         if let Some(gpu) = &mut self.gpu {
@@ -649,16 +647,13 @@ impl<C: Communicator> Replica<C> {
         self.report.comm_exposed_s += comm_exposed;
         self.report.step_s += step_s;
         if self.events.is_some() {
-            let mut memory = [0u64; 7];
-            for (slot, tag) in memory.iter_mut().zip(Tag::ALL) {
-                *slot = self.tracker.tag_in_use(tag).0;
-            }
-            memory[DATA] = self.data_held().0;
+            let mut memory = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).0);
+            memory[Tag::Data] = self.data_held().0;
             let sample = StepSample {
                 step: step + 1,
                 epoch,
-                loss: totals[0] / totals[2].max(1.0),
-                accuracy: (!plan.regression).then(|| totals[1] / totals[2].max(1.0)),
+                loss: totals.mean_loss(),
+                accuracy: (!plan.regression).then(|| totals.accuracy()),
                 lr,
                 step_s,
                 data_wait_s: data_wait,
@@ -669,7 +664,7 @@ impl<C: Communicator> Replica<C> {
                 events.send(Event::Step(sample));
             }
         }
-        Ok(totals[3] > 0.0)
+        Ok(totals.stop > 0.0)
     }
 
     /// The last micro-batch of a step: forward and backward, then the gradients' all-reduce.
@@ -753,8 +748,7 @@ impl<C: Communicator> Replica<C> {
         self.sync_host()?;
         let Some((pipeline, labels)) = &mut self.eval else { return Ok(None) };
         let plan = &*self.plan;
-        // Loss sum, hits, samples; a regression's squared and absolute errors.
-        let mut totals = [0f64; 5];
+        let mut totals = Totals::default();
         for _ in 0..pipeline.batches_per_epoch() {
             let batch = pipeline.next_batch()?;
             // Records repeated to fill the last batch count once only; a rank's last batch
@@ -777,8 +771,8 @@ impl<C: Communicator> Replica<C> {
                     let standardized = f64::from(z - (t - offset) / scale);
                     loss.loss_sum += standardized * standardized;
                     let error = f64::from(z * scale + offset - t);
-                    totals[3] += error * error;
-                    totals[4] += error.abs();
+                    totals.squared_error += error * error;
+                    totals.absolute_error += error.abs();
                 }
                 loss
             } else {
@@ -787,22 +781,20 @@ impl<C: Communicator> Replica<C> {
                 check_labels(&labels[..n], batch.record_ids(), plan.classes)?;
                 x.evaluate(&mut self.model, Targets::Classes(&labels[..n]))?
             };
-            totals[0] += loss.loss_sum;
-            totals[1] += loss.correct as f64;
-            totals[2] += loss.samples as f64;
+            totals.add(&loss);
         }
-        self.ctl.all_reduce(&mut totals, ReduceOp::Sum)?;
-        let samples = totals[2].max(1.0);
-        let eval_loss = totals[0] / samples;
+        totals.all_reduce(&mut self.ctl)?;
+        let samples = totals.samples.max(1.0);
+        let eval_loss = totals.mean_loss();
         if let Some(events) = &mut self.events {
             let regression = self.plan.regression;
             let eval = EvalMetrics {
                 step,
                 epoch: step / self.plan.steps_per_epoch,
                 eval_loss,
-                eval_accuracy: (!regression).then(|| totals[1] / samples),
-                eval_rmse: regression.then(|| (totals[3] / samples).sqrt()),
-                eval_mae: regression.then(|| totals[4] / samples),
+                eval_accuracy: (!regression).then(|| totals.accuracy()),
+                eval_rmse: regression.then(|| (totals.squared_error / samples).sqrt()),
+                eval_mae: regression.then(|| totals.absolute_error / samples),
             };
             events.send(Event::Eval(eval));
         }
@@ -914,7 +906,7 @@ impl<C: Communicator> Replica<C> {
     }
 
     /// See [`ReplicaReport::minimum`].
-    fn minimum_memory(&self) -> [u64; 7] {
+    fn minimum_memory(&self) -> ByTag<u64> {
         let memory = self.model.memory();
         let f32s = |n: usize| n as u64 * 4;
         let comm = match &self.grad_sync {
@@ -924,9 +916,8 @@ impl<C: Communicator> Replica<C> {
             GradSync::InPlace => 0,
         };
         let eval = self.eval.as_ref().map_or(0, |(eval, _)| eval.minimum_bytes());
-        let mut minimum = [0; 7];
-        for (slot, tag) in minimum.iter_mut().zip(Tag::ALL) {
-            *slot = match tag {
+        ByTag::from_fn(|tag| {
+            match tag {
                 // Shared parameters are the first replica's to account.
                 Tag::Param if self.shared && self.rank.is_multiple_of(self.plan.replicas) => {
                     f32s(self.model.params().len())
@@ -939,16 +930,13 @@ impl<C: Communicator> Replica<C> {
                 Tag::Comm => comm,
                 // Scratch, and any tag added later: nothing is needed for certain.
                 _ => 0,
-            };
-        }
-        minimum
+            }
+        })
     }
 
     fn finish(mut self) -> ReplicaReport {
-        for (slot, tag) in self.report.peak.iter_mut().zip(Tag::ALL) {
-            *slot = self.tracker.tag_in_use(tag).1;
-        }
-        self.report.peak[DATA] = self.data_held().1;
+        self.report.peak = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).1);
+        self.report.peak[Tag::Data] = self.data_held().1;
         self.report.opt_state = self.optimizer.state_bytes();
         self.report.minimum = self.minimum_memory();
         self.report.best = self.consistent.best.clone();

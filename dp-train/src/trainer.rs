@@ -9,7 +9,7 @@ use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiConfig, MpiWorld};
-use dp_mem::{Pool, Tag, Tracker};
+use dp_mem::{Pool, Tracker};
 use dp_model::{CheckpointHeader, CheckpointReader, SharedParams};
 
 use crate::chance::first_epoch_warning;
@@ -478,7 +478,7 @@ fn step_metrics(s: &crate::replica::StepSample, global_batch: usize) -> StepMetr
         step_s: s.step_s,
         data_wait_s: s.data_wait_s,
         comm_exposed_s: s.comm_exposed_s,
-        memory: Tag::ALL.iter().zip(s.memory).map(|(t, b)| (t.name().to_string(), b)).collect(),
+        memory: s.memory.iter().map(|(t, &b)| (t.name().to_string(), b)).collect(),
     }
 }
 
@@ -529,11 +529,11 @@ fn summarize(
 ) -> Summary {
     let r0 = &reports[0];
     let peak_memory: BTreeMap<String, u64> =
-        Tag::ALL.iter().zip(r0.peak).map(|(t, b)| (t.name().to_string(), b)).collect();
-    let peak_total = r0.peak.iter().sum();
+        r0.peak.iter().map(|(t, &b)| (t.name().to_string(), b)).collect();
+    let peak_total = r0.peak.total();
     let minimum_memory: BTreeMap<String, u64> =
-        Tag::ALL.iter().zip(r0.minimum).map(|(t, b)| (t.name().to_string(), b)).collect();
-    let theoretical_min = r0.minimum.iter().sum();
+        r0.minimum.iter().map(|(t, &b)| (t.name().to_string(), b)).collect();
+    let theoretical_min = r0.minimum.total();
     let step_s = r0.step_s.max(1e-9);
     Summary {
         samples_per_s: (r0.steps as usize * plan.config.global_batch) as f64 / step_s,
@@ -545,10 +545,10 @@ fn summarize(
         theoretical_min,
         memory_ratio: peak_total as f64 / theoretical_min as f64,
         opt_state_per_replica: r0.opt_state,
-        process_accounted: reports.iter().map(|r| r.peak.iter().sum::<u64>()).sum(),
-        device_memory: r0.device_peak.map(|peak| {
-            Tag::ALL.iter().zip(peak).map(|(t, b)| (t.name().to_string(), b)).collect()
-        }),
+        process_accounted: reports.iter().map(|r| r.peak.total()).sum(),
+        device_memory: r0
+            .device_peak
+            .map(|peak| peak.iter().map(|(t, &b)| (t.name().to_string(), b)).collect()),
         allocs_per_step: r0.allocs_per_step,
         gemm_allocs_per_step: r0.gemms_per_step,
         interrupted: r0.interrupted,

@@ -16,7 +16,7 @@ mod reduce_stub;
 use std::time::Duration;
 
 use dp_comm::NcclId;
-use dp_mem::{CudaBackend, PoolBuf, Tracker};
+use dp_mem::{ByTag, CudaBackend, PoolBuf, Tracker};
 use dp_model::{CudaModel, LossTotals, Model, Optimizer, StepOptions, Targets};
 use ndarray::ArrayView2;
 #[cfg(feature = "cuda")]
@@ -177,12 +177,8 @@ impl GpuStep {
         Ok(())
     }
 
-    /// Peak device bytes by tag (`Tag::ALL` order).
-    pub(crate) fn peak(&self) -> [u64; 7] {
-        let mut peak = [0u64; 7];
-        for (slot, tag) in peak.iter_mut().zip(dp_mem::Tag::ALL) {
-            *slot = self.tracker.tag_in_use(tag).1;
-        }
-        peak
+    /// Peak device bytes by tag.
+    pub(crate) fn peak(&self) -> ByTag<u64> {
+        ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).1)
     }
 }
