@@ -233,18 +233,6 @@ impl ModelSpec {
         json.iter()
             .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
     }
-
-    /// Number of outputs of the last layer (classes, for a classifier). Errors like
-    /// [`crate::Model::new`] on an invalid spec.
-    pub fn outputs(&self) -> Result<usize> {
-        Ok(crate::tape::Tape::build(self, 1)?.outputs())
-    }
-
-    /// Where the model's parameters will sit in its flat buffers (their count is its
-    /// `len`), without building the model.
-    pub fn layout(&self) -> Result<crate::layout::ParamLayout> {
-        Ok(crate::tape::Tape::build(self, 1)?.layout)
-    }
 }
 
 impl LayerSpec {

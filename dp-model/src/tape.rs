@@ -259,6 +259,22 @@ impl Tape {
     }
 }
 
+// What a spec compiles to, asked of the spec: the spec stays plain data, and the tape the one
+// place that knows how layers fit together.
+impl ModelSpec {
+    /// Number of outputs of the last layer (classes, for a classifier). Errors like
+    /// [`crate::Model::new`] on an invalid spec.
+    pub fn outputs(&self) -> Result<usize> {
+        Ok(Tape::build(self, 1)?.outputs())
+    }
+
+    /// Where the model's parameters will sit in its flat buffers (their count is its
+    /// `len`), without building the model.
+    pub fn layout(&self) -> Result<ParamLayout> {
+        Ok(Tape::build(self, 1)?.layout)
+    }
+}
+
 fn positive(field: &str, name: &str, value: usize) -> Result<()> {
     if value == 0 {
         return Err(Error::spec(format!("{field}.{name}"), "must be at least 1"));
