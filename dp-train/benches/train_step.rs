@@ -7,7 +7,7 @@
 //!   the replica loop cost on top;
 //! * 2 replicas against 1: the scaling on this machine's cores.
 //!
-//! `cargo bench -p dp-train` (or `cargo xtask bench train`).
+//! `cargo bench -p dp-train` (`cargo xtask bench train` is the whole-job benchmark).
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
