@@ -12,7 +12,7 @@ use dp_model::{CheckpointWriter, Model, Optimizer, ShardFile, save_optimizer_sha
 use crate::plan::{ResumeState, RunPlan};
 use crate::record::Events;
 use crate::run_dir::optimizer_shard;
-use crate::sync::zero_shard;
+use crate::zero::zero_shard;
 
 /// What a failed replica saves from.
 pub(crate) struct Emergency<'a> {

@@ -33,6 +33,7 @@
 
 mod best;
 mod chance;
+mod checksum;
 mod config;
 mod emergency;
 mod error;
@@ -50,10 +51,10 @@ mod record;
 mod replica;
 mod run_dir;
 mod summary;
-mod sync;
 mod totals;
 mod touched_rows;
 mod trainer;
+mod zero;
 
 pub use config::{
     Device, Normalization, OptimizerConfig, PruneConfig, TrainConfig, auto_epochs,

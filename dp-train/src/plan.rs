@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use dp_data::{Block, DType, Dataset, Kind, PipelineState};
+use dp_data::{Block, DType, Dataset, Kind, PipelineConfig, PipelineState, TailPolicy};
 use dp_model::{CheckpointHeader, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -398,4 +398,34 @@ pub(crate) fn label_error(label: i64, record: u64, classes: usize) -> Error {
         "label_feature",
         format!("label {label} of record {record} is outside 0..{classes} (the classes)"),
     )
+}
+
+/// The data pipeline of one replica: training (shuffled, full batches only) or evaluation
+/// (in order, the last batch padded so every record counts once).
+pub(crate) fn pipeline_config(
+    plan: &RunPlan,
+    rank: usize,
+    world: usize,
+    train: bool,
+) -> PipelineConfig {
+    let config = &plan.config;
+    let mut p = PipelineConfig::default();
+    p.input = config.input_feature.clone();
+    p.label = config.label_feature.clone();
+    p.batch_size = plan.micro;
+    p.rank = rank;
+    p.world_size = world;
+    p.seed = config.seed;
+    p.workers = config.data_workers;
+    p.prefetch = config.data_prefetch;
+    p.memory_budget = config.data_budget_mib << 20;
+    p.cache = config.data_cache;
+    if train {
+        p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
+        p.tail = TailPolicy::Drop;
+    } else {
+        p.shuffle_window = None;
+        p.tail = TailPolicy::Pad;
+    }
+    p
 }

@@ -18,18 +18,19 @@ use dp_model::{
 use ndarray::ArrayView2;
 
 use crate::best::BestSoFar;
+use crate::checksum::check_in_sync;
 use crate::config::{Device, OptimizerConfig};
 use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
 use crate::input::Input;
 use crate::metrics::EvalMetrics;
-use crate::plan::{ResumeState, RunPlan, label_error};
+use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
 use crate::record::{Event, Events};
 use crate::run_dir::{keep_checkpoints, optimizer_shard, remove_unnamed_shards};
-use crate::sync::{check_in_sync, pipeline_config, zero_shard};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
+use crate::zero::zero_shard;
 
 /// A failure to inject into one replica, to test that the run stops cleanly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
