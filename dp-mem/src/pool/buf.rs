@@ -9,9 +9,9 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use ndarray::{ArrayView, ArrayView1, ArrayViewMut, ArrayViewMut1, Dimension, IntoDimension};
 
+use super::{Block, PoolShared};
 use crate::backend::{Backend, HostMemory, SystemBackend};
 use crate::error::{Error, Result};
-use crate::pool::{Block, PoolShared};
 use crate::tag::Tag;
 
 /// A buffer of `T` from a [`Pool`](crate::Pool). Dropping it returns its block to the pool's
