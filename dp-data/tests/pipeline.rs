@@ -12,10 +12,9 @@ use dp_data::{
 };
 use proptest::prelude::*;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dp-data-pipeline-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    dir
+/// A fresh directory for one test, removed when dropped (also when the test fails).
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("dp-data-pipeline-{name}-")).tempdir().unwrap()
 }
 
 /// A dataset of `records` 4x4 u8 images whose pixels and label encode the record index, in
@@ -81,10 +80,11 @@ fn take(p: &mut Pipeline, n: u64) -> Vec<Seen> {
 
 #[test]
 fn labels_follow_their_records_and_inputs_are_transformed() {
-    let dir = temp_dir("labels");
-    dataset(&dir, 500);
+    let dir_tmp = temp_dir("labels");
+    let dir = dir_tmp.path();
+    dataset(dir, 500);
     let mut p =
-        Pipeline::new(&dir, config(32, 0, 1, 2, 2), vec![Box::new(Normalize::pixels(0.0, 1.0))])
+        Pipeline::new(dir, config(32, 0, 1, 2, 2), vec![Box::new(Normalize::pixels(0.0, 1.0))])
             .unwrap();
     let batch = p.next_batch().unwrap();
     assert_eq!(batch.x().shape(), &[32, 4, 4]);
@@ -96,14 +96,14 @@ fn labels_follow_their_records_and_inputs_are_transformed() {
     let mut one_hot = vec![0.0; 32 * 1000];
     batch.one_hot(1000, &mut one_hot).unwrap();
     assert_eq!(one_hot.iter().sum::<f32>(), 32.0);
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn shuffled_epochs_differ_and_are_not_in_dataset_order() {
-    let dir = temp_dir("shuffle");
-    dataset(&dir, 600);
-    let mut p = Pipeline::new(&dir, config(50, 0, 1, 1, 0), vec![]).unwrap();
+    let dir_tmp = temp_dir("shuffle");
+    let dir = dir_tmp.path();
+    dataset(dir, 600);
+    let mut p = Pipeline::new(dir, config(50, 0, 1, 1, 0), vec![]).unwrap();
     let per_epoch = p.batches_per_epoch();
     let e0: Vec<u64> = take(&mut p, per_epoch).into_iter().flat_map(|b| b.2).collect();
     let e1: Vec<u64> = take(&mut p, per_epoch).into_iter().flat_map(|b| b.2).collect();
@@ -114,20 +114,20 @@ fn shuffled_epochs_differ_and_are_not_in_dataset_order() {
         "{in_order} of {} neighbours are consecutive records",
         e0.len()
     );
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn the_budget_is_checked_at_construction_and_never_exceeded() {
-    let dir = temp_dir("budget");
-    dataset(&dir, 2000);
+    let dir_tmp = temp_dir("budget");
+    let dir = dir_tmp.path();
+    dataset(dir, 2000);
     let mut tight = config(64, 0, 1, 2, 2);
     tight.memory_budget = 10 << 10;
-    assert!(matches!(Pipeline::new(&dir, tight, vec![]), Err(Error::Budget { budget: 10240, .. })));
+    assert!(matches!(Pipeline::new(dir, tight, vec![]), Err(Error::Budget { budget: 10240, .. })));
     let mut c = config(64, 0, 1, 2, 2);
     c.memory_budget = 256 << 10;
     c.cache = true;
-    let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+    let mut p = Pipeline::new(dir, c, vec![]).unwrap();
     let n = 3 * p.batches_per_epoch();
     take(&mut p, n);
     let peak = p.tracker().snapshot().peak_held;
@@ -138,23 +138,23 @@ fn the_budget_is_checked_at_construction_and_never_exceeded() {
     for (workers, prefetch) in [(1, 0), (2, 2)] {
         let mut c = config(64, 0, 1, workers, prefetch);
         c.cache = false;
-        let mut p = Pipeline::new(&dir, c.clone(), vec![]).unwrap();
+        let mut p = Pipeline::new(dir, c.clone(), vec![]).unwrap();
         let n = 3 * p.batches_per_epoch();
         take(&mut p, n);
         let (peak, minimum) = (p.tracker().snapshot().peak_held, p.minimum_bytes());
         c.memory_budget = 0;
-        let Err(Error::Budget { needed, .. }) = Pipeline::new(&dir, c, vec![]) else {
+        let Err(Error::Budget { needed, .. }) = Pipeline::new(dir, c, vec![]) else {
             panic!("a budget of 0 is refused")
         };
         assert!(minimum <= peak && peak <= needed, "{minimum} <= {peak} <= {needed}");
     }
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
-    let dir = temp_dir("skip");
-    dataset(&dir, 1000);
+    let dir_tmp = temp_dir("skip");
+    let dir = dir_tmp.path();
+    dataset(dir, 1000);
     // Damage one block in the middle of the first shard.
     let shard = dir.join("shard-00000.dps");
     let mut bytes = fs::read(&shard).unwrap();
@@ -162,7 +162,7 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
     bytes[middle] ^= 0xFF;
     fs::write(&shard, &bytes).unwrap();
     let until_error = |config: PipelineConfig| {
-        let mut p = Pipeline::new(&dir, config, vec![]).unwrap();
+        let mut p = Pipeline::new(dir, config, vec![]).unwrap();
         let mut good = 0;
         let err = loop {
             match p.next_batch() {
@@ -194,7 +194,7 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
     for rank in 0..2 {
         let mut c = config(25, rank, 2, 2, 1);
         c.on_corruption = CorruptionPolicy::Skip;
-        let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+        let mut p = Pipeline::new(dir, c, vec![]).unwrap();
         let n = p.batches_per_epoch();
         let batches = take(&mut p, n);
         assert_eq!(batches.len() as u64, p.batches_per_epoch());
@@ -214,7 +214,7 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
         c.tail = TailPolicy::Pad;
         c.cache = false;
         c.cache_file = Some(cache.clone());
-        let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+        let mut p = Pipeline::new(dir, c, vec![]).unwrap();
         let n = p.batches_per_epoch();
         (take(&mut p, n), p.stats().skipped_blocks)
     };
@@ -223,23 +223,23 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
     assert_eq!(filling.1, 1);
     assert_eq!(run(), filling);
     fs::remove_file(&cache).unwrap();
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The ranks of one process (a trainer's replicas) share decoded blocks: together they decode
 /// each block once per epoch, and each yields what it yields alone.
 #[test]
 fn ranks_in_one_process_decode_each_block_once() {
-    let dir = temp_dir("shared");
-    dataset(&dir, 3000);
-    let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as u64;
+    let dir_tmp = temp_dir("shared");
+    let dir = dir_tmp.path();
+    dataset(dir, 3000);
+    let blocks = dp_data::Dataset::open(dir).unwrap().block_count() as u64;
     let ranks = |world: usize| -> Vec<Pipeline> {
         (0..world)
             .map(|rank| {
                 let mut c = config(8, rank, world, 1, 0);
                 c.cache = false;
                 c.tail = TailPolicy::Pad; // every block in every epoch
-                Pipeline::new(&dir, c, augment()).unwrap()
+                Pipeline::new(dir, c, augment()).unwrap()
             })
             .collect()
     };
@@ -261,18 +261,18 @@ fn ranks_in_one_process_decode_each_block_once() {
         assert_eq!(&take(&mut alone, epoch), seen, "rank {rank}");
         assert_eq!(alone.stats().blocks_shared, 0);
     }
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The next window is decoded a little with each batch of this one, never in a burst when its
 /// first batch is made (which would hold up this rank while the others wait for it).
 #[test]
 fn the_next_window_is_decoded_a_share_per_batch() {
-    let dir = temp_dir("paced");
-    dataset(&dir, 3000);
+    let dir_tmp = temp_dir("paced");
+    let dir = dir_tmp.path();
+    dataset(dir, 3000);
     let mut c = config(8, 0, 1, 1, 0);
     c.cache = false;
-    let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+    let mut p = Pipeline::new(dir, c, vec![]).unwrap();
     take(&mut p, 1);
     let mut loaded = p.stats().blocks_loaded;
     let window = 3; // the shuffle window of `config`
@@ -285,41 +285,40 @@ fn the_next_window_is_decoded_a_share_per_batch() {
         loaded = now;
     }
     assert_eq!(most, 1, "most blocks decoded for one batch of the first epoch");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn states_and_shapes_that_cannot_be_served_are_refused() {
-    let dir = temp_dir("bad-state");
-    dataset(&dir, 300);
-    let p = Pipeline::new(&dir, config(10, 0, 1, 1, 0), vec![]).unwrap();
+    let dir_tmp = temp_dir("bad-state");
+    let dir = dir_tmp.path();
+    dataset(dir, 300);
+    let p = Pipeline::new(dir, config(10, 0, 1, 1, 0), vec![]).unwrap();
     let mut state = p.state();
     state.batch = p.batches_per_epoch() + 3;
-    let err = Pipeline::resume(&dir, config(10, 0, 1, 1, 0), vec![], &state).unwrap_err();
+    let err = Pipeline::resume(dir, config(10, 0, 1, 1, 0), vec![], &state).unwrap_err();
     assert!(matches!(err, Error::Config { field: "state", .. }), "{err}");
     // A window larger than the dataset is a full shuffle, not an overflow.
     let mut full = config(10, 0, 1, 1, 0);
     full.shuffle_window = Some(usize::MAX);
-    let mut p = Pipeline::new(&dir, full, vec![]).unwrap();
+    let mut p = Pipeline::new(dir, full, vec![]).unwrap();
     assert_eq!(p.next_batch().unwrap().len(), 10);
     // An input with no elements cannot be batched.
-    let empty = temp_dir("empty-input");
+    let empty_tmp = temp_dir("empty-input");
+    let empty = empty_tmp.path();
     let schema = Schema::new(vec![
         Feature::dense("image", DType::U8, &[3, 0]),
         Feature::dense("label", DType::I64, &[]),
     ])
     .unwrap();
-    let mut writer = DatasetWriter::create(&empty, schema, WriterOptions::default()).unwrap();
+    let mut writer = DatasetWriter::create(empty, schema, WriterOptions::default()).unwrap();
     for i in 0..20i64 {
         writer.append(&[Value::Dense(&[]), Value::dense(&[i])]).unwrap();
     }
     writer.finish().unwrap();
     assert!(matches!(
-        Pipeline::new(&empty, config(4, 0, 1, 1, 0), vec![]),
+        Pipeline::new(empty, config(4, 0, 1, 1, 0), vec![]),
         Err(Error::Config { field: "input", .. })
     ));
-    fs::remove_dir_all(&dir).unwrap();
-    fs::remove_dir_all(&empty).unwrap();
 }
 
 #[test]
@@ -334,24 +333,25 @@ fn a_panicking_transform_stops_the_pipeline_with_its_message() {
             panic!("transform exploded");
         }
     }
-    let dir = temp_dir("panic");
-    dataset(&dir, 100);
+    let dir_tmp = temp_dir("panic");
+    let dir = dir_tmp.path();
+    dataset(dir, 100);
     // On a worker, or on the consumer that helps make the batches.
     for helps in [false, true] {
         let mut c = config(10, 0, 1, 1, 2);
         c.consumer_helps = helps;
-        let mut p = Pipeline::new(&dir, c, vec![Box::new(Explodes)]).unwrap();
+        let mut p = Pipeline::new(dir, c, vec![Box::new(Explodes)]).unwrap();
         let err = p.next_batch().unwrap_err();
         assert!(err.to_string().contains("transform exploded"), "{err}");
         assert!(p.next_batch().is_err());
     }
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn the_disk_cache_is_written_once_and_changes_nothing() {
-    let dir = temp_dir("disk-cache");
-    dataset(&dir, 1200);
+    let dir_tmp = temp_dir("disk-cache");
+    let dir = dir_tmp.path();
+    dataset(dir, 1200);
     let cache = std::env::temp_dir()
         .join(format!("dp-data-pipeline-{}-disk-cache.dpc", std::process::id()));
     let _ = fs::remove_file(&cache);
@@ -359,7 +359,7 @@ fn the_disk_cache_is_written_once_and_changes_nothing() {
         let mut c = config(40, 0, 1, 2, 1);
         c.cache = false; // no decoded blocks kept in memory: the disk cache is the one
         c.cache_file = cache_file;
-        let mut p = Pipeline::new(&dir, c, augment()).unwrap();
+        let mut p = Pipeline::new(dir, c, augment()).unwrap();
         assert!(!p.caches_everything());
         let n = 3 * p.batches_per_epoch();
         take(&mut p, n)
@@ -377,7 +377,7 @@ fn the_disk_cache_is_written_once_and_changes_nothing() {
     let mut c = config(40, 0, 1, 1, 0);
     c.cache = false;
     c.cache_file = Some(cache.clone());
-    let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+    let mut p = Pipeline::new(dir, c, vec![]).unwrap();
     let err = (0..30).find_map(|_| p.next_batch().err()).expect("a damaged block is read");
     assert!(err.to_string().contains("dpc"), "{err}");
     // Under Skip, a block the cache cannot give back is read from the dataset: nothing is
@@ -386,12 +386,11 @@ fn the_disk_cache_is_written_once_and_changes_nothing() {
     c.cache = false;
     c.cache_file = Some(cache.clone());
     c.on_corruption = CorruptionPolicy::Skip;
-    let mut p = Pipeline::new(&dir, c, augment()).unwrap();
+    let mut p = Pipeline::new(dir, c, augment()).unwrap();
     let n = 3 * p.batches_per_epoch();
     assert_eq!(take(&mut p, n), plain, "with a damaged cache under Skip");
     assert_eq!(p.stats().skipped_blocks, 0);
     fs::remove_file(&cache).unwrap();
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Where a file is written before it is renamed into place.
@@ -403,8 +402,9 @@ fn dp_data_temp(path: &Path) -> PathBuf {
 
 #[test]
 fn absurd_configurations_are_refused() {
-    let dir = temp_dir("config");
-    dataset(&dir, 100);
+    let dir_tmp = temp_dir("config");
+    let dir = dir_tmp.path();
+    dataset(dir, 100);
     for change in [
         |c: &mut PipelineConfig| c.batch_size = 0,
         |c: &mut PipelineConfig| c.rank = 5,
@@ -415,13 +415,12 @@ fn absurd_configurations_are_refused() {
     ] {
         let mut c = config(10, 0, 1, 1, 0);
         change(&mut c);
-        assert!(matches!(Pipeline::new(&dir, c, vec![]), Err(Error::Config { .. })));
+        assert!(matches!(Pipeline::new(dir, c, vec![]), Err(Error::Config { .. })));
     }
     let mut huge = config(200, 0, 1, 1, 0);
     huge.tail = TailPolicy::Drop;
-    let mut p = Pipeline::new(&dir, huge, vec![]).unwrap();
+    let mut p = Pipeline::new(dir, huge, vec![]).unwrap();
     assert!(matches!(p.next_batch(), Err(Error::Config { field: "batch_size", .. })));
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 proptest! {
@@ -432,8 +431,9 @@ proptest! {
     /// same number of batches.
     #[test]
     fn ranks_cover_each_epoch_exactly_once(records in 60u64..700, world in 1usize..4, batch in 1usize..40, pad in any::<bool>()) {
-        let dir = temp_dir(&format!("cover-{records}-{world}-{batch}-{pad}"));
-        dataset(&dir, records);
+        let dir_tmp = temp_dir(&format!("cover-{records}-{world}-{batch}-{pad}"));
+        let dir = dir_tmp.path();
+        dataset(dir, records);
         let global = (world * batch) as u64;
         prop_assume!(pad || records >= global);
         let mut seen: HashMap<u64, usize> = HashMap::new();
@@ -442,7 +442,7 @@ proptest! {
         for rank in 0..world {
             let mut c = config(batch, rank, world, 2, 1);
             c.tail = if pad { TailPolicy::Pad } else { TailPolicy::Drop };
-            let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+            let mut p = Pipeline::new(dir, c, vec![]).unwrap();
             counts.push(p.batches_per_epoch());
             for _ in 0..p.batches_per_epoch() {
                 let b = p.next_batch().unwrap();
@@ -462,21 +462,21 @@ proptest! {
         } else {
             prop_assert_eq!(seen.len() as u64, records / global * global);
         }
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Whatever the budget, a pipeline is either refused at construction or never holds more
     /// than the budget, cache included.
     #[test]
     fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>(), helps in any::<bool>()) {
-        let dir = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}"));
-        dataset(&dir, 1500);
+        let dir_tmp = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}"));
+        let dir = dir_tmp.path();
+        dataset(dir, 1500);
         let mut c = config(batch, 0, 1, 2, prefetch);
         c.consumer_helps = helps;
         c.memory_budget = budget_kib << 10;
         c.shuffle_window = Some(window);
         c.cache = cache;
-        match Pipeline::new(&dir, c, augment()) {
+        match Pipeline::new(dir, c, augment()) {
             Err(Error::Budget { budget, needed, .. }) => prop_assert!(needed > budget),
             Err(other) => prop_assert!(false, "unexpected error {}", other),
             Ok(mut p) => {
@@ -486,22 +486,22 @@ proptest! {
                 prop_assert!(peak <= budget_kib << 10, "peak {} over a budget of {} KiB", peak, budget_kib);
             }
         }
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Without a cache, every block is decoded once per epoch, however many workers make
     /// batches ahead and decode blocks ahead of them.
     #[test]
     fn each_block_is_decoded_once_per_epoch(records in 2000u64..4000, batch in 4usize..40, workers in 1usize..5, prefetch in 0usize..3, window in 1usize..4, helps in any::<bool>()) {
-        let dir = temp_dir(&format!("once-{records}-{batch}-{workers}-{prefetch}-{window}-{helps}"));
-        dataset(&dir, records);
-        let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as u64;
+        let dir_tmp = temp_dir(&format!("once-{records}-{batch}-{workers}-{prefetch}-{window}-{helps}"));
+        let dir = dir_tmp.path();
+        dataset(dir, records);
+        let blocks = dp_data::Dataset::open(dir).unwrap().block_count() as u64;
         let mut c = config(batch, 0, 1, workers, prefetch);
         c.consumer_helps = helps;
         c.cache = false;
         c.shuffle_window = Some(window);
         c.tail = TailPolicy::Pad; // every record, so every block, is needed in every epoch
-        let mut p = Pipeline::new(&dir, c, vec![]).unwrap();
+        let mut p = Pipeline::new(dir, c, vec![]).unwrap();
         let n = 2 * p.batches_per_epoch();
         take(&mut p, n);
         let loaded = p.stats().blocks_loaded;
@@ -516,36 +516,36 @@ proptest! {
         // (Blocks still held when an epoch ends may serve the next one's first window.)
         prop_assert!(loaded >= blocks && loaded <= 2 * blocks + extra,
             "{} blocks loaded in two epochs of {} blocks (at most {} ahead)", loaded, blocks, extra);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Workers, prefetch and a helping consumer change nothing in the output, augmentation
     /// included.
     #[test]
     fn output_does_not_depend_on_workers_or_prefetch(records in 100u64..500, batch in 4usize..40, workers in 1usize..5, prefetch in 1usize..4, helps in any::<bool>()) {
-        let dir = temp_dir(&format!("workers-{records}-{batch}-{workers}-{prefetch}-{helps}"));
-        dataset(&dir, records);
-        let mut a = Pipeline::new(&dir, config(batch, 0, 1, 1, 0), augment()).unwrap();
+        let dir_tmp = temp_dir(&format!("workers-{records}-{batch}-{workers}-{prefetch}-{helps}"));
+        let dir = dir_tmp.path();
+        dataset(dir, records);
+        let mut a = Pipeline::new(dir, config(batch, 0, 1, 1, 0), augment()).unwrap();
         let mut c = config(batch, 0, 1, workers, prefetch);
         c.consumer_helps = helps;
-        let mut b = Pipeline::new(&dir, c, augment()).unwrap();
+        let mut b = Pipeline::new(dir, c, augment()).unwrap();
         let n = a.batches_per_epoch() + 3;
         prop_assert_eq!(take(&mut a, n), take(&mut b, n));
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Stopping anywhere and resuming from the serialized state continues the stream exactly,
     /// also on another world size with the same global batch.
     #[test]
     fn resume_equals_an_uninterrupted_run(records in 100u64..500, stop in 0u64..25, half in any::<bool>()) {
-        let dir = temp_dir(&format!("resume-{records}-{stop}-{half}"));
-        dataset(&dir, records);
+        let dir_tmp = temp_dir(&format!("resume-{records}-{stop}-{half}"));
+        let dir = dir_tmp.path();
+        dataset(dir, records);
         // World 2 x batch 8, resumed as world 1 x batch 16 (or the same world).
         let run = |rank: usize, world: usize, batch: usize, state: Option<&PipelineState>, n: u64| {
             let c = config(batch, rank, world, 2, 1);
             let mut p = match state {
-                None => Pipeline::new(&dir, c, augment()).unwrap(),
-                Some(s) => Pipeline::resume(&dir, c, augment(), s).unwrap(),
+                None => Pipeline::new(dir, c, augment()).unwrap(),
+                Some(s) => Pipeline::resume(dir, c, augment(), s).unwrap(),
             };
             let batches = take(&mut p, n);
             (batches, p.state())
@@ -569,19 +569,19 @@ proptest! {
             let (rest, _) = run(0, 2, 8, Some(&state), 20);
             prop_assert_eq!(&rest[..], &whole0[stop as usize..]);
         }
-        fs::remove_dir_all(&dir).unwrap();
     }
 }
 
 #[test]
 fn the_bench_reports_how_many_blocks_a_batch_mixes() {
-    let dir = temp_dir("mixing");
-    dataset(&dir, 3000);
-    let blocks = dp_data::Dataset::open(&dir).unwrap().block_count() as f64;
+    let dir_tmp = temp_dir("mixing");
+    let dir = dir_tmp.path();
+    dataset(dir, 3000);
+    let blocks = dp_data::Dataset::open(dir).unwrap().block_count() as f64;
     let measure = |window: Option<usize>| {
         let mut c = config(20, 0, 1, 2, 2);
         c.shuffle_window = window;
-        dp_data::measure_pipeline(&dir, c, 3).unwrap()
+        dp_data::measure_pipeline(dir, c, 3).unwrap()
     };
     // In dataset order, a batch of 20 lies within one block of about 170 records, or
     // straddles two.
@@ -599,5 +599,4 @@ fn the_bench_reports_how_many_blocks_a_batch_mixes() {
     assert!(uniform > 0.5 * blocks && uniform < blocks, "{uniform} of {blocks}");
     assert!((full.batch_blocks / uniform - 1.0).abs() < 0.1, "{} vs {uniform}", full.batch_blocks);
     assert_eq!(windowed.batch_blocks_uniform, uniform, "a property of the dataset and batch");
-    fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,7 +4,7 @@
 //! cannot be served is refused.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use dp_data::{
     DType, Dataset, DatasetWriter, Feature, Normalize, Pipeline, PipelineConfig, Schema, Value,
@@ -16,10 +16,9 @@ static ALLOC: dp_mem::CountingAlloc = dp_mem::CountingAlloc::system();
 
 const WIDTH: u64 = 1000;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dp-data-sparse-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh directory for one test, removed when dropped (also when the test fails).
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("dp-data-sparse-{name}-")).tempdir().unwrap()
 }
 
 /// Record `i`'s positions: 0 to 4 of them, distinct and increasing, from `i`.
@@ -78,11 +77,12 @@ fn take(pipeline: &mut Pipeline, n: u64) -> Vec<Seen> {
 
 #[test]
 fn csr_batches_hold_the_records_rows() {
-    let dir = temp_dir("rows");
-    dataset(&dir, 300);
-    let counts = Dataset::open(&dir).unwrap().manifest().sparse["x"];
+    let dir_tmp = temp_dir("rows");
+    let dir = dir_tmp.path();
+    dataset(dir, 300);
+    let counts = Dataset::open(dir).unwrap().manifest().sparse["x"];
     assert_eq!(counts.max_per_record, 4);
-    let mut pipeline = Pipeline::new(&dir, config(0, 1, 2, 2), vec![]).unwrap();
+    let mut pipeline = Pipeline::new(dir, config(0, 1, 2, 2), vec![]).unwrap();
     let mut seen = BTreeSet::new();
     let epoch = pipeline.batches_per_epoch();
     for (ids, offsets, indices, values, labels) in take(&mut pipeline, epoch) {
@@ -100,43 +100,43 @@ fn csr_batches_hold_the_records_rows() {
     }
     // 300 records in batches of 16: the 12 left over are dropped.
     assert_eq!(seen.len(), 288);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn workers_ranks_and_resume_change_nothing() {
-    let dir = temp_dir("determinism");
-    dataset(&dir, 400);
-    let n = 2 * Pipeline::new(&dir, config(0, 2, 1, 0), vec![]).unwrap().batches_per_epoch();
-    let reference = take(&mut Pipeline::new(&dir, config(0, 2, 1, 0), vec![]).unwrap(), n);
-    let parallel = take(&mut Pipeline::new(&dir, config(0, 2, 3, 4), vec![]).unwrap(), n);
+    let dir_tmp = temp_dir("determinism");
+    let dir = dir_tmp.path();
+    dataset(dir, 400);
+    let n = 2 * Pipeline::new(dir, config(0, 2, 1, 0), vec![]).unwrap().batches_per_epoch();
+    let reference = take(&mut Pipeline::new(dir, config(0, 2, 1, 0), vec![]).unwrap(), n);
+    let parallel = take(&mut Pipeline::new(dir, config(0, 2, 3, 4), vec![]).unwrap(), n);
     assert_eq!(parallel, reference);
-    let mut first = Pipeline::new(&dir, config(0, 2, 2, 1), vec![]).unwrap();
+    let mut first = Pipeline::new(dir, config(0, 2, 2, 1), vec![]).unwrap();
     let mut resumed = take(&mut first, 5);
     let state = first.state();
     drop(first);
     resumed.extend(take(
-        &mut Pipeline::resume(&dir, config(0, 2, 1, 0), vec![], &state).unwrap(),
+        &mut Pipeline::resume(dir, config(0, 2, 1, 0), vec![], &state).unwrap(),
         n - 5,
     ));
     assert_eq!(resumed, reference);
     // The two ranks cover an epoch once between them.
-    let other = take(&mut Pipeline::new(&dir, config(1, 2, 2, 1), vec![]).unwrap(), n / 2);
+    let other = take(&mut Pipeline::new(dir, config(1, 2, 2, 1), vec![]).unwrap(), n / 2);
     let mut ids: Vec<u64> =
         reference[..(n / 2) as usize].iter().chain(&other).flat_map(|s| s.0.clone()).collect();
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len() as u64, 400 / 32 * 32);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn steady_sparse_batches_allocate_nothing_on_the_calling_thread() {
-    let dir = temp_dir("alloc");
-    dataset(&dir, 500);
+    let dir_tmp = temp_dir("alloc");
+    let dir = dir_tmp.path();
+    dataset(dir, 500);
     let mut c = config(0, 1, 1, 0);
     c.autotune = false;
-    let mut pipeline = Pipeline::new(&dir, c, vec![]).unwrap();
+    let mut pipeline = Pipeline::new(dir, c, vec![]).unwrap();
     assert!(pipeline.caches_everything());
     let per_epoch = pipeline.batches_per_epoch();
     for _ in 0..3 * per_epoch + 1 {
@@ -149,26 +149,25 @@ fn steady_sparse_batches_allocate_nothing_on_the_calling_thread() {
     })
     .unwrap();
     assert_eq!(counts.calls(), 0, "{counts:?}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn transforms_and_a_lying_manifest_are_refused() {
-    let dir = temp_dir("refused");
-    dataset(&dir, 100);
+    let dir_tmp = temp_dir("refused");
+    let dir = dir_tmp.path();
+    dataset(dir, 100);
     let transforms = vec![Box::new(Normalize::pixels(0.5, 0.5)) as _];
-    let error = Pipeline::new(&dir, config(0, 1, 1, 0), transforms).unwrap_err().to_string();
+    let error = Pipeline::new(dir, config(0, 1, 1, 0), transforms).unwrap_err().to_string();
     assert!(error.contains("`x` is sparse"), "{error}");
 
     // A manifest that claims fewer non-zeros per record than a record holds.
     let path = dir.join(dp_data::MANIFEST_FILE);
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace("\"max_per_record\": 4", "\"max_per_record\": 3")).unwrap();
-    let mut pipeline = Pipeline::new(&dir, config(0, 1, 1, 0), vec![]).unwrap();
+    let mut pipeline = Pipeline::new(dir, config(0, 1, 1, 0), vec![]).unwrap();
     let error = (0..pipeline.batches_per_epoch())
         .find_map(|_| pipeline.next_batch().err())
         .expect("a batch with a record denser than the manifest says")
         .to_string();
     assert!(error.contains("more than the manifest's most in one record"), "{error}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

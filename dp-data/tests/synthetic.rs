@@ -10,21 +10,18 @@ use dp_data::{
 
 const PIXELS: usize = 28 * 28;
 
-/// A scratch directory, removed when dropped.
-struct TempDir(PathBuf);
+/// A scratch directory for one test (`.0` is its path), removed when dropped, also when the
+/// test fails.
+// The second field is held for its drop, which removes the directory.
+struct TempDir(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("dp-data-synthetic-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("dp-data-synthetic-{name}-"))
+            .tempdir()
+            .unwrap();
+        TempDir(dir.path().to_path_buf(), dir)
     }
 }
 

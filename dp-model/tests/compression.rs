@@ -14,20 +14,15 @@ use dp_model::{
 use ndarray::s;
 use support::{Rng, blobs};
 
-struct TempDir(PathBuf);
+/// A scratch directory for one test (`.0` is its path), removed when dropped, also when the
+/// test fails.
+// The second field is held for its drop, which removes the directory.
+struct TempDir(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("dp-model-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let dir = tempfile::Builder::new().prefix(&format!("dp-model-{name}-")).tempdir().unwrap();
+        TempDir(dir.path().to_path_buf(), dir)
     }
 }
 

@@ -9,11 +9,9 @@ use dp_train::{Error, EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, pl
 
 const PNGS: [&str; 4] = ["loss.png", "accuracy.png", "throughput.png", "memory.png"];
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dp-train-plot-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for one test, removed when dropped (also when the test fails).
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("dp-train-plot-{name}-")).tempdir().unwrap()
 }
 
 /// A plausible run: the loss falls and the accuracy rises with noise, throughput has a slow
@@ -94,50 +92,51 @@ fn leftovers(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_run_with_eval_gets_four_pngs_of_the_expected_size() {
-    let dir = temp_dir("full");
-    write_run(&dir, 400, 50);
-    let written = plot_run(&dir).unwrap();
+    let dir_tmp = temp_dir("full");
+    let dir = dir_tmp.path();
+    write_run(dir, 400, 50);
+    let written = plot_run(dir).unwrap();
     let expected: Vec<PathBuf> = PNGS.iter().map(|name| dir.join(name)).collect();
     assert_eq!(written, expected);
     for path in &written {
         assert_eq!(png_size(path), (1000, 600), "{}", path.display());
     }
-    assert!(leftovers(&dir).is_empty(), "temporary files left: {:?}", leftovers(&dir));
+    assert!(leftovers(dir).is_empty(), "temporary files left: {:?}", leftovers(dir));
 
     // Plotting again replaces the images in place.
-    let again = plot_run(&dir).unwrap();
+    let again = plot_run(dir).unwrap();
     assert_eq!(again, expected);
-    assert!(leftovers(&dir).is_empty());
-    fs::remove_dir_all(&dir).unwrap();
+    assert!(leftovers(dir).is_empty());
 }
 
 #[test]
 fn a_run_with_only_train_records_still_plots_and_the_eval_series_shows_when_present() {
-    let with_eval = temp_dir("with-eval");
-    let without_eval = temp_dir("train-only");
-    write_run(&with_eval, 120, 40);
-    write_run(&without_eval, 120, 0);
-    plot_run(&with_eval).unwrap();
-    let written = plot_run(&without_eval).unwrap();
+    let with_eval_tmp = temp_dir("with-eval");
+    let with_eval = with_eval_tmp.path();
+    let without_eval_tmp = temp_dir("train-only");
+    let without_eval = without_eval_tmp.path();
+    write_run(with_eval, 120, 40);
+    write_run(without_eval, 120, 0);
+    plot_run(with_eval).unwrap();
+    let written = plot_run(without_eval).unwrap();
     for path in &written {
         assert_eq!(png_size(path), (1000, 600), "{}", path.display());
     }
     // The train series are identical, so the loss images differ only by the eval series.
     let loss = |dir: &Path| fs::read(dir.join("loss.png")).unwrap();
-    assert_ne!(loss(&with_eval), loss(&without_eval), "eval loss is not drawn");
+    assert_ne!(loss(with_eval), loss(without_eval), "eval loss is not drawn");
     assert_eq!(
         fs::read(with_eval.join("memory.png")).unwrap(),
         fs::read(without_eval.join("memory.png")).unwrap(),
         "eval records changed the memory plot"
     );
-    fs::remove_dir_all(&with_eval).unwrap();
-    fs::remove_dir_all(&without_eval).unwrap();
 }
 
 #[test]
 fn a_resumed_run_with_repeated_steps_plots() {
-    let dir = temp_dir("resumed");
-    write_run(&dir, 80, 20);
+    let dir_tmp = temp_dir("resumed");
+    let dir = dir_tmp.path();
+    write_run(dir, 80, 20);
     // A resume from step 40 appends steps 41.. again.
     let mut writer = MetricsWriter::append(&dir.join("metrics.jsonl")).unwrap();
     for step in 41..=90 {
@@ -151,10 +150,9 @@ fn a_resumed_run_with_repeated_steps_plots() {
         };
         writer.write(&MetricsRecord::Train(record)).unwrap();
     }
-    for path in plot_run(&dir).unwrap() {
+    for path in plot_run(dir).unwrap() {
         assert_eq!(png_size(&path), (1000, 600), "{}", path.display());
     }
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 fn assert_names_file(err: &Error, file: &Path, also: &str) {
@@ -169,21 +167,22 @@ fn assert_names_file(err: &Error, file: &Path, also: &str) {
 
 #[test]
 fn a_missing_metrics_file_is_an_error_naming_it() {
-    let dir = temp_dir("missing");
-    let err = plot_run(&dir).unwrap_err();
+    let dir_tmp = temp_dir("missing");
+    let dir = dir_tmp.path();
+    let err = plot_run(dir).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert_names_file(&err, &dir.join("metrics.jsonl"), "open");
-    assert!(fs::read_dir(&dir).unwrap().next().is_none(), "something was written");
-    fs::remove_dir_all(&dir).unwrap();
+    assert!(fs::read_dir(dir).unwrap().next().is_none(), "something was written");
 }
 
 #[test]
 fn an_empty_metrics_file_is_an_error_naming_it() {
-    let dir = temp_dir("empty");
+    let dir_tmp = temp_dir("empty");
+    let dir = dir_tmp.path();
     let metrics = dir.join("metrics.jsonl");
     for content in ["", "\n\n", "{\"kind\":\"train\",\"st"] {
         fs::write(&metrics, content).unwrap();
-        let err = plot_run(&dir).unwrap_err();
+        let err = plot_run(dir).unwrap_err();
         assert!(matches!(err, Error::Run { .. }), "{err:?}");
         assert_names_file(&err, &metrics, "no records");
     }
@@ -191,15 +190,15 @@ fn an_empty_metrics_file_is_an_error_naming_it() {
     fs::write(&metrics, "").unwrap();
     let mut writer = MetricsWriter::append(&metrics).unwrap();
     writer.write(&MetricsRecord::Eval(EvalMetrics { step: 5, ..Default::default() })).unwrap();
-    assert_names_file(&plot_run(&dir).unwrap_err(), &metrics, "no training steps");
+    assert_names_file(&plot_run(dir).unwrap_err(), &metrics, "no training steps");
     assert!(!PNGS.iter().any(|name| dir.join(name).exists()), "a PNG was written");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_corrupt_line_is_an_error_naming_the_file_and_line_but_a_torn_last_line_is_not() {
-    let dir = temp_dir("corrupt");
-    write_run(&dir, 30, 0);
+    let dir_tmp = temp_dir("corrupt");
+    let dir = dir_tmp.path();
+    write_run(dir, 30, 0);
     let metrics = dir.join("metrics.jsonl");
     let text = fs::read_to_string(&metrics).unwrap();
     let mut lines: Vec<&str> = text.lines().collect();
@@ -207,26 +206,25 @@ fn a_corrupt_line_is_an_error_naming_the_file_and_line_but_a_torn_last_line_is_n
     // A run killed mid-write leaves a torn last line, which is skipped.
     let torn = format!("{}\n{{\"kind\":\"train\",\"step\":31,\"lo", text.trim_end());
     fs::write(&metrics, torn).unwrap();
-    plot_run(&dir).unwrap();
+    plot_run(dir).unwrap();
 
     lines[2] = "{\"kind\":\"train\",\"step\":3,\"loss\":oops}";
     fs::write(&metrics, lines.join("\n") + "\n").unwrap();
-    let err = plot_run(&dir).unwrap_err();
+    let err = plot_run(dir).unwrap_err();
     assert!(matches!(err, Error::Run { .. }), "{err:?}");
     assert_names_file(&err, &metrics, "line 3");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_failed_write_leaves_no_temporary_file() {
-    let dir = temp_dir("blocked");
-    write_run(&dir, 20, 10);
+    let dir_tmp = temp_dir("blocked");
+    let dir = dir_tmp.path();
+    write_run(dir, 20, 10);
     // A directory where the image should go makes the final rename fail.
     fs::create_dir(dir.join("accuracy.png")).unwrap();
     fs::write(dir.join("accuracy.png").join("keep"), "x").unwrap();
-    let err = plot_run(&dir).unwrap_err();
+    let err = plot_run(dir).unwrap_err();
     assert_names_file(&err, &dir.join("accuracy.png"), "rename");
-    assert!(leftovers(&dir).is_empty(), "temporary files left: {:?}", leftovers(&dir));
+    assert!(leftovers(dir).is_empty(), "temporary files left: {:?}", leftovers(dir));
     assert_eq!(png_size(&dir.join("loss.png")), (1000, 600));
-    fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,15 +5,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A fresh directory for one test, removed when dropped.
-pub(crate) struct TempDir(pub(crate) PathBuf);
+/// A fresh directory for one test (`.0` is its path), removed when dropped, also when the
+/// test fails. The second field is held for its drop.
+pub(crate) struct TempDir(pub(crate) PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl TempDir {
     pub(crate) fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("dp-data-test-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+        let dir = tempfile::Builder::new().prefix(&format!("dp-data-{test}-")).tempdir().unwrap();
+        TempDir(dir.path().to_path_buf(), dir)
     }
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
@@ -32,12 +31,6 @@ impl TempDir {
         let dir = self.0.join(format!("out-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_dir_all(&dir);
         dir
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -10,21 +10,14 @@ use dp_mem::{Pool, Tracker};
 use dp_model::{CheckpointReader, Model, ModelOptions, ModelSpec};
 use dp_train::{MetricsRecord, Observer, StepMetrics, TrainConfig, read_metrics};
 
-/// A scratch directory removed when dropped.
-pub struct TempDir(pub PathBuf);
+/// A scratch directory (`.0` is its path), removed when dropped, also when the test fails.
+/// The second field is held for its drop.
+pub struct TempDir(pub PathBuf, tempfile::TempDir);
 
 impl TempDir {
     pub fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("dp-train-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let dir = tempfile::Builder::new().prefix(&format!("dp-train-{name}-")).tempdir().unwrap();
+        TempDir(dir.path().to_path_buf(), dir)
     }
 }
 
