@@ -8,9 +8,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use dp_comm::{
-    BenchConfig, Communicator, LocalGroup, NcclConfig, NcclGroup, ReduceOp, measure_all_reduce,
-};
+use dp_comm::measure::{BenchConfig, measure_all_reduce};
+use dp_comm::{Communicator, LocalGroup, NcclConfig, NcclGroup, ReduceOp};
 
 /// Times `iters` all-reduces of `bytes` on 2 fresh rank threads; the time of rank 0.
 fn all_reduce_2(bytes: usize, iters: u64) -> Duration {

@@ -64,7 +64,7 @@ mod error;
 mod hierarchical;
 mod launch;
 mod local;
-mod measure;
+pub mod measure;
 mod mpi;
 mod nccl;
 
@@ -76,8 +76,5 @@ pub use error::{Error, Result};
 pub use hierarchical::Hierarchical;
 pub use launch::{Launch, OPEN_MPI_TUNING, mpirun};
 pub use local::{DEFAULT_TIMEOUT, LocalComm, LocalConfig, LocalGroup, MAX_LOCAL_WORLD};
-pub use measure::{
-    BenchConfig, BenchReport, BenchRow, copy_bandwidth, measure_all_reduce, time_all_reduce_on,
-};
 pub use mpi::{MpiComm, MpiConfig, MpiWorld};
 pub use nccl::{NcclComm, NcclConfig, NcclGroup, NcclId, nccl_available};

@@ -5,9 +5,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
+use dp_data::measure::measure_pipeline;
 use dp_data::{
     Normalize, Pipeline, PipelineConfig, SyntheticDigits, WriterOptions, generate_digits,
-    measure_pipeline,
 };
 
 const RECORDS: u64 = 200_000;

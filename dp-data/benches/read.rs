@@ -7,9 +7,8 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, Throughput};
-use dp_data::{
-    Dataset, SyntheticDigits, WriterOptions, generate_digits, gzip_reference, measure_read,
-};
+use dp_data::measure::{gzip_reference, measure_read};
+use dp_data::{Dataset, SyntheticDigits, WriterOptions, generate_digits};
 
 const RECORDS: u64 = 20_000;
 

@@ -16,8 +16,8 @@
 //! * The input pipeline: [`Pipeline`] gives each rank its share of every epoch in batches,
 //!   shuffled, transformed on worker threads, prefetched, within a memory budget, resumable
 //!   from a [`PipelineState`].
-//! * Measurement: [`measure_read`], [`gzip_reference`] and [`measure_pipeline`], used by the
-//!   benchmarks and `cargo xtask data bench-read|bench`.
+//! * Measurement, in the [`measure`] module (not needed to use the crate): read and pipeline
+//!   throughput against raw zstd, used by the benchmarks and `cargo xtask data bench-read|bench`.
 //!
 //! ```
 //! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};
@@ -60,7 +60,7 @@ mod error;
 mod feature_stats;
 mod finite;
 mod manifest;
-mod measure;
+pub mod measure;
 mod pipeline;
 mod schema;
 mod shard;
@@ -73,7 +73,6 @@ pub use element::Element;
 pub use error::{Error, Result};
 pub use feature_stats::FeatureStats;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
-pub use measure::{PipelineReport, ReadReport, gzip_reference, measure_pipeline, measure_read};
 pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,

@@ -581,7 +581,7 @@ fn the_bench_reports_how_many_blocks_a_batch_mixes() {
     let measure = |window: Option<usize>| {
         let mut c = config(20, 0, 1, 2, 2);
         c.shuffle_window = window;
-        dp_data::measure_pipeline(dir, c, 3).unwrap()
+        dp_data::measure::measure_pipeline(dir, c, 3).unwrap()
     };
     // In dataset order, a batch of 20 lies within one block of about 170 records, or
     // straddles two.

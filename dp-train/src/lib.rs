@@ -41,10 +41,11 @@ mod gate;
 mod gpu;
 mod inference;
 mod input;
-mod measure;
+pub mod measure;
 mod metrics;
 mod normalization;
 mod plan;
+#[cfg(feature = "plot")]
 mod plot;
 mod processes;
 mod record;
@@ -62,8 +63,8 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};
-pub use measure::{ScalingReport, measure_scaling};
 pub use metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, read_metrics};
+#[cfg(feature = "plot")]
 pub use plot::plot_run;
 pub use replica::{Fault, FaultKind};
 pub use run_dir::{BEST, CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY};

@@ -42,8 +42,8 @@ pub(crate) fn run(root: &Path, krate: Option<&str>, filter: Option<&str>) -> Res
 /// `cargo xtask bench comm`: the CPU all-reduce table against memory-copy bandwidth measured
 /// in the same run, then the same all-reduces between 2 MPI processes, with the targets.
 pub(crate) fn comm(root: &Path) -> Result<()> {
-    let config = dp_comm::BenchConfig::default();
-    let report = dp_comm::measure_all_reduce(&config)?;
+    let config = dp_comm::measure::BenchConfig::default();
+    let report = dp_comm::measure::measure_all_reduce(&config)?;
     println!("{report}");
     let verdict = |met: bool| if met { "met" } else { "NOT MET" };
     // gloo (PyTorch's CPU backend) between 2 processes on this kind of machine: 0.96-1.29 GB/s
@@ -69,12 +69,12 @@ pub(crate) fn comm(root: &Path) -> Result<()> {
             return Ok(());
         }
     };
-    println!("{}", dp_comm::BenchRow::HEADER);
+    println!("{}", dp_comm::measure::BenchRow::HEADER);
     for (bytes, time) in &rows {
-        println!("{}", dp_comm::BenchRow::new(2, *bytes, *time, copy));
+        println!("{}", dp_comm::measure::BenchRow::new(2, *bytes, *time, copy));
     }
     if let Some((bytes, time)) = rows.iter().find(|(b, _)| *b == 64 << 20) {
-        let row = dp_comm::BenchRow::new(2, *bytes, *time, copy);
+        let row = dp_comm::measure::BenchRow::new(2, *bytes, *time, copy);
         let ratio = row.busbw / GLOO_64MIB;
         println!(
             "busbw at 64 MiB, 2 processes vs gloo's 1.06 GB/s: {ratio:.2}x, {:.2} of memcpy ({})",
@@ -118,7 +118,7 @@ pub(crate) fn mpi_rank(budget_ms: u64, sizes: &[usize]) -> Result<()> {
         let mut comm = world.communicator(dp_comm::MpiConfig::default())?;
         let budget = Duration::from_millis(budget_ms);
         for &bytes in sizes {
-            let (time, _) = dp_comm::time_all_reduce_on(&mut comm, bytes, budget, false)?;
+            let (time, _) = dp_comm::measure::time_all_reduce_on(&mut comm, bytes, budget, false)?;
             if world.rank() == 0 {
                 println!("row {bytes} {}", time.as_nanos());
             }

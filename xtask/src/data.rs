@@ -304,13 +304,13 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             config.memory_budget = budget_mib
                 .checked_mul(1 << 20)
                 .with_context(|| format!("--budget-mib {budget_mib} is too large"))?;
-            let report = dp_data::measure_pipeline(&dir, config, rounds)?;
+            let report = dp_data::measure::measure_pipeline(&dir, config, rounds)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }
         DataCmd::BenchRead { dir, passes, samples } => {
             let dataset = open(&dir)?;
-            let report = dp_data::measure_read(&dataset, passes, samples, 0)?;
+            let report = dp_data::measure::measure_read(&dataset, passes, samples, 0)?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }

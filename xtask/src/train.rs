@@ -595,7 +595,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
     println!(
         "MLP 784-512-256-10, global batch 256, 470 steps (2 epochs of 60,000), medians of 3 alternating runs"
     );
-    let report = dp_train::measure_scaling(&base, &out, replicas, 3);
+    let report = dp_train::measure::measure_scaling(&base, &out, replicas, 3);
     let procs = report.as_ref().ok().map(|_| processes_run(root, &out, replicas, 3));
     let large = report.as_ref().ok().map(|_| large_model_runs(root, &out));
     let _ = std::fs::remove_dir_all(&out);
