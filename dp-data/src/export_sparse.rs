@@ -61,39 +61,24 @@ impl SparseExport {
     }
 }
 
-/// A scalar number of one record, as text.
-fn scalar_text(bytes: &[u8], dtype: DType) -> String {
-    let at = |n: usize| -> [u8; 8] {
-        let mut b = [0u8; 8];
-        b[..n].copy_from_slice(&bytes[..n]);
-        b
-    };
-    match dtype {
-        DType::U8 => bytes[0].to_string(),
-        DType::I32 => i32::from_le_bytes(at(4)[..4].try_into().unwrap_or_default()).to_string(),
-        DType::I64 => i64::from_le_bytes(at(8)).to_string(),
-        DType::F32 => f32::from_le_bytes(at(4)[..4].try_into().unwrap_or_default()).to_string(),
-        DType::F64 => f64::from_le_bytes(at(8)).to_string(),
-        DType::F16 | DType::Bf16 => String::from("nan"),
-    }
+/// The first `N` bytes of `bytes` (little-endian element bytes), zero-padded if shorter.
+fn le<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let n = bytes.len().min(N);
+    out[..n].copy_from_slice(&bytes[..n]);
+    out
 }
 
-/// Writes `feature`'s record values as `f64` into `out`.
-fn values_f64(values: &[u8], dtype: DType, out: &mut Vec<f64>) {
-    out.clear();
-    let size = dtype.size();
-    out.extend(values.chunks_exact(size).map(|c| {
-        let mut b = [0u8; 8];
-        b[..size].copy_from_slice(c);
-        match dtype {
-            DType::U8 => f64::from(c[0]),
-            DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            DType::I64 => i64::from_le_bytes(b) as f64,
-            DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            DType::F64 => f64::from_le_bytes(b),
-            DType::F16 | DType::Bf16 => f64::NAN,
-        }
-    }));
+/// One element of `dtype`, as text: integers as integers, floats at their own precision.
+fn scalar_text(bytes: &[u8], dtype: DType) -> String {
+    match dtype {
+        DType::U8 => bytes[0].to_string(),
+        DType::I32 => i32::from_le_bytes(le(bytes)).to_string(),
+        DType::I64 => i64::from_le_bytes(le(bytes)).to_string(),
+        DType::F32 => f32::from_le_bytes(le(bytes)).to_string(),
+        DType::F64 => f64::from_le_bytes(le(bytes)).to_string(),
+        DType::F16 | DType::Bf16 => String::from("nan"),
+    }
 }
 
 /// Writes the sparse feature of the dataset at `dataset` as an svmlight file `out`: a line
@@ -121,7 +106,6 @@ pub fn export_svmlight(dataset: &Path, out: &Path, options: &SparseExport) -> Re
     let base = u64::from(!options.zero_based);
     let index = data.schema().index_of(&feature.name).unwrap_or_default();
     write_atomically(out, |file| {
-        let mut values = Vec::new();
         for block in data.blocks() {
             let block = block?;
             let labels = block.dense_bytes(&label.name)?;
@@ -136,14 +120,11 @@ pub fn export_svmlight(dataset: &Path, out: &Path, options: &SparseExport) -> Re
                         scalar_text(&qids[row * size..(row + 1) * size], q.dtype)
                     );
                 }
-                let (positions, raw) = block.sparse_column_row(index, row);
-                values_f64(raw, feature.dtype, &mut values);
-                for (p, v) in positions.chunks_exact(8).zip(&values) {
-                    let p = u64::from_le_bytes(p.try_into().unwrap_or_default()) + base;
-                    match feature.dtype {
-                        DType::F32 => line += &format!(" {p}:{}", *v as f32),
-                        _ => line += &format!(" {p}:{v}"),
-                    }
+                let (positions, values) = block.sparse_column_row(index, row);
+                let size = feature.dtype.size();
+                for (p, v) in positions.chunks_exact(8).zip(values.chunks_exact(size)) {
+                    let p = u64::from_le_bytes(le(p)) + base;
+                    line += &format!(" {p}:{}", scalar_text(v, feature.dtype));
                 }
                 line.push('\n');
                 file.write_all(line.as_bytes()).map_err(|e| Error::io(out, "write", e))?;
