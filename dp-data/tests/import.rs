@@ -773,3 +773,29 @@ fn tfrecord_var_len_and_sparse_features_become_csr_rows() {
     ));
     assert!(what.contains("record 1 of this file: feature `words`"), "{what}");
 }
+
+#[test]
+fn csv_quoted_fields_may_span_lines() {
+    let tmp = TempDir::new("csv-multiline");
+    let text =
+        "note,x,label\n\"first line\nsecond, with a comma\",1.5,0\n\"plain\",2.5,1\nlast,x3,1\n";
+    let path = tmp.write("notes.csv", text.as_bytes());
+    let csv = CsvOptions {
+        label: Some("label".into()),
+        columns: Some(vec!["x".into()]),
+        ..CsvOptions::default()
+    };
+    // The bad cell is on line 5: the quoted note took lines 2 and 3.
+    let (_, offset, what) = corrupt(import_csv(&path, &tmp.path("bad"), &csv, options()));
+    assert_eq!(offset as usize, text.find("x3").unwrap());
+    assert!(what.contains("line 5") && what.contains("column `x`"), "{what}");
+    let text = text.replace("x3", "3.5");
+    let path = tmp.write("notes-ok.csv", text.as_bytes());
+    let manifest = import_csv(&path, &tmp.path("ok"), &csv, options()).unwrap();
+    assert_eq!(manifest.records, 3);
+    let x: Vec<f32> = dense_bytes(&tmp.path("ok"), "features")
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(x, vec![1.5, 2.5, 3.5]);
+}

@@ -1,14 +1,19 @@
 //! CSV files with a header row: [`import_csv`].
 //!
-//! The reader handles what numeric CSV needs: a delimiter, fields optionally in double quotes
-//! (with `""` for a quote inside), spaces around fields, `\r\n` line ends, a UTF-8 byte-order
-//! mark and blank lines (skipped). A quoted field cannot span lines. The file is read twice,
-//! streaming both times: once to check every row and decide the label's dtype, once to write,
-//! so a malformed row is reported before the output is created.
+//! Records are split by `csv-core`, the parser under the `csv` crate: fields optionally in
+//! double quotes (with `""` for a quote inside) that may span lines, `\r\n` or `\n` line ends,
+//! a UTF-8 byte-order mark, and empty lines (skipped). Spaces around an unquoted field are
+//! trimmed, so `1, 2.5` reads as two numbers; a line of only spaces is skipped. csv-core is used
+//! directly, not through the `csv` crate's reader, because it says where every field starts,
+//! so an error names the byte offset of the field at fault, not only of its record. The file is
+//! read twice, streaming both times: once to check every row and decide the label's dtype, once
+//! to write, so a malformed row is reported before the output is created.
 
 use std::path::Path;
 
-use super::Source;
+use std::io::BufRead;
+
+use super::{MAX_LINE, Source};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_csv`] reads a CSV file and which columns become which features.
@@ -43,104 +48,25 @@ impl Default for CsvOptions {
     }
 }
 
-/// One field of a split line: where it starts in the line (for errors) and its unquoted
-/// text in the row's cell buffer.
+/// One field of the current record: where it starts in the file (for errors) and its unquoted
+/// text in the record's cell buffer.
 #[derive(Debug, Clone, Copy)]
 struct Field {
-    at: usize,
+    at: u64,
     start: usize,
     end: usize,
 }
 
-/// Splits `line` (without its line end) at `delimiter` into `fields`, unquoting into `cells`.
-/// On error returns the position in the line and what was wrong.
-fn split_line(
-    line: &[u8],
-    delimiter: u8,
-    fields: &mut Vec<Field>,
-    cells: &mut Vec<u8>,
-) -> std::result::Result<(), (usize, String)> {
-    fields.clear();
-    cells.clear();
-    let space = |c: u8| (c == b' ' || c == b'\t') && c != delimiter;
-    let mut pos = 0;
-    loop {
-        let at = pos;
-        while line.get(pos).is_some_and(|&c| space(c)) {
-            pos += 1;
-        }
-        let start = cells.len();
-        if line.get(pos) == Some(&b'"') {
-            let quote = pos;
-            pos += 1;
-            loop {
-                match line.get(pos) {
-                    None => {
-                        return Err((
-                            quote,
-                            "expected a closing `\"` on the same line (quoted fields cannot span \
-                             lines)"
-                                .into(),
-                        ));
-                    }
-                    Some(b'"') if line.get(pos + 1) == Some(&b'"') => {
-                        cells.push(b'"');
-                        pos += 2;
-                    }
-                    Some(b'"') => {
-                        pos += 1;
-                        break;
-                    }
-                    Some(&c) => {
-                        cells.push(c);
-                        pos += 1;
-                    }
-                }
-            }
-            while line.get(pos).is_some_and(|&c| space(c)) {
-                pos += 1;
-            }
-            if pos < line.len() && line[pos] != delimiter {
-                return Err((
-                    pos,
-                    format!(
-                        "expected `{}` or the end of the line after a quoted field, found `{}`",
-                        [delimiter].escape_ascii(),
-                        [line[pos]].escape_ascii()
-                    ),
-                ));
-            }
-        } else {
-            let end =
-                line[pos..].iter().position(|&c| c == delimiter).map_or(line.len(), |e| pos + e);
-            let mut text = &line[pos..end];
-            while let [rest @ .., last] = text {
-                if !space(*last) {
-                    break;
-                }
-                text = rest;
-            }
-            cells.extend_from_slice(text);
-            pos = end;
-        }
-        fields.push(Field { at, start, end: cells.len() });
-        if pos >= line.len() {
-            return Ok(());
-        }
-        pos += 1; // the delimiter
-    }
-}
-
-/// Reads a CSV file row by row.
+/// Reads a CSV file record by record.
 struct Rows {
     source: Source,
-    delimiter: u8,
-    line: Vec<u8>,
+    parser: csv_core::Reader,
     fields: Vec<Field>,
     cells: Vec<u8>,
-    /// 1-based number of the current line.
+    /// 1-based number of the line the current record starts on, and of the next byte's line.
     line_number: u64,
-    /// Offset of the current line's first byte.
+    next_line: u64,
+    /// Offset of the current record's first byte.
     line_offset: u64,
 }
 
@@ -148,55 +74,100 @@ impl Rows {
     fn open(path: &Path, delimiter: u8) -> Result<Rows> {
         Ok(Rows {
             source: Source::open(path, None)?,
-            delimiter,
-            line: Vec::new(),
+            parser: csv_core::ReaderBuilder::new().delimiter(delimiter).build(),
             fields: Vec::new(),
             cells: Vec::new(),
             line_number: 0,
+            next_line: 1,
             line_offset: 0,
         })
     }
 
-    /// Moves to the next non-blank line and splits it; `false` at the end of the file.
+    /// Moves to the next record that is not blank; `false` at the end of the file.
     fn next(&mut self) -> Result<bool> {
         loop {
-            self.line_offset = self.source.offset();
-            if self.source.read_line(&mut self.line)? == 0 {
+            if !self.read_record()? {
                 return Ok(false);
             }
-            self.line_number += 1;
-            let mut line = self.line.as_slice();
-            let mut skipped = 0;
-            if self.line_number == 1 && line.starts_with(b"\xEF\xBB\xBF") {
-                line = &line[3..];
-                skipped = 3;
+            let blank = self.fields.len() == 1 && self.text(0).is_empty();
+            if !blank {
+                return Ok(true);
             }
-            while let [rest @ .., b'\n' | b'\r'] = line {
-                line = rest;
-            }
-            if line.iter().all(|c| c.is_ascii_whitespace()) {
-                continue;
-            }
-            return match split_line(line, self.delimiter, &mut self.fields, &mut self.cells) {
-                Ok(()) => Ok(true),
-                Err((pos, what)) => Err(self.source.corrupt(
-                    self.line_offset + (skipped + pos) as u64,
-                    format!("line {}: {what}", self.line_number),
-                )),
-            };
         }
     }
 
-    fn text(&self, field: usize) -> &[u8] {
-        let f = self.fields[field];
-        &self.cells[f.start..f.end]
+    /// Reads one record's fields into `fields` and `cells`; `false` at the end of the file.
+    fn read_record(&mut self) -> Result<bool> {
+        self.fields.clear();
+        // Bytes of `cells` the record's fields fill; the rest is room for the parser to write.
+        let mut used = 0;
+        let mut field_at = None;
+        loop {
+            let input = match self.source.reader.fill_buf() {
+                Ok(input) => input,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.source.read_error(e, "a CSV record")),
+            };
+            if used as u64 > MAX_LINE {
+                return Err(self.source.corrupt(
+                    self.line_offset,
+                    format!("line {}: a record longer than {MAX_LINE} bytes", self.line_number),
+                ));
+            }
+            if self.cells.len() < used + 64 {
+                let room = (self.cells.len() * 2).max(used + 4096);
+                self.cells.resize(room, 0);
+            }
+            let (result, nin, nout) = self.parser.read_field(input, &mut self.cells[used..]);
+            used += nout;
+            // Where this read began, before consuming: a field's first byte.
+            let here = self.source.offset;
+            let newlines = input[..nin].iter().filter(|&&c| c == b'\n').count() as u64;
+            if field_at.is_none() && (nin > 0 || nout > 0) {
+                let mut skipped = 0;
+                if self.fields.is_empty() {
+                    // What csv-core skips before a record: the byte-order mark, empty lines.
+                    if here == 0 && input.starts_with(b"\xEF\xBB\xBF") {
+                        skipped = 3.min(nin);
+                    }
+                    let blank =
+                        input[skipped..nin].iter().take_while(|&&c| c == b'\r' || c == b'\n');
+                    let (blank, lines) =
+                        blank.fold((0, 0), |(n, l), &c| (n + 1, l + u64::from(c == b'\n')));
+                    skipped += blank;
+                    self.line_number = self.next_line + lines;
+                    self.line_offset = here + skipped as u64;
+                }
+                field_at = Some(here + skipped as u64);
+            }
+            self.source.reader.consume(nin);
+            self.source.offset += nin as u64;
+            self.next_line += newlines;
+            match result {
+                csv_core::ReadFieldResult::InputEmpty | csv_core::ReadFieldResult::OutputFull => {}
+                csv_core::ReadFieldResult::Field { record_end } => {
+                    let start = self.fields.last().map_or(0, |f| f.end);
+                    let at = field_at.take().unwrap_or(here);
+                    self.fields.push(Field { at, start, end: used });
+                    if record_end {
+                        return Ok(true);
+                    }
+                }
+                csv_core::ReadFieldResult::End => return Ok(false),
+            }
+        }
     }
 
-    /// A corrupt-input error about `field` of the current line.
+    /// Field `field` of the current record, without the spaces around it.
+    fn text(&self, field: usize) -> &[u8] {
+        let f = self.fields[field];
+        self.cells[f.start..f.end].trim_ascii()
+    }
+
+    /// A corrupt-input error about `field` of the current record.
     fn fail(&self, field: usize, what: impl std::fmt::Display) -> Error {
-        let at = self.fields.get(field).map_or(0, |f| f.at);
-        self.source
-            .corrupt(self.line_offset + at as u64, format!("line {}: {what}", self.line_number))
+        let at = self.fields.get(field).map_or(self.line_offset, |f| f.at);
+        self.source.corrupt(at, format!("line {}: {what}", self.line_number))
     }
 
     /// Parses `field` as a number of type `T`, naming `column` in errors.
@@ -409,70 +380,5 @@ fn check_width(rows: &Rows, width: usize) -> Result<()> {
             0,
             format!("expected {width} fields as in the header, found {}", rows.fields.len()),
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn split(line: &str, delimiter: u8) -> std::result::Result<Vec<String>, (usize, String)> {
-        let (mut fields, mut cells) = (Vec::new(), Vec::new());
-        split_line(line.as_bytes(), delimiter, &mut fields, &mut cells)?;
-        Ok(fields
-            .iter()
-            .map(|f| String::from_utf8(cells[f.start..f.end].to_vec()).unwrap())
-            .collect())
-    }
-
-    #[test]
-    fn splits_plain_quoted_and_spaced_fields() {
-        assert_eq!(split("a,b,c", b',').unwrap(), ["a", "b", "c"]);
-        assert_eq!(split(" 1 , 2.5 ,\t-3 ", b',').unwrap(), ["1", "2.5", "-3"]);
-        assert_eq!(
-            split("\"x, y\",\"say \"\"hi\"\"\" ,", b',').unwrap(),
-            ["x, y", "say \"hi\"", ""]
-        );
-        assert_eq!(split("1\t2\t\t3", b'\t').unwrap(), ["1", "2", "", "3"]);
-        assert_eq!(split(",", b',').unwrap(), ["", ""]);
-        assert_eq!(split("a;b", b';').unwrap(), ["a", "b"]);
-    }
-
-    #[test]
-    fn reports_unterminated_quotes_and_junk_after_quotes() {
-        let (at, what) = split("1,\"2,3", b',').unwrap_err();
-        assert_eq!(at, 2);
-        assert!(what.contains("closing"), "{what}");
-        let (at, what) = split("1,\"2\"x,3", b',').unwrap_err();
-        assert_eq!(at, 5);
-        assert!(what.contains("after a quoted field"), "{what}");
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
-
-        #[test]
-        fn split_never_panics_and_fields_stay_in_bounds(
-            line in proptest::collection::vec(
-                prop::sample::select(vec![b'a', b'1', b',', b'"', b' ', b'\t', b'.', 0xff]), 0..40),
-            delimiter in prop::sample::select(vec![b',', b'\t', b' ', b'a']),
-        ) {
-            let (mut fields, mut cells) = (Vec::new(), Vec::new());
-            match split_line(&line, delimiter, &mut fields, &mut cells) {
-                Ok(()) => {
-                    prop_assert!(!fields.is_empty());
-                    for f in &fields {
-                        prop_assert!(f.start <= f.end && f.end <= cells.len() && f.at <= line.len());
-                    }
-                    // Without quotes, splitting is exactly `split` on the delimiter.
-                    if !line.contains(&b'"') {
-                        prop_assert_eq!(fields.len(), line.split(|&c| c == delimiter).count());
-                    }
-                }
-                Err((at, _)) => prop_assert!(at <= line.len()),
-            }
-        }
     }
 }
