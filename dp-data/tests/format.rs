@@ -10,10 +10,13 @@ use dp_data::{
 use proptest::prelude::*;
 
 /// A fresh directory for one test.
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dp-data-format-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    dir
+/// A path for one test's dataset, not created yet, inside a scratch directory that is removed
+/// when the first value drops (also when the test fails).
+fn temp_dir(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp =
+        tempfile::Builder::new().prefix(&format!("dp-data-format-{name}-")).tempdir().unwrap();
+    let dir = tmp.path().join("dataset");
+    (tmp, dir)
 }
 
 fn schema() -> Schema {
@@ -98,7 +101,7 @@ fn check_record(dataset: &Dataset, i: u64) {
 
 #[test]
 fn every_feature_kind_round_trips_across_blocks_and_shards() {
-    let dir = temp_dir("round-trip");
+    let (_dir_tmp, dir) = temp_dir("round-trip");
     let manifest = write(&dir, 3000, small_blocks(2));
     assert!(manifest.shards.len() > 2, "{} shards", manifest.shards.len());
     let dataset = Dataset::open(&dir).unwrap();
@@ -123,12 +126,11 @@ fn every_feature_kind_round_trips_across_blocks_and_shards() {
     }
     assert_eq!(next, 3000);
     assert!(dataset.verify().is_empty());
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn bytes_do_not_depend_on_the_thread_count() {
-    let (a, b) = (temp_dir("threads-1"), temp_dir("threads-3"));
+    let ((_a_tmp, a), (_b_tmp, b)) = (temp_dir("threads-1"), temp_dir("threads-3"));
     let ma = write(&a, 2000, small_blocks(1));
     let mb = write(&b, 2000, small_blocks(3));
     assert_eq!(ma, mb);
@@ -136,13 +138,11 @@ fn bytes_do_not_depend_on_the_thread_count() {
         assert_eq!(fs::read(a.join(&shard.file)).unwrap(), fs::read(b.join(&shard.file)).unwrap());
     }
     assert_eq!(fs::read(a.join(MANIFEST_FILE)).unwrap(), fs::read(b.join(MANIFEST_FILE)).unwrap());
-    fs::remove_dir_all(&a).unwrap();
-    fs::remove_dir_all(&b).unwrap();
 }
 
 #[test]
 fn records_that_do_not_match_the_schema_are_refused_by_name() {
-    let dir = temp_dir("bad-records");
+    let (_dir_tmp, dir) = temp_dir("bad-records");
     let mut writer = DatasetWriter::create(&dir, schema(), WriterOptions::default()).unwrap();
     let r = record(0);
     let err = writer
@@ -186,7 +186,7 @@ fn records_that_do_not_match_the_schema_are_refused_by_name() {
 
 #[test]
 fn an_unfinished_writer_leaves_no_dataset() {
-    let dir = temp_dir("unfinished");
+    let (_dir_tmp, dir) = temp_dir("unfinished");
     let mut writer = DatasetWriter::create(&dir, schema(), small_blocks(2)).unwrap();
     for i in 0..500 {
         append(&mut writer, i);
@@ -208,19 +208,17 @@ fn an_unfinished_writer_leaves_no_dataset() {
     assert_eq!(names, ["notes.txt"]);
     assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
     // A finished dataset is not overwritten by accident.
-    let done = temp_dir("unfinished-2");
+    let (_done_tmp, done) = temp_dir("unfinished-2");
     write(&done, 10, WriterOptions::default());
     assert!(matches!(
         DatasetWriter::create(&done, schema(), WriterOptions::default()),
         Err(Error::Config { field: "out", .. })
     ));
-    fs::remove_dir_all(&dir).unwrap();
-    fs::remove_dir_all(&done).unwrap();
 }
 
 #[test]
 fn absurd_options_are_refused() {
-    let dir = temp_dir("options");
+    let (_dir_tmp, dir) = temp_dir("options");
     for change in [
         |o: &mut WriterOptions| o.block_size = 10,
         |o: &mut WriterOptions| o.block_size = 1 << 40,
@@ -235,23 +233,22 @@ fn absurd_options_are_refused() {
             Err(Error::Config { .. })
         ));
     }
-    let _ = fs::remove_dir_all(&dir);
 }
 
 /// Writes a small dataset and returns its directory and first shard's path.
-fn one_shard(name: &str) -> (PathBuf, PathBuf) {
-    let dir = temp_dir(name);
+fn one_shard(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let (tmp, dir) = temp_dir(name);
     let mut options = small_blocks(1);
     options.shard_size = 1 << 30;
     let manifest = write(&dir, 400, options);
     assert_eq!(manifest.shards.len(), 1);
     let shard = dir.join(&manifest.shards[0].file);
-    (dir, shard)
+    (tmp, dir, shard)
 }
 
 #[test]
 fn a_flipped_byte_in_a_block_is_found_and_located() {
-    let (dir, shard) = one_shard("flip");
+    let (_tmp, dir, shard) = one_shard("flip");
     let mut bytes = fs::read(&shard).unwrap();
     let at = 200;
     bytes[at] ^= 0x40;
@@ -263,12 +260,11 @@ fn a_flipped_byte_in_a_block_is_found_and_located() {
     assert!(text.contains("shard-00000.dps"), "{text}");
     assert!(text.contains("checksum mismatch"), "{text}");
     assert!(dataset.get(0).is_err(), "the first block is corrupt");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn truncated_and_foreign_shards_are_refused_at_open() {
-    let (dir, shard) = one_shard("truncate");
+    let (_tmp, dir, shard) = one_shard("truncate");
     let bytes = fs::read(&shard).unwrap();
     // Truncation: the manifest's size no longer matches.
     fs::write(&shard, &bytes[..bytes.len() - 10]).unwrap();
@@ -287,13 +283,12 @@ fn truncated_and_foreign_shards_are_refused_at_open() {
     assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
     fs::write(&shard, &bytes).unwrap();
     assert!(Dataset::open(&dir).is_ok());
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_shard_from_another_schema_is_refused() {
-    let (dir, shard) = one_shard("foreign");
-    let other = temp_dir("foreign-other");
+    let (_tmp, dir, shard) = one_shard("foreign");
+    let (_other_tmp, other) = temp_dir("foreign-other");
     let other_schema = Schema::new(vec![Feature::dense("x", DType::F32, &[3])]).unwrap();
     let mut writer = DatasetWriter::create(&other, other_schema, small_blocks(1)).unwrap();
     for _ in 0..400 {
@@ -303,13 +298,11 @@ fn a_shard_from_another_schema_is_refused() {
     fs::copy(other.join(&m.shards[0].file), &shard).unwrap();
     let err = Dataset::open(&dir).unwrap_err();
     assert!(err.to_string().contains("shard-00000.dps"), "{err}");
-    fs::remove_dir_all(&dir).unwrap();
-    fs::remove_dir_all(&other).unwrap();
 }
 
 #[test]
 fn missing_or_garbled_manifests_are_errors() {
-    let (dir, _) = one_shard("manifest");
+    let (_tmp, dir, _) = one_shard("manifest");
     let manifest = dir.join(MANIFEST_FILE);
     let text = fs::read_to_string(&manifest).unwrap();
     // The total no longer matches the shards' sum.
@@ -328,12 +321,11 @@ fn missing_or_garbled_manifests_are_errors() {
     assert!(matches!(Dataset::open(&dir), Err(Error::Corrupt { .. })));
     fs::remove_file(&manifest).unwrap();
     assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn out_of_range_and_wrongly_typed_access_are_errors() {
-    let (dir, _) = one_shard("access");
+    let (_tmp, dir, _) = one_shard("access");
     let dataset = Dataset::open(&dir).unwrap();
     assert!(matches!(dataset.get(400), Err(Error::OutOfRange { index: 400, len: 400 })));
     let record = dataset.get(3).unwrap();
@@ -341,7 +333,6 @@ fn out_of_range_and_wrongly_typed_access_are_errors() {
     assert!(matches!(record.dense::<u8>("nope"), Err(Error::Access { .. })));
     assert!(matches!(record.bytes("image"), Err(Error::Access { .. })));
     assert!(matches!(record.sparse::<f32>("text"), Err(Error::Access { .. })));
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 proptest! {
@@ -354,7 +345,7 @@ proptest! {
         flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..6),
         cut in proptest::option::of(any::<prop::sample::Index>()),
     ) {
-        let (dir, shard) = one_shard(&format!("fuzz-{}", std::thread::current().name().unwrap_or("t").replace("::", "-")));
+        let (_tmp, dir, shard) = one_shard(&format!("fuzz-{}", std::thread::current().name().unwrap_or("t").replace("::", "-")));
         let mut bytes = fs::read(&shard).unwrap();
         fs::write(dir.join("original"), &bytes).unwrap();
         for (at, mask) in flips {
@@ -395,7 +386,6 @@ proptest! {
             let original = fs::read(dir.join("original")).unwrap();
             prop_assert_eq!(bytes != original, !found.is_empty());
         }
-        fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -425,7 +415,7 @@ fn noise(dir: &Path, seed: u64) {
 
 #[test]
 fn a_shard_in_another_shards_place_is_refused_at_open() {
-    let (dir, other) = (temp_dir("bound"), temp_dir("bound-other"));
+    let ((_dir_tmp, dir), (_other_tmp, other)) = (temp_dir("bound"), temp_dir("bound-other"));
     noise(&dir, 1);
     noise(&other, 2);
     let shard = |d: &Path, i: usize| d.join(format!("shard-{i:05}.dps"));
@@ -450,6 +440,4 @@ fn a_shard_in_another_shards_place_is_refused_at_open() {
 
     fs::write(shard(&dir, 0), &original).unwrap();
     assert!(Dataset::open(&dir).unwrap().verify().is_empty());
-    fs::remove_dir_all(&dir).unwrap();
-    fs::remove_dir_all(&other).unwrap();
 }
