@@ -37,12 +37,9 @@ fn figure(text: &str, line: &str, key: &str) -> f64 {
     after.split_whitespace().next().unwrap().trim_end_matches('%').parse().unwrap()
 }
 
-/// A fresh scratch directory.
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch directory, removed when dropped (also when the test fails).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("xtask-{name}-")).tempdir().unwrap()
 }
 
 /// Imports `dir/<split>.csv` as the dataset `dir/<split>` with `label` as its label.
@@ -70,17 +67,18 @@ fn on_eval(command: &str, run: &Path, dir: &Path, args: &[&std::ffi::OsStr]) -> 
 
 #[test]
 fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
-    let dir = scratch("commands");
+    let scratch = scratch("commands");
+    let dir = scratch.path();
     for (split, records, seed) in [("train", 2000, 1), ("eval", 500, 2)] {
         write_csv(&dir.join(format!("{split}.csv")), records, seed);
-        import(&dir, split, "label");
+        import(dir, split, "label");
     }
-    let trained = train(&dir, "table");
+    let trained = train(dir, "table");
     let run = dir.join("runs/table");
     let trained_accuracy = figure(&trained, "eval", "accuracy");
     assert!(trained_accuracy >= 90.0, "{trained}");
 
-    let evaluated = on_eval("eval", &run, &dir, &[]);
+    let evaluated = on_eval("eval", &run, dir, &[]);
     assert_eq!(figure(&evaluated, "records", "records"), 500.0, "{evaluated}");
     // The summary rounds to a tenth of a point, eval to a hundredth.
     let evaluated_accuracy = figure(&evaluated, "f32", "accuracy");
@@ -88,7 +86,7 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
     assert!(evaluated.contains("rows: label, columns: predicted"), "{evaluated}");
 
     let npy = dir.join("predictions.npy");
-    let predicted = on_eval("predict", &run, &dir, &["--out".as_ref(), npy.as_ref()]);
+    let predicted = on_eval("predict", &run, dir, &["--out".as_ref(), npy.as_ref()]);
     assert!(predicted.contains("500 records x 3 class probabilities"), "{predicted}");
     // Read back as a dataset: one probability row per record, each summing to 1.
     let imported = dir.join("predictions");
@@ -125,12 +123,12 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
     let longer = succeeded(resume().args(["--epochs", "15", "--replicas", "1"]).output().unwrap());
     let steps = figure(&longer, "steps", "steps");
     assert_eq!(steps, (15 * (2000 / 32)) as f64, "{longer}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_csv_table_with_a_float_label_trains_a_regression_from_the_command_line() {
-    let dir = scratch("regression");
+    let scratch = scratch("regression");
+    let dir = scratch.path();
     // y = 50,000 + 10,000 (3 z0 - 2 z1): prices, say, from columns of very different scales.
     for (split, records, seed) in [("train", 2000, 3), ("eval", 500, 4)] {
         let mut rng = dp_data::Rng::new(seed);
@@ -141,18 +139,17 @@ fn a_csv_table_with_a_float_label_trains_a_regression_from_the_command_line() {
             text += &format!("{},{},{price}\n", z[0] / 1000.0, 5000.0 + 1000.0 * z[1]);
         }
         std::fs::write(dir.join(format!("{split}.csv")), text).unwrap();
-        import(&dir, split, "price");
+        import(dir, split, "price");
     }
-    let trained = train(&dir, "prices");
+    let trained = train(dir, "prices");
     // Predicting the mean would miss by 10,000 x sqrt(13 / 3), about 20,800: within a tenth
     // of that.
     let rmse = figure(&trained, "eval", "rmse");
     assert!(rmse < 2_000.0, "{trained}");
     let run = dir.join("runs/prices");
-    let evaluated = on_eval("eval", &run, &dir, &[]);
+    let evaluated = on_eval("eval", &run, dir, &[]);
     assert!((figure(&evaluated, "f32", "rmse") - rmse).abs() <= 1e-3 * rmse, "{evaluated}");
     let npy = dir.join("prices.npy");
-    let predicted = on_eval("predict", &run, &dir, &["--out".as_ref(), npy.as_ref()]);
+    let predicted = on_eval("predict", &run, dir, &["--out".as_ref(), npy.as_ref()]);
     assert!(predicted.contains("500 records x predicted values"), "{predicted}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

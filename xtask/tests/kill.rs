@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,9 +26,8 @@ fn spawn(args: &[&str], extra: &[&Path]) -> Child {
 
 #[test]
 fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("dp-xtask-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("dp-xtask-kill-").tempdir().unwrap();
+    let dir = scratch.path();
     let data = dir.join("data");
     small_digits(&data);
     let config = dir.join("run.toml");
@@ -92,5 +91,4 @@ fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
     assert_eq!((killed_step, killed_bytes), (whole_step, whole_bytes), "final checkpoints differ");
     // A kill inside a write leaves its temporary file; the resumed run removes it.
     assert_eq!(temporaries(&run), 0);
-    let _ = std::fs::remove_dir_all(&dir);
 }

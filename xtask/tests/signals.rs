@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,9 +44,8 @@ fn checkpoint_step(run: &Path) -> u64 {
 
 #[test]
 fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("dp-xtask-signals-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = tempfile::Builder::new().prefix("dp-xtask-signals-").tempdir().unwrap();
+    let dir = scratch.path();
     let data = dir.join("data");
     small_digits(&data);
 
@@ -79,5 +78,4 @@ fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
     let end = checkpoint_step(&run);
     assert!(end >= at + 5 && text.contains(&format!("interrupted at step {end}")), "{text}");
     assert_eq!(steps(&run), (1..=end).collect::<Vec<_>>(), "every step once, in order");
-    let _ = std::fs::remove_dir_all(&dir);
 }
