@@ -21,7 +21,9 @@
 use std::f64::consts::FRAC_1_SQRT_2;
 use std::path::Path;
 
-use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
+use crate::{
+    DType, DatasetWriter, Error, Feature, Manifest, Result, Rng, Schema, Value, WriterOptions,
+};
 
 /// Image side in pixels.
 const SIDE: usize = 28;
@@ -99,7 +101,7 @@ impl SyntheticDigits {
     /// [`generate_digits`] writes it. Indices past the split's length are valid too (the
     /// stream is unbounded), which lets a caller extend a split without changing its prefix.
     pub fn record(&self, split: Split, index: u64) -> ([u8; PIXELS], i64) {
-        let mut rng = SplitMix64(record_seed(self.seed, split.stream(), index));
+        let mut rng = Draw::new(record_seed(self.seed, split.stream(), index));
         let label = rng.below(10) as u8;
         let mut image = [0u8; PIXELS];
         draw_digit(label, &mut rng, &mut image);
@@ -114,7 +116,7 @@ pub fn render_digit(label: u8, seed: u64) -> Result<[u8; PIXELS]> {
         return Err(Error::Config { field: "label", what: format!("a digit is 0-9, got {label}") });
     }
     let mut image = [0u8; PIXELS];
-    draw_digit(label, &mut SplitMix64(seed), &mut image);
+    draw_digit(label, &mut Draw::new(seed), &mut image);
     Ok(image)
 }
 
@@ -196,13 +198,17 @@ fn render_chunk(
 // ---------------------------------------------------------------------------------------------
 // Randomness.
 
-/// SplitMix64 (Steele, Lea and Flood): tiny, fast, and good enough for rendering jitter.
-struct SplitMix64(u64);
+/// A record's random stream: the pipeline's generator (SplitMix64), with what drawing a
+/// digit needs on top.
+struct Draw(Rng);
 
-impl SplitMix64 {
+impl Draw {
+    fn new(seed: u64) -> Self {
+        Draw(Rng::new(seed))
+    }
+
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
+        self.0.next_u64()
     }
 
     /// Uniform in `[0, 1)` with 53 random bits.
@@ -233,7 +239,8 @@ impl SplitMix64 {
     }
 }
 
-/// SplitMix64's output function, a bijection on `u64` with good avalanche.
+/// SplitMix64's output function, a bijection on `u64` with good avalanche: the hash of a
+/// record's seed (part of the built-in dataset's definition, so it stays as it is).
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -320,7 +327,7 @@ impl Segments {
 }
 
 /// The strokes of `digit` in the unit box, with its style variants drawn from `rng`.
-fn glyph(digit: u8, rng: &mut SplitMix64, out: &mut Segments) {
+fn glyph(digit: u8, rng: &mut Draw, out: &mut Segments) {
     match digit {
         0 => {
             out.ellipse([0.5, 0.5], [0.5, 0.5]);
@@ -412,7 +419,7 @@ fn glyph(digit: u8, rng: &mut SplitMix64, out: &mut Segments) {
 // Rendering.
 
 /// Draws `digit` with random placement, stroke and noise from `rng` into `image`.
-fn draw_digit(digit: u8, rng: &mut SplitMix64, image: &mut [u8; PIXELS]) {
+fn draw_digit(digit: u8, rng: &mut Draw, image: &mut [u8; PIXELS]) {
     let mut segments = Segments::new();
     glyph(digit, rng, &mut segments);
 
@@ -537,7 +544,7 @@ mod tests {
 
     #[test]
     fn random_helpers_stay_in_range_and_are_roughly_uniform() {
-        let mut rng = SplitMix64(7);
+        let mut rng = Draw::new(7);
         let mut counts = [0u32; 10];
         for _ in 0..100_000 {
             counts[rng.below(10) as usize] += 1;
@@ -573,7 +580,7 @@ mod tests {
 
     #[test]
     fn every_glyph_fits_its_segment_buffer_and_unit_box() {
-        let mut rng = SplitMix64(1);
+        let mut rng = Draw::new(1);
         for digit in 0..10 {
             for _ in 0..200 {
                 let mut segments = Segments::new();

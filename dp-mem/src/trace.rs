@@ -1,6 +1,9 @@
 //! A synthetic allocation trace shaped like one training step, to compare allocators on the
 //! pattern they will actually serve.
 
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+
 /// One event of an [`AllocTrace`]. Buffer ids run from 0 to [`AllocTrace::buffers`]; every id is
 /// allocated once and freed once, in that order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +40,7 @@ pub struct AllocTrace {
 impl AllocTrace {
     /// The trace of a step through `layers` layers; the same seed gives the same trace.
     pub fn training_step(layers: usize, seed: u64) -> Self {
-        let mut rng = SplitMix64(seed);
+        let mut rng = Sizes(SplitMix64::seed_from_u64(seed));
         let mut trace = AllocTrace { events: Vec::new(), buffers: 0 };
         let input = trace.alloc(rng.log_uniform(256 << 10, 8 << 20));
         let mut saved = Vec::with_capacity(layers);
@@ -106,17 +109,13 @@ impl AllocTrace {
     }
 }
 
-/// A small, fast, seedable generator (SplitMix64); the trace needs reproducibility, not
-/// cryptographic quality.
-struct SplitMix64(u64);
+/// The workspace's seeded generator (SplitMix64, from `rand_xoshiro`) with the trace's sizes on
+/// top: the trace needs reproducibility, not cryptographic quality.
+struct Sizes(SplitMix64);
 
-impl SplitMix64 {
+impl Sizes {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A size in `[lo, hi]`, log-uniform, a multiple of 4.

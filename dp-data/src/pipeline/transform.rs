@@ -1,6 +1,8 @@
 //! Per-record transforms: normalization and augmentation, each drawing its randomness from the
 //! record's own stream so the output does not depend on which worker ran it or when.
 
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use std::fmt::Debug;
 
 use serde::{Deserialize, Serialize};
@@ -19,23 +21,20 @@ pub struct Sample<'a> {
     pub label: &'a mut i64,
 }
 
-/// A record's random stream, seeded from (seed, epoch, record id) by the pipeline.
+/// A record's random stream, seeded from (seed, epoch, record id) by the pipeline: the
+/// SplitMix64 generator of `rand_xoshiro`, which every crate of the workspace draws from.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     /// A stream starting from `seed`.
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(SplitMix64::seed_from_u64(seed))
     }
 
-    /// The next 64 random bits (SplitMix64).
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `[0, 1)`.
