@@ -398,16 +398,9 @@ fn noise(dir: &Path, seed: u64) {
     options.shard_size = 8 * (4 << 10);
     options.threads = 1;
     let mut writer = DatasetWriter::create(dir, schema, options).unwrap();
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rng = dp_data::Rng::new(seed);
     for _ in 0..64 {
-        let record: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let record: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
         writer.append(&[Value::dense(&record)]).unwrap();
     }
     writer.finish().unwrap();

@@ -4,6 +4,8 @@
 #[path = "support/failing_backend.rs"]
 mod failing_backend;
 
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -759,13 +761,8 @@ fn clones_of_one_pool_allocate_and_free_concurrently() {
             let pool = pool.clone();
             scope.spawn(move || {
                 let tags = [Tag::Param, Tag::Grad, Tag::Activation, Tag::Comm];
-                let mut state = thread.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                let mut next = || {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state
-                };
+                let mut rng = SplitMix64::seed_from_u64(thread);
+                let mut next = || rng.next_u64();
                 for round in 0..ROUNDS {
                     let mut bufs = Vec::new();
                     for i in 0..PER_ROUND {
