@@ -9,6 +9,11 @@ mod temp_dir;
 
 use temp_dir::{TempDir, gzip, hex};
 
+#[path = "support/numpy_fixtures.rs"]
+mod numpy_fixtures;
+
+use numpy_fixtures::{NUMPY_I32, NUMPY_U8};
+
 #[path = "support/tfrecord.rs"]
 #[allow(dead_code)]
 mod tfrecord;
@@ -82,20 +87,6 @@ const FIXED_ALLOWANCE: usize = 4 << 20;
 
 /// The most a deflate stream can expand.
 const GZIP_RATIO: usize = 1032;
-
-// Files written by NumPy 2.4.6's `np.save`: u8 (6, 2, 3) and i32 (6,).
-const NUMPY_U8: &[&str] = &[
-    "934e554d5059010076007b276465736372273a20277c7531272c2027666f727472616e5f6f72646572273a2046616c73",
-    "652c20277368617065273a2028362c20322c2033292c207d202020202020202020202020202020202020202020202020",
-    "202020202020202020202020202020202020202020202020202020202020200a030a11181f262d343b424950575e656c",
-    "737a81888f969da4abb2b9c0c7ced5dce3eaf1f8",
-];
-const NUMPY_I32: &[&str] = &[
-    "934e554d5059010076007b276465736372273a20273c6934272c2027666f727472616e5f6f72646572273a2046616c73",
-    "652c20277368617065273a2028362c292c207d2020202020202020202020202020202020202020202020202020202020",
-    "202020202020202020202020202020202020202020202020202020202020200a3cf6ffff24faffff0cfefffff4010000",
-    "dc050000c4090000",
-];
 
 fn options() -> WriterOptions {
     let mut options = WriterOptions::default();
