@@ -95,7 +95,12 @@ impl Path {
         let tracker = Tracker::new();
         let pool = Pool::new(&tracker);
         let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(BATCH, 1)).expect("model");
-        let sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool).expect("optimizer");
+        let sgd = Sgd::new(
+            model.params().len(),
+            dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+            &pool,
+        )
+        .expect("optimizer");
         let dense = (!sparse).then(|| batch.dense());
         Path { model, sgd, tracker, dense, step: 0 }
     }

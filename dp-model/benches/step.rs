@@ -39,7 +39,12 @@ impl Bench {
         let pool = Pool::new(&tracker);
         let options = ModelOptions::new(batch, 1).recompute(recompute);
         let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
-        let sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool).expect("optimizer");
+        let sgd = Sgd::new(
+            model.params().len(),
+            dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+            &pool,
+        )
+        .expect("optimizer");
         let x = Array2::from_shape_fn((batch, model.input_len()), |(i, j)| {
             ((i * 31 + j * 7) % 255) as f32 / 255.0
         });
@@ -224,7 +229,12 @@ fn int8_accuracy(pool: &Pool) {
     let (x_eval, y_eval) = support::blobs(1024, 784, 10, 5.0, 5, 1);
     let spec = ModelSpec::mlp(784, &[512, 256], 10);
     let mut model = Model::<f32>::new(&spec, pool, ModelOptions::new(1024, 1)).expect("model");
-    let mut sgd = Sgd::new(model.params().len(), 0.9, true, 0.0, pool).expect("optimizer");
+    let mut sgd = Sgd::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 0.0 },
+        pool,
+    )
+    .expect("optimizer");
     for step in 0..200u64 {
         let start = (step as usize * 128) % 4096;
         let xb = x.slice(ndarray::s![start..start + 128, ..]);

@@ -14,7 +14,11 @@ pub(crate) fn main() -> Result<(), dp_model::Error> {
     let spec = ModelSpec::mlp(2, &[16], 2);
     let batch = 64;
     let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(batch, 7))?;
-    let mut sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool)?;
+    let mut sgd = Sgd::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )?;
 
     // Two blobs: class 0 around (-1, -1), class 1 around (1, 1), with a fixed jitter.
     let data = |offset: usize| {

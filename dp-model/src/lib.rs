@@ -9,14 +9,15 @@
 //!
 //! ```
 //! use dp_mem::{Pool, Tracker};
-//! use dp_model::{Model, ModelOptions, ModelSpec, Optimizer, Sgd, StepOptions, Targets};
+//! use dp_model::{Model, ModelOptions, ModelSpec, Optimizer, Sgd, SgdConfig, StepOptions, Targets};
 //! use ndarray::Array2;
 //!
 //! let tracker = Tracker::new();
 //! let pool = Pool::new(&tracker);
 //! let spec = ModelSpec::mlp(4, &[16], 3);
 //! let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(8, 42))?;
-//! let mut sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool)?;
+//! let momentum = SgdConfig { momentum: 0.9, ..SgdConfig::default() };
+//! let mut sgd = Sgd::new(model.params().len(), momentum, &pool)?;
 //!
 //! let x = Array2::from_shape_fn((8, 4), |(i, j)| ((i + j) % 3) as f32);
 //! let y: Vec<i64> = (0..8).map(|i| i % 3).collect();
@@ -67,7 +68,7 @@ pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{BareGemm, GemmShape};
 pub use ops::loss::{LossTotals, Targets};
 pub use ops::sparse::SparseInput;
-pub use optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm, grad_norm};
+pub use optim::{Adam, AdamConfig, Optimizer, Schedule, Sgd, SgdConfig, clip_grad_norm, grad_norm};
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;
 pub use shared::SharedParams;

@@ -34,7 +34,12 @@ fn train(
     mut after_step: impl FnMut(u64, &mut [f32]),
 ) {
     let (x, y) = blobs(2048, model.input_len(), model.outputs(), 1.6, 3, 0);
-    let mut opt = Sgd::new(model.params().len(), 0.9, false, 0.0, pool).unwrap();
+    let mut opt = Sgd::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        pool,
+    )
+    .unwrap();
     for step in 0..steps {
         let start = (step as usize * 64) % 2048;
         let opts = StepOptions { step, ..Default::default() };
@@ -152,7 +157,12 @@ fn checkpoints_round_trip_and_pruned_ones_shrink() {
     let pool = Pool::new(&Tracker::new());
     let spec = ModelSpec::mlp(784, &[512, 256], 10);
     let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 5)).unwrap();
-    let mut opt = Sgd::<f32>::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
+    let mut opt = Sgd::<f32>::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )
+    .unwrap();
     let mut rng = Rng::new(1);
     let x = rng.array::<f32>(64, 784);
     let y = rng.labels(64, 10);
@@ -172,7 +182,12 @@ fn checkpoints_round_trip_and_pruned_ones_shrink() {
     reader.restore_params(&mut other).unwrap();
     assert_eq!(other.params(), model.params());
     assert_eq!(reader.header().extra(), "{\"step\":1}");
-    let mut opt2 = Sgd::<f32>::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
+    let mut opt2 = Sgd::<f32>::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )
+    .unwrap();
     reader.restore_optimizer(&mut opt2, 0..model.params().len()).unwrap();
     assert_eq!(opt2.state(), opt.state());
 
@@ -210,7 +225,19 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
     let model =
         Model::<f32>::new(&ModelSpec::mlp(8, &[8], 4), &pool, ModelOptions::new(4, 1)).unwrap();
     let len = model.params().len();
-    let adam = |n| Adam::<f32>::new(n, (0.9, 0.99), 1e-8, 0.0, false, &pool).unwrap();
+    let adam = |n| {
+        Adam::<f32>::new(
+            n,
+            dp_model::AdamConfig {
+                betas: (0.9, 0.99),
+                eps: 1e-8,
+                weight_decay: 0.0,
+                decoupled: false,
+            },
+            &pool,
+        )
+        .unwrap()
+    };
     let mut rng = Rng::new(9);
     let mut whole = adam(len);
     let cuts = [0, 40, 70, len];
@@ -249,7 +276,12 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
 
     // The wrong optimizer, a shard from another checkpoint, a damaged or a missing shard.
     let mut reader = CheckpointReader::open(&path).unwrap();
-    let mut sgd = Sgd::<f32>::new(len, 0.9, false, 0.0, &pool).unwrap();
+    let mut sgd = Sgd::<f32>::new(
+        len,
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )
+    .unwrap();
     let error = reader.restore_optimizer(&mut sgd, 0..len).unwrap_err();
     assert!(error.to_string().contains("adam") && error.to_string().contains("sgd"), "{error}");
     let shard_path = dir.0.join(&files[1].name);
@@ -274,7 +306,14 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
 
     // SGD with momentum over an empty shard (more replicas than a small model fills) still
     // has its one buffer, so its shard reads back like the others.
-    let sgd = |n| Sgd::<f32>::new(n, 0.9, false, 0.0, &pool).unwrap();
+    let sgd = |n| {
+        Sgd::<f32>::new(
+            n,
+            dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+            &pool,
+        )
+        .unwrap()
+    };
     let (full, empty) = (sgd(len), sgd(0));
     let names = ["sgd-0.ckpt", "sgd-1.ckpt"];
     save_optimizer_shard(&dir.0.join(names[0]), &full, 0..len, len).unwrap();

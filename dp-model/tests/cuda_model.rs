@@ -116,8 +116,23 @@ fn twenty_steps_on_the_gpu_follow_the_cpu() {
         let len = cpu.params().len();
         let mut rng = Rng::new(5);
         let (mut sgd, mut adam_cpu) = (
-            Sgd::<f32>::new(len, 0.9, true, 1e-4, &pool).unwrap(),
-            Adam::<f32>::new(len, (0.9, 0.999), 1e-8, 0.01, true, &pool).unwrap(),
+            Sgd::<f32>::new(
+                len,
+                dp_model::SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 1e-4 },
+                &pool,
+            )
+            .unwrap(),
+            Adam::<f32>::new(
+                len,
+                dp_model::AdamConfig {
+                    betas: (0.9, 0.999),
+                    eps: 1e-8,
+                    weight_decay: 0.01,
+                    decoupled: true,
+                },
+                &pool,
+            )
+            .unwrap(),
         );
         let (mut first, mut second) = (gpu.state_buffer().unwrap(), gpu.state_buffer().unwrap());
         let lr = if adam { 1e-3 } else { 0.05 };

@@ -217,7 +217,12 @@ fn a_sparse_linear_model_learns_a_separable_problem() {
         layers: vec![SparseLinear { out: 2 }],
     };
     let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(rows, 3)).unwrap();
-    let mut sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
+    let mut sgd = Sgd::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )
+    .unwrap();
     let mut rng = Rng::new(21);
     let mut batch = || {
         let (mut offsets, mut indices, mut labels) = (vec![0u32], Vec::new(), Vec::new());

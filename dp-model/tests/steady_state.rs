@@ -26,7 +26,12 @@ fn a_steady_step_allocates_only_inside_gemm() {
     for (spec, recompute, batch) in cases {
         let options = ModelOptions::new(batch, 1).recompute(recompute.clone());
         let mut model = Model::<f32>::new(&spec, &pool, options).unwrap();
-        let mut opt = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool).unwrap();
+        let mut opt = Sgd::new(
+            model.params().len(),
+            dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+            &pool,
+        )
+        .unwrap();
         let mut pruner =
             Pruner::new(model.layout(), Sparsity::Global(0.5), PruneSchedule::one_shot()).unwrap();
         let mut rng = Rng::new(1);

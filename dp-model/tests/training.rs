@@ -18,7 +18,12 @@ fn mlp_learns_a_generated_task_with_a_fixed_seed() {
     let pool = Pool::new(&Tracker::new());
     let spec = ModelSpec::mlp(64, &[128, 64], 10);
     let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(512, 7)).unwrap();
-    let mut opt = Sgd::new(model.params().len(), 0.9, true, 1e-4, &pool).unwrap();
+    let mut opt = Sgd::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 1e-4 },
+        &pool,
+    )
+    .unwrap();
     let schedule = Schedule::WarmupCosine { lr: 0.05, warmup: 20, total: 320, min_lr: 0.0 };
     let before = model.evaluate(x_eval.view(), Targets::Classes(&y_eval)).unwrap();
     for step in 0..320u64 {
@@ -48,7 +53,12 @@ fn sgd_follows_the_pytorch_rule() {
     let grads = [[0.5, -1.0, 2.0], [0.25, 0.5, -0.5], [1.0, 1.0, 1.0]];
     for nesterov in [false, true] {
         let (lr, mu, wd) = (0.1, 0.9, 0.01);
-        let mut opt = Sgd::<f64>::new(3, mu, nesterov, wd, &pool).unwrap();
+        let mut opt = Sgd::<f64>::new(
+            3,
+            dp_model::SgdConfig { momentum: mu, nesterov, weight_decay: wd },
+            &pool,
+        )
+        .unwrap();
         let mut p = vec![1.0, -2.0, 0.5];
         let mut reference = p.clone();
         let mut velocity = [0.0; 3];
@@ -74,7 +84,12 @@ fn adam_and_adamw_follow_the_paper() {
     let grads = [[0.5, -1.0], [0.2, 0.4], [-0.3, 0.1], [1.0, -2.0]];
     for decoupled in [false, true] {
         let (lr, b1, b2, eps, wd) = (0.01, 0.9, 0.999, 1e-8, 0.1);
-        let mut opt = Adam::<f64>::new(2, (b1, b2), eps, wd, decoupled, &pool).unwrap();
+        let mut opt = Adam::<f64>::new(
+            2,
+            dp_model::AdamConfig { betas: (b1, b2), eps, weight_decay: wd, decoupled },
+            &pool,
+        )
+        .unwrap();
         let mut p = vec![0.5, -0.25];
         let mut r = p.clone();
         let (mut m, mut v) = ([0.0; 2], [0.0; 2]);
@@ -109,8 +124,31 @@ fn optimizers_over_shards_equal_one_over_everything() {
     let init: Vec<f32> = (0..101).map(|_| rng.uniform() as f32).collect();
     type Make = fn(usize, &Pool) -> Box<dyn Optimizer<f32>>;
     let makers: [Make; 2] = [
-        |n, pool| Box::new(Sgd::new(n, 0.9, false, 1e-3, pool).unwrap()),
-        |n, pool| Box::new(Adam::new(n, (0.9, 0.99), 1e-8, 0.01, true, pool).unwrap()),
+        |n, pool| {
+            Box::new(
+                Sgd::new(
+                    n,
+                    dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 1e-3 },
+                    pool,
+                )
+                .unwrap(),
+            )
+        },
+        |n, pool| {
+            Box::new(
+                Adam::new(
+                    n,
+                    dp_model::AdamConfig {
+                        betas: (0.9, 0.99),
+                        eps: 1e-8,
+                        weight_decay: 0.01,
+                        decoupled: true,
+                    },
+                    pool,
+                )
+                .unwrap(),
+            )
+        },
     ];
     for make in makers {
         let mut whole = make(101, &pool);
@@ -138,8 +176,31 @@ fn a_step_in_pieces_is_one_step() {
     let init: Vec<f32> = (0..50).map(|_| rng.uniform() as f32).collect();
     type Make = fn(&Pool) -> Box<dyn Optimizer<f32>>;
     let makers: [Make; 2] = [
-        |pool| Box::new(Sgd::new(50, 0.9, true, 1e-3, pool).unwrap()),
-        |pool| Box::new(Adam::new(50, (0.9, 0.99), 1e-8, 0.01, false, pool).unwrap()),
+        |pool| {
+            Box::new(
+                Sgd::new(
+                    50,
+                    dp_model::SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 1e-3 },
+                    pool,
+                )
+                .unwrap(),
+            )
+        },
+        |pool| {
+            Box::new(
+                Adam::new(
+                    50,
+                    dp_model::AdamConfig {
+                        betas: (0.9, 0.99),
+                        eps: 1e-8,
+                        weight_decay: 0.01,
+                        decoupled: false,
+                    },
+                    pool,
+                )
+                .unwrap(),
+            )
+        },
     ];
     for make in makers {
         let (mut whole, mut pieces) = (make(&pool), make(&pool));
@@ -177,11 +238,42 @@ fn optimizer_state_copied_over_continues_the_same_and_bad_settings_are_refused()
     second.step(&mut q, &g, 0.1).unwrap();
     assert_eq!(p, q);
 
-    let mut sgd = Sgd::<f32>::new(3, 0.9, false, 0.0, &pool).unwrap();
+    let mut sgd = Sgd::<f32>::new(
+        3,
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )
+    .unwrap();
     assert!(matches!(sgd.step(&mut [0.0; 2], &[0.0; 2], 0.1), Err(Error::Shape { .. })));
-    assert!(Sgd::<f32>::new(3, 1.5, false, 0.0, &pool).is_err());
-    assert!(Sgd::<f32>::new(3, 0.0, true, 0.0, &pool).is_err());
-    assert!(Adam::<f32>::new(3, (0.9, 1.0), 1e-8, 0.0, false, &pool).is_err());
+    assert!(
+        Sgd::<f32>::new(
+            3,
+            dp_model::SgdConfig { momentum: 1.5, nesterov: false, weight_decay: 0.0 },
+            &pool
+        )
+        .is_err()
+    );
+    assert!(
+        Sgd::<f32>::new(
+            3,
+            dp_model::SgdConfig { momentum: 0.0, nesterov: true, weight_decay: 0.0 },
+            &pool
+        )
+        .is_err()
+    );
+    assert!(
+        Adam::<f32>::new(
+            3,
+            dp_model::AdamConfig {
+                betas: (0.9, 1.0),
+                eps: 1e-8,
+                weight_decay: 0.0,
+                decoupled: false
+            },
+            &pool
+        )
+        .is_err()
+    );
 }
 
 #[test]

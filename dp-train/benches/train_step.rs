@@ -47,7 +47,12 @@ fn bare_step() -> f64 {
     let pool = Pool::new(&Tracker::new());
     let spec = ModelSpec::mlp(784, &[512, 256], 10);
     let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(BATCH, 1)).expect("model");
-    let mut sgd = Sgd::new(model.params().len(), 0.9, false, 0.0, &pool).expect("optimizer");
+    let mut sgd = Sgd::new(
+        model.params().len(),
+        dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
+        &pool,
+    )
+    .expect("optimizer");
     let x = Array2::from_shape_fn((BATCH, 784), |(i, j)| ((i * 31 + j * 7) % 255) as f32 / 255.0);
     let y: Vec<i64> = (0..BATCH as i64).map(|i| i % 10).collect();
     let mut step = |n: u64| {

@@ -271,12 +271,18 @@ impl<C: Communicator> Replica<C> {
             0..len
         };
         let mut optimizer: Box<dyn Optimizer<f32>> = match config.optimizer {
-            OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
-                Box::new(Sgd::new(shard.len(), momentum, nesterov, weight_decay, &pool)?)
+            OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => Box::new(Sgd::new(
+                shard.len(),
+                dp_model::SgdConfig { momentum, nesterov, weight_decay },
+                &pool,
+            )?),
+            OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
+                Box::new(Adam::new(
+                    shard.len(),
+                    dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled },
+                    &pool,
+                )?)
             }
-            OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => Box::new(
-                Adam::new(shard.len(), (beta1, beta2), eps, weight_decay, decoupled, &pool)?,
-            ),
         };
         let zero = config.zero_stage == 1 && !is_shared;
 

@@ -21,16 +21,30 @@ pub struct Adam<T: Float = f32> {
     steps: u64,
 }
 
+/// Adam's settings, named and defaulted as PyTorch's `torch.optim.Adam`: betas (0.9, 0.999),
+/// eps 1e-8, no weight decay; `decoupled` makes it AdamW.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConfig {
+    /// The moments' decay rates, each in `[0, 1)`.
+    pub betas: (f64, f64),
+    /// Added to the second moment's root.
+    pub eps: f64,
+    /// L2 penalty (added to the gradient), or with `decoupled` the weights' decay.
+    pub weight_decay: f64,
+    /// AdamW: decay the weights directly instead of through the gradient.
+    pub decoupled: bool,
+}
+
+impl Default for AdamConfig {
+    fn default() -> Self {
+        AdamConfig { betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, decoupled: false }
+    }
+}
+
 impl<T: Float> Adam<T> {
     /// Adam for `len` parameters; its two moment buffers are tagged `OptState`.
-    pub fn new(
-        len: usize,
-        (beta1, beta2): (f64, f64),
-        eps: f64,
-        weight_decay: f64,
-        decoupled: bool,
-        pool: &Pool,
-    ) -> Result<Self> {
+    pub fn new(len: usize, config: AdamConfig, pool: &Pool) -> Result<Self> {
+        let AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled } = config;
         check_range("beta1", beta1, 0.0..1.0)?;
         check_range("beta2", beta2, 0.0..1.0)?;
         check_range("eps", eps, f64::MIN_POSITIVE..f64::INFINITY)?;
@@ -49,7 +63,7 @@ impl<T: Float> Adam<T> {
 
     /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay.
     pub fn with_defaults(len: usize, pool: &Pool) -> Result<Self> {
-        Self::new(len, (0.9, 0.999), 1e-8, 0.0, false, pool)
+        Self::new(len, AdamConfig::default(), pool)
     }
 }
 

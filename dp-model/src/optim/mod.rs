@@ -8,10 +8,10 @@ mod clip;
 mod schedule;
 mod sgd;
 
-pub use adam::Adam;
+pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, grad_norm};
 pub use schedule::Schedule;
-pub use sgd::Sgd;
+pub use sgd::{Sgd, SgdConfig};
 
 use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::{Error, Result};

@@ -20,16 +20,23 @@ pub struct Sgd<T: Float = f32> {
     steps: u64,
 }
 
+/// SGD's settings, named and defaulted as PyTorch's `torch.optim.SGD`: no momentum, no
+/// Nesterov, no weight decay.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SgdConfig {
+    /// Momentum, in `[0, 1)`; 0 keeps no velocity.
+    pub momentum: f64,
+    /// Nesterov momentum (needs `momentum > 0`).
+    pub nesterov: bool,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+}
+
 impl<T: Float> Sgd<T> {
     /// SGD for `len` parameters. The velocity buffer (tag `OptState`) exists only with
     /// momentum.
-    pub fn new(
-        len: usize,
-        momentum: f64,
-        nesterov: bool,
-        weight_decay: f64,
-        pool: &Pool,
-    ) -> Result<Self> {
+    pub fn new(len: usize, config: SgdConfig, pool: &Pool) -> Result<Self> {
+        let SgdConfig { momentum, nesterov, weight_decay } = config;
         check_range("momentum", momentum, 0.0..1.0)?;
         check_range("weight_decay", weight_decay, 0.0..f64::INFINITY)?;
         if nesterov && momentum == 0.0 {
