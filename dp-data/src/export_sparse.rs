@@ -51,14 +51,20 @@ impl SparseExport {
                 }
             }
         };
-        if !matches!(feature.kind, Kind::Sparse { .. }) || feature.dtype == DType::Bf16 {
+        if !matches!(feature.kind, Kind::Sparse { .. }) || !exported(feature.dtype) {
             return Err(Error::Config {
                 field: "feature",
-                what: format!("{feature} is not a sparse feature of a NumPy dtype"),
+                what: format!("{feature} is not a sparse feature of u8, i32, i64, f32 or f64"),
             });
         }
         Ok(feature)
     }
+}
+
+/// Whether values of `dtype` are written (half floats are not: neither svmlight text nor this
+/// exporter converts them).
+fn exported(dtype: DType) -> bool {
+    !matches!(dtype, DType::F16 | DType::Bf16)
 }
 
 /// The first `N` bytes of `bytes` (little-endian element bytes), zero-padded if shorter.
@@ -77,7 +83,7 @@ fn scalar_text(bytes: &[u8], dtype: DType) -> String {
         DType::I64 => i64::from_le_bytes(le(bytes)).to_string(),
         DType::F32 => f32::from_le_bytes(le(bytes)).to_string(),
         DType::F64 => f64::from_le_bytes(le(bytes)).to_string(),
-        DType::F16 | DType::Bf16 => String::from("nan"),
+        DType::F16 | DType::Bf16 => unreachable!("refused before anything is written"),
     }
 }
 
@@ -95,8 +101,13 @@ pub fn export_svmlight(dataset: &Path, out: &Path, options: &SparseExport) -> Re
         field: "label",
         what: format!("no feature `{}` (the schema is: {})", options.label, data.schema()),
     })?;
-    if !matches!(&label.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1) {
-        return Err(Error::Config { field: "label", what: format!("{label} is not a scalar") });
+    let scalar =
+        matches!(&label.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1);
+    if !scalar || !exported(label.dtype) {
+        return Err(Error::Config {
+            field: "label",
+            what: format!("{label} is not a scalar of u8, i32, i64, f32 or f64"),
+        });
     }
     let qid = data
         .schema()
@@ -147,8 +158,16 @@ pub fn export_npz(dataset: &Path, out: &Path, options: &SparseExport) -> Result<
     let index = data.schema().index_of(&feature.name).unwrap_or_default();
     let width = feature.elements().unwrap_or(0) as u64;
     let records = data.len();
-    let nnz = data.manifest().sparse.get(&feature.name).map_or(0, |c| c.nnz);
-    let wide = width > i32::MAX as u64 || nnz > i32::MAX as u64;
+    // The arrays' lengths go into their headers before their values: the manifest's count.
+    let nnz = data.manifest().sparse.get(&feature.name).map(|c| c.nnz).ok_or_else(|| {
+        Error::Config {
+            field: "feature",
+            what: format!(
+                "the manifest does not count {feature}'s non-zeros (the dataset was written by an older version: import it again)"
+            ),
+        }
+    })?;
+    let wide = [width, nnz, records].iter().any(|&n| n > i32::MAX as u64);
     let int = |v: u64, out: &mut Vec<u8>| match wide {
         true => out.extend_from_slice(&v.to_le_bytes()),
         false => out.extend_from_slice(&(v as i32).to_le_bytes()),

@@ -793,3 +793,16 @@ fn csv_quoted_fields_may_span_lines() {
         .collect();
     assert_eq!(x, vec![1.5, 2.5, 3.5]);
 }
+
+#[test]
+fn csv_blank_lines_are_skipped_but_an_empty_quoted_field_is_an_error() {
+    let tmp = TempDir::new("csv-one-column");
+    let csv = CsvOptions::default();
+    let path = tmp.write("ok.csv", b"x\n1\n   \n\n2\n");
+    assert_eq!(import_csv(&path, &tmp.path("ok"), &csv, options()).unwrap().records, 2);
+    let text = "x\n1\n\"\"\n2\n";
+    let path = tmp.write("empty.csv", text.as_bytes());
+    let (_, offset, what) = corrupt(import_csv(&path, &tmp.path("empty"), &csv, options()));
+    assert_eq!(offset as usize, text.find("\"\"").unwrap());
+    assert!(what.contains("line 3") && what.contains("expected a number"), "{what}");
+}

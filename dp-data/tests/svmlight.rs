@@ -150,11 +150,21 @@ fn malformed_lines_are_named_by_line_offset_and_what_was_expected() {
     assert_eq!(at, 2);
     let (_, message) = corrupt(import(&tmp, "# only a comment\n\n", &default));
     assert!(message.contains("at least one svmlight line"), "{message}");
-    // Nothing is written for a file that fails.
-    let out = tmp.out();
-    let file = tmp.write("bad.svm", b"1 1:1\n1 2:1 1:1\n");
-    assert!(import_svmlight(&[&file], &out, &default, WriterOptions::default()).is_err());
-    assert!(!out.exists());
+    // The largest index a u64 holds: as 0-based it has no width after it; as 1-based its
+    // width is more than a schema allows. Either way an error, not an overflow.
+    let zero = SvmlightOptions { zero_based: Some(true), ..default.clone() };
+    let error = import(&tmp, "1 18446744073709551615:1\n", &zero).unwrap_err().to_string();
+    assert!(error.contains("too large for a width"), "{error}");
+    let error = import(&tmp, "1 18446744073709551615:1\n", &default).unwrap_err().to_string();
+    assert!(error.contains("bytes per record"), "{error}");
+    // Nothing is written for a file that fails, whichever check finds it.
+    let narrow = SvmlightOptions { features: Some(5), ..default.clone() };
+    for (text, options) in [("1 1:1\n1 2:1 1:1\n", &default), ("1 1:1\n1 7:1\n", &narrow)] {
+        let out = tmp.out();
+        let file = tmp.write("bad.svm", text.as_bytes());
+        assert!(import_svmlight(&[&file], &out, options, WriterOptions::default()).is_err());
+        assert!(!out.exists(), "{text:?}");
+    }
 }
 
 #[test]

@@ -34,7 +34,8 @@ pub struct TrainConfig {
     pub normalize_mean: Option<Vec<f32>>,
     /// With `normalize_mean`: the standard deviations to divide by.
     pub normalize_std: Option<Vec<f32>>,
-    /// A built-in model (`mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec file.
+    /// A built-in model (`linear`, `mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec
+    /// file. On a sparse input, `mlp` without widths (the default) means `linear`.
     pub model: String,
     /// Augmentations of the training inputs, applied after scaling, each from the record's
     /// own random stream: `flip-h`, `flip-v` (each with probability 1/2) and `crop:PAD` (pad

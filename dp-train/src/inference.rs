@@ -288,16 +288,35 @@ impl Csr {
         self.indices.clear();
         self.values.clear();
         self.offsets.push(0);
+        let dtype = block.schema().feature(name).map(|f| f.dtype);
         for row in 0..block.len() {
-            let (positions, values) = block.sparse::<f32>(name, row).map_err(|e| {
-                Error::config("input_feature", format!("`{name}`: {e} (the model reads f32)"))
-            })?;
+            // Values as f32, as the training pipeline converts them.
+            let positions = match dtype {
+                Some(DType::U8) => self.row::<u8>(block, name, row)?,
+                Some(DType::I32) => self.row::<i32>(block, name, row)?,
+                Some(DType::I64) => self.row::<i64>(block, name, row)?,
+                Some(DType::F64) => self.row::<f64>(block, name, row)?,
+                _ => self.row::<f32>(block, name, row)?,
+            };
             // Positions are below the width, which the pipeline keeps under 2^32.
             self.indices.extend(positions.iter().map(|&p| p as u32));
-            self.values.extend_from_slice(values);
             self.offsets.push(self.indices.len() as u32);
         }
         Ok(())
+    }
+
+    /// Appends row `row`'s values (as f32) and returns its positions.
+    fn row<'b, T: dp_data::Element + AsF32>(
+        &mut self,
+        block: &'b Block,
+        name: &str,
+        row: usize,
+    ) -> Result<&'b [u64]> {
+        let (positions, values) = block
+            .sparse::<T>(name, row)
+            .map_err(|e| Error::config("input_feature", format!("`{name}`: {e}")))?;
+        self.values.extend(values.iter().map(|&v| v.as_f32()));
+        Ok(positions)
     }
 
     /// Rows `rows` of the block as a batch.
@@ -314,6 +333,23 @@ impl Csr {
         })
     }
 }
+
+/// A sparse input's element types, converted to the model's f32.
+trait AsF32: Copy {
+    fn as_f32(self) -> f32;
+}
+
+macro_rules! as_f32 {
+    ($($t:ty),*) => {$(
+        impl AsF32 for $t {
+            fn as_f32(self) -> f32 {
+                self as f32
+            }
+        }
+    )*};
+}
+
+as_f32!(u8, i32, i64, f32, f64);
 
 /// A batch's labels: classes, or a regression's values.
 #[derive(Clone, Copy)]

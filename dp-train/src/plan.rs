@@ -174,6 +174,12 @@ impl RunPlan {
                 ),
             ));
         }
+        if sparse && !config.augmentations()?.is_empty() {
+            return Err(Error::config(
+                "augment",
+                "a sparse input takes no augmentations (they transform dense images)",
+            ));
+        }
         for augmentation in config.augmentations()? {
             augmentation.check(&input_shape).map_err(|why| {
                 Error::config("augment", format!("{}: {why}", augmentation.describe()))

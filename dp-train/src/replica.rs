@@ -696,6 +696,9 @@ impl<C: Communicator> Replica<C> {
                     Some(rows) => {
                         rows.all_reduce(&mut self.model, &mut self.ctl)?;
                     }
+                    // Alone, there is nothing to sum (and lending the gradients out would make
+                    // a sparse first layer clear its whole table next step).
+                    None if self.ctl.world_size() == 1 => {}
                     None => self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?,
                 }
                 return Ok((loss, reducing.elapsed().as_secs_f64()));

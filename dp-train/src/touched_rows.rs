@@ -129,9 +129,13 @@ mod tests {
         Model::new(&spec, pool, ModelOptions::new(2, 5)).unwrap()
     }
 
-    /// Two replicas, each with a batch touching `rows[rank]`: the reduced gradients, whether
-    /// the rows path was taken, and the dense sum for comparison.
-    fn run(rows: [Vec<u32>; 2]) -> Vec<(Vec<f32>, Reduced, Vec<f32>)> {
+    /// What a replica saw: see [`run`].
+    type Seen = (Vec<f32>, Reduced, Vec<f32>, Vec<usize>);
+
+    /// Two replicas, each with a batch touching `rows[rank]`, then a second step on rows 1
+    /// and 2 only: the first step's reduced gradients, whether the rows path was taken, the
+    /// dense sum for comparison, and the table rows the second backward left non-zero.
+    fn run(rows: [Vec<u32>; 2]) -> Vec<Seen> {
         let rows = Arc::new(rows);
         let groups = LocalGroup::new(2).unwrap();
         std::thread::scope(|scope| {
@@ -144,21 +148,34 @@ mod tests {
                         let pool = Pool::new(&Tracker::new());
                         let mut m = model(&pool);
                         let mut touched = TouchedRows::new(&mut m, 2, &pool).unwrap().unwrap();
-                        let indices = &rows[rank];
-                        let offsets = [0, 1, indices.len() as u32];
-                        let values = vec![1.0f32; indices.len()];
-                        let x = SparseInput {
-                            offsets: &offsets,
-                            indices,
-                            values: &values,
-                            width: 1000,
+                        let step = |m: &mut Model<f32>, indices: &[u32]| {
+                            let offsets = [0, 1, indices.len() as u32];
+                            let values = vec![1.0f32; indices.len()];
+                            let x = SparseInput {
+                                offsets: &offsets,
+                                indices,
+                                values: &values,
+                                width: 1000,
+                            };
+                            let options = StepOptions::default();
+                            m.forward_backward_sparse(x, Targets::Classes(&[0, 1]), &options)
+                                .unwrap();
                         };
-                        let step = StepOptions::default();
-                        m.forward_backward_sparse(x, Targets::Classes(&[0, 1]), &step).unwrap();
+                        step(&mut m, &rows[rank]);
                         let mut dense = m.grads().to_vec();
                         comm.all_reduce(&mut dense, ReduceOp::Sum).unwrap();
                         let reduced = touched.all_reduce(&mut m, &mut comm).unwrap();
-                        (m.grads().to_vec(), reduced, dense)
+                        let grads = m.grads().to_vec();
+                        // The reduction wrote rows the other replica touched: the next backward
+                        // must clear them as its own.
+                        step(&mut m, &[1, 2]);
+                        let table = m.sparse_grads_mut().unwrap().table;
+                        let left: Vec<usize> = (0..1000)
+                            .filter(|r| {
+                                m.grads()[table.start + r * 3..][..3].iter().any(|&g| g != 0.0)
+                            })
+                            .collect();
+                        (grads, reduced, dense, left)
                     })
                 })
                 .collect();
@@ -167,15 +184,16 @@ mod tests {
     }
 
     #[test]
-    fn touched_rows_reduce_to_the_dense_sum() {
+    fn touched_rows_reduce_to_the_dense_sum_and_are_cleared_after() {
         for (rank_rows, rows_path) in [
             ([vec![3, 70, 999], vec![3, 500]], Some(4)),
             // More than a quarter of the rows: the whole buffer.
             ([(0..200).collect(), (150..400).collect()], None),
         ] {
-            for (grads, reduced, dense) in run(rank_rows) {
+            for (grads, reduced, dense, left) in run(rank_rows) {
                 assert_eq!(reduced, rows_path);
                 assert_eq!(grads, dense);
+                assert_eq!(left, vec![1, 2]);
             }
         }
     }

@@ -133,17 +133,27 @@ fn replicas_zero1_and_a_resume_match_one_uninterrupted_replica() {
 fn what_a_sparse_input_cannot_take_is_refused_by_name() {
     let dir = TempDir::new("sparse-refused");
     data(&dir.0);
+    // A model whose first layer cannot read sparse batches.
+    let spec = dir.0.join("relu-first.toml");
+    let toml = "name = \"relu-first\"\ninput = [20000]\n\n[[layers]]\ntype = \"relu\"\n\n[[layers]]\ntype = \"linear\"\nout = 2\n";
+    std::fs::write(&spec, toml).unwrap();
     let cases = [
         (
-            "normalize",
+            "a sparse input is not scaled",
             TrainConfig { normalize: dp_train::Normalization::Standard, ..config(&dir.0) },
         ),
-        ("model", TrainConfig { model: "lenet".into(), ..config(&dir.0) }),
-        ("augment", TrainConfig { augment: vec!["flip".into()], ..config(&dir.0) }),
+        (
+            "needs a first linear, sparse_linear or embedding_bag layer",
+            TrainConfig { model: spec.display().to_string(), ..config(&dir.0) },
+        ),
+        (
+            "a sparse input takes no augmentations",
+            TrainConfig { augment: vec!["flip-h".into()], ..config(&dir.0) },
+        ),
     ];
-    for (field, c) in cases {
+    for (what, c) in cases {
         let error =
             train(c, &RunOptions::new(dir.0.join("runs")), &mut ()).unwrap_err().to_string();
-        assert!(error.contains(field), "expected an error about {field}: {error}");
+        assert!(error.contains(what), "expected an error saying {what:?}: {error}");
     }
 }

@@ -68,6 +68,8 @@ struct Rows {
     next_line: u64,
     /// Offset of the current record's first byte.
     line_offset: u64,
+    /// Whether the current record holds anything but spaces (a quote counts).
+    written: bool,
 }
 
 impl Rows {
@@ -80,6 +82,7 @@ impl Rows {
             line_number: 0,
             next_line: 1,
             line_offset: 0,
+            written: false,
         })
     }
 
@@ -89,7 +92,8 @@ impl Rows {
             if !self.read_record()? {
                 return Ok(false);
             }
-            let blank = self.fields.len() == 1 && self.text(0).is_empty();
+            // A line of spaces; `""` alone is an empty field, which is an error later.
+            let blank = self.fields.len() == 1 && !self.written;
             if !blank {
                 return Ok(true);
             }
@@ -99,6 +103,7 @@ impl Rows {
     /// Reads one record's fields into `fields` and `cells`; `false` at the end of the file.
     fn read_record(&mut self) -> Result<bool> {
         self.fields.clear();
+        self.written = false;
         // Bytes of `cells` the record's fields fill; the rest is room for the parser to write.
         let mut used = 0;
         let mut field_at = None;
@@ -108,7 +113,8 @@ impl Rows {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(self.source.read_error(e, "a CSV record")),
             };
-            if used as u64 > MAX_LINE {
+            // What the record has taken of the file so far, delimiters and quotes included.
+            if self.source.offset.saturating_sub(self.line_offset) > MAX_LINE {
                 return Err(self.source.corrupt(
                     self.line_offset,
                     format!("line {}: a record longer than {MAX_LINE} bytes", self.line_number),
@@ -140,6 +146,11 @@ impl Rows {
                 }
                 field_at = Some(here + skipped as u64);
             }
+            let mut consumed = &input[..nin];
+            if here == 0 {
+                consumed = consumed.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(consumed);
+            }
+            self.written |= consumed.iter().any(|c| !c.is_ascii_whitespace());
             self.source.reader.consume(nin);
             self.source.offset += nin as u64;
             self.next_line += newlines;

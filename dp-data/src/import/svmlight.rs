@@ -247,10 +247,30 @@ pub fn import_svmlight(
     // Pass 1: check every line, find the index range, the labels' kind and the query ids.
     let mut survey = Survey { integer_labels: true, plus_minus_one: true, ..Survey::default() };
     let mut negative = None;
+    // An index past a given width, found in pass 1 so that nothing is written: whether it is
+    // past depends on the base, which (by default) only the whole file decides.
+    let mut past_width: [Option<Error>; 2] = [None, None];
     for path in paths {
         let mut lines = Lines::open(path)?;
         while let Some(line) = lines.next()? {
             survey.records += 1;
+            if svm.zero_based == Some(false) && lines.indices.first() == Some(&0) {
+                return Err(
+                    lines.fail_index(0, "index 0 in a file read as 1-based (set zero_based)")
+                );
+            }
+            if let (Some(width), Some(&last)) = (svm.features, lines.indices.last()) {
+                for (base, slot) in past_width.iter_mut().enumerate() {
+                    if slot.is_none() && last >= width as u64 + base as u64 {
+                        let k = lines.indices.len() - 1;
+                        let largest = width as u64 - 1 + base as u64;
+                        *slot = Some(lines.fail_index(
+                            k,
+                            format!("index {last} is past the {width} features (the largest is {largest})"),
+                        ));
+                    }
+                }
+            }
             if let (Some(&first), Some(&last)) = (lines.indices.first(), lines.indices.last()) {
                 survey.min_index = Some(survey.min_index.map_or(first, |m| m.min(first)));
                 survey.max_index = survey.max_index.max(last);
@@ -290,13 +310,18 @@ pub fn import_svmlight(
     }
     let zero_based = svm.zero_based.unwrap_or(survey.min_index == Some(0));
     let base = u64::from(!zero_based);
+    if let Some(error) = past_width[base as usize].take() {
+        return Err(error);
+    }
     let width = match svm.features {
         Some(n) => n,
-        None => {
-            usize::try_from(survey.max_index + 1 - base.min(survey.max_index)).map_err(|_| {
-                Error::Config { field: "features", what: "the largest index does not fit".into() }
-            })?
-        }
+        None => (survey.max_index - base.min(survey.max_index))
+            .checked_add(1)
+            .and_then(|w| usize::try_from(w).ok())
+            .ok_or_else(|| Error::Config {
+                field: "features",
+                what: format!("the largest index, {}, is too large for a width", survey.max_index),
+            })?,
     };
 
     let mut features =
@@ -306,7 +331,7 @@ pub fn import_svmlight(
     }
     let schema = Schema::new(features)?;
 
-    // Pass 2: write, checking each index against the base and the width.
+    // Pass 2: write. The checks of pass 1 hold unless the file changed meanwhile.
     let mut writer = DatasetWriter::create(out, schema, options)?;
     let mut positions = Vec::new();
     for path in paths {

@@ -182,11 +182,12 @@ __global__ void dp_sum_squares(const float* x, long long n, double* out) {
     if (threadIdx.x == 0) atomicAdd(out, partial[0]);
 }
 
-// x[i] *= s (clipping), or x[i] = value (a vector of ones for the bias gradients' GEMM).
+// x[i] *= s (clipping).
 __global__ void dp_scale(float* x, long long n, float s) {
     DP_FOR_EACH(i, n) { x[i] *= s; }
 }
 
+// x[i] = value: the vector of ones the bias gradients' GEMM multiplies by.
 __global__ void dp_fill(float* x, long long n, float value) {
     DP_FOR_EACH(i, n) { x[i] = value; }
 }
