@@ -455,19 +455,14 @@ impl Block {
     pub fn sparse<T: Element>(&self, name: &str, row: usize) -> Result<(&[u64], &[T])> {
         self.check_row(row)?;
         let (feature, view) = self.lookup(name)?;
-        match view {
-            ColumnView::Sparse { ends, indices, values } => {
-                let (a, b) = (self.end_at(ends, row), self.end_at(ends, row + 1));
-                let size = feature.dtype.size();
-                let positions =
-                    bytemuck::try_cast_slice(&self.data[indices + 8 * a..indices + 8 * b])
-                        .map_err(|e| Self::wrong(feature, &format!("is misaligned: {e}")))?;
-                let values =
-                    self.typed::<T>(feature, &self.data[values + size * a..values + size * b])?;
-                Ok((positions, values))
-            }
-            _ => Err(Self::wrong(feature, "is not sparse")),
-        }
+        let ColumnView::Sparse { .. } = view else {
+            return Err(Self::wrong(feature, "is not sparse"));
+        };
+        let index = self.schema.index_of(name).unwrap_or_default();
+        let (positions, values) = self.sparse_column_row(index, row);
+        let positions = bytemuck::try_cast_slice(positions)
+            .map_err(|e| Self::wrong(feature, &format!("is misaligned: {e}")))?;
+        Ok((positions, self.typed::<T>(feature, values)?))
     }
 
     /// Appends record `row`'s raw bytes, feature after feature (dense elements; bytes; sparse

@@ -174,13 +174,14 @@ impl RunPlan {
                 ),
             ));
         }
-        if sparse && !config.augmentations()?.is_empty() {
+        let augmentations = config.augmentations()?;
+        if sparse && !augmentations.is_empty() {
             return Err(Error::config(
                 "augment",
                 "a sparse input takes no augmentations (they transform dense images)",
             ));
         }
-        for augmentation in config.augmentations()? {
+        for augmentation in augmentations {
             augmentation.check(&input_shape).map_err(|why| {
                 Error::config("augment", format!("{}: {why}", augmentation.describe()))
             })?;

@@ -167,26 +167,6 @@ __global__ void dp_adam_step(float* p, const float* grad, float* m, float* v, lo
     }
 }
 
-// out[0] += sum of x[i]^2, in double: the gradient norm for clipping. Each block reduces in
-// shared memory (blockDim.x a power of two, at most 1024) and adds once.
-__global__ void dp_sum_squares(const float* x, long long n, double* out) {
-    __shared__ double partial[1024];
-    double sum = 0.0;
-    DP_FOR_EACH(i, n) { sum += (double)x[i] * (double)x[i]; }
-    partial[threadIdx.x] = sum;
-    __syncthreads();
-    for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) atomicAdd(out, partial[0]);
-}
-
-// x[i] *= s (clipping).
-__global__ void dp_scale(float* x, long long n, float s) {
-    DP_FOR_EACH(i, n) { x[i] *= s; }
-}
-
 // x[i] = value: the vector of ones the bias gradients' GEMM multiplies by.
 __global__ void dp_fill(float* x, long long n, float value) {
     DP_FOR_EACH(i, n) { x[i] = value; }

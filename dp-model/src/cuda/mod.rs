@@ -34,8 +34,6 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_squared_error",
     "dp_sgd_step",
     "dp_adam_step",
-    "dp_sum_squares",
-    "dp_scale",
     "dp_fill",
 ];
 
