@@ -59,6 +59,7 @@ mod element;
 mod error;
 mod feature_stats;
 mod finite;
+mod int_range;
 mod manifest;
 pub mod measure;
 mod pipeline;
@@ -72,6 +73,7 @@ pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use feature_stats::FeatureStats;
+pub use int_range::IntRange;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,

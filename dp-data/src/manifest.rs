@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic;
 use crate::error::{Error, Result};
+use crate::int_range::IntRange;
 use crate::schema::Schema;
 
 /// The manifest's file name inside a dataset directory.
@@ -46,6 +47,10 @@ pub struct Manifest {
     /// by, and `data inspect` shows.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sparse: BTreeMap<String, SparseCounts>,
+    /// The range of each scalar integer feature (labels, ids), by name: what a trainer checks
+    /// labels against before its first step. Absent in manifests written before it existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ranges: BTreeMap<String, IntRange>,
 }
 
 /// How many non-zeros a sparse feature holds.

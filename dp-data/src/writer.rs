@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use crate::block::BlockBuilder;
 use crate::error::{Error, Result};
 use crate::finite::NonFinite;
+use crate::int_range::IntRange;
 use crate::manifest::{
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardInfo, SparseCounts,
 };
@@ -175,6 +176,9 @@ pub struct DatasetWriter {
     nonfinite: NonFinite,
     /// Non-zeros per sparse feature (in schema order; dense features count nothing).
     sparse: Vec<SparseCounts>,
+    /// The range of each scalar integer feature (in schema order; `None` for the others, and
+    /// before the first record).
+    ranges: Vec<Option<IntRange>>,
     /// Whether `create` made the directory (then a writer that does not finish removes it
     /// again when it is empty).
     made_dir: bool,
@@ -193,6 +197,7 @@ impl DatasetWriter {
         Ok(DatasetWriter {
             fingerprint: schema_fingerprint(&schema),
             sparse: vec![SparseCounts::default(); schema.features().len()],
+            ranges: vec![None; schema.features().len()],
             builder: BlockBuilder::new(&schema),
             schema: Arc::new(schema),
             dir,
@@ -239,9 +244,13 @@ impl DatasetWriter {
         for (value, feature) in record.iter().zip(features) {
             value.check(feature, self.records)?;
         }
-        for ((value, feature), counts) in record.iter().zip(features).zip(&mut self.sparse) {
+        let counts = self.sparse.iter_mut().zip(&mut self.ranges);
+        for ((value, feature), (counts, range)) in record.iter().zip(features).zip(counts) {
             match value {
                 Value::Dense(bytes) => {
+                    if IntRange::counted(feature) {
+                        IntRange::add_stored(range, feature.dtype, bytes, self.records);
+                    }
                     self.nonfinite.scan(feature.dtype, bytes, self.records, &feature.name)
                 }
                 Value::Sparse { indices, values } => {
@@ -294,6 +303,13 @@ impl DatasetWriter {
                 .zip(&self.sparse)
                 .filter(|(f, _)| matches!(f.kind, Kind::Sparse { .. }))
                 .map(|(f, counts)| (f.name.clone(), *counts))
+                .collect(),
+            ranges: self
+                .schema
+                .features()
+                .iter()
+                .zip(&self.ranges)
+                .filter_map(|(f, range)| Some((f.name.clone(), (*range)?)))
                 .collect(),
         };
         manifest.write(&self.dir)?;

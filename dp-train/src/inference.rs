@@ -18,7 +18,7 @@ use ndarray::ArrayView2;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::input::Input;
-use crate::normalization::Scalings;
+use crate::normalization::{SavedInput, Scalings};
 use crate::plan::{class_labels, label_error};
 use crate::run_dir::{CHECKPOINT, CONFIG, MODEL};
 
@@ -90,7 +90,9 @@ impl SavedRun {
     pub fn open_checkpoint(dir: &Path, name: &str) -> Result<Self> {
         let config = TrainConfig::load(&dir.join(CONFIG))?;
         let spec = ModelSpec::from_file(&dir.join(MODEL))?;
-        let scalings = crate::normalization::load(dir)?;
+        let sparse = spec.layers.first().is_some_and(|l| l.takes_sparse_input());
+        let input_len = spec.input.iter().product();
+        let scalings = crate::normalization::load(dir, &config, input_len, sparse)?;
         let path = dir.join(name);
         if !path.exists() {
             return Err(Error::run(
@@ -119,6 +121,12 @@ impl SavedRun {
     /// matrix, or a regression's loss, RMSE and MAE; with `int8`, also of the model with
     /// int8 weights (`QuantizedModel`).
     pub fn evaluate(&self, data: &Path, int8: bool) -> Result<Evaluation> {
+        if Dataset::open(data)?.is_empty() {
+            return Err(Error::config(
+                "data",
+                format!("{} has no records: there is nothing to score", data.display()),
+            ));
+        }
         let pool = Pool::new(&Tracker::new());
         let mut model = self.model(&pool)?;
         let classes = model.outputs();
@@ -186,6 +194,15 @@ impl SavedRun {
             )
         })?;
         let sparse = matches!(feature.kind, dp_data::Kind::Sparse { .. });
+        if let Some(trained) = &self.scalings.input {
+            let shape = match &feature.kind {
+                dp_data::Kind::Sparse { shape } => vec![shape.iter().product()],
+                dp_data::Kind::Dense { shape } => shape.clone(),
+                dp_data::Kind::Bytes => Vec::new(),
+            };
+            let given = SavedInput { dtype: feature.dtype, shape, sparse };
+            trained.check(data, input, &given)?;
+        }
         let shape = match &feature.kind {
             dp_data::Kind::Dense { shape } | dp_data::Kind::Sparse { shape }
                 if shape.iter().product::<usize>() == input_len =>

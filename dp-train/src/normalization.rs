@@ -16,9 +16,46 @@ use crate::run_dir::{NORMALIZATION, write_atomic};
 /// bound on the time a large dataset's first pass takes.
 const STATS_RECORDS: u64 = 100_000;
 
+/// The input a run was trained on. Data given to it later (a resumed run's, evaluation's,
+/// prediction's) must be stored alike: the same values stored as another dtype would be
+/// scaled as something they are not (`f32` pixels already in [0, 1] divided by 255 again).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedInput {
+    pub(crate) dtype: DType,
+    /// The dense shape, or a sparse feature's width as `[width]`.
+    pub(crate) shape: Vec<usize>,
+    pub(crate) sparse: bool,
+}
+
+impl std::fmt::Display for SavedInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.sparse { "sparse " } else { "" };
+        write!(f, "{kind}{} {:?}", self.dtype.name(), self.shape)
+    }
+}
+
+impl SavedInput {
+    /// Refuses `feature` of the dataset in `data` unless it is this input, naming both.
+    pub(crate) fn check(&self, data: &Path, feature: &str, given: &SavedInput) -> Result<()> {
+        if given == self {
+            return Ok(());
+        }
+        Err(Error::config(
+            "input_feature",
+            format!(
+                "`{feature}` in {} is {given}; the run was trained on {self}: give it the data stored as the run's was",
+                data.display()
+            ),
+        ))
+    }
+}
+
 /// What `normalization.json` holds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Scalings {
+    /// The input the scalings were decided for (absent in runs saved before it was kept).
+    #[serde(default)]
+    pub(crate) input: Option<SavedInput>,
     /// The inputs' scaling; `None` leaves them as stored.
     pub(crate) inputs: Option<FeatureScaling>,
     /// The targets' standardization: present exactly when the run regresses a float label.
@@ -35,15 +72,16 @@ impl Scalings {
     }
 }
 
-/// The scalings `config` asks for, on inputs of `dtype` and `input_len` elements, with
-/// statistics adapted from `train` where they are needed; with `regression`, the targets are
-/// standardized too.
+/// The scalings `config` asks for, on `input`, with statistics adapted from `train` where
+/// they are needed; with `regression`, the targets are standardized too.
 pub(crate) fn decide(
     config: &TrainConfig,
     train: &Dataset,
-    (dtype, input_len, sparse): (DType, usize, bool),
+    input: &SavedInput,
     regression: bool,
 ) -> Result<Scalings> {
+    let (dtype, sparse) = (input.dtype, input.sparse);
+    let input_len: usize = input.shape.iter().product();
     let stats = |feature: &str| {
         FeatureStats::of(train, feature, STATS_RECORDS).map_err(|e| {
             Error::config(
@@ -95,7 +133,7 @@ pub(crate) fn decide(
         true => Some(FeatureScaling::standard(&stats(&config.label_feature)?)),
         false => None,
     };
-    Ok(Scalings { inputs, targets })
+    Ok(Scalings { input: Some(input.clone()), inputs, targets })
 }
 
 /// Saves a new run's scalings into its directory.
@@ -104,8 +142,15 @@ pub(crate) fn save(run_dir: &Path, scalings: &Scalings) -> Result<()> {
     write_atomic(&run_dir.join(NORMALIZATION), json.as_bytes())
 }
 
-/// The scalings a run saved.
-pub(crate) fn load(run_dir: &Path) -> Result<Scalings> {
+/// The scalings a run saved in `run_dir`, checked against the run's `config` and its inputs
+/// of `input_len` elements (`sparse` or not): a scaling that does not fit them is refused as
+/// damaged, whichever command reads it.
+pub(crate) fn load(
+    run_dir: &Path,
+    config: &TrainConfig,
+    input_len: usize,
+    sparse: bool,
+) -> Result<Scalings> {
     let path = run_dir.join(NORMALIZATION);
     let damaged = |why: String| Error::run(&path, format!("the saved scaling is damaged: {why}"));
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, "read", e))?;
@@ -113,5 +158,42 @@ pub(crate) fn load(run_dir: &Path) -> Result<Scalings> {
     let check = |scaling: Option<FeatureScaling>| {
         scaling.map(|s| FeatureScaling::new(s.offset, s.scale).map_err(damaged)).transpose()
     };
-    Ok(Scalings { inputs: check(saved.inputs)?, targets: check(saved.targets)? })
+    let (inputs, targets) = (check(saved.inputs)?, check(saved.targets)?);
+    let inputs_are = if sparse { "sparse inputs" } else { "dense inputs" };
+    // A sparse input is never scaled; a dense one always is, unless the config says none.
+    let scaled = config.normalize != Normalization::None && !sparse;
+    match &inputs {
+        Some(_) if !scaled => {
+            return Err(damaged(format!(
+                "it scales the inputs, which normalize = {} on {inputs_are} does not",
+                config.normalize.name()
+            )));
+        }
+        None if scaled => {
+            return Err(damaged(format!(
+                "it has no input scaling, which normalize = {} on {inputs_are} needs",
+                config.normalize.name()
+            )));
+        }
+        Some(s) if s.offset.len() != 1 && s.offset.len() != input_len => {
+            return Err(damaged(format!(
+                "{} values for inputs of {input_len} elements (one per element, or one for all)",
+                s.offset.len()
+            )));
+        }
+        _ => {}
+    }
+    if let Some(t) = &targets
+        && t.offset.len() != 1
+    {
+        return Err(damaged(format!("{} values for the one target", t.offset.len())));
+    }
+    if let Some(input) = &saved.input
+        && (input.shape.iter().product::<usize>(), input.sparse) != (input_len, sparse)
+    {
+        return Err(damaged(format!(
+            "it was decided for {input}, the run's model takes {input_len} {inputs_are}"
+        )));
+    }
+    Ok(Scalings { input: saved.input, inputs, targets })
 }

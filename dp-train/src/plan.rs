@@ -13,7 +13,7 @@ use crate::best::BestSoFar;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::gpu::GpuPeers;
-use crate::normalization::Scalings;
+use crate::normalization::{SavedInput, Scalings};
 
 /// The caller's part of a checkpoint: where the run was.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -90,34 +90,30 @@ impl RunPlan {
         }
         // A float label is a value to regress: one output, trained with the squared error.
         let regression = label.dtype.is_float();
-        let classes = match config.classes {
-            _ if regression && config.classes.is_some() => {
-                return Err(Error::config(
-                    "classes",
-                    format!(
-                        "`{}` is a float feature, a value to regress, not classes",
-                        config.label_feature
-                    ),
-                ));
-            }
-            _ if regression => 1,
-            Some(c) if (2..=MAX_CLASSES).contains(&c) => c,
-            Some(c) => {
-                return Err(Error::config("classes", format!("{c} is outside 2..={MAX_CLASSES}")));
-            }
-            None => {
-                let largest = largest_label(&train, &config.label_feature, MAX_CLASSES)?;
-                if largest < 1 {
-                    return Err(Error::config(
-                        "classes",
-                        "the training labels have fewer than 2 classes",
-                    ));
-                }
-                largest as usize + 1
-            }
+        if regression && config.classes.is_some() {
+            return Err(Error::config(
+                "classes",
+                format!(
+                    "`{}` is a float feature, a value to regress, not classes",
+                    config.label_feature
+                ),
+            ));
+        }
+        let classes = match regression {
+            true => 1,
+            // Every label is checked before the first step: a bad one found hours in (or
+            // never, in a short run) would have trained on nonsense.
+            false => classes_of(&train, &config.label_feature, config.classes)?,
         };
         if let Some(eval) = &config.eval_data {
             let eval_set = Dataset::open(eval)?;
+            // No records would score as a perfect evaluation, and the best one forever.
+            if eval_set.is_empty() {
+                return Err(Error::config(
+                    "eval_data",
+                    format!("{} has no records to evaluate on", eval.display()),
+                ));
+            }
             let (eval_shape, _, eval_sparse) = input_of(&eval_set, &config.input_feature, eval)?;
             if (&eval_shape, eval_sparse) != (&input_shape, sparse) {
                 let kind = |sparse| if sparse { "sparse " } else { "" };
@@ -144,7 +140,7 @@ impl RunPlan {
                     ));
                 }
             } else {
-                largest_label(&eval_set, &config.label_feature, classes)?;
+                check_labels(&eval_set, &config.label_feature, classes)?;
             }
         }
         // On a sparse input the default is a linear model (logistic regression, as one starts
@@ -186,13 +182,18 @@ impl RunPlan {
                 Error::config("augment", format!("{}: {why}", augmentation.describe()))
             })?;
         }
+        let input = SavedInput { dtype, shape: input_shape.clone(), sparse };
         let scalings = match &run_dir {
-            Some(dir) => crate::normalization::load(dir)?,
-            None => {
-                let input = (dtype, input_len, sparse);
-                crate::normalization::decide(&config, &train, input, regression)?
+            Some(dir) => {
+                let saved = crate::normalization::load(dir, &config, input_len, sparse)?;
+                if let Some(trained) = &saved.input {
+                    trained.check(&config.train_data, &config.input_feature, &input)?;
+                }
+                saved
             }
+            None => crate::normalization::decide(&config, &train, &input, regression)?,
         };
+
         // The saved scaling has targets exactly when the run regresses: a label that changed
         // between classes and values since is another run.
         if scalings.targets.is_some() != regression {
@@ -366,24 +367,65 @@ fn model_spec(model: &str, input: &[usize], classes: usize, sparse: bool) -> Res
 /// written by mistake (a float's bits, an id) asks for.
 pub(crate) const MAX_CLASSES: usize = 1 << 20;
 
-/// The largest label in the dataset; a label outside `0..limit` is an error naming it and
-/// its record.
-fn largest_label(dataset: &Dataset, name: &str, limit: usize) -> Result<i64> {
-    let mut largest = i64::MIN;
+/// The smallest and largest label of the dataset, each with the first record holding it:
+/// from the manifest's range when it has one (no block is read), else by reading every block.
+fn label_range(dataset: &Dataset, name: &str) -> Result<dp_data::IntRange> {
+    let dtype = dataset.schema().feature(name).map(|f| f.dtype);
+    if !matches!(dtype, Some(DType::U8 | DType::I32 | DType::I64)) {
+        return Err(Error::config("label_feature", format!("`{name}` must be u8, i32 or i64")));
+    }
+    if let Some(range) = dataset.manifest().ranges.get(name) {
+        return Ok(*range);
+    }
+    let mut range: Option<dp_data::IntRange> = None;
+    let mut labels = Vec::new();
     for block in dataset.blocks() {
         let block = block?;
-        let mut labels = Vec::new();
-        if !class_labels(&block, name, &mut labels)? {
-            return Err(Error::config("label_feature", format!("`{name}` must be u8, i32 or i64")));
-        }
-        let bad = labels.iter().position(|&l| l < 0 || l >= limit as i64);
-        if let Some(row) = bad {
+        class_labels(&block, name, &mut labels)?;
+        for (row, &label) in labels.iter().enumerate() {
             let record = block.first_record() + row as u64;
-            return Err(label_error(labels[row], record, limit));
+            let r = range.get_or_insert(dp_data::IntRange::new(label, record));
+            r.add(label, record);
         }
-        largest = largest.max(labels.into_iter().max().unwrap_or(i64::MIN));
     }
-    Ok(largest)
+    range.ok_or_else(|| {
+        Error::config("label_feature", format!("`{name}` has no records to take classes from"))
+    })
+}
+
+/// The classes of a run on `train`: `configured`, or one more than the largest label; every
+/// label must be one of them.
+fn classes_of(train: &Dataset, name: &str, configured: Option<usize>) -> Result<usize> {
+    let range = label_range(train, name)?;
+    let classes = match configured {
+        Some(c) if (2..=MAX_CLASSES).contains(&c) => c,
+        Some(c) => {
+            return Err(Error::config("classes", format!("{c} is outside 2..={MAX_CLASSES}")));
+        }
+        None if range.max < 1 && range.min >= 0 => {
+            return Err(Error::config("classes", "the training labels have fewer than 2 classes"));
+        }
+        None => usize::try_from(range.max).map_or(MAX_CLASSES, |max| (max + 1).min(MAX_CLASSES)),
+    };
+    labels_within(range, classes)?;
+    Ok(classes)
+}
+
+/// Checks that every label of the dataset is a class in `0..classes`, naming the first
+/// record outside.
+fn check_labels(dataset: &Dataset, name: &str, classes: usize) -> Result<()> {
+    labels_within(label_range(dataset, name)?, classes)
+}
+
+/// An error naming the first record of `range`'s extremes that is outside `0..classes`.
+fn labels_within(range: dp_data::IntRange, classes: usize) -> Result<()> {
+    if range.min < 0 {
+        return Err(label_error(range.min, range.min_record, classes));
+    }
+    if range.max >= classes as i64 {
+        return Err(label_error(range.max, range.max_record, classes));
+    }
+    Ok(())
 }
 
 /// A block's class labels as `i64` into `out`; `false` (and nothing read) when `name` is not

@@ -276,17 +276,27 @@ fn a_bad_label_is_an_error_naming_it_its_record_and_the_limit() {
         ..TrainConfig::default()
     };
     let cases = [
-        (-1, None, "label -1 of record 137 is outside 0..1048576"),
+        (-1, None, "label -1 of record 137 is outside 0..3"),
         (-1, Some(3), "label -1 of record 137 is outside 0..3"),
         (7, Some(3), "label 7 of record 137 is outside 0..3"),
         (1 << 40, None, "label 1099511627776 of record 137 is outside 0..1048576"),
     ];
     for (label, classes, want) in cases {
         let data = csv_with_label(&out.0, label);
+        // The dataset's manifest knows the bad label and its record, so the run refuses it
+        // before its first step, however short the run: it never trains on it.
+        let range = dp_data::Dataset::open(&data).unwrap().manifest().ranges["label"];
+        let bad =
+            if label < 0 { (range.min, range.min_record) } else { (range.max, range.max_record) };
+        assert_eq!(bad, (label, 137));
         let runs = out.0.join("runs");
-        let error = train(small(data, classes), &RunOptions::new(&runs), &mut ()).unwrap_err();
-        let text = error.to_string();
-        assert!(text.contains(want), "label {label}, classes {classes:?}: {text}");
+        for steps in [1, 40] {
+            let c = TrainConfig { steps: Some(steps), ..small(data.clone(), classes) };
+            let error = train(c, &RunOptions::new(&runs), &mut ()).unwrap_err();
+            let text = error.to_string();
+            assert!(text.contains(want), "label {label}, classes {classes:?}: {text}");
+            assert!(!runs.exists(), "label {label}, classes {classes:?}: a run directory");
+        }
     }
     // An evaluation label past the training data's classes fails at setup, not at the first
     // evaluation: no run directory is made.

@@ -82,3 +82,83 @@ fn data_the_model_cannot_take_and_runs_without_a_model_are_refused() {
     let error = SavedRun::open(&dir).unwrap_err().to_string();
     assert!(error.contains("has no checkpoint.ckpt"), "{error}");
 }
+
+/// The digits of `from` written again with the images as `f32` in [0, 1] (the same pictures,
+/// stored as another dtype), or with no records when `records` is 0.
+fn digits_as_f32(from: &std::path::Path, to: &std::path::Path, records: usize) {
+    use dp_data::{DType, DatasetWriter, Feature, Schema, Value};
+    let schema = Schema::new(vec![
+        Feature::dense("image", DType::F32, &[28, 28]),
+        Feature::dense("label", DType::I64, &[]),
+    ])
+    .unwrap();
+    let mut writer = DatasetWriter::create(to, schema, Default::default()).unwrap();
+    let dataset = dp_data::Dataset::open(from).unwrap();
+    for block in dataset.blocks() {
+        let block = block.unwrap();
+        let images = block.dense::<u8>("image").unwrap();
+        let images = images.as_slice().unwrap();
+        let labels = block.dense::<i64>("label").unwrap();
+        for (image, label) in images.chunks_exact(784).zip(labels.iter()) {
+            if writer.records() as usize == records {
+                break;
+            }
+            let x: Vec<f32> = image.iter().map(|&p| f32::from(p) / 255.0).collect();
+            writer.append(&[Value::dense(&x), Value::dense(std::slice::from_ref(label))]).unwrap();
+        }
+    }
+    writer.finish().unwrap();
+}
+
+#[test]
+fn data_stored_as_another_dtype_or_an_empty_set_is_refused_not_scored() {
+    let out = TempDir::new("inference-dtype");
+    let c = TrainConfig { eval_data: None, ..config(1, 8) };
+    train(c, &RunOptions::new(&out.0.join("runs")), &mut ()).unwrap();
+    let run = SavedRun::open(&run_dir(&out.0.join("runs"))).unwrap();
+    // The u8 run would divide these [0, 1] values by 255 again and score them as near-blank
+    // images.
+    let floats = out.0.join("f32");
+    digits_as_f32(&digits().join("eval"), &floats, usize::MAX);
+    let error = run.evaluate(&floats, false).unwrap_err().to_string();
+    let want = "is f32 [28, 28]; the run was trained on u8 [28, 28]";
+    assert!(error.contains(want) && error.contains("f32"), "{error}");
+    let error = run.predict(&floats).unwrap_err().to_string();
+    assert!(error.contains(want), "{error}");
+    // No records would score as perfect: refused by evaluation, and at a run's setup.
+    let empty = out.0.join("empty");
+    digits_as_f32(&digits().join("eval"), &empty, 0);
+    let error = run.evaluate(&empty, false).unwrap_err().to_string();
+    assert!(error.contains("has no records"), "{error}");
+    let runs = out.0.join("empty-runs");
+    let c = TrainConfig { eval_data: Some(empty), ..config(1, 8) };
+    let error = train(c, &RunOptions::new(&runs), &mut ()).unwrap_err().to_string();
+    assert!(error.contains("has no records to evaluate on"), "{error}");
+    assert!(!runs.exists(), "a refused run left {runs:?}");
+}
+
+#[test]
+fn a_saved_scaling_that_does_not_fit_the_run_is_refused_everywhere() {
+    let out = TempDir::new("inference-scaling");
+    let c = TrainConfig { eval_data: None, ..config(1, 8) };
+    train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+    let dir = run_dir(&out.0);
+    let path = dir.join(dp_train::NORMALIZATION);
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let three = serde_json::json!({"offset": [0.0, 0.0, 0.0], "scale": [255.0, 255.0, 255.0]});
+    for (inputs, want) in [
+        (three, "3 values for inputs of 784 elements"),
+        (serde_json::Value::Null, "it has no input scaling, which normalize = auto"),
+    ] {
+        let mut edited = saved.clone();
+        edited["inputs"] = inputs;
+        std::fs::write(&path, edited.to_string()).unwrap();
+        let error = SavedRun::open(&dir).unwrap_err().to_string();
+        assert!(error.contains(want) && error.contains("normalization.json"), "{error}");
+        let mut options = RunOptions::new(&out.0);
+        options.resume = Some(dir.clone());
+        options.resume_changes.steps = Some(12);
+        let error = train(TrainConfig::default(), &options, &mut ()).unwrap_err().to_string();
+        assert!(error.contains(want), "resume: {error}");
+    }
+}
