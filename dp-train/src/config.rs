@@ -361,8 +361,9 @@ pub fn auto_epochs(steps_per_epoch: u64) -> u64 {
 }
 
 /// Replicas per available core beyond which a run is refused: replicas past the cores only
-/// take turns on them, each with a whole model's memory.
-const MAX_REPLICAS_PER_CORE: usize = 8;
+/// take turns on them, each with a whole model's memory. The same bound holds for the
+/// processes a launcher starts on one host.
+pub const MAX_REPLICAS_PER_CORE: usize = 8;
 
 impl TrainConfig {
     /// Reads a config file.

@@ -25,13 +25,20 @@ pub enum Error {
         what: String,
     },
 
-    /// `--resume` of a run that already ran all its steps, or stopped early: nothing was done.
-    #[error("{} is finished at step {steps}: nothing to resume", run_dir.display())]
+    /// `--resume` of a run that already ran all its steps, or stopped early, asked for no
+    /// more: nothing was done.
+    #[error(
+        "{} {} at step {steps}: nothing to resume; to train it longer, resume it with a larger --steps or --epochs",
+        run_dir.display(),
+        if *early { "stopped early (its evaluation loss had stopped improving)" } else { "is finished" }
+    )]
     Finished {
         /// The run directory.
         run_dir: PathBuf,
         /// Its steps.
         steps: u64,
+        /// Whether it stopped early, before its last step.
+        early: bool,
     },
 
     /// Another process of the run failed; its own output says how.

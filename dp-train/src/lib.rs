@@ -58,8 +58,8 @@ mod trainer;
 mod zero;
 
 pub use config::{
-    Device, Normalization, OptimizerConfig, PruneConfig, TrainConfig, auto_epochs,
-    auto_global_batch,
+    Device, MAX_REPLICAS_PER_CORE, Normalization, OptimizerConfig, PruneConfig, TrainConfig,
+    auto_epochs, auto_global_batch,
 };
 pub use error::{Error, Result};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};

@@ -282,6 +282,14 @@ impl RunPlan {
         self.resume.as_ref().is_some_and(|(_, s)| s.best.stopped_early)
     }
 
+    /// Lets a resumed run that stopped early train on, counting its patience afresh.
+    pub(crate) fn train_past_early_stop(&mut self) {
+        if let Some((_, state)) = &mut self.resume {
+            state.best.stopped_early = false;
+            state.best.evals_since = 0;
+        }
+    }
+
     /// The step the run starts from (0, or where the checkpoint was taken).
     pub(crate) fn start_step(&self) -> u64 {
         self.resume.as_ref().map_or(0, |(_, s)| s.step)

@@ -361,6 +361,15 @@ fn set_up(
     let mut changed = false;
     let effective = match &options.resume {
         Some(dir) => (|| {
+            // Before the lock, which would leave its file in any directory named by mistake.
+            if !dir.join(CONFIG).is_file() {
+                return Err(Error::run(
+                    dir,
+                    format!(
+                        "is not a run directory (it has no {CONFIG}); resume the directory a run made, runs/<name>"
+                    ),
+                ));
+            }
             if processes.is_first() {
                 lock = Some(run_dir::lock(dir)?);
             }
@@ -382,7 +391,7 @@ fn set_up(
             what: format!("sent a config that does not parse: {e}"),
         })?
     };
-    let plan = match &options.resume {
+    let mut plan = match &options.resume {
         Some(dir) => {
             // A run stopped before its first checkpoint starts again from step 0, with the
             // config it saved.
@@ -393,10 +402,16 @@ fn set_up(
         }
         None => RunPlan::new(effective, None, None, count)?,
     };
+    // A run that stopped early and is asked for a new length trains on, its patience counted
+    // afresh: the user chose to go past the early stop.
+    let longer = options.resume_changes.epochs.is_some() || options.resume_changes.steps.is_some();
+    if longer && plan.start_step() < plan.total_steps {
+        plan.train_past_early_stop();
+    }
     // Here, before the processes agree, so that they all end alike.
     if plan.start_step() == plan.total_steps || plan.stopped_early() {
-        let run_dir = plan.run_dir().to_path_buf();
-        return Err(Error::Finished { run_dir, steps: plan.start_step() });
+        let (run_dir, early) = (plan.run_dir().to_path_buf(), plan.stopped_early());
+        return Err(Error::Finished { run_dir, steps: plan.start_step(), early });
     }
     // The changed config holds for the run from now on, and for any later resume.
     if changed && processes.is_first() {

@@ -50,7 +50,15 @@ fn a_run_stops_early_when_evaluations_stop_improving_also_across_a_resume() {
     let dir = run_dir(&out.0.join("whole"));
     let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(out.0.join("whole")) };
     let error = train(TrainConfig::default(), &resume, &mut ()).unwrap_err();
-    assert!(matches!(error, Error::Finished { steps: 12, .. }), "{error}");
+    assert!(matches!(error, Error::Finished { steps: 12, early: true, .. }), "{error}");
+    let text = error.to_string();
+    assert!(text.contains("stopped early") && text.contains("larger --steps"), "{text}");
+    // Asked for a new length, it trains on past the early stop, its patience counted afresh:
+    // evaluations at 16 and 20, the last step.
+    let mut longer = resume.clone();
+    longer.resume_changes.steps = Some(20);
+    let resumed = train(TrainConfig::default(), &longer, &mut ()).unwrap();
+    assert_eq!((resumed.steps, resumed.best.map(|b| b.0)), (20, Some(4)), "{resumed}");
 
     // The count carries over a resume. Patience 3, a first run of 10 steps: evaluations at
     // 4 (the best), 8 and 10 (its last), two without improvement. Resumed to 40 steps, the

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
-use common::{StopAfter, TempDir, checkpoint_step, config, final_params, run_dir, train_losses};
+use common::{
+    StopAfter, TempDir, checkpoint_step, config, digits, final_params, run_dir, train_losses,
+};
 use dp_train::{
     CHECKPOINT, CONFIG, Error, Fault, FaultKind, METRICS, Observer, RunInfo, RunOptions,
     StepMetrics, TrainConfig, train,
@@ -167,6 +169,19 @@ fn resuming_a_finished_run_says_so_and_changes_nothing() {
     assert!(matches!(error, Error::Finished { steps: 4, .. }), "{error}");
     assert!(error.to_string().contains("is finished at step 4: nothing to resume"), "{error}");
     assert_eq!(snapshot(&dir), before);
+    // A directory that is not a run (the data's, say) is named as such and left as it was:
+    // no lock file is made in it.
+    let data = digits().join("train");
+    let before = snapshot(&data);
+    let error = train(TrainConfig::default(), &resume_options(&data), &mut ()).unwrap_err();
+    assert!(
+        error.to_string().contains("is not a run directory (it has no config.toml)"),
+        "{error}"
+    );
+    assert_eq!(snapshot(&data), before);
+    let missing = out.0.join("no-such-run");
+    let error = train(TrainConfig::default(), &resume_options(&missing), &mut ()).unwrap_err();
+    assert!(error.to_string().contains("is not a run directory"), "{error}");
 }
 
 #[test]

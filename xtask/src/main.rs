@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use dp_mem::CountingAlloc;
 
 /// Counting every allocation lets a run report allocations per training step; it costs a few
@@ -84,7 +84,8 @@ enum Cmd {
 }
 
 fn main() -> Result<ExitCode> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let root = workspace_root();
     match cli.command {
         Cmd::Ci => run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root)),
@@ -93,7 +94,12 @@ fn main() -> Result<ExitCode> {
         Cmd::Bench { krate, .. } if krate.as_deref() == Some("train") => train::bench(&root),
         Cmd::Bench { krate, filter } => bench::run(&root, krate.as_deref(), filter.as_deref()),
         Cmd::Data { command } => return data::run(command),
-        Cmd::Train(args) => return train::run(&root, *args),
+        Cmd::Train(args) => {
+            let command = Cli::command();
+            let train = command.find_subcommand("train").expect("a train command");
+            let given = matches.subcommand_matches("train").map(|m| given_options(train, m));
+            return train::run(&root, *args, &given.unwrap_or_default());
+        }
         Cmd::Plot { run_dir } => plot(&run_dir),
         Cmd::Eval { model, int8 } => {
             inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
@@ -118,6 +124,18 @@ struct SavedModel {
     /// The dataset (the same input feature as the run's).
     #[arg(long)]
     data: PathBuf,
+}
+
+/// The options of `command` given on its command line (not defaulted), by id: the field's
+/// name.
+fn given_options(command: &clap::Command, matches: &clap::ArgMatches) -> Vec<String> {
+    use clap::parser::ValueSource;
+    command
+        .get_arguments()
+        .map(|arg| arg.get_id().as_str())
+        .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Draws the plots of a run and prints the paths written.

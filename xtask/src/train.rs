@@ -37,8 +37,9 @@ pub(crate) struct TrainArgs {
     /// Model: mlp, mlp:W1,W2,..., lenet, or a .toml/.json spec file.
     #[arg(long)]
     model: Option<String>,
-    /// Passes over the training data.
-    #[arg(long, allow_negative_numbers = true)]
+    /// Passes over the training data: a positive number, or auto to choose them from the
+    /// data's size (the default).
+    #[arg(long, value_name = "N|auto", value_parser = parse_epochs, allow_negative_numbers = true)]
     epochs: Option<u64>,
     /// Optimizer steps (overrides --epochs).
     #[arg(long, allow_negative_numbers = true)]
@@ -125,11 +126,48 @@ pub(crate) struct TrainArgs {
     /// mpirun or srun yourself.
     #[arg(long, allow_negative_numbers = true)]
     procs: Option<usize>,
+    /// With --procs: allow more than 8 processes x replicas per core on this host.
+    #[arg(long)]
+    oversubscribe: bool,
 }
 
-pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
+/// `--epochs`: a positive count, or `auto` (stored as the config's 0, which means the same).
+fn parse_epochs(text: &str) -> std::result::Result<u64, String> {
+    match text {
+        "auto" => Ok(0),
+        _ => match text.parse::<u64>() {
+            Ok(0) => Err("0 passes train nothing: give a positive number, or auto to choose \
+                          from the data's size"
+                .into()),
+            Ok(n) => Ok(n),
+            Err(e) => Err(format!("{e}: give a positive number, or auto")),
+        },
+    }
+}
+
+/// The options `--resume` applies: how long the resumed run goes on, on how many replicas
+/// and processes, and what it shows. Any other option describes another run.
+const RESUME_OPTIONS: [&str; 7] =
+    ["resume", "epochs", "steps", "replicas", "procs", "oversubscribe", "no_plot"];
+
+pub(crate) fn run(root: &Path, args: TrainArgs, given: &[String]) -> Result<ExitCode> {
     let launch = Launch::detect()?;
+    if let Some(dir) = &args.resume {
+        refuse_unapplied(dir, given)?;
+    }
     if let (Some(processes), Launch::Single | Launch::Env { .. }) = (args.procs, &launch) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = processes.saturating_mul(args.replicas.unwrap_or(1).max(1));
+        let most = dp_train::MAX_REPLICAS_PER_CORE * cores;
+        if threads > most && !args.oversubscribe {
+            bail!(
+                "--procs {processes}{}: {threads} replicas on {cores} cores is more than \
+                 {}-per-core ({most}); each is a whole model's memory taking turns on a core. \
+                 Use fewer, or add --oversubscribe",
+                args.replicas.map_or(String::new(), |r| format!(" x --replicas {r}")),
+                dp_train::MAX_REPLICAS_PER_CORE
+            );
+        }
         if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
             ensure_digits(&root.join("data/digits"))?;
         }
@@ -158,10 +196,7 @@ pub(crate) fn run(root: &Path, args: TrainArgs) -> Result<ExitCode> {
         },
     };
     apply(&mut config, &args)?;
-    let resume_changes = match &args.resume {
-        Some(dir) => resume_changes(dir, &args)?,
-        None => dp_train::ResumeChanges::default(),
-    };
+    let resume_changes = resume_changes(&args);
     if first && args.data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
     }
@@ -291,22 +326,30 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `--resume` changes of the saved config: `--epochs`, `--steps` and `--replicas`. Any
-/// other option that would change it is refused, never ignored in silence.
-fn resume_changes(dir: &Path, args: &TrainArgs) -> Result<dp_train::ResumeChanges> {
-    let others = TrainArgs { epochs: None, steps: None, replicas: None, ..args.clone() };
-    let mut changed = TrainConfig::default();
-    apply(&mut changed, &others)?;
-    if args.config.is_some() || changed != TrainConfig::default() {
-        let saved = dp_train::resolve_run_dir(dir).join(dp_train::CONFIG);
-        bail!(
-            "--resume continues the run with the config it saved, {}; of the options that \
-             change it, only --epochs, --steps and --replicas apply to a resumed run: start a \
-             new run for the others",
-            saved.display()
-        );
+/// Refuses every option given with `--resume` that it does not apply, whatever its value (one
+/// equal to its default would otherwise be dropped in silence, as would `--out`).
+fn refuse_unapplied(dir: &Path, given: &[String]) -> Result<()> {
+    let unapplied: Vec<String> = given
+        .iter()
+        .filter(|id| !RESUME_OPTIONS.contains(&id.as_str()))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect();
+    if unapplied.is_empty() {
+        return Ok(());
     }
-    Ok(dp_train::ResumeChanges { epochs: args.epochs, steps: args.steps, replicas: args.replicas })
+    let saved = dp_train::resolve_run_dir(dir).join(dp_train::CONFIG);
+    bail!(
+        "--resume continues the run with the config it saved, {}; {} would not apply: only \
+         --epochs, --steps, --replicas and --procs change a resumed run; start a new run for \
+         the others",
+        saved.display(),
+        unapplied.join(", ")
+    )
+}
+
+/// What `--resume` changes of the saved config: `--epochs`, `--steps` and `--replicas`.
+fn resume_changes(args: &TrainArgs) -> dp_train::ResumeChanges {
+    dp_train::ResumeChanges { epochs: args.epochs, steps: args.steps, replicas: args.replicas }
 }
 
 fn set<T>(field: &mut T, value: Option<T>) {
@@ -673,7 +716,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, FromArgMatches, Parser};
 
     #[derive(Parser)]
     struct Cli {
@@ -697,18 +740,38 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--set", "workers=3"]).unwrap();
         let error = apply(&mut config, &cli.train).unwrap_err().to_string();
         assert!(error.contains("`workers`: unknown field"), "{error}");
-        // A resumed run takes a new length and replica count, and refuses other options that
-        // would change its config instead of ignoring them.
-        let args = ["train", "--resume", "runs/x", "--epochs", "9", "--replicas", "1"];
-        let cli = Cli::try_parse_from(args).unwrap();
-        let changes = resume_changes(Path::new("runs/x"), &cli.train).unwrap();
+        // A resumed run takes a new length and replica count, and refuses every other option
+        // given, even one equal to its default, instead of ignoring it.
+        let given = |args: &[&str]| {
+            let matches = Cli::command().try_get_matches_from(args).unwrap();
+            let ids = crate::given_options(&Cli::command(), &matches);
+            (Cli::from_arg_matches(&matches).unwrap().train, ids)
+        };
+        let (args, ids) =
+            given(&["train", "--resume", "runs/x", "--epochs", "9", "--replicas", "1"]);
+        refuse_unapplied(Path::new("runs/x"), &ids).unwrap();
+        let changes = resume_changes(&args);
         assert_eq!((changes.epochs, changes.steps, changes.replicas), (Some(9), None, Some(1)));
-        let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--lr", "0.5"]).unwrap();
-        let error = resume_changes(Path::new("runs/x"), &cli.train).unwrap_err();
-        assert!(error.to_string().contains("runs/x/config.toml"), "{error}");
-        let cli = Cli::try_parse_from(["train", "--resume", "runs/x", "--no-plot"]).unwrap();
-        let changes = resume_changes(Path::new("runs/x"), &cli.train).unwrap();
-        assert_eq!(changes, dp_train::ResumeChanges::default());
+        refuse_unapplied(Path::new("runs/x"), &given(&["train", "--resume", "x", "--no-plot"]).1)
+            .unwrap();
+        let defaults = ["--seed", "0", "--model", "mlp", "--optimizer", "sgd", "--zero", "0"];
+        let (_, ids) = given(
+            &[
+                &["train", "--resume", "runs/x", "--lr", "0.5"][..],
+                &defaults,
+                &["--out", "elsewhere"],
+            ]
+            .concat(),
+        );
+        let error = refuse_unapplied(Path::new("runs/x"), &ids).unwrap_err().to_string();
+        assert!(error.contains("runs/x/config.toml"), "{error}");
+        for flag in ["--lr", "--seed", "--model", "--optimizer", "--zero", "--out"] {
+            assert!(error.contains(flag), "{flag}: {error}");
+        }
+        // Epochs are a positive count or `auto`; 0 is not a silent `auto`.
+        assert_eq!(given(&["train", "--epochs", "auto"]).0.epochs, Some(0));
+        let error = Cli::try_parse_from(["train", "--epochs", "0"]).err().unwrap().to_string();
+        assert!(error.contains("give a positive number, or auto"), "{error}");
         // Unsigned options say what is wrong with the number, not that it is a stray flag.
         let error = Cli::try_parse_from(["train", "--steps", "-3"]).err().unwrap().to_string();
         assert!(error.contains("invalid value '-3' for '--steps"), "{error}");

@@ -116,10 +116,13 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
         command.args(["train", "--no-plot", "--resume"]).arg(&run);
         command
     };
-    let refused = resume().args(["--model", "mlp:8"]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "{stderr}");
-    assert!(stderr.contains("only --epochs, --steps and --replicas apply"), "{stderr}");
+    // Even an option equal to its default, or one that only says where runs go.
+    for other in [&["--model", "mlp:8"][..], &["--seed", "0"], &["--out", "elsewhere"]] {
+        let refused = resume().args(other).output().unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{stderr}");
+        assert!(stderr.contains(&format!("{} would not apply", other[0])), "{stderr}");
+    }
     let longer = succeeded(resume().args(["--epochs", "15", "--replicas", "1"]).output().unwrap());
     let steps = figure(&longer, "steps", "steps");
     assert_eq!(steps, (15 * (2000 / 32)) as f64, "{longer}");
