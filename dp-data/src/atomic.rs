@@ -15,6 +15,37 @@ pub(crate) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Refuses to write a file at `path` unless nothing is there yet or a regular file that may
+/// be written: a rename would otherwise replace a symlink (not the file it points to), a
+/// FIFO, a device node or a directory with a regular file, and bypass a read-only file's
+/// permissions. Every command that writes a path a user names checks it before any work.
+pub fn check_output_file(path: &Path) -> Result<()> {
+    let refuse = |what: &str| Error::Output { path: path.to_path_buf(), what: what.to_string() };
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(path, "inspect", e)),
+    };
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Err(refuse(
+            "is a symbolic link; name the file itself (it would replace the link, not write through it)",
+        ));
+    }
+    if kind.is_dir() {
+        return Err(refuse("is a directory; name a file"));
+    }
+    if !kind.is_file() {
+        return Err(refuse(
+            "is not a regular file (a FIFO, socket or device); name a regular file, or - for standard output where a command offers it",
+        ));
+    }
+    if meta.permissions().readonly() {
+        return Err(refuse("is a read-only file; make it writable or name another"));
+    }
+    Ok(())
+}
+
 /// Atomically replaces `path` with `bytes`. A write that fails (a full disk) removes its
 /// temporary file.
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -31,6 +62,8 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 /// temporary file is removed.
 pub(crate) fn commit(file: File, temp: &Path, path: &Path) -> Result<()> {
     let committed = file.sync_all().map_err(|e| Error::io(temp, "fsync", e)).and_then(|()| {
+        // Again at the last moment: what is at `path` may have changed while it was written.
+        check_output_file(path)?;
         drop(file);
         fs::rename(temp, path).map_err(|e| Error::io(path, "rename", e))
     });

@@ -18,6 +18,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An output path holds something a command must not replace.
+    #[error("{path}: not written: {what}")]
+    Output {
+        /// The path given to write.
+        path: PathBuf,
+        /// What is there.
+        what: String,
+    },
+
     /// A file's bytes are not what the format says they must be.
     #[error("{path}: corrupt at byte {offset}: {what}")]
     Corrupt {

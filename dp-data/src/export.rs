@@ -5,7 +5,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::atomic::{commit, temp_path};
+use crate::atomic::{check_output_file, commit, temp_path};
 use crate::import::{npy_descr, npy_header};
 use crate::{Dataset, Error, Kind, Result};
 
@@ -137,19 +137,12 @@ pub fn export_npy(dataset: &Path, out: &Path, options: &ExportOptions) -> Result
 /// [`export_npy`] writes its files: to a temporary name, flushed, then renamed, so a file with
 /// the final name is always complete; on an error nothing is left behind.
 pub fn write_npy_f32(path: &Path, shape: &[u64], values: &[f32]) -> Result<()> {
-    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
-    if elements != Some(values.len() as u64) {
-        return Err(Error::Config {
-            field: "shape",
-            what: format!("{shape:?} does not hold {} values", values.len()),
-        });
-    }
+    check_npy_shape(shape, values)?;
+    check_output_file(path)?;
     let temp = temp_path(path);
     let written = File::create(&temp).map_err(|e| Error::io(&temp, "create", e)).and_then(|file| {
         let mut out = BufWriter::with_capacity(1 << 16, file);
-        out.write_all(&npy_header("<f4", shape))
-            .and_then(|()| out.write_all(bytemuck::cast_slice(values)))
-            .map_err(|e| Error::io(&temp, "write", e))?;
+        write_npy_f32_to(&mut out, shape, values).map_err(|e| Error::io(&temp, "write", e))?;
         out.into_inner().map_err(|e| Error::io(&temp, "write", e.into_error()))
     });
     match written {
@@ -159,6 +152,31 @@ pub fn write_npy_f32(path: &Path, shape: &[u64], values: &[f32]) -> Result<()> {
             Err(error)
         }
     }
+}
+
+/// Writes `values` as [`write_npy_f32`] does, to a stream (standard output, say): a stream
+/// cannot be renamed into place, so a reader of a failed write sees a short array.
+pub fn write_npy_f32_to(
+    out: &mut impl Write,
+    shape: &[u64],
+    values: &[f32],
+) -> std::io::Result<()> {
+    check_npy_shape(shape, values).map_err(std::io::Error::other)?;
+    out.write_all(&npy_header("<f4", shape))?;
+    out.write_all(bytemuck::cast_slice(values))?;
+    out.flush()
+}
+
+/// Refuses a shape that does not hold exactly `values`.
+fn check_npy_shape(shape: &[u64], values: &[f32]) -> Result<()> {
+    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+    if elements != Some(values.len() as u64) {
+        return Err(Error::Config {
+            field: "shape",
+            what: format!("{shape:?} does not hold {} values", values.len()),
+        });
+    }
+    Ok(())
 }
 
 /// Creates each chosen feature's temporary file and writes its header.
@@ -174,6 +192,7 @@ fn start_outputs(
         dims.extend(shape.iter().map(|&d| d as u64));
         let record = feature.dense_bytes().unwrap_or(0) as u64;
         let path = out.join(format!("{}.npy", feature.name));
+        check_output_file(&path)?;
         let temp = temp_path(&path);
         let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
         let mut file = BufWriter::with_capacity(1 << 16, file);

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use crate::atomic::{commit, temp_path};
+use crate::atomic::{check_output_file, commit, temp_path};
 use crate::import::npy_header;
 use crate::{DType, Dataset, Error, Feature, Kind, Result};
 
@@ -238,6 +238,7 @@ fn write_atomically(
     out: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
+    check_output_file(out)?;
     let temp = temp_path(out);
     let result = (|| {
         let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;

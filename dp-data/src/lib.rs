@@ -68,6 +68,7 @@ mod shard;
 mod value;
 mod writer;
 
+pub use atomic::check_output_file;
 pub use block::Block;
 pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
@@ -89,7 +90,7 @@ pub use synthetic::{Split, SyntheticDigits, generate_digits, render_digit};
 mod export;
 mod export_sparse;
 mod import;
-pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32};
+pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32, write_npy_f32_to};
 pub use export_sparse::{SparseExport, export_npz, export_svmlight};
 pub use import::{
     CsvOptions, SparseFeature, SvmlightOptions, TfRecordCompression, TfRecordOptions,

@@ -98,6 +98,7 @@ fn write_png(
         &DrawingArea<BitMapBackend<'b>, Shift>,
     ) -> DrawResult<(), BitMapBackend<'b>>,
 ) -> Result<PathBuf> {
+    dp_data::check_output_file(path)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot.png");
     // The temporary name must still end in `.png`: the encoder picks the format from the
     // extension. The process id keeps two processes plotting the same run apart.

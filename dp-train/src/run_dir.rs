@@ -208,6 +208,7 @@ fn remove_stale_temporaries(dir: &Path) {
 /// one, and a failed write (a full disk) removes it.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
+    dp_data::check_output_file(path)?;
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy().into_owned());

@@ -114,7 +114,7 @@ fn digits_as_f32(from: &std::path::Path, to: &std::path::Path, records: usize) {
 fn data_stored_as_another_dtype_or_an_empty_set_is_refused_not_scored() {
     let out = TempDir::new("inference-dtype");
     let c = TrainConfig { eval_data: None, ..config(1, 8) };
-    train(c, &RunOptions::new(&out.0.join("runs")), &mut ()).unwrap();
+    train(c, &RunOptions::new(out.0.join("runs")), &mut ()).unwrap();
     let run = SavedRun::open(&run_dir(&out.0.join("runs"))).unwrap();
     // The u8 run would divide these [0, 1] values by 255 again and score them as near-blank
     // images.

@@ -61,17 +61,30 @@ fn print_confusion(confusion: &[Vec<u64>]) {
 }
 
 /// Writes the run's outputs for every record of `data` to `out` (npy, f32, dataset order):
-/// class probabilities `[records, classes]`, or a regression's values `[records, 1]`.
+/// class probabilities `[records, classes]`, or a regression's values `[records, 1]`; `-`
+/// writes them to standard output.
 pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path) -> Result<()> {
+    let to_stdout = out.as_os_str() == "-";
+    if !to_stdout {
+        // Before the work: the path may hold something that must not be replaced.
+        dp_data::check_output_file(out)?;
+    }
     let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
     let predictions =
         run.predict(data).with_context(|| format!("predict on {}", data.display()))?;
     let shape = [predictions.records, predictions.columns as u64];
-    dp_data::write_npy_f32(out, &shape, &predictions.values)?;
     let what = match predictions.regression {
         true => "predicted values".to_string(),
         false => format!("{} class probabilities", predictions.columns),
     };
+    if to_stdout {
+        let mut stdout = std::io::stdout().lock();
+        dp_data::write_npy_f32_to(&mut stdout, &shape, &predictions.values)
+            .context("write the predictions to standard output")?;
+        eprintln!("wrote {} records x {what} (f32 npy) to standard output", predictions.records);
+        return Ok(());
+    }
+    dp_data::write_npy_f32(out, &shape, &predictions.values)?;
     println!("wrote {} ({} records x {what}, f32)", out.display(), predictions.records);
     Ok(())
 }

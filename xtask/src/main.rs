@@ -57,7 +57,8 @@ enum Cmd {
     Predict {
         #[command(flatten)]
         model: SavedModel,
-        /// The npy file to write: f32 `[records, classes]`, in dataset order.
+        /// The npy file to write: f32 `[records, classes]`, in dataset order; `-` for standard
+        /// output. Only a regular file (or nothing) is replaced.
         #[arg(long)]
         out: PathBuf,
     },
