@@ -79,6 +79,22 @@ pub enum Error {
         value: f64,
     },
 
+    /// The training loss stayed far above what a model that knows nothing costs: a
+    /// divergence whose numbers are still finite.
+    #[error(
+        "training diverged at step {step}: the mean training loss of steps {since}..={step} is {mean:.3e}, more than 10 times the {baseline:.3} a model that knows nothing costs; lower the learning rate (lr), clip gradients (clip_grad_norm) or scale the inputs (normalize), then start again or resume from a checkpoint taken before it (keep > 1 keeps earlier ones)"
+    )]
+    Exploded {
+        /// The step whose window ended it.
+        step: u64,
+        /// The window's first step.
+        since: u64,
+        /// The window's mean training loss.
+        mean: f64,
+        /// The loss of knowing nothing: `ln classes`, or 1 for a regression.
+        baseline: f64,
+    },
+
     /// A run directory or one of its files is missing or damaged.
     #[error("{}: {what}", path.display())]
     Run {

@@ -35,6 +35,7 @@ mod best;
 mod chance;
 mod checksum;
 mod config;
+mod divergence;
 mod emergency;
 mod error;
 mod gate;

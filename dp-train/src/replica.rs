@@ -20,6 +20,7 @@ use ndarray::ArrayView2;
 use crate::best::BestSoFar;
 use crate::checksum::check_in_sync;
 use crate::config::{Device, OptimizerConfig};
+use crate::divergence::LossWatch;
 use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
@@ -158,6 +159,8 @@ pub(crate) struct Replica<C: Communicator> {
     zero: bool,
     /// Every replica's parameter checksum, at each check.
     checksums: Vec<u64>,
+    /// The training loss held against what knowing nothing costs.
+    watch: LossWatch,
     pruner: Option<Pruner>,
     train: Pipeline,
     eval: Option<(Pipeline, Vec<i64>)>,
@@ -388,6 +391,7 @@ impl<C: Communicator> Replica<C> {
             touched_rows,
             zero,
             checksums,
+            watch: LossWatch::new(plan.classes, plan.start_step()),
             pruner,
             train,
             eval,
@@ -434,7 +438,10 @@ impl<C: Communicator> Replica<C> {
                 drop(ctl);
                 // Only a step boundary past the last checkpoint is worth saving, and never a
                 // diverged one.
-                let diverged = matches!(error, Error::Diverged { .. } | Error::NonFinite { .. });
+                let diverged = matches!(
+                    error,
+                    Error::Diverged { .. } | Error::NonFinite { .. } | Error::Exploded { .. }
+                );
                 if synced && !diverged && !updating && consistent.step > checkpointed {
                     let save = Emergency {
                         plan: &plan,
@@ -484,7 +491,8 @@ impl<C: Communicator> Replica<C> {
                 }
             }
             let before = CountingAlloc::thread_counts();
-            let stop = self.step(step)?;
+            let (stop, loss) = self.step(step)?;
+            self.watch.add(loss);
             if counting && step >= start + WARMUP_STEPS {
                 allocs += CountingAlloc::thread_counts().calls() - before.calls();
                 counted += 1;
@@ -496,9 +504,12 @@ impl<C: Communicator> Replica<C> {
                 0 => epoch_end || last,
                 every => done.is_multiple_of(every) || last,
             };
+            // Before the evaluation: a model whose training loss has blown up is not kept as
+            // the best, however its evaluation loss compares.
+            let blown_up = eval_due && self.watch.check(done, last)?;
             let mut stop_early = false;
             if eval_due && let Some(eval_loss) = self.evaluate(done)? {
-                if self.consistent.best.record(done, eval_loss) && self.rank == 0 {
+                if !blown_up && self.consistent.best.record(done, eval_loss) && self.rank == 0 {
                     self.save_best(done, eval_loss)?;
                 }
                 stop_early = self.consistent.best.out_of_patience(plan.config.early_stop);
@@ -531,7 +542,9 @@ impl<C: Communicator> Replica<C> {
     }
 
     /// One optimizer step; returns whether the run was asked to stop after it.
-    fn step(&mut self, step: u64) -> Result<bool> {
+    /// Runs optimizer step `step`: whether the run is asked to stop, and the step's mean
+    /// training loss over all replicas.
+    fn step(&mut self, step: u64) -> Result<(bool, f64)> {
         let plan = Arc::clone(&self.plan);
         let config = &plan.config;
         let started = Instant::now();
@@ -671,7 +684,7 @@ impl<C: Communicator> Replica<C> {
                 events.send(Event::Step(sample));
             }
         }
-        Ok(totals.stop > 0.0)
+        Ok((totals.stop > 0.0, totals.mean_loss()))
     }
 
     /// The last micro-batch of a step: forward and backward, then the gradients' all-reduce.

@@ -272,9 +272,15 @@ pub fn train(
     opening?;
 
     let reports = match outcome(endings, first_rank) {
-        Err(error @ Error::NonFinite { step, .. }) => {
+        Err(error @ (Error::NonFinite { .. } | Error::Exploded { .. })) => {
+            // A non-finite step was not taken; a finite divergence's last step was.
+            let (done, at) = match error {
+                Error::NonFinite { step, .. } => (step - 1, step),
+                Error::Exploded { step, .. } => (step, step),
+                _ => unreachable!("matched above"),
+            };
             if processes.is_first() {
-                write_diverged_summary(&plan, params, step, started.elapsed().as_secs_f64())?;
+                write_diverged_summary(&plan, params, (done, at), started.elapsed().as_secs_f64())?;
             }
             return Err(error);
         }
@@ -421,12 +427,18 @@ fn set_up(
     Ok((plan, lock))
 }
 
-/// The summary of a run that diverged at `step`: what its metrics recorded until then.
-fn write_diverged_summary(plan: &RunPlan, params: usize, step: u64, wall_s: f64) -> Result<()> {
+/// The summary of a run that diverged at step `at` after `done` steps: what its metrics
+/// recorded until then.
+fn write_diverged_summary(
+    plan: &RunPlan,
+    params: usize,
+    (done, at): (u64, u64),
+    wall_s: f64,
+) -> Result<()> {
     let (losses, eval) = read_record(&plan.run_dir().join(METRICS))?;
     let summary = Summary {
-        diverged_at: Some(step),
-        ..recorded_summary(plan, params, step - 1, &losses, eval, wall_s)
+        diverged_at: Some(at),
+        ..recorded_summary(plan, params, done, &losses, eval, wall_s)
     };
     let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
     run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())
@@ -529,6 +541,7 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
         e @ (Error::Replica { .. }
         | Error::Diverged { .. }
         | Error::NonFinite { .. }
+        | Error::Exploded { .. }
         | Error::Config { .. }) => e,
         e => Error::Replica { rank, what: e.to_string() },
     })

@@ -242,6 +242,33 @@ fn a_diverging_run_stops_at_that_step_and_keeps_its_last_good_checkpoint() {
 }
 
 #[test]
+fn a_loss_that_blows_up_but_stays_finite_is_a_divergence_too() {
+    // Adam at lr 1e6 sends the loss to about 1e20 and keeps it finite: evaluations every 4
+    // steps; the windows ending at 4 and 8 are far above ln 10, so the run ends at step 8,
+    // with no model kept as the best.
+    let out = TempDir::new("faults-exploded");
+    let c = TrainConfig {
+        lr: Some(1e6),
+        optimizer: common::adam(),
+        eval_every: 4,
+        checkpoint_every: 4,
+        ..config(2, 40)
+    };
+    let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, Error::Exploded { step: 8, since: 5, .. }), "{text}");
+    assert!(text.contains("lower the learning rate (lr)"), "{text}");
+    let dir = run_dir(&out.0);
+    assert!(!dir.join(dp_train::BEST).exists(), "a blown-up model was kept as the best");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(dp_train::SUMMARY)).unwrap()).unwrap();
+    assert_eq!((summary["diverged_at"].as_u64(), summary["steps"].as_u64()), (Some(8), Some(8)));
+    // The same settings at a sane learning rate train to the end.
+    let c = TrainConfig { optimizer: common::adam(), eval_every: 4, ..config(2, 40) };
+    train(c, &RunOptions::new(out.0.join("sane")), &mut ()).unwrap();
+}
+
+#[test]
 fn budgets_too_small_name_their_key_and_leave_no_run_directory() {
     let out = TempDir::new("faults-budget");
     // The default MLP's parameters alone are 2 MiB; 64 shuffled blocks of digits are more

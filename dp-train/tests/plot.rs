@@ -220,11 +220,12 @@ fn a_failed_write_leaves_no_temporary_file() {
     let dir_tmp = temp_dir("blocked");
     let dir = dir_tmp.path();
     write_run(dir, 20, 10);
-    // A directory where the image should go makes the final rename fail.
+    // A directory where the image should go is refused, not replaced.
     fs::create_dir(dir.join("accuracy.png")).unwrap();
     fs::write(dir.join("accuracy.png").join("keep"), "x").unwrap();
     let err = plot_run(dir).unwrap_err();
-    assert_names_file(&err, &dir.join("accuracy.png"), "rename");
+    assert_names_file(&err, &dir.join("accuracy.png"), "is a directory");
+    assert!(dir.join("accuracy.png").join("keep").exists());
     assert!(leftovers(dir).is_empty(), "temporary files left: {:?}", leftovers(dir));
     assert_eq!(png_size(&dir.join("loss.png")), (1000, 600));
 }
