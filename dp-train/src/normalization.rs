@@ -130,10 +130,40 @@ pub(crate) fn decide(
         ));
     }
     let targets = match regression {
-        true => Some(FeatureScaling::standard(&stats(&config.label_feature)?)),
+        true => Some(target_scaling(config, &stats(&config.label_feature)?)?),
         false => None,
     };
     Ok(Scalings { input: Some(input.clone()), inputs, targets })
+}
+
+/// The standardization of a regression's targets, refused when their spread is too small
+/// for `f32` to learn: below 1e-12 a scaling would divide by nothing (the targets would be
+/// learned as their mean), and below a millionth of their mean they differ only in their last
+/// few bits of an `f32` (whose precision is about 6e-8). Either way the run would report an
+/// RMSE that means nothing.
+fn target_scaling(config: &TrainConfig, stats: &FeatureStats) -> Result<FeatureScaling> {
+    let (mean, std) = (stats.mean[0], stats.std[0]);
+    let refuse = |what: String| {
+        Err(Error::config(
+            "label_feature",
+            format!("`{}` in {}: {what}", config.label_feature, config.train_data.display()),
+        ))
+    };
+    if std == 0.0 {
+        return refuse(format!("every value is {mean}: there is nothing to regress"));
+    }
+    if std <= 1e-12 {
+        return refuse(format!(
+            "its values spread by {std:.3e} (standard deviation), too little to learn in f32: store the label in larger units (times a power of ten)"
+        ));
+    }
+    if std < 1e-6 * mean.abs() {
+        return refuse(format!(
+            "its values spread by {std:.3e} around {mean:.6e}, a {:.1e} of their size, which f32 (about 6e-8) cannot resolve: store the label as its difference from a constant",
+            std / mean.abs()
+        ));
+    }
+    Ok(FeatureScaling::standard(stats))
 }
 
 /// Saves a new run's scalings into its directory.

@@ -84,3 +84,22 @@ fn a_run_whose_label_changed_between_classes_and_values_is_not_resumed() {
         "{error}"
     );
 }
+
+#[test]
+fn targets_too_alike_for_f32_are_refused_not_fitted_to_nothing() {
+    let data = TempDir::new("regression-tiny");
+    let cases: [(&str, fn(&[f32; 3]) -> f32, &str); 3] = [
+        ("tiny", |z| 1e-30 * (1.0 + z[0]), "too little to learn in f32"),
+        ("offset", |z| 1e6 + 0.5 * z[0], "cannot resolve"),
+        ("constant", |_| 5.0, "there is nothing to regress"),
+    ];
+    for (name, label, says) in cases {
+        let dir = data.0.join(name);
+        common::write_table(&dir.join("train"), 200, 1, dp_data::DType::F32, label);
+        common::write_table(&dir.join("eval"), 50, 2, dp_data::DType::F32, label);
+        let runs = dir.join("runs");
+        let error = train(config(&dir), &RunOptions::new(&runs), &mut ()).unwrap_err();
+        assert!(error.to_string().contains(says), "{name}: {error}");
+        assert!(!runs.exists(), "{name}: a refused run left a directory");
+    }
+}

@@ -144,7 +144,7 @@ pub fn regression_table(dir: &Path, records: u64, seed: u64) {
 }
 
 /// Writes [`table`]'s inputs and `label(z)` as the feature `label` of `dtype`.
-fn write_table<L: dp_data::Element>(
+pub fn write_table<L: dp_data::Element>(
     dir: &Path,
     records: u64,
     seed: u64,
