@@ -88,7 +88,8 @@ fn a_run_whose_label_changed_between_classes_and_values_is_not_resumed() {
 #[test]
 fn targets_too_alike_for_f32_are_refused_not_fitted_to_nothing() {
     let data = TempDir::new("regression-tiny");
-    let cases: [(&str, fn(&[f32; 3]) -> f32, &str); 3] = [
+    type Label = fn(&[f32; 3]) -> f32;
+    let cases: [(&str, Label, &str); 3] = [
         ("tiny", |z| 1e-30 * (1.0 + z[0]), "too little to learn in f32"),
         ("offset", |z| 1e6 + 0.5 * z[0], "cannot resolve"),
         ("constant", |_| 5.0, "there is nothing to regress"),
