@@ -64,6 +64,7 @@ pub mod measure;
 mod pipeline;
 mod schema;
 mod shard;
+mod staging;
 mod value;
 mod writer;
 
