@@ -168,6 +168,24 @@ fn malformed_lines_are_named_by_line_offset_and_what_was_expected() {
 }
 
 #[test]
+fn an_enormous_token_is_quoted_cut_to_40_bytes_with_its_length() {
+    let tmp = TempDir::new("svm-long-token");
+    // One line whose index:value pairs lost their spaces: an 11 MB token.
+    let token: String = (1..=1_000_000).map(|i| format!("{i}:0.5")).collect();
+    let text = format!("1 {token}\n");
+    let (at, message) = corrupt(import(&tmp, &text, &SvmlightOptions::default()));
+    assert_eq!(at, 2);
+    let value = &token[2..]; // after the first index, `1:`
+    let expected = format!(
+        "line 1: index 1: expected a finite value, found \"{}...\" ({} bytes)",
+        &value[..40],
+        value.len()
+    );
+    assert!(message.ends_with(&expected), "{}", &message[..message.len().min(500)]);
+    assert!(message.len() < 200, "a message of {} bytes", message.len());
+}
+
+#[test]
 fn export_writes_svmlight_that_imports_back_and_npz_in_scipys_csr_layout() {
     let tmp = TempDir::new("svm-export");
     let text = "1 qid:2 1:0.5 4:-2\n0 qid:2\n1 qid:7 2:3.25 3:1e-7\n";

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::Source;
+use super::{Source, quote};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_svmlight`] reads svmlight files.
@@ -61,13 +61,13 @@ fn parse_line(
     let end = line.iter().position(|&c| c == b'#').unwrap_or(line.len());
     let mut tokens = tokens(&line[..end]);
     let Some((at, label)) = tokens.next() else { return Ok(None) };
-    let label = parse::<f64>(label).filter(|l| l.is_finite()).ok_or_else(|| {
-        (at, format!("expected a finite label, found \"{}\"", label.escape_ascii()))
-    })?;
+    let label = parse::<f64>(label)
+        .filter(|l| l.is_finite())
+        .ok_or_else(|| (at, format!("expected a finite label, found {}", quote(label))))?;
     let mut qid = None;
     for (k, (at, token)) in tokens.enumerate() {
         let Some(colon) = token.iter().position(|&c| c == b':') else {
-            return Err((at, format!("expected index:value, found \"{}\"", token.escape_ascii())));
+            return Err((at, format!("expected index:value, found {}", quote(token))));
         };
         let (key, value) = (&token[..colon], &token[colon + 1..]);
         if key == b"qid" {
@@ -75,21 +75,15 @@ fn parse_line(
                 return Err((at, "qid must come right after the label".into()));
             }
             qid = Some(parse::<i64>(value).ok_or_else(|| {
-                (at, format!("expected an integer query id, found \"{}\"", value.escape_ascii()))
+                (at, format!("expected an integer query id, found {}", quote(value)))
             })?);
             continue;
         }
         let index = parse::<u64>(key).ok_or_else(|| {
-            (at, format!("expected a non-negative integer index, found \"{}\"", key.escape_ascii()))
+            (at, format!("expected a non-negative integer index, found {}", quote(key)))
         })?;
         let value = parse::<f32>(value).filter(|v| v.is_finite()).ok_or_else(|| {
-            (
-                at,
-                format!(
-                    "index {index}: expected a finite value, found \"{}\"",
-                    value.escape_ascii()
-                ),
-            )
+            (at, format!("index {index}: expected a finite value, found {}", quote(value)))
         })?;
         if let Some(&previous) = indices.last()
             && index <= previous
