@@ -8,7 +8,10 @@ mod temp_dir;
 
 use std::path::Path;
 
-use dp_data::{DType, Dataset, Error, Kind, SvmlightOptions, WriterOptions, import_svmlight};
+use dp_data::{
+    DType, Dataset, Error, Kind, SvmlightOptions, WriterOptions, import_svmlight,
+    import_svmlight_splits,
+};
 use temp_dir::{TempDir, gzip};
 
 /// One record as imported: the positions and values of `x`, the label's bytes, the query id.
@@ -117,6 +120,60 @@ fn gzip_files_and_several_files_import_as_one_dataset() {
     assert_eq!(manifest.records, 2);
     let rows: Vec<_> = records(&out).into_iter().map(|r| (r.0, r.1)).collect();
     assert_eq!(rows, vec![(vec![0], vec![1.0]), (vec![1], vec![2.0])]);
+}
+
+#[test]
+fn a_train_and_a_test_file_imported_together_share_one_width_base_and_labels() {
+    let tmp = TempDir::new("svm-splits");
+    // The test file's largest index is one below the train file's, and only the train file
+    // has a -1 label.
+    let train = tmp.write("train.svm", b"1 1:1 50000:2\n-1 3:1\n");
+    let test = tmp.write("test.svm", b"1 2:1 49999:3\n");
+    let default = SvmlightOptions::default();
+    // One at a time, the widths differ by one: what the trainer refuses.
+    let (alone_train, alone_test) = (tmp.out(), tmp.out());
+    let a = import_svmlight(&[&train], &alone_train, &default, WriterOptions::default()).unwrap();
+    let b = import_svmlight(&[&test], &alone_test, &default, WriterOptions::default()).unwrap();
+    assert_eq!(a.schema.to_string(), "x: sparse f32[50000], label: i64[]");
+    assert_eq!(b.schema.to_string(), "x: sparse f32[49999], label: i64[]");
+
+    let (train_out, test_out) = (tmp.out(), tmp.out());
+    let splits = [(train_out.as_path(), &[train.as_path()][..]), (&test_out, &[test.as_path()])];
+    let manifests = import_svmlight_splits(&splits, &default, WriterOptions::default()).unwrap();
+    assert_eq!(manifests.len(), 2);
+    for manifest in &manifests {
+        assert_eq!(manifest.schema.to_string(), "x: sparse f32[50000], label: i64[]");
+    }
+    // The -1/+1 labels are mapped in both, though the test file has only +1.
+    let label = |c: i64| c.to_le_bytes().to_vec();
+    assert_eq!(
+        records(&train_out),
+        [(vec![0, 49999], vec![1.0, 2.0], label(1), None), (vec![2], vec![1.0], label(0), None)]
+    );
+    assert_eq!(records(&test_out), [(vec![1, 49998], vec![1.0, 3.0], label(1), None)]);
+
+    // A split that cannot be written is refused before any is written; so are a split
+    // without lines and one output given twice.
+    let taken = tmp.out();
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("mine.txt"), b"mine").unwrap();
+    let fresh = tmp.out();
+    let refused = [(fresh.as_path(), &[train.as_path()][..]), (&taken, &[test.as_path()])];
+    let error = import_svmlight_splits(&refused, &default, WriterOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("is a directory that is not a dataset"), "{error}");
+    assert!(!fresh.exists());
+    let empty = tmp.write("empty.svm", b"# nothing\n");
+    let split_empty = [(fresh.as_path(), &[train.as_path()][..]), (&taken, &[empty.as_path()])];
+    let (_, what) =
+        corrupt(import_svmlight_splits(&split_empty, &default, WriterOptions::default()));
+    assert!(
+        what.contains(&format!("at least one svmlight line for {}", taken.display())),
+        "{what}"
+    );
+    let twice = [(fresh.as_path(), &[train.as_path()][..]), (&fresh, &[test.as_path()])];
+    let error = import_svmlight_splits(&twice, &default, WriterOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("is the output of two splits"), "{error}");
+    assert!(!fresh.exists());
 }
 
 #[test]

@@ -37,7 +37,7 @@ pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
-pub use self::svmlight::{SvmlightOptions, import_svmlight};
+pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
 pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
 pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
 
