@@ -9,7 +9,8 @@
 //! [`Error::Corrupt`](crate::Error::Corrupt) naming the file, the byte offset and what was
 //! expected, never a panic or an absurd allocation. If a file turns out to be malformed after
 //! writing has started (a CSV row or a TFRecord record deep in the file), the error is returned
-//! and the output directory is left without a manifest, so it never opens as a dataset.
+//! and nothing is left at the output path (see [`DatasetWriter`](crate::DatasetWriter)).
+//! Errors quote at most 40 bytes of the input's text, with the full length of what they cut.
 //!
 //! Every input may also be gzip-compressed (MNIST's `.gz` files, `.csv.gz`, GZIP TFRecords):
 //! a file that starts with the gzip magic is decompressed as it is read. Offsets in errors
