@@ -13,7 +13,7 @@ use crate::block::Block;
 use crate::checksum::Crc32c;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::manifest::Manifest;
+use crate::manifest::{MANIFEST_FILE, Manifest};
 use crate::schema::Schema;
 use crate::shard::{ShardReader, schema_fingerprint};
 
@@ -274,10 +274,12 @@ impl Dataset {
     }
 
     /// Checks every byte: each shard's whole-file CRC32C against the manifest, and each block's
-    /// checksum, decompression and layout. Returns every problem found (empty when sound), each
-    /// naming the file, the block and the byte offset.
+    /// checksum, decompression and layout; and that the directory holds nothing the manifest
+    /// does not name ([`Error::Unlisted`]: a killed write's shards look like this dataset's).
+    /// Returns every problem found (empty when sound), each naming the file, and for damage the
+    /// block and the byte offset.
     pub fn verify(&self) -> Vec<Error> {
-        let mut problems = Vec::new();
+        let mut problems = self.unlisted();
         for (s, (shard, info)) in self.shards.iter().zip(&self.manifest.shards).enumerate() {
             match file_crc32c(shard.path()) {
                 Ok(crc) if crc == info.crc32c => {}
@@ -296,6 +298,32 @@ impl Dataset {
             }
         }
         problems
+    }
+}
+
+impl Dataset {
+    /// An [`Error::Unlisted`] for each entry of the directory that is neither the manifest nor
+    /// a shard it names, in name order.
+    fn unlisted(&self) -> Vec<Error> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) => return vec![Error::io(&self.dir, "list", e)],
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            match entry {
+                Ok(entry) => names.push(entry.file_name()),
+                Err(e) => return vec![Error::io(&self.dir, "list", e)],
+            }
+        }
+        names.sort();
+        names
+            .into_iter()
+            .filter(|name| {
+                name != MANIFEST_FILE && !self.manifest.shards.iter().any(|s| *name == *s.file)
+            })
+            .map(|name| Error::Unlisted { path: self.dir.join(name) })
+            .collect()
     }
 }
 

@@ -48,6 +48,17 @@ pub enum Error {
         what: String,
     },
 
+    /// A dataset directory holds a file (or directory) its manifest does not name: left by a
+    /// write that never finished, or put there by hand. [`Dataset::verify`](crate::Dataset::verify)
+    /// reports each one.
+    #[error(
+        "{path}: not part of the dataset (its manifest does not name it); left by an interrupted write or put there by hand: remove it, or move it out of the dataset's directory"
+    )]
+    Unlisted {
+        /// The file or directory.
+        path: PathBuf,
+    },
+
     /// A schema is invalid, or data does not match it.
     #[error("schema: {0}")]
     Schema(String),

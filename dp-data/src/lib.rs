@@ -9,8 +9,9 @@
 //! * Writing and reading: [`DatasetWriter`], [`Dataset`] (random access through a small block
 //!   cache, sequential iteration by [`Block`], [`Dataset::verify`]).
 //! * Importers: [`import_npy`], [`import_idx`], [`import_csv`], [`import_tfrecord`],
-//!   [`import_svmlight`] (sparse features, stored as CSR); and [`export_npy`],
-//!   [`export_svmlight`] and [`export_npz`], so any import can be round-tripped.
+//!   [`import_svmlight`] and [`import_svmlight_splits`] (sparse features, stored as CSR);
+//!   and [`export_npy`], [`export_svmlight`] and [`export_npz`], so any import can be
+//!   round-tripped.
 //! * The built-in dataset: [`generate_digits`] writes synthetic 28x28 digits with a held-out
 //!   eval split, the default data everywhere in the project.
 //! * The input pipeline: [`Pipeline`] gives each rank its share of every epoch in batches,
@@ -65,6 +66,7 @@ pub mod measure;
 mod pipeline;
 mod schema;
 mod shard;
+mod staging;
 mod value;
 mod writer;
 
@@ -94,5 +96,6 @@ pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32, write_
 pub use export_sparse::{SparseExport, export_npz, export_svmlight};
 pub use import::{
     CsvOptions, SparseFeature, SvmlightOptions, TfRecordCompression, TfRecordOptions,
-    VarLenFeature, import_csv, import_idx, import_npy, import_svmlight, import_tfrecord,
+    VarLenFeature, import_csv, import_idx, import_npy, import_svmlight, import_svmlight_splits,
+    import_tfrecord,
 };

@@ -124,7 +124,8 @@ pub fn render_digit(label: u8, seed: u64) -> Result<[u8; PIXELS]> {
 /// `spec.eval_records` to `out/eval`, each a dataset with [`SyntheticDigits::schema`].
 /// Returns the two manifests (train, eval). Images are rendered on all available cores; the
 /// bytes written depend only on `spec` and `options`, not on the number of cores. Fails
-/// before writing anything if either split's directory already holds a dataset.
+/// before writing anything if either split's directory cannot take a dataset (see
+/// [`DatasetWriter::create`]).
 pub fn generate_digits(
     out: &Path,
     spec: &SyntheticDigits,
@@ -138,7 +139,7 @@ pub fn generate_digits(
     }
     for split in [Split::Train, Split::Eval] {
         let dir = out.join(split.name());
-        crate::writer::refuse_existing(&dir)?;
+        crate::staging::check_target(&dir)?;
     }
     let train = write_split(&out.join(Split::Train.name()), spec, Split::Train, options.clone())?;
     let eval = write_split(&out.join(Split::Eval.name()), spec, Split::Eval, options)?;

@@ -2,7 +2,6 @@
 //! them in order into shards, and writes the manifest last.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -12,11 +11,10 @@ use crate::block::BlockBuilder;
 use crate::error::{Error, Result};
 use crate::finite::NonFinite;
 use crate::int_range::IntRange;
-use crate::manifest::{
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardInfo, SparseCounts,
-};
+use crate::manifest::{FORMAT_NAME, FORMAT_VERSION, Manifest, ShardInfo, SparseCounts};
 use crate::schema::{Kind, Schema};
 use crate::shard::{ShardWriter, schema_fingerprint};
+use crate::staging::Staging;
 use crate::value::Value;
 
 /// How a [`DatasetWriter`] cuts and compresses.
@@ -72,20 +70,6 @@ impl WriterOptions {
         }
         Ok(())
     }
-}
-
-/// Fails if `dir` already holds a dataset: writers never overwrite one.
-pub(crate) fn refuse_existing(dir: &Path) -> Result<()> {
-    if dir.join(MANIFEST_FILE).exists() {
-        return Err(Error::Config {
-            field: "out",
-            what: format!(
-                "{} already holds a dataset; remove it or choose another directory",
-                dir.display()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// A block on its way to the disk.
@@ -155,11 +139,15 @@ impl Drop for Workers {
 /// Writes a dataset: records in, shards and a manifest out.
 ///
 /// Memory stays bounded whatever the dataset's size: one block being filled plus at most two
-/// blocks per compression thread in flight. Each shard is written under a temporary name and
-/// renamed when complete; the manifest is written last, atomically. A writer that is dropped
-/// or killed before [`DatasetWriter::finish`] leaves no manifest, so the directory never reads
-/// as a dataset. The same records and options give the same bytes, whatever the thread count.
+/// blocks per compression thread in flight. The dataset is written in `DIR.partial` next to
+/// its directory `DIR` (each shard under a temporary name renamed when complete, the manifest
+/// last, atomically) and that directory is renamed to `DIR` at the end, so `DIR` is a complete
+/// dataset or does not exist. A writer that fails or is dropped before
+/// [`DatasetWriter::finish`] removes `DIR.partial`; one killed leaves it, and the next writer
+/// to `DIR` removes it. The same records and options give the same bytes, whatever the thread
+/// count.
 pub struct DatasetWriter {
+    /// The staging directory (what errors name while writing).
     dir: PathBuf,
     schema: Arc<Schema>,
     options: WriterOptions,
@@ -179,20 +167,20 @@ pub struct DatasetWriter {
     /// The range of each scalar integer feature (in schema order; `None` for the others, and
     /// before the first record).
     ranges: Vec<Option<IntRange>>,
-    /// Whether `create` made the directory (then a writer that does not finish removes it
-    /// again when it is empty).
-    made_dir: bool,
-    finished: bool,
+    /// Where the dataset is written until `finish` renames it into place; last, so that it
+    /// removes an unfinished write's directory after the shard writer has closed its file.
+    staging: Staging,
 }
 
 impl DatasetWriter {
-    /// Starts a dataset in `dir` (created if missing). Fails if `dir` already holds a dataset.
+    /// Starts a dataset bound for the directory `dir` (its parents are created if missing).
+    /// `dir` must not exist, or be an empty directory, or hold only the shards of a write that
+    /// never finished (which `finish` removes); a file, a dataset, or a directory holding
+    /// anything else is refused with [`Error::Config`] naming it, and nothing of it is touched.
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriterOptions) -> Result<Self> {
         options.check()?;
-        let dir = dir.as_ref().to_path_buf();
-        let made_dir = !dir.exists();
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
-        refuse_existing(&dir)?;
+        let staging = Staging::claim(dir.as_ref())?;
+        let dir = staging.dir().to_path_buf();
         let workers = (options.threads > 1).then(|| Workers::spawn(options.threads, options.level));
         Ok(DatasetWriter {
             fingerprint: schema_fingerprint(&schema),
@@ -200,6 +188,7 @@ impl DatasetWriter {
             ranges: vec![None; schema.features().len()],
             builder: BlockBuilder::new(&schema),
             schema: Arc::new(schema),
+            staging,
             dir,
             options,
             records: 0,
@@ -211,8 +200,6 @@ impl DatasetWriter {
             shard: None,
             shards: Vec::new(),
             nonfinite: NonFinite::default(),
-            made_dir,
-            finished: false,
         })
     }
 
@@ -271,9 +258,9 @@ impl DatasetWriter {
         Ok(())
     }
 
-    /// Flushes the last block, finishes the last shard and writes the manifest. Refuses a
-    /// dataset with non-finite floats unless allowed. On any error the shards written are
-    /// removed again (see the type's docs).
+    /// Flushes the last block, finishes the last shard, writes the manifest and moves the
+    /// dataset to its directory. Refuses a dataset with non-finite floats unless allowed. On
+    /// any error nothing is left of the write (see the type's docs).
     pub fn finish(mut self) -> Result<Manifest> {
         if let (false, Some((record, feature, value))) =
             (self.options.allow_nonfinite, self.nonfinite.first.clone())
@@ -313,7 +300,7 @@ impl DatasetWriter {
                 .collect(),
         };
         manifest.write(&self.dir)?;
-        self.finished = true;
+        self.staging.publish()?;
         Ok(manifest)
     }
 
@@ -401,27 +388,6 @@ impl DatasetWriter {
             index_crc32c: Some(summary.index_crc32c),
         });
         Ok(())
-    }
-}
-
-impl Drop for DatasetWriter {
-    /// A writer that did not finish (an error, a dropped import) removes the shards it wrote,
-    /// and the directory if it made it and nothing else is in it: a failed import leaves
-    /// nothing behind. The shard being written removes its own temporary file.
-    fn drop(&mut self) {
-        // A manifest in the directory is this writer's (`create` refused one already there):
-        // once it is in place the shards it lists are the dataset, even if `finish` failed
-        // after the rename (syncing the directory).
-        if self.finished || self.dir.join(MANIFEST_FILE).exists() {
-            return;
-        }
-        drop(self.shard.take());
-        for shard in &self.shards {
-            let _ = fs::remove_file(self.dir.join(&shard.file));
-        }
-        if self.made_dir {
-            let _ = fs::remove_dir(&self.dir);
-        }
     }
 }
 

@@ -184,6 +184,23 @@ fn records_that_do_not_match_the_schema_are_refused_by_name() {
     assert!(!dir.exists(), "a writer that did not finish left its directory");
 }
 
+/// The entries of `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `dir` with `.partial` appended: where a dataset bound for `dir` is written.
+fn partial(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap().to_os_string();
+    name.push(".partial");
+    dir.with_file_name(name)
+}
+
 #[test]
 fn an_unfinished_writer_leaves_no_dataset() {
     let (_dir_tmp, dir) = temp_dir("unfinished");
@@ -191,29 +208,95 @@ fn an_unfinished_writer_leaves_no_dataset() {
     for i in 0..500 {
         append(&mut writer, i);
     }
-    // It wrote shards, and removes them with the directory it made: nothing is left.
-    assert!(fs::read_dir(&dir).unwrap().count() > 0);
+    // It writes its shards next to the target, which does not exist until `finish`.
+    assert!(entries(&partial(&dir)).iter().any(|n| n.starts_with("shard-")));
+    assert!(!dir.exists());
     drop(writer);
-    assert!(!dir.exists(), "an unfinished writer left {}", dir.display());
-    // Shards of a directory it did not make are removed; the directory and what else is in
-    // it stay, and it still does not open as a dataset.
+    assert!(!dir.exists() && !partial(&dir).exists(), "an unfinished writer left files");
+    // An empty directory is taken, and holds the dataset and nothing else.
     fs::create_dir_all(&dir).unwrap();
-    fs::write(dir.join("notes.txt"), b"mine").unwrap();
-    let mut writer = DatasetWriter::create(&dir, schema(), small_blocks(2)).unwrap();
-    for i in 0..500 {
-        append(&mut writer, i);
-    }
-    drop(writer);
-    let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names, ["notes.txt"]);
-    assert!(matches!(Dataset::open(&dir), Err(Error::Incomplete { .. })));
+    let manifest = write(&dir, 500, small_blocks(2));
+    let mut expected: Vec<String> = manifest.shards.iter().map(|s| s.file.clone()).collect();
+    expected.push(MANIFEST_FILE.into());
+    expected.sort();
+    assert_eq!(entries(&dir), expected);
+    assert!(!partial(&dir).exists());
     // A finished dataset is not overwritten by accident.
-    let (_done_tmp, done) = temp_dir("unfinished-2");
-    write(&done, 10, WriterOptions::default());
     assert!(matches!(
-        DatasetWriter::create(&done, schema(), WriterOptions::default()),
+        DatasetWriter::create(&dir, schema(), WriterOptions::default()),
         Err(Error::Config { field: "out", .. })
     ));
+}
+
+#[test]
+fn a_path_holding_anything_of_the_users_is_refused_by_name_and_left_alone() {
+    let (tmp, dir) = temp_dir("foreign");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    fs::write(dir.join("shard-00000.dps"), b"not a shard, but named like one").unwrap();
+    fs::create_dir(dir.join("photos")).unwrap();
+    let error = DatasetWriter::create(&dir, schema(), small_blocks(1)).unwrap_err().to_string();
+    assert!(
+        error.contains(&format!("{} is a directory that is not a dataset", dir.display()))
+            && error.contains("it holds `notes.txt` and 1 other entry"),
+        "{error}"
+    );
+    assert_eq!(entries(&dir), ["notes.txt", "photos", "shard-00000.dps"]);
+    assert!(!partial(&dir).exists());
+
+    let file = tmp.path().join("file");
+    fs::write(&file, b"mine").unwrap();
+    let error = DatasetWriter::create(&file, schema(), small_blocks(1)).unwrap_err().to_string();
+    assert!(error.contains(&format!("{} is a file", file.display())), "{error}");
+    assert_eq!(fs::read(&file).unwrap(), b"mine");
+
+    // A directory of the user's where the writer would stage the dataset is not removed.
+    let staged = tmp.path().join("staged");
+    fs::create_dir_all(partial(&staged)).unwrap();
+    fs::write(partial(&staged).join("keep"), b"mine").unwrap();
+    let error = DatasetWriter::create(&staged, schema(), small_blocks(1)).unwrap_err().to_string();
+    assert!(error.contains("is in the way") && error.contains("staged.partial"), "{error}");
+    assert_eq!(entries(&partial(&staged)), ["keep"]);
+}
+
+#[test]
+fn two_writers_to_one_path_at_once_are_refused() {
+    let (_tmp, dir) = temp_dir("busy");
+    let mut first = DatasetWriter::create(&dir, schema(), small_blocks(1)).unwrap();
+    append(&mut first, 0);
+    let error = DatasetWriter::create(&dir, schema(), small_blocks(1)).unwrap_err().to_string();
+    assert!(error.contains(&format!("another writer is writing {}", dir.display())), "{error}");
+    // The first one was not disturbed.
+    first.finish().unwrap();
+    check_record(&Dataset::open(&dir).unwrap(), 0);
+}
+
+#[test]
+fn a_write_that_never_finished_in_place_is_replaced_and_its_shards_are_reported() {
+    // What a writer that wrote in its target directory and was killed left there: shards
+    // and no manifest.
+    let (_tmp, dir) = temp_dir("leftovers");
+    let killed = write(&dir, 4000, small_blocks(1));
+    assert!(killed.shards.len() > 3, "the case needs several shards");
+    fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
+    fs::write(dir.join("manifest.json.tmp"), b"{").unwrap();
+
+    let manifest = write(&dir, 40, small_blocks(1));
+    assert_eq!(manifest.shards.len(), 1);
+    assert_eq!(entries(&dir), [MANIFEST_FILE, "shard-00000.dps"]);
+    let dataset = Dataset::open(&dir).unwrap();
+    assert!(dataset.verify().is_empty());
+    assert_eq!(dataset.len(), 40);
+
+    // A shard the manifest does not name (as a killed import's next to a finished one's)
+    // makes `verify` fail, naming it.
+    fs::write(dir.join("shard-00007.dps"), b"orphan").unwrap();
+    fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let problems: Vec<String> = dataset.verify().iter().map(ToString::to_string).collect();
+    let orphan = dir.join("shard-00007.dps");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[1].starts_with(&format!("{}: not part of the dataset", orphan.display())));
+    assert!(problems[0].contains("notes.txt: not part of the dataset"), "{problems:?}");
 }
 
 #[test]

@@ -502,6 +502,20 @@ fn csv_errors_name_the_line_and_offset() {
     assert!(what.contains("column `id`"), "{what}");
     let empty = tmp.write("empty.csv", b"");
     assert_eq!(corrupt(import_csv(&empty, &tmp.path("e"), &all, options())).1, 0);
+
+    // A field of a megabyte is quoted by its first 40 bytes and its length; a header of
+    // thousands of columns is listed by its first 20.
+    let long = "9".repeat(1 << 20) + "x";
+    let text = format!("label,x\n1,{long}\n");
+    let path = tmp.write("long-field.csv", text.as_bytes());
+    let (_, _, what) = corrupt(import_csv(&path, &tmp.path("f"), &csv, options()));
+    assert!(what.ends_with(&format!("found \"{}...\" (1048577 bytes)", "9".repeat(40))), "{what}");
+    let header: Vec<String> = (0..5000).map(|i| format!("c{i}")).collect();
+    let path = tmp.write("wide.csv", format!("{}\n", header.join(",")).as_bytes());
+    let error = import_csv(&path, &tmp.path("g"), &csv, options()).unwrap_err().to_string();
+    assert!(error.contains("(its columns are: `c0`, `c1`, "), "{error}");
+    assert!(error.contains("`c19` and 4980 more)"), "{error}");
+    assert!(error.len() < 500, "a message of {} bytes", error.len());
 }
 
 fn record(i: usize) -> Vec<u8> {
@@ -758,6 +772,31 @@ fn tfrecord_var_len_and_sparse_features_become_csr_rows() {
         what.contains("record 0 of this file: sparse feature `x` (idx, val): index 9 is outside"),
         "{what}"
     );
+    // A declared key that no record has (misspelt) is refused by name, with the keys the
+    // records do have, instead of importing a feature that is empty in every record.
+    let mut misspelt = declared.clone();
+    misspelt.var_len.push(dp_data::VarLenFeature { key: "tags".into(), width: 6 });
+    misspelt.sparse.push(dp_data::SparseFeature {
+        name: "y".into(),
+        index_key: "y_idx".into(),
+        value_key: "y_val".into(),
+        width: 3,
+    });
+    let refused = tmp.path("misspelt");
+    let error = import_tfrecord(std::slice::from_ref(&path), &refused, &misspelt, options())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        format!(
+            "invalid option `var_len`: declared keys are `tags` (a VarLenFeature), `y_idx` (the \
+             index key of the SparseFeature `y`), `y_val` (the value key of the SparseFeature \
+             `y`) in no record of {}: every record would hold an empty feature for them; the \
+             records' keys are `label`, `words`, `idx`, `val`",
+            path.display()
+        )
+    );
+    assert!(!refused.exists());
     // Without the declarations, a varying list is ragged where the first Example fixed it.
     let (_, _, what) = corrupt(import_tfrecord(
         &[path],

@@ -8,7 +8,10 @@ mod temp_dir;
 
 use std::path::Path;
 
-use dp_data::{DType, Dataset, Error, Kind, SvmlightOptions, WriterOptions, import_svmlight};
+use dp_data::{
+    DType, Dataset, Error, Kind, SvmlightOptions, WriterOptions, import_svmlight,
+    import_svmlight_splits,
+};
 use temp_dir::{TempDir, gzip};
 
 /// One record as imported: the positions and values of `x`, the label's bytes, the query id.
@@ -120,6 +123,60 @@ fn gzip_files_and_several_files_import_as_one_dataset() {
 }
 
 #[test]
+fn a_train_and_a_test_file_imported_together_share_one_width_base_and_labels() {
+    let tmp = TempDir::new("svm-splits");
+    // The test file's largest index is one below the train file's, and only the train file
+    // has a -1 label.
+    let train = tmp.write("train.svm", b"1 1:1 50000:2\n-1 3:1\n");
+    let test = tmp.write("test.svm", b"1 2:1 49999:3\n");
+    let default = SvmlightOptions::default();
+    // One at a time, the widths differ by one: what the trainer refuses.
+    let (alone_train, alone_test) = (tmp.out(), tmp.out());
+    let a = import_svmlight(&[&train], &alone_train, &default, WriterOptions::default()).unwrap();
+    let b = import_svmlight(&[&test], &alone_test, &default, WriterOptions::default()).unwrap();
+    assert_eq!(a.schema.to_string(), "x: sparse f32[50000], label: i64[]");
+    assert_eq!(b.schema.to_string(), "x: sparse f32[49999], label: i64[]");
+
+    let (train_out, test_out) = (tmp.out(), tmp.out());
+    let splits = [(train_out.as_path(), &[train.as_path()][..]), (&test_out, &[test.as_path()])];
+    let manifests = import_svmlight_splits(&splits, &default, WriterOptions::default()).unwrap();
+    assert_eq!(manifests.len(), 2);
+    for manifest in &manifests {
+        assert_eq!(manifest.schema.to_string(), "x: sparse f32[50000], label: i64[]");
+    }
+    // The -1/+1 labels are mapped in both, though the test file has only +1.
+    let label = |c: i64| c.to_le_bytes().to_vec();
+    assert_eq!(
+        records(&train_out),
+        [(vec![0, 49999], vec![1.0, 2.0], label(1), None), (vec![2], vec![1.0], label(0), None)]
+    );
+    assert_eq!(records(&test_out), [(vec![1, 49998], vec![1.0, 3.0], label(1), None)]);
+
+    // A split that cannot be written is refused before any is written; so are a split
+    // without lines and one output given twice.
+    let taken = tmp.out();
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("mine.txt"), b"mine").unwrap();
+    let fresh = tmp.out();
+    let refused = [(fresh.as_path(), &[train.as_path()][..]), (&taken, &[test.as_path()])];
+    let error = import_svmlight_splits(&refused, &default, WriterOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("is a directory that is not a dataset"), "{error}");
+    assert!(!fresh.exists());
+    let empty = tmp.write("empty.svm", b"# nothing\n");
+    let split_empty = [(fresh.as_path(), &[train.as_path()][..]), (&taken, &[empty.as_path()])];
+    let (_, what) =
+        corrupt(import_svmlight_splits(&split_empty, &default, WriterOptions::default()));
+    assert!(
+        what.contains(&format!("at least one svmlight line for {}", taken.display())),
+        "{what}"
+    );
+    let twice = [(fresh.as_path(), &[train.as_path()][..]), (&fresh, &[test.as_path()])];
+    let error = import_svmlight_splits(&twice, &default, WriterOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("is the output of two splits"), "{error}");
+    assert!(!fresh.exists());
+}
+
+#[test]
 fn malformed_lines_are_named_by_line_offset_and_what_was_expected() {
     let tmp = TempDir::new("svm-errors");
     let default = SvmlightOptions::default();
@@ -165,6 +222,24 @@ fn malformed_lines_are_named_by_line_offset_and_what_was_expected() {
         assert!(import_svmlight(&[&file], &out, options, WriterOptions::default()).is_err());
         assert!(!out.exists(), "{text:?}");
     }
+}
+
+#[test]
+fn an_enormous_token_is_quoted_cut_to_40_bytes_with_its_length() {
+    let tmp = TempDir::new("svm-long-token");
+    // One line whose index:value pairs lost their spaces: an 11 MB token.
+    let token: String = (1..=1_000_000).map(|i| format!("{i}:0.5")).collect();
+    let text = format!("1 {token}\n");
+    let (at, message) = corrupt(import(&tmp, &text, &SvmlightOptions::default()));
+    assert_eq!(at, 2);
+    let value = &token[2..]; // after the first index, `1:`
+    let expected = format!(
+        "line 1: index 1: expected a finite value, found \"{}...\" ({} bytes)",
+        &value[..40],
+        value.len()
+    );
+    assert!(message.ends_with(&expected), "{}", &message[..message.len().min(500)]);
+    assert!(message.len() < 200, "a message of {} bytes", message.len());
 }
 
 #[test]

@@ -117,10 +117,22 @@ impl RunPlan {
             let (eval_shape, _, eval_sparse) = input_of(&eval_set, &config.input_feature, eval)?;
             if (&eval_shape, eval_sparse) != (&input_shape, sparse) {
                 let kind = |sparse| if sparse { "sparse " } else { "" };
+                // Sparse widths differ when each split was imported alone, at the width of
+                // its own largest index: say how to import them at one width.
+                let hint = match (&eval_shape[..], &input_shape[..]) {
+                    ([a], [b]) if sparse && eval_sparse => format!(
+                        "; a width not given at import is the largest index of the files \
+                         imported together: import both splits in one command, `cargo xtask \
+                         data import --format svmlight --split train=TRAIN.svm --split \
+                         eval=EVAL.svm --out DIR`, or give each import `--width {}`",
+                        a.max(b)
+                    ),
+                    _ => String::new(),
+                };
                 return Err(Error::config(
                     "eval_data",
                     format!(
-                        "inputs are {}{eval_shape:?}, the training data's {}{input_shape:?}",
+                        "inputs are {}{eval_shape:?}, the training data's {}{input_shape:?}{hint}",
                         kind(eval_sparse),
                         kind(sparse)
                     ),

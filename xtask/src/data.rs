@@ -11,7 +11,8 @@ use dp_mem::ByteSize;
 
 #[derive(Subcommand)]
 pub(crate) enum DataCmd {
-    /// Import NumPy, IDX, CSV or TFRecord files into a new dataset.
+    /// Import NumPy, IDX, CSV, TFRecord or svmlight files into a new dataset (svmlight train
+    /// and test files at one width: --split).
     Import(ImportArgs),
     /// Write every dense feature of a dataset to one .npy file each.
     Export {
@@ -185,9 +186,15 @@ pub(crate) struct ImportArgs {
     /// Input files: for idx, the images then (optionally) the labels; for csv, one file; for
     /// tfrecord and svmlight, any number; for npy, `NAME=PATH` pairs (or use --feature).
     inputs: Vec<String>,
-    /// Output dataset directory.
+    /// Output dataset directory (with --split, the directory of the splits' datasets).
     #[arg(long)]
     out: PathBuf,
+    /// svmlight: a split and its file, `NAME=PATH` (repeatable; a NAME given again takes
+    /// more files): each split becomes the dataset OUT/NAME, and all get one width, as
+    /// scikit-learn's load_svmlight_files gives them (`--split train=a.svm --split
+    /// test=a.t.svm`).
+    #[arg(long = "split", value_name = "NAME=PATH")]
+    splits: Vec<String>,
     /// npy: a feature and its array, `NAME=PATH` (repeatable).
     #[arg(long = "feature", value_name = "NAME=PATH")]
     features: Vec<String>,
@@ -204,8 +211,9 @@ pub(crate) struct ImportArgs {
     /// csv: the field separator (one ASCII character).
     #[arg(long, default_value_t = ',')]
     delimiter: char,
-    /// svmlight: the width of `x` (default: from the largest index; give it for a split
-    /// whose largest index may be smaller than another's).
+    /// svmlight: the width of `x` (default: from the largest index of the files imported
+    /// together; import a train and a test file with --split, or give the same width to each
+    /// import, so that they get one width).
     #[arg(long, value_name = "N")]
     width: Option<usize>,
     /// svmlight: whether the first index is 0 (true) or 1 (false); default: 1 unless some
@@ -371,6 +379,9 @@ fn verify(dir: &PathBuf) -> Result<ExitCode> {
 }
 
 fn import(args: ImportArgs) -> Result<ExitCode> {
+    if !args.splits.is_empty() {
+        return import_splits(&args);
+    }
     let options = args.write.options();
     let out = &args.out;
     let manifest = match args.format {
@@ -446,6 +457,69 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `data import --format svmlight --split NAME=PATH ... --out DIR`: every split into
+/// DIR/NAME, at one width.
+fn import_splits(args: &ImportArgs) -> Result<ExitCode> {
+    if !matches!(args.format, ImportFormat::Svmlight) {
+        bail!(
+            "--split is for svmlight files, whose width is inferred (and must be shared); import other formats one command per split"
+        );
+    }
+    if !args.inputs.is_empty() {
+        bail!(
+            "give the files with --split NAME=PATH only (not also as inputs: {})",
+            args.inputs.join(" ")
+        );
+    }
+    let splits = split_files(&args.splits)?;
+    let outs: Vec<PathBuf> = splits.iter().map(|(name, _)| args.out.join(name)).collect();
+    let files: Vec<Vec<&Path>> =
+        splits.iter().map(|(_, paths)| paths.iter().map(Path::new).collect()).collect();
+    let pairs: Vec<(&Path, &[&Path])> =
+        outs.iter().map(PathBuf::as_path).zip(files.iter().map(Vec::as_slice)).collect();
+    let svm = dp_data::SvmlightOptions {
+        features: args.width,
+        zero_based: args.zero_based,
+        ..Default::default()
+    };
+    let manifests = dp_data::import_svmlight_splits(&pairs, &svm, args.write.options())?;
+    for (out, manifest) in outs.iter().zip(&manifests) {
+        println!(
+            "{}: {} records, schema {}, {} shards, {} on disk",
+            out.display(),
+            manifest.records,
+            manifest.schema,
+            manifest.shards.len(),
+            ByteSize(manifest.bytes())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--split NAME=PATH` options as splits in order of first mention, each with its files.
+fn split_files(specs: &[String]) -> Result<Vec<(String, Vec<String>)>> {
+    let mut splits: Vec<(String, Vec<String>)> = Vec::new();
+    for spec in specs {
+        let Some((name, path)) = spec.split_once('=') else {
+            bail!("--split `{spec}`: expected NAME=PATH (as train=a.svm)");
+        };
+        // The name becomes one directory under --out, never a path elsewhere.
+        let plain = Path::new(name).components().count() == 1
+            && matches!(Path::new(name).components().next(), Some(std::path::Component::Normal(_)));
+        if !plain {
+            bail!("--split `{spec}`: the name `{name}` must be a plain directory name (as train)");
+        }
+        if path.is_empty() {
+            bail!("--split `{spec}`: no file after `=`");
+        }
+        match splits.iter_mut().find(|(n, _)| n == name) {
+            Some((_, paths)) => paths.push(path.to_string()),
+            None => splits.push((name.to_string(), vec![path.to_string()])),
+        }
+    }
+    Ok(splits)
+}
+
 /// `--var-len KEY,WIDTH`.
 fn var_len(text: &str) -> Result<dp_data::VarLenFeature> {
     let Some((key, width)) = text.rsplit_once(',') else {
@@ -498,6 +572,27 @@ mod tests {
         );
         assert!(sparse_feature("x,idx,100").unwrap_err().to_string().contains("NAME,INDEX_KEY"));
         assert!(sparse_feature("x,idx,val,wide").unwrap_err().to_string().contains("the width"));
+    }
+
+    #[test]
+    fn splits_are_named_once_and_gather_their_files() {
+        let specs = ["train=a.svm", "test=t.svm", "train=b.svm"].map(String::from);
+        let splits = split_files(&specs).unwrap();
+        let expected = [
+            ("train".to_string(), vec!["a.svm".to_string(), "b.svm".to_string()]),
+            ("test".to_string(), vec!["t.svm".to_string()]),
+        ];
+        assert_eq!(splits, expected);
+        for (spec, what) in [
+            ("train", "expected NAME=PATH"),
+            ("../x=a.svm", "plain directory name"),
+            ("a/b=a.svm", "plain directory name"),
+            ("=a.svm", "plain directory name"),
+            ("train=", "no file"),
+        ] {
+            let error = split_files(&[spec.to_string()]).unwrap_err().to_string();
+            assert!(error.contains(what), "{spec}: {error}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use std::io::BufRead;
 
-use super::{MAX_LINE, Source};
+use super::{MAX_LINE, Source, list_names, quote, quote_name};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_csv`] reads a CSV file and which columns become which features.
@@ -187,7 +187,11 @@ impl Rows {
         std::str::from_utf8(text).ok().and_then(|s| s.parse().ok()).ok_or_else(|| {
             self.fail(
                 field,
-                format!("column `{column}`: expected {kind}, found \"{}\"", text.escape_ascii()),
+                format!(
+                    "column {}: expected {kind}, found {}",
+                    quote_name(column.as_bytes()),
+                    quote(text)
+                ),
             )
         })
     }
@@ -203,7 +207,7 @@ fn find_column(names: &[String], name: &str, field: &'static str, path: &Path) -
             what: format!(
                 "{} has no column `{name}` (its columns are: {})",
                 path.display(),
-                names.join(", ")
+                list_names(names)
             ),
         }),
         (Some(_), Some(_)) => Err(Error::Config {

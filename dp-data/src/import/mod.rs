@@ -9,7 +9,8 @@
 //! [`Error::Corrupt`](crate::Error::Corrupt) naming the file, the byte offset and what was
 //! expected, never a panic or an absurd allocation. If a file turns out to be malformed after
 //! writing has started (a CSV row or a TFRecord record deep in the file), the error is returned
-//! and the output directory is left without a manifest, so it never opens as a dataset.
+//! and nothing is left at the output path (see [`DatasetWriter`](crate::DatasetWriter)).
+//! Errors quote at most 40 bytes of the input's text, with the full length of what they cut.
 //!
 //! Every input may also be gzip-compressed (MNIST's `.gz` files, `.csv.gz`, GZIP TFRecords):
 //! a file that starts with the gzip magic is decompressed as it is read. Offsets in errors
@@ -37,7 +38,7 @@ pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
-pub use self::svmlight::{SvmlightOptions, import_svmlight};
+pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
 pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
 pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
 
@@ -309,6 +310,56 @@ impl Source {
     }
 }
 
+/// The most bytes of an input's text an error message quotes: a token, key or name longer
+/// than that is cut, with an ellipsis and its full length, so that a malformed 11 MB token
+/// does not become an 11 MB message.
+const QUOTE_MAX: usize = 40;
+
+/// The most names an error message lists (the columns of a table, the keys of a record).
+const LIST_MAX: usize = 20;
+
+/// Input bytes as an error message quotes them: escaped, in double quotes, and cut after
+/// [`QUOTE_MAX`] bytes (`"12:0.512:0.5..." (11534336 bytes)`).
+pub(crate) fn quote(text: &[u8]) -> String {
+    if text.len() <= QUOTE_MAX {
+        return format!("\"{}\"", text.escape_ascii());
+    }
+    format!("\"{}...\" ({} bytes)", text[..QUOTE_MAX].escape_ascii(), text.len())
+}
+
+/// A name from an input (a column, a key) as an error message shows it: in backticks, as
+/// UTF-8 (invalid bytes replaced), cut after [`QUOTE_MAX`] bytes like [`quote`].
+pub(crate) fn quote_name(name: &[u8]) -> String {
+    let text = String::from_utf8_lossy(name);
+    if text.len() <= QUOTE_MAX {
+        return format!("`{text}`");
+    }
+    let mut cut = QUOTE_MAX;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("`{}...` ({} bytes)", &text[..cut], name.len())
+}
+
+/// Names from an input, each as [`quote_name`] shows it, comma-separated; after
+/// [`LIST_MAX`] of them, how many more there are.
+pub(crate) fn list_names<T: AsRef<[u8]>>(names: impl IntoIterator<Item = T>) -> String {
+    let mut shown = Vec::new();
+    let mut more = 0usize;
+    for name in names {
+        if shown.len() < LIST_MAX {
+            shown.push(quote_name(name.as_ref()));
+        } else {
+            more += 1;
+        }
+    }
+    let mut list = shown.join(", ");
+    if more > 0 {
+        list.push_str(&format!(" and {more} more"));
+    }
+    list
+}
+
 /// The product of `dims` times `size`, or `None` if it overflows `u64`.
 fn checked_bytes(dims: &[u64], size: usize) -> Option<u64> {
     dims.iter().try_fold(size as u64, |acc, &d| acc.checked_mul(d))
@@ -322,6 +373,24 @@ fn show_dims(dims: &[u64]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn quoted_input_is_cut_to_a_readable_length_with_its_full_length() {
+        assert_eq!(quote(b"1:x"), "\"1:x\"");
+        assert_eq!(quote(b"a\tb"), "\"a\\tb\"");
+        let long = "12:0.5".repeat(2_000_000);
+        let shown = quote(long.as_bytes());
+        assert_eq!(shown, format!("\"{}...\" (12000000 bytes)", &long[..40]));
+        assert_eq!(quote(&long.as_bytes()[..40]), format!("\"{}\"", &long[..40]));
+        assert_eq!(quote_name(b"image/encoded"), "`image/encoded`");
+        // A cut never splits a character.
+        let wide = "é".repeat(30);
+        assert_eq!(quote_name(wide.as_bytes()), format!("`{}...` (60 bytes)", "é".repeat(20)));
+        let keys: Vec<String> = (0..25).map(|i| format!("k{i}")).collect();
+        let list = list_names(&keys);
+        assert!(list.starts_with("`k0`, `k1`, ") && list.ends_with("`k19` and 5 more"), "{list}");
+        assert_eq!(list_names(["a", "b"]), "`a`, `b`");
+    }
 
     #[test]
     fn a_record_too_large_for_memory_is_an_error_naming_the_file() {

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Source, checked_bytes, record_buffer, show_dims};
+use super::{Source, checked_bytes, quote_name, record_buffer, show_dims};
 use crate::{
     DType, DatasetWriter, Error, Feature, MAX_FEATURE_BYTES, Manifest, Result, Schema, Value,
     WriterOptions,
@@ -69,7 +69,12 @@ fn parse_descr(descr: &str) -> std::result::Result<DType, String> {
         "f2" | "e" => DType::F16,
         "f4" | "f" => DType::F32,
         "f8" | "d" => DType::F64,
-        _ => return Err(format!("dtype `{descr}` is not supported ({supported})")),
+        _ => {
+            return Err(format!(
+                "dtype {} is not supported ({supported})",
+                quote_name(descr.as_bytes())
+            ));
+        }
     };
     if dtype.size() > 1 && order == b'>' {
         return Err(format!("dtype `{descr}` is big-endian ({supported})"));
@@ -355,7 +360,10 @@ fn parse_dict(text: &[u8]) -> Parse<Dict> {
         if !matches!(key.as_str(), "descr" | "fortran_order" | "shape") {
             return Err((
                 key_at,
-                format!("unexpected key `{key}` (expected descr, fortran_order and shape)"),
+                format!(
+                    "unexpected key {} (expected descr, fortran_order and shape)",
+                    quote_name(key.as_bytes())
+                ),
             ));
         }
         cursor.expect(b':')?;
@@ -370,7 +378,7 @@ fn parse_dict(text: &[u8]) -> Parse<Dict> {
             _ => shape.is_some(),
         };
         if slot_taken {
-            return Err((key_at, format!("key `{key}` appears twice")));
+            return Err((key_at, format!("key {} appears twice", quote_name(key.as_bytes()))));
         }
         match (key.as_str(), value) {
             ("descr", Literal::Str(s)) => descr = Some(s),

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::Source;
+use super::{Source, quote};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_svmlight`] reads svmlight files.
@@ -27,8 +27,9 @@ use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Valu
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SvmlightOptions {
-    /// The width of the sparse feature `x`; `None` infers it from the largest index (give it
-    /// when importing a split whose largest index may be smaller than another split's).
+    /// The width of the sparse feature `x`; `None` infers it from the largest index of the
+    /// files imported together (import a train and a test file with
+    /// [`import_svmlight_splits`], or give the width, so that both get the same one).
     pub features: Option<usize>,
     /// Whether the first feature is index 0 (`Some(true)`) or 1 (`Some(false)`, libsvm's
     /// convention); `None` decides as scikit-learn's `zero_based="auto"`: 1-based unless some
@@ -61,13 +62,13 @@ fn parse_line(
     let end = line.iter().position(|&c| c == b'#').unwrap_or(line.len());
     let mut tokens = tokens(&line[..end]);
     let Some((at, label)) = tokens.next() else { return Ok(None) };
-    let label = parse::<f64>(label).filter(|l| l.is_finite()).ok_or_else(|| {
-        (at, format!("expected a finite label, found \"{}\"", label.escape_ascii()))
-    })?;
+    let label = parse::<f64>(label)
+        .filter(|l| l.is_finite())
+        .ok_or_else(|| (at, format!("expected a finite label, found {}", quote(label))))?;
     let mut qid = None;
     for (k, (at, token)) in tokens.enumerate() {
         let Some(colon) = token.iter().position(|&c| c == b':') else {
-            return Err((at, format!("expected index:value, found \"{}\"", token.escape_ascii())));
+            return Err((at, format!("expected index:value, found {}", quote(token))));
         };
         let (key, value) = (&token[..colon], &token[colon + 1..]);
         if key == b"qid" {
@@ -75,21 +76,15 @@ fn parse_line(
                 return Err((at, "qid must come right after the label".into()));
             }
             qid = Some(parse::<i64>(value).ok_or_else(|| {
-                (at, format!("expected an integer query id, found \"{}\"", value.escape_ascii()))
+                (at, format!("expected an integer query id, found {}", quote(value)))
             })?);
             continue;
         }
         let index = parse::<u64>(key).ok_or_else(|| {
-            (at, format!("expected a non-negative integer index, found \"{}\"", key.escape_ascii()))
+            (at, format!("expected a non-negative integer index, found {}", quote(key)))
         })?;
         let value = parse::<f32>(value).filter(|v| v.is_finite()).ok_or_else(|| {
-            (
-                at,
-                format!(
-                    "index {index}: expected a finite value, found \"{}\"",
-                    value.escape_ascii()
-                ),
-            )
+            (at, format!("index {index}: expected a finite value, found {}", quote(value)))
         })?;
         if let Some(&previous) = indices.last()
             && index <= previous
@@ -229,8 +224,54 @@ pub fn import_svmlight(
     svm: &SvmlightOptions,
     options: WriterOptions,
 ) -> Result<Manifest> {
-    if paths.is_empty() {
+    let mut manifests = import_svmlight_splits(&[(out, paths)], svm, options)?;
+    Ok(manifests.remove(0))
+}
+
+/// Imports several datasets from svmlight files at one width, as scikit-learn's
+/// `load_svmlight_files` loads several files: each split is an output directory and its input
+/// files (read in order, as one dataset, like [`import_svmlight`]). The index base, the width,
+/// the label's dtype and whether there are query ids are decided from all the files together,
+/// so a train and a test file whose largest indices differ still get the same schema (imported
+/// one at a time, each would get the width of its own largest index). Returns the manifests
+/// in the order of `splits`.
+///
+/// Every split's output is checked before anything is written, and a split with no line is
+/// an error. Should writing fail part way, the splits finished before stay complete and the
+/// others are not written.
+///
+/// ```no_run
+/// use std::path::Path;
+/// use dp_data::{SvmlightOptions, WriterOptions, import_svmlight_splits};
+///
+/// let (train, test) = ([Path::new("a9a.svm")], [Path::new("a9a.t.svm")]);
+/// let splits = [(Path::new("data/a9a/train"), &train[..]), (Path::new("data/a9a/test"), &test[..])];
+/// let manifests =
+///     import_svmlight_splits(&splits, &SvmlightOptions::default(), WriterOptions::default())?;
+/// assert_eq!(manifests[0].schema, manifests[1].schema);
+/// # Ok::<(), dp_data::Error>(())
+/// ```
+pub fn import_svmlight_splits(
+    splits: &[(&Path, &[&Path])],
+    svm: &SvmlightOptions,
+    options: WriterOptions,
+) -> Result<Vec<Manifest>> {
+    if splits.is_empty() {
         return Err(Error::Config { field: "inputs", what: "no svmlight file given".into() });
+    }
+    for (k, (out, paths)) in splits.iter().enumerate() {
+        if paths.is_empty() {
+            return Err(Error::Config {
+                field: "inputs",
+                what: format!("no svmlight file given for {}", out.display()),
+            });
+        }
+        if splits[..k].iter().any(|(other, _)| other == out) {
+            return Err(Error::Config {
+                field: "out",
+                what: format!("{} is the output of two splits", out.display()),
+            });
+        }
     }
     if let Some(dtype) = svm.label_dtype
         && !matches!(dtype, DType::I64 | DType::F32)
@@ -250,49 +291,57 @@ pub fn import_svmlight(
     // An index past a given width, found in pass 1 so that nothing is written: whether it is
     // past depends on the base, which (by default) only the whole file decides.
     let mut past_width: [Option<Error>; 2] = [None, None];
-    for path in paths {
-        let mut lines = Lines::open(path)?;
-        while let Some(line) = lines.next()? {
-            survey.records += 1;
-            if svm.zero_based == Some(false) && lines.indices.first() == Some(&0) {
-                return Err(
-                    lines.fail_index(0, "index 0 in a file read as 1-based (set zero_based)")
-                );
-            }
-            if let (Some(width), Some(&last)) = (svm.features, lines.indices.last()) {
-                for (base, slot) in past_width.iter_mut().enumerate() {
-                    if slot.is_none() && last >= width as u64 + base as u64 {
-                        let k = lines.indices.len() - 1;
-                        let largest = width as u64 - 1 + base as u64;
-                        *slot = Some(lines.fail_index(
+    for (out, paths) in splits {
+        let before = survey.records;
+        for path in *paths {
+            let mut lines = Lines::open(path)?;
+            while let Some(line) = lines.next()? {
+                survey.records += 1;
+                if svm.zero_based == Some(false) && lines.indices.first() == Some(&0) {
+                    return Err(
+                        lines.fail_index(0, "index 0 in a file read as 1-based (set zero_based)")
+                    );
+                }
+                if let (Some(width), Some(&last)) = (svm.features, lines.indices.last()) {
+                    for (base, slot) in past_width.iter_mut().enumerate() {
+                        if slot.is_none() && last >= width as u64 + base as u64 {
+                            let k = lines.indices.len() - 1;
+                            let largest = width as u64 - 1 + base as u64;
+                            *slot = Some(lines.fail_index(
                             k,
                             format!("index {last} is past the {width} features (the largest is {largest})"),
                         ));
+                        }
                     }
                 }
-            }
-            if let (Some(&first), Some(&last)) = (lines.indices.first(), lines.indices.last()) {
-                survey.min_index = Some(survey.min_index.map_or(first, |m| m.min(first)));
-                survey.max_index = survey.max_index.max(last);
-            }
-            let integer = line.label.fract() == 0.0 && line.label.abs() < 2f64.powi(53);
-            survey.integer_labels &= integer;
-            survey.plus_minus_one &= line.label == 1.0 || line.label == -1.0;
-            if integer && line.label < 0.0 && negative.is_none() {
-                negative = Some(lines.fail(0, format!(
+                if let (Some(&first), Some(&last)) = (lines.indices.first(), lines.indices.last()) {
+                    survey.min_index = Some(survey.min_index.map_or(first, |m| m.min(first)));
+                    survey.max_index = survey.max_index.max(last);
+                }
+                let integer = line.label.fract() == 0.0 && line.label.abs() < 2f64.powi(53);
+                survey.integer_labels &= integer;
+                survey.plus_minus_one &= line.label == 1.0 || line.label == -1.0;
+                if integer && line.label < 0.0 && negative.is_none() {
+                    negative = Some(lines.fail(0, format!(
                     "label {} is negative: classes are 0, 1, ... (only -1/+1 binary labels are mapped to 0/1)",
                     line.label
                 )));
-            }
-            survey.some_qid |= line.qid.is_some();
-            survey.some_without_qid |= line.qid.is_none();
-            if survey.some_qid && survey.some_without_qid {
-                return Err(lines.fail(0, "some lines have a qid and others none"));
+                }
+                survey.some_qid |= line.qid.is_some();
+                survey.some_without_qid |= line.qid.is_none();
+                if survey.some_qid && survey.some_without_qid {
+                    return Err(lines.fail(0, "some lines have a qid and others none"));
+                }
             }
         }
-    }
-    if survey.records == 0 {
-        return Err(Error::corrupt(paths[0], 0, "expected at least one svmlight line, found none"));
+        if survey.records == before {
+            let what = if splits.len() == 1 {
+                "expected at least one svmlight line, found none".to_string()
+            } else {
+                format!("expected at least one svmlight line for {}, found none", out.display())
+            };
+            return Err(Error::corrupt(paths[0], 0, what));
+        }
     }
     let label_dtype =
         svm.label_dtype.unwrap_or(if survey.integer_labels { DType::I64 } else { DType::F32 });
@@ -331,52 +380,58 @@ pub fn import_svmlight(
     }
     let schema = Schema::new(features)?;
 
-    // Pass 2: write. The checks of pass 1 hold unless the file changed meanwhile.
-    let mut writer = DatasetWriter::create(out, schema, options)?;
+    // Pass 2: write. The checks of pass 1 hold unless the file changed meanwhile. Every
+    // output is claimed first, so that one that cannot be written is refused before any is.
+    let mut writers = Vec::with_capacity(splits.len());
+    for (out, _) in splits {
+        writers.push(DatasetWriter::create(out, schema.clone(), options.clone())?);
+    }
     let mut positions = Vec::new();
-    for path in paths {
-        let mut lines = Lines::open(path)?;
-        while let Some(line) = lines.next()? {
-            positions.clear();
-            for (k, &index) in lines.indices.iter().enumerate() {
-                let position = index.checked_sub(base).ok_or_else(|| {
-                    lines.fail_index(k, "index 0 in a file read as 1-based (set zero_based)")
-                })?;
-                if position >= width as u64 {
-                    return Err(lines.fail_index(
-                        k,
-                        format!(
-                            "index {index} is past the {width} features (the largest is {})",
-                            width as u64 - 1 + base
-                        ),
-                    ));
+    for ((_, paths), writer) in splits.iter().zip(&mut writers) {
+        for path in *paths {
+            let mut lines = Lines::open(path)?;
+            while let Some(line) = lines.next()? {
+                positions.clear();
+                for (k, &index) in lines.indices.iter().enumerate() {
+                    let position = index.checked_sub(base).ok_or_else(|| {
+                        lines.fail_index(k, "index 0 in a file read as 1-based (set zero_based)")
+                    })?;
+                    if position >= width as u64 {
+                        return Err(lines.fail_index(
+                            k,
+                            format!(
+                                "index {index} is past the {width} features (the largest is {})",
+                                width as u64 - 1 + base
+                            ),
+                        ));
+                    }
+                    positions.push(position);
                 }
-                positions.push(position);
+                let mut label = [0u8; 8];
+                let label_len = match label_dtype {
+                    DType::I64 => {
+                        let class = if map_plus_minus {
+                            i64::from(line.label > 0.0)
+                        } else {
+                            line.label as i64
+                        };
+                        label = class.to_le_bytes();
+                        8
+                    }
+                    _ => {
+                        label[..4].copy_from_slice(&(line.label as f32).to_le_bytes());
+                        4
+                    }
+                };
+                let qid = line.qid.unwrap_or(0).to_le_bytes();
+                let record = [
+                    Value::sparse(&positions, &lines.values),
+                    Value::Dense(&label[..label_len]),
+                    Value::Dense(&qid),
+                ];
+                writer.append(&record[..if survey.some_qid { 3 } else { 2 }])?;
             }
-            let mut label = [0u8; 8];
-            let label_len = match label_dtype {
-                DType::I64 => {
-                    let class = if map_plus_minus {
-                        i64::from(line.label > 0.0)
-                    } else {
-                        line.label as i64
-                    };
-                    label = class.to_le_bytes();
-                    8
-                }
-                _ => {
-                    label[..4].copy_from_slice(&(line.label as f32).to_le_bytes());
-                    4
-                }
-            };
-            let qid = line.qid.unwrap_or(0).to_le_bytes();
-            let record = [
-                Value::sparse(&positions, &lines.values),
-                Value::Dense(&label[..label_len]),
-                Value::Dense(&qid),
-            ];
-            writer.append(&record[..if survey.some_qid { 3 } else { 2 }])?;
         }
     }
-    writer.finish()
+    writers.into_iter().map(DatasetWriter::finish).collect()
 }

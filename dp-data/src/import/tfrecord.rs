@@ -28,8 +28,8 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::Source;
 use super::tfrecord_sparse::{SparseFeature, SparseRow, VarLenFeature};
+use super::{Source, list_names, quote, quote_name};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_tfrecord`] reads TFRecord files: their compression, and the keys to read as
@@ -62,6 +62,21 @@ impl TfRecordOptions {
                 .sparse
                 .iter()
                 .any(|s| s.index_key.as_bytes() == key || s.value_key.as_bytes() == key)
+    }
+
+    /// Every declared key with the option and the words that declared it, in declaration
+    /// order.
+    fn declared_keys(&self) -> Vec<(&str, &'static str, String)> {
+        let var_len =
+            self.var_len.iter().map(|v| (v.key.as_str(), "var_len", "a VarLenFeature".to_string()));
+        let sparse = self.sparse.iter().flat_map(|s| {
+            let of = |which| format!("the {which} key of the SparseFeature `{}`", s.name);
+            [
+                (s.index_key.as_str(), "sparse", of("index")),
+                (s.value_key.as_str(), "sparse", of("value")),
+            ]
+        });
+        var_len.chain(sparse).collect()
     }
 
     /// The declared sparse features: their names and widths, in declaration order.
@@ -357,10 +372,7 @@ fn parse_entry(data: &[u8], bounds: (usize, usize)) -> Parse<(&[u8], Parsed)> {
                 let (a, b) = wire.bytes()?;
                 key = &data[a..b];
                 if std::str::from_utf8(key).is_err() {
-                    return Err((
-                        a,
-                        format!("feature key \"{}\" is not UTF-8", key.escape_ascii()),
-                    ));
+                    return Err((a, format!("feature key {} is not UTF-8", quote(key))));
                 }
             }
             (2, LEN) => {
@@ -461,12 +473,12 @@ fn infer_schema(
     let mut columns: Vec<(String, Column)> = Vec::with_capacity(example.len());
     for (key, parsed) in example.iter().filter(|(key, _)| !tf.declares(key)) {
         let name = feature_name(key);
-        let shown = String::from_utf8_lossy(key);
+        let shown = quote_name(key);
         let Some(list) = parsed.list else {
             return Err(source.corrupt(
                 at,
                 format!(
-                    "the first Example's feature `{shown}` has no value list to infer a type from"
+                    "the first Example's feature {shown} has no value list to infer a type from"
                 ),
             ));
         };
@@ -474,7 +486,7 @@ fn infer_schema(
             return Err(source.corrupt(
                 at,
                 format!(
-                    "the first Example's feature `{shown}` is a bytes_list of {} values; only \
+                    "the first Example's feature {shown} is a bytes_list of {} values; only \
                      bytes_lists of exactly one value can be imported",
                     parsed.bytes.len()
                 ),
@@ -482,8 +494,9 @@ fn infer_schema(
         }
         if columns.iter().any(|(n, _)| *n == name) {
             return Err(Error::Schema(format!(
-                "two TFRecord feature keys become the feature name `{name}` (one of them is \
-                 `{shown}`): rename one"
+                "two TFRecord feature keys become the feature name {} (one of them is \
+                 {shown}): rename one",
+                quote_name(name.as_bytes())
             )));
         }
         columns.push((name, Column { key: key.to_vec(), list, count: parsed.count() }));
@@ -527,17 +540,17 @@ fn check_example(
 ) -> Result<()> {
     let fail = |what: String| source.corrupt(at, format!("record {index} of this file: {what}"));
     for column in columns {
-        let shown = String::from_utf8_lossy(&column.key);
+        let shown = quote_name(&column.key);
         let expected = format!("{} of {} values", column.list.name(), column.count);
         match example.get(column.key.as_slice()) {
             None => {
                 return Err(fail(format!(
-                    "feature `{shown}` is missing (the first Example has it as {expected})"
+                    "feature {shown} is missing (the first Example has it as {expected})"
                 )));
             }
             Some(p) if p.list != Some(column.list) || p.count() != column.count => {
                 return Err(fail(format!(
-                    "feature `{shown}` is {}, but the first Example has it as {expected}",
+                    "feature {shown} is {}, but the first Example has it as {expected}",
                     p.describe()
                 )));
             }
@@ -548,8 +561,8 @@ fn check_example(
         .keys()
         .find(|k| !tf.declares(k) && !columns.iter().any(|c| c.key.as_slice() == **k));
     if let Some(extra) = extra {
-        let extra = String::from_utf8_lossy(extra);
-        return Err(fail(format!("feature `{extra}` is not in the first Example")));
+        let extra = quote_name(extra);
+        return Err(fail(format!("feature {extra} is not in the first Example")));
     }
     Ok(())
 }
@@ -582,9 +595,10 @@ fn open(path: &Path, compression: TfRecordCompression) -> Result<Source> {
 ///
 /// Keys declared in `tf` as variable-length or sparse (see [`VarLenFeature`] and
 /// [`SparseFeature`]) become sparse `f32` features after the inferred ones, and may be
-/// missing from an Example (an empty row); an id or index outside the declared width, a
-/// repeated index, or index and value lists of different lengths fail naming the file, the
-/// record's offset and the key.
+/// missing from an Example (an empty row), though not from every one (a declared key that no
+/// record has is refused, naming it and the keys the records have); an id or index outside
+/// the declared width, a repeated index, or index and value lists of different lengths fail
+/// naming the file, the record's offset and the key.
 ///
 /// Every record's length and data CRC32C are checked. `tf.compression` says whether the files
 /// are GZIP-compressed; [`TfRecordCompression::Auto`] decides per file.
@@ -617,6 +631,10 @@ pub fn import_tfrecord(
     let mut data = Vec::new();
     let mut rows: Vec<SparseRow> =
         (0..tf.var_len.len() + tf.sparse.len()).map(|_| SparseRow::default()).collect();
+    // Whether some record has each declared key: a key that none has (misspelt, or another
+    // dataset's) would otherwise import as a feature that is empty in every record.
+    let declared = tf.declared_keys();
+    let mut seen = vec![false; declared.len()];
     for path in paths {
         let mut source = open(path, compression)?;
         let mut index = 0u64;
@@ -641,6 +659,9 @@ pub fn import_tfrecord(
                     (writer, &*columns)
                 }
             };
+            for (seen, (key, ..)) in seen.iter_mut().zip(&declared) {
+                *seen |= example.contains_key(key.as_bytes());
+            }
             let in_record =
                 |what: String| source.corrupt(at, format!("record {index} of this file: {what}"));
             for (row, v) in rows.iter_mut().zip(&tf.var_len) {
@@ -674,13 +695,46 @@ pub fn import_tfrecord(
             index += 1;
         }
     }
-    match writer {
-        Some((writer, _)) => writer.finish(),
-        None => Err(Error::Schema(format!(
+    let Some((writer, columns)) = writer else {
+        return Err(Error::Schema(format!(
             "the TFRecord files ({}) hold no Example to infer a schema from",
-            paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        ))),
+            show_files(paths)
+        )));
+    };
+    let missing: Vec<_> = declared.iter().zip(&seen).filter(|(_, seen)| !**seen).collect();
+    if let Some(((_, field, _), _)) = missing.first() {
+        let shown: Vec<String> = missing
+            .iter()
+            .map(|((key, _, what), _)| format!("{} ({what})", quote_name(key.as_bytes())))
+            .collect();
+        let found = list_names(columns.iter().map(|c| c.key.as_slice()).chain(
+            declared.iter().zip(&seen).filter(|(_, s)| **s).map(|((k, ..), _)| k.as_bytes()),
+        ));
+        let found = if found.is_empty() { "none".to_string() } else { found };
+        return Err(Error::Config {
+            field,
+            what: format!(
+                "declared key{} {} in no record of {}: every record would hold an empty \
+                 feature for {}; the records' keys are {found}",
+                if missing.len() == 1 { " is" } else { "s are" },
+                shown.join(", "),
+                show_files(paths),
+                if missing.len() == 1 { "it" } else { "them" },
+            ),
+        });
     }
+    writer.finish()
+}
+
+/// The files of an import for a message: the first few, and how many more.
+fn show_files(paths: &[PathBuf]) -> String {
+    const SHOWN: usize = 5;
+    let mut shown: Vec<String> =
+        paths.iter().take(SHOWN).map(|p| p.display().to_string()).collect();
+    if paths.len() > SHOWN {
+        shown.push(format!("and {} more", paths.len() - SHOWN));
+    }
+    shown.join(", ")
 }
 
 #[cfg(test)]
