@@ -57,7 +57,7 @@ mod tape;
 
 pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta,
-    OptimizerState, OptimizerStateMut, ShardFile, save_optimizer_shard,
+    OptimizerState, OptimizerStateMut, ShardFile, params_checksum, save_optimizer_shard,
 };
 pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, cuda_kernels_ptx};
 pub use error::{Error, Result};

@@ -253,7 +253,7 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
     let mut files = Vec::new();
     for (k, (shard, c)) in shards.iter().zip(cuts.windows(2)).enumerate() {
         let name = format!("optimizer-{k}.ckpt");
-        save_optimizer_shard(&dir.0.join(&name), shard, c[0]..c[1], len).unwrap();
+        save_optimizer_shard(&dir.0.join(&name), shard, c[0]..c[1], model.params()).unwrap();
         files.push(ShardFile { name, start: c[0], end: c[1] });
     }
     let path = dir.0.join("model.ckpt");
@@ -286,9 +286,16 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
     assert!(error.to_string().contains("adam") && error.to_string().contains("sgd"), "{error}");
     let shard_path = dir.0.join(&files[1].name);
     let saved = std::fs::read(&shard_path).unwrap();
-    save_optimizer_shard(&shard_path, &adam(30), 40..70, len).unwrap();
+    save_optimizer_shard(&shard_path, &adam(30), 40..70, model.params()).unwrap();
     let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
     assert!(error.to_string().contains("optimizer-1.ckpt"), "{error}");
+    // The same kind, range and step count, saved with other parameters: another run's shard.
+    let mut other_params = model.params().to_vec();
+    other_params[0] += 1.0;
+    save_optimizer_shard(&shard_path, &shards[1], 40..70, &other_params).unwrap();
+    let error = reader.restore_optimizer(&mut adam(len), 0..len).unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("optimizer-1.ckpt") && text.contains("another run"), "{text}");
     let mut damaged = saved.clone();
     let n = damaged.len();
     damaged[n - 9] ^= 0x10;
@@ -316,8 +323,8 @@ fn optimizer_shards_are_read_back_on_any_number_of_replicas() {
     };
     let (full, empty) = (sgd(len), sgd(0));
     let names = ["sgd-0.ckpt", "sgd-1.ckpt"];
-    save_optimizer_shard(&dir.0.join(names[0]), &full, 0..len, len).unwrap();
-    save_optimizer_shard(&dir.0.join(names[1]), &empty, len..len, len).unwrap();
+    save_optimizer_shard(&dir.0.join(names[0]), &full, 0..len, model.params()).unwrap();
+    save_optimizer_shard(&dir.0.join(names[1]), &empty, len..len, model.params()).unwrap();
     let sgd_files = vec![
         ShardFile { name: names[0].into(), start: 0, end: len },
         ShardFile { name: names[1].into(), start: len, end: len },

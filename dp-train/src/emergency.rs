@@ -41,7 +41,7 @@ impl Emergency<'_> {
             return;
         }
         let path = dir.join(optimizer_shard(step, rank));
-        let saved = save_optimizer_shard(&path, self.optimizer, shard, len).is_ok();
+        let saved = save_optimizer_shard(&path, self.optimizer, shard, self.model.params()).is_ok();
         votes.cast(saved.then_some(step));
         let timeout = Duration::from_secs_f64(self.plan.config.timeout_s / 2.0);
         if rank != 0 || !votes.board.all_saved(step, replicas, timeout) {

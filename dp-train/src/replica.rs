@@ -850,7 +850,8 @@ impl<C: Communicator> Replica<C> {
         if let Some(count) = shards {
             if self.rank < count {
                 let path = dir.join(optimizer_shard(step, self.rank));
-                save_optimizer_shard(&path, self.optimizer.as_ref(), self.shard.clone(), len)?;
+                let params = self.model.params();
+                save_optimizer_shard(&path, self.optimizer.as_ref(), self.shard.clone(), params)?;
             }
             // A replica that failed to write its shard has left the group, failing this.
             self.ctl.barrier()?;

@@ -111,7 +111,7 @@ fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
 
     let parts = out.0.join("parts");
     let stopped = TrainConfig { steps: Some(6), ..c };
-    train(stopped, &RunOptions::new(&parts), &mut ()).unwrap();
+    train(stopped.clone(), &RunOptions::new(&parts), &mut ()).unwrap();
     let dir = run_dir(&parts);
     let header = dp_model::CheckpointHeader::read(&dir.join(dp_train::CHECKPOINT)).unwrap();
     let names: Vec<&str> =
@@ -128,6 +128,17 @@ fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
         },
         ..RunOptions::new(&parts)
     };
+    // Another run's shard at the same step, same name, kind and range, is refused, and
+    // the run resumes once its own shard is back.
+    let other = out.0.join("other");
+    train(TrainConfig { seed: 1, ..stopped }, &RunOptions::new(&other), &mut ()).unwrap();
+    let own = std::fs::read(dir.join(names[1])).unwrap();
+    std::fs::copy(run_dir(&other).join(names[1]), dir.join(names[1])).unwrap();
+    let error = train(TrainConfig::default(), &resume, &mut ()).unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains(names[1]) && text.contains("another run"), "{text}");
+    std::fs::write(dir.join(names[1]), own).unwrap();
+
     let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
     assert_eq!(resumed.steps, 12);
     let diff = common::max_relative_difference(&common::final_params(&dir), &whole);

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 
 /// The format both checkpoint files are in.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const ZSTD_LEVEL: i32 = 3;
 /// What a file holds of its bytes or their encoding at once while streaming.
 const STREAM_BUFFER: usize = 64 << 10;

@@ -15,7 +15,7 @@ mod values;
 mod writer;
 
 pub use reader::CheckpointReader;
-pub use shard::save_optimizer_shard;
+pub use shard::{params_checksum, save_optimizer_shard};
 pub use writer::CheckpointWriter;
 
 use std::path::Path;
@@ -68,6 +68,9 @@ pub struct ShardFile {
 pub struct OptimizerMeta {
     kind: String,
     len: usize,
+    /// [`params_checksum`] of the parameters the state was saved with: its shard files must
+    /// say the same.
+    params: u64,
     steps: u64,
     buffers: usize,
     /// Empty: the state follows the parameters in the checkpoint itself.

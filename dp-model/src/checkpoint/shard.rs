@@ -1,6 +1,10 @@
 //! Optimizer shard files: the state of the optimizer over one range of the parameters, which
 //! the replica holding it writes itself (nothing is gathered), and from which a reader takes
 //! any overlapping part (a run resumed on another number of replicas re-shards on load).
+//!
+//! A shard and its checkpoint both carry the checksum of the parameters they were saved
+//! with, so a shard of another run, or of another attempt at the same step, is refused
+//! rather than read: its file name alone says nothing of where it came from.
 
 use std::ops::Range;
 use std::path::Path;
@@ -23,19 +27,24 @@ struct ShardHeader {
     steps: u64,
     /// Parameters of the whole model.
     len: usize,
+    /// [`params_checksum`] of the model's parameters when the state was saved.
+    params: u64,
     start: usize,
     end: usize,
     buffers: usize,
 }
 
-/// Writes the state of `optimizer`, which covers `range` of a model's `len` parameters, to
-/// `path` atomically, streaming it from the optimizer's buffers; returns the bytes written.
+/// Writes the state of `optimizer`, which covers `range` of the model's parameters `params`,
+/// to `path` atomically, streaming it from the optimizer's buffers; returns the bytes written.
+/// The shard is bound to `params` (by their checksum): only the checkpoint of these very
+/// parameters reads it.
 pub fn save_optimizer_shard<T: Float>(
     path: &Path,
     optimizer: &dyn Optimizer<T>,
     range: Range<usize>,
-    len: usize,
+    params: &[T],
 ) -> Result<u64> {
+    let len = params.len();
     if optimizer.len() != range.len() || range.end > len {
         return Err(Error::Checkpoint {
             path: path.to_path_buf(),
@@ -51,6 +60,7 @@ pub fn save_optimizer_shard<T: Float>(
         value_bytes: size_of::<T>() as u8,
         steps: state.steps,
         len,
+        params: params_checksum(params),
         start: range.start,
         end: range.end,
         buffers: state.buffers.len(),
@@ -83,10 +93,18 @@ pub(super) fn read_part(
         value_bytes: width as u8,
         steps: meta.steps,
         len: meta.len,
+        params: meta.params,
         start: shard.start,
         end: shard.end,
         buffers: meta.buffers,
     };
+    if header.params != expected.params {
+        return Err(frame.fail(format!(
+            "was saved with other parameters than its checkpoint's (checksum {:016x}, the \
+             checkpoint's {:016x}): a shard of another run, or of another attempt at step {}",
+            header.params, expected.params, header.steps
+        )));
+    }
     if header != expected {
         return Err(frame.fail(format!(
             "holds {header:?}, its checkpoint expects {expected:?} (a shard of another checkpoint?)"
@@ -105,6 +123,16 @@ pub(super) fn read_part(
         _ => frame.skip((meta.buffers * shard.len() * width) as u64)?,
     }
     frame.finish().map(drop)
+}
+
+/// A 64-bit checksum of parameters' bits: FNV-1a over their 32-bit little-endian words. Equal
+/// parameters have equal checksums, so replicas that agree bit for bit compute the same one.
+pub fn params_checksum<T: Float>(params: &[T]) -> u64 {
+    let bytes: &[u8] = bytemuck::cast_slice(params);
+    bytes.chunks_exact(4).fold(0xcbf2_9ce4_8422_2325, |h, word| {
+        let word = u32::from_le_bytes(word.try_into().expect("4 bytes"));
+        (h ^ u64::from(word)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// A file name without a directory: what a checkpoint may name its shard files by.

@@ -88,6 +88,7 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
                 Some(OptimizerMeta {
                     kind: state.kind.into(),
                     len: params.len(),
+                    params: super::params_checksum(params),
                     steps: state.steps,
                     buffers: state.buffers.len(),
                     shards: shards.clone(),
