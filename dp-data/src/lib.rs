@@ -69,6 +69,7 @@ mod shard;
 mod staging;
 mod value;
 mod writer;
+mod zstd_context;
 
 pub use atomic::check_output_file;
 pub use block::Block;

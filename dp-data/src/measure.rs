@@ -84,8 +84,8 @@ pub fn measure_read(
     let (compressed, raw_bytes, largest) = compressed_prefix(dataset)?;
     let prefix = compressed.len();
     let mut out = vec![0u8; largest];
-    let mut decompressor =
-        zstd::bulk::Decompressor::new().map_err(|e| Error::io(dataset.dir(), "zstd init", e))?;
+    let mut decompressor = crate::zstd_context::Decompressor::new()
+        .map_err(|e| Error::io(dataset.dir(), "zstd init", e))?;
 
     let unchecked = Dataset::open_with(
         dataset.dir(),
@@ -278,7 +278,9 @@ pub fn measure_pipeline(
         _ => config.workers.max(1) + usize::from(config.consumer_helps),
     };
     let mut contexts = (0..threads)
-        .map(|_| Ok((zstd::bulk::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest])))
+        .map(|_| {
+            Ok((crate::zstd_context::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest]))
+        })
         .collect::<Result<Vec<_>>>()?;
     // New threads can start out on one core, until the scheduler moves one (after several
     // milliseconds, more often when the spawning thread was busy just before): the threads

@@ -254,7 +254,7 @@ pub(crate) struct ShardReader {
 
 thread_local! {
     /// One decompression context per thread, reused across blocks and shards.
-    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<crate::zstd_context::Decompressor>> = const { RefCell::new(None) };
 }
 
 impl ShardReader {
@@ -526,7 +526,7 @@ impl ShardReader {
             let mut slot = cell.borrow_mut();
             if slot.is_none() {
                 *slot = Some(
-                    zstd::bulk::Decompressor::new()
+                    crate::zstd_context::Decompressor::new()
                         .map_err(|e| Error::io(&self.path, "zstd init", e))?,
                 );
             }

@@ -102,7 +102,7 @@ impl Workers {
                 let job_rx = Arc::clone(&job_rx);
                 let done_tx = done_tx.clone();
                 std::thread::spawn(move || {
-                    let mut compressor = zstd::bulk::Compressor::new(level);
+                    let mut compressor = crate::zstd_context::Compressor::new(level);
                     loop {
                         let job = match job_rx.lock().map(|rx| rx.recv()) {
                             Ok(Ok(job)) => job,
@@ -313,7 +313,8 @@ impl DatasetWriter {
         self.next_seq += 1;
         match &self.workers {
             None => {
-                let compressed = zstd::bulk::compress(&raw, self.options.level)
+                let compressed = crate::zstd_context::Compressor::new(self.options.level)
+                    .and_then(|mut c| c.compress(&raw))
                     .map_err(|e| Error::io(&self.dir, "zstd compress", e))?;
                 self.ready.insert(seq, Compressed { compressed, raw, records });
                 self.write_ready()

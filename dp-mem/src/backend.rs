@@ -50,10 +50,10 @@ impl Backend for SystemBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        let failure = |message: &str| Error::Backend {
+        let failure = |message: &'static str| Error::Backend {
             backend: self.name(),
             bytes,
-            message: message.to_string(),
+            message: message.into(),
             tag: None,
         };
         if bytes == 0 {

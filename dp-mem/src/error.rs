@@ -75,8 +75,9 @@ pub enum Error {
         backend: &'static str,
         /// The block size asked for.
         bytes: usize,
-        /// What the backend reported.
-        message: String,
+        /// What the backend reported (borrowed when static, so that reporting a failed
+        /// allocation does not itself need one).
+        message: std::borrow::Cow<'static, str>,
         /// The tag of the request, when a pool or arena made it.
         tag: Option<Tag>,
     },

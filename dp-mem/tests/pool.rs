@@ -92,7 +92,12 @@ impl Backend for CountingBackend {
         let held = self.outstanding.load(Ordering::SeqCst);
         if self.capacity.is_some_and(|capacity| held + bytes as u64 > capacity) {
             let message = format!("{held} bytes out, no room for {bytes} more");
-            return Err(dp_mem::Error::Backend { backend: "counting", bytes, message, tag: None });
+            return Err(dp_mem::Error::Backend {
+                backend: "counting",
+                bytes,
+                message: message.into(),
+                tag: None,
+            });
         }
         let ptr = SystemBackend.allocate(bytes, align)?;
         self.outstanding.fetch_add(bytes as u64, Ordering::SeqCst);

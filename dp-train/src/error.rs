@@ -182,15 +182,23 @@ impl Error {
             | Error::Data(dp_data::Error::Memory(
                 e @ dp_mem::Error::Backend { tag: Some(tag), .. },
             )) => Some((e.to_string(), *tag)),
+            // A shard the system would not map: the same shortage, met by the data.
+            Error::Data(e @ dp_data::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::OutOfMemory =>
+            {
+                Some((e.to_string(), dp_mem::Tag::Data))
+            }
             _ => None,
         };
         if let Some((what, tag)) = refused {
             let key =
                 if tag == dp_mem::Tag::Data { "data_budget_mib" } else { "memory_budget_mib" };
+            let limit = address_space_limit()
+                .map_or(String::new(), |mib| format!(" (ulimit -v is {mib} MiB)"));
             return Error::config(
                 key,
                 format!(
-                    "the system refused memory the budgets allowed ({what}): this machine, or its address-space limit (ulimit -v), holds less than the run needs; lower global_batch or replicas, or set {key} to what the machine has, so that a run that does not fit stops at setup"
+                    "the system refused memory the budgets allowed ({what}): this machine, or its address-space limit{limit}, holds less than the run needs; lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit; with {key} set to what the machine has, a run that does not fit stops at setup"
                 ),
             );
         }
@@ -210,3 +218,11 @@ impl Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The process's address-space limit (`ulimit -v`) in MiB, when it has one.
+pub(crate) fn address_space_limit() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `getrlimit` writes the limit into the struct it is given.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    (read && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur >> 20)
+}

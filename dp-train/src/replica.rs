@@ -136,6 +136,15 @@ enum GradSync {
 /// pipeline cache fill, GEMM packing sizes).
 const WARMUP_STEPS: u64 = 3;
 
+/// What a process takes outside its pools once it trains: a checkpoint's zstd context and
+/// streaming buffers (`dp-model`'s `checkpoint_memory` test holds them to 16 MiB), the record
+/// of metrics and the summary, with room to spare.
+const PROCESS_SCRATCH: u64 = 32 << 20;
+
+/// What a replica's step takes outside the pools: the GEMM library packs its operands into
+/// buffers it allocates on each call, up to a few MiB.
+const STEP_SCRATCH: u64 = 4 << 20;
+
 pub(crate) struct Replica<C: Communicator> {
     plan: Arc<RunPlan>,
     rank: usize,
@@ -366,6 +375,27 @@ impl<C: Communicator> Replica<C> {
             (GradSync::InPlace, 2..) => TouchedRows::new(&mut model, world, &pool)?,
             _ => None,
         };
+        // The pipelines grow to their working sets as they read, and steps and checkpoints
+        // take scratch outside the pools: that this process can still get all of it for all
+        // of its replicas is checked now, before the run directory exists, rather than found
+        // by an allocation that fails steps in.
+        let eval_bytes = eval.as_ref().map_or(0, |(e, _): &(Pipeline, _)| e.working_bytes());
+        let per_replica = train.working_bytes() + eval_bytes + STEP_SCRATCH;
+        let later = plan.replicas as u64 * per_replica + PROCESS_SCRATCH;
+        dp_mem::check_headroom(later, Tag::Data).map_err(|_| {
+            Error::config(
+                "replicas",
+                format!(
+                    "this process cannot get the {} the run takes as it goes ({} replicas x {} of data pipelines and step scratch, and {} for checkpoints and records){}: lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit",
+                    dp_mem::ByteSize(later),
+                    plan.replicas,
+                    dp_mem::ByteSize(per_replica),
+                    dp_mem::ByteSize(PROCESS_SCRATCH),
+                    crate::error::address_space_limit()
+                        .map_or(String::new(), |mib| format!(" under ulimit -v of {mib} MiB")),
+                ),
+            )
+        })?;
         // The last step of building, and its only collective after the parameters' broadcast:
         // once it completes on a replica, every replica of the run is built (a failed one
         // has left, failing this), which is what lets the trainer create the run directory.

@@ -84,7 +84,39 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<ExitCode> {
+fn main() -> ExitCode {
+    limit_malloc_arenas();
+    match dispatch() {
+        Ok(code) => code,
+        Err(error) => {
+            // The causes, on one line, without a backtrace: they are for the user to act on, and
+            // resolving a backtrace allocates, which after running out of memory fails or hangs.
+            eprintln!("Error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Under an address-space limit (`ulimit -v`), one malloc arena for all threads. glibc gives
+/// threads arenas of their own as they contend, each reserving 64 MiB of address space: such a
+/// limit runs out on those reservations, at a moment that depends on thread timing, long
+/// before memory is used; with one arena, what a run can do under a limit is what it needs.
+/// Without a limit nothing changes. Before any thread starts, as `mallopt` asks.
+fn limit_malloc_arenas() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `getrlimit` writes the limit into the struct it is given; `mallopt` takes any
+    // value and is called before any other thread exists.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0
+            && limit.rlim_cur != libc::RLIM_INFINITY
+        {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
+}
+
+/// Runs the command the arguments name.
+fn dispatch() -> Result<ExitCode> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let root = workspace_root();

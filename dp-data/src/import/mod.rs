@@ -56,7 +56,7 @@ fn no_memory(bytes: usize, path: &Path) -> Error {
     Error::Memory(dp_mem::Error::Backend {
         backend: "system",
         bytes,
-        message: format!("no memory for a record of {}", path.display()),
+        message: format!("no memory for a record of {}", path.display()).into(),
         tag: Some(dp_mem::Tag::Data),
     })
 }

@@ -73,6 +73,7 @@ pub struct Pipeline {
     taken: u64,
     consumer_wait_s: f64,
     minimum_bytes: u64,
+    working_bytes: u64,
     cached: bool,
     /// The autotuner (`None` without autotuning).
     tuner: Option<Tuner>,
@@ -174,7 +175,7 @@ impl Pipeline {
                 (s.epoch, s.batch)
             }
         };
-        let (minimum_bytes, cached) = plan_memory(&dataset, &config, &columns)?;
+        let (minimum_bytes, working_bytes, cached) = plan_memory(&dataset, &config, &columns)?;
         let disk = match (&config.cache_file, cached) {
             (Some(path), false) => {
                 let id = hash(&[config_hash_of_dataset(&dataset), dataset.block_count() as u64]);
@@ -229,6 +230,7 @@ impl Pipeline {
             taken: 0,
             consumer_wait_s: 0.0,
             minimum_bytes,
+            working_bytes,
             cached,
             tuner,
         })
@@ -322,6 +324,12 @@ impl Pipeline {
     /// speed; the budget is checked against an upper bound of the working set.
     pub fn minimum_bytes(&self) -> u64 {
         self.minimum_bytes
+    }
+
+    /// The most the pipeline holds while it makes batches: its working set's upper bound,
+    /// checked against the budget, or the whole dataset's when it caches everything.
+    pub fn working_bytes(&self) -> u64 {
+        self.working_bytes
     }
 
     /// What the pipeline has done so far.
@@ -422,7 +430,9 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                 }
             };
             std::thread::Builder::new().name(format!("dp-data-worker-{id}")).spawn(work).map_err(
-                |e| Error::Config { field: "workers", what: format!("cannot start a worker: {e}") },
+                |e| Error::Config { field: "workers", what: format!(
+                    "cannot start a worker thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v); lower workers"
+                ) },
             )
         });
         match started {
@@ -521,13 +531,14 @@ fn sparse_column(
     Ok(SparseColumn { width, max_per_record: counts.max_per_record as usize })
 }
 
-/// Checks that the working set fits the budget; returns the least the pipeline holds (see
-/// [`Pipeline::minimum_bytes`]), and whether the whole dataset can be cached on top of it.
+/// Checks that the working set fits the budget; returns the least and the most the pipeline
+/// holds (see [`Pipeline::minimum_bytes`] and [`Pipeline::working_bytes`]), and whether the
+/// whole dataset can be cached.
 fn plan_memory(
     dataset: &Dataset,
     config: &PipelineConfig,
     columns: &Columns,
-) -> Result<(u64, bool)> {
+) -> Result<(u64, u64, bool)> {
     let (max_raw, _) = dataset.largest_block();
     let sizes = dataset.block_records();
     let blocks = sizes.len() as u64;
@@ -592,7 +603,8 @@ fn plan_memory(
         prefetch => makers + prefetch as u64 + 1,
     };
     let minimum = window.saturating_mul(mean_block) + in_flight * batch_bytes;
-    Ok((minimum, config.cache && everything <= config.memory_budget))
+    let cached = config.cache && everything <= config.memory_budget;
+    Ok((minimum, if cached { everything } else { working }, cached))
 }
 
 /// A hash of the dataset's identity: its records and its shards' checksums.

@@ -86,7 +86,7 @@ impl CudaBackend {
         let driver = |call: &'static str, e: DriverError| Error::Backend {
             backend: "cuda",
             bytes: 0,
-            message: format!("{call} failed: {}", describe(&e)),
+            message: format!("{call} failed: {}", describe(&e)).into(),
             tag: None,
         };
         self.context.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
@@ -95,7 +95,7 @@ impl CudaBackend {
     }
 
     fn failure(&self, bytes: usize, message: String) -> Error {
-        Error::Backend { backend: "cuda", bytes, message, tag: None }
+        Error::Backend { backend: "cuda", bytes, message: message.into(), tag: None }
     }
 }
 
@@ -160,8 +160,12 @@ impl Backend for PinnedBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<NonNull<u8>> {
-        let failure =
-            |message: String| Error::Backend { backend: self.name(), bytes, message, tag: None };
+        let failure = |message: String| Error::Backend {
+            backend: self.name(),
+            bytes,
+            message: message.into(),
+            tag: None,
+        };
         if bytes == 0 || align > CUDA_BLOCK_ALIGN {
             let what = format!("blocks are 1 byte or more, aligned to at most {CUDA_BLOCK_ALIGN}");
             return Err(failure(what));

@@ -15,7 +15,7 @@ impl Backend for FailingBackend {
 
     fn allocate(&self, bytes: usize, _align: usize) -> dp_mem::Result<NonNull<u8>> {
         let message = "no memory here".to_string();
-        Err(Error::Backend { backend: self.name(), bytes, message, tag: None })
+        Err(Error::Backend { backend: self.name(), bytes, message: message.into(), tag: None })
     }
 
     unsafe fn deallocate(&self, _ptr: NonNull<u8>, _bytes: usize, _align: usize) {

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use zstd::stream::zio::{Reader, Writer};
+
+use super::zstd_stream::{Compress, Decompress};
 use crate::error::{Error, Result};
 
 /// The format both checkpoint files are in.
@@ -32,21 +35,21 @@ pub(super) fn write<H: Serialize>(
         let mut out = BufWriter::with_capacity(STREAM_BUFFER, file);
         out.write_all(magic)?;
         out.write_all(&VERSION.to_le_bytes())?;
-        let mut encoder = zstd::stream::Encoder::new(out, ZSTD_LEVEL)?;
-        encoder.include_checksum(true)?;
+        let encoder = Writer::new(out, Compress::new(ZSTD_LEVEL)?);
         // The values arrive a tensor or a chunk at a time: batch them before zstd sees them.
         let mut frame = BufWriter::with_capacity(STREAM_BUFFER, encoder);
         frame.write_all(&(header.len() as u64).to_le_bytes())?;
         frame.write_all(&header)?;
         body(&mut frame)?;
-        let out = frame.into_inner().map_err(|e| e.into_error())?.finish()?;
-        out.into_inner().map_err(|e| e.into_error())
+        let mut encoder = frame.into_inner().map_err(|e| e.into_error())?;
+        encoder.finish()?;
+        encoder.into_inner().0.into_inner().map_err(|e| e.into_error())
     })
 }
 
 /// An open checkpoint file, positioned after its header.
 pub(super) struct Frame {
-    input: BufReader<zstd::stream::Decoder<'static, BufReader<File>>>,
+    input: BufReader<Reader<BufReader<File>, Decompress>>,
     path: PathBuf,
 }
 
@@ -83,8 +86,8 @@ impl Frame {
                 "{what} format version {version}, this build reads {VERSION}"
             )));
         }
-        let decoder = zstd::stream::Decoder::with_buffer(input)
-            .map_err(|e| fail(format!("damaged (zstd: {e})")))?;
+        let decoder =
+            Reader::new(input, Decompress::new().map_err(|e| Error::io(path, "read", e))?);
         let mut frame =
             Frame { input: BufReader::with_capacity(STREAM_BUFFER, decoder), path: path.into() };
         let mut len = [0u8; 8];
@@ -120,7 +123,7 @@ impl Frame {
     pub(super) fn finish(mut self) -> Result<File> {
         let mut rest = [0u8; 1];
         match self.input.read(&mut rest) {
-            Ok(0) => Ok(self.input.into_inner().finish().into_inner()),
+            Ok(0) => Ok(self.input.into_inner().into_inner().into_inner()),
             Ok(_) => Err(self.fail("damaged (bytes after the data)".into())),
             Err(e) => Err(self.damaged(&e)),
         }

@@ -13,6 +13,7 @@ mod reader;
 mod shard;
 mod values;
 mod writer;
+mod zstd_stream;
 
 pub use reader::CheckpointReader;
 pub use shard::{params_checksum, save_optimizer_shard};
