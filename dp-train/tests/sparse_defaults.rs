@@ -89,9 +89,8 @@ fn reference(train: &[Document]) -> (Vec<f64>, f64) {
     let n = train.len() as f64;
     let lambda = 1.0 / n;
     let sign = |d: &Document| if d.class == 1 { 1.0 } else { -1.0 };
-    let score = |w: &[f64], b: f64, d: &Document| {
-        b + d.counts.iter().map(|&(i, v)| w[i] * v).sum::<f64>()
-    };
+    let score =
+        |w: &[f64], b: f64, d: &Document| b + d.counts.iter().map(|&(i, v)| w[i] * v).sum::<f64>();
     // The gradient of the objective at (w, b), into (gw, gb).
     let gradient = |w: &[f64], b: f64, gw: &mut Vec<f64>| {
         gw.iter_mut().zip(w).for_each(|(g, w)| *g = lambda * w);
