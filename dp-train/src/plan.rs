@@ -158,8 +158,24 @@ impl RunPlan {
         // On a sparse input the default is a linear model (logistic regression, as one starts
         // with on wide sparse data), not an MLP whose first layer would hold the input's
         // width times 512 weights.
-        if sparse && config.model == TrainConfig::default().model {
+        let defaults = TrainConfig::default();
+        let default_model = sparse && config.model == defaults.model;
+        if default_model {
             config.model = "linear".into();
+        }
+        // And that logistic regression is trained as scikit-learn's `LogisticRegression` is by
+        // default, to its L2-regularized optimum: SGD's ~800 steps without a penalty stop far
+        // short of it on bag-of-words data, whose evidence is in rare words (see
+        // `sparse_optimizer`). The default optimizer with a learning rate or schedule given
+        // stays SGD: those were chosen for it.
+        let sparse_defaults = default_model
+            && !regression
+            && config.optimizer == defaults.optimizer
+            && config.lr.is_none()
+            && config.schedule.is_none();
+        if sparse_defaults {
+            config.optimizer = crate::config::sparse_optimizer(train.len(), classes);
+            config.lr = Some(crate::config::SPARSE_LR);
         }
         let spec = model_spec(&config.model, &input_shape, classes, sparse)?;
         let input_len: usize = input_shape.iter().product();
@@ -246,7 +262,10 @@ impl RunPlan {
         }
         let dropped_per_epoch = train.len() - steps_per_epoch * config.global_batch as u64;
         if config.epochs == 0 {
-            config.epochs = crate::config::auto_epochs(steps_per_epoch);
+            config.epochs = match sparse_defaults {
+                true => crate::config::sparse_auto_epochs(steps_per_epoch),
+                false => crate::config::auto_epochs(steps_per_epoch),
+            };
         }
         let total_steps = config.steps.unwrap_or(config.epochs.saturating_mul(steps_per_epoch));
         let schedule = config.schedule_or_default(total_steps);

@@ -56,7 +56,9 @@ pub(crate) struct TrainArgs {
     /// Micro-batches accumulated per step.
     #[arg(long, allow_negative_numbers = true)]
     grad_accum: Option<usize>,
-    /// sgd, adam or adamw (the presets of a config file's `type = "sgd"` / `"adam"`).
+    /// sgd, adam or adamw (the presets of a config file's `type = "sgd"` / `"adam"`). On a
+    /// sparse input the default is Adam with scikit-learn's LogisticRegression penalty (C = 1)
+    /// unless --lr is given.
     #[arg(long)]
     optimizer: Option<String>,
     /// Peak learning rate (warmup then cosine).
