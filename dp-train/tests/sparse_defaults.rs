@@ -188,7 +188,7 @@ fn the_sparse_defaults_land_within_a_point_of_the_regularized_optimum() {
     let defaults = train(config(&dir.0), &RunOptions::new(&out), &mut ()).unwrap();
     let ours = defaults.eval_accuracy.unwrap();
     // The earlier defaults: SGD at 0.1 per 256 samples for about 800 steps, no penalty. A
-    // learning rate given keeps the default optimizer SGD.
+    // learning rate given with no optimizer chooses SGD.
     let old_out = dir.0.join("old");
     let old_lr = 0.1 * defaults.global_batch as f64 / 256.0;
     let old_config = TrainConfig { lr: Some(old_lr), ..config(&dir.0) };
@@ -213,12 +213,12 @@ fn the_sparse_defaults_land_within_a_point_of_the_regularized_optimum() {
     assert_eq!(saved.lr, Some(SPARSE_LR));
     let weight_decay = 2.0 / TRAIN as f64;
     assert!(
-        matches!(saved.optimizer, OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. }
+        matches!(saved.optimizer, Some(OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. })
             if (wd - weight_decay).abs() < 1e-12 * weight_decay),
         "{:?}",
         saved.optimizer
     );
     assert_eq!(saved.epochs, dp_train::sparse_auto_epochs(TRAIN as u64 / 64));
     let saved_old = TrainConfig::load(&run_dir(&old_out).join("config.toml")).unwrap();
-    assert_eq!(saved_old.optimizer, TrainConfig::default().optimizer);
+    assert_eq!(saved_old.optimizer, Some(OptimizerConfig::preset("sgd").unwrap()));
 }
