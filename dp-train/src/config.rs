@@ -57,19 +57,20 @@ pub struct TrainConfig {
     pub epochs: u64,
     /// Optimizer steps to run, overriding `epochs`.
     pub steps: Option<u64>,
-    /// The optimizer. On a sparse input with the default model, classifying, the default (the
-    /// `sgd` preset) with no `lr` or `schedule` set means [`sparse_optimizer`]: Adam at
-    /// [`SPARSE_LR`] with the L2 penalty of scikit-learn's `LogisticRegression(C=1)`, trained
-    /// for [`sparse_auto_epochs`], which lands within a point of scikit-learn's accuracy where
-    /// SGD's 800 steps stopped 3 points short. The run's saved config holds what was chosen.
-    /// To train a sparse input with SGD, give it a learning rate (`--optimizer sgd --lr 0.05`).
-    pub optimizer: OptimizerConfig,
+    /// The optimizer, always used as given. Absent (the default), the run chooses: on a sparse
+    /// input with the default model, classifying, with no `lr` or `schedule` set,
+    /// [`sparse_optimizer`]: Adam at [`SPARSE_LR`] with the L2 penalty of scikit-learn's
+    /// `LogisticRegression(C=1)`, trained for [`sparse_auto_epochs`], which lands within a
+    /// point of scikit-learn's accuracy where SGD's 800 steps stopped 3 points short; otherwise
+    /// the `sgd` preset. The run's saved config holds what was chosen, so a resume continues
+    /// with it.
+    pub optimizer: Option<OptimizerConfig>,
     /// The learning rate per step (default: warmup then cosine to 0 over the run, peaking at
     /// `lr`).
     pub schedule: Option<Schedule>,
     /// Peak learning rate of the default schedule (default: for SGD 0.1 per 256 samples of
     /// global batch, the linear scaling rule of Goyal et al.; 0.001 for Adam; [`SPARSE_LR`]
-    /// for a sparse input's default optimizer).
+    /// for the optimizer a sparse input's run chooses when none is given).
     pub lr: Option<f64>,
     /// Seed of the initial parameters, the data order, augmentation and dropout.
     pub seed: u64,
@@ -322,7 +323,7 @@ impl Default for TrainConfig {
             per_replica_batch: None,
             epochs: 0,
             steps: None,
-            optimizer: OptimizerConfig::preset("sgd").expect("sgd is a preset"),
+            optimizer: None,
             schedule: None,
             lr: None,
             seed: 0,
@@ -376,7 +377,7 @@ pub const SPARSE_C: f64 = 1.0;
 /// default, since a rare word's weight gets a gradient from only a few batches an epoch.
 pub const SPARSE_LR: f64 = 0.01;
 
-/// The optimizer chosen for a sparse input with the default model and optimizer and no
+/// The optimizer chosen for a sparse input with the default model, no optimizer given and no
 /// learning rate or schedule set: Adam with the L2 penalty of scikit-learn's
 /// `LogisticRegression(C = SPARSE_C)` on `records` training records and `classes` classes.
 ///
@@ -428,13 +429,20 @@ impl TrainConfig {
     /// as a TOML value (`8`, `0.5`, `true`, `[1, 2]`) or else as a string: what the command
     /// line's `--set key=value` does for any setting without a flag of its own. An unknown key
     /// or a value of the wrong type is an error naming the key; the config is unchanged then.
+    /// A setting of the optimizer other than its `type` (`optimizer.momentum`), with no
+    /// optimizer given yet, sets it in the `sgd` preset (the optimizer whose settings the
+    /// defaults name), which is then the run's optimizer as given.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let fail = |what: String| Error::config(key, what);
         let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.to_string()));
-        let mut whole = toml::Table::try_from(&*self).map_err(|e| fail(e.to_string()))?;
+        let mut base = self.clone();
+        if key.starts_with("optimizer.") && key != "optimizer.type" && base.optimizer.is_none() {
+            base.optimizer = Some(OptimizerConfig::preset("sgd")?);
+        }
+        let mut whole = toml::Table::try_from(&base).map_err(|e| fail(e.to_string()))?;
         let (last, path) = key.rsplit_once('.').map_or((key, None), |(p, l)| (l, Some(p)));
         let mut table = &mut whole;
         for (i, part) in path.into_iter().flat_map(|p| p.split('.')).enumerate() {
@@ -688,12 +696,14 @@ impl TrainConfig {
             .collect()
     }
 
-    /// The schedule, or the default: 2% warmup, then cosine to 0 over `total_steps`.
+    /// The schedule, or the default: 2% warmup, then cosine to 0 over `total_steps`, peaking
+    /// at `lr` or the optimizer's default (with no optimizer given, the `sgd` preset's; a run
+    /// chooses its optimizer before its schedule).
     pub fn schedule_or_default(&self, total_steps: u64) -> Schedule {
         self.schedule.clone().unwrap_or(Schedule::WarmupCosine {
             lr: self.lr.unwrap_or(match self.optimizer {
-                OptimizerConfig::Sgd { .. } => 0.1 * self.global_batch as f64 / 256.0,
-                OptimizerConfig::Adam { .. } => 1e-3,
+                None | Some(OptimizerConfig::Sgd { .. }) => 0.1 * self.global_batch as f64 / 256.0,
+                Some(OptimizerConfig::Adam { .. }) => 1e-3,
             }),
             warmup: (total_steps / 50).max(1),
             total: total_steps,
@@ -717,7 +727,9 @@ mod tests {
         c.set("lr", "0.02").unwrap();
         assert_eq!((c.data_workers, c.bucket_mib, c.recompute), (3, 0.5, true));
         assert_eq!(c.train_data, std::path::PathBuf::from("data/my table"));
-        assert!(matches!(c.optimizer, OptimizerConfig::Sgd { momentum, .. } if momentum == 0.8));
+        // With no optimizer given, a setting of one starts from the `sgd` preset.
+        let sgd = OptimizerConfig::Sgd { momentum: 0.8, nesterov: true, weight_decay: 0.0 };
+        assert_eq!(c.optimizer, Some(sgd));
         assert_eq!(c.lr, Some(0.02));
         let before = c.clone();
         for (key, value, says) in [
@@ -730,6 +742,13 @@ mod tests {
             assert!(error.contains(&format!("`{key}`")) && error.contains(says), "{error}");
             assert_eq!(c, before, "a failed set changed the config");
         }
+        let mut c = TrainConfig::default();
+        c.set("optimizer.type", "adam").unwrap();
+        assert_eq!(c.optimizer, Some(OptimizerConfig::preset("adam").unwrap()));
+        let mut c = TrainConfig::default();
+        let error = c.set("optimizer.speed", "1").unwrap_err().to_string();
+        assert!(error.contains("unknown field `speed`"), "{error}");
+        assert_eq!(c.optimizer, None, "a failed set chose an optimizer");
     }
 
     #[test]
@@ -750,14 +769,24 @@ mod tests {
         for name in ["sgd", "adam"] {
             let file: TrainConfig =
                 toml::from_str(&format!("[optimizer]\ntype = \"{name}\"\n")).unwrap();
-            assert_eq!(file.optimizer, OptimizerConfig::preset(name).unwrap(), "{name}");
+            assert_eq!(file.optimizer, Some(OptimizerConfig::preset(name).unwrap()), "{name}");
         }
         let adamw = OptimizerConfig::preset("adamw").unwrap();
         let file: TrainConfig =
             toml::from_str("[optimizer]\ntype = \"adam\"\ndecoupled = true\nweight_decay = 0.01\n")
                 .unwrap();
-        assert_eq!(file.optimizer, adamw);
-        assert_eq!(TrainConfig::default().optimizer, OptimizerConfig::preset("sgd").unwrap());
+        assert_eq!(file.optimizer, Some(adamw));
+        // No `[optimizer]` is none given (the run chooses), and stays so through the TOML.
+        let file: TrainConfig = toml::from_str("seed = 3\n").unwrap();
+        assert_eq!((file.optimizer, TrainConfig::default().optimizer), (None, None));
+        let text = TrainConfig::default().to_toml();
+        assert!(!text.contains("optimizer"), "{text}");
+        assert_eq!(toml::from_str::<TrainConfig>(&text).unwrap(), TrainConfig::default());
+        let chosen = TrainConfig {
+            optimizer: Some(OptimizerConfig::preset("sgd").unwrap()),
+            ..TrainConfig::default()
+        };
+        assert_eq!(toml::from_str::<TrainConfig>(&chosen.to_toml()).unwrap(), chosen);
         let error = OptimizerConfig::preset("lbfgs").unwrap_err().to_string();
         assert!(error.contains("`lbfgs` is not a preset"), "{error}");
     }

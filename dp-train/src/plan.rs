@@ -10,7 +10,7 @@ use dp_model::{CheckpointHeader, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::best::BestSoFar;
-use crate::config::TrainConfig;
+use crate::config::{OptimizerConfig, TrainConfig};
 use crate::error::{Error, Result};
 use crate::gpu::GpuPeers;
 use crate::normalization::{SavedInput, Scalings};
@@ -30,7 +30,10 @@ pub(crate) struct ResumeState {
 /// The run, resolved.
 #[derive(Debug)]
 pub(crate) struct RunPlan {
+    /// The config, with what the plan chose filled in (the optimizer among it).
     pub(crate) config: TrainConfig,
+    /// The optimizer the run uses: the config's, or the one chosen when it gave none.
+    pub(crate) optimizer: OptimizerConfig,
     /// Set at construction for a resumed run; a new run's is made once its replicas are built.
     pub(crate) run_dir: OnceLock<PathBuf>,
     pub(crate) spec: ModelSpec,
@@ -166,17 +169,23 @@ impl RunPlan {
         // And that logistic regression is trained as scikit-learn's `LogisticRegression` is by
         // default, to its L2-regularized optimum: SGD's ~800 steps without a penalty stop far
         // short of it on bag-of-words data, whose evidence is in rare words (see
-        // `sparse_optimizer`). The default optimizer with a learning rate or schedule given
-        // stays SGD: those were chosen for it.
+        // `sparse_optimizer`). With a learning rate or schedule given, the optimizer chosen is
+        // SGD: those were chosen for it. An optimizer given is always the one used.
         let sparse_defaults = default_model
             && !regression
-            && config.optimizer == defaults.optimizer
+            && config.optimizer.is_none()
             && config.lr.is_none()
             && config.schedule.is_none();
         if sparse_defaults {
-            config.optimizer = crate::config::sparse_optimizer(train.len(), classes);
+            config.optimizer = Some(crate::config::sparse_optimizer(train.len(), classes));
             config.lr = Some(crate::config::SPARSE_LR);
         }
+        // Chosen once, here: the run and the config it saves hold this optimizer.
+        let optimizer = match &config.optimizer {
+            Some(given) => given.clone(),
+            None => OptimizerConfig::preset("sgd")?,
+        };
+        config.optimizer = Some(optimizer.clone());
         let spec = model_spec(&config.model, &input_shape, classes, sparse)?;
         let input_len: usize = input_shape.iter().product();
         if spec.input.iter().product::<usize>() != input_len {
@@ -290,6 +299,7 @@ impl RunPlan {
         };
         Ok(Self {
             config,
+            optimizer,
             run_dir: run_dir.map_or_else(OnceLock::new, OnceLock::from),
             spec,
             input_len,

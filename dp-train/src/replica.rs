@@ -282,7 +282,7 @@ impl<C: Communicator> Replica<C> {
         } else {
             0..len
         };
-        let mut optimizer: Box<dyn Optimizer<f32>> = match config.optimizer {
+        let mut optimizer: Box<dyn Optimizer<f32>> = match plan.optimizer {
             OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => Box::new(Sgd::new(
                 shard.len(),
                 dp_model::SgdConfig { momentum, nesterov, weight_decay },

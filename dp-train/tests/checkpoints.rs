@@ -101,7 +101,7 @@ fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
     // A schedule that does not depend on the run's length, which the first part shortens.
     let c = TrainConfig {
         zero_stage: 1,
-        optimizer: adam,
+        optimizer: Some(adam),
         schedule: Some(dp_model::Schedule::Constant { lr: 1e-3 }),
         checkpoint_every: 6,
         ..config(2, 12)

@@ -249,7 +249,7 @@ fn a_loss_that_blows_up_but_stays_finite_is_a_divergence_too() {
     let out = TempDir::new("faults-exploded");
     let c = TrainConfig {
         lr: Some(1e6),
-        optimizer: common::adam(),
+        optimizer: Some(common::adam()),
         eval_every: 4,
         checkpoint_every: 4,
         ..config(2, 40)
@@ -264,7 +264,7 @@ fn a_loss_that_blows_up_but_stays_finite_is_a_divergence_too() {
         serde_json::from_slice(&std::fs::read(dir.join(dp_train::SUMMARY)).unwrap()).unwrap();
     assert_eq!((summary["diverged_at"].as_u64(), summary["steps"].as_u64()), (Some(8), Some(8)));
     // The same settings at a sane learning rate train to the end.
-    let c = TrainConfig { optimizer: common::adam(), eval_every: 4, ..config(2, 40) };
+    let c = TrainConfig { optimizer: Some(common::adam()), eval_every: 4, ..config(2, 40) };
     train(c, &RunOptions::new(out.0.join("sane")), &mut ()).unwrap();
 }
 

@@ -119,7 +119,7 @@ fn two_processes_match_one_with_the_same_global_batch() {
             for threads in [1, 2] {
                 let name = format!("{name}-{threads}");
                 let c = TrainConfig {
-                    optimizer: optimizer.clone(),
+                    optimizer: Some(optimizer.clone()),
                     zero_stage: zero,
                     ..config(&dir, &name, threads, 6)
                 };
@@ -141,7 +141,7 @@ fn two_processes_match_one_with_the_same_global_batch() {
         let mut threads_only = BTreeMap::new();
         for replicas in [1, 2, 4] {
             let c = TrainConfig {
-                optimizer: optimizer.clone(),
+                optimizer: Some(optimizer.clone()),
                 zero_stage: zero,
                 ..config(&dir.0, name, replicas, 6)
             };

@@ -16,7 +16,7 @@ fn the_process_peak_is_within_1_1x_of_what_the_replicas_accounted() {
     let adam = common::adam();
     let c = TrainConfig {
         model: "mlp:4096,2048".into(),
-        optimizer: adam,
+        optimizer: Some(adam),
         eval_data: None,
         checkpoint_every: 2,
         ..config(2, 6)

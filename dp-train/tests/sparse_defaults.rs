@@ -188,7 +188,7 @@ fn the_sparse_defaults_land_within_a_point_of_the_regularized_optimum() {
     let defaults = train(config(&dir.0), &RunOptions::new(&out), &mut ()).unwrap();
     let ours = defaults.eval_accuracy.unwrap();
     // The earlier defaults: SGD at 0.1 per 256 samples for about 800 steps, no penalty. A
-    // learning rate given keeps the default optimizer SGD.
+    // learning rate given with no optimizer chooses SGD.
     let old_out = dir.0.join("old");
     let old_lr = 0.1 * defaults.global_batch as f64 / 256.0;
     let old_config = TrainConfig { lr: Some(old_lr), ..config(&dir.0) };
@@ -213,12 +213,45 @@ fn the_sparse_defaults_land_within_a_point_of_the_regularized_optimum() {
     assert_eq!(saved.lr, Some(SPARSE_LR));
     let weight_decay = 2.0 / TRAIN as f64;
     assert!(
-        matches!(saved.optimizer, OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. }
+        matches!(saved.optimizer, Some(OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. })
             if (wd - weight_decay).abs() < 1e-12 * weight_decay),
         "{:?}",
         saved.optimizer
     );
     assert_eq!(saved.epochs, dp_train::sparse_auto_epochs(TRAIN as u64 / 64));
     let saved_old = TrainConfig::load(&run_dir(&old_out).join("config.toml")).unwrap();
-    assert_eq!(saved_old.optimizer, TrainConfig::default().optimizer);
+    assert_eq!(saved_old.optimizer, Some(OptimizerConfig::preset("sgd").unwrap()));
+}
+
+/// An optimizer given is the one used, also when it is the one the defaults name: `sgd` with
+/// no learning rate on sparse data trains with SGD, where none given chooses Adam.
+#[test]
+fn an_optimizer_given_on_sparse_data_is_used_as_given() {
+    let dir = TempDir::new("sparse-optimizer-given");
+    let mut rng = Rng::new(7);
+    let topic: Vec<usize> = (3_000..3_000 + 2 * TOPIC_WORDS).collect();
+    let file = dir.0.join("train.svm");
+    write_svmlight(&file, &documents(400, &mut rng, &topic));
+    let width = SvmlightOptions { features: Some(VOCABULARY), ..SvmlightOptions::default() };
+    import_svmlight(&[&file], &dir.0.join("train"), &width, WriterOptions::default()).unwrap();
+    let saved = |name: &str, optimizer: Option<OptimizerConfig>| {
+        let out = dir.0.join(name);
+        let config = TrainConfig { optimizer, steps: Some(2), eval_data: None, ..config(&dir.0) };
+        train(config, &RunOptions::new(&out), &mut ()).unwrap();
+        TrainConfig::load(&run_dir(&out).join("config.toml")).unwrap()
+    };
+    // 400 records: 16 a step, 25 steps an epoch.
+    let sgd = OptimizerConfig::preset("sgd").unwrap();
+    let given = saved("given", Some(sgd.clone()));
+    assert_eq!((given.model.as_str(), given.optimizer, given.lr), ("linear", Some(sgd), None));
+    assert_eq!(given.epochs, dp_train::auto_epochs(25));
+    let chosen = saved("chosen", None);
+    let weight_decay = 2.0 / 400.0;
+    assert!(
+        matches!(chosen.optimizer, Some(OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. })
+            if (wd - weight_decay).abs() < 1e-12 * weight_decay),
+        "{:?}",
+        chosen.optimizer
+    );
+    assert_eq!((chosen.lr, chosen.epochs), (Some(SPARSE_LR), dp_train::sparse_auto_epochs(25)));
 }

@@ -37,7 +37,7 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
         for replicas in [1, 2, 4] {
             let out = TempDir::new(&format!("equiv-{name}-{replicas}"));
             let mut c = config(replicas, 6);
-            c.optimizer = optimizer.clone();
+            c.optimizer = Some(optimizer.clone());
             c.zero_stage = zero;
             c.bucket_mib = bucket_mib;
             c.clip_grad_norm = clip;
@@ -221,13 +221,13 @@ fn memory_techniques_and_compression_train_too() {
         end: Some(30),
         every: 10,
     });
-    c.optimizer = OptimizerConfig::Adam {
+    c.optimizer = Some(OptimizerConfig::Adam {
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.01,
         decoupled: true,
-    };
+    });
     c.lr = Some(3e-3);
     let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
     assert_eq!(summary.steps, 60);
@@ -250,7 +250,7 @@ fn plain_sgd_under_zero1_without_eval_resumes() {
     let mut c = config(2, 10);
     c.zero_stage = 1;
     c.eval_data = None;
-    c.optimizer = OptimizerConfig::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 };
+    c.optimizer = Some(OptimizerConfig::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 });
     let options = RunOptions::new(&out.0);
     let mut stopper = StopAfter { step: 3, stop: Arc::clone(&options.stop) };
     assert!(train(c, &options, &mut stopper).unwrap().interrupted);

@@ -56,9 +56,9 @@ pub(crate) struct TrainArgs {
     /// Micro-batches accumulated per step.
     #[arg(long, allow_negative_numbers = true)]
     grad_accum: Option<usize>,
-    /// sgd, adam or adamw (the presets of a config file's `type = "sgd"` / `"adam"`). On a
-    /// sparse input the default is Adam with scikit-learn's LogisticRegression penalty (C = 1)
-    /// unless --lr is given.
+    /// sgd, adam or adamw (the presets of a config file's `type = "sgd"` / `"adam"`), always
+    /// used as given. Without it the run chooses: on a sparse input, Adam with scikit-learn's
+    /// LogisticRegression penalty (C = 1) unless --lr is given; otherwise sgd.
     #[arg(long)]
     optimizer: Option<String>,
     /// Peak learning rate (warmup then cosine).
@@ -311,7 +311,7 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
         (config.normalize_mean, config.normalize_std) = (args.mean.clone(), args.std.clone());
     }
     if let Some(name) = &args.optimizer {
-        config.optimizer = OptimizerConfig::preset(name)?;
+        config.optimizer = Some(OptimizerConfig::preset(name)?);
     }
     if args.lr.is_some() {
         config.lr = args.lr;

@@ -85,3 +85,35 @@ fn splits_imported_together_share_a_width_and_the_trainer_says_how_when_they_do_
     }
     succeeded(train(&together, &dir.join("runs-together")));
 }
+
+/// `--optimizer sgd` on sparse data, with no `--lr`, trains with SGD as given (the run's saved
+/// config says so); without `--optimizer` the run chooses Adam with the sparse L2 penalty.
+#[test]
+fn an_optimizer_given_on_sparse_data_is_the_one_used() {
+    let scratch = tempfile::Builder::new().prefix("xtask-svm-optimizer-").tempdir().unwrap();
+    let dir = scratch.path();
+    let file = dir.join("train.svm");
+    write_svmlight(&file, 200, 500, 3);
+    let mut command = xtask();
+    command.args(["data", "import", "--format", "svmlight", "--out"]).arg(dir.join("train"));
+    succeeded(command.arg(&file).output().unwrap());
+    let runs = dir.join("runs");
+    let saved = |name: &str, optimizer: &[&str]| {
+        let mut command = xtask();
+        command.args(["train", "--no-plot", "--replicas", "1", "--steps", "2", "--name", name]);
+        command.args(optimizer).arg("--data").arg(dir.join("train")).arg("--out").arg(&runs);
+        succeeded(command.output().unwrap());
+        dp_train::TrainConfig::load(&runs.join(name).join(dp_train::CONFIG)).unwrap()
+    };
+    let given = saved("given", &["--optimizer", "sgd"]);
+    let sgd = dp_train::OptimizerConfig::preset("sgd").unwrap();
+    assert_eq!((given.optimizer, given.lr), (Some(sgd), None));
+    let chosen = saved("chosen", &[]);
+    assert!(
+        matches!(chosen.optimizer, Some(dp_train::OptimizerConfig::Adam { weight_decay, .. })
+            if weight_decay > 0.0),
+        "{:?}",
+        chosen.optimizer
+    );
+    assert_eq!(chosen.lr, Some(dp_train::SPARSE_LR));
+}

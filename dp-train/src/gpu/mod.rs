@@ -70,7 +70,7 @@ impl GpuStep {
         plan: &RunPlan,
         host_tracker: &Tracker,
     ) -> Result<Self> {
-        let config = &plan.config.optimizer;
+        let config = &plan.optimizer;
         let device = plan.gpu_peers.as_ref().map_or(0, |peers| peers.device);
         let tracker = Tracker::new();
         let model = CudaModel::from_model(host, device, &tracker, host_tracker)?;
