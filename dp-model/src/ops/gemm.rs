@@ -1,4 +1,12 @@
 //! The one place matrix products happen, so the GEMM backend can be swapped in one file.
+//!
+//! Products run on the `gemm` crate: kernels for the widest vectors the CPU has, chosen at run
+//! time (AVX-512, AVX2 with FMA, NEON), writing straight into the output through any strides
+//! (the transposed operands of backward included), with packing buffers kept per thread, so a
+//! warm step allocates nothing. `DP_GEMM=matrixmultiply` runs them on ndarray's own GEMM
+//! instead (matrixmultiply's AVX2 kernels), the reference the benchmarks compare against.
+
+use std::sync::OnceLock;
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
@@ -17,6 +25,35 @@ pub(crate) fn view_mut<T>(data: &mut [T], rows: usize, cols: usize) -> ArrayView
         .expect("buffer sized at build")
 }
 
+/// The library the products run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmBackend {
+    /// The `gemm` crate, at the CPU's vector width (the default).
+    Gemm,
+    /// ndarray's `general_mat_mul` on matrixmultiply (`DP_GEMM=matrixmultiply`).
+    Matrixmultiply,
+}
+
+impl GemmBackend {
+    /// The backend of this process: `DP_GEMM` (`gemm` or `matrixmultiply`), read once; `gemm`
+    /// when unset or unknown.
+    pub fn current() -> Self {
+        static CHOSEN: OnceLock<GemmBackend> = OnceLock::new();
+        *CHOSEN.get_or_init(|| match std::env::var("DP_GEMM").as_deref() {
+            Ok("matrixmultiply") => GemmBackend::Matrixmultiply,
+            _ => GemmBackend::Gemm,
+        })
+    }
+
+    /// Its name, as `DP_GEMM` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmBackend::Gemm => "gemm",
+            GemmBackend::Matrixmultiply => "matrixmultiply",
+        }
+    }
+}
+
 /// `c = a b + beta c`, with `beta` 0 (overwrite) or 1 (accumulate).
 pub(crate) fn matmul<T: Float>(
     a: ArrayView2<'_, T>,
@@ -24,7 +61,68 @@ pub(crate) fn matmul<T: Float>(
     beta: T,
     c: &mut ArrayViewMut2<'_, T>,
 ) {
-    general_mat_mul(T::one(), &a, &b, beta, c);
+    matmul_on(GemmBackend::current(), a, b, beta, c);
+}
+
+/// [`matmul`] on `backend`.
+fn matmul_on<T: Float>(
+    backend: GemmBackend,
+    a: ArrayView2<'_, T>,
+    b: ArrayView2<'_, T>,
+    beta: T,
+    c: &mut ArrayViewMut2<'_, T>,
+) {
+    match backend {
+        GemmBackend::Gemm => gemm_crate(a, b, beta, c),
+        GemmBackend::Matrixmultiply => general_mat_mul(T::one(), &a, &b, beta, c),
+    }
+}
+
+/// [`matmul`] on the `gemm` crate.
+fn gemm_crate<T: Float>(
+    a: ArrayView2<'_, T>,
+    b: ArrayView2<'_, T>,
+    beta: T,
+    c: &mut ArrayViewMut2<'_, T>,
+) {
+    let ((m, k), (k_b, n)) = (a.dim(), b.dim());
+    assert_eq!((k_b, c.dim()), (k, (m, n)), "GEMM operands sized at build");
+    if k == 0 {
+        // No products to sum: `c` is `beta c` (zero when overwritten, whatever it held).
+        match beta == T::zero() {
+            true => c.fill(T::zero()),
+            false => c.map_inplace(|x| *x *= beta),
+        }
+        return;
+    }
+    let (sa, sb) = (a.strides(), b.strides());
+    let (c_rows, c_cols) = (c.strides()[0], c.strides()[1]);
+    // SAFETY: the shapes agree (checked above); each view's strides address only its own
+    // elements, and `c`, borrowed mutably, aliases neither operand. `gemm` computes
+    // `c = alpha c + beta a b`, reading `c` only when asked to.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            c_cols,
+            c_rows,
+            beta != T::zero(),
+            a.as_ptr(),
+            sa[1],
+            sa[0],
+            b.as_ptr(),
+            sb[1],
+            sb[0],
+            beta,
+            T::one(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 /// One matrix product of a training step, `c [m, n] = a [m, k] b [k, n]`, with whether each
@@ -73,10 +171,51 @@ impl<T: Float> BareGemm<T> {
         Self { shape, a, b, c: ndarray::Array2::zeros((shape.m, shape.n)) }
     }
 
+    /// The product's shape.
+    pub fn shape(&self) -> GemmShape {
+        self.shape
+    }
+
     /// Runs the product once, exactly as the model's step does.
     pub fn run(&mut self) {
+        self.run_on(GemmBackend::current());
+    }
+
+    /// Runs the product once on `backend`, to compare backends in one run.
+    pub fn run_on(&mut self, backend: GemmBackend) {
         let a = if self.shape.a_transposed { self.a.t() } else { self.a.view() };
         let b = if self.shape.b_transposed { self.b.t() } else { self.b.view() };
-        matmul(a, b, T::zero(), &mut self.c.view_mut());
+        matmul_on(backend, a, b, T::zero(), &mut self.c.view_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every layout a step uses (each operand read straight or transposed), overwriting and
+    /// accumulating, at sizes around the kernels' blocks, as ndarray's own GEMM computes them.
+    #[test]
+    fn the_gemm_crate_computes_what_ndarray_does_for_every_layout() {
+        let fill = |rows: usize, cols: usize, seed: usize| {
+            ndarray::Array2::from_shape_fn((rows, cols), |(i, j)| {
+                ((i * 31 + j * 17 + seed) % 23) as f32 / 23.0 - 0.5
+            })
+        };
+        for (m, k, n) in [(1, 1, 1), (10, 256, 33), (67, 5, 129), (256, 784, 10), (3, 0, 4)] {
+            for (a_t, b_t, beta) in [(false, false, 0.0), (true, false, 1.0), (false, true, 1.0)] {
+                // Stored as the step stores them; read through a transposed view when so.
+                let a = if a_t { fill(k, m, 1) } else { fill(m, k, 1) };
+                let b = if b_t { fill(n, k, 2) } else { fill(k, n, 2) };
+                let a_view = if a_t { a.t() } else { a.view() };
+                let b_view = if b_t { b.t() } else { b.view() };
+                let start = fill(m, n, 3);
+                let (mut want, mut got) = (start.clone(), start.clone());
+                general_mat_mul(1.0, &a_view, &b_view, beta, &mut want);
+                gemm_crate(a_view, b_view, beta, &mut got.view_mut());
+                let worst = (&got - &want).iter().fold(0f32, |w, d| w.max(d.abs()));
+                assert!(worst <= 1e-4, "{m}x{k}x{n} a_t {a_t} b_t {b_t} beta {beta}: {worst}");
+            }
+        }
     }
 }
