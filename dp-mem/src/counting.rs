@@ -21,12 +21,20 @@ pub struct AllocCounts {
     pub deallocs: u64,
     /// Bytes obtained by `alloc`, `alloc_zeroed` and `realloc` (its new size).
     pub bytes: u64,
+    /// Of the calls that obtained memory, those made inside [`CountingAlloc::by_library`]: a
+    /// library's own buffers (the GEMM's packing), which the workspace does not control.
+    pub library: u64,
 }
 
 impl AllocCounts {
     /// Calls that obtained memory: `allocs + reallocs`.
     pub fn calls(&self) -> u64 {
         self.allocs + self.reallocs
+    }
+
+    /// Calls that obtained memory outside [`CountingAlloc::by_library`].
+    pub fn own_calls(&self) -> u64 {
+        self.calls() - self.library
     }
 
     /// What was counted after `earlier` was taken.
@@ -36,6 +44,7 @@ impl AllocCounts {
             reallocs: self.reallocs - earlier.reallocs,
             deallocs: self.deallocs - earlier.deallocs,
             bytes: self.bytes - earlier.bytes,
+            library: self.library - earlier.library,
         }
     }
 }
@@ -81,6 +90,7 @@ static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static REALLOCS: AtomicU64 = AtomicU64::new(0);
 static DEALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+static LIBRARY: AtomicU64 = AtomicU64::new(0);
 static LIVE: AtomicU64 = AtomicU64::new(0);
 static PEAK_LIVE: AtomicU64 = AtomicU64::new(0);
 
@@ -88,8 +98,10 @@ thread_local! {
     // A const-initialized `Cell` of a `Copy` type: no lazy initialization and no destructor, so
     // touching it from inside the allocator never allocates.
     static THREAD: Cell<AllocCounts> = const {
-        Cell::new(AllocCounts { allocs: 0, reallocs: 0, deallocs: 0, bytes: 0 })
+        Cell::new(AllocCounts { allocs: 0, reallocs: 0, deallocs: 0, bytes: 0, library: 0 })
     };
+    /// How deep the calling thread is in [`CountingAlloc::by_library`] calls.
+    static IN_LIBRARY: Cell<u32> = const { Cell::new(0) };
 }
 
 impl CountingAlloc<System> {
@@ -115,6 +127,22 @@ impl CountingAlloc {
         Self::thread_counts().allocs > before
     }
 
+    /// Runs `f`, counting the allocations it makes on this thread as a library's
+    /// ([`AllocCounts::library`]) as well: for calls into code outside the workspace that
+    /// allocates buffers of its own, so that the workspace's own count stays exact.
+    pub fn by_library<R>(f: impl FnOnce() -> R) -> R {
+        /// Leaves the library's scope however `f` ends.
+        struct Leave;
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                let _ = IN_LIBRARY.try_with(|depth| depth.set(depth.get() - 1));
+            }
+        }
+        let _ = IN_LIBRARY.try_with(|depth| depth.set(depth.get() + 1));
+        let _leave = Leave;
+        f()
+    }
+
     /// What the calling thread has allocated so far.
     pub fn thread_counts() -> AllocCounts {
         THREAD.try_with(Cell::get).unwrap_or_default()
@@ -128,6 +156,7 @@ impl CountingAlloc {
                 reallocs: REALLOCS.load(Ordering::Relaxed),
                 deallocs: DEALLOCS.load(Ordering::Relaxed),
                 bytes: BYTES.load(Ordering::Relaxed),
+                library: LIBRARY.load(Ordering::Relaxed),
             },
             live_bytes: LIVE.load(Ordering::Relaxed),
             peak_live_bytes: PEAK_LIVE.load(Ordering::Relaxed),
@@ -169,6 +198,7 @@ fn count_alloc(bytes: usize) {
     update_thread(|counts| {
         counts.allocs += 1;
         counts.bytes += bytes as u64;
+        counts.library += u64::from(in_library());
     });
 }
 
@@ -185,7 +215,17 @@ fn count_realloc(old: usize, new: usize) {
     update_thread(|counts| {
         counts.reallocs += 1;
         counts.bytes += new as u64;
+        counts.library += u64::from(in_library());
     });
+}
+
+/// Whether the calling thread is inside [`CountingAlloc::by_library`].
+fn in_library() -> bool {
+    let inside = IN_LIBRARY.try_with(|depth| depth.get() > 0).unwrap_or(false);
+    if inside {
+        LIBRARY.fetch_add(1, Ordering::Relaxed);
+    }
+    inside
 }
 
 /// Updates the calling thread's counts; a thread whose locals are already torn down (an

@@ -20,6 +20,18 @@ fn counting_allocator_is_installed_and_sees_allocations() {
     assert_eq!(counts.bytes, 8000);
     let (_, counts) = CountingAlloc::measure(|| drop(v)).unwrap();
     assert_eq!((counts.calls(), counts.deallocs), (0, 1));
+    // A library's allocations count in the total and apart, also when it unwinds.
+    let (_, counts) = CountingAlloc::measure(|| {
+        let outside = vec![0u8; 16];
+        let inside = CountingAlloc::by_library(|| vec![0u8; 32]);
+        (outside, inside)
+    })
+    .unwrap();
+    assert_eq!((counts.calls(), counts.library, counts.own_calls()), (2, 1, 1));
+    let unwound = std::panic::catch_unwind(|| CountingAlloc::by_library(|| panic!("inside")));
+    assert!(unwound.is_err());
+    let (_, counts) = CountingAlloc::measure(|| vec![0u8; 8]).unwrap();
+    assert_eq!(counts.library, 0, "still counted as a library's after it unwound");
     let stats = CountingAlloc::process_stats();
     assert!(stats.peak_live_bytes >= stats.live_bytes);
     assert!(stats.counts.allocs >= stats.counts.deallocs);

@@ -16,6 +16,7 @@ use dp_model::{
 };
 use ndarray::Array2;
 
+mod peak;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -132,7 +133,7 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
         "{:<26} {:>10} {:>12} {:>10} {:>14} {:>10}",
         "step", "ms/step", "samples/s", "GEMMs ms", "step / GEMMs", "GFLOP/s"
     );
-    let mut times = Vec::new();
+    let (mut times, mut rates) = (Vec::new(), Vec::new());
     for (name, bench) in cases.iter_mut() {
         for _ in 0..3 {
             bench.step();
@@ -149,6 +150,7 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
         );
         let ratio = step / bare;
         times.push(step);
+        rates.push(flops as f64 / bare / 1e9);
         println!(
             "{name:<26} {:>10.3} {:>12.0} {:>10.3} {:>9.3} {:<4} {:>10.1}  {}",
             step * 1e3,
@@ -156,10 +158,16 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
             bare * 1e3,
             ratio,
             "",
-            flops as f64 / bare / 1e9,
+            rates[rates.len() - 1],
             verdict(ratio <= 1.25)
         );
     }
+    let (width, peak) = peak::peak_f32_gflops();
+    println!(
+        "one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; the MLP's GEMMs reach {:.0}% of it, LeNet's {:.0}%",
+        100.0 * rates[0] / peak,
+        100.0 * rates[1] / peak
+    );
     backends(cases);
     let mlp_rate = cases[0].1.batch() as f64 / times[0];
     println!(

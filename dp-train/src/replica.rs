@@ -91,10 +91,10 @@ pub(crate) struct ReplicaReport {
     pub(crate) data_wait_s: f64,
     pub(crate) comm_exposed_s: f64,
     pub(crate) step_s: f64,
-    /// Allocation calls per steady step on this replica's thread and GEMM calls per step
-    /// (each allocates its packing buffer), when the counting allocator is installed.
+    /// Allocation calls per steady step on this replica's thread, when the counting
+    /// allocator is installed, and of those the GEMM library's (its packing buffers).
     pub(crate) allocs_per_step: Option<f64>,
-    pub(crate) gemms_per_step: u64,
+    pub(crate) gemm_allocs_per_step: f64,
     pub(crate) interrupted: bool,
     /// The best evaluation and whether the run stopped early.
     pub(crate) best: BestSoFar,
@@ -404,10 +404,7 @@ impl<C: Communicator> Replica<C> {
         let mut checksums = vec![0u64; world];
         let start = plan.start_step();
         check_in_sync(&mut ctl, model.params(), (start, start), &mut checksums)?;
-        let report = ReplicaReport {
-            gemms_per_step: (model.gemm_shapes(plan.micro).len() * config.grad_accum) as u64,
-            ..ReplicaReport::default()
-        };
+        let report = ReplicaReport::default();
         Ok(Self {
             rank,
             ctl,
@@ -493,7 +490,7 @@ impl<C: Communicator> Replica<C> {
 
     fn steps(&mut self) -> Result<()> {
         let counting = CountingAlloc::is_installed();
-        let (mut allocs, mut counted) = (0u64, 0u64);
+        let (mut allocs, mut library, mut counted) = (0u64, 0u64, 0u64);
         let plan = Arc::clone(&self.plan);
         let start = plan.start_step();
         for step in start..plan.total_steps {
@@ -524,7 +521,8 @@ impl<C: Communicator> Replica<C> {
             let (stop, loss) = self.step(step)?;
             self.watch.add(loss);
             if counting && step >= start + WARMUP_STEPS {
-                allocs += CountingAlloc::thread_counts().calls() - before.calls();
+                let step_counts = CountingAlloc::thread_counts().since(&before);
+                (allocs, library) = (allocs + step_counts.calls(), library + step_counts.library);
                 counted += 1;
             }
             let done = step + 1;
@@ -567,6 +565,7 @@ impl<C: Communicator> Replica<C> {
         }
         if counted > 0 {
             self.report.allocs_per_step = Some(allocs as f64 / counted as f64);
+            self.report.gemm_allocs_per_step = library as f64 / counted as f64;
         }
         Ok(())
     }

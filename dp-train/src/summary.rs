@@ -79,8 +79,8 @@ pub struct Summary {
     pub opt_state_per_replica: u64,
     /// Allocation calls per steady step on a replica's thread (with the counting allocator).
     pub allocs_per_step: Option<f64>,
-    /// Of those, the GEMM backend's packing buffers (one per GEMM call).
-    pub gemm_allocs_per_step: u64,
+    /// Of those, the GEMM library's own (its packing buffers, allocated on each call).
+    pub gemm_allocs_per_step: f64,
     /// Whether the run was stopped early (Ctrl-C).
     pub interrupted: bool,
     /// The step and evaluation loss of the best model (`best.ckpt`), when the run evaluates.
@@ -194,9 +194,9 @@ impl fmt::Display for Summary {
         if let Some(allocs) = self.allocs_per_step {
             writeln!(
                 f,
-                "allocations    {allocs:.1} per step ({} GEMM packing buffers, {:.1} from the workspace)",
+                "allocations    {allocs:.1} per step ({:.1} GEMM packing buffers, {:.1} from the workspace)",
                 self.gemm_allocs_per_step,
-                allocs - self.gemm_allocs_per_step as f64
+                allocs - self.gemm_allocs_per_step
             )?;
         }
         Ok(())

@@ -578,7 +578,7 @@ fn summarize(
             .device_peak
             .map(|peak| peak.iter().map(|(t, &b)| (t.name().to_string(), b)).collect()),
         allocs_per_step: r0.allocs_per_step,
-        gemm_allocs_per_step: r0.gemms_per_step,
+        gemm_allocs_per_step: r0.gemm_allocs_per_step,
         interrupted: r0.interrupted,
         best: r0.best.best,
         stopped_early: r0.best.stopped_early,

@@ -24,8 +24,8 @@ fn a_steady_step_allocates_nothing_of_the_workspace() {
         let c = TrainConfig { bucket_mib, zero_stage, eval_data: None, ..config(2, 12) };
         let summary = train(c, &RunOptions::new(out.0.join(name)), &mut ()).unwrap();
         let allocs = summary.allocs_per_step.expect("counted with the allocator installed");
-        let workspace = allocs - summary.gemm_allocs_per_step as f64;
-        assert!(summary.gemm_allocs_per_step > 0, "{name}: the GEMM count is part of the figure");
+        let workspace = allocs - summary.gemm_allocs_per_step;
+        assert!(summary.gemm_allocs_per_step > 0.0, "{name}: the GEMM count is part of the figure");
         assert_eq!(
             workspace, 0.0,
             "{name}: {allocs} allocations per step, {} GEMMs",

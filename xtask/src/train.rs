@@ -658,8 +658,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
             s.data_wait_share * 100.0,
             s.comm_exposed_share * 100.0,
             s.memory_ratio,
-            s.allocs_per_step
-                .map_or("-".into(), |a| format!("{:.1}", a - s.gemm_allocs_per_step as f64)),
+            s.allocs_per_step.map_or("-".into(), |a| format!("{:.1}", a - s.gemm_allocs_per_step)),
         );
     };
     row("1 replica".into(), one);
@@ -701,7 +700,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         share,
         verdict((share * replicas as f64 - 1.0).abs() <= 0.05)
     );
-    let workspace = many.allocs_per_step.map(|a| a - many.gemm_allocs_per_step as f64);
+    let workspace = many.allocs_per_step.map(|a| a - many.gemm_allocs_per_step);
     println!(
         "allocations per step from the workspace: {}  = 0 {}",
         workspace.map_or("not measured".into(), |a| format!("{a:.2}")),

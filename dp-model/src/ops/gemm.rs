@@ -72,10 +72,12 @@ fn matmul_on<T: Float>(
     beta: T,
     c: &mut ArrayViewMut2<'_, T>,
 ) {
-    match backend {
+    // Both libraries allocate their packing buffers on each call: counted as theirs, apart
+    // from the workspace's own allocations.
+    dp_mem::CountingAlloc::by_library(|| match backend {
         GemmBackend::Gemm => gemm_crate(a, b, beta, c),
         GemmBackend::Matrixmultiply => general_mat_mul(T::one(), &a, &b, beta, c),
-    }
+    })
 }
 
 /// [`matmul`] on the `gemm` crate.
