@@ -11,7 +11,7 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput};
 use dp_mem::{CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    BareGemm, CheckpointWriter, GemmBackend, Model, ModelOptions, ModelSpec, Optimizer,
+    BareGemm, CheckpointWriter, GemmBackend, GemmShape, Model, ModelOptions, ModelSpec, Optimizer,
     PruneSchedule, Pruner, QuantizedModel, Recompute, Sgd, Sparsity, StepOptions, Targets,
 };
 use ndarray::Array2;
@@ -168,11 +168,28 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
         100.0 * rates[0] / peak,
         100.0 * rates[1] / peak
     );
-    backends(cases);
-    let mlp_rate = cases[0].1.batch() as f64 / times[0];
-    println!(
-        "MLP samples/s on one thread: {mlp_rate:.0} (PyTorch: not measured here; scripts/torch_mlp_step.py measures it on the same machine)"
-    );
+    let shapes: Vec<GemmShape> =
+        cases.iter().take(2).flat_map(|(_, b)| b.bare.iter().map(BareGemm::shape)).collect();
+    let peer = Peer::measure(&shapes);
+    backends(cases, peer.as_ref().ok());
+    let rate = |case: usize| cases[case].1.batch() as f64 / times[case];
+    match &peer {
+        Ok(peer) => println!(
+            "PyTorch {} eager on one thread, measured now: MLP {:.0} samples/s, ours {:.0} = {:.2}x; LeNet {:.0}, ours {:.0} = {:.2}x",
+            peer.version,
+            peer.mlp,
+            rate(0),
+            rate(0) / peer.mlp,
+            peer.lenet,
+            rate(1),
+            rate(1) / peer.lenet
+        ),
+        Err(why) => println!(
+            "MLP {:.0} samples/s, LeNet {:.0} on one thread; PyTorch peer not measured ({why})",
+            rate(0),
+            rate(1)
+        ),
+    }
 
     // Recomputation: saved activations and the Activation tag's peak, and the step-time cost.
     let (off, on) = (&cases[1].1, &cases[2].1);
@@ -232,7 +249,7 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
 
 /// Each product of the MLP's and LeNet's steps on both GEMM backends, interleaved in this run:
 /// `gemm` (the default, at the CPU's vector width) against matrixmultiply, the former one.
-fn backends(cases: &mut [(&str, Bench); 3]) {
+fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
     #[cfg(target_arch = "x86_64")]
     let features: Vec<&str> = [
         (std::arch::is_x86_feature_detected!("avx2"), "AVX2"),
@@ -252,9 +269,10 @@ GEMM backends, one thread, medians of 21 interleaved rounds (CPU features: {}; t
         GemmBackend::current().name()
     );
     println!(
-        "{:<26} {:>22} {:>10} {:>16} {:>8}",
-        "product", "m x k x n", "gemm", "matrixmultiply", "ratio"
+        "{:<26} {:>22} {:>10} {:>16} {:>8} {:>10} {:>8}",
+        "product", "m x k x n", "gemm", "matrixmultiply", "ratio", "torch.mm", "ratio"
     );
+    let mut torch_rates = peer.map(|p| p.gemm_gflops.iter());
     for (name, bench) in cases.iter_mut().take(2) {
         for gemm in &mut bench.bare {
             let shape = gemm.shape();
@@ -278,13 +296,55 @@ GEMM backends, one thread, medians of 21 interleaved rounds (CPU features: {}; t
                 (_, true) => "A B^T",
                 _ => "A B",
             };
+            let torch = match torch_rates.as_mut().and_then(Iterator::next) {
+                Some(t) => format!("{t:>10.1} {:>7.2}x", ours / t),
+                None => format!("{:>10} {:>8}", "-", "-"),
+            };
             println!(
-                "{:<26} {:>22} {ours:>10.1} {former:>16.1} {:>7.2}x",
+                "{:<26} {:>22} {ours:>10.1} {former:>16.1} {:>7.2}x {torch}",
                 format!("{name} {layout}"),
                 format!("{} x {} x {}", shape.m, shape.k, shape.n),
                 ours / former
             );
         }
+    }
+}
+
+/// PyTorch's figures on this machine, measured in this run by `scripts/torch_cpu_step.py`.
+struct Peer {
+    version: String,
+    mlp: f64,
+    lenet: f64,
+    /// torch.mm's GFLOP/s at each shape asked for, in order.
+    gemm_gflops: Vec<f64>,
+}
+
+impl Peer {
+    /// Runs the peer script on one thread, or says why it could not (PyTorch not installed).
+    fn measure(shapes: &[GemmShape]) -> Result<Peer, String> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_cpu_step.py");
+        let mut command = std::process::Command::new("python3");
+        command.args([script, "--threads", "1"]);
+        for s in shapes {
+            let flags = (u8::from(s.a_transposed), u8::from(s.b_transposed));
+            command.arg("--gemm").arg(format!("{},{},{},{},{}", s.m, s.k, s.n, flags.0, flags.1));
+        }
+        let output = command.output().map_err(|e| format!("python3: {e}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
+        }
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .map_err(|e| format!("its output does not parse: {e}"))?;
+        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        let gemm_gflops: Option<Vec<f64>> =
+            json["gemm_gflops"].as_array().map(|v| v.iter().filter_map(|g| g.as_f64()).collect());
+        Ok(Peer {
+            version: json["torch"].as_str().unwrap_or("?").to_string(),
+            mlp: number("mlp_samples_per_s")?,
+            lenet: number("lenet_samples_per_s")?,
+            gemm_gflops: gemm_gflops.filter(|g| g.len() == shapes.len()).ok_or("no GEMM rates")?,
+        })
     }
 }
 
