@@ -40,28 +40,48 @@ pub(crate) fn run(root: &Path, krate: Option<&str>, filter: Option<&str>) -> Res
 }
 
 /// `cargo xtask bench comm`: the CPU all-reduce table against memory-copy bandwidth measured
-/// in the same run, then the same all-reduces between 2 MPI processes, with the targets.
+/// in the same run, then the same all-reduces between 2 MPI processes, and gloo's (PyTorch's CPU
+/// backend) between 2 processes, measured in the same run when PyTorch is installed.
 pub(crate) fn comm(root: &Path) -> Result<()> {
     let config = dp_comm::measure::BenchConfig::default();
     let report = dp_comm::measure::measure_all_reduce(&config)?;
     println!("{report}");
     let verdict = |met: bool| if met { "met" } else { "NOT MET" };
-    // gloo (PyTorch's CPU backend) between 2 processes on this kind of machine: 0.96-1.29 GB/s
-    // busbw at 64 MiB; 1.06 GB/s is the figure measured beside this table's first runs.
-    const GLOO_64MIB: f64 = 1.06e9;
     let large: Vec<_> = report.rows.iter().filter(|r| r.bytes >= 64 << 20).collect();
     let worst = large.iter().map(|r| r.efficiency).fold(f64::INFINITY, f64::min);
     println!("efficiency >= 0.7 at 64 MiB and up: worst {worst:.2} ({})", verdict(worst >= 0.7));
+    let copy = report.copy_bandwidth.iter().find(|(n, _)| *n == 2).map_or(f64::NAN, |c| c.1);
+
+    println!("\nall_reduce, f32, in place, 2 processes through gloo (PyTorch), measured now");
+    let gloo = match gloo_rows(root, &config.sizes, config.time_per_size) {
+        Ok(rows) => {
+            println!("{}", dp_comm::measure::BenchRow::HEADER);
+            for (bytes, time) in &rows {
+                println!("{}", dp_comm::measure::BenchRow::new(2, *bytes, *time, copy));
+            }
+            rows.iter()
+                .find(|(b, _)| *b == 64 << 20)
+                .map(|(bytes, time)| dp_comm::measure::BenchRow::new(2, *bytes, *time, copy).busbw)
+        }
+        Err(error) => {
+            println!("peer not measured: {error:#}");
+            None
+        }
+    };
+    let against_gloo = |busbw: f64, target: f64| match gloo {
+        Some(gloo) => format!(
+            "{:.2}x gloo's {:.2} GB/s ({})",
+            busbw / gloo,
+            gloo / 1e9,
+            verdict(busbw / gloo >= target)
+        ),
+        None => "gloo not measured".into(),
+    };
     if let Some(row) = report.row(2, 64 << 20) {
-        let ratio = row.busbw / GLOO_64MIB;
-        println!(
-            "busbw at 64 MiB, 2 ranks vs gloo's 1.06 GB/s: {ratio:.1}x ({})",
-            verdict(ratio >= 3.0)
-        );
+        println!("busbw at 64 MiB, 2 thread ranks: {}", against_gloo(row.busbw, 3.0));
     }
 
     println!("\nall_reduce, f32, in place, ReduceOp::Avg, 2 MPI processes (MpiComm)");
-    let copy = report.copy_bandwidth.iter().find(|(n, _)| *n == 2).map_or(f64::NAN, |c| c.1);
     let rows = match mpi_rows(root, &config.sizes, config.time_per_size) {
         Ok(rows) => rows,
         Err(error) => {
@@ -75,14 +95,35 @@ pub(crate) fn comm(root: &Path) -> Result<()> {
     }
     if let Some((bytes, time)) = rows.iter().find(|(b, _)| *b == 64 << 20) {
         let row = dp_comm::measure::BenchRow::new(2, *bytes, *time, copy);
-        let ratio = row.busbw / GLOO_64MIB;
         println!(
-            "busbw at 64 MiB, 2 processes vs gloo's 1.06 GB/s: {ratio:.2}x, {:.2} of memcpy ({})",
+            "busbw at 64 MiB, 2 processes: {:.2} of memcpy, {}",
             row.efficiency,
-            verdict(ratio >= 1.2)
+            against_gloo(row.busbw, 1.2)
         );
     }
     Ok(())
+}
+
+/// Times gloo's all-reduces of `sizes` between 2 processes with `scripts/gloo_allreduce.py`:
+/// (bytes, median time) per size.
+fn gloo_rows(root: &Path, sizes: &[usize], budget: Duration) -> Result<Vec<(usize, Duration)>> {
+    let mut command = Command::new("python3");
+    command.arg(root.join("scripts/gloo_allreduce.py"));
+    command.arg("--budget-ms").arg(budget.as_millis().to_string());
+    command.args(sizes.iter().map(|s| s.to_string()));
+    let output = command.output().context("cannot start python3")?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        bail!("{}", stderr.lines().last().unwrap_or("the gloo script failed"));
+    }
+    let json: Value = serde_json::from_slice(&output.stdout).context("the gloo script's output")?;
+    let rows = json["rows"].as_array().context("no rows in the gloo script's output")?;
+    rows.iter()
+        .map(|row| {
+            let bytes = row[0].as_u64().context("a row's bytes")? as usize;
+            Ok((bytes, Duration::from_secs_f64(row[1].as_f64().context("a row's seconds")?)))
+        })
+        .collect()
 }
 
 /// Times the all-reduces of `sizes` between 2 MPI processes: each runs `xtask bench-rank`,
