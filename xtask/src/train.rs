@@ -578,9 +578,62 @@ fn large_model_runs(root: &Path, out: &Path) -> Result<Vec<(String, dp_train::Su
     Ok(summaries)
 }
 
+/// PyTorch eager training the bench's jobs on this machine, measured in this run by
+/// `scripts/torch_cpu_train.py` (one process a case).
+struct TorchPeer {
+    version: String,
+    /// The default job's MLP on 1 thread and on as many threads as the bench has replicas,
+    /// samples/s (median of 3 runs each).
+    mlp_one: f64,
+    mlp_many: f64,
+    /// The 20M-parameter MLP with Adam on 1 thread: samples/s and peak RSS.
+    large: f64,
+    large_peak_rss: u64,
+}
+
+impl TorchPeer {
+    fn measure(root: &Path, replicas: usize) -> Result<TorchPeer> {
+        let run = |case: &str, threads: usize, steps: u32| -> Result<serde_json::Value> {
+            let mut command = std::process::Command::new("python3");
+            command.arg(root.join("scripts/torch_cpu_train.py"));
+            command.args(["--case", case, "--threads", &threads.to_string()]);
+            command.args(["--steps", &steps.to_string()]);
+            let output = command.output().context("cannot start python3")?;
+            if !output.status.success() {
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                bail!("{}", stderr.lines().last().unwrap_or("the PyTorch script failed"));
+            }
+            Ok(serde_json::from_slice(&output.stdout)?)
+        };
+        let number = |json: &serde_json::Value, key: &str| {
+            json[key].as_f64().with_context(|| format!("no {key} in the PyTorch script's output"))
+        };
+        let median = |threads: usize| -> Result<f64> {
+            let mut rates = Vec::new();
+            for _ in 0..3 {
+                rates.push(number(&run("mlp", threads, 470)?, "samples_per_s")?);
+            }
+            rates.sort_by(f64::total_cmp);
+            Ok(rates[1])
+        };
+        let large = run("mlp20m", 1, 30)?;
+        Ok(TorchPeer {
+            version: large["torch"].as_str().unwrap_or("?").to_string(),
+            mlp_one: median(1)?,
+            mlp_many: median(replicas)?,
+            large: number(&large, "samples_per_s")?,
+            large_peak_rss: number(&large, "peak_rss")? as u64,
+        })
+    }
+}
+
 /// Prints the 20M-parameter runs' memory against the targets of a report that matches the
 /// process and of replicas that share what is identical.
-fn print_large_model(runs: &[(String, dp_train::Summary)], verdict: impl Fn(bool) -> &'static str) {
+fn print_large_model(
+    runs: &[(String, dp_train::Summary)],
+    torch: Option<&TorchPeer>,
+    verdict: impl Fn(bool) -> &'static str,
+) {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(
         "\nMLP 784-4096-4096-10 (20M parameters), Adam, global batch 256, 30 steps, and the default job's MLP, a process each (checkpoints included)"
@@ -606,12 +659,28 @@ fn print_large_model(runs: &[(String, dp_train::Summary)], verdict: impl Fn(bool
     }
     println!("peak RSS / (accounted + start), worst {worst:.2}  <= 1.1 {}", verdict(worst <= 1.1));
     let peak = |i: usize| runs.get(i).and_then(|(_, s)| s.process_peak_rss);
+    match (torch, runs.first()) {
+        (Some(peer), Some((_, s))) => {
+            let ratio = s.samples_per_s / peer.large;
+            println!(
+                "1 replica: {:.0} samples/s, PyTorch eager on 1 thread {:.0} measured now: {ratio:.2}x  >= 1.0 {}",
+                s.samples_per_s,
+                peer.large,
+                verdict(ratio >= 1.0)
+            );
+            if let Some(one) = peak(0) {
+                let ratio = one as f64 / peer.large_peak_rss as f64;
+                println!(
+                    "1 replica peak RSS {:.0} MiB, PyTorch's {:.0} MiB: {ratio:.2}x  <= 0.45 {}",
+                    mib(one),
+                    mib(peer.large_peak_rss),
+                    verdict(ratio <= 0.45)
+                );
+            }
+        }
+        _ => println!("PyTorch's samples/s and peak RSS: peer not measured"),
+    }
     if let (Some(one), Some(two)) = (peak(0), peak(1)) {
-        println!(
-            "1 replica peak RSS {:.0} MiB  <= 0.45x PyTorch's 1.24 GB (550 MB) {}",
-            mib(one),
-            verdict(one <= 550_000_000)
-        );
         let ratio = two as f64 / one as f64;
         println!("2 replicas peak RSS / 1 replica's {ratio:.2}  <= 1.3 {}", verdict(ratio <= 1.3));
     }
@@ -643,6 +712,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
     let report = dp_train::measure::measure_scaling(&base, &out, replicas, 3);
     let procs = report.as_ref().ok().map(|_| processes_run(root, &out, replicas, 3));
     let large = report.as_ref().ok().map(|_| large_model_runs(root, &out));
+    let torch = report.as_ref().ok().map(|_| TorchPeer::measure(root, replicas));
     let _ = std::fs::remove_dir_all(&out);
     let report = report?;
     let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
@@ -678,11 +748,23 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
     }
     let efficiency = report.efficiency();
     println!("scaling efficiency {efficiency:.3}  >= 0.85 {}", verdict(efficiency >= 0.85));
-    println!(
-        "{replicas} replicas: {:.0} samples/s  >= 33,000 (1.3x PyTorch 2 threads, 2x DDP) {}",
-        many.samples_per_s,
-        verdict(many.samples_per_s >= 33_000.0)
-    );
+    match &torch {
+        Some(Ok(peer)) => {
+            for (name, ours, theirs, threads, target) in [
+                ("1 replica", one.samples_per_s, peer.mlp_one, 1, 1.0),
+                ("replicas", many.samples_per_s, peer.mlp_many, replicas, 1.1),
+            ] {
+                let ratio = ours / theirs;
+                println!(
+                    "{name}: {ours:.0} samples/s, PyTorch {} eager on {threads} threads {theirs:.0} measured now: {ratio:.2}x  >= {target} {}",
+                    peer.version,
+                    verdict(ratio >= target)
+                );
+            }
+        }
+        Some(Err(error)) => println!("PyTorch peer not measured: {error:#}"),
+        None => {}
+    }
     println!(
         "data-wait share {:.1}%  <= 5% {}",
         many.data_wait_share * 100.0,
@@ -707,7 +789,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         verdict(workspace == Some(0.0))
     );
     match large {
-        Some(Ok(runs)) => print_large_model(&runs, verdict),
+        Some(Ok(runs)) => print_large_model(&runs, torch.and_then(Result::ok).as_ref(), verdict),
         Some(Err(error)) => println!("20M-parameter model: skipped: {error:#}"),
         None => {}
     }
