@@ -181,7 +181,12 @@ impl<B: AsMut<[f32]> + AsRef<[f32]>> BucketReducer<B> {
         let thread = std::thread::Builder::new()
             .name("dp-comm-buckets".into())
             .spawn(move || communication_thread(&shared, config, total, make))
-            .map_err(|e| Error::Config { field: "thread", what: format!("cannot spawn: {e}") })?;
+            .map_err(|e| Error::Config {
+                field: "thread",
+                what: format!(
+                    "cannot start the communication thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v)"
+                ),
+            })?;
         let mut ctl = inner.lock();
         while ctl.started.is_none() && ctl.failed.is_none() {
             ctl = inner.wait(ctl);

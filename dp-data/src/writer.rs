@@ -93,7 +93,9 @@ struct Workers {
 }
 
 impl Workers {
-    fn spawn(threads: usize, level: i32) -> Self {
+    /// Starts `threads` compression workers; a thread the system will not start is an error
+    /// (the workers started so far end when the queue is dropped).
+    fn spawn(threads: usize, level: i32) -> std::io::Result<Self> {
         let (jobs, job_rx) = mpsc::sync_channel::<Job>(threads);
         let job_rx = Arc::new(Mutex::new(job_rx));
         let (done_tx, done) = mpsc::channel();
@@ -101,7 +103,7 @@ impl Workers {
             .map(|_| {
                 let job_rx = Arc::clone(&job_rx);
                 let done_tx = done_tx.clone();
-                std::thread::spawn(move || {
+                std::thread::Builder::new().name("dp-data-compress".into()).spawn(move || {
                     let mut compressor = crate::zstd_context::Compressor::new(level);
                     loop {
                         let job = match job_rx.lock().map(|rx| rx.recv()) {
@@ -122,8 +124,8 @@ impl Workers {
                     }
                 })
             })
-            .collect();
-        Workers { jobs: Some(jobs), done, handles }
+            .collect::<std::io::Result<_>>()?;
+        Ok(Workers { jobs: Some(jobs), done, handles })
     }
 }
 
@@ -181,7 +183,15 @@ impl DatasetWriter {
         options.check()?;
         let staging = Staging::claim(dir.as_ref())?;
         let dir = staging.dir().to_path_buf();
-        let workers = (options.threads > 1).then(|| Workers::spawn(options.threads, options.level));
+        let workers = (options.threads > 1)
+            .then(|| Workers::spawn(options.threads, options.level))
+            .transpose()
+            .map_err(|e| Error::Config {
+                field: "threads",
+                what: format!(
+                    "cannot start a compression thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v); lower threads"
+                ),
+            })?;
         Ok(DatasetWriter {
             fingerprint: schema_fingerprint(&schema),
             sparse: vec![SparseCounts::default(); schema.features().len()],

@@ -204,7 +204,9 @@ pub fn train(
                     })
                     .map_err(|e| Error::Replica {
                         rank,
-                        what: format!("cannot start its thread: {e}"),
+                        what: format!(
+                            "cannot start its thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v); lower replicas"
+                        ),
                     })
             })
             .collect();

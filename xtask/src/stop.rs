@@ -52,7 +52,9 @@ impl Stop {
                     act(&flags, signal, first);
                 }
             })
-            .context("start the signal thread")?;
+            .context(
+                "start the signal thread: the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v)",
+            )?;
         Ok(stop)
     }
 

@@ -1,16 +1,46 @@
 //! A run under an address-space limit (`ulimit -v`) too small for it stops at setup with an
 //! error that names the limit and what to lower, before its run directory exists; one that
-//! fits trains. Never an abort, a panic or a hang, whatever the limit, with backtraces on
+//! fits trains. Swept from the least limit the program starts under at all. Never an abort, a panic or a hang, whatever the limit, with backtraces on
 //! (printing one after running out of memory could hang).
 
 mod common;
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{small_digits, xtask};
+
+/// `command` limited to `limit_mib` of address space.
+fn limited(command: &mut Command, limit_mib: u64) {
+    let bytes = limit_mib << 20;
+    // SAFETY: between fork and exec only `setrlimit`, which is async-signal-safe, runs.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+            match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+}
+
+/// The least limit, in steps of 10 MiB, under which the program starts at all. Below it the
+/// kernel cannot map the program itself (`exec` fails past its point of no return, a SIGSEGV
+/// before any of the program's code runs); the debug build's code alone is tens of MiB.
+fn least_to_start() -> u64 {
+    (10..=1000)
+        .step_by(10)
+        .find(|&mib| {
+            let mut help = xtask();
+            help.arg("--help").stdout(Stdio::null()).stderr(Stdio::null());
+            limited(&mut help, mib);
+            help.status().unwrap().success()
+        })
+        .expect("the program starts under 1,000 MiB")
+}
 
 /// How a run under `limit_mib` of address space ended: its exit code and standard error.
 fn train_under(limit_mib: u64, data: &Path, out: &Path) -> (i32, String) {
@@ -20,17 +50,7 @@ fn train_under(limit_mib: u64, data: &Path, out: &Path) -> (i32, String) {
     train.arg("--data").arg(data.join("train")).arg("--eval-data").arg(data.join("eval"));
     train.arg("--out").arg(out).env("RUST_BACKTRACE", "1");
     train.stdout(Stdio::null()).stderr(Stdio::piped());
-    let bytes = limit_mib << 20;
-    // SAFETY: between fork and exec only `setrlimit`, which is async-signal-safe, runs.
-    unsafe {
-        train.pre_exec(move || {
-            let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
-            match libc::setrlimit(libc::RLIMIT_AS, &limit) {
-                0 => Ok(()),
-                _ => Err(std::io::Error::last_os_error()),
-            }
-        });
-    }
+    limited(&mut train, limit_mib);
     let mut child = train.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     let status = loop {
@@ -57,7 +77,8 @@ fn too_little_memory_is_refused_at_setup_and_enough_trains() {
     let data = scratch.path().join("data");
     small_digits(&data);
     let (mut refused, mut trained) = (Vec::new(), Vec::new());
-    for limit_mib in (40..=300).step_by(10) {
+    let start = least_to_start();
+    for limit_mib in (start..=start + 260).step_by(10) {
         let out = scratch.path().join(format!("runs-{limit_mib}"));
         let (code, stderr) = train_under(limit_mib, &data, &out);
         assert!(!stderr.contains("panicked"), "under {limit_mib} MiB: {stderr}");
@@ -71,7 +92,9 @@ fn too_little_memory_is_refused_at_setup_and_enough_trains() {
             refused.push(limit_mib);
         }
     }
-    println!("refused under {refused:?} MiB, trained under {trained:?} MiB");
+    println!(
+        "starts from {start} MiB; refused under {refused:?} MiB, trained under {trained:?} MiB"
+    );
     // The sweep spans the run's need: it is refused below it and trains above it.
     assert!(!refused.is_empty() && !trained.is_empty(), "{refused:?} {trained:?}");
     assert!(refused.iter().max() < trained.iter().min(), "{refused:?} {trained:?}");
