@@ -2,9 +2,11 @@
 //!
 //! Products run on the `gemm` crate: kernels for the widest vectors the CPU has, chosen at run
 //! time (AVX-512, AVX2 with FMA, NEON), writing straight into the output through any strides
-//! (the transposed operands of backward included), with packing buffers kept per thread, so a
-//! warm step allocates nothing. `DP_GEMM=matrixmultiply` runs them on ndarray's own GEMM
-//! instead (matrixmultiply's AVX2 kernels), the reference the benchmarks compare against.
+//! (the transposed operands of backward included). It allocates its packing buffers on each
+//! call, as matrixmultiply did: those allocations are counted as the library's
+//! (`CountingAlloc::by_library`), apart from the workspace's own. `DP_GEMM=matrixmultiply`
+//! runs the products on ndarray's own GEMM instead (matrixmultiply's AVX2 kernels), the
+//! reference the benchmarks compare against.
 
 use std::sync::OnceLock;
 
