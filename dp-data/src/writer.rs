@@ -189,7 +189,8 @@ impl DatasetWriter {
             .map_err(|e| Error::Config {
                 field: "threads",
                 what: format!(
-                    "cannot start a compression thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v); lower threads"
+                    "cannot start a compression thread ({e}): {}; lower threads",
+                    dp_mem::THREAD_REFUSED
                 ),
             })?;
         Ok(DatasetWriter {

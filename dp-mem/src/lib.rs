@@ -74,7 +74,9 @@ pub use error::{Error, Result};
 pub use headroom::check_headroom;
 pub use oom::{Limit, OutOfMemory};
 pub use pool::{Pool, PoolBuf, PoolConfig, PoolStats};
-pub use process::{ProcessMemory, process_memory, reset_peak_rss};
+pub use process::{
+    ProcessMemory, THREAD_REFUSED, address_space_limit, process_memory, reset_peak_rss,
+};
 pub use snapshot::{MemorySnapshot, TagStats};
 pub use tag::Tag;
 pub use trace::{AllocTrace, TraceEvent};

@@ -28,6 +28,19 @@ pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", b"5").is_ok()
 }
 
+/// The process's address-space limit (`ulimit -v`, `RLIMIT_AS`) in bytes, when it has one and
+/// the system reports it (`/proc/self/limits` on Linux).
+pub fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line["Max address space".len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// Why the system refuses to start a thread, for errors that say so: a thread needs a slot
+/// under the limit of processes and the address space for its stack.
+pub const THREAD_REFUSED: &str =
+    "the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v)";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +63,14 @@ mod tests {
         drop(std::hint::black_box(block));
         let after = process_memory().unwrap();
         assert!(after.peak_rss >= 64 << 20, "{touched:?} -> {after:?}");
+    }
+
+    #[test]
+    fn the_address_space_limit_is_read_as_the_kernel_reports_it() {
+        let limits = std::fs::read_to_string("/proc/self/limits");
+        let Ok(limits) = limits else { return assert_eq!(address_space_limit(), None) };
+        let unlimited =
+            limits.lines().any(|l| l.starts_with("Max address space") && l.contains("unlimited"));
+        assert_eq!(address_space_limit().is_none(), unlimited, "{limits}");
     }
 }

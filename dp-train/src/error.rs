@@ -193,8 +193,8 @@ impl Error {
         if let Some((what, tag)) = refused {
             let key =
                 if tag == dp_mem::Tag::Data { "data_budget_mib" } else { "memory_budget_mib" };
-            let limit = address_space_limit()
-                .map_or(String::new(), |mib| format!(" (ulimit -v is {mib} MiB)"));
+            let limit = dp_mem::address_space_limit()
+                .map_or(String::new(), |bytes| format!(" (ulimit -v is {} MiB)", bytes >> 20));
             return Error::config(
                 key,
                 format!(
@@ -218,11 +218,3 @@ impl Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The process's address-space limit (`ulimit -v`) in MiB, when it has one.
-pub(crate) fn address_space_limit() -> Option<u64> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `getrlimit` writes the limit into the struct it is given.
-    let read = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
-    (read && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur >> 20)
-}

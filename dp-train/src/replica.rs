@@ -391,8 +391,8 @@ impl<C: Communicator> Replica<C> {
                     plan.replicas,
                     dp_mem::ByteSize(per_replica),
                     dp_mem::ByteSize(PROCESS_SCRATCH),
-                    crate::error::address_space_limit()
-                        .map_or(String::new(), |mib| format!(" under ulimit -v of {mib} MiB")),
+                    dp_mem::address_space_limit()
+                        .map_or(String::new(), |b| format!(" under ulimit -v of {} MiB", b >> 20)),
                 ),
             )
         })?;

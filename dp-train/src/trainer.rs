@@ -205,7 +205,8 @@ pub fn train(
                     .map_err(|e| Error::Replica {
                         rank,
                         what: format!(
-                            "cannot start its thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v); lower replicas"
+                            "cannot start its thread ({e}): {}; lower replicas",
+                            dp_mem::THREAD_REFUSED
                         ),
                     })
             })

@@ -103,15 +103,9 @@ fn main() -> ExitCode {
 /// before memory is used; with one arena, what a run can do under a limit is what it needs.
 /// Without a limit nothing changes. Before any thread starts, as `mallopt` asks.
 fn limit_malloc_arenas() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `getrlimit` writes the limit into the struct it is given; `mallopt` takes any
-    // value and is called before any other thread exists.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0
-            && limit.rlim_cur != libc::RLIM_INFINITY
-        {
-            libc::mallopt(libc::M_ARENA_MAX, 1);
-        }
+    if dp_mem::address_space_limit().is_some() {
+        // SAFETY: `mallopt` takes any value, and no other thread exists yet.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     }
 }
 

@@ -52,9 +52,7 @@ impl Stop {
                     act(&flags, signal, first);
                 }
             })
-            .context(
-                "start the signal thread: the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v)",
-            )?;
+            .with_context(|| format!("start the signal thread: {}", dp_mem::THREAD_REFUSED))?;
         Ok(stop)
     }
 

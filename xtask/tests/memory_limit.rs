@@ -76,7 +76,7 @@ fn too_little_memory_is_refused_at_setup_and_enough_trains() {
     let scratch = tempfile::Builder::new().prefix("dp-xtask-ulimit-").tempdir().unwrap();
     let data = scratch.path().join("data");
     small_digits(&data);
-    let (mut refused, mut trained) = (Vec::new(), Vec::new());
+    let (mut refused, mut trained, mut named_limit) = (Vec::new(), Vec::new(), 0);
     let start = least_to_start();
     for limit_mib in (start..=start + 260).step_by(10) {
         let out = scratch.path().join(format!("runs-{limit_mib}"));
@@ -88,6 +88,11 @@ fn too_little_memory_is_refused_at_setup_and_enough_trains() {
         } else {
             assert_eq!(code, 1, "under {limit_mib} MiB: {stderr}");
             assert!(stderr.contains("ulimit -v"), "under {limit_mib} MiB: {stderr}");
+            if stderr.contains("ulimit -v is") || stderr.contains("ulimit -v of") {
+                let named = format!("{limit_mib} MiB");
+                assert!(stderr.contains(&named), "the limit misread: {stderr}");
+                named_limit += 1;
+            }
             assert!(!out.join("run").exists(), "under {limit_mib} MiB a run directory: {stderr}");
             refused.push(limit_mib);
         }
@@ -98,4 +103,5 @@ fn too_little_memory_is_refused_at_setup_and_enough_trains() {
     // The sweep spans the run's need: it is refused below it and trains above it.
     assert!(!refused.is_empty() && !trained.is_empty(), "{refused:?} {trained:?}");
     assert!(refused.iter().max() < trained.iter().min(), "{refused:?} {trained:?}");
+    assert!(named_limit > 0, "no refusal named the limit it ran under");
 }

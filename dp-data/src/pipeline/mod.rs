@@ -430,9 +430,13 @@ fn spawn(shared: &Arc<Shared>, queue: &Arc<Queue>) -> Result<Vec<JoinHandle<()>>
                 }
             };
             std::thread::Builder::new().name(format!("dp-data-worker-{id}")).spawn(work).map_err(
-                |e| Error::Config { field: "workers", what: format!(
-                    "cannot start a worker thread ({e}): the system is out of threads or of memory for their stacks (ulimit -u, ulimit -v); lower workers"
-                ) },
+                |e| Error::Config {
+                    field: "workers",
+                    what: format!(
+                        "cannot start a worker thread ({e}): {}; lower workers",
+                        dp_mem::THREAD_REFUSED
+                    ),
+                },
             )
         });
         match started {
