@@ -12,7 +12,8 @@ use criterion::{Criterion, Throughput};
 use dp_mem::{CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
     BareGemm, CheckpointWriter, GemmBackend, GemmShape, Model, ModelOptions, ModelSpec, Optimizer,
-    PruneSchedule, Pruner, QuantizedModel, Recompute, Sgd, Sparsity, StepOptions, Targets,
+    Precision, PruneSchedule, Pruner, QuantizedModel, Recompute, Sgd, Sparsity, StepOptions,
+    Targets,
 };
 use ndarray::Array2;
 
@@ -36,9 +37,18 @@ struct Bench {
 
 impl Bench {
     fn new(spec: &ModelSpec, batch: usize, recompute: Recompute) -> Self {
+        Self::in_precision(spec, batch, recompute, Precision::F32)
+    }
+
+    fn in_precision(
+        spec: &ModelSpec,
+        batch: usize,
+        recompute: Recompute,
+        precision: Precision,
+    ) -> Self {
         let tracker = Tracker::new();
         let pool = Pool::new(&tracker);
-        let options = ModelOptions::new(batch, 1).recompute(recompute);
+        let options = ModelOptions::new(batch, 1).recompute(recompute).precision(precision);
         let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
         let sgd = Sgd::new(
             model.params().len(),
@@ -162,6 +172,7 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
             verdict(ratio <= 1.25)
         );
     }
+    mixed_precision(cases, mlp);
     let (width, peak) = peak::peak_f32_gflops();
     println!(
         "one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; the MLP's GEMMs reach {:.0}% of it, LeNet's {:.0}%",
@@ -247,8 +258,41 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
     int8_accuracy(&pool);
 }
 
-/// Each product of the MLP's and LeNet's steps on both GEMM backends, interleaved in this run:
-/// `gemm` (the default, at the CPU's vector width) against matrixmultiply, the former one.
+/// The MLP's and LeNet's steps with `bf16` GEMMs (`--precision bf16`) against `f32`,
+/// interleaved, where the CPU has AMX.
+fn mixed_precision(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
+    if !Precision::Bf16.available() {
+        println!("bf16 step: not measured (this CPU has no AMX-BF16)");
+        return;
+    }
+    let specs = [mlp.clone(), ModelSpec::lenet([1, 28, 28], 10)];
+    for ((name, f32_bench), spec) in cases.iter_mut().zip(&specs) {
+        let batch = f32_bench.batch();
+        let mut bf16 = Bench::in_precision(spec, batch, Recompute::Off, Precision::Bf16);
+        let mut both = (Vec::new(), Vec::new());
+        for _ in 0..41 {
+            let t = Instant::now();
+            black_box(f32_bench.step());
+            both.0.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            black_box(bf16.step());
+            both.1.push(t.elapsed().as_secs_f64());
+        }
+        let (f32_time, bf16_time) = (median(&mut both.0), median(&mut both.1));
+        let ratio = f32_time / bf16_time;
+        println!(
+            "{name:<26} bf16 step {:.3} ms vs f32 {:.3} ms = {ratio:.2}x  >= 1.5 {}",
+            bf16_time * 1e3,
+            f32_time * 1e3,
+            if ratio >= 1.5 { "(met)" } else { "(NOT MET)" }
+        );
+    }
+}
+
+/// Each product of the MLP's and LeNet's steps on every backend this CPU runs, interleaved in
+/// this run: the one steps run on (`DP_GEMM`, the `gemm` crate by default), the others of
+/// `f32` (this crate's AVX-512 and AVX2 tiles, the `gemm` crate, matrixmultiply), `bf16` on
+/// AMX where the CPU has it, and PyTorch's `torch.mm` when measured.
 fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
     #[cfg(target_arch = "x86_64")]
     let features: Vec<&str> = [
@@ -262,50 +306,73 @@ fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
     .collect();
     #[cfg(not(target_arch = "x86_64"))]
     let features = vec![std::env::consts::ARCH];
+    let current = GemmBackend::current();
+    let mut runs = vec![(current, Precision::F32)];
+    for backend in [
+        GemmBackend::GemmCrate,
+        GemmBackend::Avx512,
+        GemmBackend::Avx2,
+        GemmBackend::Matrixmultiply,
+    ] {
+        if backend != current && backend.available() {
+            runs.push((backend, Precision::F32));
+        }
+    }
+    if Precision::Bf16.available() {
+        runs.push((current, Precision::Bf16));
+    }
+    let names: Vec<String> = runs
+        .iter()
+        .map(|(b, p)| match p {
+            Precision::F32 => b.name().to_string(),
+            Precision::Bf16 => "amx bf16".to_string(),
+        })
+        .collect();
     println!(
-        "
-GEMM backends, one thread, medians of 21 interleaved rounds (CPU features: {}; this step runs on {})",
+        "\nGEMM GFLOP/s, one thread, medians of 21 interleaved rounds (CPU features: {}; steps run on {})",
         features.join(", "),
-        GemmBackend::current().name()
+        current.name()
     );
-    println!(
-        "{:<26} {:>22} {:>10} {:>16} {:>8} {:>10} {:>8}",
-        "product", "m x k x n", "gemm", "matrixmultiply", "ratio", "torch.mm", "ratio"
-    );
+    print!("{:<26} {:>18}", "product", "m x k x n");
+    for name in &names {
+        print!(" {name:>14}");
+    }
+    println!(" {:>10} {:>12}", "torch.mm", format!("{}/torch", current.name()));
     let mut torch_rates = peer.map(|p| p.gemm_gflops.iter());
     for (name, bench) in cases.iter_mut().take(2) {
-        for gemm in &mut bench.bare {
-            let shape = gemm.shape();
+        for shape in bench.bare.iter().map(BareGemm::shape) {
+            let mut gemms: Vec<BareGemm<f32>> =
+                runs.iter().map(|&(b, p)| BareGemm::on(shape, b, p).expect("available")).collect();
             let reps = (2e8 / shape.flops() as f64).ceil() as usize;
-            let mut time = |backend| {
-                let t = Instant::now();
-                for _ in 0..reps {
-                    gemm.run_on(backend);
-                }
-                t.elapsed().as_secs_f64() / reps as f64
-            };
-            let (mut ours, mut former) = (Vec::new(), Vec::new());
+            let mut times = vec![Vec::new(); gemms.len()];
             for _ in 0..21 {
-                ours.push(time(GemmBackend::Gemm));
-                former.push(time(GemmBackend::Matrixmultiply));
+                for (gemm, times) in gemms.iter_mut().zip(&mut times) {
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        gemm.run();
+                    }
+                    times.push(t.elapsed().as_secs_f64() / reps as f64);
+                }
             }
-            let rate = |seconds: f64| shape.flops() as f64 / seconds / 1e9;
-            let (ours, former) = (rate(median(&mut ours)), rate(median(&mut former)));
+            let rates: Vec<f64> =
+                times.iter_mut().map(|t| shape.flops() as f64 / median(t) / 1e9).collect();
             let layout = match (shape.a_transposed, shape.b_transposed) {
                 (true, _) => "A^T B",
                 (_, true) => "A B^T",
                 _ => "A B",
             };
-            let torch = match torch_rates.as_mut().and_then(Iterator::next) {
-                Some(t) => format!("{t:>10.1} {:>7.2}x", ours / t),
-                None => format!("{:>10} {:>8}", "-", "-"),
-            };
-            println!(
-                "{:<26} {:>22} {ours:>10.1} {former:>16.1} {:>7.2}x {torch}",
+            print!(
+                "{:<26} {:>18}",
                 format!("{name} {layout}"),
-                format!("{} x {} x {}", shape.m, shape.k, shape.n),
-                ours / former
+                format!("{} x {} x {}", shape.m, shape.k, shape.n)
             );
+            for rate in &rates {
+                print!(" {rate:>14.1}");
+            }
+            match torch_rates.as_mut().and_then(Iterator::next) {
+                Some(t) => println!(" {t:>10.1} {:>11.2}x", rates[0] / t),
+                None => println!(" {:>10} {:>12}", "-", "-"),
+            }
         }
     }
 }

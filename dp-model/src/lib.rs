@@ -65,7 +65,7 @@ pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
 pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
 pub use ops::dropout::DropoutStream;
-pub use ops::gemm::{BareGemm, GemmBackend, GemmShape};
+pub use ops::gemm::{BareGemm, GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};
 pub use ops::sparse::SparseInput;
 pub use optim::{Adam, AdamConfig, Optimizer, Schedule, Sgd, SgdConfig, clip_grad_norm, grad_norm};

@@ -13,9 +13,10 @@ use crate::init::initialize;
 use crate::layout::ParamLayout;
 use crate::ops::Op;
 use crate::ops::dropout::DropoutStream;
-use crate::ops::gemm::GemmShape;
+use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss};
 use crate::ops::sparse::SparseInput;
+use crate::ops::workspace::Workspace;
 use crate::shared::SharedParams;
 use crate::spec::ModelSpec;
 use crate::tape::{Node, Tape};
@@ -32,11 +33,20 @@ pub struct ModelOptions {
     pub replica: u64,
     /// Which activations are dropped after forward and recomputed during backward.
     pub recompute: Recompute,
+    /// What the GEMMs multiply in; the CPU must have it ([`Precision::available`]).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        Self { max_batch: 256, seed: 0, replica: 0, recompute: Recompute::Off }
+        Self {
+            max_batch: 256,
+            seed: 0,
+            replica: 0,
+            recompute: Recompute::Off,
+            precision: Precision::F32,
+        }
     }
 }
 
@@ -55,6 +65,12 @@ impl ModelOptions {
     /// Sets activation recomputation.
     pub fn recompute(mut self, recompute: Recompute) -> Self {
         self.recompute = recompute;
+        self
+    }
+
+    /// Sets what the GEMMs multiply in.
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
         self
     }
 }
@@ -99,12 +115,16 @@ pub struct ModelMemory {
     pub saved_activations: u64,
     /// Activation gradients and convolution scratch.
     pub workspace: u64,
+    /// The GEMMs' packing buffers (tagged `Temp`; only the `bf16` and allocation-free `f32`
+    /// kernels hold them).
+    #[serde(default)]
+    pub packing: u64,
 }
 
 impl ModelMemory {
     /// All of it.
     pub fn total(&self) -> u64 {
-        self.params + self.grads + self.saved_activations + self.workspace
+        self.params + self.grads + self.saved_activations + self.workspace + self.packing
     }
 }
 
@@ -153,9 +173,9 @@ pub struct Model<T: Float = f32> {
     recompute_from: Vec<Option<usize>>,
     /// Two buffers the activation gradients alternate between (and eval activations).
     ping: [PoolBuf<T>; 2],
-    /// im2col columns of the largest convolution.
-    scratch: PoolBuf<T>,
-    /// The convolution node whose unfolded input `scratch` holds, if any: its backward can
+    /// im2col columns and GEMM packing buffers.
+    work: Workspace<T>,
+    /// The convolution node whose unfolded input `work.cols` holds, if any: its backward can
     /// skip unfolding again.
     scratch_holds: Option<usize>,
     dropout: DropoutStream,
@@ -238,6 +258,12 @@ impl<T: Float> Model<T> {
         if options.max_batch == 0 {
             return Err(Error::spec("max_batch", "must be at least 1"));
         }
+        if !options.precision.available() {
+            return Err(Error::spec(
+                "precision",
+                "bf16 needs a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids), which this one lacks; use f32",
+            ));
+        }
         let tape = Tape::build(spec, options.max_batch)?;
         let segments = segments(&tape, spec, &options.recompute)?;
         let batch = options.max_batch;
@@ -293,7 +319,7 @@ impl<T: Float> Model<T> {
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
             ],
-            scratch: pool.alloc_zeroed(scratch_len, Tag::Activation)?,
+            work: Workspace::new(pool, scratch_len, options.precision)?,
             scratch_holds: None,
             dirty_rows: pool.alloc_zeroed(
                 if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
@@ -430,7 +456,8 @@ impl<T: Float> Model<T> {
             },
             grads: bytes(&self.grads),
             saved_activations: self.acts.iter().map(bytes).sum(),
-            workspace: bytes(&self.ping[0]) + bytes(&self.ping[1]) + bytes(&self.scratch),
+            workspace: bytes(&self.ping[0]) + bytes(&self.ping[1]) + bytes(&self.work.cols),
+            packing: self.work.gemm.workspace_bytes() as u64,
         }
     }
 
@@ -544,7 +571,7 @@ impl<T: Float> Model<T> {
             let dx = (i > 0).then_some(dx);
             let grads = &mut self.grads;
             let io = Io { x: input, y: output, dy, dx };
-            let scratch = (&mut *self.scratch, self.scratch_holds == Some(i));
+            let scratch = (&mut self.work, self.scratch_holds == Some(i));
             backward_op(node, batch, &self.params, grads, io, scratch, dropout, options.accumulate);
             if let Op::Conv2d(_) = node.op {
                 // The input gradient goes through the scratch; without one it still holds
@@ -622,9 +649,9 @@ impl<T: Float> Model<T> {
             match (i, x) {
                 (0, Input::Sparse(x)) => sparse_forward(node, &x, &self.params, dst),
                 (0, Input::Dense(x)) => {
-                    forward_op(node, batch, &self.params, x, dst, &mut self.scratch, None)
+                    forward_op(node, batch, &self.params, x, dst, &mut self.work, None)
                 }
-                _ => forward_op(node, batch, &self.params, src, dst, &mut self.scratch, None),
+                _ => forward_op(node, batch, &self.params, src, dst, &mut self.work, None),
             }
         }
         let out = &self.ping[nodes % 2][..batch * self.outputs()];
@@ -733,7 +760,7 @@ impl<T: Float> Model<T> {
         };
         let dropout = Some((self.dropout, step));
         let node = &self.tape.nodes[i];
-        forward_op(node, batch, &self.params, input, output, &mut self.scratch, dropout);
+        forward_op(node, batch, &self.params, input, output, &mut self.work, dropout);
         if let Op::Conv2d(_) = node.op {
             self.scratch_holds = Some(i);
         }
@@ -760,14 +787,14 @@ pub(crate) fn forward_op<T: Float>(
     params: &[T],
     x: &[T],
     y: &mut [T],
-    scratch: &mut [T],
+    work: &mut Workspace<T>,
     dropout: Option<(DropoutStream, u64)>,
 ) {
     let x = &x[..batch * node.in_len];
     let y = &mut y[..batch * node.out_len];
     match &node.op {
-        Op::Linear(l) => l.forward(batch, params, x, y),
-        Op::Conv2d(c) => c.forward(batch, params, x, y, scratch),
+        Op::Linear(l) => l.forward(batch, params, x, y, &mut work.gemm),
+        Op::Conv2d(c) => c.forward(batch, params, x, y, &mut work.cols, &mut work.gemm),
         Op::MaxPool2d(p) => p.forward(batch, x, y),
         Op::Transpose(t) => t.forward(batch, x, y),
         Op::Activation(a) => a.forward(x, y),
@@ -786,7 +813,7 @@ fn backward_op<T: Float>(
     params: &[T],
     grads: &mut [T],
     io: Io<'_, T>,
-    (scratch, cols_ready): (&mut [T], bool),
+    (work, cols_ready): (&mut Workspace<T>, bool),
     (stream, step): (DropoutStream, u64),
     accumulate: bool,
 ) {
@@ -795,9 +822,21 @@ fn backward_op<T: Float>(
     let dy = &io.dy[..batch * node.out_len];
     let dx = io.dx.map(|dx| &mut dx[..batch * node.in_len]);
     match &node.op {
-        Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate),
+        Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate, &mut work.gemm),
         Op::Conv2d(c) => {
-            c.backward(batch, params, grads, x, dy, dx, scratch, cols_ready, accumulate)
+            let cols = &mut work.cols;
+            c.backward(
+                batch,
+                params,
+                grads,
+                x,
+                dy,
+                dx,
+                cols,
+                cols_ready,
+                accumulate,
+                &mut work.gemm,
+            )
         }
         op => {
             let Some(dx) = dx else { return };

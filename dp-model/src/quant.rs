@@ -11,7 +11,9 @@ use ndarray::ArrayView2;
 
 use crate::error::{Error, Result};
 use crate::model::{Model, forward_op};
+use crate::ops::gemm::Precision;
 use crate::ops::loss::{LossTotals, Targets, loss};
+use crate::ops::workspace::Workspace;
 use crate::tape::{Node, Tape};
 
 /// Where one parameterized node's values sit in the quantized buffers.
@@ -37,7 +39,7 @@ pub struct QuantizedModel {
     /// One layer's expanded `f32` parameters.
     layer: PoolBuf<f32>,
     ping: [PoolBuf<f32>; 2],
-    scratch: PoolBuf<f32>,
+    work: Workspace<f32>,
 }
 
 impl std::fmt::Debug for QuantizedModel {
@@ -99,7 +101,7 @@ impl QuantizedModel {
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
             ],
-            scratch: pool.alloc_zeroed(scratch_len, Tag::Activation)?,
+            work: Workspace::new(pool, scratch_len, Precision::F32)?,
             tape,
         })
     }
@@ -132,7 +134,7 @@ impl QuantizedModel {
             let (src, dst) = if i.is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
             let input = if i == 0 { x } else { src };
             match self.index[i] {
-                None => forward_op(node, batch, &[], input, dst, &mut self.scratch, None),
+                None => forward_op(node, batch, &[], input, dst, &mut self.work, None),
                 Some(q) => {
                     let len = q.rows * q.cols;
                     let (w, rest) = self.layer.split_at_mut(len);
@@ -147,7 +149,7 @@ impl QuantizedModel {
                     rest[..q.rows].copy_from_slice(&self.biases[q.bias..q.bias + q.rows]);
                     let mut local: Node = node.clone();
                     local.op.set_offset(0);
-                    forward_op(&local, batch, &self.layer, input, dst, &mut self.scratch, None);
+                    forward_op(&local, batch, &self.layer, input, dst, &mut self.work, None);
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dp_model::Schedule;
+use dp_model::{Precision, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -91,6 +91,9 @@ pub struct TrainConfig {
     pub device: Device,
     /// Activation recomputation (one segment per parameterized layer).
     pub recompute: bool,
+    /// What the GEMMs multiply in: `f32`, or `bf16` (operands rounded to `bf16`, sums,
+    /// weights and everything else `f32`; needs AMX-BF16).
+    pub precision: Precision,
     /// Magnitude pruning.
     pub prune: Option<PruneConfig>,
     /// Memory budget per replica for the model side (parameters, gradients, optimizer state,
@@ -333,6 +336,7 @@ impl Default for TrainConfig {
             share_params: true,
             device: Device::Cpu,
             recompute: false,
+            precision: Precision::F32,
             prune: None,
             memory_budget_mib: None,
             data_budget_mib: 256,
@@ -516,6 +520,9 @@ impl TrainConfig {
         if self.recompute {
             return refuse("recompute", "activation recomputation");
         }
+        if self.precision != Precision::F32 {
+            return refuse("precision", "bf16");
+        }
         if self.prune.is_some() {
             return refuse("prune", "pruning");
         }
@@ -530,6 +537,12 @@ impl TrainConfig {
 
     /// Checks every setting and their combinations.
     pub fn validate(&self) -> Result<()> {
+        if !self.precision.available() {
+            return Err(Error::config(
+                "precision",
+                "bf16 runs on AMX-BF16 (Intel Xeon since Sapphire Rapids), which this CPU lacks (or the OS does not grant); use f32",
+            ));
+        }
         let n = self.replica_count();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         if n > MAX_REPLICAS_PER_CORE * cores {

@@ -259,8 +259,10 @@ impl<C: Communicator> Replica<C> {
         tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
         let pool = Pool::new(&tracker);
         let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
-        let options =
-            ModelOptions::new(plan.micro, config.seed).replica(rank as u64).recompute(recompute);
+        let options = ModelOptions::new(plan.micro, config.seed)
+            .replica(rank as u64)
+            .recompute(recompute)
+            .precision(config.precision);
         let is_shared = shared.is_some();
         let mut model = match shared {
             // SAFETY: the replicas sharing these parameters only read them, except in
@@ -981,7 +983,8 @@ impl<C: Communicator> Replica<C> {
                 Tag::Activation => memory.saved_activations + memory.workspace,
                 Tag::Data => self.train.minimum_bytes() + eval,
                 Tag::Comm => comm,
-                // Scratch, and any tag added later: nothing is needed for certain.
+                Tag::Temp => memory.packing,
+                // Any tag added later: nothing is needed for certain.
                 _ => 0,
             }
         })

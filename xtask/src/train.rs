@@ -73,6 +73,10 @@ pub(crate) struct TrainArgs {
     /// Activation recomputation.
     #[arg(long)]
     recompute: bool,
+    /// What the GEMMs multiply in: f32 (the default) or bf16 (bf16 operands with f32 sums
+    /// and f32 weights, on AMX).
+    #[arg(long, value_name = "PRECISION")]
+    precision: Option<dp_model::Precision>,
     /// Prune to this fraction of weights (gradually, over the first two thirds).
     #[arg(long, allow_negative_numbers = true)]
     prune: Option<f64>,
@@ -302,6 +306,7 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     config.recompute |= args.recompute;
     set(&mut config.normalize, args.normalize);
     set(&mut config.device, args.device);
+    set(&mut config.precision, args.precision);
     set(&mut config.augment, args.augment.clone());
     set(&mut config.keep, args.keep);
     if args.early_stop.is_some() {

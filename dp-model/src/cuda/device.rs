@@ -316,6 +316,7 @@ impl CudaModel {
             grads: bytes(self.grads.len()),
             saved_activations: self.acts.iter().map(|a| bytes(a.len())).sum(),
             workspace: bytes(self.ping[0].len() + self.ping[1].len()),
+            packing: 0,
         }
     }
 

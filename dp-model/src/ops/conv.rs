@@ -6,7 +6,7 @@
 //! GEMM runs far faster than B small ones for the narrow shapes of small CNNs.
 
 use crate::float::Float;
-use crate::ops::gemm::{matmul, view, view_mut};
+use crate::ops::gemm::{Gemm, view, view_mut};
 use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// Elements per inline copy in [`copy_row`].
@@ -94,6 +94,7 @@ impl Conv2d {
         x: &[T],
         y: &mut [T],
         scratch: &mut [T],
+        gemm: &mut Gemm,
     ) {
         let n = batch * self.out_height * self.out_width;
         let cols = &mut scratch[..self.patch_len() * n];
@@ -103,7 +104,7 @@ impl Conv2d {
             row.fill(bias);
         }
         let w = view(w, self.out_channels, self.patch_len());
-        matmul(
+        gemm.matmul(
             w,
             view(cols, self.patch_len(), n),
             T::one(),
@@ -128,6 +129,7 @@ impl Conv2d {
         scratch: &mut [T],
         cols_ready: bool,
         accumulate: bool,
+        gemm: &mut Gemm,
     ) {
         let n = batch * self.out_height * self.out_width;
         let patch = self.patch_len();
@@ -139,7 +141,12 @@ impl Conv2d {
         let dy2 = view(dy, self.out_channels, n);
         let (dw, db) =
             weights_and_bias_mut(grads, self.offset, self.out_channels, self.patch_len());
-        matmul(dy2, view(cols, patch, n).t(), beta, &mut view_mut(dw, self.out_channels, patch));
+        gemm.matmul(
+            dy2,
+            view(cols, patch, n).t(),
+            beta,
+            &mut view_mut(dw, self.out_channels, patch),
+        );
         for (g, row) in db.iter_mut().zip(dy[..self.out_channels * n].chunks_exact(n)) {
             let sum = sum_lanes(row);
             *g = if accumulate { *g + sum } else { sum };
@@ -147,7 +154,7 @@ impl Conv2d {
         if let Some(dx) = dx {
             let (w, _) = weights_and_bias(params, self.offset, self.out_channels, self.patch_len());
             let w = view(w, self.out_channels, patch);
-            matmul(w.t(), dy2, T::zero(), &mut view_mut(cols, patch, n));
+            gemm.matmul(w.t(), dy2, T::zero(), &mut view_mut(cols, patch, n));
             self.col2im(batch, cols, dx);
         }
     }

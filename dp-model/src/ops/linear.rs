@@ -1,7 +1,7 @@
 //! Fully connected layer: `y = x W^T + b`, with `W` stored `[out, in]` as PyTorch does.
 
 use crate::float::Float;
-use crate::ops::gemm::{matmul, view, view_mut};
+use crate::ops::gemm::{Gemm, view, view_mut};
 use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// Shape of a linear layer and where its parameters sit in the flat buffer.
@@ -18,7 +18,14 @@ impl Linear {
         self.outputs * self.inputs + self.outputs
     }
 
-    pub(crate) fn forward<T: Float>(&self, batch: usize, params: &[T], x: &[T], y: &mut [T]) {
+    pub(crate) fn forward<T: Float>(
+        &self,
+        batch: usize,
+        params: &[T],
+        x: &[T],
+        y: &mut [T],
+        gemm: &mut Gemm,
+    ) {
         let (w, b) = weights_and_bias(params, self.offset, self.outputs, self.inputs);
         // Start from the bias in every row, then accumulate the product onto it: one pass
         // over `y` fewer than adding the bias afterwards.
@@ -27,7 +34,7 @@ impl Linear {
         }
         let x = view(x, batch, self.inputs);
         let w = view(w, self.outputs, self.inputs);
-        matmul(x, w.t(), T::one(), &mut view_mut(y, batch, self.outputs));
+        gemm.matmul(x, w.t(), T::one(), &mut view_mut(y, batch, self.outputs));
     }
 
     /// Writes (or adds, with `accumulate`) the parameter gradients, and the input gradient
@@ -42,11 +49,12 @@ impl Linear {
         dy: &[T],
         dx: Option<&mut [T]>,
         accumulate: bool,
+        gemm: &mut Gemm,
     ) {
         let beta = if accumulate { T::one() } else { T::zero() };
         let dy2 = view(dy, batch, self.outputs);
         let (dw, db) = weights_and_bias_mut(grads, self.offset, self.outputs, self.inputs);
-        matmul(
+        gemm.matmul(
             dy2.t(),
             view(x, batch, self.inputs),
             beta,
@@ -63,7 +71,7 @@ impl Linear {
         if let Some(dx) = dx {
             let (w, _) = weights_and_bias(params, self.offset, self.outputs, self.inputs);
             let w = view(w, self.outputs, self.inputs);
-            matmul(dy2, w, T::zero(), &mut view_mut(dx, batch, self.inputs));
+            gemm.matmul(dy2, w, T::zero(), &mut view_mut(dx, batch, self.inputs));
         }
     }
 }

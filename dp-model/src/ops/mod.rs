@@ -10,6 +10,7 @@ pub(crate) mod loss;
 pub(crate) mod pool;
 pub(crate) mod sparse;
 pub(crate) mod transpose;
+pub(crate) mod workspace;
 
 use activation::Activation;
 use conv::Conv2d;

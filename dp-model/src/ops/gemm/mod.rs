@@ -1,0 +1,438 @@
+//! The one place matrix products happen, so the kernels can be swapped in one file.
+//!
+//! `f32` products run on the `gemm` crate by default: kernels for the widest vectors the CPU
+//! has, chosen at run time (AVX-512, AVX2 with FMA, NEON), through any strides. It allocates
+//! its packing buffers on each call; those allocations are counted as the library's
+//! (`CountingAlloc::by_library`). `bf16` products ([`Precision::Bf16`]) run on this crate's
+//! AMX tiles ([`x86`]) inside a blocked loop nest over packed panels ([`packed`]) whose
+//! buffers the model holds, so they allocate nothing. The same loop nest has `f32` tiles for
+//! AVX-512 and AVX2, allocation-free but slower than the `gemm` crate on narrow shapes for
+//! now. `DP_GEMM` picks the `f32` backend: `gemm` (the default), `avx512`, `avx2` (the path
+//! of CPUs without AVX-512, forced), or `matrixmultiply` (ndarray's own GEMM, the former
+//! default); one the CPU lacks falls back to the default.
+
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::any::TypeId;
+use std::sync::OnceLock;
+
+use dp_mem::{Pool, PoolBuf, Tag};
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+use crate::float::Float;
+use packed::{Strided, StridedMut};
+
+/// A row-major `rows x cols` view of the front of `data`. Sizes are fixed when the model is
+/// built, so a mismatch here is a bug in this crate, not bad input.
+pub(crate) fn view<T>(data: &[T], rows: usize, cols: usize) -> ArrayView2<'_, T> {
+    ArrayView2::from_shape((rows, cols), &data[..rows * cols]).expect("buffer sized at build")
+}
+
+/// The mutable counterpart of [`view`].
+pub(crate) fn view_mut<T>(data: &mut [T], rows: usize, cols: usize) -> ArrayViewMut2<'_, T> {
+    ArrayViewMut2::from_shape((rows, cols), &mut data[..rows * cols])
+        .expect("buffer sized at build")
+}
+
+/// The kernels the products run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmBackend {
+    /// This crate's AVX-512 tiles (`DP_GEMM=avx512`).
+    Avx512,
+    /// This crate's AVX2+FMA tiles (`DP_GEMM=avx2`).
+    Avx2,
+    /// The `gemm` crate (`DP_GEMM=gemm`): NEON on ARM.
+    GemmCrate,
+    /// ndarray's `general_mat_mul` on matrixmultiply (`DP_GEMM=matrixmultiply`).
+    Matrixmultiply,
+}
+
+impl GemmBackend {
+    /// The backend of this process: `DP_GEMM` if set and the CPU has it, otherwise the `gemm`
+    /// crate. Read once.
+    pub fn current() -> Self {
+        static CHOSEN: OnceLock<GemmBackend> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let asked = match std::env::var("DP_GEMM").as_deref() {
+                Ok("avx512") => Some(GemmBackend::Avx512),
+                Ok("avx2") => Some(GemmBackend::Avx2),
+                Ok("gemm") => Some(GemmBackend::GemmCrate),
+                Ok("matrixmultiply") => Some(GemmBackend::Matrixmultiply),
+                _ => None,
+            };
+            asked.filter(|b| b.available()).unwrap_or(GemmBackend::GemmCrate)
+        })
+    }
+
+    /// Whether this CPU runs it.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            GemmBackend::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            GemmBackend::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            GemmBackend::Avx512 | GemmBackend::Avx2 => false,
+            GemmBackend::GemmCrate | GemmBackend::Matrixmultiply => true,
+        }
+    }
+
+    /// Its name, as `DP_GEMM` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmBackend::Avx512 => "avx512",
+            GemmBackend::Avx2 => "avx2",
+            GemmBackend::GemmCrate => "gemm",
+            GemmBackend::Matrixmultiply => "matrixmultiply",
+        }
+    }
+}
+
+/// What the products multiply in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// `f32` throughout.
+    #[default]
+    F32,
+    /// GEMM operands rounded to `bf16`, products summed in `f32`; weights, gradients and
+    /// everything outside the GEMMs stay `f32` (PyTorch's CPU autocast).
+    Bf16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = crate::Error;
+
+    fn from_str(name: &str) -> crate::Result<Self> {
+        match name {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            other => Err(crate::Error::spec("precision", format!("`{other}` is not f32 or bf16"))),
+        }
+    }
+}
+
+impl Precision {
+    /// Whether this CPU multiplies in it (`bf16` needs AMX-BF16, and an OS that grants it).
+    pub fn available(self) -> bool {
+        match self {
+            Precision::F32 => true,
+            #[cfg(target_arch = "x86_64")]
+            Precision::Bf16 => x86::amx_ready(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Precision::Bf16 => false,
+        }
+    }
+
+    /// Its name, as configs spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// How a model's products run, with the packing buffers they run in (held for the model's
+/// life, so a step allocates nothing).
+#[derive(Debug)]
+pub(crate) struct Gemm {
+    backend: GemmBackend,
+    precision: Precision,
+    workspace: PoolBuf<u32>,
+}
+
+impl Gemm {
+    /// Products on `backend` in `precision`, with buffers from `pool`. `Bf16` needs the CPU to
+    /// have it ([`Precision::available`]); the caller checks.
+    pub(crate) fn new(
+        pool: &Pool,
+        backend: GemmBackend,
+        precision: Precision,
+    ) -> dp_mem::Result<Self> {
+        let own = precision == Precision::Bf16
+            || matches!(backend, GemmBackend::Avx512 | GemmBackend::Avx2);
+        let words = if own { packed::workspace_words() } else { 0 };
+        Ok(Self { backend, precision, workspace: pool.alloc_zeroed(words, Tag::Temp)? })
+    }
+
+    /// Bytes of packing buffer held.
+    pub(crate) fn workspace_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.workspace)
+    }
+
+    /// `c = a b + beta c`, with `beta` 0 (overwrite) or 1 (accumulate).
+    pub(crate) fn matmul<T: Float>(
+        &mut self,
+        a: ArrayView2<'_, T>,
+        b: ArrayView2<'_, T>,
+        beta: T,
+        c: &mut ArrayViewMut2<'_, T>,
+    ) {
+        let ((m, k), (k_b, n)) = (a.dim(), b.dim());
+        assert_eq!((k_b, c.dim()), (k, (m, n)), "GEMM operands sized at build");
+        let is_f32 = TypeId::of::<T>() == TypeId::of::<f32>();
+        #[cfg(target_arch = "x86_64")]
+        if is_f32 {
+            let own: Option<unsafe fn(_, _, _, _, _, &mut [u32])> = match self.precision {
+                Precision::Bf16 => Some(packed::gemm::<x86::Amx>),
+                Precision::F32 => match self.backend {
+                    GemmBackend::Avx512 => Some(packed::gemm::<x86::Avx512>),
+                    GemmBackend::Avx2 => Some(packed::gemm::<x86::Avx2>),
+                    _ => None,
+                },
+            };
+            if let Some(kernel) = own {
+                let strided = |v: &ArrayView2<'_, T>| Strided {
+                    ptr: v.as_ptr().cast(),
+                    rows: v.strides()[0],
+                    cols: v.strides()[1],
+                };
+                let out = StridedMut {
+                    ptr: c.as_mut_ptr().cast(),
+                    rows: c.strides()[0],
+                    cols: c.strides()[1],
+                };
+                // SAFETY: `T` is `f32`; the shapes agree (checked above) and each view's
+                // strides address only its own elements; `c`, borrowed mutably, aliases
+                // neither operand. The kernel's features were detected: `Gemm::new`'s caller
+                // checked the precision, `GemmBackend::current` the backend.
+                unsafe {
+                    kernel(
+                        (m, k, n),
+                        strided(&a),
+                        strided(&b),
+                        out,
+                        beta != T::zero(),
+                        &mut self.workspace,
+                    )
+                };
+                return;
+            }
+        }
+        let _ = is_f32;
+        // The libraries allocate their packing buffers on each call: counted as theirs, apart
+        // from the workspace's own allocations.
+        dp_mem::CountingAlloc::by_library(|| match self.backend {
+            GemmBackend::Matrixmultiply => general_mat_mul(T::one(), &a, &b, beta, c),
+            _ => gemm_crate(a, b, beta, c),
+        })
+    }
+}
+
+/// `c = a b + beta c` on the `gemm` crate.
+fn gemm_crate<T: Float>(
+    a: ArrayView2<'_, T>,
+    b: ArrayView2<'_, T>,
+    beta: T,
+    c: &mut ArrayViewMut2<'_, T>,
+) {
+    let ((m, k), (k_b, n)) = (a.dim(), b.dim());
+    assert_eq!((k_b, c.dim()), (k, (m, n)), "GEMM operands sized at build");
+    if k == 0 {
+        // No products to sum: `c` is `beta c` (zero when overwritten, whatever it held).
+        match beta == T::zero() {
+            true => c.fill(T::zero()),
+            false => c.map_inplace(|x| *x *= beta),
+        }
+        return;
+    }
+    let (sa, sb) = (a.strides(), b.strides());
+    let (c_rows, c_cols) = (c.strides()[0], c.strides()[1]);
+    // SAFETY: the shapes agree (checked above); each view's strides address only its own
+    // elements, and `c`, borrowed mutably, aliases neither operand. `gemm` computes
+    // `c = alpha c + beta a b`, reading `c` only when asked to.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            c_cols,
+            c_rows,
+            beta != T::zero(),
+            a.as_ptr(),
+            sa[1],
+            sa[0],
+            b.as_ptr(),
+            sb[1],
+            sb[0],
+            beta,
+            T::one(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// One matrix product of a training step, `c [m, n] = a [m, k] b [k, n]`, with whether each
+/// operand is read through a transposed view. [`crate::Model::gemm_shapes`] lists a step's
+/// products, so a benchmark can time the same GEMMs bare and report the step's overhead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmShape {
+    /// Rows of the result.
+    pub m: usize,
+    /// The summed dimension.
+    pub k: usize,
+    /// Columns of the result.
+    pub n: usize,
+    /// `a` is stored `[k, m]` and read transposed.
+    pub a_transposed: bool,
+    /// `b` is stored `[n, k]` and read transposed.
+    pub b_transposed: bool,
+}
+
+impl GemmShape {
+    /// Floating-point operations of the product.
+    pub fn flops(&self) -> u64 {
+        2 * (self.m * self.k * self.n) as u64
+    }
+}
+
+/// Operands laid out as a [`GemmShape`] says, to run it bare.
+#[derive(Debug)]
+pub struct BareGemm<T> {
+    shape: GemmShape,
+    a: ndarray::Array2<T>,
+    b: ndarray::Array2<T>,
+    c: ndarray::Array2<T>,
+    gemm: Gemm,
+}
+
+impl<T: Float> BareGemm<T> {
+    /// Operands filled with small values, multiplied as the model's step does.
+    pub fn new(shape: GemmShape) -> Self {
+        Self::on(shape, GemmBackend::current(), Precision::F32).expect("the current backend runs")
+    }
+
+    /// Operands multiplied on `backend` in `precision`, to compare them in one run; `None`
+    /// when this CPU runs either not.
+    pub fn on(shape: GemmShape, backend: GemmBackend, precision: Precision) -> Option<Self> {
+        if !backend.available() || !precision.available() {
+            return None;
+        }
+        let fill = |rows, cols| {
+            ndarray::Array2::from_shape_fn((rows, cols), |(i, j)| {
+                T::of(((i * 7 + j * 3) % 11) as f64 / 11.0)
+            })
+        };
+        let a = if shape.a_transposed { fill(shape.k, shape.m) } else { fill(shape.m, shape.k) };
+        let b = if shape.b_transposed { fill(shape.n, shape.k) } else { fill(shape.k, shape.n) };
+        let pool = Pool::new(&dp_mem::Tracker::new());
+        let gemm = Gemm::new(&pool, backend, precision).ok()?;
+        Some(Self { shape, a, b, c: ndarray::Array2::zeros((shape.m, shape.n)), gemm })
+    }
+
+    /// The product's shape.
+    pub fn shape(&self) -> GemmShape {
+        self.shape
+    }
+
+    /// Runs the product once.
+    pub fn run(&mut self) {
+        let a = if self.shape.a_transposed { self.a.t() } else { self.a.view() };
+        let b = if self.shape.b_transposed { self.b.t() } else { self.b.view() };
+        self.gemm.matmul(a, b, T::zero(), &mut self.c.view_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(x: &ndarray::Array2<f32>, transposed: bool) -> ArrayView2<'_, f32> {
+        if transposed { x.t() } else { x.view() }
+    }
+
+    fn fill(rows: usize, cols: usize, seed: usize) -> ndarray::Array2<f32> {
+        ndarray::Array2::from_shape_fn((rows, cols), |(i, j)| {
+            ((i * 31 + j * 17 + seed) % 23) as f32 / 23.0 - 0.5
+        })
+    }
+
+    /// Every layout a step uses (each operand read straight or transposed), overwriting and
+    /// accumulating, at sizes around the tiles and blocks (a tile's rows and columns, `KC`,
+    /// `MC`, `NC`, odd `k` for the `bf16` pairs), on every backend and precision this CPU
+    /// runs, as ndarray's own GEMM computes them from the same (rounded) operands.
+    #[test]
+    fn every_backend_computes_what_ndarray_does_for_every_layout() {
+        let shapes = [
+            (1, 1, 1),
+            (10, 256, 33),
+            (67, 5, 129),
+            (256, 784, 10),
+            (3, 0, 4),
+            (13, 513, 17),
+            (200, 7, 1030),
+            (6, 25, 70),
+        ];
+        let runs = [
+            (GemmBackend::Avx512, Precision::F32),
+            (GemmBackend::Avx2, Precision::F32),
+            (GemmBackend::GemmCrate, Precision::F32),
+            (GemmBackend::Matrixmultiply, Precision::F32),
+            (GemmBackend::current(), Precision::Bf16),
+        ];
+        let pool = Pool::new(&dp_mem::Tracker::new());
+        let mut ran = Vec::new();
+        for (backend, precision) in runs {
+            if !backend.available() || !precision.available() {
+                eprintln!("{} in {}: this CPU lacks it, skipped", backend.name(), precision.name());
+                continue;
+            }
+            ran.push((backend, precision));
+            let mut gemm = Gemm::new(&pool, backend, precision).expect("workspace");
+            let round = |x: &ndarray::Array2<f32>| match precision {
+                Precision::F32 => x.clone(),
+                Precision::Bf16 => x.mapv(|v| f32::from_bits(packed::bf16_bits(v) << 16)),
+            };
+            for (m, k, n) in shapes {
+                for (a_t, b_t, beta) in
+                    [(false, false, 0.0), (true, false, 1.0), (false, true, 1.0)]
+                {
+                    // Stored as the step stores them; read through a transposed view when so.
+                    let a = if a_t { fill(k, m, 1) } else { fill(m, k, 1) };
+                    let b = if b_t { fill(n, k, 2) } else { fill(k, n, 2) };
+                    let (a_r, b_r) = (round(&a), round(&b));
+                    let start = fill(m, n, 3);
+                    let (mut want, mut got) = (start.clone(), start.clone());
+                    general_mat_mul(1.0, &view(&a_r, a_t), &view(&b_r, b_t), beta, &mut want);
+                    gemm.matmul(view(&a, a_t), view(&b, b_t), beta, &mut got.view_mut());
+                    let worst = (&got - &want).iter().fold(0f32, |w, d| w.max(d.abs()));
+                    let tolerance = 1e-5 * (k as f32 + 1.0);
+                    assert!(
+                        worst <= tolerance,
+                        "{} {}: {m}x{k}x{n} a_t {a_t} b_t {b_t} beta {beta}: off by {worst}",
+                        backend.name(),
+                        precision.name()
+                    );
+                }
+            }
+        }
+        assert!(ran.len() >= 2, "the portable backends always run");
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even_and_keeps_nan() {
+        let bf16 = |x: f32| f32::from_bits(packed::bf16_bits(x) << 16);
+        assert_eq!(bf16(1.0), 1.0);
+        // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even one, 1.
+        assert_eq!(bf16(1.0 + 2f32.powi(-8)), 1.0);
+        // Just above halfway rounds up.
+        assert_eq!(bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 1.0 + 2f32.powi(-7));
+        // 1 + 3 * 2^-8 is halfway between odd 1 + 2^-7 and even 1 + 2^-6: up.
+        assert_eq!(bf16(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
+        assert_eq!(bf16(f32::MAX), f32::INFINITY);
+        assert_eq!(bf16(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(bf16(f32::NAN).is_nan());
+        assert!(bf16(-f32::NAN).is_nan());
+    }
+}

@@ -1,0 +1,361 @@
+//! A blocked GEMM over packed panels, the loop nest BLIS made standard, around the register
+//! tiles of [`super::x86`].
+//!
+//! `c [m, n] (+)= a [m, k] b [k, n]`, every operand through any strides. Blocks of `b` (`KC`
+//! words of `k` by `NC` columns) are packed into `NR`-wide panels and blocks of `a` (`MC` rows)
+//! into `MR`-tall ones, so the tile kernel reads both operands contiguously whatever their
+//! layout: the transposed operands of backward cost one packing pass, like the straight ones.
+//! A packed word is one `f32`, or two `bf16` along `k` for the `vdpbf16ps` kernel, which
+//! rounds while it packs (f32 operands in, f32 sums out, as PyTorch's CPU autocast does).
+//! The packing buffers are the caller's ([`workspace_words`]), so a call allocates nothing.
+
+/// A read-only matrix: element `(i, j)` at `ptr + i * rows + j * cols`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Strided {
+    pub(crate) ptr: *const f32,
+    pub(crate) rows: isize,
+    pub(crate) cols: isize,
+}
+
+impl Strided {
+    /// The same elements read transposed.
+    fn t(self) -> Self {
+        Self { ptr: self.ptr, rows: self.cols, cols: self.rows }
+    }
+}
+
+/// The output: element `(i, j)` at `ptr + i * rows + j * cols`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StridedMut {
+    pub(crate) ptr: *mut f32,
+    pub(crate) rows: isize,
+    pub(crate) cols: isize,
+}
+
+/// A register tile: `MR x NR` of `c` from an `MR`-tall panel of `a` and an `NR`-wide panel of
+/// `b`, both packed `words` deep.
+pub(crate) trait Tile: Sized {
+    /// Columns of the tile (whole vectors).
+    const NR: usize;
+    /// The tile heights the kernel has, tallest first.
+    const MRS: &'static [usize];
+    /// `k` values per packed word: 1 (`f32`) or 2 (a `bf16` pair).
+    const K_PER_WORD: usize;
+    /// Packed panels hold a multiple of this many words (zeros past `k`).
+    const WORD_ALIGN: usize = 1;
+    /// `a`'s panels are line after line (each row's words contiguous, as a matrix unit
+    /// loads them) instead of word after word.
+    const A_LINE_MAJOR: bool = false;
+    /// Packs `len` rows of `kc` contiguous values, `line` apart, line-major (for
+    /// [`Tile::A_LINE_MAJOR`]): row `i`'s words at `i * words`, rows up to a multiple of
+    /// `width` zeros. Kernels override it with vector code for their CPU.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; `src` addresses the `len x kc` block.
+    unsafe fn pack_rows(
+        src: *const f32,
+        line: isize,
+        len: usize,
+        kc: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        let words = kc.div_ceil(Self::K_PER_WORD).next_multiple_of(Self::WORD_ALIGN);
+        for (i, row) in out.chunks_exact_mut(words).take(len.next_multiple_of(width)).enumerate() {
+            row.fill(0);
+            if i < len {
+                // SAFETY: row `i < len` of the block, `kc` values long.
+                let values =
+                    unsafe { std::slice::from_raw_parts(src.offset(i as isize * line), kc) };
+                for (w, pair) in values.chunks(Self::K_PER_WORD).enumerate() {
+                    row[w] = Self::word(pair[0], pair.get(1).copied().unwrap_or(0.0));
+                }
+            }
+        }
+    }
+    /// Readies the CPU for tiles (a matrix unit's configuration); [`Tile::end`] undoes it.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features.
+    unsafe fn begin() {}
+    /// Releases what [`Tile::begin`] took.
+    ///
+    /// # Safety
+    /// After [`Tile::begin`] on this thread.
+    unsafe fn end() {}
+    /// The word that holds `k` values `lo` and `hi` (`hi` unused when one fits).
+    fn word(lo: f32, hi: f32) -> u32;
+    /// Packs as [`pack`] does; kernels override it with vector code for their CPU.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; `src` addresses the `len x kc` block.
+    unsafe fn pack(
+        src: *const f32,
+        strides: (isize, isize),
+        len: usize,
+        kc: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        pack::<Self>(src, strides, len, kc, width, out);
+    }
+    /// `c = [c +] a b` for one tile of height `mr`, `c` rows `ldc` apart.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; `a` holds `mr * words` words, `b` `NR * words`, and
+    /// `c` is writable over `mr` rows of `NR` contiguous values.
+    unsafe fn tile(
+        mr: usize,
+        words: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    );
+}
+
+/// Packed words of `k` per block: a `b` panel (`KC x NR`) stays in L1 while the tiles of a
+/// block of `a` pass by.
+const KC: usize = 256;
+/// Rows of `a` per packed block (`MC x KC` words, 192 KiB, well inside L2): a multiple of
+/// every tile height.
+const MC: usize = 192;
+/// Columns of `b` per packed block (`KC x NC` words, 1 MiB): a multiple of every tile width.
+const NC: usize = 1024;
+
+/// Words of packing buffer any product needs: one block of each operand, and room to turn
+/// a block of `a` line-major.
+pub(crate) const fn workspace_words() -> usize {
+    (2 * MC + NC) * KC
+}
+
+/// The tile height for `m` rows that wastes the fewest padded rows (the tallest on a tie).
+fn tile_height<K: Tile>(m: usize) -> usize {
+    let used = |mr: usize| m as f64 / (m.div_ceil(mr) * mr) as f64;
+    K::MRS.iter().copied().fold(K::MRS[0], |best, mr| if used(mr) > used(best) { mr } else { best })
+}
+
+/// The share of an `m x n` tiling that holds real values.
+fn tiling_use<K: Tile>(m: usize, n: usize) -> f64 {
+    let mr = tile_height::<K>(m);
+    (m * n) as f64 / (m.div_ceil(mr) * mr * n.div_ceil(K::NR) * K::NR) as f64
+}
+
+/// `c = a b`, or `c += a b` with `accumulate`, on tile kernel `K`.
+///
+/// # Safety
+/// The CPU has `K`'s features; `a` addresses `m x k` readable values, `b` `k x n`, `c` `m x n`
+/// writable ones aliasing neither; `workspace` holds [`workspace_words`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm<K: Tile>(
+    (m, k, n): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: StridedMut,
+    accumulate: bool,
+    workspace: &mut [u32],
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // A narrow result (the 10 classes of an output layer) fills tiles better transposed:
+    // `c^T = b^T a^T`, rows for columns.
+    if tiling_use::<K>(n, m) > tiling_use::<K>(m, n) {
+        let c_t = StridedMut { ptr: c.ptr, rows: c.cols, cols: c.rows };
+        // SAFETY: the same elements, read and written transposed.
+        return unsafe { gemm_tiled::<K>((n, k, m), b.t(), a.t(), c_t, accumulate, workspace) };
+    }
+    // SAFETY: passed on from the caller.
+    unsafe { gemm_tiled::<K>((m, k, n), a, b, c, accumulate, workspace) }
+}
+
+/// [`gemm`] in the orientation given.
+unsafe fn gemm_tiled<K: Tile>(
+    (m, k, n): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: StridedMut,
+    accumulate: bool,
+    workspace: &mut [u32],
+) {
+    assert!(workspace.len() >= workspace_words(), "GEMM workspace sized at build");
+    if k == 0 {
+        // No products to sum: `c` is zero, or stays as it is.
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: inside `c`, as the caller promised.
+                    unsafe { *c.ptr.offset(i as isize * c.rows + j as isize * c.cols) = 0.0 };
+                }
+            }
+        }
+        return;
+    }
+    let mr = tile_height::<K>(m);
+    let (packed_a, rest) = workspace.split_at_mut(MC * KC);
+    let (line_major, packed_b) = rest.split_at_mut(MC * KC);
+    let k_block = KC * K::K_PER_WORD;
+    // SAFETY: the caller promised the features; `end` follows below.
+    unsafe { K::begin() };
+    for j0 in (0..n).step_by(NC) {
+        let nc = NC.min(n - j0);
+        for p0 in (0..k).step_by(k_block) {
+            let kc = k_block.min(k - p0);
+            let words = kc.div_ceil(K::K_PER_WORD).next_multiple_of(K::WORD_ALIGN);
+            // SAFETY: the block lies inside `b`.
+            let b_block = unsafe { b.ptr.offset(p0 as isize * b.rows + j0 as isize * b.cols) };
+            // SAFETY: the block lies inside `b`; the CPU has `K`'s features.
+            unsafe { K::pack(b_block, (b.cols, b.rows), nc, kc, K::NR, packed_b) };
+            let accumulate = accumulate || p0 > 0;
+            for i0 in (0..m).step_by(MC) {
+                let mc = MC.min(m - i0);
+                // SAFETY: the block lies inside `a`.
+                let a_block = unsafe { a.ptr.offset(i0 as isize * a.rows + p0 as isize * a.cols) };
+                let packed_a = match (K::A_LINE_MAJOR, a.cols == 1) {
+                    (true, true) => {
+                        // SAFETY: the block lies inside `a`; the CPU has `K`'s features.
+                        unsafe { K::pack_rows(a_block, a.rows, mc, kc, mr, packed_a) };
+                        &*packed_a
+                    }
+                    (true, false) => {
+                        // SAFETY: as above.
+                        unsafe { K::pack(a_block, (a.rows, a.cols), mc, kc, mr, packed_a) };
+                        line_majored(packed_a, mr, words, mc.div_ceil(mr), line_major)
+                    }
+                    (false, _) => {
+                        // SAFETY: as above.
+                        unsafe { K::pack(a_block, (a.rows, a.cols), mc, kc, mr, packed_a) };
+                        &*packed_a
+                    }
+                };
+                for (jr, b_panel) in
+                    packed_b.chunks_exact(K::NR * words).take(nc.div_ceil(K::NR)).enumerate()
+                {
+                    for (ir, a_panel) in
+                        packed_a.chunks_exact(mr * words).take(mc.div_ceil(mr)).enumerate()
+                    {
+                        let (i, j) = (i0 + ir * mr, j0 + jr * K::NR);
+                        let (rows, cols) = (mr.min(m - i), K::NR.min(n - j));
+                        // SAFETY: `(i, j)` is inside `c`.
+                        let corner =
+                            unsafe { c.ptr.offset(i as isize * c.rows + j as isize * c.cols) };
+                        let tile = (a_panel.as_ptr(), b_panel.as_ptr(), words);
+                        // SAFETY: the panels hold `words` of their width; the tile is inside `c`.
+                        unsafe { write_tile::<K>(tile, mr, (rows, cols), corner, c, accumulate) };
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: after `begin` above.
+    unsafe { K::end() };
+}
+
+/// `panels` packed panels of `a` (`width` lines, word after word) rewritten line after line
+/// into `out`.
+fn line_majored<'a>(
+    packed: &[u32],
+    width: usize,
+    words: usize,
+    panels: usize,
+    out: &'a mut [u32],
+) -> &'a [u32] {
+    let size = width * words;
+    for (from, to) in packed.chunks_exact(size).zip(out.chunks_exact_mut(size)).take(panels) {
+        for (w, column) in from.chunks_exact(width).enumerate() {
+            for (t, &v) in column.iter().enumerate() {
+                to[t * words + w] = v;
+            }
+        }
+    }
+    &out[..panels * size]
+}
+
+/// Runs one tile: straight into `c` when it is whole and its rows contiguous, otherwise
+/// through a buffer whose `rows x cols` corner is then added or copied.
+unsafe fn write_tile<K: Tile>(
+    (a, b, words): (*const u32, *const u32, usize),
+    mr: usize,
+    (rows, cols): (usize, usize),
+    corner: *mut f32,
+    c: StridedMut,
+    accumulate: bool,
+) {
+    if rows == mr && cols == K::NR && c.cols == 1 && c.rows > 0 {
+        // SAFETY: passed on from the caller.
+        return unsafe { K::tile(mr, words, a, b, corner, c.rows as usize, accumulate) };
+    }
+    let mut buffer = [0f32; 32 * 32];
+    assert!(mr * K::NR <= buffer.len(), "tile fits its buffer");
+    // SAFETY: the buffer holds `mr` rows of `NR`.
+    unsafe { K::tile(mr, words, a, b, buffer.as_mut_ptr(), K::NR, false) };
+    for (i, row) in buffer.chunks_exact(K::NR).take(rows).enumerate() {
+        for (j, &v) in row[..cols].iter().enumerate() {
+            // SAFETY: `(i, j)` is inside the tile's valid corner, inside `c`.
+            let out = unsafe { &mut *corner.offset(i as isize * c.rows + j as isize * c.cols) };
+            *out = if accumulate { *out + v } else { v };
+        }
+    }
+}
+
+/// Packs `len` lines of `kc` values (line `d`, value `p` at `src + d * strides.0 + p *
+/// strides.1`) into panels `width` lines wide: panel after panel, each word after word of `k`,
+/// each word the `width` lines side by side; lines and values past the ends are zeros.
+pub(crate) fn pack<K: Tile>(
+    src: *const f32,
+    (line, along): (isize, isize),
+    len: usize,
+    kc: usize,
+    width: usize,
+    out: &mut [u32],
+) {
+    let words = kc.div_ceil(K::K_PER_WORD).next_multiple_of(K::WORD_ALIGN);
+    let at = |d: usize, p: usize| {
+        // SAFETY: every caller reads line `d < len`, value `p < kc`, inside the block.
+        unsafe { *src.offset(d as isize * line + p as isize * along) }
+    };
+    let value = |d: usize, p: usize| if p < kc { at(d, p) } else { 0.0 };
+    for (panel, packed) in out.chunks_exact_mut(width * words).take(len.div_ceil(width)).enumerate()
+    {
+        let lines = width.min(len - panel * width);
+        let first = panel * width;
+        if line == 1 {
+            // Lines side by side in memory (`b` row-major, `a` read transposed): each word's
+            // `width` values are one contiguous run.
+            for (w, dst) in packed.chunks_exact_mut(width).enumerate() {
+                let p = w * K::K_PER_WORD;
+                for (t, d) in dst[..lines].iter_mut().enumerate() {
+                    let hi = if K::K_PER_WORD == 2 { value(first + t, p + 1) } else { 0.0 };
+                    *d = K::word(value(first + t, p), hi);
+                }
+                dst[lines..].fill(0);
+            }
+        } else {
+            // Each line's values contiguous (or strided): walk a line at a time.
+            for t in 0..lines {
+                for w in 0..words {
+                    let p = w * K::K_PER_WORD;
+                    let hi = if K::K_PER_WORD == 2 { value(first + t, p + 1) } else { 0.0 };
+                    packed[w * width + t] = K::word(value(first + t, p), hi);
+                }
+            }
+            for w in 0..words {
+                packed[w * width + lines..(w + 1) * width].fill(0);
+            }
+        }
+    }
+}
+
+/// `x` rounded to the nearest `bf16` (ties to even), as its 16 bits, as `vcvtneps2bf16` does:
+/// NaN stays NaN and subnormals flush to zero.
+pub(crate) fn bf16_bits(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return (bits >> 16) | 0x40;
+    }
+    if x.is_subnormal() {
+        return (bits >> 16) & 0x8000;
+    }
+    (bits + 0x7fff + ((bits >> 16) & 1)) >> 16
+}

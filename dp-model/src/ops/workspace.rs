@@ -1,0 +1,26 @@
+//! What the ops work in besides their inputs and outputs.
+
+use dp_mem::{Pool, PoolBuf, Tag};
+
+use crate::float::Float;
+use crate::ops::gemm::{Gemm, GemmBackend, Precision};
+
+/// A model's scratch: the unfolded input of its largest convolution and the packing buffers
+/// of its products, held for the model's life.
+#[derive(Debug)]
+pub(crate) struct Workspace<T: Float> {
+    /// im2col columns of the largest convolution.
+    pub(crate) cols: PoolBuf<T>,
+    /// How the products run.
+    pub(crate) gemm: Gemm,
+}
+
+impl<T: Float> Workspace<T> {
+    /// Room for `cols_len` unfolded values, products in `precision` (which the CPU has).
+    pub(crate) fn new(pool: &Pool, cols_len: usize, precision: Precision) -> dp_mem::Result<Self> {
+        Ok(Self {
+            cols: pool.alloc_zeroed(cols_len, Tag::Activation)?,
+            gemm: Gemm::new(pool, GemmBackend::current(), precision)?,
+        })
+    }
+}
