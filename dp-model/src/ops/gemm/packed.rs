@@ -147,7 +147,6 @@ fn tiling_use<K: Tile>(m: usize, n: usize) -> f64 {
 /// # Safety
 /// The CPU has `K`'s features; `a` addresses `m x k` readable values, `b` `k x n`, `c` `m x n`
 /// writable ones aliasing neither; `workspace` holds [`workspace_words`].
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm<K: Tile>(
     (m, k, n): (usize, usize, usize),
     a: Strided,
@@ -160,25 +159,12 @@ pub(crate) unsafe fn gemm<K: Tile>(
         return;
     }
     // A narrow result (the 10 classes of an output layer) fills tiles better transposed:
-    // `c^T = b^T a^T`, rows for columns.
-    if tiling_use::<K>(n, m) > tiling_use::<K>(m, n) {
-        let c_t = StridedMut { ptr: c.ptr, rows: c.cols, cols: c.rows };
-        // SAFETY: the same elements, read and written transposed.
-        return unsafe { gemm_tiled::<K>((n, k, m), b.t(), a.t(), c_t, accumulate, workspace) };
-    }
-    // SAFETY: passed on from the caller.
-    unsafe { gemm_tiled::<K>((m, k, n), a, b, c, accumulate, workspace) }
-}
-
-/// [`gemm`] in the orientation given.
-unsafe fn gemm_tiled<K: Tile>(
-    (m, k, n): (usize, usize, usize),
-    a: Strided,
-    b: Strided,
-    c: StridedMut,
-    accumulate: bool,
-    workspace: &mut [u32],
-) {
+    // `c^T = b^T a^T`, rows for columns, the same elements read and written transposed.
+    let ((m, n), a, b, c) = if tiling_use::<K>(n, m) > tiling_use::<K>(m, n) {
+        ((n, m), b.t(), a.t(), StridedMut { ptr: c.ptr, rows: c.cols, cols: c.rows })
+    } else {
+        ((m, n), a, b, c)
+    };
     assert!(workspace.len() >= workspace_words(), "GEMM workspace sized at build");
     if k == 0 {
         // No products to sum: `c` is zero, or stays as it is.

@@ -63,42 +63,72 @@ impl Tile for Avx512 {
     }
 }
 
-#[target_feature(enable = "avx512f")]
-unsafe fn avx512_f32<const MR: usize>(
-    words: usize,
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let mut sums = [[_mm512_setzero_ps(); 2]; MR];
-    for p in 0..words {
-        // SAFETY: the panels hold `words` words of their width.
-        unsafe {
-            let b0 = _mm512_loadu_ps(b.add(p * 32));
-            let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
-            for (i, row) in sums.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*a.add(p * MR + i));
-                row[0] = _mm512_fmadd_ps(x, b0, row[0]);
-                row[1] = _mm512_fmadd_ps(x, b1, row[1]);
+/// An `f32` tile kernel `$name::<MR>`: `MR` rows of two vectors of `$lanes` lanes, each a
+/// broadcast word of `a` times the two vectors of `b` per `k`.
+macro_rules! f32_tile {
+    ($name:ident, $features:literal, $lanes:literal, $zero:ident, $load:ident, $store:ident,
+     $broadcast:ident, $fma:ident, $add:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const MR: usize>(
+            words: usize,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            accumulate: bool,
+        ) {
+            let mut sums = [[$zero(); 2]; MR];
+            for p in 0..words {
+                // SAFETY: the panels hold `words` words of their width.
+                unsafe {
+                    let b0 = $load(b.add(p * 2 * $lanes));
+                    let b1 = $load(b.add(p * 2 * $lanes + $lanes));
+                    for (i, row) in sums.iter_mut().enumerate() {
+                        let x = $broadcast(*a.add(p * MR + i));
+                        row[0] = $fma(x, b0, row[0]);
+                        row[1] = $fma(x, b1, row[1]);
+                    }
+                }
+            }
+            for (i, row) in sums.iter().enumerate() {
+                // SAFETY: `c` holds `MR` rows of `2 * $lanes`, `ldc` apart.
+                unsafe {
+                    let out = c.add(i * ldc);
+                    let (mut lo, mut hi) = (row[0], row[1]);
+                    if accumulate {
+                        lo = $add(lo, $load(out));
+                        hi = $add(hi, $load(out.add($lanes)));
+                    }
+                    $store(out, lo);
+                    $store(out.add($lanes), hi);
+                }
             }
         }
-    }
-    for (i, row) in sums.iter().enumerate() {
-        // SAFETY: `c` holds `MR` rows of 32, `ldc` apart.
-        unsafe {
-            let out = c.add(i * ldc);
-            let (mut lo, mut hi) = (row[0], row[1]);
-            if accumulate {
-                lo = _mm512_add_ps(lo, _mm512_loadu_ps(out));
-                hi = _mm512_add_ps(hi, _mm512_loadu_ps(out.add(16)));
-            }
-            _mm512_storeu_ps(out, lo);
-            _mm512_storeu_ps(out.add(16), hi);
-        }
-    }
+    };
 }
+
+f32_tile!(
+    avx512_f32,
+    "avx512f",
+    16,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps
+);
+f32_tile!(
+    avx2_f32,
+    "avx2,fma",
+    8,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps
+);
 
 /// [`pack`] sixteen lines at a time: lines whose values are contiguous (the operands a step
 /// stores `k`-fastest: activations read straight, weights read transposed) are gathered a
@@ -456,42 +486,5 @@ impl Tile for Avx2 {
     ) {
         // SAFETY: passed on from the caller.
         unsafe { by_height!(mr, avx2_f32, 6, 4; (words, a.cast(), b.cast(), c, ldc, accumulate)) }
-    }
-}
-
-#[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_f32<const MR: usize>(
-    words: usize,
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    let mut sums = [[_mm256_setzero_ps(); 2]; MR];
-    for p in 0..words {
-        // SAFETY: the panels hold `words` words of their width.
-        unsafe {
-            let b0 = _mm256_loadu_ps(b.add(p * 16));
-            let b1 = _mm256_loadu_ps(b.add(p * 16 + 8));
-            for (i, row) in sums.iter_mut().enumerate() {
-                let x = _mm256_set1_ps(*a.add(p * MR + i));
-                row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(x, b1, row[1]);
-            }
-        }
-    }
-    for (i, row) in sums.iter().enumerate() {
-        // SAFETY: `c` holds `MR` rows of 16, `ldc` apart.
-        unsafe {
-            let out = c.add(i * ldc);
-            let (mut lo, mut hi) = (row[0], row[1]);
-            if accumulate {
-                lo = _mm256_add_ps(lo, _mm256_loadu_ps(out));
-                hi = _mm256_add_ps(hi, _mm256_loadu_ps(out.add(8)));
-            }
-            _mm256_storeu_ps(out, lo);
-            _mm256_storeu_ps(out.add(8), hi);
-        }
     }
 }
