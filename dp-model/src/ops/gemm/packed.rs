@@ -99,16 +99,19 @@ pub(crate) trait Tile: Sized {
     ) {
         pack::<Self>(src, strides, len, kc, width, out);
     }
-    /// `c = [c +] a b` for one tile of height `mr`, `c` rows `ldc` apart.
+    /// `c = [c +] a b` for one tile of height `mr`: `b`'s words `ldb` apart (`NR` when packed,
+    /// a row of the matrix when read in place), `c`'s rows `ldc` apart.
     ///
     /// # Safety
-    /// The CPU has the kernel's features; `a` holds `mr * words` words, `b` `NR * words`, and
-    /// `c` is writable over `mr` rows of `NR` contiguous values.
+    /// The CPU has the kernel's features; `a` holds `mr * words` words, `b` `words` runs of
+    /// `NR` words `ldb` apart, and `c` is writable over `mr` rows of `NR` contiguous values.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
         mr: usize,
         words: usize,
         a: *const u32,
         b: *const u32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -182,6 +185,9 @@ pub(crate) unsafe fn gemm<K: Tile>(
     let (packed_a, rest) = workspace.split_at_mut(MC * KC);
     let (line_major, packed_b) = rest.split_at_mut(MC * KC);
     let k_block = KC * K::K_PER_WORD;
+    // Read in place, a panel of `b` is `kc` rows a whole row of `b` apart, which L1 keeps
+    // poorly (rows a power of two apart share few sets): only worth it when few tiles reuse it.
+    let in_place = K::K_PER_WORD == 1 && b.cols == 1 && b.rows > 0 && m.div_ceil(mr) <= 2;
     // SAFETY: the caller promised the features; `end` follows below.
     unsafe { K::begin() };
     for j0 in (0..n).step_by(NC) {
@@ -191,8 +197,15 @@ pub(crate) unsafe fn gemm<K: Tile>(
             let words = kc.div_ceil(K::K_PER_WORD).next_multiple_of(K::WORD_ALIGN);
             // SAFETY: the block lies inside `b`.
             let b_block = unsafe { b.ptr.offset(p0 as isize * b.rows + j0 as isize * b.cols) };
-            // SAFETY: the block lies inside `b`; the CPU has `K`'s features.
-            unsafe { K::pack(b_block, (b.cols, b.rows), nc, kc, K::NR, packed_b) };
+            // Whole panels of `b` rows stored contiguously are read where they lie when `a` is
+            // short: packing them would cost a pass over `b` that only a tall `a` pays back. A
+            // last, narrower panel is packed (zero-padded) all the same.
+            let whole = if in_place { nc / K::NR } else { 0 };
+            // SAFETY: the block (or its last panel) lies inside `b`; the CPU has `K`'s features.
+            unsafe {
+                let rest = b_block.offset((whole * K::NR) as isize * b.cols);
+                K::pack(rest, (b.cols, b.rows), nc - whole * K::NR, kc, K::NR, packed_b)
+            };
             let accumulate = accumulate || p0 > 0;
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
@@ -215,18 +228,28 @@ pub(crate) unsafe fn gemm<K: Tile>(
                         &*packed_a
                     }
                 };
-                for (jr, b_panel) in
-                    packed_b.chunks_exact(K::NR * words).take(nc.div_ceil(K::NR)).enumerate()
-                {
-                    for (ir, a_panel) in
-                        packed_a.chunks_exact(mr * words).take(mc.div_ceil(mr)).enumerate()
-                    {
+                // Tiles column panel by column panel, so that a panel of `b` stays in L1 while
+                // the tiles of `a` pass by; with few words a tile is mostly its reads and writes
+                // of `c`, which then go row panel by row panel, along `c`'s rows.
+                let (panels_a, panels_b) = (mc.div_ceil(mr), nc.div_ceil(K::NR));
+                let along_rows = words <= 64;
+                let (outer, inner) =
+                    if along_rows { (panels_a, panels_b) } else { (panels_b, panels_a) };
+                for o in 0..outer {
+                    for q in 0..inner {
+                        let (ir, jr) = if along_rows { (o, q) } else { (q, o) };
+                        let b_panel = match jr.checked_sub(whole) {
+                            // SAFETY: a whole panel's columns lie inside the block.
+                            None => (unsafe { b_block.add(jr * K::NR) }.cast(), b.rows as usize),
+                            Some(packed) => (packed_b[packed * K::NR * words..].as_ptr(), K::NR),
+                        };
+                        let a_panel = &packed_a[ir * mr * words..];
                         let (i, j) = (i0 + ir * mr, j0 + jr * K::NR);
                         let (rows, cols) = (mr.min(m - i), K::NR.min(n - j));
                         // SAFETY: `(i, j)` is inside `c`.
                         let corner =
                             unsafe { c.ptr.offset(i as isize * c.rows + j as isize * c.cols) };
-                        let tile = (a_panel.as_ptr(), b_panel.as_ptr(), words);
+                        let tile = (a_panel.as_ptr(), b_panel, words);
                         // SAFETY: the panels hold `words` of their width; the tile is inside `c`.
                         unsafe { write_tile::<K>(tile, mr, (rows, cols), corner, c, accumulate) };
                     }
@@ -261,7 +284,7 @@ fn line_majored<'a>(
 /// Runs one tile: straight into `c` when it is whole and its rows contiguous, otherwise
 /// through a buffer whose `rows x cols` corner is then added or copied.
 unsafe fn write_tile<K: Tile>(
-    (a, b, words): (*const u32, *const u32, usize),
+    (a, (b, ldb), words): (*const u32, (*const u32, usize), usize),
     mr: usize,
     (rows, cols): (usize, usize),
     corner: *mut f32,
@@ -270,12 +293,12 @@ unsafe fn write_tile<K: Tile>(
 ) {
     if rows == mr && cols == K::NR && c.cols == 1 && c.rows > 0 {
         // SAFETY: passed on from the caller.
-        return unsafe { K::tile(mr, words, a, b, corner, c.rows as usize, accumulate) };
+        return unsafe { K::tile(mr, words, a, b, ldb, corner, c.rows as usize, accumulate) };
     }
     let mut buffer = [0f32; 32 * 32];
     assert!(mr * K::NR <= buffer.len(), "tile fits its buffer");
     // SAFETY: the buffer holds `mr` rows of `NR`.
-    unsafe { K::tile(mr, words, a, b, buffer.as_mut_ptr(), K::NR, false) };
+    unsafe { K::tile(mr, words, a, b, ldb, buffer.as_mut_ptr(), K::NR, false) };
     for (i, row) in buffer.chunks_exact(K::NR).take(rows).enumerate() {
         for (j, &v) in row[..cols].iter().enumerate() {
             // SAFETY: `(i, j)` is inside the tile's valid corner, inside `c`.

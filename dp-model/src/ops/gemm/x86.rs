@@ -52,13 +52,14 @@ impl Tile for Avx512 {
         words: usize,
         a: *const u32,
         b: *const u32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
     ) {
         // SAFETY: passed on from the caller.
         unsafe {
-            by_height!(mr, avx512_f32, 12, 8, 6, 4; (words, a.cast(), b.cast(), c, ldc, accumulate))
+            by_height!(mr, avx512_f32, 12, 8, 6, 4; (words, a.cast(), b.cast(), ldb, c, ldc, accumulate))
         }
     }
 }
@@ -73,6 +74,7 @@ macro_rules! f32_tile {
             words: usize,
             a: *const f32,
             b: *const f32,
+            ldb: usize,
             c: *mut f32,
             ldc: usize,
             accumulate: bool,
@@ -81,8 +83,8 @@ macro_rules! f32_tile {
             for p in 0..words {
                 // SAFETY: the panels hold `words` words of their width.
                 unsafe {
-                    let b0 = $load(b.add(p * 2 * $lanes));
-                    let b1 = $load(b.add(p * 2 * $lanes + $lanes));
+                    let b0 = $load(b.add(p * ldb));
+                    let b1 = $load(b.add(p * ldb + $lanes));
                     for (i, row) in sums.iter_mut().enumerate() {
                         let x = $broadcast(*a.add(p * MR + i));
                         row[0] = $fma(x, b0, row[0]);
@@ -342,12 +344,13 @@ impl Tile for Amx {
         words: usize,
         a: *const u32,
         b: *const u32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
     ) {
         use std::arch::asm;
-        let (c_stride, a_stride, b_stride) = (ldc * 4, words * 4, Self::NR * 4);
+        let (c_stride, a_stride, b_stride) = (ldc * 4, words * 4, ldb * 4);
         let lower = mr == 32;
         // SAFETY: `c` holds `mr` rows of 32 values `ldc` apart; `a` `mr` lines of `words`, `b`
         // `words` rows of 32, `words` a multiple of 16; `begin` configured the tiles. tmm0-3
@@ -372,7 +375,7 @@ impl Tile for Amx {
                 );
             }
             for w in (0..words).step_by(AMX_WORDS) {
-                let (a_w, b_w) = (a.add(w), b.add(w * Self::NR));
+                let (a_w, b_w) = (a.add(w), b.add(w * ldb));
                 asm!(
                     "tileloadd tmm4, [{a} + {sa}*1]",
                     "tileloadd tmm6, [{b} + {sb}*1]",
@@ -480,11 +483,14 @@ impl Tile for Avx2 {
         words: usize,
         a: *const u32,
         b: *const u32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
     ) {
         // SAFETY: passed on from the caller.
-        unsafe { by_height!(mr, avx2_f32, 6, 4; (words, a.cast(), b.cast(), c, ldc, accumulate)) }
+        unsafe {
+            by_height!(mr, avx2_f32, 6, 4; (words, a.cast(), b.cast(), ldb, c, ldc, accumulate))
+        }
     }
 }
