@@ -99,23 +99,36 @@ pub(crate) trait Tile: Sized {
     ) {
         pack::<Self>(src, strides, len, kc, width, out);
     }
-    /// `c = [c +] a b` for one tile of height `mr`: `b`'s words `ldb` apart (`NR` when packed,
-    /// a row of the matrix when read in place), `c`'s rows `ldc` apart.
+    /// Whether [`Tile::tile`] writes a corner of a tile itself (`out` smaller than `mr x NR`).
+    const PARTIAL: bool;
+    /// `out (+)= a b` for one tile of height `mr`, `words` deep. A kernel takes `b` with `line`
+    /// 1 and `a` as [`Tile::A_LINE_MAJOR`] says (`step` 1 if so, else any strides).
     ///
     /// # Safety
-    /// The CPU has the kernel's features; `a` holds `mr * words` words, `b` `words` runs of
-    /// `NR` words `ldb` apart, and `c` is writable over `mr` rows of `NR` contiguous values.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
-        mr: usize,
-        words: usize,
-        a: *const u32,
-        b: *const u32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    );
+    /// The CPU has the kernel's features; `a` addresses `mr` lines and `b` `NR` of `words`
+    /// words; `out` is writable and whole unless the kernel is `PARTIAL`.
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut);
+}
+
+/// A tile's view of an operand: word `w` of line `t` (a row of `a`, a column of `b`) at
+/// `ptr + w * step + t * line`. Packed panels have `line` 1 and `step` their width (or, for
+/// line-major `a`, `line` the words and `step` 1); in place, the matrix's own strides.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Panel {
+    pub(crate) ptr: *const u32,
+    pub(crate) line: usize,
+    pub(crate) step: usize,
+}
+
+/// Where a tile's sums go: its `rows x cols` corner (at most `mr x NR`), rows `ldc` apart and
+/// each contiguous, written or added to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TileOut {
+    pub(crate) ptr: *mut f32,
+    pub(crate) ldc: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) accumulate: bool,
 }
 
 /// Packed words of `k` per block: a `b` panel (`KC x NR`) stays in L1 while the tiles of a
@@ -185,9 +198,14 @@ pub(crate) unsafe fn gemm<K: Tile>(
     let (packed_a, rest) = workspace.split_at_mut(MC * KC);
     let (line_major, packed_b) = rest.split_at_mut(MC * KC);
     let k_block = KC * K::K_PER_WORD;
-    // Read in place, a panel of `b` is `kc` rows a whole row of `b` apart, which L1 keeps
-    // poorly (rows a power of two apart share few sets): only worth it when few tiles reuse it.
-    let in_place = K::K_PER_WORD == 1 && b.cols == 1 && b.rows > 0 && m.div_ceil(mr) <= 2;
+    // Operands already laid out as a kernel reads them are read where they lie: rows of `a`
+    // with contiguous `k` (a word is then one value, broadcast from any address), and rows of
+    // `b` with contiguous columns. A panel of `b` read in place is `kc` rows a whole row of `b`
+    // apart, which L1 keeps poorly (rows a power of two apart share few sets): only worth it
+    // when few tiles reuse it, where packing would cost a pass over `b` that a short `a` does
+    // not pay back. A last, narrower panel of either is packed (zero-padded) all the same.
+    let a_in_place = K::K_PER_WORD == 1 && !K::A_LINE_MAJOR && a.cols == 1 && a.rows > 0;
+    let b_in_place = K::K_PER_WORD == 1 && b.cols == 1 && b.rows > 0 && m.div_ceil(mr) <= 2;
     // SAFETY: the caller promised the features; `end` follows below.
     unsafe { K::begin() };
     for j0 in (0..n).step_by(NC) {
@@ -197,34 +215,35 @@ pub(crate) unsafe fn gemm<K: Tile>(
             let words = kc.div_ceil(K::K_PER_WORD).next_multiple_of(K::WORD_ALIGN);
             // SAFETY: the block lies inside `b`.
             let b_block = unsafe { b.ptr.offset(p0 as isize * b.rows + j0 as isize * b.cols) };
-            // Whole panels of `b` rows stored contiguously are read where they lie when `a` is
-            // short: packing them would cost a pass over `b` that only a tall `a` pays back. A
-            // last, narrower panel is packed (zero-padded) all the same.
-            let whole = if in_place { nc / K::NR } else { 0 };
+            let whole_b = if b_in_place { nc / K::NR } else { 0 };
             // SAFETY: the block (or its last panel) lies inside `b`; the CPU has `K`'s features.
             unsafe {
-                let rest = b_block.offset((whole * K::NR) as isize * b.cols);
-                K::pack(rest, (b.cols, b.rows), nc - whole * K::NR, kc, K::NR, packed_b)
+                let rest = b_block.offset((whole_b * K::NR) as isize * b.cols);
+                K::pack(rest, (b.cols, b.rows), nc - whole_b * K::NR, kc, K::NR, packed_b)
             };
             let accumulate = accumulate || p0 > 0;
             for i0 in (0..m).step_by(MC) {
                 let mc = MC.min(m - i0);
                 // SAFETY: the block lies inside `a`.
                 let a_block = unsafe { a.ptr.offset(i0 as isize * a.rows + p0 as isize * a.cols) };
+                let whole_a = if a_in_place { mc / mr } else { 0 };
+                // SAFETY: the block (or its last panel) lies inside `a`.
+                let rest = unsafe { a_block.offset((whole_a * mr) as isize * a.rows) };
+                let rest_len = mc - whole_a * mr;
                 let packed_a = match (K::A_LINE_MAJOR, a.cols == 1) {
                     (true, true) => {
-                        // SAFETY: the block lies inside `a`; the CPU has `K`'s features.
-                        unsafe { K::pack_rows(a_block, a.rows, mc, kc, mr, packed_a) };
+                        // SAFETY: the rows lie inside `a`; the CPU has `K`'s features.
+                        unsafe { K::pack_rows(rest, a.rows, rest_len, kc, mr, packed_a) };
                         &*packed_a
                     }
                     (true, false) => {
                         // SAFETY: as above.
-                        unsafe { K::pack(a_block, (a.rows, a.cols), mc, kc, mr, packed_a) };
-                        line_majored(packed_a, mr, words, mc.div_ceil(mr), line_major)
+                        unsafe { K::pack(rest, (a.rows, a.cols), rest_len, kc, mr, packed_a) };
+                        line_majored(packed_a, mr, words, rest_len.div_ceil(mr), line_major)
                     }
                     (false, _) => {
                         // SAFETY: as above.
-                        unsafe { K::pack(a_block, (a.rows, a.cols), mc, kc, mr, packed_a) };
+                        unsafe { K::pack(rest, (a.rows, a.cols), rest_len, kc, mr, packed_a) };
                         &*packed_a
                     }
                 };
@@ -238,18 +257,40 @@ pub(crate) unsafe fn gemm<K: Tile>(
                 for o in 0..outer {
                     for q in 0..inner {
                         let (ir, jr) = if along_rows { (o, q) } else { (q, o) };
-                        let b_panel = match jr.checked_sub(whole) {
-                            // SAFETY: a whole panel's columns lie inside the block.
-                            None => (unsafe { b_block.add(jr * K::NR) }.cast(), b.rows as usize),
-                            Some(packed) => (packed_b[packed * K::NR * words..].as_ptr(), K::NR),
+                        let a_panel = match ir.checked_sub(whole_a) {
+                            None => Panel {
+                                // SAFETY: a whole panel's rows lie inside the block.
+                                ptr: unsafe { a_block.offset((ir * mr) as isize * a.rows) }.cast(),
+                                line: a.rows as usize,
+                                step: 1,
+                            },
+                            Some(ir) if K::A_LINE_MAJOR => {
+                                let ptr = packed_a[ir * mr * words..].as_ptr();
+                                Panel { ptr, line: words, step: 1 }
+                            }
+                            Some(ir) => {
+                                let ptr = packed_a[ir * mr * words..].as_ptr();
+                                Panel { ptr, line: 1, step: mr }
+                            }
                         };
-                        let a_panel = &packed_a[ir * mr * words..];
+                        let b_panel = match jr.checked_sub(whole_b) {
+                            None => Panel {
+                                // SAFETY: a whole panel's columns lie inside the block.
+                                ptr: unsafe { b_block.add(jr * K::NR) }.cast(),
+                                line: 1,
+                                step: b.rows as usize,
+                            },
+                            Some(jr) => {
+                                let ptr = packed_b[jr * K::NR * words..].as_ptr();
+                                Panel { ptr, line: 1, step: K::NR }
+                            }
+                        };
                         let (i, j) = (i0 + ir * mr, j0 + jr * K::NR);
                         let (rows, cols) = (mr.min(m - i), K::NR.min(n - j));
                         // SAFETY: `(i, j)` is inside `c`.
                         let corner =
                             unsafe { c.ptr.offset(i as isize * c.rows + j as isize * c.cols) };
-                        let tile = (a_panel.as_ptr(), b_panel, words);
+                        let tile = (a_panel, b_panel, words);
                         // SAFETY: the panels hold `words` of their width; the tile is inside `c`.
                         unsafe { write_tile::<K>(tile, mr, (rows, cols), corner, c, accumulate) };
                     }
@@ -281,24 +322,29 @@ fn line_majored<'a>(
     &out[..panels * size]
 }
 
-/// Runs one tile: straight into `c` when it is whole and its rows contiguous, otherwise
-/// through a buffer whose `rows x cols` corner is then added or copied.
+/// Runs one tile: straight into `c` when its rows are contiguous and it is whole (or the
+/// kernel writes corners), otherwise through a buffer whose `rows x cols` corner is then added
+/// or copied.
 unsafe fn write_tile<K: Tile>(
-    (a, (b, ldb), words): (*const u32, (*const u32, usize), usize),
+    (a, b, words): (Panel, Panel, usize),
     mr: usize,
     (rows, cols): (usize, usize),
     corner: *mut f32,
     c: StridedMut,
     accumulate: bool,
 ) {
-    if rows == mr && cols == K::NR && c.cols == 1 && c.rows > 0 {
+    let whole = rows == mr && cols == K::NR;
+    if (whole || K::PARTIAL) && c.cols == 1 && c.rows > 0 {
+        let out = TileOut { ptr: corner, ldc: c.rows as usize, rows, cols, accumulate };
         // SAFETY: passed on from the caller.
-        return unsafe { K::tile(mr, words, a, b, ldb, corner, c.rows as usize, accumulate) };
+        return unsafe { K::tile(mr, words, a, b, out) };
     }
     let mut buffer = [0f32; 32 * 32];
     assert!(mr * K::NR <= buffer.len(), "tile fits its buffer");
+    let out =
+        TileOut { ptr: buffer.as_mut_ptr(), ldc: K::NR, rows: mr, cols: K::NR, accumulate: false };
     // SAFETY: the buffer holds `mr` rows of `NR`.
-    unsafe { K::tile(mr, words, a, b, ldb, buffer.as_mut_ptr(), K::NR, false) };
+    unsafe { K::tile(mr, words, a, b, out) };
     for (i, row) in buffer.chunks_exact(K::NR).take(rows).enumerate() {
         for (j, &v) in row[..cols].iter().enumerate() {
             // SAFETY: `(i, j)` is inside the tile's valid corner, inside `c`.

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{Tile, bf16_bits, pack};
+use super::packed::{Panel, Tile, TileOut, bf16_bits, pack};
 
 /// Chooses the instantiation for tile height `mr` (one of the kernel's `MRS`).
 macro_rules! by_height {
@@ -47,66 +47,103 @@ impl Tile for Avx512 {
         unsafe { pack_avx512_f32(src, strides, len, kc, width, out) }
     }
 
-    unsafe fn tile(
-        mr: usize,
-        words: usize,
-        a: *const u32,
-        b: *const u32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    const PARTIAL: bool = true;
+
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
         // SAFETY: passed on from the caller.
-        unsafe {
-            by_height!(mr, avx512_f32, 12, 8, 6, 4; (words, a.cast(), b.cast(), ldb, c, ldc, accumulate))
-        }
+        unsafe { by_height!(mr, avx512_f32, 12, 8, 6, 4; (words, a, b, out)) }
     }
 }
 
 /// An `f32` tile kernel `$name::<MR>`: `MR` rows of two vectors of `$lanes` lanes, each a
-/// broadcast word of `a` times the two vectors of `b` per `k`.
+/// broadcast word of `a` times the two vectors of `b` per `k`. A corner narrower than the tile
+/// is loaded and stored through lane masks (`$mask` of a lane count).
 macro_rules! f32_tile {
     ($name:ident, $features:literal, $lanes:literal, $zero:ident, $load:ident, $store:ident,
-     $broadcast:ident, $fma:ident, $add:ident) => {
+     $broadcast:ident, $fma:ident, $add:ident, $mask:ident, $masked_load:ident,
+     $masked_store:ident) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name<const MR: usize>(
-            words: usize,
-            a: *const f32,
-            b: *const f32,
-            ldb: usize,
-            c: *mut f32,
-            ldc: usize,
-            accumulate: bool,
-        ) {
+        unsafe fn $name<const MR: usize>(words: usize, a: Panel, b: Panel, out: TileOut) {
+            let (a_ptr, a_line, a_step) = (a.ptr.cast::<f32>(), a.line, a.step);
+            let (b_ptr, ldb) = (b.ptr.cast::<f32>(), b.step);
             let mut sums = [[$zero(); 2]; MR];
             for p in 0..words {
                 // SAFETY: the panels hold `words` words of their width.
                 unsafe {
-                    let b0 = $load(b.add(p * ldb));
-                    let b1 = $load(b.add(p * ldb + $lanes));
+                    let b0 = $load(b_ptr.add(p * ldb));
+                    let b1 = $load(b_ptr.add(p * ldb + $lanes));
                     for (i, row) in sums.iter_mut().enumerate() {
-                        let x = $broadcast(*a.add(p * MR + i));
+                        let x = $broadcast(*a_ptr.add(p * a_step + i * a_line));
                         row[0] = $fma(x, b0, row[0]);
                         row[1] = $fma(x, b1, row[1]);
                     }
                 }
             }
-            for (i, row) in sums.iter().enumerate() {
-                // SAFETY: `c` holds `MR` rows of `2 * $lanes`, `ldc` apart.
+            let masks = ($mask(out.cols), $mask(out.cols.saturating_sub($lanes)));
+            for (i, row) in sums.iter().enumerate().take(out.rows) {
+                // SAFETY: `out` holds `rows` rows of `cols` values, `ldc` apart; the masks keep
+                // a narrower corner's loads and stores inside it.
                 unsafe {
-                    let out = c.add(i * ldc);
+                    let c = out.ptr.add(i * out.ldc);
                     let (mut lo, mut hi) = (row[0], row[1]);
-                    if accumulate {
-                        lo = $add(lo, $load(out));
-                        hi = $add(hi, $load(out.add($lanes)));
+                    if out.cols == 2 * $lanes {
+                        if out.accumulate {
+                            lo = $add(lo, $load(c));
+                            hi = $add(hi, $load(c.add($lanes)));
+                        }
+                        $store(c, lo);
+                        $store(c.add($lanes), hi);
+                    } else {
+                        if out.accumulate {
+                            lo = $add(lo, $masked_load(c, masks.0));
+                            hi = $add(hi, $masked_load(c.add($lanes), masks.1));
+                        }
+                        $masked_store(c, masks.0, lo);
+                        $masked_store(c.add($lanes), masks.1, hi);
                     }
-                    $store(out, lo);
-                    $store(out.add($lanes), hi);
                 }
             }
         }
     };
+}
+
+/// The first `n` of 16 lanes.
+#[target_feature(enable = "avx512f")]
+fn mask16(n: usize) -> __mmask16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn masked_load16(p: *const f32, mask: __mmask16) -> __m512 {
+    // SAFETY: the caller keeps the unmasked lanes inside its buffer.
+    unsafe { _mm512_maskz_loadu_ps(mask, p) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn masked_store16(p: *mut f32, mask: __mmask16, v: __m512) {
+    // SAFETY: the caller keeps the unmasked lanes inside its buffer.
+    unsafe { _mm512_mask_storeu_ps(p, mask, v) }
+}
+
+/// The first `n` of 8 lanes.
+#[target_feature(enable = "avx2")]
+fn mask8(n: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n.min(8) as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn masked_load8(p: *const f32, mask: __m256i) -> __m256 {
+    // SAFETY: the caller keeps the unmasked lanes inside its buffer.
+    unsafe { _mm256_maskload_ps(p, mask) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn masked_store8(p: *mut f32, mask: __m256i, v: __m256) {
+    // SAFETY: the caller keeps the unmasked lanes inside its buffer.
+    unsafe { _mm256_maskstore_ps(p, mask, v) }
 }
 
 f32_tile!(
@@ -118,7 +155,10 @@ f32_tile!(
     _mm512_storeu_ps,
     _mm512_set1_ps,
     _mm512_fmadd_ps,
-    _mm512_add_ps
+    _mm512_add_ps,
+    mask16,
+    masked_load16,
+    masked_store16
 );
 f32_tile!(
     avx2_f32,
@@ -129,7 +169,10 @@ f32_tile!(
     _mm256_storeu_ps,
     _mm256_set1_ps,
     _mm256_fmadd_ps,
-    _mm256_add_ps
+    _mm256_add_ps,
+    mask8,
+    masked_load8,
+    masked_store8
 );
 
 /// [`pack`] sixteen lines at a time: lines whose values are contiguous (the operands a step
@@ -339,18 +382,14 @@ impl Tile for Amx {
         unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
     }
 
-    unsafe fn tile(
-        mr: usize,
-        words: usize,
-        a: *const u32,
-        b: *const u32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    /// Tile stores write whole 16 x 16 blocks.
+    const PARTIAL: bool = false;
+
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
         use std::arch::asm;
-        let (c_stride, a_stride, b_stride) = (ldc * 4, words * 4, ldb * 4);
+        let TileOut { ptr: c, ldc, accumulate, .. } = out;
+        let (a_line, a, b, ldb) = (a.line, a.ptr, b.ptr, b.step);
+        let (c_stride, a_stride, b_stride) = (ldc * 4, a_line * 4, ldb * 4);
         let lower = mr == 32;
         // SAFETY: `c` holds `mr` rows of 32 values `ldc` apart; `a` `mr` lines of `words`, `b`
         // `words` rows of 32, `words` a multiple of 16; `begin` configured the tiles. tmm0-3
@@ -394,7 +433,7 @@ impl Tile for Amx {
                         "tileloadd tmm5, [{a} + {sa}*1]",
                         "tdpbf16ps tmm2, tmm5, tmm6",
                         "tdpbf16ps tmm3, tmm5, tmm7",
-                        a = in(reg) a_w.add(16 * words),
+                        a = in(reg) a_w.add(16 * a_line),
                         sa = in(reg) a_stride,
                         options(nostack, readonly),
                     );
@@ -478,19 +517,10 @@ impl Tile for Avx2 {
         lo.to_bits()
     }
 
-    unsafe fn tile(
-        mr: usize,
-        words: usize,
-        a: *const u32,
-        b: *const u32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
+    const PARTIAL: bool = true;
+
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
         // SAFETY: passed on from the caller.
-        unsafe {
-            by_height!(mr, avx2_f32, 6, 4; (words, a.cast(), b.cast(), ldb, c, ldc, accumulate))
-        }
+        unsafe { by_height!(mr, avx2_f32, 6, 4; (words, a, b, out)) }
     }
 }
