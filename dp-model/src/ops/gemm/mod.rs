@@ -183,6 +183,13 @@ impl Gemm {
             let own: Option<unsafe fn(_, _, _, _, _, &mut [u32])> = match self.precision {
                 Precision::Bf16 => Some(packed::gemm::<x86::Amx>),
                 Precision::F32 => match self.backend {
+                    // 16-wide tiles where 32-wide ones would be mostly padding.
+                    GemmBackend::Avx512
+                        if packed::fill::<x86::Avx512Narrow>(m, n)
+                            > 1.1 * packed::fill::<x86::Avx512>(m, n) =>
+                    {
+                        Some(packed::gemm::<x86::Avx512Narrow>)
+                    }
                     GemmBackend::Avx512 => Some(packed::gemm::<x86::Avx512>),
                     GemmBackend::Avx2 => Some(packed::gemm::<x86::Avx2>),
                     _ => None,

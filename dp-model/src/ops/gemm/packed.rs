@@ -158,6 +158,25 @@ fn tiling_use<K: Tile>(m: usize, n: usize) -> f64 {
     (m * n) as f64 / (m.div_ceil(mr) * mr * n.div_ceil(K::NR) * K::NR) as f64
 }
 
+/// How much a transposed product's tiles count less: they go to `c` through a buffer,
+/// element by element, and its operands' roles swap, so the one read in place gets packed.
+const TRANSPOSED_COST: f64 = 1.5;
+
+/// Whether [`gemm`] runs an `m x n` product transposed: a narrow result (the 10 classes of an
+/// output layer) fills tiles far better as `c^T = b^T a^T`, rows for columns.
+fn transposes<K: Tile>(m: usize, n: usize) -> bool {
+    tiling_use::<K>(n, m) > TRANSPOSED_COST * tiling_use::<K>(m, n)
+}
+
+/// How well kernel `K` fills an `m x n` product: its tiling's use in the orientation [`gemm`]
+/// takes, the transposed one discounted by [`TRANSPOSED_COST`]. Chooses between kernels.
+pub(crate) fn fill<K: Tile>(m: usize, n: usize) -> f64 {
+    match transposes::<K>(m, n) {
+        true => tiling_use::<K>(n, m) / TRANSPOSED_COST,
+        false => tiling_use::<K>(m, n),
+    }
+}
+
 /// `c = a b`, or `c += a b` with `accumulate`, on tile kernel `K`.
 ///
 /// # Safety
@@ -174,9 +193,8 @@ pub(crate) unsafe fn gemm<K: Tile>(
     if m == 0 || n == 0 {
         return;
     }
-    // A narrow result (the 10 classes of an output layer) fills tiles better transposed:
-    // `c^T = b^T a^T`, rows for columns, the same elements read and written transposed.
-    let ((m, n), a, b, c) = if tiling_use::<K>(n, m) > tiling_use::<K>(m, n) {
+    // The same elements, read and written transposed when that fills tiles better.
+    let ((m, n), a, b, c) = if transposes::<K>(m, n) {
         ((n, m), b.t(), a.t(), StridedMut { ptr: c.ptr, rows: c.cols, cols: c.rows })
     } else {
         ((m, n), a, b, c)

@@ -55,51 +55,84 @@ impl Tile for Avx512 {
     }
 }
 
-/// An `f32` tile kernel `$name::<MR>`: `MR` rows of two vectors of `$lanes` lanes, each a
-/// broadcast word of `a` times the two vectors of `b` per `k`. A corner narrower than the tile
-/// is loaded and stored through lane masks (`$mask` of a lane count).
+/// `f32` tiles 16 columns wide on AVX-512F, up to 24 rows: for outputs a few columns wide
+/// (an output layer's 10 classes), where 32-wide tiles would be two-thirds padding.
+pub(crate) struct Avx512Narrow;
+
+impl Tile for Avx512Narrow {
+    const NR: usize = 16;
+    const MRS: &'static [usize] = &[24, 16, 12, 8];
+    const K_PER_WORD: usize = 1;
+    const PARTIAL: bool = true;
+
+    fn word(lo: f32, hi: f32) -> u32 {
+        Avx512::word(lo, hi)
+    }
+
+    unsafe fn pack(
+        src: *const f32,
+        strides: (isize, isize),
+        len: usize,
+        kc: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        // SAFETY: passed on from the caller.
+        unsafe { pack_avx512_f32(src, strides, len, kc, width, out) }
+    }
+
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
+        // SAFETY: passed on from the caller.
+        unsafe { by_height!(mr, avx512_narrow_f32, 24, 16, 12, 8; (words, a, b, out)) }
+    }
+}
+
+/// An `f32` tile kernel `$name::<MR>`: `MR` rows of `$vectors` vectors of `$lanes` lanes,
+/// each a broadcast word of `a` times the vectors of `b` per `k`. A corner narrower than the
+/// tile is loaded and stored through lane masks (`$mask` of a lane count).
 macro_rules! f32_tile {
-    ($name:ident, $features:literal, $lanes:literal, $zero:ident, $load:ident, $store:ident,
-     $broadcast:ident, $fma:ident, $add:ident, $mask:ident, $masked_load:ident,
+    ($name:ident, $features:literal, $vectors:literal x $lanes:literal, $zero:ident, $load:ident,
+     $store:ident, $broadcast:ident, $fma:ident, $add:ident, $mask:ident, $masked_load:ident,
      $masked_store:ident) => {
         #[target_feature(enable = $features)]
         unsafe fn $name<const MR: usize>(words: usize, a: Panel, b: Panel, out: TileOut) {
             let (a_ptr, a_line, a_step) = (a.ptr.cast::<f32>(), a.line, a.step);
             let (b_ptr, ldb) = (b.ptr.cast::<f32>(), b.step);
-            let mut sums = [[$zero(); 2]; MR];
+            let mut sums = [[$zero(); $vectors]; MR];
             for p in 0..words {
                 // SAFETY: the panels hold `words` words of their width.
                 unsafe {
-                    let b0 = $load(b_ptr.add(p * ldb));
-                    let b1 = $load(b_ptr.add(p * ldb + $lanes));
+                    let mut v = [$zero(); $vectors];
+                    for (j, v) in v.iter_mut().enumerate() {
+                        *v = $load(b_ptr.add(p * ldb + j * $lanes));
+                    }
                     for (i, row) in sums.iter_mut().enumerate() {
                         let x = $broadcast(*a_ptr.add(p * a_step + i * a_line));
-                        row[0] = $fma(x, b0, row[0]);
-                        row[1] = $fma(x, b1, row[1]);
+                        for (sum, &v) in row.iter_mut().zip(&v) {
+                            *sum = $fma(x, v, *sum);
+                        }
                     }
                 }
             }
-            let masks = ($mask(out.cols), $mask(out.cols.saturating_sub($lanes)));
             for (i, row) in sums.iter().enumerate().take(out.rows) {
-                // SAFETY: `out` holds `rows` rows of `cols` values, `ldc` apart; the masks keep
-                // a narrower corner's loads and stores inside it.
-                unsafe {
-                    let c = out.ptr.add(i * out.ldc);
-                    let (mut lo, mut hi) = (row[0], row[1]);
-                    if out.cols == 2 * $lanes {
-                        if out.accumulate {
-                            lo = $add(lo, $load(c));
-                            hi = $add(hi, $load(c.add($lanes)));
+                for (j, &sum) in row.iter().enumerate() {
+                    // SAFETY: `out` holds `rows` rows of `cols` values, `ldc` apart; the mask
+                    // keeps a narrower corner's loads and stores inside it.
+                    unsafe {
+                        let c = out.ptr.add(i * out.ldc + j * $lanes);
+                        let mut sum = sum;
+                        if out.cols == $vectors * $lanes {
+                            if out.accumulate {
+                                sum = $add(sum, $load(c));
+                            }
+                            $store(c, sum);
+                        } else {
+                            let mask = $mask(out.cols.saturating_sub(j * $lanes));
+                            if out.accumulate {
+                                sum = $add(sum, $masked_load(c, mask));
+                            }
+                            $masked_store(c, mask, sum);
                         }
-                        $store(c, lo);
-                        $store(c.add($lanes), hi);
-                    } else {
-                        if out.accumulate {
-                            lo = $add(lo, $masked_load(c, masks.0));
-                            hi = $add(hi, $masked_load(c.add($lanes), masks.1));
-                        }
-                        $masked_store(c, masks.0, lo);
-                        $masked_store(c.add($lanes), masks.1, hi);
                     }
                 }
             }
@@ -149,7 +182,21 @@ unsafe fn masked_store8(p: *mut f32, mask: __m256i, v: __m256) {
 f32_tile!(
     avx512_f32,
     "avx512f",
-    16,
+    2 x 16,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    mask16,
+    masked_load16,
+    masked_store16
+);
+f32_tile!(
+    avx512_narrow_f32,
+    "avx512f",
+    1 x 16,
     _mm512_setzero_ps,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
@@ -163,7 +210,7 @@ f32_tile!(
 f32_tile!(
     avx2_f32,
     "avx2,fma",
-    8,
+    2 x 8,
     _mm256_setzero_ps,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
@@ -175,10 +222,11 @@ f32_tile!(
     masked_store8
 );
 
-/// [`pack`] sixteen lines at a time: lines whose values are contiguous (the operands a step
-/// stores `k`-fastest: activations read straight, weights read transposed) are gathered a
-/// word of every line at once, contiguous lines are loaded whole; `bf16` words round and pair
-/// up in registers. Anything else (an odd `k`'s last word, unusual strides) takes [`pack`].
+/// [`pack`] sixteen lines at a time. Lines whose values are contiguous (the operands a step
+/// stores `k`-fastest: activations read straight, weights read transposed) are loaded 16
+/// words at a time and turned around in registers; contiguous lines are loaded whole, a word
+/// of 16 lines at once. `bf16` words round and pair up in registers. Other strides take
+/// [`pack`].
 #[target_feature(enable = "avx512f")]
 unsafe fn pack_avx512_f32(
     src: *const f32,
@@ -207,7 +255,7 @@ unsafe fn pack_avx512_bf16(
 }
 
 /// The body of the two above, inlined into each so that its intrinsics compile with their
-/// features (the `bf16` branch is dead in the `f32` one).
+/// features (the `bf16` branches are dead in the `f32` one).
 #[inline(always)]
 unsafe fn pack_avx512<K: Tile>(
     src: *const f32,
@@ -217,105 +265,154 @@ unsafe fn pack_avx512<K: Tile>(
     width: usize,
     out: &mut [u32],
 ) {
-    let pairs = K::K_PER_WORD == 2;
-    // Gather offsets are 32-bit element counts.
-    let gatherable = along == 1 && line > 1 && line.saturating_mul(16) < i32::MAX as isize / 8;
-    if !(gatherable || line == 1) {
+    if along == 1 && line != 1 {
+        // SAFETY: passed on from the caller.
+        return unsafe { pack_k_contiguous::<K>(src, line, len, kc, width, out) };
+    }
+    if line != 1 {
         return pack::<K>(src, (line, along), len, kc, width, out);
     }
-    let (used, words) =
-        (kc.div_ceil(K::K_PER_WORD), kc.div_ceil(K::K_PER_WORD).next_multiple_of(K::WORD_ALIGN));
-    let whole_words = kc / K::K_PER_WORD;
-    // SAFETY: the callers enable AVX-512F.
-    let offsets = unsafe {
-        let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        _mm512_mullo_epi32(lane, _mm512_set1_epi32(line as i32))
-    };
+    let pairs = K::K_PER_WORD == 2;
+    let used = kc.div_ceil(K::K_PER_WORD);
+    let words = used.next_multiple_of(K::WORD_ALIGN);
+    for (panel, packed) in out.chunks_exact_mut(width * words).take(len.div_ceil(width)).enumerate()
+    {
+        let lines = width.min(len - panel * width);
+        for group in (0..width).step_by(16) {
+            let read = lanes(lines.saturating_sub(group));
+            let write = lanes(width - group);
+            // Line `panel * width + group + t`, value `p`, for `t` under the read mask.
+            let at = |p: usize| {
+                src.wrapping_offset((panel * width + group) as isize + p as isize * along)
+            };
+            for w in 0..used {
+                // SAFETY: the masked loads read the group's lines at values inside the block
+                // (a second value past `k` reads nothing and is zero); the store stays inside
+                // word `w`'s `width` slots.
+                unsafe {
+                    let v = if pairs {
+                        let p = 2 * w;
+                        let lo = _mm512_maskz_loadu_ps(read, at(p));
+                        let hi =
+                            _mm512_maskz_loadu_ps(if p + 1 < kc { read } else { 0 }, at(p + 1));
+                        let lo = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(
+                            _mm512_cvtneps_pbh(lo),
+                        ));
+                        let hi = _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(
+                            _mm512_cvtneps_pbh(hi),
+                        ));
+                        _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)))
+                    } else {
+                        _mm512_maskz_loadu_ps(read, at(w))
+                    };
+                    _mm512_mask_storeu_ps(
+                        packed.as_mut_ptr().add(w * width + group).cast(),
+                        write,
+                        v,
+                    );
+                }
+            }
+        }
+        // Words past `k`, up to the kernel's multiple.
+        packed[used * width..].fill(0);
+    }
+}
+
+/// The first `n` of 16 lanes (all of them from 16 on).
+#[inline(always)]
+fn lanes(n: usize) -> __mmask16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
+/// [`pack_avx512`] for lines with contiguous values: per group of 16 lines, the next 16 words
+/// of each (16 values, or 32 rounded into `bf16` pairs) load as one vector per line, and a
+/// 16 x 16 transpose in registers makes them one vector per word.
+#[inline(always)]
+unsafe fn pack_k_contiguous<K: Tile>(
+    src: *const f32,
+    line: isize,
+    len: usize,
+    kc: usize,
+    width: usize,
+    out: &mut [u32],
+) {
+    let pairs = K::K_PER_WORD == 2;
+    let used = kc.div_ceil(K::K_PER_WORD);
+    let words = used.next_multiple_of(K::WORD_ALIGN);
     for (panel, packed) in out.chunks_exact_mut(width * words).take(len.div_ceil(width)).enumerate()
     {
         let lines = width.min(len - panel * width);
         for group in (0..width).step_by(16) {
             let real = lines.saturating_sub(group).min(16);
-            let read: __mmask16 = ((1u32 << real) - 1) as u16;
-            let write: __mmask16 = ((1u32 << (width - group).min(16)) - 1) as u16;
-            // SAFETY: line `panel * width + group + t` for `t < real` lies inside the block.
-            let first = unsafe { src.offset((panel * width + group) as isize * line) };
-            for w in 0..whole_words {
-                // SAFETY: word `w` of each of the `real` lines is inside the block; the masked
-                // lanes read nothing; the store stays inside word `w`'s `width` slots.
-                let v = unsafe {
-                    match (pairs, line == 1) {
-                        (false, true) => {
-                            _mm512_maskz_loadu_ps(read, first.offset(w as isize * along))
-                        }
-                        (false, false) => _mm512_mask_i32gather_ps::<4>(
-                            _mm512_setzero_ps(),
-                            read,
-                            offsets,
-                            first.add(w),
-                        ),
-                        (true, true) => {
-                            let lo =
-                                _mm512_maskz_loadu_ps(read, first.offset(2 * w as isize * along));
-                            let hi = _mm512_maskz_loadu_ps(
-                                read,
-                                first.offset((2 * w + 1) as isize * along),
-                            );
-                            let lo = _mm512_cvtepu16_epi32(
-                                std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(lo)),
-                            );
-                            let hi = _mm512_cvtepu16_epi32(
-                                std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(hi)),
-                            );
-                            _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi)))
-                        }
-                        (true, false) => {
-                            // Each line's two values of the word are adjacent: gather them as
-                            // one 64-bit value, eight lines per gather.
-                            let base = first.add(2 * w).cast::<i64>();
-                            let low = _mm512_castsi512_ps(_mm512_mask_i32gather_epi64::<4>(
-                                _mm512_setzero_si512(),
-                                read as u8,
-                                _mm512_castsi512_si256(offsets),
-                                base,
-                            ));
-                            let high = _mm512_castsi512_ps(_mm512_mask_i32gather_epi64::<4>(
-                                _mm512_setzero_si512(),
-                                (read >> 8) as u8,
-                                _mm512_extracti64x4_epi64::<1>(offsets),
-                                base,
-                            ));
-                            std::mem::transmute::<__m512bh, __m512>(_mm512_cvtne2ps_pbh(high, low))
-                        }
-                    }
-                };
-                // SAFETY: `group + 16` slots of word `w`, masked to the panel's width.
+            let write = lanes(width - group);
+            for w0 in (0..used).step_by(16) {
+                // SAFETY: the loads read `real` lines of the block, masked to values below
+                // `kc`; the stores stay inside words `w0..w0 + 16`, masked to the panel's width.
                 unsafe {
-                    _mm512_mask_storeu_ps(
-                        packed.as_mut_ptr().add(w * width + group).cast(),
-                        write,
-                        v,
-                    )
-                };
-            }
-        }
-        if whole_words < words {
-            // An odd `k`: the last word holds one value and a zero.
-            let p = 2 * whole_words;
-            for t in 0..width {
-                packed[whole_words * width + t] = if t < lines {
-                    // SAFETY: line `t` of this panel, value `p < kc`, inside the block.
-                    let x = unsafe {
-                        *src.offset((panel * width + t) as isize * line + p as isize * along)
-                    };
-                    K::word(x, 0.0)
-                } else {
-                    0
-                };
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (t, row) in rows.iter_mut().enumerate().take(real) {
+                        let values =
+                            src.wrapping_offset((panel * width + group + t) as isize * line);
+                        let load = |p: usize| {
+                            _mm512_maskz_loadu_ps(
+                                lanes(kc.saturating_sub(p)),
+                                values.wrapping_add(p),
+                            )
+                        };
+                        *row = if pairs {
+                            let p = 2 * w0;
+                            std::mem::transmute::<__m512bh, __m512>(_mm512_cvtne2ps_pbh(
+                                load(p + 16),
+                                load(p),
+                            ))
+                        } else {
+                            load(w0)
+                        };
+                    }
+                    transpose16(&mut rows);
+                    for (c, row) in rows.iter().enumerate().take((used - w0).min(16)) {
+                        let at = packed.as_mut_ptr().add((w0 + c) * width + group);
+                        _mm512_mask_storeu_ps(at.cast(), write, *row);
+                    }
+                }
             }
         }
         // Words past `k`, up to the kernel's multiple.
         packed[used * width..].fill(0);
+    }
+}
+
+/// Transposes 16 rows of 16 lanes in registers: unpack pairs, shuffle quads, then two rounds
+/// of 128-bit lane shuffles (row `4 l + e` of the result gathers lane `l`'s element `e`).
+#[inline(always)]
+fn transpose16(rows: &mut [__m512; 16]) {
+    // SAFETY: register shuffles only; the callers enable AVX-512F.
+    unsafe {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for q in 0..8 {
+            t[2 * q] = _mm512_unpacklo_ps(rows[2 * q], rows[2 * q + 1]);
+            t[2 * q + 1] = _mm512_unpackhi_ps(rows[2 * q], rows[2 * q + 1]);
+        }
+        // u[4 q + e], 128-bit lane l: element 4 l + e of rows 4 q .. 4 q + 4.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for q in 0..4 {
+            let (lo, hi) = (t[4 * q], t[4 * q + 1]);
+            let (lo2, hi2) = (t[4 * q + 2], t[4 * q + 3]);
+            u[4 * q] = _mm512_shuffle_ps::<0x44>(lo, lo2);
+            u[4 * q + 1] = _mm512_shuffle_ps::<0xEE>(lo, lo2);
+            u[4 * q + 2] = _mm512_shuffle_ps::<0x44>(hi, hi2);
+            u[4 * q + 3] = _mm512_shuffle_ps::<0xEE>(hi, hi2);
+        }
+        for e in 0..4 {
+            let even = _mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
+            let odd = _mm512_shuffle_f32x4::<0xDD>(u[e], u[4 + e]);
+            let even2 = _mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
+            let odd2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + e], u[12 + e]);
+            rows[e] = _mm512_shuffle_f32x4::<0x88>(even, even2);
+            rows[8 + e] = _mm512_shuffle_f32x4::<0xDD>(even, even2);
+            rows[4 + e] = _mm512_shuffle_f32x4::<0x88>(odd, odd2);
+            rows[12 + e] = _mm512_shuffle_f32x4::<0xDD>(odd, odd2);
+        }
     }
 }
 
