@@ -13,12 +13,14 @@ use std::arch::x86_64::*;
 
 use super::packed::{Panel, Tile, TileOut, bf16_bits, pack};
 
-/// Chooses the instantiation for tile height `mr` (one of the kernel's `MRS`).
+/// Chooses the instantiation for tile height `mr` (one of the kernel's `MRS`) and for `a`
+/// packed (`line` 1, `step` `mr`: constant offsets) or read in place.
 macro_rules! by_height {
-    ($mr:expr, $kernel:ident, $($height:literal),+; $args:tt) => {
-        match $mr {
-            $($height => $kernel::<$height> $args,)+
-            other => unreachable!("tile height {other} is not a kernel's"),
+    ($mr:expr, $kernel:ident, $($height:literal),+; ($words:expr, $a:expr, $b:expr, $out:expr)) => {
+        match ($mr, $a.line == 1) {
+            $(($height, true) => $kernel::<$height, true>($words, $a, $b, $out),)+
+            $(($height, false) => $kernel::<$height, false>($words, $a, $b, $out),)+
+            (other, _) => unreachable!("tile height {other} is not a kernel's"),
         }
     };
 }
@@ -87,7 +89,7 @@ impl Tile for Avx512Narrow {
     }
 }
 
-/// An `f32` tile kernel `$name::<MR>`: `MR` rows of `$vectors` vectors of `$lanes` lanes,
+/// An `f32` tile kernel `$name::<MR, PACKED>`: `MR` rows of `$vectors` vectors of `$lanes` lanes,
 /// each a broadcast word of `a` times the vectors of `b` per `k`. A corner narrower than the
 /// tile is loaded and stored through lane masks (`$mask` of a lane count).
 macro_rules! f32_tile {
@@ -95,8 +97,15 @@ macro_rules! f32_tile {
      $store:ident, $broadcast:ident, $fma:ident, $add:ident, $mask:ident, $masked_load:ident,
      $masked_store:ident) => {
         #[target_feature(enable = $features)]
-        unsafe fn $name<const MR: usize>(words: usize, a: Panel, b: Panel, out: TileOut) {
-            let (a_ptr, a_line, a_step) = (a.ptr.cast::<f32>(), a.line, a.step);
+        unsafe fn $name<const MR: usize, const PACKED: bool>(
+            words: usize,
+            a: Panel,
+            b: Panel,
+            out: TileOut,
+        ) {
+            let (a_line, a_step) = if PACKED { (1, MR) } else { (a.line, a.step) };
+            let a_ptr = a.ptr.cast::<f32>();
+            let rows: [*const f32; MR] = std::array::from_fn(|i| a_ptr.wrapping_add(i * a_line));
             let (b_ptr, ldb) = (b.ptr.cast::<f32>(), b.step);
             let mut sums = [[$zero(); $vectors]; MR];
             for p in 0..words {
@@ -107,7 +116,7 @@ macro_rules! f32_tile {
                         *v = $load(b_ptr.add(p * ldb + j * $lanes));
                     }
                     for (i, row) in sums.iter_mut().enumerate() {
-                        let x = $broadcast(*a_ptr.add(p * a_step + i * a_line));
+                        let x = $broadcast(*rows[i].add(p * a_step));
                         for (sum, &v) in row.iter_mut().zip(&v) {
                             *sum = $fma(x, v, *sum);
                         }
