@@ -180,32 +180,16 @@ impl Gemm {
         let is_f32 = TypeId::of::<T>() == TypeId::of::<f32>();
         #[cfg(target_arch = "x86_64")]
         if is_f32 {
-            let own: Option<unsafe fn(_, _, _, _, _, &mut [u32])> = match self.precision {
+            let own: Option<packed::Product> = match self.precision {
                 Precision::Bf16 => Some(packed::gemm::<x86::Amx>),
                 Precision::F32 => match self.backend {
-                    // 16-wide tiles where 32-wide ones would be mostly padding.
-                    GemmBackend::Avx512
-                        if packed::fill::<x86::Avx512Narrow>(m, n)
-                            > 1.1 * packed::fill::<x86::Avx512>(m, n) =>
-                    {
-                        Some(packed::gemm::<x86::Avx512Narrow>)
-                    }
-                    GemmBackend::Avx512 => Some(packed::gemm::<x86::Avx512>),
+                    GemmBackend::Avx512 => Some(avx512_kernel(m, n)),
                     GemmBackend::Avx2 => Some(packed::gemm::<x86::Avx2>),
                     _ => None,
                 },
             };
             if let Some(kernel) = own {
-                let strided = |v: &ArrayView2<'_, T>| Strided {
-                    ptr: v.as_ptr().cast(),
-                    rows: v.strides()[0],
-                    cols: v.strides()[1],
-                };
-                let out = StridedMut {
-                    ptr: c.as_mut_ptr().cast(),
-                    rows: c.strides()[0],
-                    cols: c.strides()[1],
-                };
+                let out = strided_mut(c);
                 // SAFETY: `T` is `f32`; the shapes agree (checked above) and each view's
                 // strides address only its own elements; `c`, borrowed mutably, aliases
                 // neither operand. The kernel's features were detected: `Gemm::new`'s caller
@@ -230,6 +214,34 @@ impl Gemm {
             GemmBackend::Matrixmultiply => general_mat_mul(T::one(), &a, &b, beta, c),
             _ => gemm_crate(a, b, beta, c),
         })
+    }
+}
+
+/// A view's elements as the tile loop nest addresses them (`T` is `f32` where it is used).
+fn strided<T>(v: &ArrayView2<'_, T>) -> Strided {
+    Strided { ptr: v.as_ptr().cast(), rows: v.strides()[0], cols: v.strides()[1] }
+}
+
+/// The mutable counterpart of [`strided`].
+fn strided_mut<T>(v: &mut ArrayViewMut2<'_, T>) -> StridedMut {
+    StridedMut { ptr: v.as_mut_ptr().cast(), rows: v.strides()[0], cols: v.strides()[1] }
+}
+
+/// The AVX-512 tile width for an `m x n` product: 64 columns (fewest loads per FMA) where
+/// they fill nearly as well as 32, 16 where 32 would be mostly padding.
+#[cfg(target_arch = "x86_64")]
+fn avx512_kernel(m: usize, n: usize) -> packed::Product {
+    let (wide, mid, narrow) = (
+        packed::fill::<x86::Avx512Wide>(m, n),
+        packed::fill::<x86::Avx512>(m, n),
+        packed::fill::<x86::Avx512Narrow>(m, n),
+    );
+    if wide >= 0.97 * mid.max(narrow) {
+        packed::gemm::<x86::Avx512Wide>
+    } else if narrow > 1.1 * mid {
+        packed::gemm::<x86::Avx512Narrow>
+    } else {
+        packed::gemm::<x86::Avx512>
     }
 }
 
@@ -365,12 +377,15 @@ mod tests {
         })
     }
 
-    /// Every layout a step uses (each operand read straight or transposed), overwriting and
-    /// accumulating, at sizes around the tiles and blocks (a tile's rows and columns, `KC`,
-    /// `MC`, `NC`, odd `k` for the `bf16` pairs), on every backend and precision this CPU
-    /// runs, as ndarray's own GEMM computes them from the same (rounded) operands.
-    #[test]
-    fn every_backend_computes_what_ndarray_does_for_every_layout() {
+    /// Checks `run` against ndarray's own GEMM on every layout a step uses (each operand read
+    /// straight or transposed), overwriting and accumulating, at sizes around the tiles and
+    /// blocks (a tile's rows and columns, `KC`, `MC`, `NC`, odd `k` for the `bf16` pairs), the
+    /// reference computed from the same operands rounded as `precision` rounds them.
+    fn agrees(
+        label: &str,
+        precision: Precision,
+        mut run: impl FnMut(ArrayView2<'_, f32>, ArrayView2<'_, f32>, f32, &mut ArrayViewMut2<'_, f32>),
+    ) {
         let shapes = [
             (1, 1, 1),
             (10, 256, 33),
@@ -381,6 +396,32 @@ mod tests {
             (200, 7, 1030),
             (6, 25, 70),
         ];
+        let round = |x: &ndarray::Array2<f32>| match precision {
+            Precision::F32 => x.clone(),
+            Precision::Bf16 => x.mapv(|v| f32::from_bits(packed::bf16_bits(v) << 16)),
+        };
+        for (m, k, n) in shapes {
+            for (a_t, b_t, beta) in [(false, false, 0.0), (true, false, 1.0), (false, true, 1.0)] {
+                // Stored as the step stores them; read through a transposed view when so.
+                let a = if a_t { fill(k, m, 1) } else { fill(m, k, 1) };
+                let b = if b_t { fill(n, k, 2) } else { fill(k, n, 2) };
+                let (a_r, b_r) = (round(&a), round(&b));
+                let start = fill(m, n, 3);
+                let (mut want, mut got) = (start.clone(), start.clone());
+                general_mat_mul(1.0, &view(&a_r, a_t), &view(&b_r, b_t), beta, &mut want);
+                run(view(&a, a_t), view(&b, b_t), beta, &mut got.view_mut());
+                let worst = (&got - &want).iter().fold(0f32, |w, d| w.max(d.abs()));
+                let tolerance = 1e-5 * (k as f32 + 1.0);
+                assert!(
+                    worst <= tolerance,
+                    "{label}: {m}x{k}x{n} a_t {a_t} b_t {b_t} beta {beta}: off by {worst}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_backend_computes_what_ndarray_does_for_every_layout() {
         let runs = [
             (GemmBackend::Avx512, Precision::F32),
             (GemmBackend::Avx2, Precision::F32),
@@ -389,42 +430,45 @@ mod tests {
             (GemmBackend::current(), Precision::Bf16),
         ];
         let pool = Pool::new(&dp_mem::Tracker::new());
-        let mut ran = Vec::new();
+        let mut ran = 0;
         for (backend, precision) in runs {
+            let label = format!("{} {}", backend.name(), precision.name());
             if !backend.available() || !precision.available() {
-                eprintln!("{} in {}: this CPU lacks it, skipped", backend.name(), precision.name());
+                eprintln!("{label}: this CPU lacks it, skipped");
                 continue;
             }
-            ran.push((backend, precision));
+            ran += 1;
             let mut gemm = Gemm::new(&pool, backend, precision).expect("workspace");
-            let round = |x: &ndarray::Array2<f32>| match precision {
-                Precision::F32 => x.clone(),
-                Precision::Bf16 => x.mapv(|v| f32::from_bits(packed::bf16_bits(v) << 16)),
-            };
-            for (m, k, n) in shapes {
-                for (a_t, b_t, beta) in
-                    [(false, false, 0.0), (true, false, 1.0), (false, true, 1.0)]
-                {
-                    // Stored as the step stores them; read through a transposed view when so.
-                    let a = if a_t { fill(k, m, 1) } else { fill(m, k, 1) };
-                    let b = if b_t { fill(n, k, 2) } else { fill(k, n, 2) };
-                    let (a_r, b_r) = (round(&a), round(&b));
-                    let start = fill(m, n, 3);
-                    let (mut want, mut got) = (start.clone(), start.clone());
-                    general_mat_mul(1.0, &view(&a_r, a_t), &view(&b_r, b_t), beta, &mut want);
-                    gemm.matmul(view(&a, a_t), view(&b, b_t), beta, &mut got.view_mut());
-                    let worst = (&got - &want).iter().fold(0f32, |w, d| w.max(d.abs()));
-                    let tolerance = 1e-5 * (k as f32 + 1.0);
-                    assert!(
-                        worst <= tolerance,
-                        "{} {}: {m}x{k}x{n} a_t {a_t} b_t {b_t} beta {beta}: off by {worst}",
-                        backend.name(),
-                        precision.name()
-                    );
-                }
-            }
+            agrees(&label, precision, |a, b, beta, c| gemm.matmul(a, b, beta, c));
         }
-        assert!(ran.len() >= 2, "the portable backends always run");
+        assert!(ran >= 2, "the portable backends always run");
+    }
+
+    /// Each AVX-512 tile width on every shape, whichever a shape would choose.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_avx512_tile_width_computes_what_ndarray_does() {
+        if !GemmBackend::Avx512.available() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let widths: [(&str, packed::Product); 3] = [
+            ("64 wide", packed::gemm::<x86::Avx512Wide>),
+            ("32 wide", packed::gemm::<x86::Avx512>),
+            ("16 wide", packed::gemm::<x86::Avx512Narrow>),
+        ];
+        let mut workspace = vec![0u32; packed::workspace_words()];
+        for (label, product) in widths {
+            agrees(label, Precision::F32, |a, b, beta, c| {
+                let out = strided_mut(c);
+                let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+                // SAFETY: AVX-512 was detected; the views' strides address their own elements,
+                // and `c` aliases neither operand.
+                unsafe {
+                    product((m, k, n), strided(&a), strided(&b), out, beta != 0.0, &mut workspace)
+                };
+            });
+        }
     }
 
     #[test]

@@ -146,10 +146,13 @@ pub(crate) const fn workspace_words() -> usize {
     (2 * MC + NC) * KC
 }
 
-/// The tile height for `m` rows that wastes the fewest padded rows (the tallest on a tie).
+/// The tile height for `m` rows: the tallest whose padding wastes at most 5% more rows than
+/// the least wasteful. Taller tiles reuse each loaded vector of `b` for more rows, and short
+/// ones have too few sums in flight to cover the FMA latency.
 fn tile_height<K: Tile>(m: usize) -> usize {
     let used = |mr: usize| m as f64 / (m.div_ceil(mr) * mr) as f64;
-    K::MRS.iter().copied().fold(K::MRS[0], |best, mr| if used(mr) > used(best) { mr } else { best })
+    let best = K::MRS.iter().map(|&mr| used(mr)).fold(0.0, f64::max);
+    K::MRS.iter().copied().find(|&mr| used(mr) >= best - 0.05).unwrap_or(K::MRS[0])
 }
 
 /// The share of an `m x n` tiling that holds real values.
@@ -176,6 +179,10 @@ pub(crate) fn fill<K: Tile>(m: usize, n: usize) -> f64 {
         false => tiling_use::<K>(m, n),
     }
 }
+
+/// [`gemm`] on one tile kernel.
+pub(crate) type Product =
+    unsafe fn((usize, usize, usize), Strided, Strided, StridedMut, bool, &mut [u32]);
 
 /// `c = a b`, or `c += a b` with `accumulate`, on tile kernel `K`.
 ///

@@ -57,6 +57,38 @@ impl Tile for Avx512 {
     }
 }
 
+/// `f32` tiles 64 columns wide on AVX-512F, 6 rows: four vectors of `b` per broadcast of `a`,
+/// the fewest loads per FMA, for outputs wide enough to fill them.
+pub(crate) struct Avx512Wide;
+
+impl Tile for Avx512Wide {
+    const NR: usize = 64;
+    const MRS: &'static [usize] = &[6, 4];
+    const K_PER_WORD: usize = 1;
+    const PARTIAL: bool = true;
+
+    fn word(lo: f32, hi: f32) -> u32 {
+        Avx512::word(lo, hi)
+    }
+
+    unsafe fn pack(
+        src: *const f32,
+        strides: (isize, isize),
+        len: usize,
+        kc: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        // SAFETY: passed on from the caller.
+        unsafe { pack_avx512_f32(src, strides, len, kc, width, out) }
+    }
+
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
+        // SAFETY: passed on from the caller.
+        unsafe { by_height!(mr, avx512_wide_f32, 6, 4; (words, a, b, out)) }
+    }
+}
+
 /// `f32` tiles 16 columns wide on AVX-512F, up to 24 rows: for outputs a few columns wide
 /// (an output layer's 10 classes), where 32-wide tiles would be two-thirds padding.
 pub(crate) struct Avx512Narrow;
@@ -108,7 +140,7 @@ macro_rules! f32_tile {
             let rows: [*const f32; MR] = std::array::from_fn(|i| a_ptr.wrapping_add(i * a_line));
             let (b_ptr, ldb) = (b.ptr.cast::<f32>(), b.step);
             let mut sums = [[$zero(); $vectors]; MR];
-            for p in 0..words {
+            let step = |p: usize, sums: &mut [[_; $vectors]; MR]| {
                 // SAFETY: the panels hold `words` words of their width.
                 unsafe {
                     let mut v = [$zero(); $vectors];
@@ -122,6 +154,16 @@ macro_rules! f32_tile {
                         }
                     }
                 }
+            };
+            // Two words per turn: half the loop's counting and branching.
+            let mut p = 0;
+            while p + 2 <= words {
+                step(p, &mut sums);
+                step(p + 1, &mut sums);
+                p += 2;
+            }
+            if p < words {
+                step(p, &mut sums);
             }
             for (i, row) in sums.iter().enumerate().take(out.rows) {
                 for (j, &sum) in row.iter().enumerate() {
@@ -192,6 +234,20 @@ f32_tile!(
     avx512_f32,
     "avx512f",
     2 x 16,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    mask16,
+    masked_load16,
+    masked_store16
+);
+f32_tile!(
+    avx512_wide_f32,
+    "avx512f",
+    4 x 16,
     _mm512_setzero_ps,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
