@@ -183,7 +183,9 @@ impl Gemm {
             let own: Option<packed::Product> = match self.precision {
                 Precision::Bf16 => Some(packed::gemm::<x86::Amx>),
                 Precision::F32 => match self.backend {
-                    GemmBackend::Avx512 => Some(avx512_kernel(m, n)),
+                    GemmBackend::Avx512 => {
+                        Some(avx512_kernel((m, k, n), &strided(&a), &strided(&b)))
+                    }
                     GemmBackend::Avx2 => Some(packed::gemm::<x86::Avx2>),
                     _ => None,
                 },
@@ -227,16 +229,25 @@ fn strided_mut<T>(v: &mut ArrayViewMut2<'_, T>) -> StridedMut {
     StridedMut { ptr: v.as_mut_ptr().cast(), rows: v.strides()[0], cols: v.strides()[1] }
 }
 
-/// The AVX-512 tile width for an `m x n` product: 64 columns (fewest loads per FMA) where
-/// they fill nearly as well as 32, 16 where 32 would be mostly padding.
+/// The AVX-512 kernel for an `m x k x n` product: dot products for a small output over a long
+/// `k`; otherwise tiles, 64 columns (fewest loads per FMA) where
+/// they fill nearly as well as 32, unless 32-wide tiles would read a row-major `b` in place
+/// and 64-wide ones (fewer rows each) would pack it; 16 where 32 would be mostly padding.
 #[cfg(target_arch = "x86_64")]
-fn avx512_kernel(m: usize, n: usize) -> packed::Product {
+fn avx512_kernel((m, k, n): (usize, usize, usize), a: &Strided, b: &Strided) -> packed::Product {
+    // A small output over a long `k`, both operands contiguous along `k` (a convolution's
+    // weight gradient): dot products, nothing packed.
+    if a.cols == 1 && b.rows == 1 && m * n <= 64 * 64 && k >= 8 * m.max(n) {
+        return x86::avx512_dots;
+    }
+    let packs_b_for_nothing =
+        b.cols == 1 && packed::short::<x86::Avx512>(m) && !packed::short::<x86::Avx512Wide>(m);
     let (wide, mid, narrow) = (
         packed::fill::<x86::Avx512Wide>(m, n),
         packed::fill::<x86::Avx512>(m, n),
         packed::fill::<x86::Avx512Narrow>(m, n),
     );
-    if wide >= 0.97 * mid.max(narrow) {
+    if wide >= 0.97 * mid.max(narrow) && !packs_b_for_nothing {
         packed::gemm::<x86::Avx512Wide>
     } else if narrow > 1.1 * mid {
         packed::gemm::<x86::Avx512Narrow>
@@ -395,6 +406,8 @@ mod tests {
             (13, 513, 17),
             (200, 7, 1030),
             (6, 25, 70),
+            // Past two blocks of `k` for dot products (a small output over a long `k`).
+            (5, 2100, 7),
         ];
         let round = |x: &ndarray::Array2<f32>| match precision {
             Precision::F32 => x.clone(),
@@ -444,7 +457,8 @@ mod tests {
         assert!(ran >= 2, "the portable backends always run");
     }
 
-    /// Each AVX-512 tile width on every shape, whichever a shape would choose.
+    /// Each AVX-512 tile width, and the dot products, on every shape and layout, whichever a
+    /// shape would choose.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn every_avx512_tile_width_computes_what_ndarray_does() {
@@ -452,16 +466,25 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512");
             return;
         }
-        let widths: [(&str, packed::Product); 3] = [
+        let widths: [(&str, packed::Product); 4] = [
             ("64 wide", packed::gemm::<x86::Avx512Wide>),
             ("32 wide", packed::gemm::<x86::Avx512>),
             ("16 wide", packed::gemm::<x86::Avx512Narrow>),
+            ("dot products", x86::avx512_dots),
         ];
         let mut workspace = vec![0u32; packed::workspace_words()];
         for (label, product) in widths {
             agrees(label, Precision::F32, |a, b, beta, c| {
                 let out = strided_mut(c);
                 let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+                // Dot products take only operands contiguous along `k`; other layouts go to
+                // tiles, as `avx512_kernel` sends them.
+                let k_contiguous = a.strides()[1] == 1 && b.strides()[0] == 1;
+                let product = if label == "dot products" && !k_contiguous {
+                    packed::gemm::<x86::Avx512>
+                } else {
+                    product
+                };
                 // SAFETY: AVX-512 was detected; the views' strides address their own elements,
                 // and `c` aliases neither operand.
                 unsafe {

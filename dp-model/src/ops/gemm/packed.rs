@@ -155,6 +155,12 @@ fn tile_height<K: Tile>(m: usize) -> usize {
     K::MRS.iter().copied().find(|&mr| used(mr) >= best - 0.05).unwrap_or(K::MRS[0])
 }
 
+/// Whether `m` rows make at most two rows of `K`'s tiles: few enough that `b`, when its rows
+/// are contiguous, is read in place rather than packed (see [`gemm`]).
+pub(crate) fn short<K: Tile>(m: usize) -> bool {
+    m.div_ceil(tile_height::<K>(m)) <= 2
+}
+
 /// The share of an `m x n` tiling that holds real values.
 fn tiling_use<K: Tile>(m: usize, n: usize) -> f64 {
     let mr = tile_height::<K>(m);
@@ -230,7 +236,7 @@ pub(crate) unsafe fn gemm<K: Tile>(
     // when few tiles reuse it, where packing would cost a pass over `b` that a short `a` does
     // not pay back. A last, narrower panel of either is packed (zero-padded) all the same.
     let a_in_place = K::K_PER_WORD == 1 && !K::A_LINE_MAJOR && a.cols == 1 && a.rows > 0;
-    let b_in_place = K::K_PER_WORD == 1 && b.cols == 1 && b.rows > 0 && m.div_ceil(mr) <= 2;
+    let b_in_place = K::K_PER_WORD == 1 && b.cols == 1 && b.rows > 0 && short::<K>(m);
     // SAFETY: the caller promised the features; `end` follows below.
     unsafe { K::begin() };
     for j0 in (0..n).step_by(NC) {

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{Panel, Tile, TileOut, bf16_bits, pack};
+use super::packed::{Panel, Strided, StridedMut, Tile, TileOut, bf16_bits, pack};
 
 /// Chooses the instantiation for tile height `mr` (one of the kernel's `MRS`) and for `a`
 /// packed (`line` 1, `step` `mr`: constant offsets) or read in place.
@@ -642,6 +642,75 @@ unsafe fn pack_rows_bf16(
                 let hi = _mm512_maskz_loadu_ps(take(p + 16), values.add((p + 16).min(kc)));
                 let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
                 _mm512_storeu_si512(row.as_mut_ptr().add(w).cast(), packed);
+            }
+        }
+    }
+}
+
+/// Values of `k` per block of [`avx512_dots`]: a block of `a`'s rows and `b`'s columns stays
+/// in L2 while every dot product over it is summed.
+const DOT_BLOCK: usize = 1024;
+
+/// `c (+)= a b` as dot products of `a`'s rows with `b`'s columns, both contiguous along `k`,
+/// four rows by four columns at a time, each sum a vector of 16 lanes added up at the end. For
+/// a small output over a long `k` (a convolution's weight gradient), where packing an
+/// operand for tiles would cost more than the products.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` (rows `k` contiguous values long) addresses `m x k` values, `b`
+/// (columns `k` contiguous values long) `k x n`, and `c` `m x n` writable ones aliasing neither.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn avx512_dots(
+    (m, k, n): (usize, usize, usize),
+    a: Strided,
+    b: Strided,
+    c: StridedMut,
+    accumulate: bool,
+    _workspace: &mut [u32],
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    for p0 in (0..k.max(1)).step_by(DOT_BLOCK) {
+        let kc = DOT_BLOCK.min(k - p0);
+        let add = accumulate || p0 > 0;
+        for i0 in (0..m).step_by(4) {
+            for j0 in (0..n).step_by(4) {
+                // A block at the edge repeats its last row or column; only the real ones are
+                // written.
+                let rows: [*const f32; 4] = std::array::from_fn(|r| {
+                    a.ptr.wrapping_offset((i0 + r).min(m - 1) as isize * a.rows + p0 as isize)
+                });
+                let cols: [*const f32; 4] = std::array::from_fn(|q| {
+                    b.ptr.wrapping_offset((j0 + q).min(n - 1) as isize * b.cols + p0 as isize)
+                });
+                let mut sums = [[_mm512_setzero_ps(); 4]; 4];
+                for p in (0..kc).step_by(16) {
+                    let mask = lanes(kc - p);
+                    // SAFETY: the masks keep every load inside the rows' and columns' `kc`
+                    // values of this block.
+                    unsafe {
+                        let x: [__m512; 4] =
+                            std::array::from_fn(|r| _mm512_maskz_loadu_ps(mask, rows[r].add(p)));
+                        for (q, col) in cols.iter().enumerate() {
+                            let y = _mm512_maskz_loadu_ps(mask, col.add(p));
+                            for (sum, &x) in sums.iter_mut().zip(&x) {
+                                sum[q] = _mm512_fmadd_ps(x, y, sum[q]);
+                            }
+                        }
+                    }
+                }
+                for (r, row) in sums.iter().enumerate().take(m - i0) {
+                    for (q, sum) in row.iter().enumerate().take(n - j0) {
+                        let at = (i0 + r) as isize * c.rows + (j0 + q) as isize * c.cols;
+                        // SAFETY: `(i0 + r, j0 + q)` is inside `c`.
+                        unsafe {
+                            let out = &mut *c.ptr.offset(at);
+                            let dot = _mm512_reduce_add_ps(*sum);
+                            *out = if add { *out + dot } else { dot };
+                        }
+                    }
+                }
             }
         }
     }
