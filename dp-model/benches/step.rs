@@ -290,9 +290,11 @@ fn mixed_precision(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
 }
 
 /// Each product of the MLP's and LeNet's steps on every backend this CPU runs, interleaved in
-/// this run: the one steps run on (`DP_GEMM`, the `gemm` crate by default), the others of
-/// `f32` (this crate's AVX-512 and AVX2 tiles, the `gemm` crate, matrixmultiply), `bf16` on
-/// AMX where the CPU has it, and PyTorch's `torch.mm` when measured.
+/// this run: the one steps run on (`DP_GEMM`, else this crate's AVX-512 kernels where the CPU
+/// has them), the others of `f32` (the `gemm` crate, this crate's AVX-512 and AVX2 kernels,
+/// matrixmultiply), `bf16` on AMX where the CPU has it, and PyTorch's `torch.mm` when
+/// measured; then each step's GEMM time per backend, the products under 0.9x `torch.mm`, and
+/// the AVX2 path against matrixmultiply (the former backend of CPUs without AVX-512).
 fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
     #[cfg(target_arch = "x86_64")]
     let features: Vec<&str> = [
@@ -339,7 +341,11 @@ fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
     }
     println!(" {:>10} {:>12}", "torch.mm", format!("{}/torch", current.name()));
     let mut torch_rates = peer.map(|p| p.gemm_gflops.iter());
+    // Per model: seconds of its step's GEMMs on each run, and the shapes under 0.9x torch.mm.
+    let mut totals = Vec::new();
     for (name, bench) in cases.iter_mut().take(2) {
+        let mut seconds = vec![0.0; runs.len()];
+        let mut under = (0, 0);
         for shape in bench.bare.iter().map(BareGemm::shape) {
             let mut gemms: Vec<BareGemm<f32>> =
                 runs.iter().map(|&(b, p)| BareGemm::on(shape, b, p).expect("available")).collect();
@@ -366,13 +372,40 @@ fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
                 format!("{name} {layout}"),
                 format!("{} x {} x {}", shape.m, shape.k, shape.n)
             );
-            for rate in &rates {
+            for (rate, total) in rates.iter().zip(&mut seconds) {
                 print!(" {rate:>14.1}");
+                *total += shape.flops() as f64 / (rate * 1e9);
             }
             match torch_rates.as_mut().and_then(Iterator::next) {
-                Some(t) => println!(" {t:>10.1} {:>11.2}x", rates[0] / t),
+                Some(t) => {
+                    under = (under.0 + usize::from(rates[0] < 0.9 * t), under.1 + 1);
+                    println!(" {t:>10.1} {:>11.2}x", rates[0] / t)
+                }
                 None => println!(" {:>10} {:>12}", "-", "-"),
             }
+        }
+        totals.push((*name, seconds, under));
+    }
+    let column = |backend: GemmBackend| runs.iter().position(|&r| r == (backend, Precision::F32));
+    for (name, seconds, (under, of)) in totals {
+        let ms: Vec<String> =
+            names.iter().zip(&seconds).map(|(n, s)| format!("{n} {:.3}", s * 1e3)).collect();
+        println!("{name}: the step's GEMMs take (ms) {}", ms.join(", "));
+        if of > 0 {
+            println!(
+                "{name}: {under} of {of} products under 0.9x torch.mm on {} {}",
+                current.name(),
+                if under == 0 { "(met)" } else { "(NOT MET)" }
+            );
+        }
+        if let (Some(avx2), Some(former)) =
+            (column(GemmBackend::Avx2), column(GemmBackend::Matrixmultiply))
+        {
+            let ratio = seconds[former] / seconds[avx2];
+            println!(
+                "{name}: the AVX2 path's GEMMs run {ratio:.2}x matrixmultiply's speed  >= 0.95 {}",
+                if ratio >= 0.95 { "(met)" } else { "(NOT MET)" }
+            );
         }
     }
 }

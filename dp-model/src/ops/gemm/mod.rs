@@ -1,15 +1,16 @@
 //! The one place matrix products happen, so the kernels can be swapped in one file.
 //!
-//! `f32` products run on the `gemm` crate by default: kernels for the widest vectors the CPU
-//! has, chosen at run time (AVX-512, AVX2 with FMA, NEON), through any strides. It allocates
-//! its packing buffers on each call; those allocations are counted as the library's
-//! (`CountingAlloc::by_library`). `bf16` products ([`Precision::Bf16`]) run on this crate's
-//! AMX tiles ([`x86`]) inside a blocked loop nest over packed panels ([`packed`]) whose
-//! buffers the model holds, so they allocate nothing. The same loop nest has `f32` tiles for
-//! AVX-512 and AVX2, allocation-free but slower than the `gemm` crate on narrow shapes for
-//! now. `DP_GEMM` picks the `f32` backend: `gemm` (the default), `avx512`, `avx2` (the path
-//! of CPUs without AVX-512, forced), or `matrixmultiply` (ndarray's own GEMM, the former
-//! default); one the CPU lacks falls back to the default.
+//! On CPUs with AVX-512, `f32` products run on this crate's own kernels ([`x86`]) inside a
+//! blocked loop nest over packed panels ([`packed`]) whose buffers the model holds, so a step
+//! allocates nothing: register tiles 64, 32 or 16 columns wide, chosen per product by how well
+//! they fill it, and dot products for a small output over a long `k`. `bf16` products
+//! ([`Precision::Bf16`]) run in the same loop nest on AMX tiles. Elsewhere `f32` products run
+//! on the `gemm` crate (AVX2 with FMA, NEON), which allocates its packing buffers on each
+//! call; those allocations are counted as the library's (`CountingAlloc::by_library`). The
+//! `f64` of gradient checks always runs there. `DP_GEMM` picks the `f32` backend: `avx512`,
+//! `avx2` (this crate's AVX2 tiles: the path of CPUs without AVX-512, forced), `gemm`, or
+//! `matrixmultiply` (ndarray's own GEMM, the former default); one the CPU lacks falls back to
+//! the default.
 
 mod packed;
 #[cfg(target_arch = "x86_64")]
@@ -40,19 +41,20 @@ pub(crate) fn view_mut<T>(data: &mut [T], rows: usize, cols: usize) -> ArrayView
 /// The kernels the products run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmBackend {
-    /// This crate's AVX-512 tiles (`DP_GEMM=avx512`).
+    /// This crate's AVX-512 kernels (`DP_GEMM=avx512`), the default where the CPU has them.
     Avx512,
     /// This crate's AVX2+FMA tiles (`DP_GEMM=avx2`).
     Avx2,
-    /// The `gemm` crate (`DP_GEMM=gemm`): NEON on ARM.
+    /// The `gemm` crate (`DP_GEMM=gemm`): the default elsewhere (AVX2, NEON).
     GemmCrate,
     /// ndarray's `general_mat_mul` on matrixmultiply (`DP_GEMM=matrixmultiply`).
     Matrixmultiply,
 }
 
 impl GemmBackend {
-    /// The backend of this process: `DP_GEMM` if set and the CPU has it, otherwise the `gemm`
-    /// crate. Read once.
+    /// The backend of this process: `DP_GEMM` if set and the CPU has it, otherwise this
+    /// crate's AVX-512 kernels where the CPU has AVX-512 and the `gemm` crate elsewhere. Read
+    /// once.
     pub fn current() -> Self {
         static CHOSEN: OnceLock<GemmBackend> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
@@ -63,7 +65,11 @@ impl GemmBackend {
                 Ok("matrixmultiply") => Some(GemmBackend::Matrixmultiply),
                 _ => None,
             };
-            asked.filter(|b| b.available()).unwrap_or(GemmBackend::GemmCrate)
+            let default = match GemmBackend::Avx512.available() {
+                true => GemmBackend::Avx512,
+                false => GemmBackend::GemmCrate,
+            };
+            asked.filter(|b| b.available()).unwrap_or(default)
         })
     }
 
