@@ -1,7 +1,8 @@
 //! After warm-up, a training step (forward, loss, backward, optimizer) allocates nothing
-//! from this crate's code. The GEMM backend allocates its packing buffer inside each call;
-//! that is the one exception, so it is counted: the step must allocate exactly what its
-//! GEMMs allocate when run bare.
+//! from this crate's code. A GEMM library (the `gemm` crate, matrixmultiply) allocates its
+//! packing buffers inside each call; that is the one exception, so it is counted: the step
+//! must allocate exactly what its GEMMs allocate when run bare (nothing, on this crate's own
+//! kernels).
 
 mod support;
 
