@@ -27,11 +27,9 @@ fn a_steady_step_allocates_nothing_of_the_workspace() {
         let summary = train(c, &RunOptions::new(out.0.join(name)), &mut ()).unwrap();
         let allocs = summary.allocs_per_step.expect("counted with the allocator installed");
         let workspace = allocs - summary.gemm_allocs_per_step;
-        // The libraries allocate on every call; this crate's kernels hold their buffers.
-        let library = matches!(
-            GemmBackend::current(),
-            GemmBackend::GemmCrate | GemmBackend::Matrixmultiply
-        );
+        // The libraries allocate on every call; dp-model's own kernels hold their buffers.
+        let library =
+            matches!(GemmBackend::current(), GemmBackend::GemmCrate | GemmBackend::Matrixmultiply);
         assert_eq!(
             summary.gemm_allocs_per_step > 0.0,
             library,
