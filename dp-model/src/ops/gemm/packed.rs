@@ -5,9 +5,10 @@
 //! words of `k` by `NC` columns) are packed into `NR`-wide panels and blocks of `a` (`MC` rows)
 //! into `MR`-tall ones, so the tile kernel reads both operands contiguously whatever their
 //! layout: the transposed operands of backward cost one packing pass, like the straight ones.
-//! A packed word is one `f32`, or two `bf16` along `k` for the `vdpbf16ps` kernel, which
-//! rounds while it packs (f32 operands in, f32 sums out, as PyTorch's CPU autocast does).
-//! The packing buffers are the caller's ([`workspace_words`]), so a call allocates nothing.
+//! Operands already laid out as a kernel reads them are read in place instead. A packed word
+//! is one `f32`, or two `bf16` along `k` for the AMX kernel, which rounds while it packs (f32
+//! operands in, f32 sums out, as PyTorch's CPU autocast does). The packing buffers are the
+//! caller's ([`workspace_words`]), so a call allocates nothing.
 
 /// A read-only matrix: element `(i, j)` at `ptr + i * rows + j * cols`.
 #[derive(Clone, Copy, Debug)]
@@ -186,7 +187,7 @@ pub(crate) fn fill<K: Tile>(m: usize, n: usize) -> f64 {
     }
 }
 
-/// [`gemm`] on one tile kernel.
+/// One way to run a product: [`gemm`] on a tile kernel, or another kernel with its signature.
 pub(crate) type Product =
     unsafe fn((usize, usize, usize), Strided, Strided, StridedMut, bool, &mut [u32]);
 

@@ -1,13 +1,16 @@
-//! Register tiles for x86-64, one per vector width: rows of `c` in accumulators, a packed word
-//! of `a` broadcast against whole vectors of `b`.
+//! Kernels for x86-64. Register tiles keep rows of `c` in accumulators and broadcast a word of
+//! `a` against whole vectors of `b`:
 //!
-//! * [`Avx512`]: 32 `f32` columns (two zmm) by up to 12 rows, 24 of the 32 registers summing.
+//! * [`Avx512Wide`]: 64 `f32` columns (four zmm) by up to 6 rows, the fewest loads per FMA.
+//! * [`Avx512`]: 32 columns (two zmm) by up to 12 rows, 24 of the 32 registers summing.
+//! * [`Avx512Narrow`]: 16 columns by up to 24 rows, for outputs a few columns wide.
 //! * [`Amx`]: `bf16` products summed in `f32` on the matrix unit, 32 x 32 per tile. (AVX512_BF16's
 //!   `vdpbf16ps` does twice the products of an `f32` FMA per instruction, but on the Xeons
 //!   measured it issues at half the rate: no faster than `f32`, so it has no kernel here.)
 //! * [`Avx2`]: 16 columns (two ymm) by up to 6 rows, 12 of the 16 registers summing.
 //!
-//! Each kernel is compiled for its features alone and only runs where they were detected.
+//! and [`avx512_dots`] sums dot products for a small output over a long `k`. Each kernel is
+//! compiled for its features alone and only runs where they were detected.
 
 use std::arch::x86_64::*;
 
