@@ -28,101 +28,64 @@ macro_rules! by_height {
     };
 }
 
-/// `f32` tiles 32 columns wide on AVX-512F.
-pub(crate) struct Avx512;
+/// An `f32` [`Tile`] `$name`: `$nr` columns by the heights listed, on tile kernel `$kernel`,
+/// packing through `$packer` (or the portable [`pack`]).
+macro_rules! f32_tiles {
+    ($(#[$doc:meta])* $name:ident: $nr:literal wide, $($height:literal),+ tall, $kernel:ident
+     $(, packed by $packer:ident)?) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
 
-impl Tile for Avx512 {
-    const NR: usize = 32;
-    const MRS: &'static [usize] = &[12, 8, 6, 4];
-    const K_PER_WORD: usize = 1;
+        impl Tile for $name {
+            const NR: usize = $nr;
+            const MRS: &'static [usize] = &[$($height),+];
+            const K_PER_WORD: usize = 1;
+            const PARTIAL: bool = true;
 
-    fn word(lo: f32, _hi: f32) -> u32 {
-        lo.to_bits()
-    }
+            fn word(lo: f32, _hi: f32) -> u32 {
+                lo.to_bits()
+            }
 
-    unsafe fn pack(
-        src: *const f32,
-        strides: (isize, isize),
-        len: usize,
-        kc: usize,
-        width: usize,
-        out: &mut [u32],
-    ) {
-        // SAFETY: passed on from the caller.
-        unsafe { pack_avx512_f32(src, strides, len, kc, width, out) }
-    }
+            $(
+                unsafe fn pack(
+                    src: *const f32,
+                    strides: (isize, isize),
+                    len: usize,
+                    kc: usize,
+                    width: usize,
+                    out: &mut [u32],
+                ) {
+                    // SAFETY: passed on from the caller.
+                    unsafe { $packer(src, strides, len, kc, width, out) }
+                }
+            )?
 
-    const PARTIAL: bool = true;
-
-    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
-        // SAFETY: passed on from the caller.
-        unsafe { by_height!(mr, avx512_f32, 12, 8, 6, 4; (words, a, b, out)) }
-    }
+            unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
+                // SAFETY: passed on from the caller.
+                unsafe { by_height!(mr, $kernel, $($height),+; (words, a, b, out)) }
+            }
+        }
+    };
 }
 
-/// `f32` tiles 64 columns wide on AVX-512F, 6 rows: four vectors of `b` per broadcast of `a`,
-/// the fewest loads per FMA, for outputs wide enough to fill them.
-pub(crate) struct Avx512Wide;
-
-impl Tile for Avx512Wide {
-    const NR: usize = 64;
-    const MRS: &'static [usize] = &[6, 4];
-    const K_PER_WORD: usize = 1;
-    const PARTIAL: bool = true;
-
-    fn word(lo: f32, hi: f32) -> u32 {
-        Avx512::word(lo, hi)
-    }
-
-    unsafe fn pack(
-        src: *const f32,
-        strides: (isize, isize),
-        len: usize,
-        kc: usize,
-        width: usize,
-        out: &mut [u32],
-    ) {
-        // SAFETY: passed on from the caller.
-        unsafe { pack_avx512_f32(src, strides, len, kc, width, out) }
-    }
-
-    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
-        // SAFETY: passed on from the caller.
-        unsafe { by_height!(mr, avx512_wide_f32, 6, 4; (words, a, b, out)) }
-    }
-}
-
-/// `f32` tiles 16 columns wide on AVX-512F, up to 24 rows: for outputs a few columns wide
-/// (an output layer's 10 classes), where 32-wide tiles would be two-thirds padding.
-pub(crate) struct Avx512Narrow;
-
-impl Tile for Avx512Narrow {
-    const NR: usize = 16;
-    const MRS: &'static [usize] = &[24, 16, 12, 8];
-    const K_PER_WORD: usize = 1;
-    const PARTIAL: bool = true;
-
-    fn word(lo: f32, hi: f32) -> u32 {
-        Avx512::word(lo, hi)
-    }
-
-    unsafe fn pack(
-        src: *const f32,
-        strides: (isize, isize),
-        len: usize,
-        kc: usize,
-        width: usize,
-        out: &mut [u32],
-    ) {
-        // SAFETY: passed on from the caller.
-        unsafe { pack_avx512_f32(src, strides, len, kc, width, out) }
-    }
-
-    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
-        // SAFETY: passed on from the caller.
-        unsafe { by_height!(mr, avx512_narrow_f32, 24, 16, 12, 8; (words, a, b, out)) }
-    }
-}
+f32_tiles!(
+    /// `f32` tiles 32 columns wide on AVX-512F.
+    Avx512: 32 wide, 12, 8, 6, 4 tall, avx512_f32, packed by pack_avx512_f32
+);
+f32_tiles!(
+    /// `f32` tiles 64 columns wide on AVX-512F, 6 rows: four vectors of `b` per broadcast of
+    /// `a`, the fewest loads per FMA, for outputs wide enough to fill them.
+    Avx512Wide: 64 wide, 6, 4 tall, avx512_wide_f32, packed by pack_avx512_f32
+);
+f32_tiles!(
+    /// `f32` tiles 16 columns wide on AVX-512F, up to 24 rows: for outputs a few columns wide
+    /// (an output layer's 10 classes), where 32-wide tiles would be two-thirds padding.
+    Avx512Narrow: 16 wide, 24, 16, 12, 8 tall, avx512_narrow_f32, packed by pack_avx512_f32
+);
+f32_tiles!(
+    /// `f32` tiles 16 columns wide on AVX2 with FMA.
+    Avx2: 16 wide, 6, 4 tall, avx2_f32
+);
 
 /// An `f32` tile kernel `$name::<MR, PACKED>`: `MR` rows of `$vectors` vectors of `$lanes` lanes,
 /// each a broadcast word of `a` times the vectors of `b` per `k`. A corner narrower than the
@@ -737,24 +700,4 @@ pub(crate) fn amx_ready() -> bool {
             libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
         } == 0
     })
-}
-
-/// `f32` tiles 16 columns wide on AVX2 with FMA.
-pub(crate) struct Avx2;
-
-impl Tile for Avx2 {
-    const NR: usize = 16;
-    const MRS: &'static [usize] = &[6, 4];
-    const K_PER_WORD: usize = 1;
-
-    fn word(lo: f32, _hi: f32) -> u32 {
-        lo.to_bits()
-    }
-
-    const PARTIAL: bool = true;
-
-    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
-        // SAFETY: passed on from the caller.
-        unsafe { by_height!(mr, avx2_f32, 6, 4; (words, a, b, out)) }
-    }
 }
