@@ -196,48 +196,29 @@ unsafe fn masked_store8(p: *mut f32, mask: __m256i, v: __m256) {
     unsafe { _mm256_maskstore_ps(p, mask, v) }
 }
 
-f32_tile!(
-    avx512_f32,
-    "avx512f",
-    2 x 16,
-    _mm512_setzero_ps,
-    _mm512_loadu_ps,
-    _mm512_storeu_ps,
-    _mm512_set1_ps,
-    _mm512_fmadd_ps,
-    _mm512_add_ps,
-    mask16,
-    masked_load16,
-    masked_store16
-);
-f32_tile!(
-    avx512_wide_f32,
-    "avx512f",
-    4 x 16,
-    _mm512_setzero_ps,
-    _mm512_loadu_ps,
-    _mm512_storeu_ps,
-    _mm512_set1_ps,
-    _mm512_fmadd_ps,
-    _mm512_add_ps,
-    mask16,
-    masked_load16,
-    masked_store16
-);
-f32_tile!(
-    avx512_narrow_f32,
-    "avx512f",
-    1 x 16,
-    _mm512_setzero_ps,
-    _mm512_loadu_ps,
-    _mm512_storeu_ps,
-    _mm512_set1_ps,
-    _mm512_fmadd_ps,
-    _mm512_add_ps,
-    mask16,
-    masked_load16,
-    masked_store16
-);
+/// An AVX-512 [`f32_tile!`] of `$vectors` vectors per row.
+macro_rules! avx512_tile {
+    ($name:ident, $vectors:literal) => {
+        f32_tile!(
+            $name,
+            "avx512f",
+            $vectors x 16,
+            _mm512_setzero_ps,
+            _mm512_loadu_ps,
+            _mm512_storeu_ps,
+            _mm512_set1_ps,
+            _mm512_fmadd_ps,
+            _mm512_add_ps,
+            mask16,
+            masked_load16,
+            masked_store16
+        );
+    };
+}
+
+avx512_tile!(avx512_f32, 2);
+avx512_tile!(avx512_wide_f32, 4);
+avx512_tile!(avx512_narrow_f32, 1);
 f32_tile!(
     avx2_f32,
     "avx2,fma",
