@@ -11,9 +11,9 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput};
 use dp_mem::{CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    BareGemm, CheckpointWriter, GemmBackend, GemmShape, Model, ModelOptions, ModelSpec, Optimizer,
-    Precision, PruneSchedule, Pruner, QuantizedModel, Recompute, Sgd, Sparsity, StepOptions,
-    Targets,
+    BareConv, BareGemm, CheckpointWriter, GemmBackend, GemmShape, Model, ModelOptions, ModelSpec,
+    Optimizer, Precision, PruneSchedule, Pruner, QuantizedModel, Recompute, Sgd, Sparsity,
+    StepOptions, Targets,
 };
 use ndarray::Array2;
 
@@ -113,11 +113,11 @@ fn main() {
 
 /// Median seconds of `f` and of `g` on `bench` over `rounds`, interleaved so both see the
 /// same machine.
-fn interleaved(
+fn interleaved<S>(
     rounds: usize,
-    bench: &mut Bench,
-    f: fn(&mut Bench),
-    g: fn(&mut Bench),
+    bench: &mut S,
+    f: impl Fn(&mut S),
+    g: impl Fn(&mut S),
 ) -> (f64, f64) {
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
@@ -174,6 +174,7 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
     }
     mixed_precision(cases, mlp);
     let (width, peak) = peak::peak_f32_gflops();
+    convolutions(&cases[1].1, peak);
     println!(
         "one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; the MLP's GEMMs reach {:.0}% of it, LeNet's {:.0}%",
         100.0 * rates[0] / peak,
@@ -256,6 +257,35 @@ fn report(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
         );
     }
     int8_accuracy(&pool);
+}
+
+/// Each convolution layer of LeNet (forward and backward: unfolding, products, bias, folding
+/// back) against its products run bare, interleaved: the layer's GEMM rate as a share of the
+/// bare products' rate at the same FLOP count, and of the core's `peak`.
+fn convolutions(lenet: &Bench, peak: f64) {
+    println!("\nLeNet b{} convolution layers, medians of 41 interleaved rounds", lenet.batch());
+    let convs: Vec<BareConv<f32>> = lenet.model.bare_convs(lenet.batch());
+    for (i, conv) in convs.into_iter().enumerate() {
+        let shapes = conv.gemm_shapes();
+        let flops: u64 = shapes.iter().map(GemmShape::flops).sum();
+        let mut pair = (conv, shapes.into_iter().map(BareGemm::<f32>::new).collect::<Vec<_>>());
+        let (layer, bare) = interleaved(
+            41,
+            &mut pair,
+            |(conv, _)| conv.run(),
+            |(_, gemms)| gemms.iter_mut().for_each(BareGemm::run),
+        );
+        let (layer_rate, bare_rate) = (flops as f64 / layer / 1e9, flops as f64 / bare / 1e9);
+        let share = layer_rate / bare_rate;
+        println!(
+            "conv{}: layer {:.3} ms = {layer_rate:.1} GFLOP/s ({:.0}% of peak), its products bare {:.3} ms = {bare_rate:.1} GFLOP/s: {share:.2}x  >= 0.7 {}",
+            i + 1,
+            layer * 1e3,
+            100.0 * layer_rate / peak,
+            bare * 1e3,
+            if share >= 0.7 { "(met)" } else { "(NOT MET)" }
+        );
+    }
 }
 
 /// The MLP's and LeNet's steps with `bf16` GEMMs (`--precision bf16`) against `f32`,

@@ -64,6 +64,7 @@ pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
 pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
+pub use ops::conv::BareConv;
 pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{BareGemm, GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};

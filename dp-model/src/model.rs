@@ -12,6 +12,7 @@ use crate::float::Float;
 use crate::init::initialize;
 use crate::layout::ParamLayout;
 use crate::ops::Op;
+use crate::ops::conv::BareConv;
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss};
@@ -173,11 +174,8 @@ pub struct Model<T: Float = f32> {
     recompute_from: Vec<Option<usize>>,
     /// Two buffers the activation gradients alternate between (and eval activations).
     ping: [PoolBuf<T>; 2],
-    /// im2col columns and GEMM packing buffers.
+    /// A chunk of im2col columns and the GEMM packing buffers.
     work: Workspace<T>,
-    /// The convolution node whose unfolded input `work.cols` holds, if any: its backward can
-    /// skip unfolding again.
-    scratch_holds: Option<usize>,
     dropout: DropoutStream,
     /// With a sparse first layer: a bit per row of its weight gradient written since the
     /// last overwriting backward (see `ops/sparse.rs`).
@@ -320,7 +318,6 @@ impl<T: Float> Model<T> {
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
             ],
             work: Workspace::new(pool, scratch_len, options.precision)?,
-            scratch_holds: None,
             dirty_rows: pool.alloc_zeroed(
                 if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
                 Tag::Grad,
@@ -571,13 +568,8 @@ impl<T: Float> Model<T> {
             let dx = (i > 0).then_some(dx);
             let grads = &mut self.grads;
             let io = Io { x: input, y: output, dy, dx };
-            let scratch = (&mut self.work, self.scratch_holds == Some(i));
-            backward_op(node, batch, &self.params, grads, io, scratch, dropout, options.accumulate);
-            if let Op::Conv2d(_) = node.op {
-                // The input gradient goes through the scratch; without one it still holds
-                // this node's columns.
-                self.scratch_holds = (i == 0).then_some(i);
-            }
+            let work = &mut self.work;
+            backward_op(node, batch, &self.params, grads, io, work, dropout, options.accumulate);
             if !node.params.is_empty() {
                 ready(&self.grads[..node.params.end]);
             }
@@ -627,6 +619,16 @@ impl<T: Float> Model<T> {
         shapes
     }
 
+    /// Each convolution layer of the model, to run alone on `batch` samples ([`BareConv`]).
+    pub fn bare_convs(&self, batch: usize) -> Vec<BareConv<T>> {
+        let nodes = self.tape.nodes.iter().enumerate();
+        let conv = |(i, node): (usize, &Node)| match &node.op {
+            Op::Conv2d(c) => Some(BareConv::new(c, batch, i == 0)),
+            _ => None,
+        };
+        nodes.filter_map(conv).collect()
+    }
+
     /// Inference: the outputs `[batch, outputs]` for `x [batch, input_len]`. Saves nothing for
     /// backward (activations alternate between two buffers) and skips dropout.
     pub fn forward_eval(&mut self, x: ArrayView2<'_, T>) -> Result<ArrayView2<'_, T>> {
@@ -641,7 +643,6 @@ impl<T: Float> Model<T> {
     }
 
     fn eval(&mut self, batch: usize, x: Input<'_, T>) -> Result<ArrayView2<'_, T>> {
-        self.scratch_holds = None;
         let nodes = self.tape.nodes.len();
         for (i, node) in self.tape.nodes.iter().enumerate() {
             let [a, b] = &mut self.ping;
@@ -761,9 +762,6 @@ impl<T: Float> Model<T> {
         let dropout = Some((self.dropout, step));
         let node = &self.tape.nodes[i];
         forward_op(node, batch, &self.params, input, output, &mut self.work, dropout);
-        if let Op::Conv2d(_) = node.op {
-            self.scratch_holds = Some(i);
-        }
     }
 }
 
@@ -813,7 +811,7 @@ fn backward_op<T: Float>(
     params: &[T],
     grads: &mut [T],
     io: Io<'_, T>,
-    (work, cols_ready): (&mut Workspace<T>, bool),
+    work: &mut Workspace<T>,
     (stream, step): (DropoutStream, u64),
     accumulate: bool,
 ) {
@@ -824,19 +822,7 @@ fn backward_op<T: Float>(
     match &node.op {
         Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate, &mut work.gemm),
         Op::Conv2d(c) => {
-            let cols = &mut work.cols;
-            c.backward(
-                batch,
-                params,
-                grads,
-                x,
-                dy,
-                dx,
-                cols,
-                cols_ready,
-                accumulate,
-                &mut work.gemm,
-            )
+            c.backward(batch, params, grads, x, dy, dx, &mut work.cols, accumulate, &mut work.gemm)
         }
         op => {
             let Some(dx) = dx else { return };

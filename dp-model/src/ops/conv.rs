@@ -1,47 +1,25 @@
-//! 2-D convolution as im2col + one GEMM over the whole batch.
+//! 2-D convolution as im2col + GEMM, a cache-sized chunk of output rows at a time.
 //!
 //! Image activations are kept channel-major, `[C, B, H, W]`, inside the model: then the
-//! convolution of a whole batch is the single product `W [OC, C*k*k] x cols [C*k*k, B*OH*OW]`,
-//! whose result is already the next layer's `[OC, B, OH, OW]`, with no transpose. One batched
-//! GEMM runs far faster than B small ones for the narrow shapes of small CNNs.
+//! convolution of a whole batch is the product `W [OC, C*k*k] x cols [C*k*k, B*OH*OW]`, whose
+//! result is already the next layer's `[OC, B, OH, OW]`, with no transpose, and whose columns
+//! span the batch (far faster than B small products for the narrow shapes of small CNNs).
+//! The unfolded input `cols` is `k*k` times the size of the input, too large for the caches:
+//! written whole and read back, it made the layer run at the speed of memory, not of its
+//! products. So it is unfolded a chunk of output rows at a time, into a buffer that stays in
+//! L2 ([`CHUNK_VALUES`]), and each product runs on the chunk while it is there.
+
+use std::ops::Range;
+
+use ndarray::s;
+
+use dp_mem::{Pool, Tracker};
 
 use crate::float::Float;
-use crate::ops::gemm::{Gemm, view, view_mut};
+use crate::ops::gemm::{Gemm, GemmShape, Precision, view, view_mut};
+use crate::ops::rows::{self, Portable, Rows, Run};
+use crate::ops::workspace::Workspace;
 use crate::ops::{weights_and_bias, weights_and_bias_mut};
-
-/// Elements per inline copy in [`copy_row`].
-const LANES: usize = 8;
-
-/// Writes `src` at `out[lo..]` and zeros around it, for rows of a few dozen values. Slice
-/// `copy_from_slice` and `fill` (and any plain loop, which the compiler turns into them) call
-/// `memmove`/`memset`, and for rows this short the calls cost more than the copying; fixed
-/// blocks of `LANES` compile to inline vector moves. The zeros go first as one block at each
-/// end, then the values overwrite what is theirs, the last block overlapping the one before
-/// it instead of leaving a remainder loop. Needs `src.len() >= LANES` and padding of at most
-/// `LANES` on each side (see [`Conv2d::fits_copy_row`]).
-#[inline]
-fn copy_row<T: Copy + num_traits::Zero>(out: &mut [T], lo: usize, src: &[T]) {
-    fn block<T>(d: &mut [T]) -> &mut [T; LANES] {
-        d.try_into().expect("LANES long")
-    }
-    let (n, len) = (src.len(), out.len());
-    if lo > 0 {
-        *block(&mut out[..LANES]) = [T::zero(); LANES];
-    }
-    if lo + n < len {
-        *block(&mut out[len - LANES..]) = [T::zero(); LANES];
-    }
-    let mut i = 0;
-    while i + LANES <= n {
-        *block(&mut out[lo + i..lo + i + LANES]) =
-            src[i..i + LANES].try_into().expect("LANES long");
-        i += LANES;
-    }
-    if i < n {
-        let last = n - LANES;
-        *block(&mut out[lo + last..lo + n]) = src[last..].try_into().expect("LANES long");
-    }
-}
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
 /// float sum cannot be reordered, so it runs one add per cycle of latency).
@@ -56,6 +34,10 @@ fn sum_lanes<T: Float>(values: &[T]) -> T {
     }
     lanes.iter().copied().sum::<T>() + tail
 }
+
+/// Values of unfolded input per chunk: 1 MiB of `f32`, half of a core's L2 on the Xeons
+/// measured, so a chunk is still there when its product reads it.
+const CHUNK_VALUES: usize = 256 * 1024;
 
 /// Shape of a convolution and where its parameters sit in the flat buffer.
 #[derive(Clone, Debug)]
@@ -82,9 +64,22 @@ impl Conv2d {
         self.out_channels * self.patch_len() + self.out_channels
     }
 
-    /// Scratch values the unfolded input of `batch` samples takes.
+    /// Output rows (of all images: row `oy` of image `b` is row `b * OH + oy`) unfolded at a
+    /// time: as many as fit [`CHUNK_VALUES`], at least one.
+    fn chunk_rows(&self, batch: usize) -> usize {
+        (CHUNK_VALUES / (self.patch_len() * self.out_width)).clamp(1, batch * self.out_height)
+    }
+
+    /// Scratch values a chunk of unfolded input of `batch` samples takes.
     pub(crate) fn scratch_len(&self, batch: usize) -> usize {
-        self.patch_len() * batch * self.out_height * self.out_width
+        self.patch_len() * self.chunk_rows(batch) * self.out_width
+    }
+
+    /// The chunks of output rows, as ranges of columns of the output `[OC, B*OH*OW]`.
+    fn chunks(&self, batch: usize) -> impl Iterator<Item = Range<usize>> {
+        let (rows, width) = (self.chunk_rows(batch), self.out_width);
+        let all = batch * self.out_height;
+        (0..all).step_by(rows).map(move |r| r * width..(r + rows).min(all) * width)
     }
 
     pub(crate) fn forward<T: Float>(
@@ -96,27 +91,22 @@ impl Conv2d {
         scratch: &mut [T],
         gemm: &mut Gemm,
     ) {
-        let n = batch * self.out_height * self.out_width;
-        let cols = &mut scratch[..self.patch_len() * n];
-        self.im2col(batch, x, cols);
-        let (w, b) = weights_and_bias(params, self.offset, self.out_channels, self.patch_len());
-        for (row, &bias) in y[..self.out_channels * n].chunks_exact_mut(n).zip(b) {
-            row.fill(bias);
+        let (n, patch) = (batch * self.out_height * self.out_width, self.patch_len());
+        let (w, b) = weights_and_bias(params, self.offset, self.out_channels, patch);
+        let w = view(w, self.out_channels, patch);
+        let mut y = view_mut(y, self.out_channels, n);
+        for columns in self.chunks(batch) {
+            let cols = &mut scratch[..patch * columns.len()];
+            self.im2col(batch, x, columns.clone(), cols);
+            let mut out = y.slice_mut(s![.., columns.clone()]);
+            for (mut row, &bias) in out.rows_mut().into_iter().zip(b) {
+                row.fill(bias);
+            }
+            gemm.matmul(w, view(cols, patch, columns.len()), T::one(), &mut out);
         }
-        let w = view(w, self.out_channels, self.patch_len());
-        gemm.matmul(
-            w,
-            view(cols, self.patch_len(), n),
-            T::one(),
-            &mut view_mut(y, self.out_channels, n),
-        );
     }
 
     /// Parameter gradients (written or added) and, when `dx` is given, the input gradient.
-    /// `cols_ready` says the scratch still holds this layer's unfolded input from forward
-    /// (true for the last convolution, whose backward comes first); otherwise it is rebuilt
-    /// rather than kept per layer: it is the largest buffer of a small CNN and costs one
-    /// memory pass to rebuild.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward<T: Float>(
         &self,
@@ -125,85 +115,142 @@ impl Conv2d {
         grads: &mut [T],
         x: &[T],
         dy: &[T],
-        dx: Option<&mut [T]>,
+        mut dx: Option<&mut [T]>,
         scratch: &mut [T],
-        cols_ready: bool,
         accumulate: bool,
         gemm: &mut Gemm,
     ) {
-        let n = batch * self.out_height * self.out_width;
-        let patch = self.patch_len();
-        let cols = &mut scratch[..patch * n];
-        if !cols_ready {
-            self.im2col(batch, x, cols);
-        }
-        let beta = if accumulate { T::one() } else { T::zero() };
+        let (n, patch) = (batch * self.out_height * self.out_width, self.patch_len());
         let dy2 = view(dy, self.out_channels, n);
-        let (dw, db) =
-            weights_and_bias_mut(grads, self.offset, self.out_channels, self.patch_len());
-        gemm.matmul(
-            dy2,
-            view(cols, patch, n).t(),
-            beta,
-            &mut view_mut(dw, self.out_channels, patch),
-        );
+        let (dw, db) = weights_and_bias_mut(grads, self.offset, self.out_channels, patch);
         for (g, row) in db.iter_mut().zip(dy[..self.out_channels * n].chunks_exact(n)) {
             let sum = sum_lanes(row);
             *g = if accumulate { *g + sum } else { sum };
         }
-        if let Some(dx) = dx {
-            let (w, _) = weights_and_bias(params, self.offset, self.out_channels, self.patch_len());
-            let w = view(w, self.out_channels, patch);
-            gemm.matmul(w.t(), dy2, T::zero(), &mut view_mut(cols, patch, n));
-            self.col2im(batch, cols, dx);
+        let (w, _) = weights_and_bias(params, self.offset, self.out_channels, patch);
+        let w = view(w, self.out_channels, patch);
+        if let Some(dx) = dx.as_deref_mut() {
+            dx[..self.channels * batch * self.height * self.width].fill(T::zero());
+        }
+        let mut dw = view_mut(dw, self.out_channels, patch);
+        for (i, columns) in self.chunks(batch).enumerate() {
+            let cols = &mut scratch[..patch * columns.len()];
+            self.im2col(batch, x, columns.clone(), cols);
+            let dy_chunk = dy2.slice(s![.., columns.clone()]);
+            let beta = if accumulate || i > 0 { T::one() } else { T::zero() };
+            gemm.matmul(dy_chunk, view(cols, patch, columns.len()).t(), beta, &mut dw);
+            if let Some(dx) = dx.as_deref_mut() {
+                gemm.matmul(w.t(), dy_chunk, T::zero(), &mut view_mut(cols, patch, columns.len()));
+                self.col2im(batch, cols, columns, dx);
+            }
         }
     }
 
-    /// The output columns `[lo, hi)` of one kernel column `kj` that read inside the image;
-    /// the rest read padding.
-    fn valid_columns(&self, kj: usize) -> (usize, usize) {
-        let (s, p, w) = (self.stride, self.padding, self.width);
+    /// The outputs `[lo, hi)` along a dimension of `size` inputs (`out` outputs) whose kernel
+    /// offset `kj` reads inside the image; the rest read padding.
+    fn valid(&self, kj: usize, size: usize, out: usize) -> (usize, usize) {
+        let (s, p) = (self.stride, self.padding);
         let lo = if p > kj { (p - kj).div_ceil(s) } else { 0 };
-        let hi = ((w + p).saturating_sub(kj)).div_ceil(s).min(self.out_width);
+        let hi = ((size + p).saturating_sub(kj)).div_ceil(s).min(out);
         (lo.min(hi), hi)
     }
 
-    /// Whether an output row with values in `[lo, hi)` suits [`copy_row`].
-    fn fits_copy_row(&self, lo: usize, hi: usize) -> bool {
-        hi - lo >= LANES && lo <= LANES && self.out_width - hi <= LANES
+    /// The chunk's output rows (from global row `first`, `rows` of them) image by image: the
+    /// image, its first output row, how many, and where they start among the chunk's rows.
+    fn images(
+        &self,
+        first: usize,
+        rows: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+        let oh = self.out_height;
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            (at < rows).then(|| {
+                let (b, oy) = ((first + at) / oh, (first + at) % oh);
+                let count = (oh - oy).min(rows - at);
+                at += count;
+                (b, oy, count, at - count)
+            })
+        })
     }
 
-    /// Unfolds `x [C, B, H, W]` into `cols [C*k*k, B*OH*OW]`.
-    fn im2col<T: Float>(&self, batch: usize, x: &[T], cols: &mut [T]) {
+    /// Unfolds the output `columns` (whole output rows) of `x [C, B, H, W]` into
+    /// `cols [C*k*k, columns.len()]`.
+    fn im2col<T: Float>(&self, batch: usize, x: &[T], columns: Range<usize>, cols: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(x), Some(cols)) = (rows::as_f32(x), rows::as_f32_mut(cols))
+            && rows::avx512()
+        {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { self.im2col_avx512(batch, x, columns, cols) };
+        }
+        // SAFETY: portable rows need nothing.
+        unsafe { self.im2col_with::<T, Portable>(batch, x, columns, cols) }
+    }
+
+    /// [`Conv2d::im2col`] on AVX-512 rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn im2col_avx512(
+        &self,
+        batch: usize,
+        x: &[f32],
+        columns: Range<usize>,
+        cols: &mut [f32],
+    ) {
+        // SAFETY: compiled for the AVX-512F the caller promised.
+        unsafe { self.im2col_with::<f32, rows::Avx512>(batch, x, columns, cols) }
+    }
+
+    /// The body of [`Conv2d::im2col`], inlined into each caller so its rows compile with the
+    /// caller's features.
+    ///
+    /// # Safety
+    /// As [`Rows`]' methods: the CPU and the caller have `R`'s features.
+    #[inline(always)]
+    unsafe fn im2col_with<T: Float, R: Rows<T>>(
+        &self,
+        batch: usize,
+        x: &[T],
+        columns: Range<usize>,
+        cols: &mut [T],
+    ) {
         let (k, s, p) = (self.kernel, self.stride, self.padding);
-        let (h, w, oh, ow) = (self.height, self.width, self.out_height, self.out_width);
-        let n = batch * oh * ow;
-        for (r, row) in cols.chunks_exact_mut(n).enumerate() {
+        let (h, w, ow) = (self.height, self.width, self.out_width);
+        let (first, rows) = (columns.start / ow, columns.len() / ow);
+        for (r, row) in cols.chunks_exact_mut(columns.len()).enumerate() {
             let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
-            let (lo, hi) = self.valid_columns(kj);
-            for b in 0..batch {
+            let (lo, hi) = self.valid(kj, w, ow);
+            let (top, bottom) = self.valid(ki, h, self.out_height);
+            for (b, oy, count, at) in self.images(first, rows) {
+                let out = &mut row[at * ow..(at + count) * ow];
+                // Rows outside the image, or a kernel column that only ever reads padding (a
+                // kernel wider than a narrow image), read zeros.
+                let (from, to) = (top.clamp(oy, oy + count), bottom.clamp(oy, oy + count));
+                let (from, to) = if lo == hi { (from, from) } else { (from, to) };
+                let (above, inside) = out.split_at_mut((from - oy) * ow);
+                let (inside, below) = inside.split_at_mut((to - from) * ow);
+                // SAFETY: passed on from the caller.
+                unsafe { R::zeros(above) };
+                // SAFETY: as above.
+                unsafe { R::zeros(below) };
+                if from == to {
+                    continue;
+                }
                 let plane = &x[(c * batch + b) * h * w..][..h * w];
-                for oy in 0..oh {
-                    let out = &mut row[(b * oh + oy) * ow..][..ow];
-                    let iy = (oy * s + ki).wrapping_sub(p);
-                    // A row outside the image, or a kernel column that only ever reads
-                    // padding (a kernel wider than a narrow image), reads zeros.
-                    if iy >= h || lo == hi {
-                        out.fill(T::zero());
-                        continue;
-                    }
-                    let src = &plane[iy * w..][..w];
-                    if s == 1 && self.fits_copy_row(lo, hi) {
-                        let start = lo + kj - p;
-                        copy_row(out, lo, &src[start..start + hi - lo]);
-                    } else if s == 1 {
-                        out[..lo].fill(T::zero());
-                        out[hi..].fill(T::zero());
-                        let start = lo + kj - p;
-                        out[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
-                    } else {
-                        out[..lo].fill(T::zero());
-                        out[hi..].fill(T::zero());
+                let iy = from * s + ki - p;
+                if s == 1 {
+                    let run = Run { count: to - from, len: ow, lo, n: hi - lo, step: w };
+                    // SAFETY: as above.
+                    unsafe { R::place(run, inside, &plane[iy * w + lo + kj - p..]) };
+                } else {
+                    // SAFETY: as above.
+                    unsafe { R::zeros(inside) };
+                    for (t, out) in inside.chunks_exact_mut(ow).enumerate() {
+                        let src = &plane[(iy + t * s) * w..][..w];
                         for (ox, o) in out[lo..hi].iter_mut().enumerate() {
                             *o = src[(lo + ox) * s + kj - p];
                         }
@@ -213,39 +260,275 @@ impl Conv2d {
         }
     }
 
-    /// Folds `cols` back onto `dx [C, B, H, W]`, summing overlapping patches.
-    fn col2im<T: Float>(&self, batch: usize, cols: &[T], dx: &mut [T]) {
+    /// Adds `cols [C*k*k, columns.len()]`, the unfolded gradient of the output `columns`
+    /// (whole output rows), onto `dx [C, B, H, W]`, summing overlapping patches.
+    fn col2im<T: Float>(&self, batch: usize, cols: &[T], columns: Range<usize>, dx: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(cols), Some(dx)) = (rows::as_f32(cols), rows::as_f32_mut(dx))
+            && rows::avx512()
+        {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { self.col2im_avx512(batch, cols, columns, dx) };
+        }
+        // SAFETY: portable rows need nothing.
+        unsafe { self.col2im_with::<T, Portable>(batch, cols, columns, dx) }
+    }
+
+    /// [`Conv2d::col2im`] on AVX-512 rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn col2im_avx512(
+        &self,
+        batch: usize,
+        cols: &[f32],
+        columns: Range<usize>,
+        dx: &mut [f32],
+    ) {
+        // SAFETY: compiled for the AVX-512F the caller promised.
+        unsafe { self.col2im_with::<f32, rows::Avx512>(batch, cols, columns, dx) }
+    }
+
+    /// The body of [`Conv2d::col2im`], as [`Conv2d::im2col_with`] is of its own.
+    ///
+    /// # Safety
+    /// As [`Rows`]' methods: the CPU and the caller have `R`'s features.
+    #[inline(always)]
+    unsafe fn col2im_with<T: Float, R: Rows<T>>(
+        &self,
+        batch: usize,
+        cols: &[T],
+        columns: Range<usize>,
+        dx: &mut [T],
+    ) {
         let (k, s, p) = (self.kernel, self.stride, self.padding);
-        let (h, w, oh, ow) = (self.height, self.width, self.out_height, self.out_width);
-        let n = batch * oh * ow;
-        dx[..self.channels * batch * h * w].fill(T::zero());
-        for (r, row) in cols[..self.patch_len() * n].chunks_exact(n).enumerate() {
+        let (h, w, ow) = (self.height, self.width, self.out_width);
+        let (first, rows) = (columns.start / ow, columns.len() / ow);
+        for (r, row) in cols.chunks_exact(columns.len()).enumerate() {
             let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
-            let (lo, hi) = self.valid_columns(kj);
+            let (lo, hi) = self.valid(kj, w, ow);
+            let (top, bottom) = self.valid(ki, h, self.out_height);
             if lo == hi {
                 // This kernel column only ever read padding.
                 continue;
             }
-            for b in 0..batch {
+            for (b, oy, count, at) in self.images(first, rows) {
+                let (from, to) = (top.clamp(oy, oy + count), bottom.clamp(oy, oy + count));
+                if from == to {
+                    continue;
+                }
+                let grads = &row[(at + from - oy) * ow..(at + to - oy) * ow];
                 let plane = &mut dx[(c * batch + b) * h * w..][..h * w];
-                for oy in 0..oh {
-                    let iy = (oy * s + ki).wrapping_sub(p);
-                    if iy >= h {
-                        continue;
-                    }
-                    let grad = &row[(b * oh + oy) * ow..][..ow];
-                    let dst = &mut plane[iy * w..][..w];
-                    if s == 1 {
-                        let start = lo + kj - p;
-                        for (d, &g) in dst[start..start + hi - lo].iter_mut().zip(&grad[lo..hi]) {
-                            *d += g;
-                        }
-                    } else {
+                let iy = from * s + ki - p;
+                if s == 1 {
+                    let run = Run { count: to - from, len: ow, lo, n: hi - lo, step: w };
+                    // SAFETY: passed on from the caller.
+                    unsafe { R::add(run, &mut plane[iy * w + lo + kj - p..], grads) };
+                } else {
+                    for (t, grad) in grads.chunks_exact(ow).enumerate() {
+                        let dst = &mut plane[(iy + t * s) * w..][..w];
                         for ox in lo..hi {
                             dst[ox * s + kj - p] += grad[ox];
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// One convolution layer of a model run alone, forward then backward (the input gradient
+/// too, unless it is the model's first layer), on operands of the layer's shapes, so a
+/// benchmark can set its time against the time of its products run bare ([`BareConv::gemm_shapes`]).
+#[derive(Debug)]
+pub struct BareConv<T: Float> {
+    conv: Conv2d,
+    batch: usize,
+    first: bool,
+    params: Vec<T>,
+    grads: Vec<T>,
+    x: Vec<T>,
+    y: Vec<T>,
+    dx: Vec<T>,
+    work: Workspace<T>,
+}
+
+impl<T: Float> BareConv<T> {
+    pub(crate) fn new(conv: &Conv2d, batch: usize, first: bool) -> Self {
+        let conv = Conv2d { offset: 0, ..conv.clone() };
+        let fill = |len: usize, seed: usize| -> Vec<T> {
+            (0..len).map(|i| T::of(((i * 7 + seed) % 11) as f64 / 11.0 - 0.5)).collect()
+        };
+        let input = conv.channels * batch * conv.height * conv.width;
+        let output = conv.out_channels * batch * conv.out_height * conv.out_width;
+        let pool = Pool::new(&Tracker::new());
+        let work = Workspace::new(&pool, conv.scratch_len(batch), Precision::F32)
+            .expect("an unlimited pool");
+        Self {
+            params: fill(conv.param_len(), 1),
+            grads: vec![T::zero(); conv.param_len()],
+            x: fill(input, 2),
+            y: fill(output, 3),
+            dx: vec![T::zero(); if first { 0 } else { input }],
+            conv,
+            batch,
+            first,
+            work,
+        }
+    }
+
+    /// The products one [`BareConv::run`] multiplies, as [`crate::Model::gemm_shapes`] lists
+    /// them.
+    pub fn gemm_shapes(&self) -> Vec<GemmShape> {
+        let c = &self.conv;
+        let (n, patch, oc) =
+            (self.batch * c.out_height * c.out_width, c.patch_len(), c.out_channels);
+        let g =
+            |m, k, n, a_transposed, b_transposed| GemmShape { m, k, n, a_transposed, b_transposed };
+        let mut shapes = vec![g(oc, patch, n, false, false), g(oc, n, patch, false, true)];
+        if !self.first {
+            shapes.push(g(patch, oc, n, true, false));
+        }
+        shapes
+    }
+
+    /// Runs the layer's forward and backward once; its output stands in for the gradient
+    /// coming back.
+    pub fn run(&mut self) {
+        let c = &self.conv;
+        let work = &mut self.work;
+        c.forward(self.batch, &self.params, &self.x, &mut self.y, &mut work.cols, &mut work.gemm);
+        let dx = (!self.first).then_some(&mut self.dx[..]);
+        let (params, grads, x, dy) = (&self.params, &mut self.grads, &self.x, &self.y);
+        c.backward(self.batch, params, grads, x, dy, dx, &mut work.cols, false, &mut work.gemm);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A convolution straight from its definition, in `f64`: the output, then for `dy` the
+    /// weight, bias and input gradients.
+    fn reference<T: Float>(
+        c: &Conv2d,
+        batch: usize,
+        params: &[T],
+        x: &[T],
+        dy: &[T],
+    ) -> [Vec<f64>; 4] {
+        let (k, s, p) = (c.kernel, c.stride, c.padding);
+        let (h, w, oh, ow) = (c.height, c.width, c.out_height, c.out_width);
+        let patch = c.patch_len();
+        let mut y = vec![0f64; c.out_channels * batch * oh * ow];
+        let mut dw = vec![0f64; c.out_channels * patch];
+        let mut db = vec![0f64; c.out_channels];
+        let mut dx = vec![0f64; c.channels * batch * h * w];
+        for o in 0..c.out_channels {
+            for b in 0..batch {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let at = ((o * batch + b) * oh + oy) * ow + ox;
+                        let mut sum = params[c.out_channels * patch + o].f64();
+                        db[o] += dy[at].f64();
+                        for ch in 0..c.channels {
+                            for ki in 0..k {
+                                for kj in 0..k {
+                                    let (iy, ix) = (
+                                        (oy * s + ki) as isize - p as isize,
+                                        (ox * s + kj) as isize - p as isize,
+                                    );
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                        continue;
+                                    }
+                                    let xi = ((ch * batch + b) * h + iy as usize) * w + ix as usize;
+                                    let wi = o * patch + (ch * k + ki) * k + kj;
+                                    sum += params[wi].f64() * x[xi].f64();
+                                    dw[wi] += dy[at].f64() * x[xi].f64();
+                                    dx[xi] += dy[at].f64() * params[wi].f64();
+                                }
+                            }
+                        }
+                        y[at] = sum;
+                    }
+                }
+            }
+        }
+        [y, dw, db, dx]
+    }
+
+    /// Convolutions whose unfolded input takes several chunks, one ending inside an image,
+    /// with padding and strides, computed as the definition says: in `f32` (on AVX-512 rows
+    /// where the CPU has them) and in `f64` (portable rows).
+    #[test]
+    fn chunked_convolutions_compute_the_definition() {
+        agrees_with_the_definition::<f32>(1e-5);
+        agrees_with_the_definition::<f64>(1e-12);
+    }
+
+    fn agrees_with_the_definition<T: Float>(tolerance: f64) {
+        let pool = Pool::new(&Tracker::new());
+        for (channels, size, out_channels, kernel, stride, padding, batch) in
+            [(16, 32, 8, 3, 1, 1, 3), (64, 20, 4, 3, 2, 1, 5), (3, 9, 5, 5, 1, 2, 2)]
+        {
+            let out = (size + 2 * padding - kernel) / stride + 1;
+            let c = Conv2d {
+                channels,
+                height: size,
+                width: size,
+                out_channels,
+                kernel,
+                stride,
+                padding,
+                out_height: out,
+                out_width: out,
+                offset: 0,
+            };
+            let chunks = c.chunks(batch).count();
+            let fill = |len: usize, seed: usize| -> Vec<T> {
+                (0..len).map(|i| T::of(((i * 13 + seed) % 17) as f64 / 17.0 - 0.5)).collect()
+            };
+            let params = fill(c.param_len(), 1);
+            let x = fill(channels * batch * size * size, 2);
+            let dy = fill(out_channels * batch * out * out, 3);
+            let mut work = Workspace::<T>::new(&pool, c.scratch_len(batch), Precision::F32)
+                .expect("workspace");
+            let mut y = vec![T::zero(); dy.len()];
+            c.forward(batch, &params, &x, &mut y, &mut work.cols, &mut work.gemm);
+            let mut grads = vec![T::zero(); c.param_len()];
+            let mut dx = vec![T::zero(); x.len()];
+            let dx_out = Some(&mut dx[..]);
+            c.backward(
+                batch,
+                &params,
+                &mut grads,
+                &x,
+                &dy,
+                dx_out,
+                &mut work.cols,
+                false,
+                &mut work.gemm,
+            );
+            let (dw, db) = grads.split_at(out_channels * c.patch_len());
+            let [want_y, want_dw, want_db, want_dx] = reference(&c, batch, &params, &x, &dy);
+            for (name, got, want) in [
+                ("y", &y[..], want_y),
+                ("dW", dw, want_dw),
+                ("db", db, want_db),
+                ("dx", &dx[..], want_dx),
+            ] {
+                let worst =
+                    got.iter().zip(&want).map(|(&g, &w)| (g.f64() - w).abs()).fold(0.0, f64::max);
+                let scale = want.iter().map(|w| w.abs()).fold(1.0, f64::max);
+                assert!(
+                    worst <= tolerance * scale,
+                    "{channels}x{size}x{size} -> {out_channels}, k {kernel} s {stride} p {padding}, batch {batch} in {chunks} chunks: {name} off by {worst}"
+                );
+            }
+            if size == 32 || size == 20 {
+                assert!(chunks > 1, "{channels}x{size}x{size} takes several chunks ({chunks})");
             }
         }
     }

@@ -8,6 +8,7 @@ pub(crate) mod gemm;
 pub(crate) mod linear;
 pub(crate) mod loss;
 pub(crate) mod pool;
+pub(crate) mod rows;
 pub(crate) mod sparse;
 pub(crate) mod transpose;
 pub(crate) mod workspace;

@@ -5,11 +5,11 @@ use dp_mem::{Pool, PoolBuf, Tag};
 use crate::float::Float;
 use crate::ops::gemm::{Gemm, GemmBackend, Precision};
 
-/// A model's scratch: the unfolded input of its largest convolution and the packing buffers
+/// A model's scratch: a chunk of unfolded convolution input and the packing buffers
 /// of its products, held for the model's life.
 #[derive(Debug)]
 pub(crate) struct Workspace<T: Float> {
-    /// im2col columns of the largest convolution.
+    /// im2col columns: a chunk of the largest convolution's (see `ops/conv.rs`).
     pub(crate) cols: PoolBuf<T>,
     /// How the products run.
     pub(crate) gemm: Gemm,

@@ -1,0 +1,237 @@
+//! The short rows unfolding an image is made of (see `conv.rs`): writing one, values with
+//! zeros around them, and adding one back. Rows of a small CNN's images are a few dozen
+//! values, so the cost is in each row's fixed overhead, not its bytes: the portable code
+//! copies in fixed blocks the compiler keeps inline, and on AVX-512 a row is one or two
+//! masked loads and stores, padding included.
+
+use crate::float::Float;
+
+/// Rows of one kernel offset in one image: `count` rows of the unfolded input, `len` values
+/// apart, each `n` values of the image at `lo` with zeros around them; row `t`'s values are
+/// `step` values further along the image than row `t - 1`'s.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Run {
+    pub(crate) count: usize,
+    pub(crate) len: usize,
+    pub(crate) lo: usize,
+    pub(crate) n: usize,
+    pub(crate) step: usize,
+}
+
+impl Run {
+    /// Values of the unfolded input the run spans.
+    fn unfolded(&self) -> usize {
+        self.count * self.len
+    }
+
+    /// Values of the image the run spans.
+    fn image(&self) -> usize {
+        if self.count == 0 { 0 } else { (self.count - 1) * self.step + self.n }
+    }
+}
+
+/// The operations on runs of rows.
+///
+/// # Safety (of each method)
+/// The CPU has the features the implementation uses, and the calling function was compiled
+/// with them ([`Avx512`]'s: AVX-512F, see [`avx512`]); [`Portable`] needs nothing.
+pub(crate) trait Rows<T> {
+    /// Writes the run's rows into `out` from `image`.
+    unsafe fn place(run: Run, out: &mut [T], image: &[T]);
+    /// `out` = zeros.
+    unsafe fn zeros(out: &mut [T]);
+    /// Adds the run's rows of `unfolded` (their values, not the zeros) back onto `image`.
+    unsafe fn add(run: Run, image: &mut [T], unfolded: &[T]);
+}
+
+/// Rows in portable code, for any [`Float`].
+pub(crate) struct Portable;
+
+impl<T: Float> Rows<T> for Portable {
+    #[inline(always)]
+    unsafe fn place(run: Run, out: &mut [T], image: &[T]) {
+        let Run { count, len, lo, n, step } = run;
+        for (t, out) in out[..run.unfolded()].chunks_exact_mut(len).enumerate().take(count) {
+            let src = &image[t * step..][..n];
+            if n >= LANES && lo <= LANES && len - lo - n <= LANES {
+                copy_row(out, lo, src);
+            } else {
+                out[..lo].fill(T::zero());
+                out[lo + n..].fill(T::zero());
+                out[lo..lo + n].copy_from_slice(src);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn zeros(out: &mut [T]) {
+        out.fill(T::zero());
+    }
+
+    #[inline(always)]
+    unsafe fn add(run: Run, image: &mut [T], unfolded: &[T]) {
+        let Run { count, len, lo, n, step } = run;
+        for t in 0..count {
+            let dst = &mut image[t * step..][..n];
+            for (d, &s) in dst.iter_mut().zip(&unfolded[t * len + lo..][..n]) {
+                *d += s;
+            }
+        }
+    }
+}
+
+/// Elements per inline copy in [`Portable::place`].
+const LANES: usize = 8;
+
+/// Writes `src` at `out[lo..]` and zeros around it, for rows of a few dozen values. Slice
+/// `copy_from_slice` and `fill` (and any plain loop, which the compiler turns into them) call
+/// `memmove`/`memset`, and for rows this short the calls cost more than the copying; fixed
+/// blocks of `LANES` compile to inline vector moves. The zeros go first as one block at each
+/// end, then the values overwrite what is theirs, the last block overlapping the one before
+/// it instead of leaving a remainder loop. Needs `src.len() >= LANES` and at most `LANES`
+/// zeros on each side.
+#[inline(always)]
+fn copy_row<T: Copy + num_traits::Zero>(out: &mut [T], lo: usize, src: &[T]) {
+    fn block<T>(d: &mut [T]) -> &mut [T; LANES] {
+        d.try_into().expect("LANES long")
+    }
+    let (n, len) = (src.len(), out.len());
+    if lo > 0 {
+        *block(&mut out[..LANES]) = [T::zero(); LANES];
+    }
+    if lo + n < len {
+        *block(&mut out[len - LANES..]) = [T::zero(); LANES];
+    }
+    let mut i = 0;
+    while i + LANES <= n {
+        *block(&mut out[lo + i..lo + i + LANES]) =
+            src[i..i + LANES].try_into().expect("LANES long");
+        i += LANES;
+    }
+    if i < n {
+        let last = n - LANES;
+        *block(&mut out[lo + last..lo + n]) = src[last..].try_into().expect("LANES long");
+    }
+}
+
+/// `f32` rows on AVX-512F: 16 lanes per masked load or store.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512;
+
+/// Whether this CPU runs [`Avx512`] rows.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// The lanes of a row up to 64 values long, one bit each: bits `[from, to)`. A row's masks
+/// are the same for every row of one kernel offset, so the compiler hoists them out of the
+/// loop over rows; each 16-lane block's mask is then one shift.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn bits(from: usize, to: usize) -> u64 {
+    let below = |n: usize| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+    below(to) & !below(from)
+}
+
+/// Whether a row is short enough for [`bits`].
+#[cfg(target_arch = "x86_64")]
+const SHORT: usize = 64;
+
+/// The lanes `t` of the 16 from `j` with `from <= j + t < to`, for rows of any length.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn lanes(j: usize, from: usize, to: usize) -> u16 {
+    bits(from.saturating_sub(j).min(16), to.saturating_sub(j).min(16)) as u16
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Rows<f32> for Avx512 {
+    #[inline(always)]
+    unsafe fn place(run: Run, out: &mut [f32], image: &[f32]) {
+        use std::arch::x86_64::*;
+        let Run { count, len, lo, n, step } = run;
+        assert!(lo + n <= len && run.unfolded() <= out.len() && run.image() <= image.len());
+        let (values, written) = (bits(lo, lo + n), bits(0, len));
+        for t in 0..count {
+            let (src, dst) = (image[t * step..].as_ptr(), out[t * len..].as_mut_ptr());
+            for j in (0..len).step_by(16) {
+                let (values, written) = match len <= SHORT {
+                    true => ((values >> j) as u16, (written >> j) as u16),
+                    false => (lanes(j, lo, lo + n), lanes(j, 0, len)),
+                };
+                // Lane `i` of block `j` holds `src[j + i - lo]`: the address of lane 0, which
+                // may lie outside the image, is never read through unless its lane is set.
+                let at = src.wrapping_add(j).wrapping_sub(lo);
+                // SAFETY: the lanes in `values` read the row's `n` values, those in `written`
+                // write `out[t * len + j..(t + 1) * len]` (bounds asserted above); the caller
+                // runs on AVX-512F.
+                unsafe {
+                    let v = _mm512_maskz_loadu_ps(values, at);
+                    _mm512_mask_storeu_ps(dst.add(j), written, v);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn zeros(out: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let len = out.len();
+        for j in (0..len).step_by(16) {
+            // SAFETY: the lanes in the mask write `out[j..len]`; the caller runs on AVX-512F.
+            unsafe {
+                let written = lanes(j, 0, len);
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), written, _mm512_setzero_ps());
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn add(run: Run, image: &mut [f32], unfolded: &[f32]) {
+        use std::arch::x86_64::*;
+        let Run { count, len, lo, n, step } = run;
+        assert!(lo + n <= len && run.unfolded() <= unfolded.len() && run.image() <= image.len());
+        let all = bits(0, n);
+        // A row is read, added to and written back; when the next row starts inside the
+        // 64 bytes of its last vector (rows closer than 16 values), the load waits for the
+        // store before it to reach the cache. So rows go in `stagger` interleaved passes,
+        // each row far enough from the one before.
+        let stagger = (16 * n.div_ceil(16)).div_ceil(step.max(1)).clamp(1, count.max(1));
+        for first in 0..stagger {
+            for t in (first..count).step_by(stagger) {
+                let (dst, src) =
+                    (image[t * step..].as_mut_ptr(), unfolded[t * len + lo..].as_ptr());
+                for j in (0..n).step_by(16) {
+                    let mask = if n <= SHORT { (all >> j) as u16 } else { lanes(j, 0, n) };
+                    // SAFETY: the lanes in the mask address the row's `n` values of both
+                    // (bounds asserted above); the caller runs on AVX-512F.
+                    unsafe {
+                        let d = dst.add(j);
+                        let sum = _mm512_add_ps(
+                            _mm512_maskz_loadu_ps(mask, d),
+                            _mm512_maskz_loadu_ps(mask, src.add(j)),
+                        );
+                        _mm512_mask_storeu_ps(d, mask, sum);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `values` as `f32`s, when `T` is `f32`.
+pub(crate) fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()).then(|| {
+        // SAFETY: `T` is `f32`.
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), values.len()) }
+    })
+}
+
+/// The mutable counterpart of [`as_f32`].
+pub(crate) fn as_f32_mut<T: 'static>(values: &mut [T]) -> Option<&mut [f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()).then(|| {
+        // SAFETY: `T` is `f32`.
+        unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), values.len()) }
+    })
+}
