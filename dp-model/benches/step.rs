@@ -296,7 +296,7 @@ fn mixed_precision(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
         return;
     }
     let specs = [mlp.clone(), ModelSpec::lenet([1, 28, 28], 10)];
-    for ((name, f32_bench), spec) in cases.iter_mut().zip(&specs) {
+    for (i, ((name, f32_bench), spec)) in cases.iter_mut().zip(&specs).enumerate() {
         let batch = f32_bench.batch();
         let mut bf16 = Bench::in_precision(spec, batch, Recompute::Off, Precision::Bf16);
         let mut both = (Vec::new(), Vec::new());
@@ -310,11 +310,16 @@ fn mixed_precision(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
         }
         let (f32_time, bf16_time) = (median(&mut both.0), median(&mut both.1));
         let ratio = f32_time / bf16_time;
+        // The target is the MLP's; LeNet's small convolution products are reported.
+        let verdict = match (i, ratio >= 1.5) {
+            (0, true) => "  >= 1.5 (met)",
+            (0, false) => "  >= 1.5 (NOT MET)",
+            _ => "",
+        };
         println!(
-            "{name:<26} bf16 step {:.3} ms vs f32 {:.3} ms = {ratio:.2}x  >= 1.5 {}",
+            "{name:<26} bf16 step {:.3} ms vs f32 {:.3} ms = {ratio:.2}x{verdict}",
             bf16_time * 1e3,
             f32_time * 1e3,
-            if ratio >= 1.5 { "(met)" } else { "(NOT MET)" }
         );
     }
 }
