@@ -192,7 +192,7 @@ impl Gemm {
                     GemmBackend::Avx512 => {
                         Some(avx512_kernel((m, k, n), &strided(&a), &strided(&b)))
                     }
-                    GemmBackend::Avx2 => Some(packed::gemm::<x86::Avx2>),
+                    GemmBackend::Avx2 => Some(avx2_kernel((m, k, n), &strided(&a), &strided(&b))),
                     _ => None,
                 },
             };
@@ -238,16 +238,19 @@ fn strided_mut<T>(v: &mut ArrayViewMut2<'_, T>) -> StridedMut {
 /// The AVX-512 kernel for an `m x k x n` product: dot products for a small output over a long
 /// `k`; otherwise tiles, 64 columns (fewest loads per FMA) where
 /// they fill nearly as well as 32, unless 32-wide tiles would read a row-major `b` in place
-/// and 64-wide ones (fewer rows each) would pack it; 16 where 32 would be mostly padding.
+/// and 64-wide ones (fewer rows each) would pack it; 16 where 32 would be mostly padding, or
+/// would fill as well only transposed.
 #[cfg(target_arch = "x86_64")]
 fn avx512_kernel((m, k, n): (usize, usize, usize), a: &Strided, b: &Strided) -> packed::Product {
-    // A small output over a long `k`, both operands contiguous along `k` (a convolution's
-    // weight gradient): dot products, nothing packed.
-    if a.cols == 1 && b.rows == 1 && m * n <= 64 * 64 && k >= 8 * m.max(n) {
+    if dot_products((m, k, n), a, b) {
         return x86::avx512_dots;
     }
     let packs_b_for_nothing =
         b.cols == 1 && packed::short::<x86::Avx512>(m) && !packed::short::<x86::Avx512Wide>(m);
+    // 32-wide tiles that fill a narrow output only transposed would pack the operand that
+    // 16-wide ones read in place (an output layer's 256 x 256 input for its 10 classes).
+    let turns_for_32_only =
+        packed::transposes::<x86::Avx512>(m, n) && !packed::transposes::<x86::Avx512Narrow>(m, n);
     let (wide, mid, narrow) = (
         packed::fill::<x86::Avx512Wide>(m, n),
         packed::fill::<x86::Avx512>(m, n),
@@ -255,10 +258,27 @@ fn avx512_kernel((m, k, n): (usize, usize, usize), a: &Strided, b: &Strided) -> 
     );
     if wide >= 0.97 * mid.max(narrow) && !packs_b_for_nothing {
         packed::gemm::<x86::Avx512Wide>
-    } else if narrow > 1.1 * mid {
+    } else if narrow > 1.1 * mid || (narrow >= mid && turns_for_32_only) {
         packed::gemm::<x86::Avx512Narrow>
     } else {
         packed::gemm::<x86::Avx512>
+    }
+}
+
+/// Whether an `m x k x n` product is a small output over a long `k`, both operands contiguous
+/// along `k` (a convolution's weight gradient): dot products then beat tiles, which would
+/// pack an operand for few reuses.
+fn dot_products((m, k, n): (usize, usize, usize), a: &Strided, b: &Strided) -> bool {
+    a.cols == 1 && b.rows == 1 && m * n <= 64 * 64 && k >= 8 * m.max(n)
+}
+
+/// The AVX2 kernel for an `m x k x n` product: dot products for a small output over a long
+/// `k`, otherwise tiles.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernel((m, k, n): (usize, usize, usize), a: &Strided, b: &Strided) -> packed::Product {
+    match dot_products((m, k, n), a, b) {
+        true => x86::avx2_dots,
+        false => packed::gemm::<x86::Avx2>,
     }
 }
 

@@ -174,7 +174,7 @@ const TRANSPOSED_COST: f64 = 1.5;
 
 /// Whether [`gemm`] runs an `m x n` product transposed: a narrow result (the 10 classes of an
 /// output layer) fills tiles far better as `c^T = b^T a^T`, rows for columns.
-fn transposes<K: Tile>(m: usize, n: usize) -> bool {
+pub(crate) fn transposes<K: Tile>(m: usize, n: usize) -> bool {
     tiling_use::<K>(n, m) > TRANSPOSED_COST * tiling_use::<K>(m, n)
 }
 

@@ -9,8 +9,8 @@
 //!   measured it issues at half the rate: no faster than `f32`, so it has no kernel here.)
 //! * [`Avx2`]: 16 columns (two ymm) by up to 6 rows, 12 of the 16 registers summing.
 //!
-//! and [`avx512_dots`] sums dot products for a small output over a long `k`. Each kernel is
-//! compiled for its features alone and only runs where they were detected.
+//! and [`avx512_dots`] and [`avx2_dots`] sum dot products for a small output over a long `k`.
+//! Each kernel is compiled for its features alone and only runs where they were detected.
 
 use std::arch::x86_64::*;
 
@@ -598,69 +598,98 @@ unsafe fn pack_rows_bf16(
 /// in L2 while every dot product over it is summed.
 const DOT_BLOCK: usize = 1024;
 
-/// `c (+)= a b` as dot products of `a`'s rows with `b`'s columns, both contiguous along `k`,
-/// four rows by four columns at a time, each sum a vector of 16 lanes added up at the end. For
-/// a small output over a long `k` (a convolution's weight gradient), where packing an
-/// operand for tiles would cost more than the products.
-///
-/// # Safety
-/// The CPU has AVX-512F; `a` (rows `k` contiguous values long) addresses `m x k` values, `b`
-/// (columns `k` contiguous values long) `k x n`, and `c` `m x n` writable ones aliasing neither.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn avx512_dots(
-    (m, k, n): (usize, usize, usize),
-    a: Strided,
-    b: Strided,
-    c: StridedMut,
-    accumulate: bool,
-    _workspace: &mut [u32],
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    for p0 in (0..k.max(1)).step_by(DOT_BLOCK) {
-        let kc = DOT_BLOCK.min(k - p0);
-        let add = accumulate || p0 > 0;
-        for i0 in (0..m).step_by(4) {
-            for j0 in (0..n).step_by(4) {
-                // A block at the edge repeats its last row or column; only the real ones are
-                // written.
-                let rows: [*const f32; 4] = std::array::from_fn(|r| {
-                    a.ptr.wrapping_offset((i0 + r).min(m - 1) as isize * a.rows + p0 as isize)
-                });
-                let cols: [*const f32; 4] = std::array::from_fn(|q| {
-                    b.ptr.wrapping_offset((j0 + q).min(n - 1) as isize * b.cols + p0 as isize)
-                });
-                let mut sums = [[_mm512_setzero_ps(); 4]; 4];
-                for p in (0..kc).step_by(16) {
-                    let mask = lanes(kc - p);
-                    // SAFETY: the masks keep every load inside the rows' and columns' `kc`
-                    // values of this block.
-                    unsafe {
-                        let x: [__m512; 4] =
-                            std::array::from_fn(|r| _mm512_maskz_loadu_ps(mask, rows[r].add(p)));
-                        for (q, col) in cols.iter().enumerate() {
-                            let y = _mm512_maskz_loadu_ps(mask, col.add(p));
-                            for (sum, &x) in sums.iter_mut().zip(&x) {
-                                sum[q] = _mm512_fmadd_ps(x, y, sum[q]);
+/// A dot-product kernel `$name`: `c (+)= a b` as dot products of `a`'s rows with `b`'s
+/// columns, both contiguous along `k`, `$rows` rows by `$cols` columns at a time (as many sums
+/// as the registers hold beside one vector of each), each sum a vector of `$lanes` lanes added
+/// up at the end. For a small output over a long `k` (a convolution's
+/// weight gradient), where packing an operand for tiles would cost more than the products.
+macro_rules! dots {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:literal lanes, $rows:literal x
+     $cols:literal, $zero:ident, $mask:ident, $masked_load:ident, $fma:ident, $reduce:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The CPU has the kernel's features; `a` (rows `k` contiguous values long) addresses
+        /// `m x k` values, `b` (columns `k` contiguous values long) `k x n`, and `c` `m x n`
+        /// writable ones aliasing neither.
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(
+            (m, k, n): (usize, usize, usize),
+            a: Strided,
+            b: Strided,
+            c: StridedMut,
+            accumulate: bool,
+            _workspace: &mut [u32],
+        ) {
+            if m == 0 || n == 0 {
+                return;
+            }
+            for p0 in (0..k.max(1)).step_by(DOT_BLOCK) {
+                let kc = DOT_BLOCK.min(k - p0);
+                let add = accumulate || p0 > 0;
+                for i0 in (0..m).step_by($rows) {
+                    for j0 in (0..n).step_by($cols) {
+                        // A block at the edge repeats its last row or column; only the real
+                        // ones are written.
+                        let rows: [*const f32; $rows] = std::array::from_fn(|r| {
+                            let row = (i0 + r).min(m - 1) as isize;
+                            a.ptr.wrapping_offset(row * a.rows + p0 as isize)
+                        });
+                        let cols: [*const f32; $cols] = std::array::from_fn(|q| {
+                            let col = (j0 + q).min(n - 1) as isize;
+                            b.ptr.wrapping_offset(col * b.cols + p0 as isize)
+                        });
+                        let mut sums = [[$zero(); $cols]; $rows];
+                        for p in (0..kc).step_by($lanes) {
+                            let mask = $mask(kc - p);
+                            // SAFETY: the masks keep every load inside the rows' and columns'
+                            // `kc` values of this block.
+                            unsafe {
+                                let x: [_; $rows] =
+                                    std::array::from_fn(|r| $masked_load(rows[r].add(p), mask));
+                                for (q, col) in cols.iter().enumerate() {
+                                    let y = $masked_load(col.add(p), mask);
+                                    for (sum, &x) in sums.iter_mut().zip(&x) {
+                                        sum[q] = $fma(x, y, sum[q]);
+                                    }
+                                }
                             }
                         }
-                    }
-                }
-                for (r, row) in sums.iter().enumerate().take(m - i0) {
-                    for (q, sum) in row.iter().enumerate().take(n - j0) {
-                        let at = (i0 + r) as isize * c.rows + (j0 + q) as isize * c.cols;
-                        // SAFETY: `(i0 + r, j0 + q)` is inside `c`.
-                        unsafe {
-                            let out = &mut *c.ptr.offset(at);
-                            let dot = _mm512_reduce_add_ps(*sum);
-                            *out = if add { *out + dot } else { dot };
+                        for (r, row) in sums.iter().enumerate().take(m - i0) {
+                            for (q, &sum) in row.iter().enumerate().take(n - j0) {
+                                let at = (i0 + r) as isize * c.rows + (j0 + q) as isize * c.cols;
+                                // SAFETY: `(i0 + r, j0 + q)` is inside `c`.
+                                unsafe {
+                                    let out = &mut *c.ptr.offset(at);
+                                    let dot = $reduce(sum);
+                                    *out = if add { *out + dot } else { dot };
+                                }
+                            }
                         }
                     }
                 }
             }
         }
-    }
+    };
+}
+
+dots!(
+    /// Dot products on AVX-512F, 16 lanes.
+    avx512_dots, "avx512f", 16 lanes, 4 x 4, _mm512_setzero_ps, mask16, masked_load16, _mm512_fmadd_ps,
+    _mm512_reduce_add_ps
+);
+dots!(
+    /// Dot products on AVX2 with FMA, 8 lanes.
+    avx2_dots, "avx2,fma", 8 lanes, 3 x 4, _mm256_setzero_ps, mask8, masked_load8, _mm256_fmadd_ps,
+    sum8
+);
+
+/// The sum of a vector's 8 lanes.
+#[target_feature(enable = "avx2")]
+fn sum8(v: __m256) -> f32 {
+    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)))
 }
 
 /// Whether this CPU has AMX with `bf16` and the kernel lets this process use it (Linux asks
