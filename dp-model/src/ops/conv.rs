@@ -39,6 +39,17 @@ fn sum_lanes<T: Float>(values: &[T]) -> T {
 /// measured, so a chunk is still there when its product reads it.
 const CHUNK_VALUES: usize = 256 * 1024;
 
+/// Consecutive output rows of a chunk (see [`Conv2d::segments`]): `count` rows from `row` of
+/// each of `images` images from `image`, starting at row `at` of the chunk.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    image: usize,
+    row: usize,
+    count: usize,
+    images: usize,
+    at: usize,
+}
+
 /// Shape of a convolution and where its parameters sit in the flat buffer.
 #[derive(Clone, Debug)]
 pub(crate) struct Conv2d {
@@ -155,21 +166,23 @@ impl Conv2d {
         (lo.min(hi), hi)
     }
 
-    /// The chunk's output rows (from global row `first`, `rows` of them) image by image: the
-    /// image, its first output row, how many, and where they start among the chunk's rows.
-    fn images(
-        &self,
-        first: usize,
-        rows: usize,
-    ) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    /// The chunk's output rows (from global row `first`, `rows` of them) in segments of
+    /// whole images, or the part of one image at either end of the chunk: the first image,
+    /// its first output row, the output rows of each image, how many images, and where the
+    /// segment starts among the chunk's rows.
+    fn segments(&self, first: usize, rows: usize) -> impl Iterator<Item = Segment> {
         let oh = self.out_height;
         let mut at = 0;
         std::iter::from_fn(move || {
             (at < rows).then(|| {
-                let (b, oy) = ((first + at) / oh, (first + at) % oh);
-                let count = (oh - oy).min(rows - at);
-                at += count;
-                (b, oy, count, at - count)
+                let (image, row) = ((first + at) / oh, (first + at) % oh);
+                let (count, images) = match row {
+                    0 if rows - at >= oh => (oh, (rows - at) / oh),
+                    _ => ((oh - row).min(rows - at), 1),
+                };
+                let segment = Segment { image, row, count, images, at };
+                at += count * images;
+                segment
             })
         })
     }
@@ -225,32 +238,32 @@ impl Conv2d {
             let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
             let (lo, hi) = self.valid(kj, w, ow);
             let (top, bottom) = self.valid(ki, h, self.out_height);
-            for (b, oy, count, at) in self.images(first, rows) {
-                let out = &mut row[at * ow..(at + count) * ow];
+            for Segment { image, row: oy, count, images, at } in self.segments(first, rows) {
+                let out = &mut row[at * ow..(at + count * images) * ow];
                 // Rows outside the image, or a kernel column that only ever reads padding (a
                 // kernel wider than a narrow image), read zeros.
                 let (from, to) = (top.clamp(oy, oy + count), bottom.clamp(oy, oy + count));
-                let (from, to) = if lo == hi { (from, from) } else { (from, to) };
-                let (above, inside) = out.split_at_mut((from - oy) * ow);
-                let (inside, below) = inside.split_at_mut((to - from) * ow);
-                // SAFETY: passed on from the caller.
-                unsafe { R::zeros(above) };
-                // SAFETY: as above.
-                unsafe { R::zeros(below) };
-                if from == to {
+                if from == to || lo == hi {
+                    // SAFETY: passed on from the caller.
+                    unsafe { R::zeros(out) };
                     continue;
                 }
-                let plane = &x[(c * batch + b) * h * w..][..h * w];
-                let iy = from * s + ki - p;
+                let plane = h * w;
+                let start = (c * batch + image) * plane + (from * s + ki - p) * w;
+                let (above, below) = (from - oy, oy + count - to);
                 if s == 1 {
-                    let run = Run { count: to - from, len: ow, lo, n: hi - lo, step: w };
+                    let (count, n) = (to - from, hi - lo);
+                    let run = Run { images, above, count, below, len: ow, lo, n, step: w, plane };
                     // SAFETY: as above.
-                    unsafe { R::place(run, inside, &plane[iy * w + lo + kj - p..]) };
-                } else {
-                    // SAFETY: as above.
-                    unsafe { R::zeros(inside) };
-                    for (t, out) in inside.chunks_exact_mut(ow).enumerate() {
-                        let src = &plane[(iy + t * s) * w..][..w];
+                    unsafe { R::place(run, out, &x[start + lo + kj - p..]) };
+                    continue;
+                }
+                // SAFETY: as above.
+                unsafe { R::zeros(out) };
+                for (i, out) in out.chunks_exact_mut(count * ow).enumerate() {
+                    let rows = out[above * ow..].chunks_exact_mut(ow).take(to - from);
+                    for (t, out) in rows.enumerate() {
+                        let src = &x[start + i * plane + t * s * w..][..w];
                         for (ox, o) in out[lo..hi].iter_mut().enumerate() {
                             *o = src[(lo + ox) * s + kj - p];
                         }
@@ -310,25 +323,27 @@ impl Conv2d {
             let (c, ki, kj) = (r / (k * k), r / k % k, r % k);
             let (lo, hi) = self.valid(kj, w, ow);
             let (top, bottom) = self.valid(ki, h, self.out_height);
-            if lo == hi {
-                // This kernel column only ever read padding.
-                continue;
-            }
-            for (b, oy, count, at) in self.images(first, rows) {
+            for Segment { image, row: oy, count, images, at } in self.segments(first, rows) {
                 let (from, to) = (top.clamp(oy, oy + count), bottom.clamp(oy, oy + count));
-                if from == to {
+                if from == to || lo == hi {
+                    // These rows only ever read padding.
                     continue;
                 }
-                let grads = &row[(at + from - oy) * ow..(at + to - oy) * ow];
-                let plane = &mut dx[(c * batch + b) * h * w..][..h * w];
-                let iy = from * s + ki - p;
+                let grads = &row[at * ow..(at + count * images) * ow];
+                let plane = h * w;
+                let start = (c * batch + image) * plane + (from * s + ki - p) * w;
+                let above = from - oy;
                 if s == 1 {
-                    let run = Run { count: to - from, len: ow, lo, n: hi - lo, step: w };
+                    let (below, count, n) = (oy + count - to, to - from, hi - lo);
+                    let run = Run { images, above, count, below, len: ow, lo, n, step: w, plane };
                     // SAFETY: passed on from the caller.
-                    unsafe { R::add(run, &mut plane[iy * w + lo + kj - p..], grads) };
-                } else {
-                    for (t, grad) in grads.chunks_exact(ow).enumerate() {
-                        let dst = &mut plane[(iy + t * s) * w..][..w];
+                    unsafe { R::add(run, &mut dx[start + lo + kj - p..], grads) };
+                    continue;
+                }
+                for (i, grads) in grads.chunks_exact(count * ow).enumerate() {
+                    let rows = grads[above * ow..].chunks_exact(ow).take(to - from);
+                    for (t, grad) in rows.enumerate() {
+                        let dst = &mut dx[start + i * plane + t * s * w..][..w];
                         for ox in lo..hi {
                             dst[ox * s + kj - p] += grad[ox];
                         }

@@ -6,27 +6,46 @@
 
 use crate::float::Float;
 
-/// Rows of one kernel offset in one image: `count` rows of the unfolded input, `len` values
-/// apart, each `n` values of the image at `lo` with zeros around them; row `t`'s values are
-/// `step` values further along the image than row `t - 1`'s.
+/// The rows of one kernel offset in `images` consecutive images: per image, `above` rows of
+/// zeros, `count` rows of values and `below` rows of zeros in the unfolded input, each row
+/// `len` long with `n` values of the image at `lo` and zeros around them. In the image a
+/// row's values are `step` values after the row before's, an image's `plane` values after the
+/// image before's. One call per kernel offset and chunk keeps the cost of a call off the rows.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Run {
+    pub(crate) images: usize,
+    pub(crate) above: usize,
     pub(crate) count: usize,
+    pub(crate) below: usize,
     pub(crate) len: usize,
     pub(crate) lo: usize,
     pub(crate) n: usize,
     pub(crate) step: usize,
+    pub(crate) plane: usize,
 }
 
 impl Run {
-    /// Values of the unfolded input the run spans.
-    fn unfolded(&self) -> usize {
-        self.count * self.len
+    /// Rows of the unfolded input per image.
+    fn rows(&self) -> usize {
+        self.above + self.count + self.below
     }
 
-    /// Values of the image the run spans.
+    /// Values of the unfolded input the run spans.
+    fn unfolded(&self) -> usize {
+        self.images * self.rows() * self.len
+    }
+
+    /// Values of the image the run spans, from its first value.
     fn image(&self) -> usize {
-        if self.count == 0 { 0 } else { (self.count - 1) * self.step + self.n }
+        match (self.images, self.count) {
+            (0, _) | (_, 0) => 0,
+            (images, count) => (images - 1) * self.plane + (count - 1) * self.step + self.n,
+        }
+    }
+
+    /// Where image `i`'s rows go in the unfolded input and its values start in the image.
+    fn at(&self, i: usize) -> (usize, usize) {
+        (i * self.rows() * self.len, i * self.plane)
     }
 }
 
@@ -50,15 +69,23 @@ pub(crate) struct Portable;
 impl<T: Float> Rows<T> for Portable {
     #[inline(always)]
     unsafe fn place(run: Run, out: &mut [T], image: &[T]) {
-        let Run { count, len, lo, n, step } = run;
-        for (t, out) in out[..run.unfolded()].chunks_exact_mut(len).enumerate().take(count) {
-            let src = &image[t * step..][..n];
-            if n >= LANES && lo <= LANES && len - lo - n <= LANES {
-                copy_row(out, lo, src);
-            } else {
-                out[..lo].fill(T::zero());
-                out[lo + n..].fill(T::zero());
-                out[lo..lo + n].copy_from_slice(src);
+        let Run { above, count, below, len, lo, n, step, .. } = run;
+        for i in 0..run.images {
+            let (to, from) = run.at(i);
+            let rows = &mut out[to..to + run.rows() * len];
+            let (zeros, rest) = rows.split_at_mut(above * len);
+            zeros.fill(T::zero());
+            let (values, zeros) = rest.split_at_mut(count * len);
+            zeros[..below * len].fill(T::zero());
+            for (t, out) in values.chunks_exact_mut(len).enumerate() {
+                let src = &image[from + t * step..][..n];
+                if n >= LANES && lo <= LANES && len - lo - n <= LANES {
+                    copy_row(out, lo, src);
+                } else {
+                    out[..lo].fill(T::zero());
+                    out[lo + n..].fill(T::zero());
+                    out[lo..lo + n].copy_from_slice(src);
+                }
             }
         }
     }
@@ -70,11 +97,14 @@ impl<T: Float> Rows<T> for Portable {
 
     #[inline(always)]
     unsafe fn add(run: Run, image: &mut [T], unfolded: &[T]) {
-        let Run { count, len, lo, n, step } = run;
-        for t in 0..count {
-            let dst = &mut image[t * step..][..n];
-            for (d, &s) in dst.iter_mut().zip(&unfolded[t * len + lo..][..n]) {
-                *d += s;
+        let Run { above, count, len, lo, n, step, .. } = run;
+        for i in 0..run.images {
+            let (from, to) = run.at(i);
+            for t in 0..count {
+                let src = &unfolded[from + (above + t) * len + lo..][..n];
+                for (d, &s) in image[to + t * step..][..n].iter_mut().zip(src) {
+                    *d += s;
+                }
             }
         }
     }
@@ -149,26 +179,28 @@ fn lanes(j: usize, from: usize, to: usize) -> u16 {
 impl Rows<f32> for Avx512 {
     #[inline(always)]
     unsafe fn place(run: Run, out: &mut [f32], image: &[f32]) {
-        use std::arch::x86_64::*;
-        let Run { count, len, lo, n, step } = run;
+        let Run { above, count, below, len, lo, n, .. } = run;
         assert!(lo + n <= len && run.unfolded() <= out.len() && run.image() <= image.len());
         let (values, written) = (bits(lo, lo + n), bits(0, len));
-        for t in 0..count {
-            let (src, dst) = (image[t * step..].as_ptr(), out[t * len..].as_mut_ptr());
-            for j in (0..len).step_by(16) {
-                let (values, written) = match len <= SHORT {
-                    true => ((values >> j) as u16, (written >> j) as u16),
-                    false => (lanes(j, lo, lo + n), lanes(j, 0, len)),
-                };
-                // Lane `i` of block `j` holds `src[j + i - lo]`: the address of lane 0, which
-                // may lie outside the image, is never read through unless its lane is set.
-                let at = src.wrapping_add(j).wrapping_sub(lo);
-                // SAFETY: the lanes in `values` read the row's `n` values, those in `written`
-                // write `out[t * len + j..(t + 1) * len]` (bounds asserted above); the caller
-                // runs on AVX-512F.
-                unsafe {
-                    let v = _mm512_maskz_loadu_ps(values, at);
-                    _mm512_mask_storeu_ps(dst.add(j), written, v);
+        for i in 0..run.images {
+            let (to, from) = run.at(i);
+            let rows = &mut out[to..to + run.rows() * len];
+            let (zeros, rest) = rows.split_at_mut(above * len);
+            // SAFETY: passed on from the caller.
+            unsafe { Self::zeros(zeros) };
+            let (rest, zeros) = rest.split_at_mut(count * len);
+            // SAFETY: as above.
+            unsafe { Self::zeros(&mut zeros[..below * len]) };
+            let (src, dst) = (image[from..].as_ptr(), rest.as_mut_ptr());
+            // SAFETY: the rows lie inside both (bounds asserted above); the caller runs on
+            // AVX-512F.
+            unsafe {
+                match len.div_ceil(16) {
+                    1 => value_rows::<1>(run, src, dst, values, written),
+                    2 => value_rows::<2>(run, src, dst, values, written),
+                    3 => value_rows::<3>(run, src, dst, values, written),
+                    4 => value_rows::<4>(run, src, dst, values, written),
+                    _ => long_value_rows(run, src, dst),
                 }
             }
         }
@@ -190,7 +222,7 @@ impl Rows<f32> for Avx512 {
     #[inline(always)]
     unsafe fn add(run: Run, image: &mut [f32], unfolded: &[f32]) {
         use std::arch::x86_64::*;
-        let Run { count, len, lo, n, step } = run;
+        let Run { above, count, len, lo, n, step, .. } = run;
         assert!(lo + n <= len && run.unfolded() <= unfolded.len() && run.image() <= image.len());
         let all = bits(0, n);
         // A row is read, added to and written back; when the next row starts inside the
@@ -198,23 +230,85 @@ impl Rows<f32> for Avx512 {
         // store before it to reach the cache. So rows go in `stagger` interleaved passes,
         // each row far enough from the one before.
         let stagger = (16 * n.div_ceil(16)).div_ceil(step.max(1)).clamp(1, count.max(1));
-        for first in 0..stagger {
-            for t in (first..count).step_by(stagger) {
-                let (dst, src) =
-                    (image[t * step..].as_mut_ptr(), unfolded[t * len + lo..].as_ptr());
-                for j in (0..n).step_by(16) {
-                    let mask = if n <= SHORT { (all >> j) as u16 } else { lanes(j, 0, n) };
-                    // SAFETY: the lanes in the mask address the row's `n` values of both
-                    // (bounds asserted above); the caller runs on AVX-512F.
-                    unsafe {
-                        let d = dst.add(j);
-                        let sum = _mm512_add_ps(
-                            _mm512_maskz_loadu_ps(mask, d),
-                            _mm512_maskz_loadu_ps(mask, src.add(j)),
-                        );
-                        _mm512_mask_storeu_ps(d, mask, sum);
+        for i in 0..run.images {
+            let (from, to) = run.at(i);
+            let (dst, src) =
+                (image[to..].as_mut_ptr(), unfolded[from + above * len + lo..].as_ptr());
+            for first in 0..stagger {
+                for t in (first..count).step_by(stagger) {
+                    let (dst, src) = (dst.wrapping_add(t * step), src.wrapping_add(t * len));
+                    for j in (0..n).step_by(16) {
+                        let mask = if n <= SHORT { (all >> j) as u16 } else { lanes(j, 0, n) };
+                        // SAFETY: the lanes in the mask address the row's `n` values of both
+                        // (bounds asserted above); the caller runs on AVX-512F.
+                        unsafe {
+                            let d = dst.add(j);
+                            let sum = _mm512_add_ps(
+                                _mm512_maskz_loadu_ps(mask, d),
+                                _mm512_maskz_loadu_ps(mask, src.add(j)),
+                            );
+                            _mm512_mask_storeu_ps(d, mask, sum);
+                        }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The `count` value rows of an [`Avx512`] run, `B` blocks of 16 lanes each, rows up to
+/// [`SHORT`] values long: the blocks' masks, cut from the row's lane bits once, stay in mask
+/// registers while the rows go by.
+///
+/// # Safety
+/// `src` addresses the run's values (row `t` at `t * step`, `n` of them), `dst` its rows (row
+/// `t` at `t * len`, `len` long); the caller runs on AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn value_rows<const B: usize>(
+    run: Run,
+    src: *const f32,
+    dst: *mut f32,
+    values: u64,
+    written: u64,
+) {
+    use std::arch::x86_64::*;
+    let Run { count, len, lo, step, .. } = run;
+    let masks: [(u16, u16); B] =
+        std::array::from_fn(|b| ((values >> (16 * b)) as u16, (written >> (16 * b)) as u16));
+    for t in 0..count {
+        let (src, dst) = (src.wrapping_add(t * step), dst.wrapping_add(t * len));
+        for (b, &(values, written)) in masks.iter().enumerate() {
+            // Lane `l` of block `b` holds `src[16 b + l - lo]`: the address of lane 0, which
+            // may lie outside the image, is never read through unless its lane is set.
+            let at = src.wrapping_add(16 * b).wrapping_sub(lo);
+            // SAFETY: the lanes in `values` read the row's values, those in `written` write
+            // its `len`, as the caller promised.
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(values, at);
+                _mm512_mask_storeu_ps(dst.add(16 * b), written, v);
+            }
+        }
+    }
+}
+
+/// [`value_rows`] for rows longer than [`SHORT`], each block's masks worked out per row.
+///
+/// # Safety
+/// As [`value_rows`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn long_value_rows(run: Run, src: *const f32, dst: *mut f32) {
+    use std::arch::x86_64::*;
+    let Run { count, len, lo, n, step, .. } = run;
+    for t in 0..count {
+        let (src, dst) = (src.wrapping_add(t * step), dst.wrapping_add(t * len));
+        for j in (0..len).step_by(16) {
+            let at = src.wrapping_add(j).wrapping_sub(lo);
+            // SAFETY: as in `value_rows`.
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(lanes(j, lo, lo + n), at);
+                _mm512_mask_storeu_ps(dst.add(j), lanes(j, 0, len), v);
             }
         }
     }
