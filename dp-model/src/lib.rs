@@ -56,8 +56,8 @@ mod spec;
 mod tape;
 
 pub use checkpoint::{
-    CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta,
-    OptimizerState, OptimizerStateMut, ShardFile, params_checksum, save_optimizer_shard,
+    CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta, ShardFile,
+    params_checksum, save_optimizer_shard,
 };
 pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, cuda_kernels_ptx};
 pub use error::{Error, Result};
@@ -69,7 +69,10 @@ pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{BareGemm, GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};
 pub use ops::sparse::SparseInput;
-pub use optim::{Adam, AdamConfig, Optimizer, Schedule, Sgd, SgdConfig, clip_grad_norm, grad_norm};
+pub use optim::{
+    Adam, AdamConfig, Optimizer, OptimizerState, OptimizerStateMut, Schedule, Sgd, SgdConfig,
+    clip_grad_norm, grad_norm,
+};
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;
 pub use shared::SharedParams;

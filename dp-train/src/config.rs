@@ -684,6 +684,89 @@ impl TrainConfig {
         }
     }
 
+    /// A budget error in the words of this config: the key to change, not the library call
+    /// behind it. Other errors pass through.
+    pub(crate) fn explain(&self, error: Error) -> Error {
+        use dp_mem::ByteSize;
+        let out_of_memory = match &error {
+            Error::Memory(dp_mem::Error::OutOfMemory(report)) => Some(report),
+            Error::Model(dp_model::Error::Memory(dp_mem::Error::OutOfMemory(report))) => {
+                Some(report)
+            }
+            _ => None,
+        };
+        if let (Some(report), Some(mib)) = (out_of_memory, self.memory_budget_mib) {
+            let held: Vec<String> = report
+                .reserved_by_tag
+                .iter()
+                .filter(|(_, bytes)| *bytes > 0)
+                .map(|(tag, bytes)| format!("{tag} {}", ByteSize(*bytes)))
+                .collect();
+            return Error::config(
+                "memory_budget_mib",
+                format!(
+                    "{mib} MiB per replica is too small: {} more for {} did not fit beside {} held ({}); raise memory_budget_mib, or lower global_batch, or set recompute or zero_stage = 1",
+                    ByteSize(report.requested),
+                    report.tag,
+                    ByteSize(report.held),
+                    if held.is_empty() { "nothing yet".into() } else { held.join(", ") }
+                ),
+            );
+        }
+        let refused = match &error {
+            Error::Memory(e @ dp_mem::Error::Backend { tag: Some(tag), .. })
+            | Error::Model(dp_model::Error::Memory(
+                e @ dp_mem::Error::Backend { tag: Some(tag), .. },
+            ))
+            | Error::Data(dp_data::Error::Memory(
+                e @ dp_mem::Error::Backend { tag: Some(tag), .. },
+            )) => Some((e.to_string(), *tag)),
+            // A shard the system would not map: the same shortage, met by the data.
+            Error::Data(e @ dp_data::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::OutOfMemory =>
+            {
+                Some((e.to_string(), dp_mem::Tag::Data))
+            }
+            _ => None,
+        };
+        if let Some((what, tag)) = refused {
+            let key =
+                if tag == dp_mem::Tag::Data { "data_budget_mib" } else { "memory_budget_mib" };
+            let limit = dp_mem::address_space_limit()
+                .map_or(String::new(), |bytes| format!(" (ulimit -v is {} MiB)", bytes >> 20));
+            return Error::config(
+                key,
+                format!(
+                    "the system refused memory the budgets allowed ({what}): this machine, or its address-space limit{limit}, holds less than the run needs; lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit; with {key} set to what the machine has, a run that does not fit stops at setup"
+                ),
+            );
+        }
+        match error {
+            Error::Data(dp_data::Error::Budget { budget, needed, detail }) => Error::config(
+                "data_budget_mib",
+                format!(
+                    "{} per replica cannot hold its input pipeline's working set of {} ({detail}); raise data_budget_mib, or lower shuffle_window, data_prefetch or data_workers",
+                    ByteSize(budget),
+                    ByteSize(needed)
+                ),
+            ),
+            other => other,
+        }
+    }
+
+    /// How gradients are bucketed for averaging.
+    pub(crate) fn buckets(&self) -> Result<dp_comm::BucketConfig> {
+        let mut bucket = dp_comm::BucketConfig::default();
+        bucket.bucket_bytes = ((self.bucket_mib * (1 << 20) as f64) as usize).max(4);
+        // Losses are divided by the global batch, so summing gives the global mean.
+        bucket.op = dp_comm::ReduceOp::Sum;
+        // The model lays gradients out last layer first: backward finishes them from the
+        // front of the buffer.
+        bucket.order = dp_comm::BucketOrder::FirstFirst;
+        bucket.compression = self.compression()?;
+        Ok(bucket)
+    }
+
     /// The training inputs' augmentations, as pipeline transforms.
     pub fn augmentations(&self) -> Result<Vec<Box<dyn dp_data::Transform>>> {
         let flip = |horizontal| dp_data::RandomFlip { horizontal, vertical: !horizontal, p: 0.5 };

@@ -92,7 +92,7 @@ impl SavedRun {
         let spec = ModelSpec::from_file(&dir.join(MODEL))?;
         let sparse = spec.layers.first().is_some_and(|l| l.takes_sparse_input());
         let input_len = spec.input.iter().product();
-        let scalings = crate::normalization::load(dir, &config, input_len, sparse)?;
+        let scalings = crate::run_dir::scalings(dir, &config, input_len, sparse)?;
         let path = dir.join(name);
         if !path.exists() {
             return Err(Error::run(

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Normalization, TrainConfig};
 use crate::error::{Error, Result};
-use crate::run_dir::{NORMALIZATION, write_atomic};
 
 /// Records the statistics are adapted from: plenty for a mean and a spread per feature, and a
 /// bound on the time a large dataset's first pass takes.
@@ -166,25 +165,18 @@ fn target_scaling(config: &TrainConfig, stats: &FeatureStats) -> Result<FeatureS
     Ok(FeatureScaling::standard(stats))
 }
 
-/// Saves a new run's scalings into its directory.
-pub(crate) fn save(run_dir: &Path, scalings: &Scalings) -> Result<()> {
-    let json = serde_json::to_string(scalings).expect("scalings always serialize");
-    write_atomic(&run_dir.join(NORMALIZATION), json.as_bytes())
-}
-
-/// The scalings a run saved in `run_dir`, checked against the run's `config` and its inputs
-/// of `input_len` elements (`sparse` or not): a scaling that does not fit them is refused as
+/// Scalings saved as `text` at `path`, checked against the run's `config` and its inputs of
+/// `input_len` elements (`sparse` or not): a scaling that does not fit them is refused as
 /// damaged, whichever command reads it.
-pub(crate) fn load(
-    run_dir: &Path,
+pub(crate) fn parse(
+    path: &Path,
+    text: &str,
     config: &TrainConfig,
     input_len: usize,
     sparse: bool,
 ) -> Result<Scalings> {
-    let path = run_dir.join(NORMALIZATION);
-    let damaged = |why: String| Error::run(&path, format!("the saved scaling is damaged: {why}"));
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, "read", e))?;
-    let saved: Scalings = serde_json::from_str(&text).map_err(|e| damaged(e.to_string()))?;
+    let damaged = |why: String| Error::run(path, format!("the saved scaling is damaged: {why}"));
+    let saved: Scalings = serde_json::from_str(text).map_err(|e| damaged(e.to_string()))?;
     let check = |scaling: Option<FeatureScaling>| {
         scaling.map(|s| FeatureScaling::new(s.offset, s.scale).map_err(damaged)).transpose()
     };

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::best::BestSoFar;
 use crate::config::{OptimizerConfig, TrainConfig};
 use crate::error::{Error, Result};
-use crate::gpu::GpuPeers;
 use crate::normalization::{SavedInput, Scalings};
+use crate::processes::GpuPeers;
 
 /// The caller's part of a checkpoint: where the run was.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -222,7 +222,7 @@ impl RunPlan {
         let input = SavedInput { dtype, shape: input_shape.clone(), sparse };
         let scalings = match &run_dir {
             Some(dir) => {
-                let saved = crate::normalization::load(dir, &config, input_len, sparse)?;
+                let saved = crate::run_dir::scalings(dir, &config, input_len, sparse)?;
                 if let Some(trained) = &saved.input {
                     trained.check(&config.train_data, &config.input_feature, &input)?;
                 }

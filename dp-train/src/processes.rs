@@ -6,7 +6,19 @@
 use dp_comm::{Communicator, MpiComm, MpiConfig, MpiWorld, NcclId};
 
 use crate::error::{Error, Result};
-use crate::gpu::GpuPeers;
+
+/// This process's place among the processes of a run on several GPUs, one each.
+#[derive(Debug, Clone)]
+// Only the NCCL reducer reads the group (a build without `cuda` never makes one).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct GpuPeers {
+    /// The NCCL group's id, the same on every process.
+    pub(crate) id: NcclId,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    /// The GPU of this process: its rank among the processes on its host.
+    pub(crate) device: usize,
+}
 
 /// This process's place among the run's processes, and the communicator they set up on.
 pub(crate) struct Processes {

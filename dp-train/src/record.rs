@@ -6,8 +6,24 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
+use dp_mem::ByTag;
+
 use crate::metrics::EvalMetrics;
-use crate::replica::StepSample;
+
+/// Replica 0's report of one step, sent to the coordinating thread. Plain numbers, so sending
+/// it allocates nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepSample {
+    pub(crate) step: u64,
+    pub(crate) epoch: u64,
+    pub(crate) loss: f64,
+    pub(crate) accuracy: Option<f64>,
+    pub(crate) lr: f64,
+    pub(crate) step_s: f64,
+    pub(crate) data_wait_s: f64,
+    pub(crate) comm_exposed_s: f64,
+    pub(crate) memory: ByTag<u64>,
+}
 
 /// One message from replica 0. Plain numbers, so sending one allocates nothing.
 #[derive(Clone, Copy, Debug)]

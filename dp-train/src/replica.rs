@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use dp_comm::{BucketConfig, BucketOrder, BucketReducer, Communicator, Compression, ReduceOp};
+use dp_comm::{BucketConfig, BucketReducer, Communicator, Compression, ReduceOp};
 use dp_data::{Pipeline, Transform};
 use dp_mem::{ByTag, CountingAlloc, Pool, PoolBuf, Tag, Tracker};
 use dp_model::{
@@ -27,7 +27,7 @@ use crate::gpu::GpuStep;
 use crate::input::Input;
 use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
-use crate::record::{Event, Events};
+use crate::record::{Event, Events, StepSample};
 use crate::run_dir::{keep_checkpoints, optimizer_shard, remove_unnamed_shards};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
@@ -56,21 +56,6 @@ pub enum FaultKind {
     /// The lowest bit of the replica's first parameter flips, as a memory fault or a
     /// non-deterministic kernel would change it, and the replica goes on.
     Desync,
-}
-
-/// Replica 0's report of one step, sent to the coordinating thread. Plain numbers, so sending
-/// it allocates nothing.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StepSample {
-    pub(crate) step: u64,
-    pub(crate) epoch: u64,
-    pub(crate) loss: f64,
-    pub(crate) accuracy: Option<f64>,
-    pub(crate) lr: f64,
-    pub(crate) step_s: f64,
-    pub(crate) data_wait_s: f64,
-    pub(crate) comm_exposed_s: f64,
-    pub(crate) memory: ByTag<u64>,
 }
 
 /// What a replica reports when it ends.
@@ -200,19 +185,6 @@ pub(crate) struct SharedState {
     pub(crate) tracker: Option<Tracker>,
     /// Where the replicas say whether they saved their part of an emergency checkpoint.
     pub(crate) board: Arc<Board>,
-}
-
-/// How gradients are bucketed for averaging.
-pub(crate) fn bucket_config(config: &crate::config::TrainConfig) -> Result<BucketConfig> {
-    let mut bucket = BucketConfig::default();
-    bucket.bucket_bytes = ((config.bucket_mib * (1 << 20) as f64) as usize).max(4);
-    // Losses are divided by the global batch, so summing gives the global mean.
-    bucket.op = ReduceOp::Sum;
-    // The model lays gradients out last layer first: backward finishes them from the
-    // front of the buffer.
-    bucket.order = BucketOrder::FirstFirst;
-    bucket.compression = config.compression()?;
-    Ok(bucket)
 }
 
 /// Whether `params` gradients are averaged in place once backward is done, rather than bucket
@@ -361,7 +333,7 @@ impl<C: Communicator> Replica<C> {
         };
         let grad_sync = if let Some(grad_comm) = grad_comm {
             let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
-            let reducer = BucketReducer::new(buffer, grad_comm, bucket_config(config)?)?;
+            let reducer = BucketReducer::new(buffer, grad_comm, config.buckets()?)?;
             // The compression scratch lives on the communication thread, outside the pool;
             // account it here so the memory report adds up.
             let scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;

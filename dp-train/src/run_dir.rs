@@ -9,7 +9,7 @@ use dp_model::ModelSpec;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::normalization::Scalings;
+use crate::normalization::{self, Scalings};
 
 /// The effective config of the run.
 pub const CONFIG: &str = "config.toml";
@@ -123,9 +123,23 @@ pub(crate) fn create(
     }
     let spec = serde_json::to_string_pretty(spec).expect("a spec always serializes");
     write_atomic(&dir.join(MODEL), spec.as_bytes())?;
-    crate::normalization::save(&dir, scalings)?;
+    let scalings = serde_json::to_string(scalings).expect("scalings always serialize");
+    write_atomic(&dir.join(NORMALIZATION), scalings.as_bytes())?;
     write_atomic(&dir.join(CONFIG), config.to_toml().as_bytes())?;
     Ok(dir)
+}
+
+/// The scalings the run in `dir` saved, checked against its `config` and its inputs of
+/// `input_len` elements (`sparse` or not): see [`normalization::parse`].
+pub(crate) fn scalings(
+    dir: &Path,
+    config: &TrainConfig,
+    input_len: usize,
+    sparse: bool,
+) -> Result<Scalings> {
+    let path = dir.join(NORMALIZATION);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, "read", e))?;
+    normalization::parse(&path, &text, config, input_len, sparse)
 }
 
 /// A name from the model and the training data's directory: `mlp-digits`.

@@ -21,7 +21,7 @@ use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::plan::RunPlan;
 use crate::processes::Processes;
 use crate::record::{Event, Events, Recorded};
-use crate::replica::{Fault, Replica, ReplicaReport, SharedState, bucket_config, reduces_in_place};
+use crate::replica::{Fault, Replica, ReplicaReport, SharedState, reduces_in_place};
 use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, RunLock, SUMMARY};
 use crate::summary::Summary;
 
@@ -149,7 +149,7 @@ pub fn train(
     let world_comm = || options.mpi.as_ref().map(|w| w.communicator(across)).transpose();
     let ctl = Hierarchical::group(LocalGroup::with_config(plan.replicas, local)?, world_comm()?);
     // Gradient buckets travel on groups of their own, on communication threads.
-    let bucket = bucket_config(&plan.config)?;
+    let bucket = plan.config.buckets()?;
     let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket, &plan) {
         (0..plan.replicas).map(|_| None).collect()
     } else {
@@ -200,7 +200,7 @@ pub fn train(
                             Ok(_) => Ok(ReplicaReport::default()),
                             Err(error) => Err(error),
                         };
-                        started.map_err(|e| e.in_config_terms(&plan.config))
+                        started.map_err(|e| plan.config.explain(e))
                     })
                     .map_err(|e| Error::Replica {
                         rank,
@@ -318,7 +318,7 @@ fn shared_params(plan: &RunPlan) -> Result<Option<(SharedParams<f32>, Tracker)>>
     let tracker = Tracker::new();
     tracker.set_budget(plan.config.memory_budget_mib.map(|m| m << 20));
     let built = SharedParams::new(&plan.spec, plan.config.seed, &Pool::new(&tracker));
-    let mut params = built.map_err(|e| Error::from(e).in_config_terms(&plan.config))?;
+    let mut params = built.map_err(|e| plan.config.explain(Error::from(e)))?;
     if plan.resume.is_some() {
         let mut reader = CheckpointReader::open(&plan.checkpoint_path())?;
         reader.restore_shared(&plan.spec, &mut params)?;
@@ -497,7 +497,7 @@ fn read_record(path: &Path) -> Result<(Vec<f64>, Option<EvalMetrics>)> {
     Ok((losses, eval))
 }
 
-fn step_metrics(s: &crate::replica::StepSample, global_batch: usize) -> StepMetrics {
+fn step_metrics(s: &crate::record::StepSample, global_batch: usize) -> StepMetrics {
     StepMetrics {
         step: s.step,
         epoch: s.epoch,

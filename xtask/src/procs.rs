@@ -14,6 +14,10 @@ use std::process::{Command, ExitCode};
 
 use crate::stop::Stop;
 
+/// Set by `--procs` to its terminal's width when its output is a terminal: draw the progress
+/// bar, though this process's output is mpirun's pipe.
+pub(crate) const PROGRESS_TERMINAL: &str = "DP_XTASK_PROGRESS_TERMINAL";
+
 /// Runs this command line again as `processes` MPI ranks and returns their exit status.
 pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
     if processes == 0 {
@@ -27,7 +31,7 @@ pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
         // Rank 0's output reaches the terminal through mpirun's pipes, where indicatif would
         // hide the progress bar: tell it the terminal is there, and how wide.
         let width = console::Term::stderr().size().1;
-        command.env(crate::train::PROGRESS_TERMINAL, width.to_string());
+        command.env(PROGRESS_TERMINAL, width.to_string());
     }
     // mpirun answers Ctrl-C by killing the job, so it runs in a process group of its own,
     // away from the terminal's Ctrl-C, and this process turns the first SIGINT or SIGTERM

@@ -380,10 +380,6 @@ fn ensure_digits(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Set by `--procs` to its terminal's width when its output is a terminal: draw the progress
-/// bar, though this process's output is mpirun's pipe.
-pub(crate) const PROGRESS_TERMINAL: &str = "DP_XTASK_PROGRESS_TERMINAL";
-
 /// The terminal `--procs` runs in, seen through mpirun's pipe.
 #[derive(Debug)]
 struct ForwardedTerminal {
@@ -457,7 +453,8 @@ impl Observer for Progress {
             .expect("a valid template"),
         );
         bar.set_position(run.start_step);
-        let forwarded = std::env::var(PROGRESS_TERMINAL).ok().and_then(|w| w.parse().ok());
+        let forwarded =
+            std::env::var(crate::procs::PROGRESS_TERMINAL).ok().and_then(|w| w.parse().ok());
         if let Some(width) = forwarded.filter(|_| !std::io::stderr().is_terminal()) {
             let terminal = Box::new(ForwardedTerminal { term: console::Term::stderr(), width });
             bar.set_draw_target(ProgressDrawTarget::term_like_with_hz(terminal, 10));

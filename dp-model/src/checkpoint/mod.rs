@@ -29,29 +29,6 @@ use crate::layout::ParamLayout;
 const MAGIC: &[u8; 8] = b"DPMODEL\0";
 const WHAT: &str = "dp-model checkpoint";
 
-/// An optimizer's state, borrowed for a checkpoint: its kind, the steps it has taken and its
-/// buffers (momentum, moments; each as long as the optimizer's range, none for plain SGD).
-#[derive(Clone, Debug, PartialEq)]
-pub struct OptimizerState<'a, T> {
-    /// `sgd` or `adam`.
-    pub kind: &'static str,
-    /// Steps taken (Adam's bias correction needs them).
-    pub steps: u64,
-    /// The state buffers.
-    pub buffers: Vec<&'a [T]>,
-}
-
-/// An optimizer's state, borrowed to restore it from a checkpoint.
-#[derive(Debug)]
-pub struct OptimizerStateMut<'a, T> {
-    /// `sgd` or `adam`.
-    pub kind: &'static str,
-    /// Steps taken.
-    pub steps: &'a mut u64,
-    /// The state buffers.
-    pub buffers: Vec<&'a mut [T]>,
-}
-
 /// An optimizer shard file a checkpoint names: its file name, in the checkpoint's directory,
 /// and the parameters it covers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,9 +3,9 @@
 use dp_mem::{Pool, PoolBuf, Tag};
 
 use super::{Optimizer, check_piece, check_range};
-use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::Result;
 use crate::float::Float;
+use crate::optim::{OptimizerState, OptimizerStateMut};
 
 /// Adam (`decoupled = false`: weight decay added to the gradient) or AdamW (`decoupled =
 /// true`: parameters shrunk by `lr * weight_decay` directly).

@@ -13,9 +13,31 @@ pub use clip::{clip_grad_norm, grad_norm};
 pub use schedule::Schedule;
 pub use sgd::{Sgd, SgdConfig};
 
-use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::{Error, Result};
 use crate::float::Float;
+
+/// An optimizer's state, borrowed for a checkpoint: its kind, the steps it has taken and its
+/// buffers (momentum, moments; each as long as the optimizer's range, none for plain SGD).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptimizerState<'a, T> {
+    /// `sgd` or `adam`.
+    pub kind: &'static str,
+    /// Steps taken (Adam's bias correction needs them).
+    pub steps: u64,
+    /// The state buffers.
+    pub buffers: Vec<&'a [T]>,
+}
+
+/// An optimizer's state, borrowed to restore it from a checkpoint.
+#[derive(Debug)]
+pub struct OptimizerStateMut<'a, T> {
+    /// `sgd` or `adam`.
+    pub kind: &'static str,
+    /// Steps taken.
+    pub steps: &'a mut u64,
+    /// The state buffers.
+    pub buffers: Vec<&'a mut [T]>,
+}
 
 /// An update rule over a flat range of parameters.
 pub trait Optimizer<T: Float>: Send {

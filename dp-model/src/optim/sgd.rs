@@ -4,9 +4,9 @@
 use dp_mem::{Pool, PoolBuf, Tag};
 
 use super::{Optimizer, check_piece, check_range};
-use crate::checkpoint::{OptimizerState, OptimizerStateMut};
 use crate::error::Result;
 use crate::float::Float;
+use crate::optim::{OptimizerState, OptimizerStateMut};
 
 /// SGD: `g = grad + wd * p; v = momentum * v + g; p -= lr * (nesterov ? g + momentum * v : v)`.
 #[derive(Debug)]

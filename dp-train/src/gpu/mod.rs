@@ -15,7 +15,6 @@ mod reduce_stub;
 
 use std::time::Duration;
 
-use dp_comm::NcclId;
 use dp_mem::{ByTag, CudaBackend, PoolBuf, Tracker};
 use dp_model::{CudaModel, LossTotals, Model, Optimizer, StepOptions, Targets};
 use ndarray::ArrayView2;
@@ -27,19 +26,6 @@ use reduce_stub::DeviceReducer;
 use crate::config::OptimizerConfig;
 use crate::error::Result;
 use crate::plan::RunPlan;
-
-/// This process's place among the processes of a run on several GPUs, one each.
-#[derive(Debug, Clone)]
-// Only the NCCL reducer reads the group (a build without `cuda` never makes one).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) struct GpuPeers {
-    /// The NCCL group's id, the same on every process.
-    pub(crate) id: NcclId,
-    pub(crate) rank: usize,
-    pub(crate) world: usize,
-    /// The GPU of this process: its rank among the processes on its host.
-    pub(crate) device: usize,
-}
 
 /// Optimizer state on the device, as the CPU optimizer of the same config keeps it.
 enum State {
@@ -77,7 +63,7 @@ impl GpuStep {
         let reducer = match &plan.gpu_peers {
             None => None,
             Some(peers) => {
-                let bucket_bytes = crate::replica::bucket_config(&plan.config)?.bucket_bytes;
+                let bucket_bytes = plan.config.buckets()?.bucket_bytes;
                 let timeout = Duration::from_secs_f64(plan.config.timeout_s);
                 Some(DeviceReducer::new(peers, &model, bucket_bytes, timeout)?)
             }

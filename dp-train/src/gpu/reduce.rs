@@ -11,9 +11,9 @@ use cudarc::driver::CudaStream;
 use dp_comm::{NcclComm, NcclConfig, ReduceOp};
 use dp_model::CudaModel;
 
-use super::GpuPeers;
 use super::buckets::Buckets;
 use crate::error::Result;
+use crate::processes::GpuPeers;
 
 pub(crate) struct DeviceReducer {
     comm: NcclComm,

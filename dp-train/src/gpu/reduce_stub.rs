@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use dp_model::CudaModel;
 
-use super::GpuPeers;
 use crate::error::{Error, Result};
+use crate::processes::GpuPeers;
 
 pub(crate) struct DeviceReducer(Infallible);
 
