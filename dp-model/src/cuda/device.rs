@@ -14,13 +14,13 @@ use cudarc::nvrtc::Ptx;
 use dp_mem::{CudaBackend, PinnedBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use ndarray::ArrayView2;
 
-use super::cuda_kernels_ptx;
+use super::{activation_kind, cuda_kernels_ptx};
 use crate::error::{Error, Result};
 use crate::model::{Model, ModelMemory, StepOptions};
 use crate::ops::Op;
-use crate::ops::activation::Activation;
 use crate::ops::dropout::DropoutStream;
 use crate::ops::loss::{LossTotals, Targets};
+use crate::optim::{AdamConfig, AdamUpdate};
 use crate::tape::Tape;
 
 type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
@@ -546,7 +546,7 @@ impl CudaModel {
             Op::Dropout(d) => {
                 let key = d.key(self.dropout, step);
                 let threshold = d.threshold();
-                let scale = (1.0 / (1.0 - d.p)) as f32;
+                let scale = d.scale() as f32;
                 launch!(self, dropout, n as usize; x, y, n, key, threshold, scale);
             }
             _ => unreachable!("refused when the model was built"),
@@ -613,7 +613,7 @@ impl CudaModel {
             Op::Dropout(d) => {
                 let key = d.key(self.dropout, options.step);
                 let threshold = d.threshold();
-                let scale = (1.0 / (1.0 - d.p)) as f32;
+                let scale = d.scale() as f32;
                 launch!(self, dropout, n as usize; dy, dx, n, key, threshold, scale);
             }
             _ => unreachable!("refused when the model was built"),
@@ -658,15 +658,13 @@ impl CudaModel {
         weight_decay: f64,
         decoupled: bool,
     ) -> Result<()> {
-        let t = steps.max(1) as i32;
-        let (c1, c2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+        let config = AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled };
+        let s = AdamUpdate::new(&config, steps, lr);
         let (p, g, m, v) = (ptr(&self.params), ptr(&self.grads), ptr(m), ptr(v));
         let n = self.params.len() as i64;
-        let step_size = (lr / c1) as f32;
-        let sqrt_c2 = c2.sqrt() as f32;
-        let (b1, b2, eps) = (beta1 as f32, beta2 as f32, eps as f32);
-        let coupled_wd = if decoupled { 0.0 } else { weight_decay as f32 };
-        let shrink = if decoupled { (1.0 - lr * weight_decay) as f32 } else { 1.0 };
+        let (step_size, sqrt_c2) = (s.step_size as f32, s.sqrt_c2 as f32);
+        let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.eps as f32);
+        let (coupled_wd, shrink) = (s.coupled_wd as f32, s.shrink as f32);
         launch!(self, adam_step, n as usize; p, g, m, v, n, step_size, sqrt_c2, b1, b2, eps, coupled_wd, shrink);
         Ok(())
     }
@@ -694,13 +692,5 @@ impl CudaModel {
     /// Waits for every step queued so far.
     pub fn wait(&self) -> Result<()> {
         self.synchronize()
-    }
-}
-
-fn activation_kind(a: Activation) -> i32 {
-    match a {
-        Activation::Relu => 0,
-        Activation::Gelu => 1,
-        Activation::Tanh => 2,
     }
 }

@@ -8,6 +8,8 @@
 //! Without the `cuda` feature [`cuda_kernels_ptx`] returns
 //! [`Error::CudaNotCompiled`](crate::Error::CudaNotCompiled).
 
+#[cfg(test)]
+mod cpu_check;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(not(feature = "cuda"))]
@@ -36,6 +38,17 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_adam_step",
     "dp_fill",
 ];
+
+/// The `kind` the activation kernels take for `activation`.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn activation_kind(activation: crate::ops::activation::Activation) -> i32 {
+    use crate::ops::activation::Activation;
+    match activation {
+        Activation::Relu => 0,
+        Activation::Gelu => 1,
+        Activation::Tanh => 2,
+    }
+}
 
 /// The kernels compiled to PTX by NVRTC (once per process; later calls return the same text or
 /// the same error).

@@ -36,6 +36,11 @@ impl Dropout {
         mix(mix(mix(mix(stream.seed) ^ stream.stream) ^ step) ^ self.layer)
     }
 
+    /// What a kept element is multiplied by.
+    pub(crate) fn scale(&self) -> f64 {
+        1.0 / (1.0 - self.p)
+    }
+
     /// Elements whose hash falls below this are dropped.
     pub(crate) fn threshold(&self) -> u64 {
         (self.p * 2f64.powi(64)).min(u64::MAX as f64) as u64
@@ -59,7 +64,7 @@ impl Dropout {
     fn apply<T: Float>(&self, stream: DropoutStream, step: u64, src: &[T], dst: &mut [T]) {
         let key = self.key(stream, step);
         let threshold = self.threshold();
-        let scale = T::of(1.0 / (1.0 - self.p));
+        let scale = T::of(self.scale());
         for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
             let keep = mix(key ^ i as u64) >= threshold;
             *d = if keep { s * scale } else { T::zero() };

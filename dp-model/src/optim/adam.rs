@@ -67,6 +67,53 @@ impl<T: Float> Adam<T> {
     }
 }
 
+/// The numbers one Adam update applies, after its bias corrections: `g = grad + coupled_wd p`,
+/// `m = beta1 m + (1 - beta1) g`, `v = beta2 v + (1 - beta2) g^2`, and
+/// `p = p shrink - step_size m / (sqrt(v) / sqrt_c2 + eps)`. The CPU step and the GPU kernel
+/// (`kernels.cu`) take the same ones.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdamUpdate {
+    pub(crate) step_size: f64,
+    pub(crate) sqrt_c2: f64,
+    pub(crate) beta1: f64,
+    pub(crate) beta2: f64,
+    pub(crate) eps: f64,
+    pub(crate) coupled_wd: f64,
+    pub(crate) shrink: f64,
+}
+
+impl AdamUpdate {
+    /// The update of `config` at learning rate `lr` after `steps` steps, this one included.
+    pub(crate) fn new(config: &AdamConfig, steps: u64, lr: f64) -> Self {
+        let AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled } = *config;
+        let t = steps.max(1) as i32;
+        let (correction1, correction2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+        // Folding both bias corrections into the step size and epsilon is PyTorch's form.
+        AdamUpdate {
+            step_size: lr / correction1,
+            sqrt_c2: correction2.sqrt(),
+            beta1,
+            beta2,
+            eps,
+            coupled_wd: if decoupled { 0.0 } else { weight_decay },
+            shrink: if decoupled { 1.0 - lr * weight_decay } else { 1.0 },
+        }
+    }
+}
+
+impl<T: Float> Adam<T> {
+    /// This step's update at learning rate `lr`.
+    fn update(&self, lr: f64) -> AdamUpdate {
+        let config = AdamConfig {
+            betas: (self.beta1, self.beta2),
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            decoupled: self.decoupled,
+        };
+        AdamUpdate::new(&config, self.steps, lr)
+    }
+}
+
 impl<T: Float> Optimizer<T> for Adam<T> {
     fn step_part(
         &mut self,
@@ -80,16 +127,11 @@ impl<T: Float> Optimizer<T> for Adam<T> {
         if first_piece {
             self.steps += 1;
         }
-        let t = self.steps.max(1) as i32;
-        let correction1 = 1.0 - self.beta1.powi(t);
-        let correction2 = 1.0 - self.beta2.powi(t);
-        // Folding both bias corrections into the step size and epsilon is PyTorch's form.
-        let step_size = T::of(lr / correction1);
-        let sqrt_c2 = T::of(correction2.sqrt());
-        let (b1, b2, eps) = (T::of(self.beta1), T::of(self.beta2), T::of(self.eps));
+        let s = self.update(lr);
+        let (step_size, sqrt_c2) = (T::of(s.step_size), T::of(s.sqrt_c2));
+        let (b1, b2, eps) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps));
         let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
-        let coupled_wd = T::of(if self.decoupled { 0.0 } else { self.weight_decay });
-        let shrink = T::of(if self.decoupled { 1.0 - lr * self.weight_decay } else { 1.0 });
+        let (coupled_wd, shrink) = (T::of(s.coupled_wd), T::of(s.shrink));
         let end = offset + params.len();
         for (((p, &g), m), v) in
             params.iter_mut().zip(grads).zip(&mut self.m[offset..end]).zip(&mut self.v[offset..end])

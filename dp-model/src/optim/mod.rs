@@ -8,6 +8,8 @@ mod clip;
 mod schedule;
 mod sgd;
 
+#[cfg(any(feature = "cuda", test))]
+pub(crate) use adam::AdamUpdate;
 pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, grad_norm};
 pub use schedule::Schedule;
