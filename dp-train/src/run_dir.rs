@@ -160,8 +160,8 @@ pub(crate) fn default_name(config: &TrainConfig) -> String {
 /// The lock file that makes one process the run directory's only writer.
 const LOCK: &str = ".lock";
 
-/// The run directory held for writing: an advisory `flock` on its lock file, which the OS
-/// releases when the process ends, however it ends.
+/// The run directory held for writing: an exclusive lock on its lock file (`flock` on Linux),
+/// which the OS releases when the process ends, however it ends.
 #[derive(Debug)]
 pub(crate) struct RunLock {
     _file: std::fs::File,
@@ -170,7 +170,6 @@ pub(crate) struct RunLock {
 /// Takes `dir` for writing, or fails at once, naming the process that has it.
 pub(crate) fn lock(dir: &Path) -> Result<RunLock> {
     use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
     let path = dir.join(LOCK);
     let mut file = std::fs::File::options()
         .read(true)
@@ -179,10 +178,8 @@ pub(crate) fn lock(dir: &Path) -> Result<RunLock> {
         .truncate(false)
         .open(&path)
         .map_err(|e| Error::io(&path, "open", e))?;
-    // SAFETY: flock on a file descriptor this function owns has no memory effects.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let error = std::io::Error::last_os_error();
-        if error.kind() != std::io::ErrorKind::WouldBlock {
+    if let Err(error) = file.try_lock() {
+        if let std::fs::TryLockError::Error(error) = error {
             return Err(Error::io(&path, "lock", error));
         }
         let mut holder = String::new();
@@ -195,7 +192,7 @@ pub(crate) fn lock(dir: &Path) -> Result<RunLock> {
             ),
         ));
     }
-    // Who holds it, for the message above; the lock itself is the flock.
+    // Who holds it, for the message above; the lock itself is the file lock.
     let _ = file
         .set_len(0)
         .and_then(|()| file.rewind())
