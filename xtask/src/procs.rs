@@ -12,6 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use crate::Home;
 use crate::stop::Stop;
 
 /// Set by `--procs` to its terminal's width when its output is a terminal: draw the progress
@@ -19,13 +20,21 @@ use crate::stop::Stop;
 pub(crate) const PROGRESS_TERMINAL: &str = "DP_XTASK_PROGRESS_TERMINAL";
 
 /// Runs this command line again as `processes` MPI ranks and returns their exit status.
-pub(crate) fn launch(root: &Path, processes: usize) -> Result<ExitCode> {
+pub(crate) fn launch(home: &Home, processes: usize) -> Result<ExitCode> {
     if processes == 0 {
         bail!("--procs must be at least 1");
     }
     let mut command = dp_comm::mpirun(processes)
         .context("training in processes needs MPI; scripts/setup-mpi.sh installs it")?;
-    let exe = mpi_build(root)?;
+    let exe = match &home.workspace {
+        Some(root) => mpi_build(root)?,
+        None if cfg!(feature = "mpi") => std::env::current_exe().context("find this binary")?,
+        None => bail!(
+            "--procs needs MPI, and this dp was built without it: install it with MPI \
+             (scripts/setup-mpi.sh, then cargo install --path xtask --bin dp --features mpi), \
+             or run it under mpirun or srun yourself"
+        ),
+    };
     command.arg(exe).args(args_without_procs());
     if std::io::stderr().is_terminal() {
         // Rank 0's output reaches the terminal through mpirun's pipes, where indicatif would

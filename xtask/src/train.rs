@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use dp_comm::{Launch, MpiWorld};
 
+use crate::Home;
 use crate::stop::Stop;
 use dp_train::{
     EvalMetrics, Observer, OptimizerConfig, PruneConfig, RunInfo, RunOptions, StepMetrics,
@@ -156,7 +157,8 @@ fn parse_epochs(text: &str) -> std::result::Result<u64, String> {
 const RESUME_OPTIONS: [&str; 7] =
     ["resume", "epochs", "steps", "replicas", "procs", "oversubscribe", "no_plot"];
 
-pub(crate) fn run(root: &Path, args: TrainArgs, given: &[String]) -> Result<ExitCode> {
+pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<ExitCode> {
+    let root = &home.base;
     let launch = Launch::detect()?;
     if let Some(dir) = &args.resume {
         refuse_unapplied(dir, given)?;
@@ -177,7 +179,7 @@ pub(crate) fn run(root: &Path, args: TrainArgs, given: &[String]) -> Result<Exit
         if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
             ensure_digits(&root.join("data/digits"))?;
         }
-        return crate::procs::launch(root, processes);
+        return crate::procs::launch(home, processes);
     }
     // First thing: under MPI, SIGUSR1 (what `--procs`, or `kill -USR1 <mpirun>`, asks every
     // rank to stop with) would otherwise kill a rank still starting.

@@ -1,0 +1,266 @@
+//! The command line of dp, as two binaries over this library: `dp`, the commands users run
+//! and ship to clusters (`train`, `eval`, `predict`, `data`, `plot`), whose defaults (the
+//! built-in digits under `data/digits`, runs under `runs/`) are relative to the working
+//! directory, and `cargo xtask`, the development entry point, which adds `ci` and `bench` and
+//! takes its defaults from the workspace. It parses, calls and prints; the logic lives in the
+//! library crates and in `.ci/run`.
+
+mod bench;
+mod data;
+mod inference;
+mod procs;
+mod stop;
+mod train;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use dp_mem::CountingAlloc;
+
+/// Counting every allocation lets a run report allocations per training step; it costs a few
+/// relaxed atomic additions per allocation.
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::system();
+
+/// Which of the two binaries runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    /// `dp`: the user commands, defaults relative to the working directory.
+    Dp,
+    /// `cargo xtask`: the user commands and the development ones, defaults in the workspace.
+    Xtask,
+}
+
+#[derive(Parser)]
+#[command(name = "dp", about = "Data-parallel training with first-class memory efficiency")]
+struct DpCli {
+    #[command(subcommand)]
+    command: UserCmd,
+}
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Automation for the dp workspace")]
+struct XtaskCli {
+    #[command(subcommand)]
+    command: XtaskCmd,
+}
+
+/// The development commands, and the user commands beside them.
+#[derive(Subcommand)]
+enum XtaskCmd {
+    #[command(flatten)]
+    User(Box<UserCmd>),
+    /// Run exactly what CI runs (`.ci/run`): format check, clippy, tests, bench build.
+    Ci,
+    /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
+    /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead.
+    Bench {
+        /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
+        /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling.
+        #[arg(value_name = "CRATE")]
+        krate: Option<String>,
+        /// Only benchmarks whose name contains this text (passed to criterion).
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// One MPI rank of `bench comm` (started by it under mpirun).
+    #[command(hide = true)]
+    BenchRank {
+        /// Milliseconds to time each size for.
+        budget_ms: u64,
+        /// Buffer sizes in bytes.
+        sizes: Vec<usize>,
+    },
+}
+
+/// The commands users run.
+#[derive(Subcommand)]
+enum UserCmd {
+    /// Train a model data-parallel (default: the built-in digits, one replica per core).
+    Train(Box<train::TrainArgs>),
+    /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
+    Eval {
+        #[command(flatten)]
+        model: SavedModel,
+        /// Also evaluate the model with int8 weights and compare.
+        #[arg(long)]
+        int8: bool,
+    },
+    /// Write a run's class probabilities for every record of a dataset as an npy file (the
+    /// dataset's labels are not needed).
+    Predict {
+        #[command(flatten)]
+        model: SavedModel,
+        /// The npy file to write: f32 `[records, classes]`, in dataset order; `-` for standard
+        /// output. Only a regular file (or nothing) is replaced.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Work with datasets: import, inspect, verify, export, gen, bench-read.
+    Data {
+        #[command(subcommand)]
+        command: data::DataCmd,
+    },
+    /// Draw a run's metrics as PNGs (loss, accuracy, throughput, memory by tag) into its
+    /// directory.
+    Plot {
+        /// The run directory holding `metrics.jsonl`, e.g. `runs/<name>`.
+        #[arg(value_name = "RUN_DIR")]
+        run_dir: PathBuf,
+    },
+}
+
+/// Runs `binary` on this process's arguments and returns its exit status.
+pub fn main(binary: Binary) -> ExitCode {
+    limit_malloc_arenas();
+    match dispatch(binary) {
+        Ok(code) => code,
+        Err(error) => {
+            // The causes, on one line, without a backtrace: they are for the user to act on, and
+            // resolving a backtrace allocates, which after running out of memory fails or hangs.
+            eprintln!("Error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Under an address-space limit (`ulimit -v`), one malloc arena for all threads. glibc gives
+/// threads arenas of their own as they contend, each reserving 64 MiB of address space: such a
+/// limit runs out on those reservations, at a moment that depends on thread timing, long
+/// before memory is used; with one arena, what a run can do under a limit is what it needs.
+/// Without a limit nothing changes. Before any thread starts, as `mallopt` asks.
+fn limit_malloc_arenas() {
+    if dp_mem::address_space_limit().is_some() {
+        // SAFETY: `mallopt` takes any value, and no other thread exists yet.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    }
+}
+
+/// Where the defaults of the user commands lie, and what `train --procs` runs under mpirun.
+#[derive(Clone, Debug)]
+pub(crate) struct Home {
+    /// The built-in digits are `base/data/digits`, runs go to `base/runs`.
+    pub(crate) base: PathBuf,
+    /// The workspace, for `cargo xtask`: `--procs` builds its MPI-enabled binary there. `None`
+    /// for `dp`, which runs itself under mpirun and so must have been built with MPI.
+    pub(crate) workspace: Option<PathBuf>,
+}
+
+/// Runs the command the arguments name.
+fn dispatch(binary: Binary) -> Result<ExitCode> {
+    let (matches, command) = match binary {
+        Binary::Dp => {
+            let matches = DpCli::command().get_matches();
+            let cli = DpCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+            (matches, cli.command)
+        }
+        Binary::Xtask => {
+            let matches = XtaskCli::command().get_matches();
+            let cli = XtaskCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+            let root = workspace_root();
+            match cli.command {
+                XtaskCmd::User(command) => (matches, *command),
+                XtaskCmd::Ci => {
+                    run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root))?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                XtaskCmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => {
+                    bench::comm(&root)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                XtaskCmd::BenchRank { budget_ms, sizes } => {
+                    bench::mpi_rank(budget_ms, &sizes)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                XtaskCmd::Bench { krate, .. } if krate.as_deref() == Some("train") => {
+                    train::bench(&root)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                XtaskCmd::Bench { krate, filter } => {
+                    bench::run(&root, krate.as_deref(), filter.as_deref())?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+    };
+    let home = match binary {
+        Binary::Dp => Home {
+            base: std::env::current_dir().context("the working directory")?,
+            workspace: None,
+        },
+        Binary::Xtask => Home { base: workspace_root(), workspace: Some(workspace_root()) },
+    };
+    match command {
+        UserCmd::Data { command } => return data::run(command),
+        UserCmd::Train(args) => {
+            let given = matches.subcommand_matches("train").map(|m| {
+                let command = match binary {
+                    Binary::Dp => DpCli::command(),
+                    Binary::Xtask => XtaskCli::command(),
+                };
+                let train = command.find_subcommand("train").expect("a train command").clone();
+                given_options(&train, m)
+            });
+            return train::run(&home, *args, &given.unwrap_or_default());
+        }
+        UserCmd::Plot { run_dir } => plot(&run_dir),
+        UserCmd::Eval { model, int8 } => {
+            inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
+        }
+        UserCmd::Predict { model, out } => {
+            inference::predict(&model.run_dir, &model.checkpoint, &model.data, &out)
+        }
+    }
+    .map(|()| ExitCode::SUCCESS)
+}
+
+/// A run's model and the dataset to use it on (`eval`, `predict`).
+#[derive(Debug, clap::Args)]
+struct SavedModel {
+    /// The run directory.
+    #[arg(value_name = "RUN_DIR")]
+    run_dir: PathBuf,
+    /// The checkpoint in it: checkpoint.ckpt (the latest), best.ckpt (the lowest evaluation
+    /// loss) or a kept checkpoint-STEP.ckpt.
+    #[arg(long, default_value = dp_train::CHECKPOINT)]
+    checkpoint: String,
+    /// The dataset (the same input feature as the run's).
+    #[arg(long)]
+    data: PathBuf,
+}
+
+/// The options of `command` given on its command line (not defaulted), by id: the field's
+/// name.
+fn given_options(command: &clap::Command, matches: &clap::ArgMatches) -> Vec<String> {
+    use clap::parser::ValueSource;
+    command
+        .get_arguments()
+        .map(|arg| arg.get_id().as_str())
+        .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Draws the plots of a run and prints the paths written.
+fn plot(run_dir: &Path) -> Result<()> {
+    for path in dp_train::plot_run(run_dir)? {
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").into()
+}
+
+/// Runs a command with inherited output and fails if it fails.
+fn run(command: &mut Command) -> Result<()> {
+    let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(())
+}
