@@ -41,7 +41,7 @@ pub struct TrainConfig {
     /// Augmentations of the training inputs, applied after scaling, each from the record's
     /// own random stream: `flip-h`, `flip-v` (each with probability 1/2) and `crop:PAD` (pad
     /// with zeros, crop a random window of the original size), for image inputs.
-    pub augment: Vec<String>,
+    pub augment: Vec<Augmentation>,
     /// Replicas (threads) per process; 0 means one per available core, shared among the
     /// run's processes on the host.
     pub replicas: usize,
@@ -116,7 +116,7 @@ pub struct TrainConfig {
     /// Gradient bucket size for the all-reduce, in MiB.
     pub bucket_mib: f64,
     /// Gradient compression: `none`, `bf16` or `int8`.
-    pub compression: String,
+    pub compression: GradCompression,
     /// Optimizer steps between checkpoints (0: at the end of each epoch and of the run).
     pub checkpoint_every: u64,
     /// Checkpoints kept: the latest is `checkpoint.ckpt`; above 1, the latest `keep` are also
@@ -201,6 +201,125 @@ impl std::str::FromStr for Normalization {
                 format!("`{other}` is not auto, standard, minmax or none"),
             )),
         }
+    }
+}
+
+/// How gradients travel between replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GradCompression {
+    /// As computed.
+    #[default]
+    None,
+    /// Rounded to bf16, the rounding error carried into the next step's gradients.
+    Bf16,
+    /// Quantized to int8 with a scale per chunk, the error carried over likewise.
+    Int8,
+}
+
+impl GradCompression {
+    /// The name a config file and the command line use.
+    pub fn name(self) -> &'static str {
+        match self {
+            GradCompression::None => "none",
+            GradCompression::Bf16 => "bf16",
+            GradCompression::Int8 => "int8",
+        }
+    }
+
+    /// The collectives' setting for it (with error feedback).
+    fn comm(self) -> dp_comm::Compression {
+        match self {
+            GradCompression::None => dp_comm::Compression::None,
+            GradCompression::Bf16 => dp_comm::Compression::Bf16 { error_feedback: true },
+            GradCompression::Int8 => dp_comm::Compression::Int8 { error_feedback: true },
+        }
+    }
+}
+
+impl std::str::FromStr for GradCompression {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "none" => Ok(GradCompression::None),
+            "bf16" => Ok(GradCompression::Bf16),
+            "int8" => Ok(GradCompression::Int8),
+            other => {
+                Err(Error::config("compression", format!("`{other}` is not none, bf16 or int8")))
+            }
+        }
+    }
+}
+
+/// A random change to the training inputs (images), drawn per record from the run's seed:
+/// `flip-h`, `flip-v` (each with probability 1/2) or `crop:PAD` (pad with zeros, crop a
+/// random window of the original size), as configs and the command line spell them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Augmentation {
+    /// Mirror left to right.
+    FlipH,
+    /// Mirror top to bottom.
+    FlipV,
+    /// Pad by this many pixels and crop back.
+    Crop(usize),
+}
+
+impl Augmentation {
+    /// The pipeline transform that applies it.
+    fn transform(self) -> Box<dyn dp_data::Transform> {
+        let flip = |horizontal| dp_data::RandomFlip { horizontal, vertical: !horizontal, p: 0.5 };
+        match self {
+            Augmentation::FlipH => Box::new(flip(true)),
+            Augmentation::FlipV => Box::new(flip(false)),
+            Augmentation::Crop(padding) => Box::new(dp_data::RandomCrop { padding }),
+        }
+    }
+}
+
+impl std::fmt::Display for Augmentation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Augmentation::FlipH => write!(f, "flip-h"),
+            Augmentation::FlipV => write!(f, "flip-v"),
+            Augmentation::Crop(padding) => write!(f, "crop:{padding}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Augmentation {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name.split_once(':') {
+            None if name == "flip-h" => Ok(Augmentation::FlipH),
+            None if name == "flip-v" => Ok(Augmentation::FlipV),
+            Some(("crop", padding)) => match padding.parse() {
+                Ok(padding) if padding > 0 => Ok(Augmentation::Crop(padding)),
+                _ => Err(Error::config(
+                    "augment",
+                    format!("`{name}`: the padding must be a positive number of pixels"),
+                )),
+            },
+            _ => {
+                Err(Error::config("augment", format!("`{name}` is not flip-h, flip-v or crop:PAD")))
+            }
+        }
+    }
+}
+
+impl TryFrom<String> for Augmentation {
+    type Error = Error;
+
+    fn try_from(name: String) -> Result<Self> {
+        name.parse()
+    }
+}
+
+impl From<Augmentation> for String {
+    fn from(augmentation: Augmentation) -> String {
+        augmentation.to_string()
     }
 }
 
@@ -345,7 +464,7 @@ impl Default for TrainConfig {
             data_cache: false,
             shuffle_window: 8,
             bucket_mib: 25.0,
-            compression: "none".into(),
+            compression: GradCompression::None,
             checkpoint_every: 0,
             keep: 1,
             eval_every: 0,
@@ -529,7 +648,7 @@ impl TrainConfig {
         if self.clip_grad_norm.is_some() {
             return refuse("clip_grad_norm", "gradient clipping");
         }
-        if self.compression()? != dp_comm::Compression::None {
+        if self.compression != GradCompression::None {
             return refuse("compression", "gradient compression");
         }
         Ok(())
@@ -607,8 +726,6 @@ impl TrainConfig {
                 format!("{} must be positive", self.bucket_mib),
             ));
         }
-        self.compression()?;
-        self.augmentations()?;
         match (&self.normalize_mean, &self.normalize_std, self.normalize) {
             (None, None, _) => {}
             (Some(_), Some(_), Normalization::Auto | Normalization::Standard) => {}
@@ -670,18 +787,6 @@ impl TrainConfig {
             ));
         }
         Ok(())
-    }
-
-    /// The gradient compression setting.
-    pub fn compression(&self) -> Result<dp_comm::Compression> {
-        match self.compression.as_str() {
-            "none" => Ok(dp_comm::Compression::None),
-            "bf16" => Ok(dp_comm::Compression::Bf16 { error_feedback: true }),
-            "int8" => Ok(dp_comm::Compression::Int8 { error_feedback: true }),
-            other => {
-                Err(Error::config("compression", format!("`{other}` is not none, bf16 or int8")))
-            }
-        }
     }
 
     /// A budget error in the words of this config: the key to change, not the library call
@@ -763,33 +868,13 @@ impl TrainConfig {
         // The model lays gradients out last layer first: backward finishes them from the
         // front of the buffer.
         bucket.order = dp_comm::BucketOrder::FirstFirst;
-        bucket.compression = self.compression()?;
+        bucket.compression = self.compression.comm();
         Ok(bucket)
     }
 
     /// The training inputs' augmentations, as pipeline transforms.
-    pub fn augmentations(&self) -> Result<Vec<Box<dyn dp_data::Transform>>> {
-        let flip = |horizontal| dp_data::RandomFlip { horizontal, vertical: !horizontal, p: 0.5 };
-        self.augment
-            .iter()
-            .map(|name| -> Result<Box<dyn dp_data::Transform>> {
-                match name.split_once(':') {
-                    None if name == "flip-h" => Ok(Box::new(flip(true))),
-                    None if name == "flip-v" => Ok(Box::new(flip(false))),
-                    Some(("crop", padding)) => match padding.parse() {
-                        Ok(padding) if padding > 0 => Ok(Box::new(dp_data::RandomCrop { padding })),
-                        _ => Err(Error::config(
-                            "augment",
-                            format!("`{name}`: the padding must be a positive number of pixels"),
-                        )),
-                    },
-                    _ => Err(Error::config(
-                        "augment",
-                        format!("`{name}` is not flip-h, flip-v or crop:PAD"),
-                    )),
-                }
-            })
-            .collect()
+    pub fn augmentations(&self) -> Vec<Box<dyn dp_data::Transform>> {
+        self.augment.iter().map(|a| a.transform()).collect()
     }
 
     /// The schedule, or the default: 2% warmup, then cosine to 0 over `total_steps`, peaking

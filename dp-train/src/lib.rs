@@ -59,8 +59,9 @@ mod trainer;
 mod zero;
 
 pub use config::{
-    Device, MAX_REPLICAS_PER_CORE, Normalization, OptimizerConfig, PruneConfig, SPARSE_C,
-    SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch, sparse_auto_epochs, sparse_optimizer,
+    Augmentation, Device, GradCompression, MAX_REPLICAS_PER_CORE, Normalization, OptimizerConfig,
+    PruneConfig, SPARSE_C, SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch,
+    sparse_auto_epochs, sparse_optimizer,
 };
 pub use error::{Error, Result};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};

@@ -207,7 +207,7 @@ impl RunPlan {
                 ),
             ));
         }
-        let augmentations = config.augmentations()?;
+        let augmentations = config.augmentations();
         if sparse && !augmentations.is_empty() {
             return Err(Error::config(
                 "augment",

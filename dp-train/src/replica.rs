@@ -279,7 +279,7 @@ impl<C: Communicator> Replica<C> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
         let training = || -> Result<Vec<Box<dyn Transform>>> {
-            Ok(scaling().into_iter().chain(config.augmentations()?).collect())
+            Ok(scaling().into_iter().chain(config.augmentations()).collect())
         };
         let train = match &plan.resume {
             Some((_, state)) => {

@@ -149,7 +149,6 @@ fn bad_configs_fail_before_anything_starts() {
         ("zero_stage", TrainConfig { zero_stage: 3, ..config(1, 1) }),
         ("input_feature", TrainConfig { input_feature: "pixels".into(), ..config(1, 1) }),
         ("model", TrainConfig { model: "resnet".into(), ..config(1, 1) }),
-        ("compression", TrainConfig { compression: "zip".into(), ..config(1, 1) }),
         ("global_batch", TrainConfig { global_batch: 4096, ..config(1, 1) }),
         ("data_budget_mib", TrainConfig { data_budget_mib: u64::MAX, ..config(1, 1) }),
         (
@@ -213,7 +212,7 @@ fn memory_techniques_and_compression_train_too() {
     c.recompute = true;
     c.grad_accum = 2;
     c.clip_grad_norm = Some(1.0);
-    c.compression = "bf16".into();
+    c.compression = dp_train::GradCompression::Bf16;
     c.prune = Some(dp_train::PruneConfig {
         sparsity: 0.5,
         global: true,
@@ -333,7 +332,7 @@ fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
     let out = TempDir::new("augment");
     let plain = TrainConfig { eval_data: None, ..config(1, 6) };
     train(plain.clone(), &RunOptions::new(out.0.join("plain")), &mut ()).unwrap();
-    let augment = vec!["flip-h".to_string(), "crop:2".to_string()];
+    let augment = vec![dp_train::Augmentation::FlipH, dp_train::Augmentation::Crop(2)];
     let augmented = TrainConfig { augment: augment.clone(), ..config(1, 6) };
     let summary = train(augmented, &RunOptions::new(out.0.join("augmented")), &mut ()).unwrap();
     let (plain, augmented) = (run_dir(&out.0.join("plain")), run_dir(&out.0.join("augmented")));
@@ -360,23 +359,28 @@ fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
             common::digits().join("train"),
             "a padding of 28 leaves nothing of 28x28 images",
         ),
-        (
-            "crop:-1",
-            common::digits().join("train"),
-            "`crop:-1`: the padding must be a positive number",
-        ),
-        ("rotate", common::digits().join("train"), "`rotate` is not flip-h, flip-v or crop:PAD"),
     ] {
         let c = TrainConfig {
             train_data,
             input_feature: if augment == "flip-v" { "x".into() } else { "image".into() },
             eval_data: None,
-            augment: vec![augment.into()],
+            augment: vec![augment.parse().unwrap()],
             ..config(1, 2)
         };
         let error = train(c, &RunOptions::new(out.0.join("refused")), &mut ()).unwrap_err();
         let text = error.to_string();
         assert!(text.contains("`augment`") && text.contains(says), "{text}");
+    }
+    // What is not an augmentation does not make a config: from a file, `--set` or a flag.
+    for (augment, says) in [
+        ("crop:-1", "`crop:-1`: the padding must be a positive number"),
+        ("rotate", "`rotate` is not flip-h, flip-v or crop:PAD"),
+    ] {
+        let error = TrainConfig::default().set("augment", &format!("[\"{augment}\"]")).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("augment") && text.contains(says), "{text}");
+        let error = augment.parse::<dp_train::Augmentation>().unwrap_err().to_string();
+        assert!(error.contains("`augment`") && error.contains(says), "{error}");
     }
     assert!(!out.0.join("refused").exists());
 }
@@ -480,7 +484,7 @@ fn one_replica_holds_no_communication_buffer() {
         let c = TrainConfig {
             eval_data: None,
             bucket_mib: 0.01,
-            compression: "bf16".into(),
+            compression: dp_train::GradCompression::Bf16,
             ..config(replicas, 2)
         };
         let summary =

@@ -82,8 +82,8 @@ pub(crate) struct TrainArgs {
     #[arg(long, allow_negative_numbers = true)]
     prune: Option<f64>,
     /// Gradient compression: none, bf16 or int8.
-    #[arg(long)]
-    compression: Option<String>,
+    #[arg(long, value_name = "HOW")]
+    compression: Option<dp_train::GradCompression>,
     /// Where to compute: cpu (threads, the default) or cuda (one GPU per process, several
     /// under mpirun; needs a build with the `cuda` feature: cargo xtask-cuda).
     #[arg(long, value_name = "DEVICE")]
@@ -101,7 +101,7 @@ pub(crate) struct TrainArgs {
     std: Option<Vec<f32>>,
     /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    augment: Option<Vec<String>>,
+    augment: Option<Vec<dp_train::Augmentation>>,
     /// Checkpoints to keep: the latest N as checkpoint-STEP.ckpt (best.ckpt is always kept).
     #[arg(long, allow_negative_numbers = true, value_name = "N")]
     keep: Option<usize>,
@@ -295,7 +295,7 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
     set(&mut config.grad_accum, args.grad_accum);
     set(&mut config.zero_stage, args.zero);
     set(&mut config.seed, args.seed);
-    set(&mut config.compression, args.compression.clone());
+    set(&mut config.compression, args.compression);
     if args.steps.is_some() {
         config.steps = args.steps;
     }
