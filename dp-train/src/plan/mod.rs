@@ -1,0 +1,324 @@
+//! What every replica needs to know before it starts, worked out once on the calling thread:
+//! the model spec for the data's shape, batch sizes, step counts, and where a resumed run
+//! picks up.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+mod batching;
+mod input;
+mod task;
+
+use dp_data::{Dataset, PipelineConfig, PipelineState, TailPolicy};
+use dp_model::{CheckpointHeader, ModelSpec, Schedule};
+use serde::{Deserialize, Serialize};
+
+use crate::best::BestSoFar;
+use crate::config::{OptimizerConfig, TrainConfig};
+use crate::error::{Error, Result};
+use crate::normalization::Scalings;
+use crate::processes::GpuPeers;
+use batching::Batching;
+use input::Input;
+use task::Task;
+pub(crate) use task::{class_labels, label_error};
+
+/// The caller's part of a checkpoint: where the run was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ResumeState {
+    /// Optimizer steps completed.
+    pub(crate) step: u64,
+    /// The training pipeline's position after them.
+    pub(crate) pipeline: PipelineState,
+    /// The best evaluation so far, and whether the run stopped early.
+    #[serde(default)]
+    pub(crate) best: BestSoFar,
+}
+
+/// The run, resolved.
+#[derive(Debug)]
+pub(crate) struct RunPlan {
+    /// The config, with what the plan chose filled in (the optimizer among it).
+    pub(crate) config: TrainConfig,
+    /// The optimizer the run uses: the config's, or the one chosen when it gave none.
+    pub(crate) optimizer: OptimizerConfig,
+    /// Set at construction for a resumed run; a new run's is made once its replicas are built.
+    pub(crate) run_dir: OnceLock<PathBuf>,
+    pub(crate) spec: ModelSpec,
+    pub(crate) input_len: usize,
+    /// Classes: labels are in `0..classes` (1, the output, for a regression).
+    pub(crate) classes: usize,
+    /// Replicas (threads) per process.
+    pub(crate) replicas: usize,
+    /// Processes, each with `replicas` replicas.
+    pub(crate) processes: usize,
+    /// Samples per replica per micro-batch.
+    pub(crate) micro: usize,
+    pub(crate) steps_per_epoch: u64,
+    /// Training records an epoch leaves out: those that do not fill a last global batch.
+    pub(crate) dropped_per_epoch: u64,
+    pub(crate) total_steps: u64,
+    pub(crate) schedule: Schedule,
+    /// Whether the run regresses a float label (one output) instead of classifying.
+    pub(crate) regression: bool,
+    /// The inputs' and targets' scaling (see [`crate::normalization`]).
+    pub(crate) scalings: Scalings,
+    /// The checkpoint to resume from, and where it was.
+    pub(crate) resume: Option<(CheckpointHeader, ResumeState)>,
+    /// With GPUs in several processes: this one's place among them, set once they agree.
+    pub(crate) gpu_peers: Option<GpuPeers>,
+}
+
+impl RunPlan {
+    /// The plan of one of `processes` processes: each part resolved by its own type, in the
+    /// order one depends on another.
+    pub(crate) fn new(
+        config: TrainConfig,
+        run_dir: Option<PathBuf>,
+        resume: Option<CheckpointHeader>,
+        processes: usize,
+    ) -> Result<Self> {
+        config.validate()?;
+        let train = Dataset::open(&config.train_data)?;
+        let input = Input::resolve(&train, &config)?;
+        let config = TrainConfig { input_feature: input.feature.clone(), ..config };
+        let task = Task::resolve(&train, &config)?;
+        if let Some(path) = &config.eval_data {
+            let eval = Dataset::open(path)?;
+            input.check_eval(&eval, path)?;
+            task.check_eval(&eval, &config.label_feature, path)?;
+        }
+        let (config, sparse_defaults) = choose_defaults(config, &input, task, train.len())?;
+        let optimizer = config.optimizer.clone().expect("chosen above");
+        let spec = model_spec(&config.model, &input, task.outputs())?;
+        check_augmentations(&config, &input)?;
+        let scalings = scalings(&config, run_dir.as_deref(), &train, &input, task)?;
+        let (batching, config) =
+            Batching::resolve(config, train.len(), processes, sparse_defaults)?;
+        let schedule = config.schedule_or_default(batching.total_steps);
+        let resume = resume
+            .map(|checkpoint| resume_state(checkpoint, run_dir.as_deref(), batching.total_steps))
+            .transpose()?;
+        Ok(Self {
+            config,
+            optimizer,
+            run_dir: run_dir.map_or_else(OnceLock::new, OnceLock::from),
+            spec,
+            input_len: input.len(),
+            classes: task.outputs(),
+            replicas: batching.replicas,
+            processes,
+            micro: batching.micro,
+            steps_per_epoch: batching.steps_per_epoch,
+            dropped_per_epoch: batching.dropped_per_epoch,
+            total_steps: batching.total_steps,
+            schedule,
+            regression: task.is_regression(),
+            scalings,
+            resume,
+            gpu_peers: None,
+        })
+    }
+
+    /// Whether the checkpoint the run resumes from ended it early.
+    pub(crate) fn stopped_early(&self) -> bool {
+        self.resume.as_ref().is_some_and(|(_, s)| s.best.stopped_early)
+    }
+
+    /// Lets a resumed run that stopped early train on, counting its patience afresh.
+    pub(crate) fn train_past_early_stop(&mut self) {
+        if let Some((_, state)) = &mut self.resume {
+            state.best.stopped_early = false;
+            state.best.evals_since = 0;
+        }
+    }
+
+    /// The step the run starts from (0, or where the checkpoint was taken).
+    pub(crate) fn start_step(&self) -> u64 {
+        self.resume.as_ref().map_or(0, |(_, s)| s.step)
+    }
+
+    /// Whether this process's replicas share parameters and optimizer state (see
+    /// [`TrainConfig::share_params`]).
+    pub(crate) fn shares_params(&self) -> bool {
+        let zero_across_processes = self.processes > 1 && self.config.zero_stage == 1;
+        self.config.share_params && self.replicas > 1 && !zero_across_processes
+    }
+
+    /// Replicas over all processes.
+    pub(crate) fn world(&self) -> usize {
+        self.replicas * self.processes
+    }
+
+    /// The run directory (empty before a new run's is made).
+    pub(crate) fn run_dir(&self) -> &Path {
+        self.run_dir.get().map_or(Path::new(""), PathBuf::as_path)
+    }
+
+    pub(crate) fn checkpoint_path(&self) -> PathBuf {
+        self.run_dir().join(crate::run_dir::CHECKPOINT)
+    }
+}
+
+/// Fills in the model and optimizer a config leaves to the run, and says whether they are a
+/// sparse input's defaults. On a sparse input the default model is linear (logistic
+/// regression, as one starts with on wide sparse data), not an MLP whose first layer would
+/// hold the input's width times 512 weights; and that logistic regression is trained as
+/// scikit-learn's `LogisticRegression` is by default, to its L2-regularized optimum: SGD's
+/// ~800 steps without a penalty stop far short of it on bag-of-words data, whose evidence is
+/// in rare words (see `sparse_optimizer`). With a learning rate or schedule given, the
+/// optimizer chosen is SGD: those were chosen for it. An optimizer given is always the one
+/// used; the run and the config it saves hold the one chosen.
+fn choose_defaults(
+    mut config: TrainConfig,
+    input: &Input,
+    task: Task,
+    records: u64,
+) -> Result<(TrainConfig, bool)> {
+    let default_model = input.sparse && config.model == TrainConfig::default().model;
+    if default_model {
+        config.model = "linear".into();
+    }
+    let sparse_defaults = default_model
+        && !task.is_regression()
+        && config.optimizer.is_none()
+        && config.lr.is_none()
+        && config.schedule.is_none();
+    if sparse_defaults {
+        config.optimizer = Some(crate::config::sparse_optimizer(records, task.outputs()));
+        config.lr = Some(crate::config::SPARSE_LR);
+    }
+    if config.optimizer.is_none() {
+        config.optimizer = Some(OptimizerConfig::preset("sgd")?);
+    }
+    Ok((config, sparse_defaults))
+}
+
+/// The model: built in or from a file, for `input` and `outputs`; for a sparse input, its
+/// first linear layer reads the sparse batches.
+fn model_spec(model: &str, input: &Input, outputs: usize) -> Result<ModelSpec> {
+    let path = Path::new(model);
+    let spec = if path.extension().is_some_and(|e| e == "toml" || e == "json") {
+        ModelSpec::from_file(path)?
+    } else {
+        ModelSpec::builtin(model, &input.shape, outputs)?
+    };
+    let spec = match input.sparse {
+        false => spec,
+        true => spec
+            .for_sparse_input()
+            .map_err(|e| Error::config("model", format!("`{model}`: {e}")))?,
+    };
+    if spec.input.iter().product::<usize>() != input.len() {
+        return Err(Error::config(
+            "model",
+            format!("`{model}` takes inputs {:?}, the data has {:?}", spec.input, input.shape),
+        ));
+    }
+    Ok(spec)
+}
+
+/// Refuses augmentations the input cannot take.
+fn check_augmentations(config: &TrainConfig, input: &Input) -> Result<()> {
+    let augmentations = config.augmentations();
+    if input.sparse && !augmentations.is_empty() {
+        return Err(Error::config(
+            "augment",
+            "a sparse input takes no augmentations (they transform dense images)",
+        ));
+    }
+    for augmentation in augmentations {
+        augmentation.check(&input.shape).map_err(|why| {
+            Error::config("augment", format!("{}: {why}", augmentation.describe()))
+        })?;
+    }
+    Ok(())
+}
+
+/// The inputs' and targets' scaling: a resumed run's own (checked against its data), a new
+/// run's decided from its training data. A saved scaling has targets exactly when the run
+/// regresses: a label that changed between classes and values since is another run.
+fn scalings(
+    config: &TrainConfig,
+    run_dir: Option<&Path>,
+    train: &Dataset,
+    input: &Input,
+    task: Task,
+) -> Result<Scalings> {
+    let (saved, regression) = (input.saved(), task.is_regression());
+    let scalings = match run_dir {
+        Some(dir) => {
+            let scalings = crate::run_dir::scalings(dir, config, input.len(), input.sparse)?;
+            if let Some(trained) = &scalings.input {
+                trained.check(&config.train_data, &config.input_feature, &saved)?;
+            }
+            scalings
+        }
+        None => crate::normalization::decide(config, train, &saved, regression)?,
+    };
+    if scalings.targets.is_some() != regression {
+        return Err(Error::config(
+            "label_feature",
+            format!(
+                "`{}` is now {}, but the run was saved {}",
+                config.label_feature,
+                if regression { "a float (a value)" } else { "an integer (a class)" },
+                if regression { "as a classifier" } else { "as a regression" }
+            ),
+        ));
+    }
+    Ok(scalings)
+}
+
+/// Where the checkpoint a run resumes from left it, which must be within the run's
+/// `total_steps`.
+fn resume_state(
+    checkpoint: CheckpointHeader,
+    run_dir: Option<&Path>,
+    total_steps: u64,
+) -> Result<(CheckpointHeader, ResumeState)> {
+    let state: ResumeState = serde_json::from_str(checkpoint.extra()).map_err(|e| {
+        let path = run_dir.unwrap_or(Path::new("")).join(crate::run_dir::CHECKPOINT);
+        Error::run(&path, format!("the checkpoint's run state is damaged: {e}"))
+    })?;
+    if state.step > total_steps {
+        return Err(Error::config(
+            "steps",
+            format!(
+                "the run has {total_steps} steps, fewer than the {} its checkpoint has done",
+                state.step
+            ),
+        ));
+    }
+    Ok((checkpoint, state))
+}
+
+/// The data pipeline of one replica: training (shuffled, full batches only) or evaluation
+/// (in order, the last batch padded so every record counts once).
+pub(crate) fn pipeline_config(
+    plan: &RunPlan,
+    rank: usize,
+    world: usize,
+    train: bool,
+) -> PipelineConfig {
+    let config = &plan.config;
+    let mut p = PipelineConfig::default();
+    p.input = config.input_feature.clone();
+    p.label = config.label_feature.clone();
+    p.batch_size = plan.micro;
+    p.rank = rank;
+    p.world_size = world;
+    p.seed = config.seed;
+    p.workers = config.data_workers;
+    p.prefetch = config.data_prefetch;
+    p.memory_budget = config.data_budget_mib << 20;
+    p.cache = config.data_cache;
+    if train {
+        p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
+        p.tail = TailPolicy::Drop;
+    } else {
+        p.shuffle_window = None;
+        p.tail = TailPolicy::Pad;
+    }
+    p
+}
