@@ -1,23 +1,23 @@
 //! One replica: its data shard, its copy of the model, its share of the optimizer, and the
 //! step loop that keeps it in lockstep with the others. Generic over the communicator, so the
-//! same loop carries CPU threads today and GPU replicas later.
+//! same loop carries CPU threads and GPU replicas. The loop is here; what it calls lives with
+//! its concern: gradient averaging (`sync.rs`), checkpoints (`checkpoint.rs`), evaluation
+//! (`evaluation.rs`), the end-of-run report (`report.rs`) and injected faults (`fault.rs`).
 
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use dp_comm::{BucketConfig, BucketReducer, Communicator, Compression, ReduceOp};
+use dp_comm::{BucketReducer, Communicator};
 use dp_data::{Pipeline, Transform};
-use dp_mem::{ByTag, CountingAlloc, Pool, PoolBuf, Tag, Tracker};
+use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    Adam, CheckpointReader, CheckpointWriter, LossTotals, Model, ModelOptions, Optimizer,
-    PruneSchedule, Pruner, Recompute, Sgd, ShardFile, SharedParams, Sparsity, StepOptions, Targets,
-    clip_grad_norm, save_optimizer_shard,
+    Adam, CheckpointReader, Model, ModelOptions, Optimizer, PruneSchedule, Pruner, Recompute, Sgd,
+    SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
 };
 use ndarray::ArrayView2;
 
-use crate::best::BestSoFar;
 use crate::checksum::check_in_sync;
 use crate::config::{Device, OptimizerConfig};
 use crate::divergence::LossWatch;
@@ -25,97 +25,22 @@ use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
 use crate::input::Input;
-use crate::metrics::EvalMetrics;
 use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
 use crate::record::{Event, Events, StepSample};
-use crate::run_dir::{keep_checkpoints, optimizer_shard, remove_unnamed_shards};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
 use crate::zero::zero_shard;
 
-/// A failure to inject into one replica, to test that the run stops cleanly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fault {
-    /// The replica that fails (its rank over all processes).
-    pub rank: usize,
-    /// The step (counted from 0) at whose start it fails.
-    pub step: u64,
-    /// How it fails.
-    pub kind: FaultKind,
-}
+mod checkpoint;
+mod evaluation;
+mod fault;
+mod report;
+mod sync;
 
-/// How an injected [`Fault`] fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The replica returns an error.
-    Error,
-    /// The replica's thread panics.
-    Panic,
-    /// The replica's whole process is killed (`SIGKILL`), as a crashed or preempted host is.
-    Kill,
-    /// The lowest bit of the replica's first parameter flips, as a memory fault or a
-    /// non-deterministic kernel would change it, and the replica goes on.
-    Desync,
-}
-
-/// What a replica reports when it ends.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ReplicaReport {
-    /// Peak bytes by tag: the model side's tracker, and the pipeline's peak for `Data`.
-    pub(crate) peak: ByTag<u64>,
-    /// The least each tag needs for the run's step: parameters, gradients, optimizer state
-    /// (its shard under ZeRO-1), one micro-batch's activations, the gradient buffers of the
-    /// chosen reduction, the pipelines' working sets.
-    pub(crate) minimum: ByTag<u64>,
-    /// Optimizer state bytes (its shard under ZeRO-1).
-    pub(crate) opt_state: u64,
-    /// Steps run in this process.
-    pub(crate) steps: u64,
-    /// The last step completed.
-    pub(crate) final_step: u64,
-    pub(crate) data_wait_s: f64,
-    pub(crate) comm_exposed_s: f64,
-    pub(crate) step_s: f64,
-    /// Allocation calls per steady step on this replica's thread, when the counting
-    /// allocator is installed, and of those the GEMM library's (its packing buffers).
-    pub(crate) allocs_per_step: Option<f64>,
-    pub(crate) gemm_allocs_per_step: f64,
-    pub(crate) interrupted: bool,
-    /// The best evaluation and whether the run stopped early.
-    pub(crate) best: BestSoFar,
-    /// Peak device bytes by tag, for a GPU replica.
-    pub(crate) device_peak: Option<ByTag<u64>>,
-}
-
-/// The gradient buffer the all-reduce works on, from the replica's pool (tag `Comm`).
-struct CommBuffer(PoolBuf<f32>);
-
-impl AsRef<[f32]> for CommBuffer {
-    fn as_ref(&self) -> &[f32] {
-        &self.0
-    }
-}
-
-impl AsMut<[f32]> for CommBuffer {
-    fn as_mut(&mut self) -> &mut [f32] {
-        &mut self.0
-    }
-}
-
-/// How a replica's gradients are averaged with the other replicas'.
-enum GradSync {
-    /// Bucket by bucket on a communication thread, while backward goes on.
-    Buckets {
-        reducer: BucketReducer<CommBuffer>,
-        /// Where each gradient bucket ends, in the order backward finishes them.
-        ends: Vec<usize>,
-        /// Accounts the reducer's compression scratch under `Comm`.
-        _scratch: dp_mem::Reservation,
-    },
-    /// All at once after backward, in place in the model's gradient buffer, on the replica's
-    /// own thread.
-    InPlace,
-}
+pub use fault::{Fault, FaultKind};
+pub(crate) use report::ReplicaReport;
+pub(crate) use sync::reduces_in_place;
+use sync::{CommBuffer, GradSync};
 
 /// Steps excluded from the allocation count while everything warms up (first batches,
 /// pipeline cache fill, GEMM packing sizes).
@@ -185,22 +110,6 @@ pub(crate) struct SharedState {
     pub(crate) tracker: Option<Tracker>,
     /// Where the replicas say whether they saved their part of an emergency checkpoint.
     pub(crate) board: Arc<Board>,
-}
-
-/// Whether `params` gradients are averaged in place once backward is done, rather than bucket
-/// by bucket on a communication thread (which then needs a group of its own). A gradient that
-/// fits in one bucket cannot be reduced while backward goes on, so a communication thread
-/// would only add a copy of the gradients and two hand-offs between threads to every step;
-/// replicas that share their parameters update them only once every gradient is reduced,
-/// and a communication thread's copy of the gradients would cost each of them what sharing
-/// saves; and a world of one replica has nobody to send them to (nor a reason to compress
-/// them).
-pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, plan: &RunPlan) -> bool {
-    let one_bucket = params * size_of::<f32>() <= bucket.bucket_bytes;
-    let uncompressed = bucket.compression == Compression::None;
-    // GPUs reduce on the devices, through NCCL (`gpu::reduce`).
-    let on_gpus = plan.config.device == Device::Cuda;
-    plan.world() == 1 || on_gpus || (uncompressed && (one_bucket || plan.shares_params()))
 }
 
 impl<C: Communicator> Replica<C> {
@@ -689,295 +598,6 @@ impl<C: Communicator> Replica<C> {
         }
         Ok((totals.stop > 0.0, totals.mean_loss()))
     }
-
-    /// The last micro-batch of a step: forward and backward, then the gradients' all-reduce.
-    /// With buckets, each finished bucket goes to the communication thread while backward
-    /// goes on, and (with `update_per_bucket`) each bucket's parameters are updated as soon as
-    /// it is reduced; otherwise the gradients are reduced in place once backward is done.
-    /// Returns the loss and the seconds spent waiting for reductions.
-    fn backward_and_reduce(
-        &mut self,
-        x: Input<'_>,
-        targets: Targets<'_, f32>,
-        options: &StepOptions,
-        lr: f64,
-        update_per_bucket: bool,
-    ) -> Result<(LossTotals, f64)> {
-        let (reducer, bucket_ends) = match &mut self.grad_sync {
-            GradSync::Buckets { reducer, ends, .. } => (reducer, ends),
-            GradSync::InPlace => {
-                let loss = x.forward_backward(&mut self.model, targets, options)?;
-                let reducing = Instant::now();
-                match &mut self.touched_rows {
-                    Some(rows) => {
-                        rows.all_reduce(&mut self.model, &mut self.ctl)?;
-                    }
-                    // Alone, there is nothing to sum (and lending the gradients out would make
-                    // a sparse first layer clear its whole table next step).
-                    None if self.ctl.world_size() == 1 => {}
-                    None => self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?,
-                }
-                return Ok((loss, reducing.elapsed().as_secs_f64()));
-            }
-        };
-        let mut reduce = reducer.begin()?;
-        let (mut copied, mut next_bucket, mut failed) = (0usize, 0usize, None);
-        let mut hand_over = |done: &[f32]| {
-            if failed.is_some() {
-                return;
-            }
-            let result = reduce
-                .slice_mut(copied..done.len())
-                .map(|dst| dst.copy_from_slice(&done[copied..]));
-            copied = done.len();
-            let result = result.and_then(|()| {
-                while next_bucket < bucket_ends.len() && bucket_ends[next_bucket] <= copied {
-                    reduce.mark_ready(next_bucket)?;
-                    next_bucket += 1;
-                }
-                Ok(())
-            });
-            failed = result.err();
-        };
-        let loss = x.forward_backward_with(&mut self.model, targets, options, &mut hand_over);
-        if let Some(error) = failed {
-            return Err(error.into());
-        }
-        let loss = loss?;
-        let mut waited = 0.0;
-        if update_per_bucket {
-            let params = self.model.params_mut();
-            let mut start = 0;
-            for (b, &end) in bucket_ends.iter().enumerate() {
-                let waiting = Instant::now();
-                let grads = reduce.reduced_bucket(b)?;
-                waited += waiting.elapsed().as_secs_f64();
-                // From the first update until the step ends, the parameters match no step
-                // boundary: no emergency checkpoint may save them.
-                self.updating = true;
-                self.optimizer.step_part(&mut params[start..end], grads, start, lr, b == 0)?;
-                start = end;
-            }
-        }
-        let waiting = Instant::now();
-        reduce.wait()?;
-        Ok((loss, waited + waiting.elapsed().as_secs_f64()))
-    }
-
-    /// One pass over the evaluation data, shared out among the replicas; returns the mean
-    /// loss (`None` without evaluation data). A regression also measures its errors in the
-    /// label's own units.
-    fn evaluate(&mut self, step: u64) -> Result<Option<f64>> {
-        if self.eval.is_none() {
-            return Ok(None);
-        }
-        self.sync_host()?;
-        let Some((pipeline, labels)) = &mut self.eval else { return Ok(None) };
-        let plan = &*self.plan;
-        let mut totals = Totals::default();
-        for _ in 0..pipeline.batches_per_epoch() {
-            let batch = pipeline.next_batch()?;
-            // Records repeated to fill the last batch count once only; a rank's last batch
-            // may be nothing but repeats.
-            let n = batch.len() - batch.padded();
-            if n == 0 {
-                continue;
-            }
-            let x = Input::of(&batch, plan.input_len)
-                .map_err(|what| Error::run(plan.run_dir(), format!("eval {what}")))?
-                .first(n);
-            let loss = if plan.regression {
-                // One forward gives both the loss the model trains on (the squared error of
-                // standardized values) and the errors in the label's units.
-                let (offset, scale) = plan.scalings.target().expect("a regression's");
-                let outputs = x.forward_eval(&mut self.model)?;
-                let values = batch.targets().expect("a regression's batches have targets");
-                let mut loss = LossTotals { samples: n, ..LossTotals::default() };
-                for (z, &t) in outputs.iter().zip(values.iter()) {
-                    let standardized = f64::from(z - (t - offset) / scale);
-                    loss.loss_sum += standardized * standardized;
-                    let error = f64::from(z * scale + offset - t);
-                    totals.squared_error += error * error;
-                    totals.absolute_error += error.abs();
-                }
-                loss
-            } else {
-                let y = batch.y();
-                labels[..n].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
-                check_labels(&labels[..n], batch.record_ids(), plan.classes)?;
-                x.evaluate(&mut self.model, Targets::Classes(&labels[..n]))?
-            };
-            totals.add(&loss);
-        }
-        totals.all_reduce(&mut self.ctl)?;
-        let samples = totals.samples.max(1.0);
-        let eval_loss = totals.mean_loss();
-        if let Some(events) = &mut self.events {
-            let regression = self.plan.regression;
-            let eval = EvalMetrics {
-                step,
-                epoch: step / self.plan.steps_per_epoch,
-                eval_loss,
-                eval_accuracy: (!regression).then(|| totals.accuracy()),
-                eval_rmse: regression.then(|| (totals.squared_error / samples).sqrt()),
-                eval_mae: regression.then(|| totals.absolute_error / samples),
-            };
-            events.send(Event::Eval(eval));
-        }
-        Ok(Some(eval_loss))
-    }
-
-    /// Saves the parameters as the best model (replica 0): no optimizer state, as this
-    /// checkpoint is for using the model, not for resuming.
-    fn save_best(&self, step: u64, eval_loss: f64) -> Result<()> {
-        let extra = serde_json::json!({ "step": step, "eval_loss": eval_loss }).to_string();
-        let path = self.plan.run_dir().join(crate::run_dir::BEST);
-        CheckpointWriter::new(&self.model).with_extra(extra).save(&path)?;
-        Ok(())
-    }
-
-    /// Saves parameters, the optimizer state and the data position. Under ZeRO-1 every
-    /// replica writes its own shard of the optimizer state (nothing is gathered), and replica
-    /// 0 the checkpoint naming them, once all are written; otherwise replica 0 writes it all.
-    fn checkpoint(&mut self, step: u64) -> Result<()> {
-        self.sync_host()?;
-        // A finite loss can come with gradients that overflowed into the parameters; such a
-        // model must never replace the last good checkpoint. Every replica holds the same
-        // parameters, so all fail here together.
-        if let Some(&value) = self.model.params().iter().find(|p| !p.is_finite()) {
-            let value = f64::from(value);
-            return Err(Error::NonFinite { step, what: "a parameter", value });
-        }
-        let (dir, len) = (self.plan.run_dir(), self.model.params().len());
-        let shards = self.optimizer_shards();
-        if let Some(count) = shards {
-            if self.rank < count {
-                let path = dir.join(optimizer_shard(step, self.rank));
-                let params = self.model.params();
-                save_optimizer_shard(&path, self.optimizer.as_ref(), self.shard.clone(), params)?;
-            }
-            // A replica that failed to write its shard has left the group, failing this.
-            self.ctl.barrier()?;
-        }
-        if self.rank == 0 {
-            self.metrics_recorded()?;
-            let extra =
-                serde_json::to_string(&self.consistent).expect("the run state always serializes");
-            let writer = CheckpointWriter::new(&self.model).with_extra(extra);
-            let writer = if let Some(count) = shards {
-                let shards = (0..count)
-                    .map(|r| {
-                        let range = zero_shard(len, count, r);
-                        ShardFile {
-                            name: optimizer_shard(step, r),
-                            start: range.start,
-                            end: range.end,
-                        }
-                    })
-                    .collect();
-                writer.with_optimizer_shards(self.optimizer.as_ref(), shards)
-            } else {
-                writer.with_optimizer(self.optimizer.as_ref())
-            };
-            writer.save(&self.plan.checkpoint_path())?;
-            // Replica 0 alone knows the checkpoint whole; the others, knowing only their shards
-            // written, would save them again for an emergency checkpoint of the same step.
-            self.checkpointed = step;
-            keep_checkpoints(dir, step, self.plan.config.keep)?;
-            remove_unnamed_shards(dir, step)?;
-            if let Some(events) = &mut self.events {
-                events.send(Event::Checkpoint { step });
-            }
-        }
-        Ok(())
-    }
-
-    /// Brings the CPU model and optimizer up to the GPU's, before anything reads them.
-    fn sync_host(&mut self) -> Result<()> {
-        match &mut self.gpu {
-            Some(gpu) => gpu.sync_host(&mut self.model, self.optimizer.as_mut()),
-            None => Ok(()),
-        }
-    }
-
-    /// How many shards the optimizer state is saved in (`None`: replica 0 holds it whole):
-    /// one per replica of the first process when replicas share it, one per replica under
-    /// ZeRO-1. Shard `r` is replica `r`'s.
-    fn optimizer_shards(&self) -> Option<usize> {
-        if self.shared {
-            Some(self.plan.replicas)
-        } else {
-            self.zero.then(|| self.ctl.world_size())
-        }
-    }
-
-    /// Waits until the metrics of every step so far are written: a checkpoint past a line the
-    /// metrics file lost would make a resumed run's record skip it.
-    fn metrics_recorded(&self) -> Result<()> {
-        let Some(events) = &self.events else { return Ok(()) };
-        events.wait_recorded(metrics_timeout(&self.plan)).map_err(|why| {
-            let what = format!("{why}; no checkpoint is written past the last recorded step");
-            Error::run(&self.plan.run_dir().join(crate::run_dir::METRICS), what)
-        })
-    }
-
-    /// Bytes the training and evaluation pipelines hold now, and the sum of their peaks.
-    fn data_held(&self) -> (u64, u64) {
-        let (mut now, mut peak) = self.train.tracker().held();
-        if let Some((eval, _)) = &self.eval {
-            let (eval_now, eval_peak) = eval.tracker().held();
-            now += eval_now;
-            peak += eval_peak;
-        }
-        (now, peak)
-    }
-
-    /// See [`ReplicaReport::minimum`].
-    fn minimum_memory(&self) -> ByTag<u64> {
-        let memory = self.model.memory();
-        let f32s = |n: usize| n as u64 * 4;
-        let comm = match &self.grad_sync {
-            GradSync::Buckets { reducer, .. } => {
-                f32s(self.model.params().len()) + reducer.scratch_bytes() as u64
-            }
-            GradSync::InPlace => 0,
-        };
-        let eval = self.eval.as_ref().map_or(0, |(eval, _)| eval.minimum_bytes());
-        ByTag::from_fn(|tag| {
-            match tag {
-                // Shared parameters are the first replica's to account.
-                Tag::Param if self.shared && self.rank.is_multiple_of(self.plan.replicas) => {
-                    f32s(self.model.params().len())
-                }
-                Tag::Param => memory.params,
-                Tag::Grad => memory.grads,
-                Tag::OptState => self.optimizer.state_bytes(),
-                Tag::Activation => memory.saved_activations + memory.workspace,
-                Tag::Data => self.train.minimum_bytes() + eval,
-                Tag::Comm => comm,
-                Tag::Temp => memory.packing,
-                // Any tag added later: nothing is needed for certain.
-                _ => 0,
-            }
-        })
-    }
-
-    fn finish(mut self) -> ReplicaReport {
-        self.report.peak = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).1);
-        self.report.peak[Tag::Data] = self.data_held().1;
-        self.report.opt_state = self.optimizer.state_bytes();
-        self.report.minimum = self.minimum_memory();
-        self.report.best = self.consistent.best.clone();
-        self.report.device_peak = self.gpu.as_ref().map(GpuStep::peak);
-        self.report
-    }
-}
-
-/// How long replica 0 waits for the metrics before a checkpoint: half the collectives'
-/// timeout, so that its peers, waiting for it in the next collective, do not time out first
-/// and hide why.
-fn metrics_timeout(plan: &RunPlan) -> std::time::Duration {
-    std::time::Duration::from_secs_f64(plan.config.timeout_s / 2.0)
 }
 
 /// Every label must be a class: the model would take a negative one for "ignore this
