@@ -678,15 +678,6 @@ impl TrainConfig {
         if self.device == Device::Cuda {
             self.validate_cuda()?;
         }
-        if !self.global_batch.is_multiple_of(n * self.grad_accum) {
-            return Err(Error::config(
-                "global_batch",
-                format!(
-                    "{} must be a multiple of replicas x grad_accum = {n} x {} (so every replica runs equal micro-batches), or 0 to choose from the data",
-                    self.global_batch, self.grad_accum
-                ),
-            ));
-        }
         if self.steps == Some(0) {
             return Err(Error::config("steps", "the run must have at least one step"));
         }

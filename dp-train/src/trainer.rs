@@ -71,7 +71,6 @@ impl ResumeChanges {
             changed.replicas = replicas;
             changed = changed.resolved_for(processes, on_host)?;
         }
-        changed.validate()?;
         Ok(changed)
     }
 }
@@ -387,9 +386,8 @@ fn set_up(
             changed = effective != saved;
             Ok(effective)
         })(),
-        None => config
-            .resolved_for(count, processes.on_host())
-            .and_then(|config| config.validate().map(|()| config)),
+        // Validated once, by the plan.
+        None => config.resolved_for(count, processes.on_host()),
     };
     let effective = if count == 1 {
         effective?

@@ -40,7 +40,7 @@ impl Batching {
             return Err(Error::config(
                 "global_batch",
                 format!(
-                    "{} must be a multiple of processes x replicas x grad_accum = {processes} x {replicas} x {accum} (so every replica runs equal micro-batches)",
+                    "{} must be a multiple of processes x replicas x grad_accum = {processes} x {replicas} x {accum} (so every replica runs equal micro-batches), or 0 to choose from the data",
                     config.global_batch
                 ),
             ));
