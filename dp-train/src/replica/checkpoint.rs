@@ -4,7 +4,7 @@
 use dp_comm::Communicator;
 use dp_model::{CheckpointWriter, ShardFile, save_optimizer_shard};
 
-use super::Replica;
+use super::{Params, Replica};
 use crate::error::{Error, Result};
 use crate::plan::RunPlan;
 use crate::record::Event;
@@ -87,10 +87,10 @@ impl<C: Communicator> Replica<C> {
     /// one per replica of the first process when replicas share it, one per replica under
     /// ZeRO-1. Shard `r` is replica `r`'s.
     pub(super) fn optimizer_shards(&self) -> Option<usize> {
-        if self.shared {
-            Some(self.plan.replicas)
-        } else {
-            self.zero.then(|| self.ctl.world_size())
+        match self.params {
+            Params::Own => None,
+            Params::ZeroShard => Some(self.ctl.world_size()),
+            Params::Shared => Some(self.plan.replicas),
         }
     }
 

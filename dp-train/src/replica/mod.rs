@@ -42,6 +42,19 @@ pub(crate) use report::ReplicaReport;
 pub(crate) use sync::reduces_in_place;
 use sync::{CommBuffer, GradSync};
 
+/// Whose parameters a replica updates, and how the others learn of the update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Params {
+    /// Its own copy, all of it, with the whole optimizer state.
+    Own,
+    /// Its own copy, updating one shard of it with that shard's optimizer state (ZeRO stage
+    /// 1); each replica then broadcasts its shard to the others.
+    ZeroShard,
+    /// The process's [`SharedParams`], of which it updates one shard between the step's last
+    /// collective and a barrier.
+    Shared,
+}
+
 /// Steps excluded from the allocation count while everything warms up (first batches,
 /// pipeline cache fill, GEMM packing sizes).
 const WARMUP_STEPS: u64 = 3;
@@ -66,16 +79,13 @@ pub(crate) struct Replica<C: Communicator> {
     /// The parameters this replica's optimizer updates (all of them without ZeRO or shared
     /// parameters).
     shard: Range<usize>,
-    /// Whether the model's parameters are the process's [`SharedParams`].
-    shared: bool,
+    /// Whose parameters the replica updates (decided once, here).
+    params: Params,
     /// With `device = "cuda"`: the step on the GPU, and `model` and `optimizer` its copies
     /// on the CPU.
     gpu: Option<GpuStep>,
     /// With a sparse first layer reduced in place: its touched rows only, when few are.
     touched_rows: Option<TouchedRows>,
-    /// ZeRO stage 1 over replicas with their own parameters: after its update, each
-    /// replica's shard is broadcast to the others.
-    zero: bool,
     /// Every replica's parameter checksum, at each check.
     checksums: Vec<u64>,
     /// The training loss held against what knowing nothing costs.
@@ -144,7 +154,12 @@ impl<C: Communicator> Replica<C> {
             .replica(rank as u64)
             .recompute(recompute)
             .precision(config.precision);
-        let is_shared = shared.is_some();
+        let params_mode = match (&shared, config.zero_stage) {
+            (Some(_), _) => Params::Shared,
+            (None, 1) => Params::ZeroShard,
+            (None, _) => Params::Own,
+        };
+        let is_shared = params_mode == Params::Shared;
         let mut model = match shared {
             // SAFETY: the replicas sharing these parameters only read them, except in
             // `Replica::step`'s update, where each writes its own `shard` between the step's
@@ -158,12 +173,10 @@ impl<C: Communicator> Replica<C> {
         };
         let len = model.params().len();
 
-        let shard = if is_shared {
-            zero_shard(len, plan.replicas, local_rank)
-        } else if config.zero_stage == 1 {
-            zero_shard(len, world, rank)
-        } else {
-            0..len
+        let shard = match params_mode {
+            Params::Shared => zero_shard(len, plan.replicas, local_rank),
+            Params::ZeroShard => zero_shard(len, world, rank),
+            Params::Own => 0..len,
         };
         let mut optimizer: Box<dyn Optimizer<f32>> = match plan.optimizer {
             OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => Box::new(Sgd::new(
@@ -179,8 +192,6 @@ impl<C: Communicator> Replica<C> {
                 )?)
             }
         };
-        let zero = config.zero_stage == 1 && !is_shared;
-
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
         // (shared parameters were initialized or restored once for all, before the replicas).
         let train_config = pipeline_config(&plan, rank, world, true);
@@ -296,10 +307,9 @@ impl<C: Communicator> Replica<C> {
             grad_sync,
             optimizer,
             shard,
-            shared: is_shared,
+            params: params_mode,
             gpu,
             touched_rows,
-            zero,
             checksums,
             watch: LossWatch::new(plan.classes, plan.start_step()),
             pruner,
@@ -336,7 +346,7 @@ impl<C: Communicator> Replica<C> {
                     model,
                     optimizer,
                     shard,
-                    zero,
+                    params,
                     consistent,
                     updating,
                     checkpointed,
@@ -362,7 +372,7 @@ impl<C: Communicator> Replica<C> {
                     };
                     if let Some(vote) = &mut vote {
                         save.shard(rank, shard, vote);
-                    } else if rank == 0 && !zero {
+                    } else if rank == 0 && params != Params::ZeroShard {
                         save.whole();
                     }
                 }
@@ -392,7 +402,7 @@ impl<C: Communicator> Replica<C> {
                         libc::kill(libc::getpid(), libc::SIGKILL);
                     },
                     // Shared parameters cannot drift apart: only a replica's own can be flipped.
-                    FaultKind::Desync if self.shared => {}
+                    FaultKind::Desync if self.params == Params::Shared => {}
                     FaultKind::Desync => {
                         if let Some(p) = self.model.params_mut().first_mut() {
                             *p = f32::from_bits(p.to_bits() ^ 1);
@@ -467,8 +477,7 @@ impl<C: Communicator> Replica<C> {
         // parameters that other replicas are still reading (shared parameters).
         let update_per_bucket = matches!(self.grad_sync, GradSync::Buckets { .. })
             && config.clip_grad_norm.is_none()
-            && !self.zero
-            && !self.shared;
+            && self.params == Params::Own;
         let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
         // One small all-reduce per step.
         let mut totals = Totals::default();
@@ -547,7 +556,7 @@ impl<C: Communicator> Replica<C> {
             }
             self.optimizer.step(params, &grads[shard], lr)?;
         }
-        if self.zero {
+        if self.params == Params::ZeroShard {
             // Each shard from the replica that updated it, in place: an all-gather split into
             // one broadcast per replica, which needs no buffer and takes uneven shards. An
             // empty shard is skipped by every replica alike.
@@ -559,14 +568,14 @@ impl<C: Communicator> Replica<C> {
                 }
             }
         }
-        if self.shared {
+        if self.params == Params::Shared {
             // Every shard is updated before any replica reads the parameters again.
             self.ctl.barrier()?;
         }
         if let Some(pruner) = &mut self.pruner {
             pruner.update(step, self.model.params_mut());
         }
-        if self.shared && config.prune.is_some() {
+        if self.params == Params::Shared && config.prune.is_some() {
             self.ctl.barrier()?;
         }
         (self.consistent.step, self.consistent.pipeline) = (step + 1, self.train.state());

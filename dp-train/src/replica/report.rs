@@ -4,8 +4,8 @@
 use dp_comm::Communicator;
 use dp_mem::{ByTag, Tag};
 
-use super::Replica;
 use super::sync::GradSync;
+use super::{Params, Replica};
 use crate::best::BestSoFar;
 use crate::gpu::GpuStep;
 
@@ -64,7 +64,10 @@ impl<C: Communicator> Replica<C> {
         ByTag::from_fn(|tag| {
             match tag {
                 // Shared parameters are the first replica's to account.
-                Tag::Param if self.shared && self.rank.is_multiple_of(self.plan.replicas) => {
+                Tag::Param
+                    if self.params == Params::Shared
+                        && self.rank.is_multiple_of(self.plan.replicas) =>
+                {
                     f32s(self.model.params().len())
                 }
                 Tag::Param => memory.params,
