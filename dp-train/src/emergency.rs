@@ -35,7 +35,8 @@ impl Emergency<'_> {
     /// or was at another step declines, and then replica 0 saves nothing. Every replica that
     /// voted has left its step loop, so none writes the parameters while replica 0 reads them.
     pub(crate) fn shard(&self, rank: usize, shard: Range<usize>, votes: &mut Vote) {
-        let (dir, step, replicas) = (self.plan.run_dir(), self.consistent.step, self.plan.replicas);
+        let (dir, step, replicas) =
+            (self.plan.run_dir(), self.consistent.step, self.plan.batching.replicas);
         let len = self.model.layout().len();
         if rank >= replicas {
             return;

@@ -146,20 +146,21 @@ pub fn train(
     let timeout = Duration::from_secs_f64(plan.config.timeout_s);
     let (local, across) = (LocalConfig::with_timeout(timeout), MpiConfig::with_timeout(timeout));
     let world_comm = || options.mpi.as_ref().map(|w| w.communicator(across)).transpose();
-    let ctl = Hierarchical::group(LocalGroup::with_config(plan.replicas, local)?, world_comm()?);
+    let ctl =
+        Hierarchical::group(LocalGroup::with_config(plan.batching.replicas, local)?, world_comm()?);
     // Gradient buckets travel on groups of their own, on communication threads.
     let bucket = plan.config.buckets()?;
     let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket, &plan) {
-        (0..plan.replicas).map(|_| None).collect()
+        (0..plan.batching.replicas).map(|_| None).collect()
     } else {
-        let threads = LocalGroup::with_config(plan.replicas, local)?;
+        let threads = LocalGroup::with_config(plan.batching.replicas, local)?;
         Hierarchical::group(threads, world_comm()?).into_iter().map(Some).collect()
     };
     let shared = shared_params(&plan);
     let shared = processes.agree(shared)?;
     let board = Arc::new(Board::default());
-    let first_rank = processes.rank() * plan.replicas;
-    let gate = Gate::new(plan.replicas);
+    let first_rank = processes.rank() * plan.batching.replicas;
+    let gate = Gate::new(plan.batching.replicas);
     let (sender, receiver) = sync_channel::<Event>(1024);
     let recorded = Arc::new(Recorded::default());
     let mut losses = Vec::new();
@@ -224,13 +225,13 @@ pub fn train(
             observer.started(&RunInfo {
                 run_dir: plan.run_dir().to_path_buf(),
                 replicas: plan.world(),
-                processes: plan.processes,
+                processes: plan.batching.processes,
                 model: plan.spec.name.clone(),
                 params,
                 start_step: plan.start_step(),
-                total_steps: plan.total_steps,
-                steps_per_epoch: plan.steps_per_epoch,
-                dropped_per_epoch: plan.dropped_per_epoch,
+                total_steps: plan.batching.total_steps,
+                steps_per_epoch: plan.batching.steps_per_epoch,
+                dropped_per_epoch: plan.batching.dropped_per_epoch,
             });
         }
         for event in receiver {
@@ -240,7 +241,7 @@ pub fn train(
                     let metrics = step_metrics(&s, plan.config.global_batch);
                     observer.step(&metrics);
                     if plan.start_step() == 0
-                        && s.step == plan.steps_per_epoch
+                        && s.step == plan.batching.steps_per_epoch
                         && let Some(text) = first_epoch_warning(&losses, plan.classes)
                     {
                         observer.warning(&text);
@@ -412,11 +413,11 @@ fn set_up(
     // A run that stopped early and is asked for a new length trains on, its patience counted
     // afresh: the user chose to go past the early stop.
     let longer = options.resume_changes.epochs.is_some() || options.resume_changes.steps.is_some();
-    if longer && plan.start_step() < plan.total_steps {
+    if longer && plan.start_step() < plan.batching.total_steps {
         plan.train_past_early_stop();
     }
     // Here, before the processes agree, so that they all end alike.
-    if plan.start_step() == plan.total_steps || plan.stopped_early() {
+    if plan.start_step() == plan.batching.total_steps || plan.stopped_early() {
         let (run_dir, early) = (plan.run_dir().to_path_buf(), plan.stopped_early());
         return Err(Error::Finished { run_dir, steps: plan.start_step(), early });
     }
@@ -464,11 +465,11 @@ fn recorded_summary(
         model: plan.spec.name.clone(),
         params: params as u64,
         replicas: plan.world(),
-        processes: plan.processes,
+        processes: plan.batching.processes,
         backend: backend(plan).into(),
         global_batch: plan.config.global_batch,
         steps,
-        epochs: steps as f64 / plan.steps_per_epoch as f64,
+        epochs: steps as f64 / plan.batching.steps_per_epoch as f64,
         eval_accuracy: eval.and_then(|e| e.eval_accuracy),
         eval_rmse: eval.and_then(|e| e.eval_rmse),
         eval_mae: eval.and_then(|e| e.eval_mae),
@@ -480,7 +481,7 @@ fn recorded_summary(
 }
 
 fn backend(plan: &RunPlan) -> &'static str {
-    if plan.processes > 1 { "mpi+threads" } else { "threads" }
+    if plan.batching.processes > 1 { "mpi+threads" } else { "threads" }
 }
 
 /// Every training loss in a metrics file, and its last evaluation.

@@ -18,7 +18,7 @@ use crate::config::{OptimizerConfig, TrainConfig};
 use crate::error::{Error, Result};
 use crate::normalization::Scalings;
 use crate::processes::GpuPeers;
-use batching::Batching;
+pub(crate) use batching::Batching;
 use input::Input;
 use task::Task;
 pub(crate) use task::{class_labels, label_error};
@@ -48,16 +48,8 @@ pub(crate) struct RunPlan {
     pub(crate) input_len: usize,
     /// Classes: labels are in `0..classes` (1, the output, for a regression).
     pub(crate) classes: usize,
-    /// Replicas (threads) per process.
-    pub(crate) replicas: usize,
-    /// Processes, each with `replicas` replicas.
-    pub(crate) processes: usize,
-    /// Samples per replica per micro-batch.
-    pub(crate) micro: usize,
-    pub(crate) steps_per_epoch: u64,
-    /// Training records an epoch leaves out: those that do not fill a last global batch.
-    pub(crate) dropped_per_epoch: u64,
-    pub(crate) total_steps: u64,
+    /// Replicas, processes, micro-batches and steps.
+    pub(crate) batching: Batching,
     pub(crate) schedule: Schedule,
     /// Whether the run regresses a float label (one output) instead of classifying.
     pub(crate) regression: bool,
@@ -106,12 +98,7 @@ impl RunPlan {
             spec,
             input_len: input.len(),
             classes: task.outputs(),
-            replicas: batching.replicas,
-            processes,
-            micro: batching.micro,
-            steps_per_epoch: batching.steps_per_epoch,
-            dropped_per_epoch: batching.dropped_per_epoch,
-            total_steps: batching.total_steps,
+            batching,
             schedule,
             regression: task.is_regression(),
             scalings,
@@ -141,13 +128,13 @@ impl RunPlan {
     /// Whether this process's replicas share parameters and optimizer state (see
     /// [`TrainConfig::share_params`]).
     pub(crate) fn shares_params(&self) -> bool {
-        let zero_across_processes = self.processes > 1 && self.config.zero_stage == 1;
-        self.config.share_params && self.replicas > 1 && !zero_across_processes
+        let zero_across_processes = self.batching.processes > 1 && self.config.zero_stage == 1;
+        self.config.share_params && self.batching.replicas > 1 && !zero_across_processes
     }
 
     /// Replicas over all processes.
     pub(crate) fn world(&self) -> usize {
-        self.replicas * self.processes
+        self.batching.replicas * self.batching.processes
     }
 
     /// The run directory (empty before a new run's is made).
@@ -305,7 +292,7 @@ pub(crate) fn pipeline_config(
     let mut p = PipelineConfig::default();
     p.input = config.input_feature.clone();
     p.label = config.label_feature.clone();
-    p.batch_size = plan.micro;
+    p.batch_size = plan.batching.micro;
     p.rank = rank;
     p.world_size = world;
     p.seed = config.seed;

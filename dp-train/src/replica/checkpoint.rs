@@ -90,7 +90,7 @@ impl<C: Communicator> Replica<C> {
         match self.params {
             Params::Own => None,
             Params::ZeroShard => Some(self.ctl.world_size()),
-            Params::Shared => Some(self.plan.replicas),
+            Params::Shared => Some(self.plan.batching.replicas),
         }
     }
 

@@ -65,7 +65,7 @@ impl<C: Communicator> Replica<C> {
             let regression = self.plan.regression;
             let eval = EvalMetrics {
                 step,
-                epoch: step / self.plan.steps_per_epoch,
+                epoch: step / self.plan.batching.steps_per_epoch,
                 eval_loss,
                 eval_accuracy: (!regression).then(|| totals.accuracy()),
                 eval_rmse: regression.then(|| (totals.squared_error / samples).sqrt()),

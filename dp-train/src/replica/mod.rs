@@ -139,7 +139,7 @@ impl<C: Communicator> Replica<C> {
     {
         let config = &plan.config;
         let (rank, world) = (ctl.rank(), ctl.world_size());
-        let local_rank = rank % plan.replicas;
+        let local_rank = rank % plan.batching.replicas;
         let (shared, tracker, vote) = match shared {
             Some(SharedState { params, tracker, board }) => {
                 (Some(params), tracker, Some(Vote::new(board)))
@@ -150,7 +150,7 @@ impl<C: Communicator> Replica<C> {
         tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
         let pool = Pool::new(&tracker);
         let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
-        let options = ModelOptions::new(plan.micro, config.seed)
+        let options = ModelOptions::new(plan.batching.micro, config.seed)
             .replica(rank as u64)
             .recompute(recompute)
             .precision(config.precision);
@@ -174,7 +174,7 @@ impl<C: Communicator> Replica<C> {
         let len = model.params().len();
 
         let shard = match params_mode {
-            Params::Shared => zero_shard(len, plan.replicas, local_rank),
+            Params::Shared => zero_shard(len, plan.batching.replicas, local_rank),
             Params::ZeroShard => zero_shard(len, world, rank),
             Params::Own => 0..len,
         };
@@ -229,7 +229,7 @@ impl<C: Communicator> Replica<C> {
                 } else {
                     Sparsity::PerLayer(p.sparsity)
                 };
-                let end = p.end.unwrap_or(plan.total_steps * 2 / 3).max(p.start);
+                let end = p.end.unwrap_or(plan.batching.total_steps * 2 / 3).max(p.start);
                 let mut pruner = Pruner::new(
                     model.layout(),
                     scope,
@@ -244,7 +244,7 @@ impl<C: Communicator> Replica<C> {
             Some(dir) => {
                 let pipeline =
                     Pipeline::new(dir, pipeline_config(&plan, rank, world, false), scaling())?;
-                Some((pipeline, vec![0i64; plan.micro]))
+                Some((pipeline, vec![0i64; plan.batching.micro]))
             }
         };
         let gpu = match config.device {
@@ -275,14 +275,14 @@ impl<C: Communicator> Replica<C> {
         // by an allocation that fails steps in.
         let eval_bytes = eval.as_ref().map_or(0, |(e, _): &(Pipeline, _)| e.working_bytes());
         let per_replica = train.working_bytes() + eval_bytes + STEP_SCRATCH;
-        let later = plan.replicas as u64 * per_replica + PROCESS_SCRATCH;
+        let later = plan.batching.replicas as u64 * per_replica + PROCESS_SCRATCH;
         dp_mem::check_headroom(later, Tag::Data).map_err(|_| {
             Error::config(
                 "replicas",
                 format!(
                     "this process cannot get the {} the run takes as it goes ({} replicas x {} of data pipelines and step scratch, and {} for checkpoints and records){}: lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit",
                     dp_mem::ByteSize(later),
-                    plan.replicas,
+                    plan.batching.replicas,
                     dp_mem::ByteSize(per_replica),
                     dp_mem::ByteSize(PROCESS_SCRATCH),
                     dp_mem::address_space_limit()
@@ -315,7 +315,7 @@ impl<C: Communicator> Replica<C> {
             pruner,
             train,
             eval,
-            values: vec![0.0; if plan.regression { plan.micro } else { 0 }],
+            values: vec![0.0; if plan.regression { plan.batching.micro } else { 0 }],
             events,
             stop,
             fault,
@@ -386,7 +386,7 @@ impl<C: Communicator> Replica<C> {
         let (mut allocs, mut library, mut counted) = (0u64, 0u64, 0u64);
         let plan = Arc::clone(&self.plan);
         let start = plan.start_step();
-        for step in start..plan.total_steps {
+        for step in start..plan.batching.total_steps {
             if let Some(fault) = self.fault
                 && fault.rank == self.rank
                 && fault.step == step
@@ -419,8 +419,8 @@ impl<C: Communicator> Replica<C> {
                 counted += 1;
             }
             let done = step + 1;
-            let epoch_end = done.is_multiple_of(plan.steps_per_epoch);
-            let last = done == plan.total_steps;
+            let epoch_end = done.is_multiple_of(plan.batching.steps_per_epoch);
+            let last = done == plan.batching.total_steps;
             let eval_due = match plan.config.eval_every {
                 0 => epoch_end || last,
                 every => done.is_multiple_of(every) || last,

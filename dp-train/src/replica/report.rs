@@ -66,7 +66,7 @@ impl<C: Communicator> Replica<C> {
                 // Shared parameters are the first replica's to account.
                 Tag::Param
                     if self.params == Params::Shared
-                        && self.rank.is_multiple_of(self.plan.replicas) =>
+                        && self.rank.is_multiple_of(self.plan.batching.replicas) =>
                 {
                     f32s(self.model.params().len())
                 }
