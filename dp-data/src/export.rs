@@ -1,11 +1,11 @@
 //! Export of a dataset's dense features to NumPy `.npy` files, so that any import can be
 //! round-tripped and compared byte for byte.
 
-use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::fs::{self};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::atomic::{check_output_file, commit, temp_path};
+use crate::atomic::AtomicFile;
 use crate::import::{npy_descr, npy_header};
 use crate::{Dataset, Error, Kind, Result};
 
@@ -45,12 +45,11 @@ fn unsupported(feature: &crate::Feature) -> Option<String> {
     }
 }
 
-/// A `.npy` file being written: to `<name>.npy.tmp`, renamed into place when complete.
+/// A `.npy` file being written, whole or not at all ([`AtomicFile`]).
 struct Output {
     name: String,
     path: PathBuf,
-    temp: PathBuf,
-    file: BufWriter<File>,
+    file: AtomicFile,
     /// Bytes of elements written, and how many there must be.
     written: u64,
     expected: u64,
@@ -61,9 +60,9 @@ struct Output {
 /// `<i8`, `<f2`, `<f4`, `<f8`), C order, with the header `numpy.save` writes (NumPy 1.23 and
 /// later), so importing a file saved by NumPy and exporting it gives back the same bytes.
 ///
-/// Each file is written to a temporary name (`<feature>.npy.tmp`), flushed to disk and then
-/// renamed, so a file with the final name is always complete; on an error the temporary files
-/// are removed. The dataset is read once, block by block.
+/// Each file is written under a temporary name, flushed to disk and then renamed, so a file
+/// with the final name is always complete; on an error the temporary files are removed. The
+/// dataset is read once, block by block.
 ///
 /// ```no_run
 /// use std::path::Path;
@@ -114,20 +113,11 @@ pub fn export_npy(dataset: &Path, out: &Path, options: &ExportOptions) -> Result
     };
     fs::create_dir_all(out).map_err(|e| Error::io(out, "create directory", e))?;
     let mut outputs = Vec::with_capacity(chosen.len());
-    let result = start_outputs(&chosen, records, out, &mut outputs)
-        .and_then(|()| write_all(&data, dataset, &mut outputs));
-    if result.is_err() {
-        for output in &outputs {
-            let _ = fs::remove_file(&output.temp);
-        }
-        result?;
-    }
+    // An error drops the outputs, which removes their temporary files.
+    start_outputs(&chosen, records, out, &mut outputs)?;
+    write_all(&data, dataset, &mut outputs)?;
     for output in outputs {
-        let file = output
-            .file
-            .into_inner()
-            .map_err(|e| Error::io(&output.temp, "write", e.into_error()))?;
-        commit(file, &output.temp, &output.path)?;
+        output.file.commit()?;
         summary.written.push((output.name, output.path));
     }
     Ok(summary)
@@ -138,20 +128,10 @@ pub fn export_npy(dataset: &Path, out: &Path, options: &ExportOptions) -> Result
 /// the final name is always complete; on an error nothing is left behind.
 pub fn write_npy_f32(path: &Path, shape: &[u64], values: &[f32]) -> Result<()> {
     check_npy_shape(shape, values)?;
-    check_output_file(path)?;
-    let temp = temp_path(path);
-    let written = File::create(&temp).map_err(|e| Error::io(&temp, "create", e)).and_then(|file| {
-        let mut out = BufWriter::with_capacity(1 << 16, file);
-        write_npy_f32_to(&mut out, shape, values).map_err(|e| Error::io(&temp, "write", e))?;
-        out.into_inner().map_err(|e| Error::io(&temp, "write", e.into_error()))
-    });
-    match written {
-        Ok(file) => commit(file, &temp, path),
-        Err(error) => {
-            let _ = fs::remove_file(&temp);
-            Err(error)
-        }
-    }
+    let mut file = AtomicFile::create(path)?;
+    write_npy_f32_to(&mut file, shape, values)
+        .map_err(|e| Error::io(file.temp_path(), "write", e))?;
+    file.commit().map(|_| ())
 }
 
 /// Writes `values` as [`write_npy_f32`] does, to a stream (standard output, say): a stream
@@ -192,16 +172,14 @@ fn start_outputs(
         dims.extend(shape.iter().map(|&d| d as u64));
         let record = feature.dense_bytes().unwrap_or(0) as u64;
         let path = out.join(format!("{}.npy", feature.name));
-        check_output_file(&path)?;
-        let temp = temp_path(&path);
-        let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
-        let mut file = BufWriter::with_capacity(1 << 16, file);
+        let mut file = AtomicFile::create(&path)?;
         let descr = npy_descr(feature.dtype).unwrap_or("|u1");
         let header = file.write_all(&npy_header(descr, &dims));
         let name = feature.name.clone();
         let expected = record.saturating_mul(records);
         // Pushed before the header's result is looked at, so that a failure removes the file.
-        outputs.push(Output { name, path, temp: temp.clone(), file, written: 0, expected });
+        let temp = file.temp_path().to_path_buf();
+        outputs.push(Output { name, path, file, written: 0, expected });
         header.map_err(|e| Error::io(&temp, "write", e))?;
     }
     Ok(())
@@ -213,7 +191,8 @@ fn write_all(data: &Dataset, dataset: &Path, outputs: &mut [Output]) -> Result<(
         let block = block?;
         for output in outputs.iter_mut() {
             let bytes = block.dense_bytes(&output.name)?;
-            output.file.write_all(bytes).map_err(|e| Error::io(&output.temp, "write", e))?;
+            let written = output.file.write_all(bytes);
+            written.map_err(|e| Error::io(output.file.temp_path(), "write", e))?;
             output.written += bytes.len() as u64;
         }
     }

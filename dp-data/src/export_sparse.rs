@@ -1,11 +1,10 @@
 //! Export of a sparse feature: as svmlight text (with the label, and the query ids when the
 //! dataset has them), or as an `.npz` file in SciPy's CSR layout (`scipy.sparse.load_npz`).
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
-use crate::atomic::{check_output_file, commit, temp_path};
+use crate::atomic::AtomicFile;
 use crate::import::npy_header;
 use crate::{DType, Dataset, Error, Feature, Kind, Result};
 
@@ -232,23 +231,9 @@ fn zip_error(path: &Path, error: zip::result::ZipError) -> Error {
     Error::io(path, "write the zip archive", std::io::Error::other(error.to_string()))
 }
 
-/// Writes `out` through `write` under a temporary name, then renames it into place; on an
-/// error the temporary file is removed.
-fn write_atomically(
-    out: &Path,
-    write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
-) -> Result<()> {
-    check_output_file(out)?;
-    let temp = temp_path(out);
-    let result = (|| {
-        let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
-        let mut file = BufWriter::new(file);
-        write(&mut file)?;
-        let file = file.into_inner().map_err(|e| Error::io(&temp, "write", e.into_error()))?;
-        commit(file, &temp, out)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+/// Writes `out` through `write`, whole or not at all ([`AtomicFile`]).
+fn write_atomically(out: &Path, write: impl FnOnce(&mut AtomicFile) -> Result<()>) -> Result<()> {
+    let mut file = AtomicFile::create(out)?;
+    write(&mut file)?;
+    file.commit().map(|_| ())
 }

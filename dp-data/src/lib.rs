@@ -71,7 +71,7 @@ mod value;
 mod writer;
 mod zstd_context;
 
-pub use atomic::check_output_file;
+pub use atomic::{AtomicFile, check_output_file, write_file};
 pub use block::Block;
 pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;

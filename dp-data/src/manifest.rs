@@ -159,8 +159,8 @@ impl Manifest {
         let mut total = 0u64;
         let (mut bytes, mut raw) = (0u64, 0u64);
         for (i, shard) in self.shards.iter().enumerate() {
-            if shard.file.ends_with(".tmp") || self.shards[..i].iter().any(|s| s.file == shard.file)
-            {
+            let temporary = shard.file.ends_with(crate::atomic::TEMP_SUFFIX);
+            if temporary || self.shards[..i].iter().any(|s| s.file == shard.file) {
                 return Err(bad(format!(
                     "shard file `{}` is listed twice or is a writer's temporary file",
                     shard.file

@@ -3,13 +3,13 @@
 
 use std::cell::RefCell;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dp_mem::{Pool, Tag};
 
-use crate::atomic;
+use crate::atomic::AtomicFile;
 use crate::block::Block;
 use crate::checksum::{self, Crc32c};
 use crate::error::{Error, Result};
@@ -90,11 +90,10 @@ pub(crate) struct ShardSummary {
     pub(crate) index_crc32c: u32,
 }
 
-/// Writes one shard under a temporary name; `finish` makes it durable and renames it.
+/// Writes one shard whole or not at all: `finish` makes it durable and moves it into place;
+/// an unfinished one leaves nothing behind ([`AtomicFile`]).
 pub(crate) struct ShardWriter {
-    path: PathBuf,
-    temp: PathBuf,
-    file: BufWriter<File>,
+    file: AtomicFile,
     position: u64,
     crc: Crc32c,
     entries: Vec<BlockEntry>,
@@ -102,22 +101,10 @@ pub(crate) struct ShardWriter {
     raw_bytes: u64,
 }
 
-impl Drop for ShardWriter {
-    /// A shard that was not finished leaves no temporary file (after `finish` renamed it,
-    /// there is none to remove).
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.temp);
-    }
-}
-
 impl ShardWriter {
     pub(crate) fn create(path: PathBuf, fingerprint: u64) -> Result<Self> {
-        let temp = atomic::temp_path(&path);
-        let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
         let mut writer = ShardWriter {
-            path,
-            temp,
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: AtomicFile::with_capacity(&path, 1 << 20)?,
             position: 0,
             crc: Crc32c::new(),
             entries: Vec::new(),
@@ -134,7 +121,7 @@ impl ShardWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.file.write_all(bytes).map_err(|e| Error::io(&self.temp, "write", e))?;
+        self.file.write_all(bytes).map_err(|e| Error::io(self.file.temp_path(), "write", e))?;
         self.crc.update(bytes);
         self.position += bytes.len() as u64;
         Ok(())
@@ -184,10 +171,7 @@ impl ShardWriter {
         trailer.extend_from_slice(&SHARD_VERSION.to_le_bytes());
         trailer.extend_from_slice(&TRAILER_MAGIC);
         self.write(&trailer)?;
-        self.file.flush().map_err(|e| Error::io(&self.temp, "write", e))?;
-        let file =
-            self.file.get_ref().try_clone().map_err(|e| Error::io(&self.temp, "write", e))?;
-        atomic::commit(file, &self.temp, &self.path)?;
+        self.file.commit()?;
         Ok(ShardSummary {
             records: self.records,
             blocks: self.entries.len() as u64,

@@ -36,10 +36,14 @@ enum Target {
 }
 
 /// Whether `name` is a file a dataset writer makes in its directory: a shard, or the temporary
-/// name of a shard or of the manifest.
+/// name of a shard or of the manifest (`.NAME.XXXXXX.tmp`, see `AtomicFile`, or `NAME.tmp`
+/// as writers before it named them).
 fn is_writer_file(name: &str) -> bool {
-    let Some(stem) = name.strip_suffix(".tmp") else { return is_shard(name) };
-    is_shard(stem) || stem == MANIFEST_FILE
+    let temporary = atomic::temp_target(name).or_else(|| name.strip_suffix(atomic::TEMP_SUFFIX));
+    match temporary {
+        Some(target) => is_shard(target) || target == MANIFEST_FILE,
+        None => is_shard(name),
+    }
 }
 
 /// Whether `name` is a shard's file name (`shard-00042.dps`).

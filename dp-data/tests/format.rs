@@ -208,8 +208,11 @@ fn an_unfinished_writer_leaves_no_dataset() {
     for i in 0..500 {
         append(&mut writer, i);
     }
-    // It writes its shards next to the target, which does not exist until `finish`.
-    assert!(entries(&partial(&dir)).iter().any(|n| n.starts_with("shard-")));
+    // It writes its shards next to the target, which does not exist until `finish` (each
+    // under a temporary name, `.shard-NNNNN.dps.XXXXXX.tmp`, until it is whole).
+    assert!(
+        entries(&partial(&dir)).iter().any(|n| n.starts_with("shard-") || n.starts_with(".shard-"))
+    );
     assert!(!dir.exists());
     drop(writer);
     assert!(!dir.exists() && !partial(&dir).exists(), "an unfinished writer left files");
@@ -279,6 +282,10 @@ fn a_write_that_never_finished_in_place_is_replaced_and_its_shards_are_reported(
     let killed = write(&dir, 4000, small_blocks(1));
     assert!(killed.shards.len() > 3, "the case needs several shards");
     fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
+    // The temporary files of a manifest and a shard being written, as writers name them, and
+    // as writers before them did.
+    fs::write(dir.join(".manifest.json.Ab12Cd.tmp"), b"{").unwrap();
+    fs::write(dir.join(".shard-00009.dps.xY34zW.tmp"), b"DPS").unwrap();
     fs::write(dir.join("manifest.json.tmp"), b"{").unwrap();
 
     let manifest = write(&dir, 40, small_blocks(1));

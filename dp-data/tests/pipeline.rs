@@ -368,7 +368,7 @@ fn the_disk_cache_is_written_once_and_changes_nothing() {
     assert!(!cache.exists());
     assert_eq!(run(Some(cache.clone())), plain, "while filling the cache");
     assert!(cache.exists(), "the first epoch completes the cache");
-    assert!(!dp_data_temp(&cache).exists());
+    assert_eq!(temporary_files(cache.parent().unwrap()), Vec::<String>::new());
     assert_eq!(run(Some(cache.clone())), plain, "reading from the cache");
     // A damaged cache is an error that names it.
     let mut bytes = fs::read(&cache).unwrap();
@@ -393,11 +393,10 @@ fn the_disk_cache_is_written_once_and_changes_nothing() {
     fs::remove_file(&cache).unwrap();
 }
 
-/// Where a file is written before it is renamed into place.
-fn dp_data_temp(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap().to_os_string();
-    name.push(".tmp");
-    path.with_file_name(name)
+/// The files in `dir` that are writes not yet renamed into place (`.NAME.XXXXXX.tmp`).
+fn temporary_files(dir: &Path) -> Vec<String> {
+    let names = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name());
+    names.map(|n| n.to_string_lossy().into_owned()).filter(|n| n.ends_with(".tmp")).collect()
 }
 
 #[test]

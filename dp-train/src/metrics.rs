@@ -120,7 +120,7 @@ impl MetricsWriter {
             }
         }
         if kept.len() != text.len() {
-            crate::run_dir::write_atomic(path, &kept)?;
+            dp_data::write_file(path, &kept)?;
         }
         Self::append(path)
     }

@@ -5,7 +5,6 @@
 //! Text is rendered by `ab_glyph` from the DejaVu Sans font embedded in the binary, so plotting
 //! needs no fontconfig, freetype or any system font: the CI machines have none.
 
-use std::fs::{self, File};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -88,41 +87,30 @@ fn register_font() -> std::result::Result<(), &'static str> {
     if ok { Ok(()) } else { Err("the embedded DejaVu Sans font could not be parsed") }
 }
 
-/// Renders one image with `draw` into a temporary file next to `path`, flushes it to disk and
-/// renames it to `path`, so `path` is always either the old image or the complete new one. The
-/// directory itself is not synced: after a crash the worst case is the old image, and plots
-/// can always be drawn again from the metrics.
+/// Renders one image with `draw` in memory and writes it to `path` as a PNG, whole or not at
+/// all ([`dp_data::AtomicFile`]): `path` is always either the old image or the complete new
+/// one.
 fn write_png(
     path: &Path,
     draw: impl for<'b> FnOnce(
         &DrawingArea<BitMapBackend<'b>, Shift>,
     ) -> DrawResult<(), BitMapBackend<'b>>,
 ) -> Result<PathBuf> {
-    dp_data::check_output_file(path)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot.png");
-    // The temporary name must still end in `.png`: the encoder picks the format from the
-    // extension. The process id keeps two processes plotting the same run apart.
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp.png", std::process::id()));
-    let drawn = {
-        let area = BitMapBackend::new(&tmp, SIZE).into_drawing_area();
+    use image::ImageEncoder;
+    let mut pixels = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
+    {
+        let area = BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area();
         area.fill(&WHITE)
             .and_then(|()| draw(&area))
             .and_then(|()| area.present())
-            .map_err(|e| e.to_string())
-        // The backend is dropped here; after a failed draw it writes whatever it has, which
-        // the cleanup below removes.
-    };
-    let finished = drawn
-        .map_err(|what| Error::run(path, format!("cannot draw: {what}")))
-        .and_then(|()| {
-            File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, "sync", e))
-        })
-        .and_then(|()| fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename into place", e)));
-    if finished.is_err() {
-        // Best effort: the error that matters is the one already being returned.
-        let _ = fs::remove_file(&tmp);
+            .map_err(|e| Error::run(path, format!("cannot draw: {e}")))?;
     }
-    finished.map(|()| path.to_path_buf())
+    let mut file = dp_data::AtomicFile::create(path)?;
+    image::codecs::png::PngEncoder::new(&mut file)
+        .write_image(&pixels, SIZE.0, SIZE.1, image::ColorType::Rgb8)
+        .map_err(|e| Error::run(path, format!("cannot encode the plot: {e}")))?;
+    file.commit()?;
+    Ok(path.to_path_buf())
 }
 
 /// The records of a run, in step order.

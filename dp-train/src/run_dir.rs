@@ -37,7 +37,10 @@ pub(crate) fn keep_checkpoints(dir: &Path, step: u64, keep: usize) -> Result<()>
     let _ = std::fs::remove_file(&kept);
     let latest = dir.join(CHECKPOINT);
     if std::fs::hard_link(&latest, &kept).is_err() {
-        write_atomic(&kept, &std::fs::read(&latest).map_err(|e| Error::io(&latest, "read", e))?)?;
+        dp_data::write_file(
+            &kept,
+            &std::fs::read(&latest).map_err(|e| Error::io(&latest, "read", e))?,
+        )?;
     }
     let mut all = kept_checkpoints(dir)?;
     all.sort();
@@ -122,10 +125,10 @@ pub(crate) fn create(
         }
     }
     let spec = serde_json::to_string_pretty(spec).expect("a spec always serializes");
-    write_atomic(&dir.join(MODEL), spec.as_bytes())?;
+    dp_data::write_file(&dir.join(MODEL), spec.as_bytes())?;
     let scalings = serde_json::to_string(scalings).expect("scalings always serialize");
-    write_atomic(&dir.join(NORMALIZATION), scalings.as_bytes())?;
-    write_atomic(&dir.join(CONFIG), config.to_toml().as_bytes())?;
+    dp_data::write_file(&dir.join(NORMALIZATION), scalings.as_bytes())?;
+    dp_data::write_file(&dir.join(CONFIG), config.to_toml().as_bytes())?;
     Ok(dir)
 }
 
@@ -214,55 +217,22 @@ fn remove_stale_temporaries(dir: &Path) {
     }
 }
 
-/// Writes a file whole or not at all (temporary file, fsync, rename, directory fsync). The
-/// temporary file's name is this process's and this call's own, so no two writers ever share
-/// one, and a failed write (a full disk) removes it.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    dp_data::check_output_file(path)?;
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy().into_owned());
-    let temp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
-    let written = std::fs::File::create(&temp)
-        .and_then(|mut file| file.write_all(bytes).and_then(|()| file.sync_all()))
-        .and_then(|()| std::fs::rename(&temp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
-        return Err(Error::io(path, "write", e));
-    }
-    // The rename is durable once the directory is; a filesystem that cannot sync
-    // directories still has the file whole.
-    if let Some(dir) = path.parent().and_then(|d| std::fs::File::open(d).ok()) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_failed_write_leaves_the_old_file_and_no_temporary_one() {
-        let dir = std::env::temp_dir().join(format!("dp-train-atomic-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("target/inside")).unwrap();
-        // Renaming onto a non-empty directory fails after the temporary file is written.
-        let error = write_atomic(&dir.join("target"), b"new").unwrap_err();
-        assert!(error.to_string().contains("target"), "{error}");
-        let names: Vec<_> =
-            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names, ["target"]);
-        // A killed writer's temporary files go when the directory is next taken.
-        std::fs::write(dir.join(".checkpoint.ckpt.4242.tmp"), b"torn").unwrap();
-        drop(lock(&dir).unwrap());
-        let names: Vec<_> =
-            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert!(!names.iter().any(|n| n.to_string_lossy().contains(".tmp")), "{names:?}");
-        write_atomic(&dir.join("file"), b"one").unwrap();
-        write_atomic(&dir.join("file"), b"two").unwrap();
-        assert_eq!(std::fs::read(dir.join("file")).unwrap(), b"two");
-        let _ = std::fs::remove_dir_all(&dir);
+    fn a_killed_writers_temporary_files_go_when_the_directory_is_next_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(".checkpoint.ckpt.4242.tmp"), b"torn").unwrap();
+        std::fs::write(dir.path().join(".summary.json.Ab12Cd.tmp"), b"{").unwrap();
+        std::fs::write(dir.path().join(CONFIG), b"").unwrap();
+        drop(lock(dir.path()).unwrap());
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [LOCK, CONFIG]);
     }
 }

@@ -302,7 +302,7 @@ pub fn train(
     };
     if processes.is_first() {
         let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-        run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())?;
+        dp_data::write_file(&plan.run_dir().join(SUMMARY), json.as_bytes())?;
     }
     drop(lock);
     Ok(summary)
@@ -424,7 +424,7 @@ fn set_up(
     // The changed config holds for the run from now on, and for any later resume.
     if changed && processes.is_first() {
         let path = plan.run_dir().join(CONFIG);
-        run_dir::write_atomic(&path, plan.config.to_toml().as_bytes())?;
+        dp_data::write_file(&path, plan.config.to_toml().as_bytes())?;
     }
     Ok((plan, lock))
 }
@@ -443,7 +443,7 @@ fn write_diverged_summary(
         ..recorded_summary(plan, params, done, &losses, eval, wall_s)
     };
     let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-    run_dir::write_atomic(&plan.run_dir().join(SUMMARY), json.as_bytes())
+    Ok(dp_data::write_file(&plan.run_dir().join(SUMMARY), json.as_bytes())?)
 }
 
 /// What a summary says from the plan and the run's record: the run, the world, the steps

@@ -1,10 +1,11 @@
 //! The optional on-disk cache: decompressed blocks in one local file, so that epochs after the
 //! first skip decompression when the decoded dataset does not fit the memory budget.
 //!
-//! The first epoch appends each block, as it is first decoded, to `FILE.tmp`; once every block
-//! is in, the index and trailer are written and the file is fsynced and renamed to `FILE`. A
-//! later pipeline over the same dataset finds it complete and reads blocks from it. A crash
-//! leaves at most a `.tmp` file, which is started afresh. Layout (little-endian):
+//! The first epoch appends each block, as it is first decoded, to a temporary file beside
+//! `FILE`; once every block is in, the index and trailer are written and the file is fsynced
+//! and renamed to `FILE` ([`AtomicFile`]). A later pipeline over the same dataset finds it
+//! complete and reads blocks from it. A crash leaves at most a temporary file, which is never
+//! read. Layout (little-endian):
 //!
 //! ```text
 //! 0   8  magic "DPCACHE\0"      8  u32 version 1     12 u32 flags 0
@@ -18,13 +19,13 @@
 //! `CorruptionPolicy::Skip`).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dp_mem::{Pool, Tag};
 
-use crate::atomic;
+use crate::atomic::AtomicFile;
 use crate::block::Block;
 use crate::checksum::crc32c;
 use crate::error::{Error, Result};
@@ -61,24 +62,11 @@ pub(crate) enum DiskCache {
 #[derive(Debug)]
 pub(crate) struct Filling {
     path: PathBuf,
-    temp: Temp,
     id: u64,
-    file: BufWriter<File>,
+    file: AtomicFile,
     position: u64,
     entries: Vec<Option<Entry>>,
     missing: usize,
-}
-
-/// A temporary file that is deleted when dropped, unless it was renamed into place.
-#[derive(Debug)]
-struct Temp(Option<PathBuf>);
-
-impl Drop for Temp {
-    fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 impl DiskCache {
@@ -88,19 +76,16 @@ impl DiskCache {
         if let Ok(cache) = Self::open_ready(path, id, blocks) {
             return Ok(cache);
         }
-        let temp = atomic::temp_path(path);
-        let file = File::create(&temp).map_err(|e| Error::io(&temp, "create", e))?;
-        let mut file = BufWriter::with_capacity(1 << 20, file);
+        let mut file = AtomicFile::with_capacity(path, 1 << 20)?;
         let mut header = Vec::with_capacity(HEADER as usize);
         header.extend_from_slice(&MAGIC);
         header.extend_from_slice(&VERSION.to_le_bytes());
         header.extend_from_slice(&0u32.to_le_bytes());
         header.extend_from_slice(&id.to_le_bytes());
         header.extend_from_slice(&(blocks as u64).to_le_bytes());
-        file.write_all(&header).map_err(|e| Error::io(&temp, "write", e))?;
+        file.write_all(&header).map_err(|e| Error::io(file.temp_path(), "write", e))?;
         Ok(DiskCache::Filling(Filling {
             path: path.to_path_buf(),
-            temp: Temp(Some(temp)),
             id,
             file,
             position: HEADER,
@@ -219,8 +204,8 @@ impl Filling {
     /// Appends a block not yet cached; returns whether every block now is.
     fn add(&mut self, block: usize, bytes: &[u8]) -> Result<bool> {
         if self.entries[block].is_none() {
-            let temp = self.temp.0.clone().unwrap_or_default();
-            self.file.write_all(bytes).map_err(|e| Error::io(&temp, "write", e))?;
+            let written = self.file.write_all(bytes);
+            written.map_err(|e| Error::io(self.file.temp_path(), "write", e))?;
             let crc = crc32c(bytes);
             self.entries[block] =
                 Some(Entry { offset: self.position, len: bytes.len() as u64, crc });
@@ -244,15 +229,9 @@ impl Filling {
         trailer.extend_from_slice(&crc32c(&index).to_le_bytes());
         trailer.extend_from_slice(&VERSION.to_le_bytes());
         trailer.extend_from_slice(&END);
-        let temp = self.temp.0.clone().unwrap_or_default();
-        self.file
-            .write_all(&index)
-            .and_then(|()| self.file.write_all(&trailer))
-            .and_then(|()| self.file.flush())
-            .map_err(|e| Error::io(&temp, "write", e))?;
-        let file = self.file.get_ref().try_clone().map_err(|e| Error::io(&temp, "open", e))?;
-        atomic::commit(file, &temp, &self.path)?;
-        self.temp.0 = None; // renamed into place: nothing to remove
+        let written = self.file.write_all(&index).and_then(|()| self.file.write_all(&trailer));
+        written.map_err(|e| Error::io(self.file.temp_path(), "write", e))?;
+        self.file.commit()?;
         DiskCache::open_ready(&self.path, self.id, self.entries.len())
     }
 }

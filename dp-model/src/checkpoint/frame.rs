@@ -142,33 +142,31 @@ impl Frame {
     }
 }
 
-/// Writes to a temporary name, fsyncs, renames over `path`, and fsyncs the directory.
+/// Writes `path` whole or not at all, as dp-data's `AtomicFile` does every file the workspace
+/// writes (this crate stands alone): under a temporary name of this writer's own beside it
+/// (`.NAME.XXXXXX.tmp`, which readers never look at and the trainer's cleanup recognises),
+/// fsynced, renamed over `path`, the directory fsynced. A failed write (a full disk) removes
+/// the temporary file. Returns the file's bytes.
 fn write_atomic(path: &Path, write: impl FnOnce(File) -> std::io::Result<File>) -> Result<u64> {
-    // A name of this process's own, hidden: a second writer never shares it, and readers never
-    // look at it.
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
-    let temp: PathBuf = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let written = File::create(&temp)
-        .map_err(|e| Error::io(&temp, "create", e))
-        .and_then(|file| write(file).map_err(|e| Error::io(&temp, "write", e)))
-        .and_then(|file| {
-            let bytes = file.metadata().map_err(|e| Error::io(&temp, "stat", e))?.len();
-            file.sync_all().map_err(|e| Error::io(&temp, "fsync", e))?;
-            Ok(bytes)
-        })
-        .and_then(|bytes| {
-            std::fs::rename(&temp, path).map_err(|e| Error::io(path, "rename", e))?;
-            Ok(bytes)
-        });
-    if written.is_err() {
-        // A full disk leaves no partial file behind.
-        let _ = std::fs::remove_file(&temp);
-    }
-    let bytes = written?;
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp").rand_bytes(6);
+    // Read and write for all, less the umask, as `File::create` makes files.
     #[cfg(unix)]
-    {
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))?;
-    }
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let temp = builder.tempfile_in(dir).map_err(|e| Error::io(dir, "create a file in", e))?;
+    let temp_path = temp.path().to_path_buf();
+    let temp_path = &temp_path;
+    let io = |op: &'static str| move |e| Error::io(temp_path, op, e);
+    let clone = temp.as_file().try_clone().map_err(io("open"))?;
+    let file = write(clone).map_err(io("write"))?;
+    file.sync_all().map_err(io("fsync"))?;
+    let bytes = file.metadata().map_err(io("stat"))?.len();
+    drop(file);
+    temp.persist(path).map_err(|e| Error::io(path, "rename", e.error))?;
+    #[cfg(unix)]
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))?;
     Ok(bytes)
 }
