@@ -3,8 +3,7 @@
 # libclang (the `mpi` crate generates its bindings with bindgen). Debian and Ubuntu (apt-get),
 # Fedora (dnf); a no-op when everything is there already. Run as root or with sudo available.
 set -euo pipefail
-
-have() { command -v "$1" >/dev/null 2>&1; }
+. "$(dirname "$0")/packages.sh"
 
 libclang_present() {
     ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so'
@@ -15,18 +14,10 @@ if have mpicc && have mpirun && libclang_present; then
     exit 0
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    have sudo || { echo "run as root, or install sudo" >&2; exit 1; }
-    sudo="sudo"
-fi
-
 if have apt-get; then
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        libopenmpi-dev openmpi-bin libclang-dev
+    apt_install libopenmpi-dev openmpi-bin libclang-dev
 elif have dnf; then
-    $sudo dnf install -y openmpi-devel clang-devel
+    as_root dnf install -y openmpi-devel clang-devel
     echo "Fedora puts Open MPI in a module: run 'module load mpi/openmpi-x86_64' before building"
 else
     echo "no apt-get or dnf: install Open MPI (headers and mpirun) and libclang yourself" >&2

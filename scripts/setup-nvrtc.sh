@@ -5,17 +5,14 @@
 # in a virtual environment under ${DP_NVRTC_DIR:-~/.cache/dp-nvrtc} and prints the directory
 # that holds libnvrtc.so, for LD_LIBRARY_PATH. Installs python3-venv with apt-get if needed.
 set -euo pipefail
+. "$(dirname "$0")/packages.sh"
 
 dir="${DP_NVRTC_DIR:-$HOME/.cache/dp-nvrtc}"
 find_lib() { find "$dir" -name 'libnvrtc.so.*' -not -name '*alt*' -printf '%h\n' 2>/dev/null | head -1; }
 
 if [ -z "$(find_lib)" ]; then
     if ! python3 -m venv "$dir" >/dev/null 2>&1; then
-        sudo=""
-        [ "$(id -u)" -ne 0 ] && sudo="sudo"
-        $sudo apt-get update -qq >&2
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-            python3-venv >&2
+        apt_install python3-venv
         python3 -m venv "$dir"
     fi
     "$dir/bin/pip" install -q 'nvidia-cuda-nvrtc==13.0.*' >&2

@@ -64,6 +64,7 @@ mod error;
 mod hierarchical;
 mod launch;
 mod local;
+#[cfg(feature = "bench")]
 pub mod measure;
 mod mpi;
 mod nccl;

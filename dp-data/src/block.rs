@@ -467,6 +467,7 @@ impl Block {
 
     /// Appends record `row`'s raw bytes, feature after feature (dense elements; bytes; sparse
     /// positions then values): the record as a row-oriented format would store it.
+    #[cfg(feature = "bench")]
     pub(crate) fn append_record_bytes(&self, row: usize, out: &mut Vec<u8>) {
         for (feature, view) in self.schema.features().iter().zip(&self.columns) {
             let size = feature.dtype.size();

@@ -169,6 +169,7 @@ impl Dataset {
         &self.schema
     }
 
+    #[cfg(feature = "bench")]
     pub(crate) fn shards(&self) -> &[ShardReader] {
         &self.shards
     }

@@ -62,6 +62,7 @@ mod feature_stats;
 mod finite;
 mod int_range;
 mod manifest;
+#[cfg(feature = "bench")]
 pub mod measure;
 mod pipeline;
 mod schema;

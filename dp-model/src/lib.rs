@@ -40,6 +40,8 @@
 //! recomputation), [`Pruner`] (magnitude pruning with compressed checkpoints) and
 //! [`QuantizedModel`] (int8 weights).
 
+#[cfg(feature = "bench")]
+mod bare;
 mod checkpoint;
 mod cuda;
 mod error;
@@ -55,6 +57,8 @@ mod shared;
 mod spec;
 mod tape;
 
+#[cfg(feature = "bench")]
+pub use bare::{BareConv, BareGemm};
 pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta, ShardFile,
     params_checksum, save_optimizer_shard,
@@ -64,9 +68,8 @@ pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
 pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
-pub use ops::conv::BareConv;
 pub use ops::dropout::DropoutStream;
-pub use ops::gemm::{BareGemm, GemmBackend, GemmShape, Precision};
+pub use ops::gemm::{GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};
 pub use ops::sparse::SparseInput;
 pub use optim::{

@@ -12,7 +12,6 @@ use crate::float::Float;
 use crate::init::initialize;
 use crate::layout::ParamLayout;
 use crate::ops::Op;
-use crate::ops::conv::BareConv;
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss};
@@ -619,14 +618,10 @@ impl<T: Float> Model<T> {
         shapes
     }
 
-    /// Each convolution layer of the model, to run alone on `batch` samples ([`BareConv`]).
-    pub fn bare_convs(&self, batch: usize) -> Vec<BareConv<T>> {
-        let nodes = self.tape.nodes.iter().enumerate();
-        let conv = |(i, node): (usize, &Node)| match &node.op {
-            Op::Conv2d(c) => Some(BareConv::new(c, batch, i == 0)),
-            _ => None,
-        };
-        nodes.filter_map(conv).collect()
+    /// The model's operations, input to output.
+    #[cfg(feature = "bench")]
+    pub(crate) fn ops(&self) -> impl Iterator<Item = &Op> {
+        self.tape.nodes.iter().map(|node| &node.op)
     }
 
     /// Inference: the outputs `[batch, outputs]` for `x [batch, input_len]`. Saves nothing for

@@ -556,11 +556,28 @@ impl TrainConfig {
     /// optimizer given yet, sets it in the `sgd` preset (the optimizer whose settings the
     /// defaults name), which is then the run's optimizer as given.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        let fail = |what: String| Error::config(key, what);
         let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        self.set_value(key, parsed)
+    }
+
+    /// Sets each top-level setting `overrides` serializes (a struct whose fields are named as
+    /// the config's keys; a `None` field is left out) as [`TrainConfig::set`] would: what the
+    /// command line's shorthand options do, so that an option means exactly what its key
+    /// means. The first key refused is an error naming it; the settings before it stay set.
+    pub fn override_with(&mut self, overrides: &impl Serialize) -> Result<()> {
+        let table = toml::Table::try_from(overrides)
+            .map_err(|e| Error::config("overrides", e.to_string()))?;
+        for (key, value) in table {
+            self.set_value(&key, value)?;
+        }
+        Ok(())
+    }
+
+    fn set_value(&mut self, key: &str, parsed: toml::Value) -> Result<()> {
+        let fail = |what: String| Error::config(key, what);
         let mut base = self.clone();
         if key.starts_with("optimizer.") && key != "optimizer.type" && base.optimizer.is_none() {
             base.optimizer = Some(OptimizerConfig::preset("sgd")?);

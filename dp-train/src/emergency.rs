@@ -4,6 +4,7 @@
 //! that cannot be written only loses the resume, and nothing here returns an error.
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -11,12 +12,13 @@ use dp_model::{CheckpointWriter, Model, Optimizer, ShardFile, save_optimizer_sha
 
 use crate::plan::{ResumeState, RunPlan};
 use crate::record::Events;
-use crate::run_dir::optimizer_shard;
+use crate::run_dir::{CHECKPOINT, optimizer_shard};
 use crate::zero::zero_shard;
 
 /// What a failed replica saves from.
 pub(crate) struct Emergency<'a> {
     pub(crate) plan: &'a RunPlan,
+    pub(crate) run_dir: &'a Path,
     pub(crate) model: &'a Model<f32>,
     pub(crate) optimizer: &'a dyn Optimizer<f32>,
     pub(crate) consistent: &'a ResumeState,
@@ -36,7 +38,7 @@ impl Emergency<'_> {
     /// voted has left its step loop, so none writes the parameters while replica 0 reads them.
     pub(crate) fn shard(&self, rank: usize, shard: Range<usize>, votes: &mut Vote) {
         let (dir, step, replicas) =
-            (self.plan.run_dir(), self.consistent.step, self.plan.batching.replicas);
+            (self.run_dir, self.consistent.step, self.plan.batching.replicas);
         let len = self.model.layout().len();
         if rank >= replicas {
             return;
@@ -73,7 +75,7 @@ impl Emergency<'_> {
         let extra =
             serde_json::to_string(self.consistent).expect("the run state always serializes");
         let _ = with(CheckpointWriter::new(self.model).with_extra(extra))
-            .save(&self.plan.checkpoint_path());
+            .save(&self.run_dir.join(CHECKPOINT));
     }
 }
 

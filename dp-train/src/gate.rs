@@ -1,8 +1,9 @@
 //! The start line: every replica is built (its memory, its data pipelines, the parameters
 //! agreed) before the run directory exists, so that a setup error (a budget too small, bad
 //! data) leaves nothing behind; replicas start training only when the coordinator, having
-//! made the directory, says go.
+//! made the directory, hands it to them.
 
+use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 /// Where the replicas of one process wait for the word to start.
@@ -17,7 +18,8 @@ pub(crate) struct Gate {
 struct State {
     ready: usize,
     failed: bool,
-    go: Option<bool>,
+    /// The coordinator's word, once given: the run directory to start in, or `None`.
+    go: Option<Option<PathBuf>>,
 }
 
 impl Gate {
@@ -41,7 +43,7 @@ impl Gate {
         Opener { gate: self, opened: false }
     }
 
-    fn decide(&self, go: bool) {
+    fn decide(&self, go: Option<PathBuf>) {
         self.lock().go.get_or_insert(go);
         self.changed.notify_all();
     }
@@ -55,15 +57,16 @@ pub(crate) struct Entry<'a> {
 }
 
 impl Entry<'_> {
-    /// This replica is built: waits for the coordinator's word, `true` to start.
-    pub(crate) fn ready(mut self) -> bool {
+    /// This replica is built: waits for the coordinator's word, the run directory to start
+    /// in, or `None` to go home.
+    pub(crate) fn ready(mut self) -> Option<PathBuf> {
         self.arrived = true;
         let mut state = self.gate.lock();
         state.ready += 1;
         self.gate.changed.notify_all();
         loop {
-            if let Some(go) = state.go {
-                return go;
+            if let Some(go) = &state.go {
+                return go.clone();
             }
             state = self.gate.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
@@ -96,17 +99,17 @@ impl Opener<'_> {
         !state.failed
     }
 
-    /// Lets the replicas start (`go`) or sends them home.
-    pub(crate) fn open(mut self, go: bool) {
+    /// Lets the replicas start in `run_dir`, or, given `None`, sends them home.
+    pub(crate) fn open(mut self, run_dir: Option<PathBuf>) {
         self.opened = true;
-        self.gate.decide(go);
+        self.gate.decide(run_dir);
     }
 }
 
 impl Drop for Opener<'_> {
     fn drop(&mut self) {
         if !self.opened {
-            self.gate.decide(false);
+            self.gate.decide(None);
         }
     }
 }
@@ -120,7 +123,7 @@ mod tests {
         for (fail, go) in [(false, true), (false, false), (true, false)] {
             let gate = Gate::new(3);
             let opener = gate.opener();
-            let started: Vec<Option<bool>> = std::thread::scope(|s| {
+            let started: Vec<Option<Option<PathBuf>>> = std::thread::scope(|s| {
                 let replicas: Vec<_> = (0..3)
                     .map(|i| {
                         let entry = gate.enter();
@@ -134,10 +137,10 @@ mod tests {
                     })
                     .collect();
                 assert_eq!(opener.all_ready(), !fail);
-                opener.open(go && !fail);
+                opener.open((go && !fail).then(|| PathBuf::from("runs/x")));
                 replicas.into_iter().map(|h| h.join().unwrap()).collect()
             });
-            let want = Some(go && !fail);
+            let want = Some((go && !fail).then(|| PathBuf::from("runs/x")));
             for (i, s) in started.iter().enumerate() {
                 if !(fail && i == 1) {
                     assert_eq!(*s, want, "replica {i}");
@@ -153,7 +156,7 @@ mod tests {
             let entry = gate.enter();
             let replica = s.spawn(move || entry.ready());
             drop(gate.opener());
-            assert!(!replica.join().unwrap());
+            assert_eq!(replica.join().unwrap(), None);
         });
     }
 }

@@ -42,6 +42,7 @@ mod gate;
 mod gpu;
 mod inference;
 mod input;
+#[cfg(feature = "bench")]
 pub mod measure;
 mod metrics;
 mod normalization;
@@ -68,6 +69,7 @@ pub use inference::{Evaluation, Predictions, SavedRun, Scores};
 pub use metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, read_metrics};
 #[cfg(feature = "plot")]
 pub use plot::plot_run;
+#[cfg(feature = "testing")]
 pub use replica::{Fault, FaultKind};
 pub use run_dir::{BEST, CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY};
 pub use summary::Summary;

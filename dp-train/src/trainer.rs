@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
-use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiConfig, MpiWorld};
+use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiComm, MpiConfig, MpiWorld};
 use dp_mem::{Pool, Tracker};
 use dp_model::{CheckpointHeader, CheckpointReader, SharedParams};
 
@@ -16,12 +16,14 @@ use crate::chance::first_epoch_warning;
 use crate::config::{Device, TrainConfig};
 use crate::emergency::Board;
 use crate::error::{Error, Result};
-use crate::gate::Gate;
+use crate::gate::{Entry, Gate, Opener};
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
-use crate::plan::RunPlan;
+use crate::plan::{Resumed, RunPlan};
 use crate::processes::Processes;
 use crate::record::{Event, Events, Recorded};
-use crate::replica::{Fault, Replica, ReplicaReport, SharedState, reduces_in_place};
+use crate::replica::{
+    Fault, Replica, ReplicaContext, ReplicaReport, SharedState, reduces_in_place,
+};
 use crate::run_dir::{self, CHECKPOINT, CONFIG, METRICS, RunLock, SUMMARY};
 use crate::summary::Summary;
 
@@ -36,7 +38,8 @@ pub struct RunOptions {
     pub resume_changes: ResumeChanges,
     /// Set it (from a Ctrl-C handler) to stop after the current step with a checkpoint.
     pub stop: Arc<AtomicBool>,
-    /// A failure to inject, for testing failure handling.
+    /// A failure to inject, for testing failure handling (with the `testing` feature).
+    #[cfg(feature = "testing")]
     pub fault: Option<Fault>,
     /// The MPI job this process is one of (from [`MpiWorld::init`]); `None` trains in this
     /// process alone. Every process of the job calls [`train`] with the same arguments.
@@ -79,6 +82,18 @@ impl RunOptions {
     /// Runs under `out`.
     pub fn new(out: impl Into<PathBuf>) -> Self {
         Self { out: out.into(), ..Self::default() }
+    }
+
+    /// The failure to inject.
+    #[cfg(feature = "testing")]
+    fn fault(&self) -> Option<Fault> {
+        self.fault
+    }
+
+    /// No failure: only the `testing` feature injects one.
+    #[cfg(not(feature = "testing"))]
+    fn fault(&self) -> Option<Fault> {
+        None
     }
 }
 
@@ -136,26 +151,15 @@ pub fn train(
     let baseline_rss = dp_mem::process_memory().map(|m| m.rss);
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes);
-    let (mut plan, mut lock) = processes.agree(set)?;
-    if plan.config.device == Device::Cuda {
-        plan.gpu_peers = processes.gpu_peers()?;
-    }
+    let (plan, lock) = processes.agree(set)?;
+    let gpu_peers = match plan.config.device {
+        Device::Cuda => processes.gpu_peers()?,
+        Device::Cpu => None,
+    };
     let plan = Arc::new(plan);
     let params = plan.spec.layout()?.len();
 
-    let timeout = Duration::from_secs_f64(plan.config.timeout_s);
-    let (local, across) = (LocalConfig::with_timeout(timeout), MpiConfig::with_timeout(timeout));
-    let world_comm = || options.mpi.as_ref().map(|w| w.communicator(across)).transpose();
-    let ctl =
-        Hierarchical::group(LocalGroup::with_config(plan.batching.replicas, local)?, world_comm()?);
-    // Gradient buckets travel on groups of their own, on communication threads.
-    let bucket = plan.config.buckets()?;
-    let grads: Vec<Option<_>> = if reduces_in_place(params, &bucket, &plan) {
-        (0..plan.batching.replicas).map(|_| None).collect()
-    } else {
-        let threads = LocalGroup::with_config(plan.batching.replicas, local)?;
-        Hierarchical::group(threads, world_comm()?).into_iter().map(Some).collect()
-    };
+    let comms = communicators(&plan, options.mpi.as_ref(), params)?;
     let shared = shared_params(&plan);
     let shared = processes.agree(shared)?;
     let board = Arc::new(Board::default());
@@ -163,67 +167,35 @@ pub fn train(
     let gate = Gate::new(plan.batching.replicas);
     let (sender, receiver) = sync_channel::<Event>(1024);
     let recorded = Arc::new(Recorded::default());
-    let mut losses = Vec::new();
-    let mut warnings = Vec::new();
-    let mut last_eval = None;
-    let mut metrics = None;
-    let mut opening = Ok(());
+    let mut followed = Followed::default();
+    let mut lock = lock;
     let endings = std::thread::scope(|scope| {
         let opener = gate.opener();
-        let handles: Vec<_> = ctl
+        let handles: Vec<_> = comms
             .into_iter()
-            .zip(grads)
             .map(|(ctl, grad)| {
-                let plan = Arc::clone(&plan);
-                let (rank, local_rank) = (ctl.rank(), ctl.local_rank());
-                let events =
-                    (local_rank == 0).then(|| Events::new(sender.clone(), Arc::clone(&recorded)));
-                let stop = Arc::clone(&options.stop);
-                let fault = options.fault;
-                let shared = shared.as_ref().map(|(params, tracker)| SharedState {
-                    params: params.clone(),
-                    // The first replica accounts the shared parameters.
-                    tracker: (local_rank == 0).then(|| tracker.clone()),
-                    board: Arc::clone(&board),
-                });
-                let entry = gate.enter();
-                // A thread that cannot start drops its communicators (and its place at the
-                // gate) with the closure, so its peers fail at once instead of waiting for it.
-                std::thread::Builder::new()
-                    .name(format!("replica-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let built =
-                            Replica::new(Arc::clone(&plan), ctl, grad, events, stop, fault, shared);
-                        let started = match built {
-                            Ok(replica) if entry.ready() => replica.run(),
-                            // Another replica or the coordinator failed; it reports why.
-                            Ok(_) => Ok(ReplicaReport::default()),
-                            Err(error) => Err(error),
-                        };
-                        started.map_err(|e| plan.config.explain(e))
-                    })
-                    .map_err(|e| Error::Replica {
-                        rank,
-                        what: format!(
-                            "cannot start its thread ({e}): {}; lower replicas",
-                            dp_mem::THREAD_REFUSED
-                        ),
-                    })
+                let local_rank = ctl.local_rank();
+                let context = ReplicaContext {
+                    events: (local_rank == 0)
+                        .then(|| Events::new(sender.clone(), Arc::clone(&recorded))),
+                    stop: Arc::clone(&options.stop),
+                    fault: options.fault(),
+                    shared: shared.as_ref().map(|(params, tracker)| SharedState {
+                        params: params.clone(),
+                        // The first replica accounts the shared parameters.
+                        tracker: (local_rank == 0).then(|| tracker.clone()),
+                        board: Arc::clone(&board),
+                    }),
+                    gpu_peers: gpu_peers.clone(),
+                };
+                spawn_replica(scope, Arc::clone(&plan), ctl, grad, context, gate.enter())
             })
             .collect();
         drop(sender);
-        // Every replica is built, so the setup holds: only now is the run directory made.
-        // Every process decides alike: one that cannot open the run (process 0's metrics
-        // file, say) must not leave the others training towards a collective it never joins.
-        let go = opener.all_ready() && {
-            let opened = open_run(&plan, options, &mut processes, &mut lock);
-            opening = processes.agree(opened).map(|m| metrics = m);
-            opening.is_ok()
-        };
-        opener.open(go);
-        if go {
+        let mut opened = start(opener, &plan, options, &mut processes, &mut lock);
+        if let Ok(Some((run_dir, _))) = &opened {
             observer.started(&RunInfo {
-                run_dir: plan.run_dir().to_path_buf(),
+                run_dir: run_dir.clone(),
                 replicas: plan.world(),
                 processes: plan.batching.processes,
                 model: plan.spec.name.clone(),
@@ -234,45 +206,22 @@ pub fn train(
                 dropped_per_epoch: plan.batching.dropped_per_epoch,
             });
         }
+        let mut metrics = match &mut opened {
+            Ok(Some((_, metrics))) => metrics.as_mut(),
+            _ => None,
+        };
         for event in receiver {
-            let record = match event {
-                Event::Step(s) => {
-                    losses.push(s.loss);
-                    let metrics = step_metrics(&s, plan.config.global_batch);
-                    observer.step(&metrics);
-                    if plan.start_step() == 0
-                        && s.step == plan.batching.steps_per_epoch
-                        && let Some(text) = first_epoch_warning(&losses, plan.classes)
-                    {
-                        observer.warning(&text);
-                        warnings.push(text);
-                    }
-                    MetricsRecord::Train(metrics)
-                }
-                Event::Eval(e) => {
-                    last_eval = Some(e);
-                    observer.eval(&e);
-                    MetricsRecord::Eval(e)
-                }
-                Event::Checkpoint { step } => {
-                    observer.checkpoint(step);
-                    recorded.handled(None);
-                    continue;
-                }
-            };
-            // A line that cannot be written (a full disk) does not stop the replicas mid-step;
-            // replica 0 learns of it before its next checkpoint, which it then does not write,
-            // so the run stops where its record does.
-            let written = metrics.as_mut().map_or(Ok(()), |m: &mut MetricsWriter| m.write(&record));
-            recorded.handled(written.err().map(|e| e.to_string()));
+            followed.follow(event, &plan, observer, &recorded, metrics.as_deref_mut());
         }
         let join = |handle: Result<std::thread::ScopedJoinHandle<'_, _>>| match handle {
             Ok(handle) => handle.join(),
             Err(error) => Ok(Err(error)),
         };
-        handles.into_iter().map(join).collect::<Vec<_>>()
+        (handles.into_iter().map(join).collect::<Vec<_>>(), opened)
     });
-    opening?;
+    let (endings, opened) = endings;
+    // Nothing opened only when a replica failed to build, whose error `outcome` returns.
+    let (run_dir, recording) = opened?.map_or((PathBuf::new(), false), |(d, m)| (d, m.is_some()));
 
     let reports = match outcome(endings, first_rank) {
         Err(error @ (Error::NonFinite { .. } | Error::Exploded { .. })) => {
@@ -283,29 +232,148 @@ pub fn train(
                 _ => unreachable!("matched above"),
             };
             if processes.is_first() {
-                write_diverged_summary(&plan, params, (done, at), started.elapsed().as_secs_f64())?;
+                let wall_s = started.elapsed().as_secs_f64();
+                write_diverged_summary(&plan, &run_dir, params, (done, at), wall_s)?;
             }
             return Err(error);
         }
         reports => reports?,
     };
-    if metrics.is_some() {
+    let Followed { mut losses, warnings, mut last_eval } = followed;
+    if recording {
         // The whole run's record, so that a resumed run's summary is the uninterrupted run's.
-        let (all, eval) = read_record(&plan.run_dir().join(METRICS))?;
+        let (all, eval) = read_record(&run_dir.join(METRICS))?;
         (losses, last_eval) = (all, eval.or(last_eval));
     }
+    let wall_s = started.elapsed().as_secs_f64();
     let summary = Summary {
         warnings,
         process_baseline_rss: baseline_rss,
         process_peak_rss: dp_mem::process_memory().map(|m| m.peak_rss),
-        ..summarize(&plan, &reports, &losses, last_eval, started.elapsed().as_secs_f64(), params)
+        ..summarize(&plan, &run_dir, &reports, &losses, last_eval, wall_s, params)
     };
     if processes.is_first() {
         let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-        dp_data::write_file(&plan.run_dir().join(SUMMARY), json.as_bytes())?;
+        dp_data::write_file(&run_dir.join(SUMMARY), json.as_bytes())?;
     }
     drop(lock);
     Ok(summary)
+}
+
+/// A communicator over this process's replica threads and, under MPI, the other processes'.
+type Comm = Hierarchical<MpiComm>;
+
+/// Each replica's communicators: the group of its step's small collectives, broadcasts and
+/// checks, and, unless its gradients are reduced in place in that group, the group its
+/// gradient buckets travel on, from a communication thread.
+fn communicators(
+    plan: &RunPlan,
+    mpi: Option<&MpiWorld>,
+    params: usize,
+) -> Result<Vec<(Comm, Option<Comm>)>> {
+    let timeout = Duration::from_secs_f64(plan.config.timeout_s);
+    let (local, across) = (LocalConfig::with_timeout(timeout), MpiConfig::with_timeout(timeout));
+    let group = || -> Result<Vec<Comm>> {
+        let threads = LocalGroup::with_config(plan.batching.replicas, local)?;
+        Ok(Hierarchical::group(threads, mpi.map(|w| w.communicator(across)).transpose()?))
+    };
+    let ctl = group()?;
+    let grads: Vec<Option<Comm>> = if reduces_in_place(params, &plan.config.buckets()?, plan) {
+        ctl.iter().map(|_| None).collect()
+    } else {
+        group()?.into_iter().map(Some).collect()
+    };
+    Ok(ctl.into_iter().zip(grads).collect())
+}
+
+/// Starts replica `ctl.rank()` on a thread of its own: it builds, waits at the gate, and
+/// runs in the directory the gate hands it. A thread that cannot start drops its
+/// communicators (and its place at the gate) with the closure, so its peers fail at once
+/// instead of waiting for it.
+fn spawn_replica<'scope, C, G>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    plan: Arc<RunPlan>,
+    ctl: C,
+    grad: Option<G>,
+    context: ReplicaContext,
+    entry: Entry<'scope>,
+) -> Result<std::thread::ScopedJoinHandle<'scope, Result<ReplicaReport>>>
+where
+    C: Communicator + Send + 'scope,
+    G: Communicator + Send + 'static,
+{
+    let rank = ctl.rank();
+    std::thread::Builder::new()
+        .name(format!("replica-{rank}"))
+        .spawn_scoped(scope, move || {
+            let started = match Replica::new(Arc::clone(&plan), ctl, grad, context) {
+                Ok(replica) => match entry.ready() {
+                    Some(run_dir) => replica.run(run_dir),
+                    // Another replica or the coordinator failed; it reports why.
+                    None => Ok(ReplicaReport::default()),
+                },
+                Err(error) => Err(error),
+            };
+            started.map_err(|e| plan.config.explain(e))
+        })
+        .map_err(|e| Error::Replica {
+            rank,
+            what: format!(
+                "cannot start its thread ({e}): {}; lower replicas",
+                dp_mem::THREAD_REFUSED
+            ),
+        })
+}
+
+/// What the coordinator keeps of the replicas' reports as they come.
+#[derive(Default)]
+struct Followed {
+    losses: Vec<f64>,
+    warnings: Vec<String>,
+    last_eval: Option<EvalMetrics>,
+}
+
+impl Followed {
+    /// Takes one report: tells the observer, and writes it to `metrics` (process 0's).
+    fn follow(
+        &mut self,
+        event: Event,
+        plan: &RunPlan,
+        observer: &mut dyn Observer,
+        recorded: &Recorded,
+        metrics: Option<&mut MetricsWriter>,
+    ) {
+        let record = match event {
+            Event::Step(s) => {
+                self.losses.push(s.loss);
+                let metrics = step_metrics(&s, plan.config.global_batch);
+                observer.step(&metrics);
+                if plan.start_step() == 0
+                    && s.step == plan.batching.steps_per_epoch
+                    && let Some(text) = first_epoch_warning(&self.losses, plan.classes)
+                {
+                    observer.warning(&text);
+                    self.warnings.push(text);
+                }
+                MetricsRecord::Train(metrics)
+            }
+            Event::Eval(e) => {
+                self.last_eval = Some(e);
+                observer.eval(&e);
+                MetricsRecord::Eval(e)
+            }
+            Event::Checkpoint { step } => {
+                observer.checkpoint(step);
+                recorded.handled(None);
+                return;
+            }
+        };
+        // A line that cannot be written (a full disk) does not stop the replicas mid-step;
+        // replica 0 learns of it before its next checkpoint, which it then does not write,
+        // so the run stops where its record does.
+        let written = metrics.map_or(Ok(()), |m| m.write(&record));
+        recorded.handled(written.err().map(|e| e.to_string()));
+    }
 }
 
 /// The parameters this process's replicas share (see [`TrainConfig::share_params`]),
@@ -319,11 +387,36 @@ fn shared_params(plan: &RunPlan) -> Result<Option<(SharedParams<f32>, Tracker)>>
     tracker.set_budget(plan.config.memory_budget_mib.map(|m| m << 20));
     let built = SharedParams::new(&plan.spec, plan.config.seed, &Pool::new(&tracker));
     let mut params = built.map_err(|e| plan.config.explain(Error::from(e)))?;
-    if plan.resume.is_some() {
-        let mut reader = CheckpointReader::open(&plan.checkpoint_path())?;
+    if let Some(path) = plan.resume_checkpoint() {
+        let mut reader = CheckpointReader::open(&path)?;
         reader.restore_shared(&plan.spec, &mut params)?;
     }
     Ok(Some((params, tracker)))
+}
+
+/// Once every replica is built, the setup holds: only now is the run directory made
+/// ([`open_run`]), and the replicas let go in it. Every process decides alike: one that cannot
+/// open the run (process 0's metrics file, say) must not leave the others training towards a
+/// collective it never joins. `None` when a replica failed to build (it says why).
+fn start(
+    opener: Opener<'_>,
+    plan: &RunPlan,
+    options: &RunOptions,
+    processes: &mut Processes,
+    lock: &mut Option<RunLock>,
+) -> Result<Option<(PathBuf, Option<MetricsWriter>)>> {
+    let opened = match opener.all_ready() {
+        true => {
+            let opened = open_run(plan, options, processes, lock);
+            processes.agree(opened).map(Some)
+        }
+        false => Ok(None),
+    };
+    opener.open(match &opened {
+        Ok(Some((run_dir, _))) => Some(run_dir.clone()),
+        _ => None,
+    });
+    opened
 }
 
 /// Once the replicas are built: process 0 creates a new run's directory (its final name,
@@ -335,26 +428,30 @@ fn open_run(
     options: &RunOptions,
     processes: &mut Processes,
     lock: &mut Option<RunLock>,
-) -> Result<Option<MetricsWriter>> {
-    if options.resume.is_none() {
-        let created = if processes.is_first() {
-            let config = &plan.config;
-            let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
-            run_dir::create(&options.out, &name, config, &plan.spec, &plan.scalings).and_then(
-                |dir| {
-                    *lock = Some(run_dir::lock(&dir)?);
-                    Ok(dir.to_string_lossy().into_owned())
-                },
-            )
-        } else {
-            Ok(String::new())
-        };
-        let _ = plan.run_dir.set(PathBuf::from(processes.share(created)?));
-    }
+) -> Result<(PathBuf, Option<MetricsWriter>)> {
+    let run_dir = match &plan.resumed_dir {
+        Some(dir) => dir.clone(),
+        None => {
+            let created = if processes.is_first() {
+                let config = &plan.config;
+                let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
+                run_dir::create(&options.out, &name, config, &plan.spec, &plan.scalings).and_then(
+                    |dir| {
+                        *lock = Some(run_dir::lock(&dir)?);
+                        Ok(dir.to_string_lossy().into_owned())
+                    },
+                )
+            } else {
+                Ok(String::new())
+            };
+            PathBuf::from(processes.share(created)?)
+        }
+    };
     if !processes.is_first() {
-        return Ok(None);
+        return Ok((run_dir, None));
     }
-    MetricsWriter::resume(&plan.run_dir().join(METRICS), plan.start_step()).map(Some)
+    let metrics = MetricsWriter::resume(&run_dir.join(METRICS), plan.start_step())?;
+    Ok((run_dir, Some(metrics)))
 }
 
 /// Resolves the run on every process: process 0's effective config (or the resumed run's) is
@@ -399,32 +496,30 @@ fn set_up(
             what: format!("sent a config that does not parse: {e}"),
         })?
     };
-    let mut plan = match &options.resume {
+    let resumed = match &options.resume {
         Some(dir) => {
             // A run stopped before its first checkpoint starts again from step 0, with the
             // config it saved.
             let path = dir.join(CHECKPOINT);
             let checkpoint =
                 if path.exists() { Some(CheckpointHeader::read(&path)?) } else { None };
-            RunPlan::new(effective, Some(dir.clone()), checkpoint, count)?
+            let changes = &options.resume_changes;
+            let longer = changes.epochs.is_some() || changes.steps.is_some();
+            Some(Resumed { dir: dir.clone(), checkpoint, longer })
         }
-        None => RunPlan::new(effective, None, None, count)?,
+        None => None,
     };
-    // A run that stopped early and is asked for a new length trains on, its patience counted
-    // afresh: the user chose to go past the early stop.
-    let longer = options.resume_changes.epochs.is_some() || options.resume_changes.steps.is_some();
-    if longer && plan.start_step() < plan.batching.total_steps {
-        plan.train_past_early_stop();
-    }
+    let plan = RunPlan::new(effective, resumed, count)?;
     // Here, before the processes agree, so that they all end alike.
-    if plan.start_step() == plan.batching.total_steps || plan.stopped_early() {
-        let (run_dir, early) = (plan.run_dir().to_path_buf(), plan.stopped_early());
-        return Err(Error::Finished { run_dir, steps: plan.start_step(), early });
-    }
-    // The changed config holds for the run from now on, and for any later resume.
-    if changed && processes.is_first() {
-        let path = plan.run_dir().join(CONFIG);
-        dp_data::write_file(&path, plan.config.to_toml().as_bytes())?;
+    if let Some(dir) = &plan.resumed_dir {
+        if plan.start_step() == plan.batching.total_steps || plan.stopped_early() {
+            let (run_dir, early) = (dir.clone(), plan.stopped_early());
+            return Err(Error::Finished { run_dir, steps: plan.start_step(), early });
+        }
+        // The changed config holds for the run from now on, and for any later resume.
+        if changed && processes.is_first() {
+            dp_data::write_file(&dir.join(CONFIG), plan.config.to_toml().as_bytes())?;
+        }
     }
     Ok((plan, lock))
 }
@@ -433,23 +528,25 @@ fn set_up(
 /// recorded until then.
 fn write_diverged_summary(
     plan: &RunPlan,
+    run_dir: &Path,
     params: usize,
     (done, at): (u64, u64),
     wall_s: f64,
 ) -> Result<()> {
-    let (losses, eval) = read_record(&plan.run_dir().join(METRICS))?;
+    let (losses, eval) = read_record(&run_dir.join(METRICS))?;
     let summary = Summary {
         diverged_at: Some(at),
-        ..recorded_summary(plan, params, done, &losses, eval, wall_s)
+        ..recorded_summary(plan, run_dir, params, done, &losses, eval, wall_s)
     };
     let json = serde_json::to_string_pretty(&summary).expect("a summary always serializes");
-    Ok(dp_data::write_file(&plan.run_dir().join(SUMMARY), json.as_bytes())?)
+    Ok(dp_data::write_file(&run_dir.join(SUMMARY), json.as_bytes())?)
 }
 
 /// What a summary says from the plan and the run's record: the run, the world, the steps
 /// done, the last evaluation and the mean loss of the last 10% of steps.
 fn recorded_summary(
     plan: &RunPlan,
+    run_dir: &Path,
     params: usize,
     steps: u64,
     losses: &[f64],
@@ -458,10 +555,7 @@ fn recorded_summary(
 ) -> Summary {
     let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
     Summary {
-        name: plan
-            .run_dir()
-            .file_name()
-            .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+        name: run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
         model: plan.spec.name.clone(),
         params: params as u64,
         replicas: plan.world(),
@@ -551,6 +645,7 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
 
 fn summarize(
     plan: &RunPlan,
+    run_dir: &Path,
     reports: &[ReplicaReport],
     losses: &[f64],
     eval: Option<EvalMetrics>,
@@ -584,7 +679,7 @@ fn summarize(
         interrupted: r0.interrupted,
         best: r0.best.best,
         stopped_early: r0.best.stopped_early,
-        ..recorded_summary(plan, params, r0.final_step, losses, eval, wall_s)
+        ..recorded_summary(plan, run_dir, params, r0.final_step, losses, eval, wall_s)
     }
 }
 

@@ -231,15 +231,14 @@ struct SavedModel {
     data: PathBuf,
 }
 
-/// The options of `command` given on its command line (not defaulted), by id: the field's
-/// name.
+/// The options of `command` given on its command line (not defaulted), by their long name
+/// (`no-plot` for `--no-plot`).
 fn given_options(command: &clap::Command, matches: &clap::ArgMatches) -> Vec<String> {
     use clap::parser::ValueSource;
     command
         .get_arguments()
-        .map(|arg| arg.get_id().as_str())
-        .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
-        .map(str::to_string)
+        .filter(|arg| matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine))
+        .filter_map(|arg| arg.get_long().map(str::to_string))
         .collect()
 }
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use dp_comm::{Launch, MpiWorld};
+use serde::Serialize;
 
 use crate::Home;
 use crate::stop::Stop;
@@ -17,103 +18,22 @@ use dp_train::{
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
-/// Options of `cargo xtask train`; each overrides the config file (or the default job).
+/// Options of `train`; each overrides the config file (or the default job).
 #[derive(Args, Clone, Debug, Default)]
 pub(crate) struct TrainArgs {
     /// A TOML config file (see `dp-train/README.md`); options below override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Training dataset directory (default: the built-in digits, generated if missing).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Evaluation dataset directory.
-    #[arg(long)]
-    eval_data: Option<PathBuf>,
-    /// The input feature's name.
-    #[arg(long)]
-    input: Option<String>,
-    /// The label feature's name.
-    #[arg(long)]
-    label: Option<String>,
-    /// Model: mlp, mlp:W1,W2,..., lenet, or a .toml/.json spec file.
-    #[arg(long)]
-    model: Option<String>,
-    /// Passes over the training data: a positive number, or auto to choose them from the
-    /// data's size (the default).
-    #[arg(long, value_name = "N|auto", value_parser = parse_epochs, allow_negative_numbers = true)]
-    epochs: Option<u64>,
-    /// Optimizer steps (overrides --epochs).
-    #[arg(long, allow_negative_numbers = true)]
-    steps: Option<u64>,
-    /// Replicas (default: one per core).
-    #[arg(long, allow_negative_numbers = true)]
-    replicas: Option<usize>,
-    /// Samples per step over all replicas.
-    #[arg(long, allow_negative_numbers = true)]
-    global_batch: Option<usize>,
-    /// Samples per replica per micro-batch (sets the global batch from the replica count).
-    #[arg(long, allow_negative_numbers = true)]
-    batch: Option<usize>,
-    /// Micro-batches accumulated per step.
-    #[arg(long, allow_negative_numbers = true)]
-    grad_accum: Option<usize>,
+    #[command(flatten)]
+    keys: ConfigFlags,
     /// sgd, adam or adamw (the presets of a config file's `type = "sgd"` / `"adam"`), always
     /// used as given. Without it the run chooses: on a sparse input, Adam with scikit-learn's
     /// LogisticRegression penalty (C = 1) unless --lr is given; otherwise sgd.
     #[arg(long)]
     optimizer: Option<String>,
-    /// Peak learning rate (warmup then cosine).
-    #[arg(long, allow_negative_numbers = true)]
-    lr: Option<f64>,
-    /// Clip the global gradient norm.
-    #[arg(long, allow_negative_numbers = true)]
-    clip: Option<f64>,
-    /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
-    #[arg(long, allow_negative_numbers = true)]
-    zero: Option<u8>,
-    /// Activation recomputation.
-    #[arg(long)]
-    recompute: bool,
-    /// What the GEMMs multiply in: f32 (the default) or bf16 (bf16 operands with f32 sums
-    /// and f32 weights, on AMX).
-    #[arg(long, value_name = "PRECISION")]
-    precision: Option<dp_model::Precision>,
     /// Prune to this fraction of weights (gradually, over the first two thirds).
     #[arg(long, allow_negative_numbers = true)]
     prune: Option<f64>,
-    /// Gradient compression: none, bf16 or int8.
-    #[arg(long, value_name = "HOW")]
-    compression: Option<dp_train::GradCompression>,
-    /// Where to compute: cpu (threads, the default) or cuda (one GPU per process, several
-    /// under mpirun; needs a build with the `cuda` feature: cargo xtask-cuda).
-    #[arg(long, value_name = "DEVICE")]
-    device: Option<dp_train::Device>,
-    /// Input scaling: auto (u8 pixels / 255, other inputs standardized per feature),
-    /// standard, minmax or none; the run saves it, and eval and predict apply it.
-    #[arg(long, value_name = "HOW")]
-    normalize: Option<dp_train::Normalization>,
-    /// Means to subtract instead of the training data's (one per input element, or one for
-    /// all), with --std.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, requires = "std")]
-    mean: Option<Vec<f32>>,
-    /// Standard deviations to divide by, with --mean.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, requires = "mean")]
-    std: Option<Vec<f32>>,
-    /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    augment: Option<Vec<dp_train::Augmentation>>,
-    /// Checkpoints to keep: the latest N as checkpoint-STEP.ckpt (best.ckpt is always kept).
-    #[arg(long, allow_negative_numbers = true, value_name = "N")]
-    keep: Option<usize>,
-    /// Stop once this many evaluations in a row have not lowered the evaluation loss.
-    #[arg(long, allow_negative_numbers = true, value_name = "PATIENCE")]
-    early_stop: Option<u64>,
-    /// Seed.
-    #[arg(long, allow_negative_numbers = true)]
-    seed: Option<u64>,
-    /// Run name (the directory under --out).
-    #[arg(long)]
-    name: Option<String>,
     /// Where run directories go (default: runs/).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -138,6 +58,108 @@ pub(crate) struct TrainArgs {
     oversubscribe: bool,
 }
 
+/// The options that are shorthand for one config key each: the field is the key (what a
+/// config file and `--set` call it), `long` the option. Those given are written over the
+/// config as its keys, through the config's own deserializer, so a flag means exactly what
+/// its key means.
+#[derive(Args, Clone, Debug, Default, Serialize)]
+struct ConfigFlags {
+    /// Training dataset directory (default: the built-in digits, generated if missing).
+    #[arg(long = "data")]
+    train_data: Option<PathBuf>,
+    /// Evaluation dataset directory.
+    #[arg(long)]
+    eval_data: Option<PathBuf>,
+    /// The input feature's name.
+    #[arg(long = "input")]
+    input_feature: Option<String>,
+    /// The label feature's name.
+    #[arg(long = "label")]
+    label_feature: Option<String>,
+    /// Model: mlp, mlp:W1,W2,..., lenet, or a .toml/.json spec file.
+    #[arg(long)]
+    model: Option<String>,
+    /// Passes over the training data: a positive number, or auto to choose them from the
+    /// data's size (the default).
+    #[arg(long, value_name = "N|auto", value_parser = parse_epochs, allow_negative_numbers = true)]
+    epochs: Option<u64>,
+    /// Optimizer steps (overrides --epochs).
+    #[arg(long, allow_negative_numbers = true)]
+    steps: Option<u64>,
+    /// Replicas (default: one per core).
+    #[arg(long, allow_negative_numbers = true)]
+    replicas: Option<usize>,
+    /// Samples per step over all replicas.
+    #[arg(long, allow_negative_numbers = true)]
+    global_batch: Option<usize>,
+    /// Samples per replica per micro-batch (sets the global batch from the replica count).
+    #[arg(long = "batch", allow_negative_numbers = true)]
+    per_replica_batch: Option<usize>,
+    /// Micro-batches accumulated per step.
+    #[arg(long, allow_negative_numbers = true)]
+    grad_accum: Option<usize>,
+    /// Peak learning rate (warmup then cosine).
+    #[arg(long, allow_negative_numbers = true)]
+    lr: Option<f64>,
+    /// Clip the global gradient norm.
+    #[arg(long = "clip", allow_negative_numbers = true)]
+    clip_grad_norm: Option<f64>,
+    /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
+    #[arg(long = "zero", allow_negative_numbers = true)]
+    zero_stage: Option<u8>,
+    /// Activation recomputation.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    recompute: bool,
+    /// What the GEMMs multiply in: f32 (the default) or bf16 (bf16 operands with f32 sums
+    /// and f32 weights, on AMX).
+    #[arg(long, value_name = "PRECISION")]
+    precision: Option<dp_model::Precision>,
+    /// Gradient compression: none, bf16 or int8.
+    #[arg(long, value_name = "HOW")]
+    compression: Option<dp_train::GradCompression>,
+    /// Where to compute: cpu (threads, the default) or cuda (one GPU per process, several
+    /// under mpirun; needs a build with the `cuda` feature: cargo xtask-cuda).
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<dp_train::Device>,
+    /// Input scaling: auto (u8 pixels / 255, other inputs standardized per feature),
+    /// standard, minmax or none; the run saves it, and eval and predict apply it.
+    #[arg(long, value_name = "HOW")]
+    normalize: Option<dp_train::Normalization>,
+    /// Means to subtract instead of the training data's (one per input element, or one for
+    /// all), with --std.
+    #[arg(
+        long = "mean",
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        requires = "normalize_std"
+    )]
+    normalize_mean: Option<Vec<f32>>,
+    /// Standard deviations to divide by, with --mean.
+    #[arg(
+        long = "std",
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        requires = "normalize_mean"
+    )]
+    normalize_std: Option<Vec<f32>>,
+    /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    augment: Option<Vec<dp_train::Augmentation>>,
+    /// Checkpoints to keep: the latest N as checkpoint-STEP.ckpt (best.ckpt is always kept).
+    #[arg(long, allow_negative_numbers = true, value_name = "N")]
+    keep: Option<usize>,
+    /// Stop once this many evaluations in a row have not lowered the evaluation loss.
+    #[arg(long, allow_negative_numbers = true, value_name = "PATIENCE")]
+    early_stop: Option<u64>,
+    /// Seed.
+    #[arg(long, allow_negative_numbers = true)]
+    seed: Option<u64>,
+    /// Run name (the directory under --out).
+    #[arg(long)]
+    name: Option<String>,
+}
+
 /// `--epochs`: a positive count, or `auto` (stored as the config's 0, which means the same).
 fn parse_epochs(text: &str) -> std::result::Result<u64, String> {
     match text {
@@ -155,7 +177,7 @@ fn parse_epochs(text: &str) -> std::result::Result<u64, String> {
 /// The options `--resume` applies: how long the resumed run goes on, on how many replicas
 /// and processes, and what it shows. Any other option describes another run.
 const RESUME_OPTIONS: [&str; 7] =
-    ["resume", "epochs", "steps", "replicas", "procs", "oversubscribe", "no_plot"];
+    ["resume", "epochs", "steps", "replicas", "procs", "oversubscribe", "no-plot"];
 
 pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<ExitCode> {
     let root = &home.base;
@@ -165,18 +187,18 @@ pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<Exit
     }
     if let (Some(processes), Launch::Single | Launch::Env { .. }) = (args.procs, &launch) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = processes.saturating_mul(args.replicas.unwrap_or(1).max(1));
+        let threads = processes.saturating_mul(args.keys.replicas.unwrap_or(1).max(1));
         let most = dp_train::MAX_REPLICAS_PER_CORE * cores;
         if threads > most && !args.oversubscribe {
             bail!(
                 "--procs {processes}{}: {threads} replicas on {cores} cores is more than \
                  {}-per-core ({most}); each is a whole model's memory taking turns on a core. \
                  Use fewer, or add --oversubscribe",
-                args.replicas.map_or(String::new(), |r| format!(" x --replicas {r}")),
+                args.keys.replicas.map_or(String::new(), |r| format!(" x --replicas {r}")),
                 dp_train::MAX_REPLICAS_PER_CORE
             );
         }
-        if args.data.is_none() && args.config.is_none() && args.resume.is_none() {
+        if args.keys.train_data.is_none() && args.config.is_none() && args.resume.is_none() {
             ensure_digits(&root.join("data/digits"))?;
         }
         return crate::procs::launch(home, processes);
@@ -205,17 +227,16 @@ pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<Exit
     };
     apply(&mut config, &args)?;
     let resume_changes = resume_changes(&args);
-    if first && args.data.is_none() && args.config.is_none() && args.resume.is_none() {
+    if first && args.keys.train_data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
     }
 
     let options = RunOptions {
-        out: args.out.clone().unwrap_or_else(|| root.join("runs")),
         resume: args.resume.as_deref().map(dp_train::resolve_run_dir),
         resume_changes,
         stop: stop.flag(),
-        fault: None,
         mpi: mpi.clone(),
+        ..RunOptions::new(args.out.clone().unwrap_or_else(|| root.join("runs")))
     };
     let mut progress = Progress::default();
     // A failure ends this process without MPI_Finalize, which makes the launcher end the job.
@@ -274,54 +295,13 @@ pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<Exit
 }
 
 fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
-    if let Some(v) = &args.data {
-        config.train_data = v.clone();
-        if args.eval_data.is_none() {
-            config.eval_data = None;
-        }
+    // A dataset given without --eval-data is not evaluated on the default job's digits.
+    if args.keys.train_data.is_some() && args.keys.eval_data.is_none() {
+        config.eval_data = None;
     }
-    if let Some(v) = &args.eval_data {
-        config.eval_data = Some(v.clone());
-    }
-    set(&mut config.input_feature, args.input.clone());
-    set(&mut config.label_feature, args.label.clone());
-    set(&mut config.model, args.model.clone());
-    set(&mut config.epochs, args.epochs);
-    set(&mut config.replicas, args.replicas);
-    set(&mut config.global_batch, args.global_batch);
-    if args.batch.is_some() {
-        config.per_replica_batch = args.batch;
-    }
-    set(&mut config.grad_accum, args.grad_accum);
-    set(&mut config.zero_stage, args.zero);
-    set(&mut config.seed, args.seed);
-    set(&mut config.compression, args.compression);
-    if args.steps.is_some() {
-        config.steps = args.steps;
-    }
-    if args.clip.is_some() {
-        config.clip_grad_norm = args.clip;
-    }
-    if args.name.is_some() {
-        config.name = args.name.clone();
-    }
-    config.recompute |= args.recompute;
-    set(&mut config.normalize, args.normalize);
-    set(&mut config.device, args.device);
-    set(&mut config.precision, args.precision);
-    set(&mut config.augment, args.augment.clone());
-    set(&mut config.keep, args.keep);
-    if args.early_stop.is_some() {
-        config.early_stop = args.early_stop;
-    }
-    if args.mean.is_some() {
-        (config.normalize_mean, config.normalize_std) = (args.mean.clone(), args.std.clone());
-    }
+    config.override_with(&args.keys)?;
     if let Some(name) = &args.optimizer {
         config.optimizer = Some(OptimizerConfig::preset(name)?);
-    }
-    if args.lr.is_some() {
-        config.lr = args.lr;
     }
     if let Some(sparsity) = args.prune {
         config.prune = Some(PruneConfig { sparsity, global: true, start: 0, end: None, every: 50 });
@@ -340,8 +320,8 @@ fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
 fn refuse_unapplied(dir: &Path, given: &[String]) -> Result<()> {
     let unapplied: Vec<String> = given
         .iter()
-        .filter(|id| !RESUME_OPTIONS.contains(&id.as_str()))
-        .map(|id| format!("--{}", id.replace('_', "-")))
+        .filter(|long| !RESUME_OPTIONS.contains(&long.as_str()))
+        .map(|long| format!("--{long}"))
         .collect();
     if unapplied.is_empty() {
         return Ok(());
@@ -358,12 +338,10 @@ fn refuse_unapplied(dir: &Path, given: &[String]) -> Result<()> {
 
 /// What `--resume` changes of the saved config: `--epochs`, `--steps` and `--replicas`.
 fn resume_changes(args: &TrainArgs) -> dp_train::ResumeChanges {
-    dp_train::ResumeChanges { epochs: args.epochs, steps: args.steps, replicas: args.replicas }
-}
-
-fn set<T>(field: &mut T, value: Option<T>) {
-    if let Some(v) = value {
-        *field = v;
+    dp_train::ResumeChanges {
+        epochs: args.keys.epochs,
+        steps: args.keys.steps,
+        replicas: args.keys.replicas,
     }
 }
 
@@ -814,7 +792,7 @@ mod tests {
     #[test]
     fn options_reach_the_config_checks_and_none_is_ignored() {
         let cli = Cli::try_parse_from(["train", "--lr", "-1", "--clip", "-0.5"]).unwrap();
-        assert_eq!((cli.train.lr, cli.train.clip), (Some(-1.0), Some(-0.5)));
+        assert_eq!((cli.train.keys.lr, cli.train.keys.clip_grad_norm), (Some(-1.0), Some(-0.5)));
         let mut config = TrainConfig::default();
         apply(&mut config, &cli.train).unwrap();
         let error = config.validate().unwrap_err().to_string();
@@ -827,6 +805,48 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--set", "workers=3"]).unwrap();
         let error = apply(&mut config, &cli.train).unwrap_err().to_string();
         assert!(error.contains("`workers`: unknown field"), "{error}");
+        // Each shorthand option sets its key; one not given leaves the config's value.
+        let cli = Cli::try_parse_from([
+            "train",
+            "--data",
+            "d",
+            "--input",
+            "x",
+            "--label",
+            "y",
+            "--batch",
+            "8",
+            "--clip",
+            "2",
+            "--zero",
+            "1",
+            "--mean",
+            "0.5",
+            "--std",
+            "2,3",
+            "--augment",
+            "flip-h,crop:4",
+            "--compression",
+            "int8",
+            "--epochs",
+            "auto",
+        ])
+        .unwrap();
+        let mut config = TrainConfig { recompute: true, epochs: 7, ..TrainConfig::default() };
+        apply(&mut config, &cli.train).unwrap();
+        assert_eq!(config.train_data, Path::new("d"));
+        assert_eq!(config.eval_data, None, "a dataset given alone is not evaluated on another");
+        assert_eq!((config.input_feature.as_str(), config.label_feature.as_str()), ("x", "y"));
+        assert_eq!((config.per_replica_batch, config.clip_grad_norm), (Some(8), Some(2.0)));
+        assert_eq!((config.zero_stage, config.epochs, config.recompute), (1, 0, true));
+        assert_eq!(config.normalize_mean, Some(vec![0.5]));
+        assert_eq!(config.normalize_std, Some(vec![2.0, 3.0]));
+        assert_eq!(config.augment.len(), 2);
+        assert_eq!(config.compression, dp_train::GradCompression::Int8);
+        let cli = Cli::try_parse_from(["train", "--eval-data", "e", "--recompute"]).unwrap();
+        let mut config = TrainConfig { eval_data: Some("kept".into()), ..TrainConfig::default() };
+        apply(&mut config, &cli.train).unwrap();
+        assert_eq!((config.eval_data, config.recompute), (Some("e".into()), true));
         // A resumed run takes a new length and replica count, and refuses every other option
         // given, even one equal to its default, instead of ignoring it.
         let given = |args: &[&str]| {
@@ -856,7 +876,7 @@ mod tests {
             assert!(error.contains(flag), "{flag}: {error}");
         }
         // Epochs are a positive count or `auto`; 0 is not a silent `auto`.
-        assert_eq!(given(&["train", "--epochs", "auto"]).0.epochs, Some(0));
+        assert_eq!(given(&["train", "--epochs", "auto"]).0.keys.epochs, Some(0));
         let error = Cli::try_parse_from(["train", "--epochs", "0"]).err().unwrap().to_string();
         assert!(error.contains("give a positive number, or auto"), "{error}");
         // Unsigned options say what is wrong with the number, not that it is a stray flag.

@@ -13,12 +13,9 @@ use std::ops::Range;
 
 use ndarray::s;
 
-use dp_mem::{Pool, Tracker};
-
 use crate::float::Float;
-use crate::ops::gemm::{Gemm, GemmShape, Precision, view, view_mut};
+use crate::ops::gemm::{Gemm, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
-use crate::ops::workspace::Workspace;
 use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
@@ -354,76 +351,13 @@ impl Conv2d {
     }
 }
 
-/// One convolution layer of a model run alone, forward then backward (the input gradient
-/// too, unless it is the model's first layer), on operands of the layer's shapes, so a
-/// benchmark can set its time against the time of its products run bare ([`BareConv::gemm_shapes`]).
-#[derive(Debug)]
-pub struct BareConv<T: Float> {
-    conv: Conv2d,
-    batch: usize,
-    first: bool,
-    params: Vec<T>,
-    grads: Vec<T>,
-    x: Vec<T>,
-    y: Vec<T>,
-    dx: Vec<T>,
-    work: Workspace<T>,
-}
-
-impl<T: Float> BareConv<T> {
-    pub(crate) fn new(conv: &Conv2d, batch: usize, first: bool) -> Self {
-        let conv = Conv2d { offset: 0, ..conv.clone() };
-        let fill = |len: usize, seed: usize| -> Vec<T> {
-            (0..len).map(|i| T::of(((i * 7 + seed) % 11) as f64 / 11.0 - 0.5)).collect()
-        };
-        let input = conv.channels * batch * conv.height * conv.width;
-        let output = conv.out_channels * batch * conv.out_height * conv.out_width;
-        let pool = Pool::new(&Tracker::new());
-        let work = Workspace::new(&pool, conv.scratch_len(batch), Precision::F32)
-            .expect("an unlimited pool");
-        Self {
-            params: fill(conv.param_len(), 1),
-            grads: vec![T::zero(); conv.param_len()],
-            x: fill(input, 2),
-            y: fill(output, 3),
-            dx: vec![T::zero(); if first { 0 } else { input }],
-            conv,
-            batch,
-            first,
-            work,
-        }
-    }
-
-    /// The products one [`BareConv::run`] multiplies, as [`crate::Model::gemm_shapes`] lists
-    /// them.
-    pub fn gemm_shapes(&self) -> Vec<GemmShape> {
-        let c = &self.conv;
-        let (n, patch, oc) =
-            (self.batch * c.out_height * c.out_width, c.patch_len(), c.out_channels);
-        let g =
-            |m, k, n, a_transposed, b_transposed| GemmShape { m, k, n, a_transposed, b_transposed };
-        let mut shapes = vec![g(oc, patch, n, false, false), g(oc, n, patch, false, true)];
-        if !self.first {
-            shapes.push(g(patch, oc, n, true, false));
-        }
-        shapes
-    }
-
-    /// Runs the layer's forward and backward once; its output stands in for the gradient
-    /// coming back.
-    pub fn run(&mut self) {
-        let c = &self.conv;
-        let work = &mut self.work;
-        c.forward(self.batch, &self.params, &self.x, &mut self.y, &mut work.cols, &mut work.gemm);
-        let dx = (!self.first).then_some(&mut self.dx[..]);
-        let (params, grads, x, dy) = (&self.params, &mut self.grads, &self.x, &self.y);
-        c.backward(self.batch, params, grads, x, dy, dx, &mut work.cols, false, &mut work.gemm);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use dp_mem::{Pool, Tracker};
+
     use super::*;
+    use crate::ops::gemm::Precision;
+    use crate::ops::workspace::Workspace;
 
     /// A convolution straight from its definition, in `f64`: the output, then for `dy` the
     /// weight, bias and input gradients.

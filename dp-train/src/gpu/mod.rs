@@ -26,6 +26,7 @@ use reduce_stub::DeviceReducer;
 use crate::config::OptimizerConfig;
 use crate::error::Result;
 use crate::plan::RunPlan;
+use crate::processes::GpuPeers;
 
 /// Optimizer state on the device, as the CPU optimizer of the same config keeps it.
 enum State {
@@ -48,19 +49,21 @@ pub(crate) struct GpuStep {
 }
 
 impl GpuStep {
-    /// `host` and `optimizer` (its state restored or fresh) on this process's GPU; the
-    /// page-locked batch buffers are accounted under `host_tracker`.
+    /// `host` and `optimizer` (its state restored or fresh) on this process's GPU, among
+    /// `peers`' when other processes have GPUs too; the page-locked batch buffers are
+    /// accounted under `host_tracker`.
     pub(crate) fn new(
         host: &Model<f32>,
         optimizer: &dyn Optimizer<f32>,
         plan: &RunPlan,
+        peers: Option<&GpuPeers>,
         host_tracker: &Tracker,
     ) -> Result<Self> {
         let config = &plan.optimizer;
-        let device = plan.gpu_peers.as_ref().map_or(0, |peers| peers.device);
+        let device = peers.map_or(0, |peers| peers.device);
         let tracker = Tracker::new();
         let model = CudaModel::from_model(host, device, &tracker, host_tracker)?;
-        let reducer = match &plan.gpu_peers {
+        let reducer = match peers {
             None => None,
             Some(peers) => {
                 let bucket_bytes = plan.config.buckets()?.bucket_bytes;

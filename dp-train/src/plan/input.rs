@@ -128,10 +128,7 @@ mod tests {
     #[test]
     fn the_input_is_the_configured_feature_and_evaluation_data_must_match_it() {
         let dir = tempfile::tempdir().unwrap();
-        let digits = dp_data::SyntheticDigits { records: 200, eval_records: 50, seed: 3 };
-        dp_data::generate_digits(dir.path(), &digits, Default::default()).unwrap();
-        let train = Dataset::open(dir.path().join("train")).unwrap();
-        let config = TrainConfig { train_data: dir.path().join("train"), ..TrainConfig::default() };
+        let (train, config) = crate::plan::test_digits(dir.path());
         let input = Input::resolve(&train, &config).unwrap();
         assert_eq!(
             (&input.feature[..], &input.shape[..], input.sparse),

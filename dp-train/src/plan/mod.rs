@@ -3,7 +3,6 @@
 //! picks up.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 mod batching;
 mod input;
@@ -17,7 +16,6 @@ use crate::best::BestSoFar;
 use crate::config::{OptimizerConfig, TrainConfig};
 use crate::error::{Error, Result};
 use crate::normalization::Scalings;
-use crate::processes::GpuPeers;
 pub(crate) use batching::Batching;
 use input::Input;
 use task::Task;
@@ -42,8 +40,9 @@ pub(crate) struct RunPlan {
     pub(crate) config: TrainConfig,
     /// The optimizer the run uses: the config's, or the one chosen when it gave none.
     pub(crate) optimizer: OptimizerConfig,
-    /// Set at construction for a resumed run; a new run's is made once its replicas are built.
-    pub(crate) run_dir: OnceLock<PathBuf>,
+    /// The directory of the run this one continues (a new run's is made once its replicas
+    /// are built, and handed to them as they start).
+    pub(crate) resumed_dir: Option<PathBuf>,
     pub(crate) spec: ModelSpec,
     pub(crate) input_len: usize,
     /// Classes: labels are in `0..classes` (1, the output, for a regression).
@@ -57,8 +56,18 @@ pub(crate) struct RunPlan {
     pub(crate) scalings: Scalings,
     /// The checkpoint to resume from, and where it was.
     pub(crate) resume: Option<(CheckpointHeader, ResumeState)>,
-    /// With GPUs in several processes: this one's place among them, set once they agree.
-    pub(crate) gpu_peers: Option<GpuPeers>,
+}
+
+/// The run a plan continues.
+#[derive(Debug)]
+pub(crate) struct Resumed {
+    /// Its directory.
+    pub(crate) dir: PathBuf,
+    /// Its checkpoint; `None` when it stopped before its first.
+    pub(crate) checkpoint: Option<CheckpointHeader>,
+    /// Whether it was asked for a new length: a run that stopped early then trains on, its
+    /// patience counted afresh, since the user chose to go past the early stop.
+    pub(crate) longer: bool,
 }
 
 impl RunPlan {
@@ -66,10 +75,10 @@ impl RunPlan {
     /// order one depends on another.
     pub(crate) fn new(
         config: TrainConfig,
-        run_dir: Option<PathBuf>,
-        resume: Option<CheckpointHeader>,
+        resumed: Option<Resumed>,
         processes: usize,
     ) -> Result<Self> {
+        let run_dir = resumed.as_ref().map(|r| r.dir.clone());
         config.validate()?;
         let train = Dataset::open(&config.train_data)?;
         let input = Input::resolve(&train, &config)?;
@@ -88,13 +97,16 @@ impl RunPlan {
         let (batching, config) =
             Batching::resolve(config, train.len(), processes, sparse_defaults)?;
         let schedule = config.schedule_or_default(batching.total_steps);
-        let resume = resume
-            .map(|checkpoint| resume_state(checkpoint, run_dir.as_deref(), batching.total_steps))
-            .transpose()?;
+        let resume = match resumed {
+            Some(Resumed { dir, checkpoint: Some(checkpoint), longer }) => {
+                Some(resume_state(checkpoint, &dir, longer, batching.total_steps)?)
+            }
+            _ => None,
+        };
         Ok(Self {
             config,
             optimizer,
-            run_dir: run_dir.map_or_else(OnceLock::new, OnceLock::from),
+            resumed_dir: run_dir,
             spec,
             input_len: input.len(),
             classes: task.outputs(),
@@ -103,21 +115,12 @@ impl RunPlan {
             regression: task.is_regression(),
             scalings,
             resume,
-            gpu_peers: None,
         })
     }
 
     /// Whether the checkpoint the run resumes from ended it early.
     pub(crate) fn stopped_early(&self) -> bool {
         self.resume.as_ref().is_some_and(|(_, s)| s.best.stopped_early)
-    }
-
-    /// Lets a resumed run that stopped early train on, counting its patience afresh.
-    pub(crate) fn train_past_early_stop(&mut self) {
-        if let Some((_, state)) = &mut self.resume {
-            state.best.stopped_early = false;
-            state.best.evals_since = 0;
-        }
     }
 
     /// The step the run starts from (0, or where the checkpoint was taken).
@@ -137,13 +140,10 @@ impl RunPlan {
         self.batching.replicas * self.batching.processes
     }
 
-    /// The run directory (empty before a new run's is made).
-    pub(crate) fn run_dir(&self) -> &Path {
-        self.run_dir.get().map_or(Path::new(""), PathBuf::as_path)
-    }
-
-    pub(crate) fn checkpoint_path(&self) -> PathBuf {
-        self.run_dir().join(crate::run_dir::CHECKPOINT)
+    /// The checkpoint the run resumes from.
+    pub(crate) fn resume_checkpoint(&self) -> Option<PathBuf> {
+        let dir = self.resumed_dir.as_ref().filter(|_| self.resume.is_some());
+        dir.map(|dir| dir.join(crate::run_dir::CHECKPOINT))
     }
 }
 
@@ -257,15 +257,16 @@ fn scalings(
     Ok(scalings)
 }
 
-/// Where the checkpoint a run resumes from left it, which must be within the run's
-/// `total_steps`.
+/// Where the checkpoint in `run_dir` left the run, which must be within the run's
+/// `total_steps`. A run that stopped early and is asked to go `longer` trains on.
 fn resume_state(
     checkpoint: CheckpointHeader,
-    run_dir: Option<&Path>,
+    run_dir: &Path,
+    longer: bool,
     total_steps: u64,
 ) -> Result<(CheckpointHeader, ResumeState)> {
-    let state: ResumeState = serde_json::from_str(checkpoint.extra()).map_err(|e| {
-        let path = run_dir.unwrap_or(Path::new("")).join(crate::run_dir::CHECKPOINT);
+    let mut state: ResumeState = serde_json::from_str(checkpoint.extra()).map_err(|e| {
+        let path = run_dir.join(crate::run_dir::CHECKPOINT);
         Error::run(&path, format!("the checkpoint's run state is damaged: {e}"))
     })?;
     if state.step > total_steps {
@@ -277,7 +278,20 @@ fn resume_state(
             ),
         ));
     }
+    if longer && state.step < total_steps {
+        (state.best.stopped_early, state.best.evals_since) = (false, 0);
+    }
     Ok((checkpoint, state))
+}
+
+/// A small digits dataset made in `dir` (200 training and 50 evaluation records), and the
+/// default config on it.
+#[cfg(test)]
+fn test_digits(dir: &Path) -> (Dataset, TrainConfig) {
+    let digits = dp_data::SyntheticDigits { records: 200, eval_records: 50, seed: 3 };
+    dp_data::generate_digits(dir, &digits, Default::default()).unwrap();
+    let train = Dataset::open(dir.join("train")).unwrap();
+    (train, TrainConfig { train_data: dir.join("train"), ..TrainConfig::default() })
 }
 
 /// The data pipeline of one replica: training (shuffled, full batches only) or evaluation

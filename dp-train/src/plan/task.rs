@@ -175,10 +175,7 @@ mod tests {
     #[test]
     fn integer_labels_are_classes_each_checked_and_a_float_label_is_a_value() {
         let dir = tempfile::tempdir().unwrap();
-        let digits = dp_data::SyntheticDigits { records: 200, eval_records: 50, seed: 3 };
-        dp_data::generate_digits(dir.path(), &digits, Default::default()).unwrap();
-        let train = Dataset::open(dir.path().join("train")).unwrap();
-        let config = TrainConfig { train_data: dir.path().join("train"), ..TrainConfig::default() };
+        let (train, config) = crate::plan::test_digits(dir.path());
         let task = Task::resolve(&train, &config).unwrap();
         assert_eq!(
             (task, task.outputs(), task.is_regression()),

@@ -31,7 +31,7 @@ impl<C: Communicator> Replica<C> {
             let value = f64::from(value);
             return Err(Error::NonFinite { step, what: "a parameter", value });
         }
-        let (dir, len) = (self.plan.run_dir(), self.model.params().len());
+        let (dir, len) = (self.run_dir.as_path(), self.model.params().len());
         let shards = self.optimizer_shards();
         if let Some(count) = shards {
             if self.rank < count {
@@ -62,7 +62,7 @@ impl<C: Communicator> Replica<C> {
             } else {
                 writer.with_optimizer(self.optimizer.as_ref())
             };
-            writer.save(&self.plan.checkpoint_path())?;
+            writer.save(&self.run_dir.join(crate::run_dir::CHECKPOINT))?;
             // Replica 0 alone knows the checkpoint whole; the others, knowing only their shards
             // written, would save them again for an emergency checkpoint of the same step.
             self.checkpointed = step;
@@ -100,7 +100,7 @@ impl<C: Communicator> Replica<C> {
         let Some(events) = &self.events else { return Ok(()) };
         events.wait_recorded(metrics_timeout(&self.plan)).map_err(|why| {
             let what = format!("{why}; no checkpoint is written past the last recorded step");
-            Error::run(&self.plan.run_dir().join(crate::run_dir::METRICS), what)
+            Error::run(&self.run_dir.join(crate::run_dir::METRICS), what)
         })
     }
 }

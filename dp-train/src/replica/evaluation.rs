@@ -33,7 +33,12 @@ impl<C: Communicator> Replica<C> {
                 continue;
             }
             let x = Input::of(&batch, plan.input_len)
-                .map_err(|what| Error::run(plan.run_dir(), format!("eval {what}")))?
+                .map_err(|what| {
+                    Error::run(
+                        plan.config.eval_data.as_deref().unwrap_or(&plan.config.train_data),
+                        what,
+                    )
+                })?
                 .first(n);
             let loss = if plan.regression {
                 // One forward gives both the loss the model trains on (the squared error of
@@ -80,7 +85,7 @@ impl<C: Communicator> Replica<C> {
     /// checkpoint is for using the model, not for resuming.
     pub(super) fn save_best(&self, step: u64, eval_loss: f64) -> Result<()> {
         let extra = serde_json::json!({ "step": step, "eval_loss": eval_loss }).to_string();
-        let path = self.plan.run_dir().join(crate::run_dir::BEST);
+        let path = self.run_dir.join(crate::run_dir::BEST);
         CheckpointWriter::new(&self.model).with_extra(extra).save(&path)?;
         Ok(())
     }

@@ -5,27 +5,29 @@
 //! (`evaluation.rs`), the end-of-run report (`report.rs`) and injected faults (`fault.rs`).
 
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use dp_comm::{BucketReducer, Communicator};
+use dp_comm::Communicator;
 use dp_data::{Pipeline, Transform};
 use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    Adam, CheckpointReader, Model, ModelOptions, Optimizer, PruneSchedule, Pruner, Recompute, Sgd,
-    SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
+    Adam, CheckpointReader, LossTotals, Model, ModelOptions, Optimizer, PruneSchedule, Pruner,
+    Recompute, Sgd, SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
 };
 use ndarray::ArrayView2;
 
 use crate::checksum::check_in_sync;
-use crate::config::{Device, OptimizerConfig};
+use crate::config::{Device, OptimizerConfig, PruneConfig};
 use crate::divergence::LossWatch;
 use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
 use crate::input::Input;
 use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
+use crate::processes::GpuPeers;
 use crate::record::{Event, Events, StepSample};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
@@ -37,10 +39,13 @@ mod fault;
 mod report;
 mod sync;
 
+#[cfg(not(feature = "testing"))]
+pub(crate) use fault::Fault;
+#[cfg(feature = "testing")]
 pub use fault::{Fault, FaultKind};
 pub(crate) use report::ReplicaReport;
+use sync::GradSync;
 pub(crate) use sync::reduces_in_place;
-use sync::{CommBuffer, GradSync};
 
 /// Whose parameters a replica updates, and how the others learn of the update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +103,8 @@ pub(crate) struct Replica<C: Communicator> {
     events: Option<Events>,
     stop: Arc<AtomicBool>,
     fault: Option<Fault>,
+    /// The run directory, handed over as the replica starts (see [`crate::gate`]).
+    run_dir: PathBuf,
     /// The last step boundary at which parameters, optimizer state and data position agree:
     /// what an emergency checkpoint saves.
     consistent: ResumeState,
@@ -122,21 +129,32 @@ pub(crate) struct SharedState {
     pub(crate) board: Arc<Board>,
 }
 
+/// What the process gives a replica besides the plan and its communicators.
+pub(crate) struct ReplicaContext {
+    /// Where the first replica of a process sends its metrics.
+    pub(crate) events: Option<Events>,
+    /// Set to stop after the current step, with a checkpoint.
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) fault: Option<Fault>,
+    pub(crate) shared: Option<SharedState>,
+    /// With GPUs in several processes: this one's place among them.
+    pub(crate) gpu_peers: Option<GpuPeers>,
+}
+
 impl<C: Communicator> Replica<C> {
     /// `grad_comm` is the gradient buckets' group; `None` reduces the gradients in place (see
-    /// [`reduces_in_place`]).
+    /// [`reduces_in_place`]). The last step of building is a collective (the parameters'
+    /// checksum): once it completes on a replica, every replica of the run is built.
     pub(crate) fn new<G>(
         plan: Arc<RunPlan>,
         mut ctl: C,
         grad_comm: Option<G>,
-        events: Option<Events>,
-        stop: Arc<AtomicBool>,
-        fault: Option<Fault>,
-        shared: Option<SharedState>,
+        context: ReplicaContext,
     ) -> Result<Self>
     where
         G: Communicator + Send + 'static,
     {
+        let ReplicaContext { events, stop, fault, shared, gpu_peers } = context;
         let config = &plan.config;
         let (rank, world) = (ctl.rank(), ctl.world_size());
         let local_rank = rank % plan.batching.replicas;
@@ -149,95 +167,49 @@ impl<C: Communicator> Replica<C> {
         let tracker = tracker.unwrap_or_default();
         tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
         let pool = Pool::new(&tracker);
-        let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
-        let options = ModelOptions::new(plan.batching.micro, config.seed)
-            .replica(rank as u64)
-            .recompute(recompute)
-            .precision(config.precision);
-        let params_mode = match (&shared, config.zero_stage) {
+        let params = match (&shared, config.zero_stage) {
             (Some(_), _) => Params::Shared,
             (None, 1) => Params::ZeroShard,
             (None, _) => Params::Own,
         };
-        let is_shared = params_mode == Params::Shared;
-        let mut model = match shared {
-            // SAFETY: the replicas sharing these parameters only read them, except in
-            // `Replica::step`'s update, where each writes its own `shard` between the step's
-            // last collective (every replica is past backward) and a barrier (none reads
-            // before every update is done), and in pruning, which the first replica does alone
-            // between two barriers.
-            Some(params) => unsafe {
-                Model::with_shared_params(&plan.spec, &pool, options, params)?
-            },
-            None => Model::<f32>::new(&plan.spec, &pool, options)?,
-        };
+        let mut model = build_model(&plan, rank, shared, &pool)?;
         let len = model.params().len();
-
-        let shard = match params_mode {
+        let shard = match params {
             Params::Shared => zero_shard(len, plan.batching.replicas, local_rank),
             Params::ZeroShard => zero_shard(len, world, rank),
             Params::Own => 0..len,
         };
-        let mut optimizer: Box<dyn Optimizer<f32>> = match plan.optimizer {
-            OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => Box::new(Sgd::new(
-                shard.len(),
-                dp_model::SgdConfig { momentum, nesterov, weight_decay },
-                &pool,
-            )?),
-            OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
-                Box::new(Adam::new(
-                    shard.len(),
-                    dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled },
-                    &pool,
-                )?)
-            }
-        };
+        let mut optimizer = build_optimizer(&plan.optimizer, shard.len(), &pool)?;
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
         // (shared parameters were initialized or restored once for all, before the replicas).
         let train_config = pipeline_config(&plan, rank, world, true);
         let scaling = || -> Vec<Box<dyn Transform>> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
-        let training = || -> Result<Vec<Box<dyn Transform>>> {
-            Ok(scaling().into_iter().chain(config.augmentations()).collect())
-        };
-        let train = match &plan.resume {
-            Some((_, state)) => {
+        let training = || scaling().into_iter().chain(config.augmentations()).collect();
+        let train = match (&plan.resume, plan.resume_checkpoint()) {
+            (Some((_, state)), Some(path)) => {
                 // Whatever number of replicas saved the optimizer state, this one reads its
                 // own shard of it.
-                let mut reader = CheckpointReader::open(&plan.checkpoint_path())?;
-                if !is_shared {
+                let mut reader = CheckpointReader::open(&path)?;
+                if params != Params::Shared {
                     reader.restore_params(&mut model)?;
                 }
                 reader.restore_optimizer(optimizer.as_mut(), shard.clone())?;
-                Pipeline::resume(&config.train_data, train_config, training()?, &state.pipeline)?
+                Pipeline::resume(&config.train_data, train_config, training(), &state.pipeline)?
             }
-            None => {
-                if !is_shared {
+            _ => {
+                if params != Params::Shared {
                     ctl.broadcast(model.params_mut(), 0)?;
                 }
-                Pipeline::new(&config.train_data, train_config, training()?)?
+                Pipeline::new(&config.train_data, train_config, training())?
             }
         };
+        // Shared parameters are pruned once, by the process's first replica.
         let pruner = match &config.prune {
+            Some(_) if params == Params::Shared && local_rank != 0 => None,
+            Some(prune) => Some(build_pruner(prune, &model, plan.batching.total_steps)?),
             None => None,
-            // Shared parameters are pruned once, by the process's first replica.
-            Some(_) if is_shared && local_rank != 0 => None,
-            Some(p) => {
-                let scope = if p.global {
-                    Sparsity::Global(p.sparsity)
-                } else {
-                    Sparsity::PerLayer(p.sparsity)
-                };
-                let end = p.end.unwrap_or(plan.batching.total_steps * 2 / 3).max(p.start);
-                let mut pruner = Pruner::new(
-                    model.layout(),
-                    scope,
-                    PruneSchedule { start: p.start, end, every: p.every.max(1) },
-                )?;
-                pruner.resume(model.params());
-                Some(pruner)
-            }
         };
         let eval = match &config.eval_data {
             None => None,
@@ -249,56 +221,24 @@ impl<C: Communicator> Replica<C> {
         };
         let gpu = match config.device {
             Device::Cpu => None,
-            Device::Cuda => Some(GpuStep::new(&model, optimizer.as_ref(), &plan, &tracker)?),
+            Device::Cuda => {
+                Some(GpuStep::new(&model, optimizer.as_ref(), &plan, gpu_peers.as_ref(), &tracker)?)
+            }
         };
-        let grad_sync = if let Some(grad_comm) = grad_comm {
-            let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
-            let reducer = BucketReducer::new(buffer, grad_comm, config.buckets()?)?;
-            // The compression scratch lives on the communication thread, outside the pool;
-            // account it here so the memory report adds up.
-            let scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;
-            let ends = (0..reducer.buckets())
-                .filter_map(|b| reducer.bucket_range(b))
-                .map(|r| r.end)
-                .collect();
-            GradSync::Buckets { reducer, ends, _scratch: scratch }
-        } else {
-            GradSync::InPlace
+        let grad_sync = match grad_comm {
+            Some(grad_comm) => GradSync::buckets(grad_comm, &plan, &pool, &tracker)?,
+            None => GradSync::InPlace,
         };
         let touched_rows = match (&grad_sync, world) {
             (GradSync::InPlace, 2..) => TouchedRows::new(&mut model, world, &pool)?,
             _ => None,
         };
-        // The pipelines grow to their working sets as they read, and steps and checkpoints
-        // take scratch outside the pools: that this process can still get all of it for all
-        // of its replicas is checked now, before the run directory exists, rather than found
-        // by an allocation that fails steps in.
-        let eval_bytes = eval.as_ref().map_or(0, |(e, _): &(Pipeline, _)| e.working_bytes());
-        let per_replica = train.working_bytes() + eval_bytes + STEP_SCRATCH;
-        let later = plan.batching.replicas as u64 * per_replica + PROCESS_SCRATCH;
-        dp_mem::check_headroom(later, Tag::Data).map_err(|_| {
-            Error::config(
-                "replicas",
-                format!(
-                    "this process cannot get the {} the run takes as it goes ({} replicas x {} of data pipelines and step scratch, and {} for checkpoints and records){}: lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit",
-                    dp_mem::ByteSize(later),
-                    plan.batching.replicas,
-                    dp_mem::ByteSize(per_replica),
-                    dp_mem::ByteSize(PROCESS_SCRATCH),
-                    dp_mem::address_space_limit()
-                        .map_or(String::new(), |b| format!(" under ulimit -v of {} MiB", b >> 20)),
-                ),
-            )
-        })?;
-        // The last step of building, and its only collective after the parameters' broadcast:
-        // once it completes on a replica, every replica of the run is built (a failed one
-        // has left, failing this), which is what lets the trainer create the run directory.
+        check_headroom(&plan, &train, eval.as_ref().map(|(e, _)| e))?;
         let best = plan.resume.as_ref().map(|(_, state)| state.best.clone()).unwrap_or_default();
-        let consistent = ResumeState { step: plan.start_step(), pipeline: train.state(), best };
-        let mut checksums = vec![0u64; world];
         let start = plan.start_step();
+        let consistent = ResumeState { step: start, pipeline: train.state(), best };
+        let mut checksums = vec![0u64; world];
         check_in_sync(&mut ctl, model.params(), (start, start), &mut checksums)?;
-        let report = ReplicaReport::default();
         Ok(Self {
             rank,
             ctl,
@@ -307,11 +247,11 @@ impl<C: Communicator> Replica<C> {
             grad_sync,
             optimizer,
             shard,
-            params: params_mode,
+            params,
             gpu,
             touched_rows,
             checksums,
-            watch: LossWatch::new(plan.classes, plan.start_step()),
+            watch: LossWatch::new(plan.classes, start),
             pruner,
             train,
             eval,
@@ -319,17 +259,19 @@ impl<C: Communicator> Replica<C> {
             events,
             stop,
             fault,
+            run_dir: PathBuf::new(),
             consistent,
             updating: false,
             checkpointed: start,
             vote,
-            report,
+            report: ReplicaReport::default(),
             plan,
         })
     }
 
-    /// Runs to the last step (or until stopped), then reports.
-    pub(crate) fn run(mut self) -> Result<ReplicaReport> {
+    /// Runs in `run_dir` to the last step (or until stopped), then reports.
+    pub(crate) fn run(mut self, run_dir: PathBuf) -> Result<ReplicaReport> {
+        self.run_dir = run_dir;
         match self.steps() {
             Ok(()) => Ok(self.finish()),
             Err(error) => {
@@ -343,6 +285,7 @@ impl<C: Communicator> Replica<C> {
                     grad_sync,
                     rank,
                     plan,
+                    run_dir,
                     model,
                     optimizer,
                     shard,
@@ -365,6 +308,7 @@ impl<C: Communicator> Replica<C> {
                 if synced && !diverged && !updating && consistent.step > checkpointed {
                     let save = Emergency {
                         plan: &plan,
+                        run_dir: &run_dir,
                         model: &model,
                         optimizer: optimizer.as_ref(),
                         consistent: &consistent,
@@ -387,29 +331,8 @@ impl<C: Communicator> Replica<C> {
         let plan = Arc::clone(&self.plan);
         let start = plan.start_step();
         for step in start..plan.batching.total_steps {
-            if let Some(fault) = self.fault
-                && fault.rank == self.rank
-                && fault.step == step
-            {
-                match fault.kind {
-                    FaultKind::Error => {
-                        let what = format!("injected fault at step {step}");
-                        return Err(Error::run(plan.run_dir(), what));
-                    }
-                    FaultKind::Panic => panic!("injected fault at step {step}"),
-                    // SAFETY: sending a signal to this process has no memory effects here.
-                    FaultKind::Kill => unsafe {
-                        libc::kill(libc::getpid(), libc::SIGKILL);
-                    },
-                    // Shared parameters cannot drift apart: only a replica's own can be flipped.
-                    FaultKind::Desync if self.params == Params::Shared => {}
-                    FaultKind::Desync => {
-                        if let Some(p) = self.model.params_mut().first_mut() {
-                            *p = f32::from_bits(p.to_bits() ^ 1);
-                        }
-                    }
-                }
-            }
+            let (fault, rank, params) = (self.fault, self.rank, self.params);
+            fault::strike(fault, rank, step, &self.run_dir, params, &mut self.model)?;
             let before = CountingAlloc::thread_counts();
             let (stop, loss) = self.step(step)?;
             self.watch.add(loss);
@@ -463,7 +386,6 @@ impl<C: Communicator> Replica<C> {
         Ok(())
     }
 
-    /// One optimizer step; returns whether the run was asked to stop after it.
     /// Runs optimizer step `step`: whether the run is asked to stop, and the step's mean
     /// training loss over all replicas.
     fn step(&mut self, step: u64) -> Result<(bool, f64)> {
@@ -478,52 +400,20 @@ impl<C: Communicator> Replica<C> {
         let update_per_bucket = matches!(self.grad_sync, GradSync::Buckets { .. })
             && config.clip_grad_norm.is_none()
             && self.params == Params::Own;
-        let (mut data_wait, mut comm_exposed) = (0.0, 0.0);
+        let mut times = StepTimes::default();
         // One small all-reduce per step.
         let mut totals = Totals::default();
         let mut epoch = 0;
         for micro in 0..config.grad_accum {
-            let waiting = Instant::now();
-            let batch = self.train.next_batch()?;
-            data_wait += waiting.elapsed().as_secs_f64();
-            epoch = batch.epoch();
-            // A non-finite input makes the loss non-finite, which every build checks below;
-            // debug builds also name the input.
-            if cfg!(debug_assertions)
-                && let Some(i) = batch.x_flat().iter().position(|v| !v.is_finite())
-            {
-                let record = batch.record_ids().get(i / plan.input_len).copied().unwrap_or(0);
-                let what = format!(
-                    "step {}: the input of record {record} (epoch {epoch}) holds {}",
-                    step + 1,
-                    batch.x_flat()[i]
-                );
-                return Err(Error::run(&config.train_data, what));
-            }
-            let x = Input::of(&batch, plan.input_len)
-                .map_err(|what| Error::run(&config.train_data, what))?;
-            let mut values = std::mem::take(&mut self.values);
-            let targets = targets(&batch, &plan, &mut values)?;
+            let last = micro + 1 == config.grad_accum;
             let options = StepOptions {
                 step: step * config.grad_accum as u64 + micro as u64,
                 denominator: Some(config.global_batch),
                 accumulate: micro > 0,
             };
-            let loss = if let Some(gpu) = &mut self.gpu {
-                let Input::Dense(x) = x else {
-                    unreachable!("the GPU path refuses a sparse first layer when it is built")
-                };
-                // The GPUs of other processes reduce with this one's on the device.
-                gpu.forward_backward(x, targets, &options, micro + 1 == config.grad_accum)?
-            } else if micro + 1 == config.grad_accum {
-                let reduced = self.backward_and_reduce(x, targets, &options, lr, update_per_bucket);
-                let (loss, exposed) = reduced?;
-                comm_exposed += exposed;
-                loss
-            } else {
-                x.forward_backward(&mut self.model, targets, &options)?
-            };
-            self.values = values;
+            let update = (last && update_per_bucket).then_some(lr);
+            let loss;
+            (loss, epoch) = self.micro_batch(step, &options, last, update, &mut times)?;
             totals.add(&loss);
         }
         totals.stop = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
@@ -536,11 +426,71 @@ impl<C: Communicator> Replica<C> {
                 value: totals.loss_sum,
             });
         }
+        self.update(step, lr, update_per_bucket)?;
+        self.report_step(step, epoch, &totals, lr, started.elapsed().as_secs_f64(), times);
+        Ok((totals.stop > 0.0, totals.mean_loss()))
+    }
 
+    /// Forward and backward on the next micro-batch, the gradients reduced after the `last`
+    /// (each bucket's parameters `update`d at `lr` as it arrives, when given); returns its
+    /// loss and the epoch it is from.
+    fn micro_batch(
+        &mut self,
+        step: u64,
+        options: &StepOptions,
+        last: bool,
+        update: Option<f64>,
+        times: &mut StepTimes,
+    ) -> Result<(LossTotals, u64)> {
+        let plan = Arc::clone(&self.plan);
+        let config = &plan.config;
+        let waiting = Instant::now();
+        let batch = self.train.next_batch()?;
+        times.data_wait += waiting.elapsed().as_secs_f64();
+        let epoch = batch.epoch();
+        // A non-finite input makes the loss non-finite, which every build checks below;
+        // debug builds also name the input.
+        if cfg!(debug_assertions)
+            && let Some(i) = batch.x_flat().iter().position(|v| !v.is_finite())
+        {
+            let record = batch.record_ids().get(i / plan.input_len).copied().unwrap_or(0);
+            let what = format!(
+                "step {}: the input of record {record} (epoch {epoch}) holds {}",
+                step + 1,
+                batch.x_flat()[i]
+            );
+            return Err(Error::run(&config.train_data, what));
+        }
+        let x = Input::of(&batch, plan.input_len)
+            .map_err(|what| Error::run(&config.train_data, what))?;
+        let mut values = std::mem::take(&mut self.values);
+        let targets = targets(&batch, &plan, &mut values)?;
+        let loss = if let Some(gpu) = &mut self.gpu {
+            let Input::Dense(x) = x else {
+                unreachable!("the GPU path refuses a sparse first layer when it is built")
+            };
+            // The GPUs of other processes reduce with this one's on the device.
+            gpu.forward_backward(x, targets, options, last)?
+        } else if last {
+            let (loss, exposed) = self.backward_and_reduce(x, targets, options, update)?;
+            times.comm_exposed += exposed;
+            loss
+        } else {
+            x.forward_backward(&mut self.model, targets, options)?
+        };
+        self.values = values;
+        Ok((loss, epoch))
+    }
+
+    /// The optimizer's update at `lr` of what this replica updates (unless its buckets'
+    /// parameters were already, `updated_per_bucket`), shared with the other replicas as
+    /// their parameters require, and pruning; the replica is then at step boundary `step + 1`.
+    fn update(&mut self, step: u64, lr: f64, updated_per_bucket: bool) -> Result<()> {
+        let plan = Arc::clone(&self.plan);
         if let Some(gpu) = &mut self.gpu {
             self.updating = true;
             gpu.update(lr)?;
-        } else if !update_per_bucket {
+        } else if !updated_per_bucket {
             self.updating = true;
             // Only this replica's shard of the parameters is borrowed: with shared
             // parameters, the other replicas are updating theirs meanwhile.
@@ -551,7 +501,7 @@ impl<C: Communicator> Replica<C> {
                 }
                 GradSync::InPlace => self.model.params_range_and_grads_mut(shard.clone()),
             };
-            if let Some(max) = config.clip_grad_norm {
+            if let Some(max) = plan.config.clip_grad_norm {
                 clip_grad_norm(grads, max);
             }
             self.optimizer.step(params, &grads[shard], lr)?;
@@ -575,38 +525,57 @@ impl<C: Communicator> Replica<C> {
         if let Some(pruner) = &mut self.pruner {
             pruner.update(step, self.model.params_mut());
         }
-        if self.params == Params::Shared && config.prune.is_some() {
+        if self.params == Params::Shared && plan.config.prune.is_some() {
             self.ctl.barrier()?;
         }
         (self.consistent.step, self.consistent.pipeline) = (step + 1, self.train.state());
         self.updating = false;
+        Ok(())
+    }
 
-        let step_s = started.elapsed().as_secs_f64();
+    /// Adds step `step`'s times to the report, and (the first replica of a process) sends
+    /// its metrics.
+    fn report_step(
+        &mut self,
+        step: u64,
+        epoch: u64,
+        totals: &Totals,
+        lr: f64,
+        step_s: f64,
+        times: StepTimes,
+    ) {
         self.report.steps += 1;
         self.report.final_step = step + 1;
-        self.report.data_wait_s += data_wait;
-        self.report.comm_exposed_s += comm_exposed;
+        self.report.data_wait_s += times.data_wait;
+        self.report.comm_exposed_s += times.comm_exposed;
         self.report.step_s += step_s;
-        if self.events.is_some() {
-            let mut memory = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).0);
-            memory[Tag::Data] = self.data_held().0;
-            let sample = StepSample {
-                step: step + 1,
-                epoch,
-                loss: totals.mean_loss(),
-                accuracy: (!plan.regression).then(|| totals.accuracy()),
-                lr,
-                step_s,
-                data_wait_s: data_wait,
-                comm_exposed_s: comm_exposed,
-                memory,
-            };
-            if let Some(events) = &mut self.events {
-                events.send(Event::Step(sample));
-            }
+        if self.events.is_none() {
+            return;
         }
-        Ok((totals.stop > 0.0, totals.mean_loss()))
+        let mut memory = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).0);
+        memory[Tag::Data] = self.data_held().0;
+        let sample = StepSample {
+            step: step + 1,
+            epoch,
+            loss: totals.mean_loss(),
+            accuracy: (!self.plan.regression).then(|| totals.accuracy()),
+            lr,
+            step_s,
+            data_wait_s: times.data_wait,
+            comm_exposed_s: times.comm_exposed,
+            memory,
+        };
+        if let Some(events) = &mut self.events {
+            events.send(Event::Step(sample));
+        }
     }
+}
+
+/// Seconds of a step spent waiting: for the data, and on communication backward did not hide.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepTimes {
+    data_wait: f64,
+    comm_exposed: f64,
 }
 
 /// Every label must be a class: the model would take a negative one for "ignore this
@@ -631,11 +600,94 @@ fn targets<'a>(
             let labels = batch
                 .y()
                 .to_slice()
-                .ok_or_else(|| Error::run(plan.run_dir(), "labels are not contiguous"))?;
+                .ok_or_else(|| Error::run(&plan.config.train_data, "labels are not contiguous"))?;
             check_labels(labels, batch.record_ids(), plan.classes)?;
             Ok(Targets::Classes(labels))
         }
     }
+}
+
+/// The replica's model: on the process's `shared` parameters, or on its own.
+fn build_model(
+    plan: &RunPlan,
+    rank: usize,
+    shared: Option<SharedParams<f32>>,
+    pool: &Pool,
+) -> Result<Model<f32>> {
+    let config = &plan.config;
+    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    let options = ModelOptions::new(plan.batching.micro, config.seed)
+        .replica(rank as u64)
+        .recompute(recompute)
+        .precision(config.precision);
+    Ok(match shared {
+        // SAFETY: the replicas sharing these parameters only read them, except in
+        // `Replica::step`'s update, where each writes its own `shard` between the step's last
+        // collective (every replica is past backward) and a barrier (none reads before every
+        // update is done), and in pruning, which the first replica does alone between two
+        // barriers.
+        Some(params) => unsafe { Model::with_shared_params(&plan.spec, pool, options, params)? },
+        None => Model::<f32>::new(&plan.spec, pool, options)?,
+    })
+}
+
+/// The optimizer of `len` parameters, its state fresh.
+fn build_optimizer(
+    config: &OptimizerConfig,
+    len: usize,
+    pool: &Pool,
+) -> Result<Box<dyn Optimizer<f32>>> {
+    Ok(match *config {
+        OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
+            Box::new(Sgd::new(len, dp_model::SgdConfig { momentum, nesterov, weight_decay }, pool)?)
+        }
+        OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
+            Box::new(Adam::new(
+                len,
+                dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled },
+                pool,
+            )?)
+        }
+    })
+}
+
+/// The pruner `prune` describes, over a run of `total_steps`, caught up with the
+/// parameters' sparsity (a resumed run's are already pruned).
+fn build_pruner(prune: &PruneConfig, model: &Model<f32>, total_steps: u64) -> Result<Pruner> {
+    let scope = if prune.global {
+        Sparsity::Global(prune.sparsity)
+    } else {
+        Sparsity::PerLayer(prune.sparsity)
+    };
+    let end = prune.end.unwrap_or(total_steps * 2 / 3).max(prune.start);
+    let schedule = PruneSchedule { start: prune.start, end, every: prune.every.max(1) };
+    let mut pruner = Pruner::new(model.layout(), scope, schedule)?;
+    pruner.resume(model.params());
+    Ok(pruner)
+}
+
+/// The pipelines grow to their working sets as they read, and steps and checkpoints take
+/// scratch outside the pools: that this process can still get all of it for all of its
+/// replicas is checked while building, before the run directory exists, rather than found
+/// by an allocation that fails steps in.
+fn check_headroom(plan: &RunPlan, train: &Pipeline, eval: Option<&Pipeline>) -> Result<()> {
+    let eval_bytes = eval.map_or(0, Pipeline::working_bytes);
+    let per_replica = train.working_bytes() + eval_bytes + STEP_SCRATCH;
+    let later = plan.batching.replicas as u64 * per_replica + PROCESS_SCRATCH;
+    dp_mem::check_headroom(later, Tag::Data).map_err(|_| {
+        Error::config(
+            "replicas",
+            format!(
+                "this process cannot get the {} the run takes as it goes ({} replicas x {} of data pipelines and step scratch, and {} for checkpoints and records){}: lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit",
+                dp_mem::ByteSize(later),
+                plan.batching.replicas,
+                dp_mem::ByteSize(per_replica),
+                dp_mem::ByteSize(PROCESS_SCRATCH),
+                dp_mem::address_space_limit()
+                    .map_or(String::new(), |b| format!(" under ulimit -v of {} MiB", b >> 20)),
+            ),
+        )
+    })
 }
 
 fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use dp_comm::{BucketConfig, BucketReducer, Communicator, Compression, ReduceOp};
-use dp_mem::PoolBuf;
+use dp_mem::{Pool, PoolBuf, Tag, Tracker};
 use dp_model::{LossTotals, StepOptions, Targets};
 
 use super::Replica;
@@ -43,6 +43,29 @@ pub(super) enum GradSync {
     InPlace,
 }
 
+impl GradSync {
+    /// Bucket by bucket over `grad_comm`, in a gradient buffer from `pool`.
+    pub(super) fn buckets<G>(
+        grad_comm: G,
+        plan: &RunPlan,
+        pool: &Pool,
+        tracker: &Tracker,
+    ) -> Result<Self>
+    where
+        G: Communicator + Send + 'static,
+    {
+        let len = plan.spec.layout()?.len();
+        let buffer = CommBuffer(pool.alloc_zeroed(len, Tag::Comm)?);
+        let reducer = BucketReducer::new(buffer, grad_comm, plan.config.buckets()?)?;
+        // The compression scratch lives on the communication thread, outside the pool;
+        // account it here so the memory report adds up.
+        let scratch = tracker.reserve(Tag::Comm, reducer.scratch_bytes() as u64)?;
+        let ends =
+            (0..reducer.buckets()).filter_map(|b| reducer.bucket_range(b)).map(|r| r.end).collect();
+        Ok(GradSync::Buckets { reducer, ends, _scratch: scratch })
+    }
+}
+
 /// Whether `params` gradients are averaged in place once backward is done, rather than bucket
 /// by bucket on a communication thread (which then needs a group of its own). A gradient that
 /// fits in one bucket cannot be reduced while backward goes on, so a communication thread
@@ -62,16 +85,15 @@ pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, plan: &RunP
 impl<C: Communicator> Replica<C> {
     /// The last micro-batch of a step: forward and backward, then the gradients' all-reduce.
     /// With buckets, each finished bucket goes to the communication thread while backward
-    /// goes on, and (with `update_per_bucket`) each bucket's parameters are updated as soon as
-    /// it is reduced; otherwise the gradients are reduced in place once backward is done.
+    /// goes on, and (given `update`, the learning rate) each bucket's parameters are updated
+    /// as soon as it is reduced; otherwise the gradients are reduced in place once backward is done.
     /// Returns the loss and the seconds spent waiting for reductions.
     pub(super) fn backward_and_reduce(
         &mut self,
         x: Input<'_>,
         targets: Targets<'_, f32>,
         options: &StepOptions,
-        lr: f64,
-        update_per_bucket: bool,
+        update: Option<f64>,
     ) -> Result<(LossTotals, f64)> {
         let (reducer, bucket_ends) = match &mut self.grad_sync {
             GradSync::Buckets { reducer, ends, .. } => (reducer, ends),
@@ -115,7 +137,7 @@ impl<C: Communicator> Replica<C> {
         }
         let loss = loss?;
         let mut waited = 0.0;
-        if update_per_bucket {
+        if let Some(lr) = update {
             let params = self.model.params_mut();
             let mut start = 0;
             for (b, &end) in bucket_ends.iter().enumerate() {

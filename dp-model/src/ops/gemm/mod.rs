@@ -353,53 +353,6 @@ impl GemmShape {
     }
 }
 
-/// Operands laid out as a [`GemmShape`] says, to run it bare.
-#[derive(Debug)]
-pub struct BareGemm<T> {
-    shape: GemmShape,
-    a: ndarray::Array2<T>,
-    b: ndarray::Array2<T>,
-    c: ndarray::Array2<T>,
-    gemm: Gemm,
-}
-
-impl<T: Float> BareGemm<T> {
-    /// Operands filled with small values, multiplied as the model's step does.
-    pub fn new(shape: GemmShape) -> Self {
-        Self::on(shape, GemmBackend::current(), Precision::F32).expect("the current backend runs")
-    }
-
-    /// Operands multiplied on `backend` in `precision`, to compare them in one run; `None`
-    /// when this CPU runs either not.
-    pub fn on(shape: GemmShape, backend: GemmBackend, precision: Precision) -> Option<Self> {
-        if !backend.available() || !precision.available() {
-            return None;
-        }
-        let fill = |rows, cols| {
-            ndarray::Array2::from_shape_fn((rows, cols), |(i, j)| {
-                T::of(((i * 7 + j * 3) % 11) as f64 / 11.0)
-            })
-        };
-        let a = if shape.a_transposed { fill(shape.k, shape.m) } else { fill(shape.m, shape.k) };
-        let b = if shape.b_transposed { fill(shape.n, shape.k) } else { fill(shape.k, shape.n) };
-        let pool = Pool::new(&dp_mem::Tracker::new());
-        let gemm = Gemm::new(&pool, backend, precision).ok()?;
-        Some(Self { shape, a, b, c: ndarray::Array2::zeros((shape.m, shape.n)), gemm })
-    }
-
-    /// The product's shape.
-    pub fn shape(&self) -> GemmShape {
-        self.shape
-    }
-
-    /// Runs the product once.
-    pub fn run(&mut self) {
-        let a = if self.shape.a_transposed { self.a.t() } else { self.a.view() };
-        let b = if self.shape.b_transposed { self.b.t() } else { self.b.view() };
-        self.gemm.matmul(a, b, T::zero(), &mut self.c.view_mut());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
