@@ -20,6 +20,7 @@ use ndarray::{ArrayViewD, IxDyn};
 
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::image::ImageInfo;
 use crate::schema::{Feature, Kind, Schema};
 use crate::value::Value;
 
@@ -57,7 +58,9 @@ impl BlockBuilder {
             .iter()
             .map(|f| match f.kind {
                 Kind::Dense { .. } => ColumnBuilder::Dense(Vec::new()),
-                Kind::Bytes => ColumnBuilder::Bytes { ends: Vec::new(), data: Vec::new() },
+                Kind::Bytes | Kind::Image => {
+                    ColumnBuilder::Bytes { ends: Vec::new(), data: Vec::new() }
+                }
                 Kind::Sparse { .. } => ColumnBuilder::Sparse {
                     ends: Vec::new(),
                     indices: Vec::new(),
@@ -270,7 +273,7 @@ impl Block {
                 )?;
                 Ok((ColumnView::Dense { start, end }, end))
             }
-            Kind::Bytes | Kind::Sparse { .. } => {
+            Kind::Bytes | Kind::Image | Kind::Sparse { .. } => {
                 let ends_end = within(
                     records
                         .checked_add(1)
@@ -293,6 +296,16 @@ impl Block {
                     usize::try_from(previous).map_err(|_| "absurd element count".to_string())?;
                 if feature.kind == Kind::Bytes {
                     let end = within(ends_end.checked_add(count), "the bytes")?;
+                    return Ok((ColumnView::Bytes { ends: start, data: ends_end }, end));
+                }
+                if feature.kind == Kind::Image {
+                    let end = within(ends_end.checked_add(count), "the images")?;
+                    let offset = |row: usize| u64_at(ends, 8 * row).unwrap_or(0) as usize;
+                    for row in 0..records {
+                        let image = &bytes[ends_end + offset(row)..ends_end + offset(row + 1)];
+                        ImageInfo::stored(image)
+                            .map_err(|what| format!("record {row}: the image {what}"))?;
+                    }
                     return Ok((ColumnView::Bytes { ends: start, data: ends_end }, end));
                 }
                 let values = within(
@@ -447,6 +460,30 @@ impl Block {
                 Ok(&self.data[data + a..data + b])
             }
             _ => Err(Self::wrong(feature, "is not a bytes feature")),
+        }
+    }
+
+    /// One record's image: what its header records, and its encoded bytes as they were.
+    pub fn image(&self, name: &str, row: usize) -> Result<(ImageInfo, &[u8])> {
+        let (feature, _) = self.lookup(name)?;
+        if feature.kind != Kind::Image {
+            return Err(Self::wrong(feature, "is not an image feature"));
+        }
+        let stored = self.bytes(name, row)?;
+        // Checked when the block was read.
+        ImageInfo::stored(stored).map_err(|what| Self::wrong(feature, &what))
+    }
+
+    /// Record `row`'s value of bytes or image feature number `feature` (an image's stored
+    /// form); empty for another kind. The pipeline resolves names once and uses this per
+    /// record.
+    pub(crate) fn bytes_column_row(&self, feature: usize, row: usize) -> &[u8] {
+        match self.columns[feature] {
+            ColumnView::Bytes { ends, data } => {
+                let (a, b) = (self.end_at(ends, row), self.end_at(ends, row + 1));
+                &self.data[data + a..data + b]
+            }
+            _ => &[],
         }
     }
 

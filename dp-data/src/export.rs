@@ -36,7 +36,7 @@ fn unsupported(feature: &crate::Feature) -> Option<String> {
             Some(format!("{feature}: NumPy has no {} dtype", feature.dtype))
         }
         Kind::Dense { .. } => None,
-        Kind::Bytes => {
+        Kind::Bytes | Kind::Image => {
             Some(format!("{feature}: a bytes feature has no fixed shape to store as an array"))
         }
         Kind::Sparse { .. } => {

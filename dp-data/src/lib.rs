@@ -60,6 +60,7 @@ mod element;
 mod error;
 mod feature_stats;
 mod finite;
+mod image;
 mod int_range;
 mod manifest;
 #[cfg(feature = "bench")]
@@ -78,6 +79,10 @@ pub use dataset::{Dataset, ReadOptions, RecordRef};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use feature_stats::FeatureStats;
+pub use image::crop::ImageCrop;
+pub use image::{
+    ImageCounts, ImageFormat, ImageInfo, ImageInput, ImageSampler, MAX_PIXELS, stored_image,
+};
 pub use int_range::IntRange;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use pipeline::{
@@ -97,7 +102,7 @@ mod import;
 pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32, write_npy_f32_to};
 pub use export_sparse::{SparseExport, export_npz, export_svmlight};
 pub use import::{
-    CsvOptions, SparseFeature, SvmlightOptions, TfRecordCompression, TfRecordOptions,
-    VarLenFeature, import_csv, import_idx, import_npy, import_svmlight, import_svmlight_splits,
-    import_tfrecord,
+    CsvOptions, ImageFolderOptions, ImageFolderReport, SparseFeature, SvmlightOptions,
+    TfRecordCompression, TfRecordOptions, VarLenFeature, import_csv, import_idx,
+    import_image_folder, import_npy, import_svmlight, import_svmlight_splits, import_tfrecord,
 };

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic;
 use crate::error::{Error, Result};
+use crate::image::ImageCounts;
 use crate::int_range::IntRange;
 use crate::schema::Schema;
 
@@ -51,6 +52,15 @@ pub struct Manifest {
     /// labels against before its first step. Absent in manifests written before it existed.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ranges: BTreeMap<String, IntRange>,
+    /// Each image feature's sizes, formats and channels, by name: what a trainer chooses the
+    /// input's channels from and `data inspect` shows.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub images: BTreeMap<String, ImageCounts>,
+    /// The names of the classes of a label feature, by the feature's name (the class of
+    /// label `k` is `classes[k]`): the folder names of an image folder, so that `eval` and
+    /// `predict` print names rather than numbers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<String, Vec<String>>,
 }
 
 /// How many non-zeros a sparse feature holds.

@@ -1,4 +1,4 @@
-//! Schemas: named features with a dtype and a kind (dense, bytes, sparse).
+//! Schemas: named features with a dtype and a kind (dense, bytes, sparse, image).
 
 use std::fmt;
 use std::str::FromStr;
@@ -91,6 +91,10 @@ pub enum Kind {
     },
     /// A variable-length byte string per record.
     Bytes,
+    /// An encoded image (JPEG or PNG) per record, stored as it was encoded behind a header
+    /// with its format, size and channels ([`crate::stored_image`]); the pipeline decodes,
+    /// crops and resamples it to a fixed `[channels, height, width]` input.
+    Image,
     /// A sparse tensor per record: the positions (row-major flat indices into `shape`) of its
     /// non-zero elements and their values, stored as CSR over the records of a block.
     Sparse {
@@ -104,9 +108,9 @@ pub enum Kind {
 pub struct Feature {
     /// The feature's name: letters, digits, `_`, `-` and `.`.
     pub name: String,
-    /// Element type (for `Bytes` features, `u8`).
+    /// Element type (for `Bytes` and `Image` features, `u8`).
     pub dtype: DType,
-    /// Dense, bytes or sparse.
+    /// Dense, bytes, sparse or image.
     #[serde(flatten)]
     pub kind: Kind,
 }
@@ -122,19 +126,24 @@ impl Feature {
         Feature { name: name.into(), dtype: DType::U8, kind: Kind::Bytes }
     }
 
+    /// An encoded-image feature.
+    pub fn image(name: impl Into<String>) -> Self {
+        Feature { name: name.into(), dtype: DType::U8, kind: Kind::Image }
+    }
+
     /// A sparse feature whose logical shape is `shape`.
     pub fn sparse(name: impl Into<String>, dtype: DType, shape: &[usize]) -> Self {
         Feature { name: name.into(), dtype, kind: Kind::Sparse { shape: shape.to_vec() } }
     }
 
     /// Elements in one record's dense value, or in the logical shape of a sparse one (1 for
-    /// bytes). `None` if the product overflows.
+    /// bytes and images). `None` if the product overflows.
     pub fn elements(&self) -> Option<usize> {
         match &self.kind {
             Kind::Dense { shape } | Kind::Sparse { shape } => {
                 shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
             }
-            Kind::Bytes => Some(1),
+            Kind::Bytes | Kind::Image => Some(1),
         }
     }
 
@@ -154,6 +163,7 @@ impl fmt::Display for Feature {
         match &self.kind {
             Kind::Dense { shape } => write!(f, "{}: {}[{}]", self.name, self.dtype, dims(shape)),
             Kind::Bytes => write!(f, "{}: bytes", self.name),
+            Kind::Image => write!(f, "{}: image", self.name),
             Kind::Sparse { shape } => {
                 write!(f, "{}: sparse {}[{}]", self.name, self.dtype, dims(shape))
             }
@@ -165,13 +175,15 @@ impl FromStr for Feature {
     type Err = Error;
 
     /// Parses the `Display` form: `image: u8[28,28]`, `label: i64[]`, `text: bytes`,
-    /// `x: sparse f32[1000]`.
+    /// `x: sparse f32[1000]`, `photo: image`.
     fn from_str(s: &str) -> Result<Self> {
         let bad = |what: &str| Error::Schema(format!("cannot parse feature `{s}`: {what}"));
         let (name, spec) = s.split_once(':').ok_or_else(|| bad("expected `name: type`"))?;
         let (name, spec) = (name.trim(), spec.trim());
-        if spec == "bytes" {
-            return Ok(Feature::bytes(name));
+        match spec {
+            "bytes" => return Ok(Feature::bytes(name)),
+            "image" => return Ok(Feature::image(name)),
+            _ => {}
         }
         let (sparse, spec) = match spec.strip_prefix("sparse") {
             Some(rest) => (true, rest.trim_start()),
@@ -209,7 +221,7 @@ pub const MAX_FEATURE_BYTES: usize = 1 << 30;
 
 impl Schema {
     /// A schema of `features`, checked: at least one feature, unique well-formed names, shapes
-    /// whose size fits [`MAX_FEATURE_BYTES`], `u8` for bytes features.
+    /// whose size fits [`MAX_FEATURE_BYTES`], `u8` for bytes and image features.
     pub fn new(features: Vec<Feature>) -> Result<Self> {
         if features.is_empty() {
             return Err(Error::Schema("a schema needs at least one feature".into()));
@@ -233,8 +245,8 @@ impl Schema {
                     "feature `{feature}` is larger than {MAX_FEATURE_BYTES} bytes per record"
                 )));
             }
-            if feature.kind == Kind::Bytes && feature.dtype != DType::U8 {
-                return Err(Error::Schema(format!("bytes feature `{name}` must have dtype u8")));
+            if matches!(feature.kind, Kind::Bytes | Kind::Image) && feature.dtype != DType::U8 {
+                return Err(Error::Schema(format!("feature `{name}` must have dtype u8")));
             }
         }
         Ok(Schema { features })
@@ -288,7 +300,14 @@ mod tests {
 
     #[test]
     fn features_print_and_parse_back() {
-        for text in ["image: u8[28,28]", "label: i64[]", "text: bytes", "x: sparse f32[1000]"] {
+        let texts = [
+            "image: u8[28,28]",
+            "label: i64[]",
+            "text: bytes",
+            "x: sparse f32[1000]",
+            "photo: image",
+        ];
+        for text in texts {
             let feature: Feature = text.parse().unwrap();
             assert_eq!(feature.to_string(), text);
         }
@@ -324,6 +343,7 @@ mod tests {
             "label: i64[]".parse().unwrap(),
             "text: bytes".parse().unwrap(),
             "x: sparse f32[1000]".parse().unwrap(),
+            "photo: image".parse().unwrap(),
         ])
         .unwrap();
         let json = serde_json::to_string(&schema).unwrap();

@@ -506,23 +506,13 @@ impl ShardReader {
         let at = entry.offset + BLOCK_HEADER_LEN;
         let raw = entry.raw as usize;
         let mut data = pool.alloc::<u8>(raw, Tag::Data)?;
-        let written = DECOMPRESSOR.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                *slot = Some(
-                    crate::zstd_context::Decompressor::new()
-                        .map_err(|e| Error::io(&self.path, "zstd init", e))?,
-                );
-            }
-            let decompressor = slot.as_mut().unwrap_or_else(|| unreachable!("initialized above"));
-            decompressor.decompress_to_buffer(compressed, &mut data[..]).map_err(|e| {
-                Error::corrupt(
-                    &self.path,
-                    at,
-                    format!("block {index} does not decompress to {raw} bytes: {e}"),
-                )
-            })
-        })?;
+        let written = if compressed.len() == raw {
+            // Stored as it is (see FORMAT.md).
+            data[..raw].copy_from_slice(compressed);
+            Ok(raw)
+        } else {
+            self.decompress_into(index, compressed, &mut data[..raw], at)
+        }?;
         if written != raw {
             return Err(Error::corrupt(
                 &self.path,
@@ -539,5 +529,34 @@ impl ShardReader {
             &self.path,
             entry.offset,
         )
+    }
+
+    /// Decompresses block `index`'s zstd frame `compressed`, found at offset `at`, into
+    /// `out`; returns the bytes written.
+    fn decompress_into(
+        &self,
+        index: usize,
+        compressed: &[u8],
+        out: &mut [u8],
+        at: u64,
+    ) -> Result<usize> {
+        let raw = out.len();
+        DECOMPRESSOR.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(
+                    crate::zstd_context::Decompressor::new()
+                        .map_err(|e| Error::io(&self.path, "zstd init", e))?,
+                );
+            }
+            let decompressor = slot.as_mut().unwrap_or_else(|| unreachable!("initialized above"));
+            decompressor.decompress_to_buffer(compressed, out).map_err(|e| {
+                Error::corrupt(
+                    &self.path,
+                    at,
+                    format!("block {index} does not decompress to {raw} bytes: {e}"),
+                )
+            })
+        })
     }
 }

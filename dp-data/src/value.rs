@@ -49,6 +49,11 @@ impl<'a> Value<'a> {
                 }
             }
             (Value::Bytes(_), Kind::Bytes) => {}
+            (Value::Bytes(bytes), Kind::Image) => {
+                crate::image::ImageInfo::stored(bytes).map_err(|what| {
+                    fail(format!("{what} (an image feature takes dp_data::stored_image's bytes)"))
+                })?;
+            }
             (Value::Sparse { indices, values }, Kind::Sparse { .. }) => {
                 if values.len() != indices.len() * feature.dtype.size() {
                     return Err(fail(format!(

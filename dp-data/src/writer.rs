@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use crate::block::BlockBuilder;
 use crate::error::{Error, Result};
 use crate::finite::NonFinite;
+use crate::image::{ImageCounts, ImageInfo};
 use crate::int_range::IntRange;
 use crate::manifest::{FORMAT_NAME, FORMAT_VERSION, Manifest, ShardInfo, SparseCounts};
 use crate::schema::{Kind, Schema};
@@ -169,6 +170,10 @@ pub struct DatasetWriter {
     /// The range of each scalar integer feature (in schema order; `None` for the others, and
     /// before the first record).
     ranges: Vec<Option<IntRange>>,
+    /// Each image feature's counts (in schema order; empty for the others).
+    images: Vec<ImageCounts>,
+    /// Class names of label features, by feature.
+    classes: BTreeMap<String, Vec<String>>,
     /// Where the dataset is written until `finish` renames it into place; last, so that it
     /// removes an unfinished write's directory after the shard writer has closed its file.
     staging: Staging,
@@ -197,6 +202,8 @@ impl DatasetWriter {
             fingerprint: schema_fingerprint(&schema),
             sparse: vec![SparseCounts::default(); schema.features().len()],
             ranges: vec![None; schema.features().len()],
+            images: vec![ImageCounts::default(); schema.features().len()],
+            classes: BTreeMap::new(),
             builder: BlockBuilder::new(&schema),
             schema: Arc::new(schema),
             staging,
@@ -242,8 +249,9 @@ impl DatasetWriter {
         for (value, feature) in record.iter().zip(features) {
             value.check(feature, self.records)?;
         }
-        let counts = self.sparse.iter_mut().zip(&mut self.ranges);
-        for ((value, feature), (counts, range)) in record.iter().zip(features).zip(counts) {
+        let counts = self.sparse.iter_mut().zip(&mut self.ranges).zip(&mut self.images);
+        for ((value, feature), ((counts, range), images)) in record.iter().zip(features).zip(counts)
+        {
             match value {
                 Value::Dense(bytes) => {
                     if IntRange::counted(feature) {
@@ -254,6 +262,12 @@ impl DatasetWriter {
                 Value::Sparse { indices, values } => {
                     counts.add(indices.len() as u64);
                     self.nonfinite.scan(feature.dtype, values, self.records, &feature.name)
+                }
+                Value::Bytes(bytes) if feature.kind == Kind::Image => {
+                    // Checked above.
+                    if let Ok((info, encoded)) = ImageInfo::stored(bytes) {
+                        images.add(&info, encoded.len());
+                    }
                 }
                 Value::Bytes(_) => {}
             }
@@ -269,6 +283,20 @@ impl DatasetWriter {
         Ok(())
     }
 
+    /// Names the classes of label feature `label`: label `k` is class `names[k]`. Saved in
+    /// the manifest ([`Manifest::classes`]); a label outside the names is refused then.
+    pub fn name_classes(&mut self, label: &str, names: Vec<String>) -> Result<()> {
+        let fail = |what: String| Err(Error::Config { field: "classes", what });
+        if self.schema.feature(label).is_none_or(|f| !IntRange::counted(f)) {
+            return fail(format!("`{label}` is not a scalar integer feature of {}", self.schema));
+        }
+        if names.is_empty() {
+            return fail(format!("`{label}` is given no class names"));
+        }
+        self.classes.insert(label.to_string(), names);
+        Ok(())
+    }
+
     /// Flushes the last block, finishes the last shard, writes the manifest and moves the
     /// dataset to its directory. Refuses a dataset with non-finite floats unless allowed. On
     /// any error nothing is left of the write (see the type's docs).
@@ -278,6 +306,22 @@ impl DatasetWriter {
         {
             let count = self.nonfinite.count;
             return Err(Error::NonFinite { count, record, feature, value });
+        }
+        for (label, names) in &self.classes {
+            let index = self.schema.index_of(label).unwrap_or_default();
+            let Some(range) = self.ranges[index] else { continue };
+            if range.min < 0 || range.max >= names.len() as i64 {
+                let (value, record) = if range.min < 0 {
+                    (range.min, range.min_record)
+                } else {
+                    (range.max, range.max_record)
+                };
+                return Err(Error::Record {
+                    record,
+                    feature: label.clone(),
+                    what: format!("label {value} names no class: there are {} names", names.len()),
+                });
+            }
         }
         if self.builder.records() > 0 {
             self.seal_block()?;
@@ -309,6 +353,15 @@ impl DatasetWriter {
                 .zip(&self.ranges)
                 .filter_map(|(f, range)| Some((f.name.clone(), (*range)?)))
                 .collect(),
+            images: self
+                .schema
+                .features()
+                .iter()
+                .zip(&self.images)
+                .filter(|(f, _)| f.kind == Kind::Image)
+                .map(|(f, counts)| (f.name.clone(), counts.clone()))
+                .collect(),
+            classes: std::mem::take(&mut self.classes),
         };
         manifest.write(&self.dir)?;
         self.staging.publish()?;
@@ -366,10 +419,14 @@ impl DatasetWriter {
     }
 
     fn write_block(&mut self, block: &Compressed) -> Result<()> {
-        let full = self.shard.as_ref().is_some_and(|s| {
-            s.records() > 0
-                && s.position() + block.compressed.len() as u64 > self.options.shard_size
-        });
+        let length = match block.compressed.len() < block.raw.len() - block.raw.len() / 8 {
+            true => block.compressed.len(),
+            false => block.raw.len(),
+        } as u64;
+        let full = self
+            .shard
+            .as_ref()
+            .is_some_and(|s| s.records() > 0 && s.position() + length > self.options.shard_size);
         if full {
             self.finish_shard()?;
         }
@@ -378,7 +435,14 @@ impl DatasetWriter {
                 Some(ShardWriter::create(self.dir.join(self.shard_name()), self.fingerprint)?);
         }
         let shard = self.shard.as_mut().unwrap_or_else(|| unreachable!("created above"));
-        shard.write_block(&block.compressed, block.raw.len() as u64, block.records)
+        // A block zstd shrinks by less than an eighth (encoded images, entropy-coded already)
+        // is stored as it is: reading it then costs a copy instead of a decompression, for
+        // at most an eighth more bytes (see FORMAT.md).
+        let stored = match block.compressed.len() < block.raw.len() - block.raw.len() / 8 {
+            true => &block.compressed,
+            false => &block.raw,
+        };
+        shard.write_block(stored, block.raw.len() as u64, block.records)
     }
 
     /// The file name of the shard being written.

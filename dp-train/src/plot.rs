@@ -107,7 +107,7 @@ fn write_png(
     }
     let mut file = dp_data::AtomicFile::create(path)?;
     image::codecs::png::PngEncoder::new(&mut file)
-        .write_image(&pixels, SIZE.0, SIZE.1, image::ColorType::Rgb8)
+        .write_image(&pixels, SIZE.0, SIZE.1, image::ExtendedColorType::Rgb8)
         .map_err(|e| Error::run(path, format!("cannot encode the plot: {e}")))?;
     file.commit()?;
     Ok(path.to_path_buf())

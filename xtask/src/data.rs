@@ -11,8 +11,8 @@ use dp_mem::ByteSize;
 
 #[derive(Subcommand)]
 pub(crate) enum DataCmd {
-    /// Import NumPy, IDX, CSV, TFRecord or svmlight files into a new dataset (svmlight train
-    /// and test files at one width: --split).
+    /// Import NumPy, IDX, CSV, TFRecord or svmlight files, or an image folder, into a new
+    /// dataset (svmlight train and test files at one width: --split).
     Import(ImportArgs),
     /// Write every dense feature of a dataset to one .npy file each.
     Export {
@@ -154,6 +154,9 @@ pub(crate) enum ImportFormat {
     Tfrecord,
     /// svmlight / libsvm text (`label [qid:N] index:value ...`), into a sparse feature `x`.
     Svmlight,
+    /// An image folder, ROOT/<class>/<file>.{jpg,jpeg,png}, into `image` (kept as encoded)
+    /// and `label` (the class, by sorted folder name).
+    Images,
 }
 
 /// Output formats `data export` writes.
@@ -232,6 +235,20 @@ pub(crate) struct ImportArgs {
     /// tfrecord: compression of the inputs.
     #[arg(long, value_enum, default_value_t = Compression::Auto)]
     compression: Compression,
+    /// images: resize images with a longer side once, here, to that side (and encode them
+    /// again), bounding the dataset's size and each epoch's decoding.
+    #[arg(long, value_name = "N")]
+    max_side: Option<u32>,
+    /// images: store the images decoded at --image-size (for CIFAR-sized data, where reading
+    /// pixels costs less than decoding them).
+    #[arg(long, requires = "image_size")]
+    decoded: bool,
+    /// images: with --decoded, the side every image is resized to.
+    #[arg(long, value_name = "S", requires = "decoded")]
+    image_size: Option<usize>,
+    /// images: skip files that are not readable images (and list them) instead of failing.
+    #[arg(long)]
+    skip_corrupt: bool,
     #[command(flatten)]
     write: WriteArgs,
 }
@@ -355,6 +372,30 @@ fn inspect(dir: &PathBuf) -> Result<ExitCode> {
             counts.max_per_record
         );
     }
+    for (name, images) in &m.images {
+        println!(
+            "images    {name}: {} ({} JPEG, {} PNG), {} in color; width {}..{}, height {}..{}; {} each on average",
+            images.images,
+            images.jpeg,
+            images.png,
+            images.color,
+            images.width.0,
+            images.width.1,
+            images.height.0,
+            images.height.1,
+            ByteSize(images.bytes / images.images.max(1))
+        );
+        let sides: Vec<String> = (images.sides.iter().enumerate())
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{}-{}: {n}", 1u64 << k, (2u64 << k) - 1))
+            .collect();
+        println!("          shorter side {}", sides.join(", "));
+    }
+    for (name, classes) in &m.classes {
+        let shown: Vec<&str> = classes.iter().take(10).map(String::as_str).collect();
+        let more = if classes.len() > 10 { ", ..." } else { "" };
+        println!("classes   {name}: {} ({}{more})", classes.len(), shown.join(", "));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -444,6 +485,29 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
                 ..Default::default()
             };
             dp_data::import_svmlight(&paths, out, &svm, options)?
+        }
+        ImportFormat::Images => {
+            let [root] = args.inputs.as_slice() else {
+                bail!("images takes one folder, ROOT/<class>/<file>.jpg")
+            };
+            let images = dp_data::ImageFolderOptions {
+                max_side: args.max_side,
+                decoded: args.image_size.filter(|_| args.decoded),
+                skip_corrupt: args.skip_corrupt,
+            };
+            let report = dp_data::import_image_folder(root.as_ref(), out, &images, options)?;
+            for (path, why) in &report.skipped {
+                eprintln!("skipped {} ({why})", path.display());
+            }
+            println!(
+                "{} classes: {}{}; {} skipped, {} resized to --max-side",
+                report.classes.len(),
+                report.classes.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
+                if report.classes.len() > 8 { ", ..." } else { "" },
+                report.skipped.len(),
+                report.resized
+            );
+            report.manifest
         }
     };
     println!(

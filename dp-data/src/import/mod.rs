@@ -20,6 +20,7 @@
 
 mod csv;
 mod idx;
+mod image_folder;
 mod npy;
 mod svmlight;
 mod tfrecord;
@@ -36,6 +37,7 @@ use crate::{Error, Result};
 
 pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
+pub use self::image_folder::{ImageFolderOptions, ImageFolderReport, import_image_folder};
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};

@@ -29,10 +29,10 @@ pub enum CorruptionPolicy {
 /// `rank`, `world_size`, `workers`, `prefetch`, `consumer_helps`, `cache` and `memory_budget`
 /// change how the stream is produced, never what it contains; everything else is part of the
 /// stream's identity, checked when resuming.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct PipelineConfig {
-    /// The dense feature that becomes the batch input `x` (as `f32`).
+    /// The dense, sparse or image feature that becomes the batch input `x` (as `f32`).
     pub input: String,
     /// The scalar integer feature that becomes the batch labels `y` (as `i64`).
     pub label: String,
@@ -83,6 +83,9 @@ pub struct PipelineConfig {
     pub memory_budget: u64,
     /// What to do with unreadable blocks.
     pub on_corruption: CorruptionPolicy,
+    /// How an image input (a [`Kind::Image`](crate::Kind::Image) feature) becomes `x`:
+    /// needed for one, refused for any other input.
+    pub image: Option<crate::ImageInput>,
 }
 
 impl Default for PipelineConfig {
@@ -105,6 +108,7 @@ impl Default for PipelineConfig {
             share_blocks: true,
             memory_budget: 512 << 20,
             on_corruption: CorruptionPolicy::Fail,
+            image: None,
         }
     }
 }
@@ -135,6 +139,9 @@ impl PipelineConfig {
         }
         if self.prefetch > 1024 {
             return fail("prefetch", format!("{} is above 1024", self.prefetch));
+        }
+        if let Some(image) = &self.image {
+            image.check().map_err(|what| Error::Config { field: "image", what })?;
         }
         Ok(())
     }

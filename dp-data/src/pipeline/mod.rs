@@ -466,13 +466,30 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
     };
     let (input, label) = (find(&config.input, "input")?, find(&config.label, "label")?);
     let (fi, fl) = (&schema.features()[input], &schema.features()[label]);
-    let (shape, sparse) = match &fi.kind {
-        Kind::Dense { shape } => (&shape[..], None),
-        Kind::Sparse { .. } => (&[0][..], Some(sparse_column(dataset, fi, config)?)),
-        Kind::Bytes => {
+    let image_shape;
+    let (shape, sparse) = match (&fi.kind, &config.image) {
+        (Kind::Dense { shape }, None) => (&shape[..], None),
+        (Kind::Sparse { .. }, None) => (&[0][..], Some(sparse_column(dataset, fi, config)?)),
+        (Kind::Image, Some(image)) => {
+            image_shape = [image.channels, image.height, image.width];
+            (&image_shape[..], None)
+        }
+        (Kind::Image, None) => {
+            return Err(Error::Config {
+                field: "image",
+                what: format!("{fi} is an image input: say the size to decode it to"),
+            });
+        }
+        (_, Some(_)) => {
+            return Err(Error::Config {
+                field: "image",
+                what: format!("{fi} is not an image feature, and images settings were given"),
+            });
+        }
+        (Kind::Bytes, None) => {
             return Err(Error::Config {
                 field: "input",
-                what: format!("{fi} is not a dense or sparse feature"),
+                what: format!("{fi} is not a dense, sparse or image feature"),
             });
         }
     };
@@ -497,10 +514,16 @@ fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Columns> {
     }
     let mut batch_shape = vec![config.batch_size];
     batch_shape.extend_from_slice(shape);
+    let elements = match (&sparse, &config.image) {
+        (Some(_), _) => 0,
+        (None, Some(image)) => image.elements(),
+        (None, None) => fi.elements().unwrap_or(0),
+    };
     Ok(Columns {
         input,
         input_dtype: fi.dtype,
-        elements: if sparse.is_some() { 0 } else { fi.elements().unwrap_or(0) },
+        elements,
+        image: config.image,
         shape: batch_shape.into(),
         sparse,
         label,
@@ -639,5 +662,8 @@ fn stream_hash(
     words.push(text(&config.input));
     words.push(text(&config.label));
     words.extend(transforms.iter().map(|t| text(&t.describe())));
+    if let Some(image) = &config.image {
+        words.push(text(&serde_json::to_string(image).unwrap_or_default()));
+    }
     hash(&words)
 }

@@ -17,6 +17,7 @@ use super::transform::{Rng, Sample, Transform};
 use crate::block::Block;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::image::{ImageInput, ImageSampler};
 use crate::schema::DType;
 
 /// How the input and label features are read out of a block.
@@ -29,6 +30,8 @@ pub(crate) struct Columns {
     pub(crate) shape: Arc<[usize]>,
     /// A sparse input (then `elements` is 0 and `shape` is `[batch_size, 0]`).
     pub(crate) sparse: Option<SparseColumn>,
+    /// An image input, and how it becomes `x` (`shape` is `[batch_size, C, H, W]`).
+    pub(crate) image: Option<ImageInput>,
     pub(crate) label: usize,
     pub(crate) label_dtype: DType,
 }
@@ -87,6 +90,8 @@ pub(crate) struct Producer {
     bad: Vec<usize>,
     /// This batch's counters, added to the shared ones when it is done.
     stats: PipelineStats,
+    /// With an image input: its decoder and resampler, and their buffers.
+    images: ImageSampler,
 }
 
 impl Producer {
@@ -106,6 +111,7 @@ impl Producer {
             ahead_share: 0,
             bad: Vec::new(),
             stats: PipelineStats::default(),
+            images: ImageSampler::new(),
             shared,
         })
     }
@@ -348,9 +354,13 @@ impl Producer {
             (columns.elements * columns.input_dtype.size(), columns.label_dtype.size());
         let record = |slot: &Slot| {
             let block = block_of(slot);
-            let input = cell(block, columns.input, input_size, slot.row);
+            let input = match columns.image {
+                Some(_) => block.bytes_column_row(columns.input, slot.row),
+                None => cell(block, columns.input, input_size, slot.row),
+            };
             (block, input, cell(block, columns.label, label_size, slot.row))
         };
+        let images = &mut self.images;
         let mut next = self.slots.first().map(record);
         for (k, ((slot, x), (y, id))) in self
             .slots
@@ -365,20 +375,33 @@ impl Producer {
             // The next record's input and label lie at random places in a block that may have
             // left the cache: ask for them now, while this one is converted.
             if let Some((_, input, label)) = next {
-                prefetch(input);
+                // An image's header and first bytes: the rest streams in as it decodes.
+                prefetch(&input[..input.len().min(4096)]);
                 prefetch(label);
             }
             *id = block.first_record() + slot.row as u64;
-            match &mut sparse {
-                Some(csr) => append_row(csr, k, block, columns, slot.row, *id)?,
-                None => convert_input(input, columns.input_dtype, affine, x),
+            let mut rng = Rng::new(hash(&[shared.config.seed, epoch, *id]));
+            match (&mut sparse, &columns.image) {
+                (Some(csr), _) => append_row(csr, k, block, columns, slot.row, *id)?,
+                (None, Some(image)) => {
+                    images.sample(input, image, affine, &mut rng, x).map_err(|what| {
+                        Error::Record {
+                            record: *id,
+                            feature: block.schema().features()[columns.input].name.clone(),
+                            what: format!(
+                                "the image {what} (dataset {})",
+                                shared.dataset.dir().display()
+                            ),
+                        }
+                    })?
+                }
+                (None, None) => convert_input(input, columns.input_dtype, affine, x),
             }
             *y = read_label(label, columns.label_dtype);
             if let Some(targets) = &mut targets {
                 targets[k] = read_target(label, columns.label_dtype);
             }
             if !transforms.is_empty() {
-                let mut rng = Rng::new(hash(&[shared.config.seed, epoch, *id]));
                 let mut sample = Sample { x, shape: &columns.shape[1..], label: y };
                 for transform in transforms.iter() {
                     transform.apply(&mut sample, &mut rng);

@@ -115,7 +115,8 @@ impl Transform for Normalize {
 /// Per-feature scaling, `x[i] = (x[i] - offset[i]) / scale[i]`: scikit-learn's
 /// `StandardScaler` (the mean and standard deviation) or `MinMaxScaler` (the minimum and the
 /// range) applied to each element of the input; a single offset and scale apply to every
-/// element alike.
+/// element alike, and one per channel of a `[C, H, W]` image to each of its planes
+/// (torchvision's `Normalize(mean, std)`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeatureScaling {
     /// Subtracted from each element.
@@ -175,12 +176,11 @@ impl Transform for FeatureScaling {
     }
 
     fn apply(&self, sample: &mut Sample<'_>, _rng: &mut Rng) {
-        if let ([offset], [scale]) = (&self.offset[..], &self.scale[..]) {
-            sample.x.iter_mut().for_each(|v| *v = (*v - offset) / scale);
-        } else {
-            for ((v, offset), scale) in sample.x.iter_mut().zip(&self.offset).zip(&self.scale) {
-                *v = (*v - offset) / scale;
-            }
+        // One value per element, or per plane (a channel; one plane for a single value).
+        let per = (sample.x.len() / self.offset.len()).max(1);
+        for ((plane, offset), scale) in sample.x.chunks_mut(per).zip(&self.offset).zip(&self.scale)
+        {
+            plane.iter_mut().for_each(|v| *v = (*v - offset) / scale);
         }
     }
 
@@ -193,10 +193,13 @@ impl Transform for FeatureScaling {
 
     fn check(&self, shape: &[usize]) -> std::result::Result<(), String> {
         let elements: usize = shape.iter().product();
-        match self.offset.len() {
-            1 => Ok(()),
-            n if n == elements => Ok(()),
-            n => Err(format!("{n} offsets and scales for inputs of {elements} elements {shape:?}")),
+        match (self.offset.len(), shape) {
+            (1, _) => Ok(()),
+            (n, _) if n == elements => Ok(()),
+            (n, [channels, _, _]) if n == *channels => Ok(()),
+            (n, _) => Err(format!(
+                "{n} offsets and scales for inputs of {elements} elements {shape:?}: give one for all, one per element, or one per channel of an image"
+            )),
         }
     }
 }
