@@ -65,6 +65,8 @@ mod int_range;
 mod manifest;
 #[cfg(feature = "bench")]
 pub mod measure;
+#[cfg(feature = "bench")]
+pub mod measure_images;
 mod pipeline;
 mod schema;
 mod shard;
@@ -96,6 +98,8 @@ pub use writer::{DatasetWriter, WriterOptions};
 // Importers, exporters and the synthetic dataset.
 mod synthetic;
 pub use synthetic::{Split, SyntheticDigits, generate_digits, render_digit};
+mod synthetic_photos;
+pub use synthetic_photos::{SyntheticPhotos, generate_photo_folder};
 mod export;
 mod export_sparse;
 mod import;

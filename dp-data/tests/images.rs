@@ -3,6 +3,10 @@
 
 use std::path::Path;
 
+#[allow(dead_code)]
+#[path = "support/tfrecord.rs"]
+mod tfrecord;
+
 use dp_data::{
     Dataset, DatasetWriter, Feature, ImageFolderOptions, ImageInput, Kind, Pipeline,
     PipelineConfig, Schema, Value, WriterOptions, import_image_folder, stored_image,
@@ -172,6 +176,21 @@ fn an_image_that_does_not_decode_is_named_and_nothing_panics() {
     let error = pipeline.next_batch().unwrap_err().to_string();
     assert!(error.contains("record 1, feature `image`: the image does not decode"), "{error}");
     assert!(error.contains(&dir.display().to_string()), "{error}");
+
+    // Skipped: each bad record's place taken by the next of its block that decodes (record 0,
+    // past the end), the batch kept full and its stand-ins counted.
+    let mut skipping = PipelineConfig::default();
+    skipping.batch_size = 3;
+    skipping.shuffle_window = None;
+    skipping.image = Some(ImageInput::eval(8, 3));
+    skipping.on_corruption = dp_data::CorruptionPolicy::Skip;
+    // Batches made on request only, so that the counters are this batch's.
+    skipping.prefetch = 0;
+    let mut pipeline = Pipeline::new(&dir, skipping, Vec::new()).unwrap();
+    let batch = pipeline.next_batch().unwrap();
+    assert_eq!((batch.record_ids(), batch.replaced()), (&[0, 0, 0][..], 2));
+    assert_eq!(batch.y().to_vec(), [0, 0, 0]);
+    assert_eq!(pipeline.stats().undecodable_images, 3);
 }
 
 #[test]
@@ -252,4 +271,65 @@ fn photographs_are_stored_as_they_are_not_through_zstd() {
         .map(|(i, e)| (i, e.to_vec()))
         .unwrap();
     assert_eq!(dp_data::ImageInfo::probe(&encoded).unwrap(), info);
+}
+
+#[test]
+fn tfrecord_jpeg_bytes_import_as_images_by_content_or_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The layout `tf.io.encode_jpeg` and `{'image': FixedLenFeature((), tf.string), 'label':
+    // FixedLenFeature((), tf.int64)}` make, with a bytes key that is no image beside it.
+    let file = |name: &str, image: &dyn Fn(usize) -> Vec<u8>| {
+        let records: Vec<u8> = (0..6)
+            .flat_map(|i| {
+                let (bytes, label) = (image(i), [(i % 3) as i64]);
+                tfrecord::frame(&tfrecord::example(&[
+                    ("image", tfrecord::List::Bytes(&bytes)),
+                    ("label", tfrecord::List::Ints(&label, true)),
+                    ("note", tfrecord::List::Bytes(b"taken on a tuesday")),
+                ]))
+            })
+            .collect();
+        let path = tmp.path().join(name);
+        std::fs::write(&path, records).unwrap();
+        path
+    };
+    let photos = file("photos.tfrecord", &|i| jpeg(&photo(i % 3, 40 + i as u32, 30)));
+    let out = tmp.path().join("photos");
+    let options = dp_data::TfRecordOptions::default();
+    dp_data::import_tfrecord(&[photos], &out, &options, WriterOptions::default()).unwrap();
+    let dataset = Dataset::open(&out).unwrap();
+    let kinds: Vec<&Kind> = dataset.schema().features().iter().map(|f| &f.kind).collect();
+    assert_eq!(kinds, [&Kind::Image, &Kind::Dense { shape: vec![1] }, &Kind::Bytes]);
+    assert_eq!(dataset.manifest().images["image"].images, 6);
+    let mut config = PipelineConfig::default();
+    config.batch_size = 3;
+    config.image = Some(ImageInput::train(16, 3));
+    let batch = Pipeline::new(&out, config, Vec::new()).unwrap().next_batch().unwrap();
+    assert_eq!(batch.x().shape(), &[3, 3, 16, 16]);
+
+    // Named as images, bytes that are none are refused, naming the record.
+    let named = dp_data::TfRecordOptions { images: vec!["note".into()], ..Default::default() };
+    let path = file("notes.tfrecord", &|i| jpeg(&photo(0, 20 + i as u32, 20)));
+    let error = dp_data::import_tfrecord(
+        std::slice::from_ref(&path),
+        &tmp.path().join("notes"),
+        &named,
+        WriterOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("record 0 of this file: feature `note`: the image is not a JPEG or PNG"),
+        "{error}"
+    );
+    let missing = dp_data::TfRecordOptions { images: vec!["photo".into()], ..Default::default() };
+    let error = dp_data::import_tfrecord(
+        &[path],
+        &tmp.path().join("missing"),
+        &missing,
+        WriterOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("the image key `photo` is not in the first Example"), "{error}");
 }

@@ -36,8 +36,14 @@ pub struct TrainConfig {
     pub normalize_std: Option<Vec<f32>>,
     /// A built-in model (`linear`, `mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec
     /// file. On a sparse input, `mlp` without widths (the default) means `linear`, trained to
-    /// scikit-learn's `LogisticRegression` optimum (see `optimizer`).
+    /// scikit-learn's `LogisticRegression` optimum (see `optimizer`); on an encoded-image
+    /// input, it means `lenet`.
     pub model: String,
+    /// The side of the square samples made of an encoded-image input (JPEG, PNG): training
+    /// samples are random resized crops (torchvision's `RandomResizedCrop`), flipped at
+    /// random; evaluation samples the centre (224 of 256). Default: from the images' sizes,
+    /// the typical shorter side rounded down to a power of two, at most 224.
+    pub image_size: Option<usize>,
     /// Augmentations of the training inputs, applied after scaling, each from the record's
     /// own random stream: `flip-h`, `flip-v` (each with probability 1/2) and `crop:PAD` (pad
     /// with zeros, crop a random window of the original size), for image inputs.
@@ -101,6 +107,11 @@ pub struct TrainConfig {
     pub memory_budget_mib: Option<u64>,
     /// Memory budget per replica for the input pipeline, in MiB.
     pub data_budget_mib: u64,
+    /// What a record that cannot be read does: stop the run before any step uses it (the
+    /// default), or, when true, be replaced by the next readable record (the next of its
+    /// block whose image decodes, or the next of the epoch's order past an unreadable
+    /// block) and counted in the summary. Every rank still takes the same number of steps.
+    pub skip_corrupt: bool,
     /// Data-loading threads per replica.
     pub data_workers: usize,
     /// Batches each replica's pipeline makes ahead on its worker threads, beyond one per
@@ -440,6 +451,7 @@ impl Default for TrainConfig {
             normalize_std: None,
             augment: Vec::new(),
             model: "mlp".into(),
+            image_size: None,
             replicas: 0,
             global_batch: 0,
             per_replica_batch: None,
@@ -459,6 +471,7 @@ impl Default for TrainConfig {
             prune: None,
             memory_budget_mib: None,
             data_budget_mib: 256,
+            skip_corrupt: false,
             data_workers: 1,
             data_prefetch: 2,
             data_cache: false,
@@ -671,8 +684,21 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// What the pipelines do with a record that cannot be read (see `skip_corrupt`).
+    pub(crate) fn corruption_policy(&self) -> dp_data::CorruptionPolicy {
+        match self.skip_corrupt {
+            true => dp_data::CorruptionPolicy::Skip,
+            false => dp_data::CorruptionPolicy::Fail,
+        }
+    }
+
     /// Checks every setting and their combinations.
     pub fn validate(&self) -> Result<()> {
+        if let Some(size) = self.image_size
+            && !(8..=4096).contains(&size)
+        {
+            return Err(Error::config("image_size", format!("{size} is outside 8..=4096")));
+        }
         if !self.precision.available() {
             return Err(Error::config(
                 "precision",

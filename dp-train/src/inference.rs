@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dp_data::{Block, DType, Dataset, Rng, Sample, Transform};
+use dp_data::{Block, DType, Dataset, ImageInput, ImageSampler, Rng, Sample, Transform};
 use dp_mem::{Pool, Tracker};
 use dp_model::{
     CheckpointHeader, CheckpointReader, Model, ModelOptions, ModelSpec, QuantizedModel, SparseInput,
@@ -112,6 +112,12 @@ impl SavedRun {
         Ok(model)
     }
 
+    /// The classes' names, when the training data named them (an image folder's): output
+    /// `k` is the class `class_names()[k]`.
+    pub fn class_names(&self) -> Option<&[String]> {
+        self.scalings.class_names.as_deref()
+    }
+
     /// Whether the run regresses a float label.
     pub fn regression(&self) -> bool {
         self.scalings.targets.is_some()
@@ -194,21 +200,30 @@ impl SavedRun {
             )
         })?;
         let sparse = matches!(feature.kind, dp_data::Kind::Sparse { .. });
+        self.scalings.check_classes(&dataset, label, data)?;
         if let Some(trained) = &self.scalings.input {
             let shape = match &feature.kind {
                 dp_data::Kind::Sparse { shape } => vec![shape.iter().product()],
                 dp_data::Kind::Dense { shape } => shape.clone(),
+                // Images are sampled at the run's size, whatever theirs.
+                dp_data::Kind::Image => trained.shape.clone(),
                 dp_data::Kind::Bytes => Vec::new(),
             };
-            let given = SavedInput { dtype: feature.dtype, shape, sparse };
+            let image = feature.kind == dp_data::Kind::Image;
+            let given = SavedInput { dtype: feature.dtype, shape, sparse, image };
             trained.check(data, input, &given)?;
         }
+        // Images are sampled as evaluation samples them in training: the centre, at the run's
+        // size and channels.
+        let image = (feature.kind == dp_data::Kind::Image)
+            .then(|| ImageInput::eval(self.spec.input[1], self.spec.input[0]));
         let shape = match &feature.kind {
             dp_data::Kind::Dense { shape } | dp_data::Kind::Sparse { shape }
                 if shape.iter().product::<usize>() == input_len =>
             {
                 shape.clone()
             }
+            dp_data::Kind::Image if self.spec.input.len() == 3 => self.spec.input.clone(),
             _ => {
                 return Err(Error::config(
                     "input_feature",
@@ -221,6 +236,7 @@ impl SavedRun {
             }
         };
         let (mut x, mut y, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sampler = ImageSampler::new();
         let mut csr = Csr::default();
         for block in dataset.blocks() {
             let block = block?;
@@ -240,7 +256,10 @@ impl SavedRun {
                 }
                 continue;
             }
-            inputs(&block, input, feature.dtype, &mut x)?;
+            match &image {
+                Some(image) => image_inputs(&block, input, image, &mut sampler, &mut x)?,
+                None => inputs(&block, input, feature.dtype, &mut x)?,
+            }
             if let Some(scaling) = &self.scalings.inputs {
                 let mut unused = 0;
                 for record in x.chunks_exact_mut(input_len) {
@@ -285,6 +304,29 @@ fn inputs(block: &Block, name: &str, dtype: DType, out: &mut Vec<f32>) -> Result
                 format!("`{name}` is {}; the model reads u8 or f32 inputs", other.name()),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A block's images sampled as `image` says, as `f32` (before scaling).
+fn image_inputs(
+    block: &Block,
+    name: &str,
+    image: &ImageInput,
+    sampler: &mut ImageSampler,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    out.clear();
+    out.resize(block.len() * image.elements(), 0.0);
+    for (row, x) in out.chunks_exact_mut(image.elements()).enumerate() {
+        let stored = block.bytes(name, row)?;
+        sampler.sample(stored, image, (1.0, 0.0), &mut Rng::new(0), x).map_err(|what| {
+            dp_data::Error::Record {
+                record: block.first_record() + row as u64,
+                feature: name.to_string(),
+                what: format!("the image {what}"),
+            }
+        })?;
     }
     Ok(())
 }

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use dp_data::{DType, Dataset, FeatureScaling, FeatureStats};
+use dp_data::{
+    DType, Dataset, FeatureScaling, FeatureStats, ImageInput, Pipeline, PipelineConfig, TailPolicy,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Normalization, TrainConfig};
@@ -24,12 +26,19 @@ pub(crate) struct SavedInput {
     /// The dense shape, or a sparse feature's width as `[width]`.
     pub(crate) shape: Vec<usize>,
     pub(crate) sparse: bool,
+    /// Encoded images, sampled at `shape` (`[channels, size, size]`); absent in runs saved
+    /// before images could be trained on.
+    #[serde(default)]
+    pub(crate) image: bool,
 }
 
 impl std::fmt::Display for SavedInput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = if self.sparse { "sparse " } else { "" };
-        write!(f, "{kind}{} {:?}", self.dtype.name(), self.shape)
+        match (self.sparse, self.image) {
+            (_, true) => write!(f, "images sampled at {:?}", self.shape),
+            (true, _) => write!(f, "sparse {} {:?}", self.dtype.name(), self.shape),
+            _ => write!(f, "{} {:?}", self.dtype.name(), self.shape),
+        }
     }
 }
 
@@ -61,6 +70,10 @@ pub(crate) struct Scalings {
     /// The model learns standardized values; its outputs are mapped back for reports and
     /// predictions.
     pub(crate) targets: Option<FeatureScaling>,
+    /// The classes' names, when the training data's manifest names them (an image folder's
+    /// class folders): data naming other classes is refused, and eval and predict print them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) class_names: Option<Vec<String>>,
 }
 
 impl Scalings {
@@ -69,6 +82,72 @@ impl Scalings {
     pub(crate) fn target(&self) -> Option<(f32, f32)> {
         self.targets.as_ref().map(|t| (t.offset[0], t.scale[0]))
     }
+
+    /// Refuses `data` (at `path`) when its manifest names the classes of `label` otherwise
+    /// than the run's: the same label number would mean another class.
+    pub(crate) fn check_classes(&self, data: &Dataset, label: &str, path: &Path) -> Result<()> {
+        let (Some(trained), Some(given)) = (&self.class_names, data.manifest().classes.get(label))
+        else {
+            return Ok(());
+        };
+        if trained == given {
+            return Ok(());
+        }
+        let list = |names: &[String]| {
+            let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+            let more = if names.len() > 8 { ", ..." } else { "" };
+            format!("{} ({}{more})", names.len(), shown.join(", "))
+        };
+        Err(Error::config(
+            "label_feature",
+            format!(
+                "`{label}` in {} names the classes {}, but the run was trained on {}: the same label would mean another class",
+                path.display(),
+                list(given),
+                list(trained)
+            ),
+        ))
+    }
+}
+
+/// How many images the channel statistics of an image input are taken over.
+const STATS_IMAGES: u64 = 1024;
+
+/// Each channel of an image input to zero mean and unit variance, over the evaluation
+/// samples (the centre crops) of the first [`STATS_IMAGES`] training images: the pixel
+/// statistics torchvision's `Normalize(mean, std)` is given for ImageNet, adapted to the data.
+fn image_scaling(config: &TrainConfig, input: &SavedInput) -> Result<FeatureScaling> {
+    let (channels, size) = (input.shape[0], input.shape[1]);
+    let mut pipeline_config = PipelineConfig::default();
+    pipeline_config.input = config.input_feature.clone();
+    pipeline_config.label = config.label_feature.clone();
+    pipeline_config.image = Some(ImageInput::eval(size, channels));
+    pipeline_config.shuffle_window = None;
+    pipeline_config.tail = TailPolicy::Pad;
+    pipeline_config.prefetch = 0;
+    pipeline_config.on_corruption = config.corruption_policy();
+    let records = Dataset::open(&config.train_data)?.len().min(STATS_IMAGES);
+    pipeline_config.batch_size = records.clamp(1, 64) as usize;
+    let mut pipeline = Pipeline::new(&config.train_data, pipeline_config, Vec::new())?;
+    let (mut sum, mut squares, mut count) = (vec![0f64; channels], vec![0f64; channels], 0u64);
+    while count < records {
+        let batch = pipeline.next_batch()?;
+        let take = (batch.len() as u64).min(records - count) as usize;
+        for sample in batch.x_flat().chunks_exact(channels * size * size).take(take) {
+            for (c, plane) in sample.chunks_exact(size * size).enumerate() {
+                sum[c] += plane.iter().map(|&v| f64::from(v)).sum::<f64>();
+                squares[c] += plane.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+            }
+        }
+        count += take as u64;
+    }
+    let n = (count * (size * size) as u64).max(1) as f64;
+    let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
+    let std = squares.iter().zip(&mean).map(|(q, m)| (q / n - m * m).max(0.0).sqrt());
+    // A channel that never varies is only centred, as `StandardScaler` does.
+    let std = std.map(|s| if s > 1e-6 { s as f32 } else { 1.0 }).collect();
+    FeatureScaling::new(mean.iter().map(|&m| m as f32).collect(), std)
+        .map_err(|why| Error::config("normalize", why))
 }
 
 /// The scalings `config` asks for, on `input`, with statistics adapted from `train` where
@@ -102,10 +181,23 @@ pub(crate) fn decide(
                 "a sparse input is not scaled (centering it would make it dense): use auto or none",
             ));
         }
-        (_, Some(mean), Some(std)) => Some(
-            FeatureScaling::new(mean.clone(), std.clone())
-                .map_err(|why| Error::config("normalize_mean", why))?,
-        ),
+        // An image's are given in [0, 1] units, as torchvision's `Normalize` takes them.
+        (_, Some(mean), Some(std)) => {
+            let unit = if input.image { 255.0 } else { 1.0 };
+            let scaled = |values: &[f32]| values.iter().map(|v| v * unit).collect();
+            Some(
+                FeatureScaling::new(scaled(mean), scaled(std))
+                    .map_err(|why| Error::config("normalize_mean", why))?,
+            )
+        }
+        // Pixels to [0, 1] and then, unless minmax, each channel standardized with its
+        // mean and deviation over a sample of the images (torchvision's `Normalize`).
+        (Normalization::Minmax, ..) if input.image => {
+            Some(FeatureScaling::new(vec![0.0], vec![255.0]).expect("a valid scaling"))
+        }
+        (Normalization::Auto | Normalization::Standard, ..) if input.image => {
+            Some(image_scaling(config, input)?)
+        }
         (Normalization::Auto, ..) if dtype == DType::U8 => {
             Some(FeatureScaling::new(vec![0.0], vec![255.0]).expect("a valid scaling"))
         }
@@ -116,15 +208,16 @@ pub(crate) fn decide(
             Some(FeatureScaling::standard(&stats(&config.input_feature)?))
         }
     };
+    let channels = if input.image { input.shape[0] } else { 0 };
     if let Some(scaling) = &inputs
-        && scaling.offset.len() != 1
-        && scaling.offset.len() != input_len
+        && ![1, input_len, channels].contains(&scaling.offset.len())
     {
         return Err(Error::config(
             "normalize_mean",
             format!(
-                "{} values for inputs of {input_len} elements: give one per element or one for all",
-                scaling.offset.len()
+                "{} values for inputs of {input_len} elements: give one per element or one for all{}",
+                scaling.offset.len(),
+                if input.image { ", or one per channel" } else { "" }
             ),
         ));
     }
@@ -132,7 +225,8 @@ pub(crate) fn decide(
         true => Some(target_scaling(config, &stats(&config.label_feature)?)?),
         false => None,
     };
-    Ok(Scalings { input: Some(input.clone()), inputs, targets })
+    let class_names = train.manifest().classes.get(&config.label_feature).cloned();
+    Ok(Scalings { input: Some(input.clone()), inputs, targets, class_names })
 }
 
 /// The standardization of a regression's targets, refused when their spread is too small
@@ -182,6 +276,10 @@ pub(crate) fn parse(
     };
     let (inputs, targets) = (check(saved.inputs)?, check(saved.targets)?);
     let inputs_are = if sparse { "sparse inputs" } else { "dense inputs" };
+    let image_channels = match &saved.input {
+        Some(input) if input.image => input.shape[0],
+        _ => 0,
+    };
     // A sparse input is never scaled; a dense one always is, unless the config says none.
     let scaled = config.normalize != Normalization::None && !sparse;
     match &inputs {
@@ -197,9 +295,9 @@ pub(crate) fn parse(
                 config.normalize.name()
             )));
         }
-        Some(s) if s.offset.len() != 1 && s.offset.len() != input_len => {
+        Some(s) if ![1, input_len, image_channels].contains(&s.offset.len()) => {
             return Err(damaged(format!(
-                "{} values for inputs of {input_len} elements (one per element, or one for all)",
+                "{} values for inputs of {input_len} elements (one per element, one for all, or one per channel of an image)",
                 s.offset.len()
             )));
         }
@@ -217,5 +315,5 @@ pub(crate) fn parse(
             "it was decided for {input}, the run's model takes {input_len} {inputs_are}"
         )));
     }
-    Ok(Scalings { input: saved.input, inputs, targets })
+    Ok(Scalings { input: saved.input, inputs, targets, class_names: saved.class_names })
 }

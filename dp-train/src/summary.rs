@@ -93,6 +93,10 @@ pub struct Summary {
     /// diverged (the other figures then cover the steps before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diverged_at: Option<u64>,
+    /// Training records replaced because they could not be read (`skip_corrupt`: an
+    /// unreadable block, an image that does not decode), over this process's replicas.
+    #[serde(default)]
+    pub skipped_records: u64,
     /// What looked wrong without stopping the run (a loss at the level of guessing after the
     /// first epoch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -186,6 +190,13 @@ impl fmt::Display for Summary {
                 ByteSize(self.process_accounted),
                 ByteSize(baseline),
                 peak as f64 / expected.max(1) as f64
+            )?;
+        }
+        if self.skipped_records > 0 {
+            writeln!(
+                f,
+                "skipped        {} unreadable training records, each replaced by the next readable one",
+                self.skipped_records
             )?;
         }
         for warning in &self.warnings {

@@ -679,6 +679,7 @@ fn summarize(
         interrupted: r0.interrupted,
         best: r0.best.best,
         stopped_early: r0.best.stopped_early,
+        skipped_records: reports.iter().map(|r| r.skipped_records).sum(),
         ..recorded_summary(plan, run_dir, params, r0.final_step, losses, eval, wall_s)
     }
 }

@@ -9,11 +9,13 @@ use clap::{Args, Subcommand, ValueEnum};
 use dp_data::{Dataset, WriterOptions};
 use dp_mem::ByteSize;
 
+use crate::preview::Preview;
+
 #[derive(Subcommand)]
 pub(crate) enum DataCmd {
     /// Import NumPy, IDX, CSV, TFRecord or svmlight files, or an image folder, into a new
     /// dataset (svmlight train and test files at one width: --split).
-    Import(ImportArgs),
+    Import(Box<ImportArgs>),
     /// Write every dense feature of a dataset to one .npy file each.
     Export {
         /// Output format: npy (dense features), svmlight or npz (a sparse feature).
@@ -46,10 +48,54 @@ pub(crate) enum DataCmd {
         #[command(flatten)]
         write: WriteArgs,
     },
+    /// Write a folder of synthetic JPEG photographs, OUT/class-K/N.jpg, whose class shows in
+    /// their colour and stripes: an image folder to try `data import --format images` on, and
+    /// the image benchmark's input.
+    Photos {
+        /// The folder to write (new, or empty).
+        #[arg(long)]
+        out: PathBuf,
+        /// Classes, 1 to 8.
+        #[arg(long, default_value_t = 4)]
+        classes: usize,
+        /// Photographs per class.
+        #[arg(long, default_value_t = 250)]
+        per_class: usize,
+        /// The least and most pixels of a side, LEAST,MOST.
+        #[arg(long, value_parser = parse_sides, default_value = "300,650")]
+        sides: (u32, u32),
+        /// JPEG quality, 1 to 100.
+        #[arg(long, default_value_t = 90)]
+        quality: u8,
+        /// Seed of every photograph's randomness.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Print a dataset's schema, size and compression ratio.
     Inspect {
         /// The dataset directory.
         dir: PathBuf,
+    },
+    /// Write a grid of the samples training makes of an image dataset (PNG), to check the
+    /// augmentation by eye.
+    Preview {
+        /// The dataset directory.
+        dir: PathBuf,
+        /// The PNG to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The samples' side (default: the trainer's, from the images' sizes).
+        #[arg(long, value_name = "PIXELS")]
+        image_size: Option<usize>,
+        /// Samples in the grid, 8 to a row.
+        #[arg(long, default_value_t = 32)]
+        count: usize,
+        /// Show evaluation's samples (the centre crop) instead of training's.
+        #[arg(long)]
+        eval: bool,
+        /// Seed of the crops and flips (a run's `seed` shows its first samples).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
     },
     /// Check every shard's hash and every block; exit non-zero naming each problem.
     Verify {
@@ -232,6 +278,10 @@ pub(crate) struct ImportArgs {
     /// NAME, `NAME,INDEX_KEY,VALUE_KEY,WIDTH` (repeatable).
     #[arg(long = "sparse-feature", value_name = "NAME,INDEX_KEY,VALUE_KEY,WIDTH")]
     sparse_features: Vec<String>,
+    /// tfrecord: a bytes key read as encoded images (JPEG or PNG) into an image feature
+    /// (repeatable); a key whose first value is a JPEG or PNG is one without it.
+    #[arg(long = "image", value_name = "KEY")]
+    images: Vec<String>,
     /// tfrecord: compression of the inputs.
     #[arg(long, value_enum, default_value_t = Compression::Auto)]
     compression: Compression,
@@ -253,9 +303,18 @@ pub(crate) struct ImportArgs {
     write: WriteArgs,
 }
 
+/// `--sides LEAST,MOST`.
+fn parse_sides(text: &str) -> std::result::Result<(u32, u32), String> {
+    let parse = |s: &str| s.trim().parse::<u32>().map_err(|e| format!("`{s}`: {e}"));
+    match text.split_once(',') {
+        Some((least, most)) => Ok((parse(least)?, parse(most)?)),
+        None => Err(format!("`{text}`: give LEAST,MOST")),
+    }
+}
+
 pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
     match cmd {
-        DataCmd::Import(args) => import(args),
+        DataCmd::Import(args) => import(*args),
         DataCmd::Export {
             format: format @ (ExportFormat::Svmlight | ExportFormat::Npz),
             dir,
@@ -299,6 +358,16 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
         }
         DataCmd::Inspect { dir } => inspect(&dir),
         DataCmd::Verify { dir } => verify(&dir),
+        DataCmd::Photos { out, classes, per_class, sides, quality, seed } => {
+            let spec = dp_data::SyntheticPhotos { classes, per_class, sides, quality, seed };
+            let written = dp_data::generate_photo_folder(&out, &spec)?;
+            println!("{}: {written} photographs in {classes} class folders", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCmd::Preview { dir, out, image_size, count, eval, seed } => {
+            let preview = Preview { dir: &dir, out: &out, size: image_size, count, eval, seed };
+            crate::preview::preview(&preview).map(|()| ExitCode::SUCCESS)
+        }
         DataCmd::Bench {
             dir,
             batch,
@@ -471,6 +540,7 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
                     .iter()
                     .map(|s| sparse_feature(s))
                     .collect::<Result<_>>()?,
+                images: args.images.clone(),
             };
             dp_data::import_tfrecord(&paths, out, &tf, options)?
         }

@@ -33,13 +33,13 @@ pub(crate) fn eval(run_dir: &Path, checkpoint: &str, data: &Path, int8: bool) ->
             _ => println!("int8 vs f32    weights {smaller:.2}x smaller"),
         }
     }
-    print_confusion(&evaluation.model.confusion);
+    print_confusion(&evaluation.model.confusion, run.class_names());
     Ok(())
 }
 
 /// A classifier's confusion matrix, rows the labels and columns the predictions, when it fits
-/// a screen.
-fn print_confusion(confusion: &[Vec<u64>]) {
+/// a screen; the classes by name when the run has their names.
+fn print_confusion(confusion: &[Vec<u64>], names: Option<&[String]>) {
     const MOST: usize = 20;
     if confusion.is_empty() {
         return;
@@ -48,13 +48,25 @@ fn print_confusion(confusion: &[Vec<u64>]) {
         println!("confusion      {} classes: more than {MOST}, not printed", confusion.len());
         return;
     }
+    if let Some(names) = names {
+        let numbered: Vec<String> =
+            names.iter().enumerate().map(|(k, name)| format!("{k} {name}")).collect();
+        println!("classes        {}", numbered.join(", "));
+    }
+    // Columns carry the class numbers; rows their names, where known.
     let width = confusion.iter().flatten().max().map_or(1, |m| m.to_string().len()).max(3);
+    let row_name = |label: usize| match names.and_then(|names| names.get(label)) {
+        Some(name) => name.chars().take(16).collect(),
+        None => label.to_string(),
+    };
+    let name_width = (0..confusion.len()).map(|c| row_name(c).chars().count()).max().unwrap_or(0);
+    let name_width = name_width.max(6);
     println!("confusion      rows: label, columns: predicted");
-    print!("{:>6}", "");
+    print!("{:>name_width$}", "");
     (0..confusion.len()).for_each(|c| print!(" {c:>width$}"));
     println!();
     for (label, row) in confusion.iter().enumerate() {
-        print!("{label:>6}");
+        print!("{:>name_width$}", row_name(label));
         row.iter().for_each(|n| print!(" {n:>width$}"));
         println!();
     }
@@ -86,5 +98,8 @@ pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path)
     }
     dp_data::write_npy_f32(out, &shape, &predictions.values)?;
     println!("wrote {} ({} records x {what}, f32)", out.display(), predictions.records);
+    if let Some(names) = run.class_names() {
+        println!("columns        {}", names.join(", "));
+    }
     Ok(())
 }

@@ -6,8 +6,10 @@
 //! library crates and in `.ci/run`.
 
 mod bench;
+mod bench_images;
 mod data;
 mod inference;
+mod preview;
 mod procs;
 mod stop;
 mod train;
@@ -180,6 +182,11 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
                 }
                 XtaskCmd::Bench { krate, filter } => {
                     bench::run(&root, krate.as_deref(), filter.as_deref())?;
+                    // Data's benchmarks end with the image section, measured in this run.
+                    let data = matches!(krate.as_deref(), Some("data" | "dp-data"));
+                    if data && filter.as_deref().is_none_or(|f| "images".contains(f)) {
+                        bench_images::run(&root)?;
+                    }
                     return Ok(ExitCode::SUCCESS);
                 }
             }

@@ -143,6 +143,14 @@ struct ConfigFlags {
         requires = "normalize_mean"
     )]
     normalize_std: Option<Vec<f32>>,
+    /// The side of the square samples made of JPEG/PNG images (default: from the images'
+    /// sizes, at most 224).
+    #[arg(long, value_name = "PIXELS")]
+    image_size: Option<usize>,
+    /// Replace a record whose image does not decode (or whose block is unreadable) by the
+    /// next readable one, and count it in the summary, instead of stopping the run.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    skip_corrupt: Option<bool>,
     /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     augment: Option<Vec<dp_train::Augmentation>>,

@@ -31,6 +31,11 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
+    /// Bytes its buffers hold.
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.pixels.capacity() + self.scratch.capacity()) as u64
+    }
+
     /// Decodes `encoded`, whose stored header is `info`, into `channels` (1 or 3) per pixel.
     /// An error says what is wrong: it does not decode, or decodes to another size than its
     /// header says. Nothing a decoder does on any bytes panics out of here.

@@ -204,6 +204,19 @@ impl ImageSampler {
         Self::default()
     }
 
+    /// What its buffers grow to for images of at most `pixels` pixels sampled as `input`,
+    /// estimated from above: the decoded pixels (3 bytes each), the decoder's scratch (a
+    /// PNG's 4 bytes a pixel, or the rotated copy), the resampler's intermediate rows (3
+    /// bytes a pixel when shrinking, the output's width when enlarging) and its output.
+    pub fn bytes_for(pixels: u64, input: &ImageInput) -> u64 {
+        pixels.saturating_mul(10).saturating_add(4 * input.elements() as u64)
+    }
+
+    /// Bytes its buffers hold now.
+    pub fn bytes(&self) -> u64 {
+        self.decoder.bytes() + self.resampler.bytes()
+    }
+
     /// Makes the sample of `stored` (an image feature's value) that `input` says into `out`
     /// (`input.elements()` values) as `a * value + b`: plans its crop, and whether it is
     /// flipped, from the stored size with `rng`, decodes it, and resamples the crop. An error
@@ -250,6 +263,9 @@ pub struct ImageCounts {
     pub sides: Vec<u64>,
     /// Encoded bytes over all images.
     pub bytes: u64,
+    /// The most pixels of one image: what a worker's decode buffers grow to.
+    #[serde(default)]
+    pub most_pixels: u64,
 }
 
 impl ImageCounts {
@@ -272,11 +288,25 @@ impl ImageCounts {
         }
         self.sides[bucket] += 1;
         self.bytes += encoded as u64;
+        self.most_pixels = self.most_pixels.max(u64::from(info.width) * u64::from(info.height));
     }
 
     /// The channels a model sees: 3 when any image has color, else 1.
     pub fn channels(&self) -> usize {
         if self.color > 0 { 3 } else { 1 }
+    }
+
+    /// The side of the square samples a model takes by default: the typical (median)
+    /// shorter side, rounded down to a power of two, between 8 and 224 (torchvision's
+    /// ImageNet size): 32 for CIFAR-sized images, 224 for photographs.
+    pub fn sample_size(&self) -> usize {
+        let half = self.images.div_ceil(2);
+        let mut seen = 0;
+        let bucket = self.sides.iter().position(|&n| {
+            seen += n;
+            seen >= half
+        });
+        (1usize << bucket.unwrap_or(0)).clamp(8, 224)
     }
 }
 
@@ -323,6 +353,11 @@ mod tests {
             ((40, 640), (200, 1000), 2, 3)
         );
         assert_eq!(all.sides, vec![0, 0, 0, 0, 0, 1, 0, 1, 1]);
+        // The median shorter side is 200 (in 128..256); photographs of 2000 are cut to 224.
+        assert_eq!(all.sample_size(), 128);
+        let mut large = ImageCounts::default();
+        large.add(&image(3000, 2000, 3), 1);
+        assert_eq!(large.sample_size(), 224);
         let mut gray = ImageCounts::default();
         gray.add(&image(8, 8, 1), 1);
         assert_eq!(gray.channels(), 1);

@@ -23,6 +23,12 @@ impl std::fmt::Debug for Resampler {
 }
 
 impl Resampler {
+    /// Bytes its own buffer holds (fast_image_resize's intermediate rows are within the
+    /// bound of [`super::ImageSampler::bytes_for`], not counted here).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.resized.capacity() as u64
+    }
+
     /// Resamples `region` of `pixels` to `height x width` and writes it into `out`
     /// (`[channels, height, width]`) as `a * value + b`, mirrored left to right when `flip`.
     pub(crate) fn resample(

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use super::tfrecord_sparse::{SparseFeature, SparseRow, VarLenFeature};
 use super::{Source, list_names, quote, quote_name};
+use crate::image::{ImageFormat, ImageInfo};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_tfrecord`] reads TFRecord files: their compression, and the keys to read as
@@ -52,6 +53,10 @@ pub struct TfRecordOptions {
     pub var_len: Vec<VarLenFeature>,
     /// Index and value keys read as `tf.io.SparseFeature`.
     pub sparse: Vec<SparseFeature>,
+    /// Bytes keys read as encoded images (JPEG or PNG, as `tf.io.encode_jpeg` writes them)
+    /// into an image feature. A bytes key whose value in the first Example is a JPEG or PNG
+    /// is one without being named.
+    pub images: Vec<String>,
 }
 
 impl TfRecordOptions {
@@ -461,11 +466,14 @@ struct Column {
     key: Vec<u8>,
     list: List,
     count: usize,
+    /// A bytes key read as encoded images.
+    image: bool,
 }
 
 /// The schema inferred from the first Example, in feature-name order.
 fn infer_schema(
     example: &BTreeMap<&[u8], Parsed>,
+    data: &[u8],
     tf: &TfRecordOptions,
     source: &Source,
     at: u64,
@@ -499,7 +507,26 @@ fn infer_schema(
                 quote_name(name.as_bytes())
             )));
         }
-        columns.push((name, Column { key: key.to_vec(), list, count: parsed.count() }));
+        let named = tf.images.iter().any(|k| k.as_bytes() == *key);
+        if named && list != List::Bytes {
+            return Err(source.corrupt(
+                at,
+                format!("the image key {shown} is a {}, not a bytes_list", list.name()),
+            ));
+        }
+        let image = list == List::Bytes && {
+            let (a, b) = parsed.bytes[0];
+            named || ImageFormat::sniff(&data[a..b]).is_some()
+        };
+        let column = Column { key: key.to_vec(), list, count: parsed.count(), image };
+        columns.push((name, column));
+    }
+    if let Some(key) = tf.images.iter().find(|k| !example.contains_key(k.as_bytes())) {
+        let keys = list_names(example.keys().copied());
+        return Err(source.corrupt(
+            at,
+            format!("the image key `{key}` is not in the first Example, whose keys are {keys}"),
+        ));
     }
     let declared = tf.features();
     if columns.is_empty() && declared.is_empty() {
@@ -515,6 +542,7 @@ fn infer_schema(
     let features = columns
         .iter()
         .map(|(name, c)| match c.list {
+            List::Bytes if c.image => Feature::image(name.clone()),
             List::Bytes => Feature::bytes(name.clone()),
             List::Float => Feature::dense(name.clone(), DType::F32, &[c.count]),
             List::Int64 => Feature::dense(name.clone(), DType::I64, &[c.count]),
@@ -635,6 +663,8 @@ pub fn import_tfrecord(
     // dataset's) would otherwise import as a feature that is empty in every record.
     let declared = tf.declared_keys();
     let mut seen = vec![false; declared.len()];
+    // Each image column's value as stored (its header, then its bytes), reused record to record.
+    let mut stored: Vec<Vec<u8>> = Vec::new();
     for path in paths {
         let mut source = open(path, compression)?;
         let mut index = 0u64;
@@ -652,7 +682,7 @@ pub fn import_tfrecord(
                     (writer, &*columns)
                 }
                 None => {
-                    let (schema, columns) = infer_schema(&example, tf, &source, at)?;
+                    let (schema, columns) = infer_schema(&example, &data, tf, &source, at)?;
                     let created =
                         DatasetWriter::create(out, schema, options.take().unwrap_or_default())?;
                     let (writer, columns) = writer.insert((created, columns));
@@ -678,10 +708,19 @@ pub fn import_tfrecord(
                     ))
                 })?;
             }
+            stored.resize_with(columns.len(), Vec::new);
+            for (column, stored) in columns.iter().zip(&mut stored).filter(|(c, _)| c.image) {
+                let (a, b) = example[column.key.as_slice()].bytes[0];
+                let info = ImageInfo::probe(&data[a..b]).map_err(|what| {
+                    in_record(format!("feature {}: the image {what}", quote_name(&column.key)))
+                })?;
+                info.store(&data[a..b], stored);
+            }
             let mut values = Vec::with_capacity(columns.len() + rows.len());
-            for column in columns {
+            for (column, stored) in columns.iter().zip(&stored) {
                 let parsed = &example[column.key.as_slice()];
                 values.push(match column.list {
+                    List::Bytes if column.image => Value::Bytes(stored),
                     List::Bytes => {
                         let (a, b) = parsed.bytes[0];
                         Value::Bytes(&data[a..b])

@@ -20,6 +20,7 @@ pub struct Batch {
     pub(crate) ids: PoolBuf<u64>,
     pub(crate) shape: std::sync::Arc<[usize]>,
     pub(crate) padded: usize,
+    pub(crate) replaced: usize,
     /// A sparse input, in place of `x` (which is then empty).
     pub(crate) sparse: Option<CsrBatch>,
 }
@@ -98,6 +99,12 @@ impl Batch {
     /// Records repeated from the start of the epoch to fill the last batch (`TailPolicy::Pad`).
     pub fn padded(&self) -> usize {
         self.padded
+    }
+
+    /// Records that stand in for unreadable ones (`CorruptionPolicy::Skip`): the next
+    /// readable record each, counted where they replace one.
+    pub fn replaced(&self) -> usize {
+        self.replaced
     }
 
     /// A sparse input feature's values, in CSR; `None` for a dense one (see [`Batch::x`]).

@@ -14,13 +14,16 @@ pub enum TailPolicy {
     Pad,
 }
 
-/// What happens when a block cannot be read (bad checksum, truncated, undecodable).
+/// What happens when a block cannot be read (bad checksum, truncated, undecodable), or a
+/// record's image does not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CorruptionPolicy {
-    /// Stop with the error, which names the shard, block and byte offset.
+    /// Stop with the error, which names the shard, block and byte offset (or the record
+    /// and feature), before any batch holds the record.
     Fail,
     /// Count and skip the block: each of its records is replaced by the next readable record in
-    /// the epoch's order, so every rank still yields the same number of batches.
+    /// the epoch's order, so every rank still yields the same number of batches. A record
+    /// whose image does not decode is replaced by the next of its block that does.
     Skip,
 }
 

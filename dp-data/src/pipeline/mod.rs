@@ -599,6 +599,12 @@ fn plan_memory(
         let nnz = config.batch_size as u64 * column.max_per_record as u64;
         buffer((config.batch_size as u64 + 1) * 4) + 2 * buffer(nnz * 4)
     });
+    // Each maker's image buffers, grown to the largest image.
+    let input_name = &dataset.schema().features()[columns.input].name;
+    let images = match (&columns.image, dataset.manifest().images.get(input_name)) {
+        (Some(input), Some(counts)) => crate::ImageSampler::bytes_for(counts.most_pixels, input),
+        _ => 0,
+    };
     let batch_bytes = buffer(config.batch_size as u64 * columns.elements as u64 * 4)
         + 2 * buffer(config.batch_size as u64 * 8)
         + targets
@@ -611,25 +617,40 @@ fn plan_memory(
     let tables = makers * buffer(table.max(1) * 8);
     // Size classes round up by at most ~3%, and a buffer may take a cached block one class up.
     let rounding = |bytes: u64| bytes + bytes / 14;
-    let working =
-        rounding(held.saturating_mul(max_raw).saturating_add(tables).saturating_add(batches));
+    let working = rounding(
+        held.saturating_mul(max_raw)
+            .saturating_add(tables)
+            .saturating_add(batches)
+            .saturating_add(makers * images),
+    );
     if working > config.memory_budget {
         return Err(Error::Budget {
             budget: config.memory_budget,
             needed: working,
             detail: format!(
-                "{held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables of {makers} batch makers",
+                "{held} decoded blocks of up to {max_raw} bytes for a shuffle window of {window}, {} batches of {batch_bytes} bytes, and the window tables{} of {makers} batch makers",
                 makers + config.prefetch as u64 + 2,
+                if images > 0 {
+                    format!(" and image buffers ({images} bytes)")
+                } else {
+                    String::new()
+                },
             ),
         });
     }
-    let everything = rounding(dataset.raw_bytes().saturating_add(tables).saturating_add(batches));
+    let everything = rounding(
+        dataset
+            .raw_bytes()
+            .saturating_add(tables)
+            .saturating_add(batches)
+            .saturating_add(makers * images),
+    );
     let mean_block = dataset.raw_bytes() / blocks.max(1);
     let in_flight = match config.prefetch {
         0 => 1,
         prefetch => makers + prefetch as u64 + 1,
     };
-    let minimum = window.saturating_mul(mean_block) + in_flight * batch_bytes;
+    let minimum = window.saturating_mul(mean_block) + in_flight * batch_bytes + images;
     let cached = config.cache && everything <= config.memory_budget;
     Ok((minimum, if cached { everything } else { working }, cached))
 }

@@ -5,11 +5,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use dp_mem::{Pool, Tag};
+use dp_mem::{Pool, Reservation, Tag};
 
 use super::batch::{Batch, CsrBatch};
 use super::blocks::{BlockTable, Needed, WindowTag};
-use super::config::{PipelineConfig, TailPolicy};
+use super::config::{CorruptionPolicy, PipelineConfig, TailPolicy};
 use super::permutation::hash;
 use super::plan::{BlockSizes, EpochPlan, WindowCursor};
 use super::stats::PipelineStats;
@@ -90,8 +90,10 @@ pub(crate) struct Producer {
     bad: Vec<usize>,
     /// This batch's counters, added to the shared ones when it is done.
     stats: PipelineStats,
-    /// With an image input: its decoder and resampler, and their buffers.
+    /// With an image input: its decoder and resampler, and their buffers, accounted as
+    /// `Data` by `images_held`.
     images: ImageSampler,
+    images_held: Option<Reservation>,
 }
 
 impl Producer {
@@ -112,6 +114,7 @@ impl Producer {
             bad: Vec::new(),
             stats: PipelineStats::default(),
             images: ImageSampler::new(),
+            images_held: None,
             shared,
         })
     }
@@ -188,7 +191,16 @@ impl Producer {
         let started = Instant::now();
         let located = self.locate(epoch, index);
         let loaded = Instant::now();
-        let batch = located.and_then(|()| self.fill(epoch, index));
+        let mut batch = located.and_then(|()| self.fill(epoch, index));
+        // Image buffers grow to the largest image met: account what they hold now.
+        let held = self.images.bytes();
+        if held > self.images_held.as_ref().map_or(0, Reservation::bytes) {
+            self.images_held = None;
+            match self.shared.pool.tracker().reserve(Tag::Data, held) {
+                Ok(reserved) => self.images_held = Some(reserved),
+                Err(e) => batch = Err(e.into()),
+            }
+        }
         self.found.clear();
         self.stats.load_s = (loaded - started).as_secs_f64();
         if let Ok(batch) = &batch {
@@ -360,7 +372,7 @@ impl Producer {
             };
             (block, input, cell(block, columns.label, label_size, slot.row))
         };
-        let images = &mut self.images;
+        let (images, stats) = (&mut self.images, &mut self.stats);
         let mut next = self.slots.first().map(record);
         for (k, ((slot, x), (y, id))) in self
             .slots
@@ -381,19 +393,16 @@ impl Producer {
             }
             *id = block.first_record() + slot.row as u64;
             let mut rng = Rng::new(hash(&[shared.config.seed, epoch, *id]));
+            let mut label = label;
             match (&mut sparse, &columns.image) {
                 (Some(csr), _) => append_row(csr, k, block, columns, slot.row, *id)?,
                 (None, Some(image)) => {
-                    images.sample(input, image, affine, &mut rng, x).map_err(|what| {
-                        Error::Record {
-                            record: *id,
-                            feature: block.schema().features()[columns.input].name.clone(),
-                            what: format!(
-                                "the image {what} (dataset {})",
-                                shared.dataset.dir().display()
-                            ),
-                        }
-                    })?
+                    let job = ImageJob { shared, columns, image, affine, epoch };
+                    let row = job.sample(images, stats, block, slot.row, &mut rng, x)?;
+                    if row != slot.row {
+                        *id = block.first_record() + row as u64;
+                        label = cell(block, columns.label, label_size, row);
+                    }
                 }
                 (None, None) => convert_input(input, columns.input_dtype, affine, x),
             }
@@ -421,6 +430,8 @@ impl Producer {
             ids,
             shape: Arc::clone(&columns.shape),
             padded: padded.min(b),
+            // This batch's own counter: stats are published per batch.
+            replaced: stats.replaced_records as usize,
             sparse,
         })
     }
@@ -558,5 +569,55 @@ fn read_target(bytes: &[u8], dtype: DType) -> f32 {
         DType::F32 => f32::from_le_bytes(bytes.try_into().unwrap_or_default()),
         DType::F64 => f64::from_le_bytes(bytes.try_into().unwrap_or_default()) as f32,
         _ => unreachable!("only float labels have targets"),
+    }
+}
+
+/// What making one record's image sample needs beyond the record.
+struct ImageJob<'a> {
+    shared: &'a Shared,
+    columns: &'a Columns,
+    image: &'a ImageInput,
+    affine: (f32, f32),
+    epoch: u64,
+}
+
+impl ImageJob<'_> {
+    /// Samples the image of `row` of `block` into `x` and returns the row it came from:
+    /// `row`, or under [`CorruptionPolicy::Skip`] the next of the block whose image decodes
+    /// (counted as replaced, with `rng` re-seeded for it), so that the batch stays full and
+    /// every rank in step. An image that does not decode is an error naming its record,
+    /// feature and dataset otherwise, or when no image of its block decodes.
+    fn sample(
+        &self,
+        images: &mut ImageSampler,
+        stats: &mut PipelineStats,
+        block: &Block,
+        row: usize,
+        rng: &mut Rng,
+        x: &mut [f32],
+    ) -> Result<usize> {
+        let config = &self.shared.config;
+        let mut at = row;
+        loop {
+            let stored = block.bytes_column_row(self.columns.input, at);
+            let Err(what) = images.sample(stored, self.image, self.affine, rng, x) else {
+                return Ok(at);
+            };
+            let error = Error::Record {
+                record: block.first_record() + at as u64,
+                feature: block.schema().features()[self.columns.input].name.clone(),
+                what: format!("the image {what} (dataset {})", self.shared.dataset.dir().display()),
+            };
+            at = (at + 1) % block.len();
+            if config.on_corruption == CorruptionPolicy::Fail || at == row {
+                return Err(error);
+            }
+            if at == (row + 1) % block.len() {
+                stats.replaced_records += 1;
+            }
+            stats.undecodable_images += 1;
+            stats.last_skipped = Some(error.to_string());
+            *rng = Rng::new(hash(&[config.seed, self.epoch, block.first_record() + at as u64]));
+        }
     }
 }

@@ -279,6 +279,7 @@ mod tests {
             ids,
             shape: std::sync::Arc::from([1usize, 1]),
             padded: 0,
+            replaced: 0,
             sparse: None,
         })
     }

@@ -33,9 +33,13 @@ pub struct PipelineStats {
     pub blocks_shared: u64,
     /// Unreadable blocks skipped (`CorruptionPolicy::Skip`).
     pub skipped_blocks: u64,
-    /// Records replaced because their block was skipped.
+    /// Records replaced because they could not be read: their block was skipped, or their
+    /// image does not decode.
     pub replaced_records: u64,
-    /// The error of the latest skipped block.
+    /// Images that did not decode, skipped (`CorruptionPolicy::Skip`) each time a batch
+    /// needed them.
+    pub undecodable_images: u64,
+    /// The error of the latest skipped block or image.
     pub last_skipped: Option<String>,
     /// The most `Data` bytes held at once (blocks, cache, batches).
     pub peak_bytes: u64,
@@ -59,6 +63,7 @@ impl PipelineStats {
         self.blocks_shared += part.blocks_shared;
         self.skipped_blocks += part.skipped_blocks;
         self.replaced_records += part.replaced_records;
+        self.undecodable_images += part.undecodable_images;
         if part.last_skipped.is_some() {
             self.last_skipped = part.last_skipped.take();
         }
@@ -74,7 +79,7 @@ impl PipelineStats {
     pub fn summary(&self) -> String {
         let share = |t: f64| if self.wall_s > 0.0 { 100.0 * t / self.wall_s } else { 0.0 };
         format!(
-            "{} batches, {} records, {:.0} records/s; load {:.0}% (read {:.2} s, decompress {:.2} s), map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} workers, prefetch {}; {} blocks skipped; peak {:.1} MiB",
+            "{} batches, {} records, {:.0} records/s; load {:.0}% (read {:.2} s, decompress {:.2} s), map {:.0}%, consumer waited {:.0}%, producer waited {:.0}%; {} workers, prefetch {}; {} blocks and {} images skipped; peak {:.1} MiB",
             self.batches,
             self.records,
             self.records_per_s(),
@@ -87,6 +92,7 @@ impl PipelineStats {
             self.workers,
             self.prefetch_depth,
             self.skipped_blocks,
+            self.undecodable_images,
             self.peak_bytes as f64 / (1 << 20) as f64
         )
     }

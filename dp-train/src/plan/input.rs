@@ -1,9 +1,10 @@
-//! The training input a run reads: which feature, its shape and type, whether it is sparse;
-//! and the evaluation data's, which must be the same.
+//! The training input a run reads: which feature, its shape and type, whether it is sparse
+//! or encoded images (then its shape is the samples', `[channels, size, size]`); and the
+//! evaluation data's, which must be the same.
 
 use std::path::Path;
 
-use dp_data::{DType, Dataset, Kind};
+use dp_data::{DType, Dataset, ImageInput, Kind};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
@@ -18,20 +19,29 @@ pub(crate) struct Input {
     pub(crate) shape: Vec<usize>,
     pub(crate) dtype: DType,
     pub(crate) sparse: bool,
+    /// Encoded images, decoded to `shape` by the pipeline.
+    pub(crate) image: bool,
 }
 
 impl Input {
     /// The input of `train`, the training data of `config`.
     pub(crate) fn resolve(train: &Dataset, config: &TrainConfig) -> Result<Self> {
         let feature = feature(train, config);
-        let (shape, dtype, sparse) = input_of(train, &feature, &config.train_data)?;
+        let (shape, dtype, sparse, image) =
+            input_of(train, &feature, &config.train_data, config.image_size)?;
         if !matches!(dtype, DType::U8 | DType::F32) {
             return Err(Error::config(
                 "input_feature",
                 format!("`{feature}` is {}; the trainer reads u8 or f32 inputs", dtype.name()),
             ));
         }
-        Ok(Input { feature, shape, dtype, sparse })
+        Ok(Input { feature, shape, dtype, sparse, image })
+    }
+
+    /// How the training pipeline samples an image input (evaluation takes the centre at the
+    /// same size: see `pipeline_config`).
+    pub(crate) fn image_input(&self) -> Option<ImageInput> {
+        self.image.then(|| ImageInput::train(self.shape[1], self.shape[0]))
     }
 
     /// Elements per record.
@@ -41,7 +51,12 @@ impl Input {
 
     /// What the run saves of it, to check the data of a resumed run against.
     pub(crate) fn saved(&self) -> SavedInput {
-        SavedInput { dtype: self.dtype, shape: self.shape.clone(), sparse: self.sparse }
+        SavedInput {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            sparse: self.sparse,
+            image: self.image,
+        }
     }
 
     /// Refuses evaluation data (`eval`, at `path`) without records or whose input differs.
@@ -53,8 +68,12 @@ impl Input {
                 format!("{} has no records to evaluate on", path.display()),
             ));
         }
-        let (eval_shape, _, eval_sparse) = input_of(eval, &self.feature, path)?;
-        if (&eval_shape, eval_sparse) == (&self.shape, self.sparse) {
+        // Images are decoded to the training samples' size and channels, whatever theirs.
+        let size = self.image.then(|| self.shape[1]);
+        let (eval_shape, _, eval_sparse, eval_image) = input_of(eval, &self.feature, path, size)?;
+        if (self.image && eval_image)
+            || (&eval_shape, eval_sparse, eval_image) == (&self.shape, self.sparse, self.image)
+        {
             return Ok(());
         }
         let kind = |sparse| if sparse { "sparse " } else { "" };
@@ -96,7 +115,7 @@ fn feature(dataset: &Dataset, config: &TrainConfig) -> String {
         f.name != config.label_feature
             && match &f.kind {
                 Kind::Dense { shape } => !shape.is_empty(),
-                Kind::Sparse { .. } => true,
+                Kind::Sparse { .. } | Kind::Image => true,
                 Kind::Bytes => false,
             }
     });
@@ -106,17 +125,39 @@ fn feature(dataset: &Dataset, config: &TrainConfig) -> String {
     }
 }
 
-/// The input feature's shape and dtype, and whether it is sparse (its shape then flattened).
-fn input_of(dataset: &Dataset, name: &str, dir: &Path) -> Result<(Vec<usize>, DType, bool)> {
+/// The input feature's shape and dtype, and whether it is sparse (its shape then flattened)
+/// or encoded images (its shape then the samples', `[channels, size, size]`, of
+/// `image_size` or the default for the images' sizes).
+fn input_of(
+    dataset: &Dataset,
+    name: &str,
+    dir: &Path,
+    image_size: Option<usize>,
+) -> Result<(Vec<usize>, DType, bool, bool)> {
     let feature = dataset.schema().feature(name).ok_or_else(|| {
         Error::config("input_feature", format!("`{name}` is not a feature of {}", dir.display()))
     })?;
     match &feature.kind {
-        Kind::Dense { shape } if !shape.is_empty() => Ok((shape.clone(), feature.dtype, false)),
-        Kind::Sparse { shape } => Ok((vec![shape.iter().product()], feature.dtype, true)),
+        Kind::Dense { shape } if !shape.is_empty() => {
+            Ok((shape.clone(), feature.dtype, false, false))
+        }
+        Kind::Sparse { shape } => Ok((vec![shape.iter().product()], feature.dtype, true, false)),
+        Kind::Image => {
+            let counts = dataset.manifest().images.get(name).ok_or_else(|| {
+                Error::config(
+                    "input_feature",
+                    format!("the manifest of {} does not count its images `{name}`", dir.display()),
+                )
+            })?;
+            let size = image_size.unwrap_or_else(|| counts.sample_size());
+            Ok((vec![counts.channels(), size, size], DType::U8, false, true))
+        }
         _ => Err(Error::config(
             "input_feature",
-            format!("`{name}` in {} is not a dense array or a sparse feature", dir.display()),
+            format!(
+                "`{name}` in {} is not a dense array, a sparse feature or images",
+                dir.display()
+            ),
         )),
     }
 }

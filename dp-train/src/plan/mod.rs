@@ -8,7 +8,7 @@ mod batching;
 mod input;
 mod task;
 
-use dp_data::{Dataset, PipelineConfig, PipelineState, TailPolicy};
+use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy};
 use dp_model::{CheckpointHeader, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,9 @@ pub(crate) struct RunPlan {
     pub(crate) resumed_dir: Option<PathBuf>,
     pub(crate) spec: ModelSpec,
     pub(crate) input_len: usize,
+    /// With an encoded-image input: how the training pipeline samples it (evaluation takes
+    /// the centre at the same size).
+    pub(crate) image: Option<ImageInput>,
     /// Classes: labels are in `0..classes` (1, the output, for a regression).
     pub(crate) classes: usize,
     /// Replicas, processes, micro-batches and steps.
@@ -84,16 +87,23 @@ impl RunPlan {
         let input = Input::resolve(&train, &config)?;
         let config = TrainConfig { input_feature: input.feature.clone(), ..config };
         let task = Task::resolve(&train, &config)?;
-        if let Some(path) = &config.eval_data {
-            let eval = Dataset::open(path)?;
-            input.check_eval(&eval, path)?;
-            task.check_eval(&eval, &config.label_feature, path)?;
+        let eval = match &config.eval_data {
+            Some(path) => Some((Dataset::open(path)?, path.clone())),
+            None => None,
+        };
+        if let Some((eval, path)) = &eval {
+            input.check_eval(eval, path)?;
+            task.check_eval(eval, &config.label_feature, path)?;
         }
         let (config, sparse_defaults) = choose_defaults(config, &input, task, train.len())?;
         let optimizer = config.optimizer.clone().expect("chosen above");
         let spec = model_spec(&config.model, &input, task.outputs())?;
         check_augmentations(&config, &input)?;
         let scalings = scalings(&config, run_dir.as_deref(), &train, &input, task)?;
+        scalings.check_classes(&train, &config.label_feature, &config.train_data)?;
+        if let Some((eval, path)) = &eval {
+            scalings.check_classes(eval, &config.label_feature, path)?;
+        }
         let (batching, config) =
             Batching::resolve(config, train.len(), processes, sparse_defaults)?;
         let schedule = config.schedule_or_default(batching.total_steps);
@@ -109,6 +119,7 @@ impl RunPlan {
             resumed_dir: run_dir,
             spec,
             input_len: input.len(),
+            image: input.image_input(),
             classes: task.outputs(),
             batching,
             schedule,
@@ -165,6 +176,10 @@ fn choose_defaults(
     let default_model = input.sparse && config.model == TrainConfig::default().model;
     if default_model {
         config.model = "linear".into();
+    }
+    // An MLP's first layer would hold every pixel of a sample times 512 weights.
+    if input.image && config.model == TrainConfig::default().model {
+        config.model = "lenet".into();
     }
     let sparse_defaults = default_model
         && !task.is_regression()
@@ -314,6 +329,11 @@ pub(crate) fn pipeline_config(
     p.prefetch = config.data_prefetch;
     p.memory_budget = config.data_budget_mib << 20;
     p.cache = config.data_cache;
+    p.on_corruption = config.corruption_policy();
+    p.image = plan.image.map(|image| match train {
+        true => image,
+        false => ImageInput::eval(image.height, image.channels),
+    });
     if train {
         p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
         p.tail = TailPolicy::Drop;

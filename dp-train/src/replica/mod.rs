@@ -447,6 +447,7 @@ impl<C: Communicator> Replica<C> {
         let waiting = Instant::now();
         let batch = self.train.next_batch()?;
         times.data_wait += waiting.elapsed().as_secs_f64();
+        self.report.skipped_records += batch.replaced() as u64;
         let epoch = batch.epoch();
         // A non-finite input makes the loss non-finite, which every build checks below;
         // debug builds also name the input.

@@ -36,6 +36,8 @@ pub(crate) struct ReplicaReport {
     pub(crate) best: BestSoFar,
     /// Peak device bytes by tag, for a GPU replica.
     pub(crate) device_peak: Option<ByTag<u64>>,
+    /// Training records it was given in place of ones that could not be read.
+    pub(crate) skipped_records: u64,
 }
 
 impl<C: Communicator> Replica<C> {

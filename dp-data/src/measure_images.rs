@@ -1,0 +1,192 @@
+//! The image path measured against its limit in the same run: a pipeline that decodes,
+//! crops, flips and batches encoded images, against its decoder alone on the same images
+//! (one thread, times the workers); and a pipeline over small images stored decoded. Used by
+//! `cargo xtask bench data`.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::image::ImageInfo;
+use crate::image::decode::Decoder;
+use crate::{Dataset, ImageInput, Kind, Pipeline, PipelineConfig, RandomCrop, RandomFlip};
+
+/// What [`measure_encoded`] found: medians over rounds that alternate the decoder and the
+/// pipeline, so both see the same machine.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct EncodedReport {
+    /// Images in the dataset, each decoded once per round by each side.
+    pub images: u64,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// Worker threads of the pipeline.
+    pub workers: usize,
+    /// The decoder alone, on one thread, the encoded bytes already in memory: images per
+    /// second (zune-jpeg for JPEG, png for PNG, to 8-bit RGB).
+    pub decoder_images_per_s: f64,
+    /// The pipeline: images per second, from its start to its last batch of an epoch.
+    pub images_per_s: f64,
+    /// `images_per_s / (decoder_images_per_s * workers)`, the median of the rounds' ratios:
+    /// what is left after reading, cropping, resampling, flipping and batching.
+    pub vs_decoder_limit: f64,
+    /// Of the workers' time, the share spent decoding, transforming and collating.
+    pub map_share: f64,
+    /// The most `Data` bytes the pipeline held at once, its image buffers included.
+    pub peak_bytes: u64,
+}
+
+/// Measures a pipeline over the encoded images of the dataset at `dir`, sampled as `input`
+/// in batches of `batch` on `workers` threads, against the decoder alone, in `rounds` rounds
+/// (at least 3) of: the decoder over every image, then one epoch of a new pipeline.
+pub fn measure_encoded(
+    dir: &Path,
+    input: ImageInput,
+    batch: usize,
+    workers: usize,
+    rounds: usize,
+) -> Result<EncodedReport> {
+    let dataset = Dataset::open(dir)?;
+    let images = stored_images(&dataset)?;
+    let config =
+        PipelineConfig { batch_size: batch, workers, image: Some(input), ..Default::default() };
+    let (mut decoder, mut rows) = (Decoder::default(), Vec::new());
+    for _ in 0..rounds.max(3) {
+        let started = Instant::now();
+        for stored in &images {
+            let (info, encoded) = ImageInfo::stored(stored).map_err(|what| fail(dir, what))?;
+            decoder.decode(&info, encoded, input.channels).map_err(|what| fail(dir, what))?;
+        }
+        let decoder_rate = images.len() as f64 / started.elapsed().as_secs_f64();
+        let (rate, stats) = epoch(dir, &config)?;
+        rows.push((decoder_rate, rate, rate / (decoder_rate * workers as f64), stats));
+    }
+    let column = |f: &dyn Fn(&Row) -> f64| median(rows.iter().map(f).collect());
+    Ok(EncodedReport {
+        images: images.len() as u64,
+        rounds: rows.len(),
+        workers,
+        decoder_images_per_s: column(&|r| r.0),
+        images_per_s: column(&|r| r.1),
+        vs_decoder_limit: column(&|r| r.2),
+        map_share: column(&|r| r.3.map_s / (r.3.wall_s * workers as f64).max(1e-9)),
+        peak_bytes: rows.iter().map(|r| r.3.peak_bytes).max().unwrap_or(0),
+    })
+}
+
+type Row = (f64, f64, f64, crate::PipelineStats);
+
+/// What [`measure_decoded`] found.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct DecodedReport {
+    /// Images per epoch.
+    pub images: u64,
+    /// Epochs timed (after one that fills the cache).
+    pub epochs: usize,
+    /// Worker threads.
+    pub workers: usize,
+    /// The median epoch's images per second.
+    pub images_per_s: f64,
+    /// The same in bytes of `u8` pixels per second.
+    pub pixel_bytes_per_s: f64,
+}
+
+/// Measures a pipeline over small images stored decoded (a dense `u8[C, H, W]` input at
+/// `dir`): random crop after padding by 4, horizontal flip and batches of `batch` on
+/// `workers` threads, the dataset cached in memory; the median of `epochs` (at least 3)
+/// epochs after the first.
+pub fn measure_decoded(
+    dir: &Path,
+    batch: usize,
+    workers: usize,
+    epochs: usize,
+) -> Result<DecodedReport> {
+    let dataset = Dataset::open(dir)?;
+    let feature = input_feature(
+        &dataset,
+        dir,
+        |kind| matches!(kind, Kind::Dense { shape } if shape.len() == 3),
+    )?;
+    let elements = feature.elements().unwrap_or(0) as f64;
+    let config = PipelineConfig {
+        input: feature.name.clone(),
+        batch_size: batch,
+        workers,
+        cache: true,
+        ..Default::default()
+    };
+    let transforms: Vec<Box<dyn crate::Transform>> = vec![
+        Box::new(crate::Normalize::pixels(0.0, 1.0)),
+        Box::new(RandomCrop { padding: 4 }),
+        Box::new(RandomFlip { horizontal: true, vertical: false, p: 0.5 }),
+    ];
+    let mut pipeline = Pipeline::new(dir, config, transforms)?;
+    let per_epoch = pipeline.batches_per_epoch();
+    let mut rates = Vec::new();
+    for epoch in 0..=epochs.max(3) {
+        let started = Instant::now();
+        let mut images = 0;
+        for _ in 0..per_epoch {
+            images += pipeline.next_batch()?.len();
+        }
+        if epoch > 0 {
+            rates.push(images as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    let images_per_s = median(rates.clone());
+    Ok(DecodedReport {
+        images: per_epoch * batch as u64,
+        epochs: rates.len(),
+        workers,
+        images_per_s,
+        pixel_bytes_per_s: images_per_s * elements,
+    })
+}
+
+/// One epoch of a new pipeline: images per second and its counters.
+fn epoch(dir: &Path, config: &PipelineConfig) -> Result<(f64, crate::PipelineStats)> {
+    let started = Instant::now();
+    let mut pipeline = Pipeline::new(dir, config.clone(), Vec::new())?;
+    let mut images = 0;
+    for _ in 0..pipeline.batches_per_epoch() {
+        images += pipeline.next_batch()?.len();
+    }
+    Ok((images as f64 / started.elapsed().as_secs_f64(), pipeline.stats()))
+}
+
+/// Every stored image of the dataset's image feature, in memory.
+fn stored_images(dataset: &Dataset) -> Result<Vec<Vec<u8>>> {
+    let dir = dataset.dir();
+    let name = input_feature(dataset, dir, |kind| *kind == Kind::Image)?.name.clone();
+    let mut images = Vec::new();
+    for block in dataset.blocks() {
+        let block = block?;
+        for row in 0..block.len() {
+            images.push(block.bytes(&name, row)?.to_vec());
+        }
+    }
+    Ok(images)
+}
+
+fn input_feature<'a>(
+    dataset: &'a Dataset,
+    dir: &Path,
+    wanted: impl Fn(&Kind) -> bool,
+) -> Result<&'a crate::Feature> {
+    dataset.schema().features().iter().find(|f| wanted(&f.kind)).ok_or_else(|| Error::Config {
+        field: "input",
+        what: format!("{} has no feature of the kind this measurement reads", dir.display()),
+    })
+}
+
+fn fail(dir: &Path, what: String) -> Error {
+    Error::Config { field: "input", what: format!("an image of {}: {what}", dir.display()) }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}

@@ -1,0 +1,127 @@
+//! A folder of JPEG photographs trains with no option but the data: the sample size, the
+//! channels, the model and the per-channel scaling come from the images; evaluation and
+//! prediction name the classes, and data naming other classes is refused. An image that does
+//! not decode stops the run, or, with `skip_corrupt`, is replaced and counted.
+
+mod common;
+
+use std::path::Path;
+
+use common::{TempDir, run_dir};
+use dp_data::{
+    DatasetWriter, ImageFolderOptions, SyntheticPhotos, Value, WriterOptions,
+    generate_photo_folder, import_image_folder,
+};
+use dp_train::{RunOptions, SavedRun, TrainConfig, train};
+
+/// `root/{train,eval}`: photographs of three classes imported as an image folder each.
+fn photos(root: &Path) {
+    for (split, per_class, seed) in [("train", 96, 1), ("eval", 24, 2)] {
+        let folder = root.join(format!("{split}-folder"));
+        let spec = SyntheticPhotos { per_class, sides: (24, 48), seed, ..Default::default() };
+        generate_photo_folder(&folder, &spec).unwrap();
+        let options = ImageFolderOptions::default();
+        import_image_folder(&folder, &root.join(split), &options, WriterOptions::default())
+            .unwrap();
+    }
+}
+
+fn config(root: &Path) -> TrainConfig {
+    TrainConfig {
+        train_data: root.join("train"),
+        eval_data: Some(root.join("eval")),
+        replicas: 2,
+        global_batch: 32,
+        epochs: 6,
+        timeout_s: 30.0,
+        ..TrainConfig::default()
+    }
+}
+
+#[test]
+fn a_photo_folder_trains_with_defaults_and_evaluation_names_its_classes() {
+    let data = TempDir::new("images-data");
+    photos(&data.0);
+    let out = TempDir::new("images-run");
+    let summary = train(config(&data.0), &RunOptions::new(&out.0), &mut ()).unwrap();
+    // LeNet on 32x32 RGB samples (the typical shorter side, 24 to 48, rounded down to a
+    // power of two); three classes that differ in colour and stripes are learned.
+    assert!(summary.model.starts_with("lenet"), "{}", summary.model);
+    let accuracy = summary.eval_accuracy.unwrap();
+    assert!(accuracy >= 0.9, "eval accuracy {accuracy}");
+    assert_eq!(summary.skipped_records, 0);
+
+    let run = SavedRun::open(&run_dir(&out.0)).unwrap();
+    let names: Vec<&str> = run.class_names().unwrap().iter().map(String::as_str).collect();
+    assert_eq!(names, ["class-0", "class-1", "class-2"]);
+    let eval = run.evaluate(&data.0.join("eval"), false).unwrap();
+    assert_eq!((eval.records, eval.model.accuracy), (72, summary.eval_accuracy));
+    let predictions = run.predict(&data.0.join("eval")).unwrap();
+    assert_eq!((predictions.records, predictions.columns), (72, 3));
+
+    // Data whose folders name other classes: label 0 would mean another class.
+    let other = data.0.join("other-folder");
+    let spec = SyntheticPhotos { classes: 3, per_class: 2, ..Default::default() };
+    generate_photo_folder(&other, &spec).unwrap();
+    std::fs::rename(other.join("class-0"), other.join("cats")).unwrap();
+    let options = ImageFolderOptions::default();
+    import_image_folder(&other, &data.0.join("other"), &options, WriterOptions::default()).unwrap();
+    let error = run.evaluate(&data.0.join("other"), false).unwrap_err().to_string();
+    assert!(error.contains("names the classes 3 (cats, class-1, class-2)"), "{error}");
+    let error = train(
+        TrainConfig { eval_data: Some(data.0.join("other")), ..config(&data.0) },
+        &RunOptions::new(&TempDir::new("images-other").0),
+        &mut (),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("the same label would mean another class"), "{error}");
+}
+
+#[test]
+fn an_image_that_does_not_decode_stops_the_run_unless_skipped() {
+    let data = TempDir::new("images-corrupt");
+    let folder = data.0.join("folder");
+    let spec = SyntheticPhotos { per_class: 16, sides: (24, 40), ..Default::default() };
+    generate_photo_folder(&folder, &spec).unwrap();
+    // The folder's photographs, every tenth cut short past its headers (so that it imports,
+    // as a file damaged after it was checked would, and fails when decoded).
+    let dir = data.0.join("train");
+    let schema = dp_data::Schema::new(vec![
+        dp_data::Feature::image("image"),
+        dp_data::Feature::dense("label", dp_data::DType::I64, &[]),
+    ])
+    .unwrap();
+    let mut writer = DatasetWriter::create(&dir, schema, WriterOptions::default()).unwrap();
+    let mut cut = 0;
+    for (k, label) in (0..16).flat_map(|n| (0..3).map(move |c| (n, c))).enumerate() {
+        let bytes = std::fs::read(folder.join(format!("class-{}/{}.jpg", label.1, label.0)));
+        let mut stored = dp_data::stored_image(&bytes.unwrap()).unwrap();
+        if k % 10 == 3 {
+            stored.truncate(stored.len() * 2 / 3);
+            cut += 1;
+        }
+        writer.append(&[Value::Bytes(&stored), Value::dense(&[label.1 as i64])]).unwrap();
+    }
+    writer.finish().unwrap();
+    let config = TrainConfig {
+        train_data: dir.clone(),
+        replicas: 2,
+        global_batch: 8,
+        epochs: 2,
+        timeout_s: 30.0,
+        ..TrainConfig::default()
+    };
+    let error = train(config.clone(), &RunOptions::new(&TempDir::new("images-fail").0), &mut ())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("feature `image`: the image does not decode"), "{error}");
+    assert!(error.contains(&dir.display().to_string()), "{error}");
+
+    let skipping = TrainConfig { skip_corrupt: true, ..config };
+    let summary =
+        train(skipping, &RunOptions::new(&TempDir::new("images-skip").0), &mut ()).unwrap();
+    // Every cut image was met once per epoch and replaced; the run took all its steps.
+    assert_eq!(summary.steps, 2 * 48 / 8);
+    assert_eq!(summary.skipped_records, 2 * cut);
+}

@@ -1,0 +1,162 @@
+//! `cargo xtask bench data`'s image section: the pipeline on encoded photographs against its
+//! decoder's limit and against PyTorch's DataLoader and tf.data on the same files, and on
+//! small images stored decoded, all measured in this run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use dp_data::{ImageFolderOptions, ImageInput, SyntheticPhotos, WriterOptions};
+use serde_json::Value;
+
+/// The workload the figures name: 2,000 photographs of 300 to 650 pixels a side at
+/// JPEG quality 90, random resized crops to 224, flipped, in batches of 64, on 2 workers.
+const PHOTOS: SyntheticPhotos =
+    SyntheticPhotos { classes: 4, per_class: 500, sides: (300, 650), quality: 90, seed: 0 };
+const SIZE: usize = 224;
+const BATCH: usize = 64;
+const WORKERS: usize = 2;
+const ROUNDS: usize = 3;
+
+/// CIFAR's size for the decoded path: 50,000 images of 32x32, in batches of 256.
+const SMALL: SyntheticPhotos =
+    SyntheticPhotos { classes: 4, per_class: 12_500, sides: (32, 40), quality: 90, seed: 1 };
+const SMALL_BATCH: usize = 256;
+
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let dir = root.join("target/bench-images");
+    let photos = prepared(&dir.join("photos"), || {
+        dp_data::generate_photo_folder(&dir.join("photos"), &PHOTOS).map(drop)
+    })?;
+    let encoded = prepared(&dir.join("encoded"), || {
+        let options = ImageFolderOptions::default();
+        dp_data::import_image_folder(
+            &photos,
+            &dir.join("encoded"),
+            &options,
+            WriterOptions::default(),
+        )
+        .map(drop)
+    })?;
+    let decoded = prepared(&dir.join("decoded-32"), || {
+        let folder = dir.join("small-photos");
+        let _ = std::fs::remove_dir_all(&folder);
+        dp_data::generate_photo_folder(&folder, &SMALL)?;
+        let options = ImageFolderOptions { decoded: Some(32), ..Default::default() };
+        dp_data::import_image_folder(
+            &folder,
+            &dir.join("decoded-32"),
+            &options,
+            WriterOptions::default(),
+        )?;
+        std::fs::remove_dir_all(&folder)
+            .map_err(|e| dp_data::Error::Config { field: "bench", what: e.to_string() })
+    })?;
+
+    println!(
+        "\nimages: {} JPEG photographs of {}-{} px (quality {}), RandomResizedCrop {SIZE}, flip, batch {BATCH}, {WORKERS} workers; {} cores, {}",
+        PHOTOS.classes * PHOTOS.per_class,
+        PHOTOS.sides.0,
+        PHOTOS.sides.1,
+        PHOTOS.quality,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_features()
+    );
+    let input = ImageInput::train(SIZE, 3);
+    let ours = dp_data::measure_images::measure_encoded(&encoded, input, BATCH, WORKERS, ROUNDS)?;
+    let verdict = |met: bool| if met { "met" } else { "NOT MET" };
+    println!(
+        "  zune-jpeg alone, 1 thread     {:>9.0} images/s (limit for {WORKERS} workers: {:.0})",
+        ours.decoder_images_per_s,
+        ours.decoder_images_per_s * WORKERS as f64
+    );
+    println!(
+        "  dp pipeline                   {:>9.0} images/s, {:.2} of the limit (target >= 0.85: {}); peak {:.1} MiB",
+        ours.images_per_s,
+        ours.vs_decoder_limit,
+        verdict(ours.vs_decoder_limit >= 0.85),
+        ours.peak_bytes as f64 / (1 << 20) as f64
+    );
+    for (name, script, target) in
+        [("PyTorch DataLoader", "images_torch.py", 3.0), ("tf.data", "images_tfdata.py", 2.0)]
+    {
+        match peer(root, script, &photos) {
+            Ok(peer) => {
+                let rate = peer["images_per_s"].as_f64().unwrap_or(f64::NAN);
+                let ratio = ours.images_per_s / rate;
+                println!(
+                    "  {name:<29} {rate:>9.0} images/s: dp {ratio:.2}x (target >= {target}: {})",
+                    verdict(ratio >= target)
+                );
+                if let Some(decode) = peer["decode_images_per_s"].as_f64() {
+                    let what = peer["decoder"].as_str().unwrap_or("its decoder");
+                    println!("    {what:<27} {decode:>9.0} images/s on 1 thread");
+                }
+            }
+            Err(error) => println!("  {name:<29} not measured: {error:#}"),
+        }
+    }
+
+    let small = dp_data::measure_images::measure_decoded(&decoded, SMALL_BATCH, WORKERS, ROUNDS)?;
+    println!(
+        "\nimages stored decoded, {} of 32x32x3, random crop (pad 4), flip, batch {SMALL_BATCH}, {WORKERS} workers, cached",
+        small.images
+    );
+    println!(
+        "  dp pipeline                   {:>9.0} images/s, {:.2} GB/s of pixels (target >= 300,000: {})",
+        small.images_per_s,
+        small.pixel_bytes_per_s / 1e9,
+        verdict(small.images_per_s >= 300_000.0)
+    );
+    Ok(())
+}
+
+/// `path`, made by `make` unless an earlier run finished making it (a `.complete` file
+/// beside it says so).
+fn prepared(path: &Path, make: impl FnOnce() -> dp_data::Result<()>) -> Result<PathBuf> {
+    let done = path.with_extension("complete");
+    if !done.exists() {
+        let _ = std::fs::remove_dir_all(path);
+        make().with_context(|| format!("prepare {}", path.display()))?;
+        std::fs::write(&done, b"").with_context(|| format!("write {}", done.display()))?;
+    }
+    Ok(path.to_path_buf())
+}
+
+/// Runs `scripts/SCRIPT` on the photographs; its last line of output is a JSON object.
+fn peer(root: &Path, script: &str, photos: &Path) -> Result<Value> {
+    let output = Command::new("python3")
+        .arg(root.join("scripts").join(script))
+        .arg(photos)
+        .args(["--size", &SIZE.to_string(), "--batch", &BATCH.to_string()])
+        .args(["--workers", &WORKERS.to_string(), "--rounds", &ROUNDS.to_string()])
+        .output()
+        .context("cannot start python3")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        bail!("{}", stderr.lines().last().unwrap_or("the script failed"));
+    }
+    let last = stdout.lines().last().context("the script printed nothing")?;
+    serde_json::from_str(last).with_context(|| format!("the output of {script}"))
+}
+
+/// The vector extensions the decoders and the resampler can use here.
+fn cpu_features() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let found: Vec<&str> = [
+            (std::arch::is_x86_feature_detected!("sse4.1"), "SSE4.1"),
+            (std::arch::is_x86_feature_detected!("avx2"), "AVX2"),
+            (std::arch::is_x86_feature_detected!("avx512f"), "AVX-512F"),
+        ]
+        .into_iter()
+        .filter_map(|(has, name)| has.then_some(name))
+        .collect();
+        if found.is_empty() { "no SIMD beyond SSE2".into() } else { found.join(", ") }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        std::env::consts::ARCH.to_string()
+    }
+}

@@ -1,0 +1,82 @@
+//! `data preview`: a grid of the samples training makes of an image dataset, as the model
+//! sees them before scaling (crops resampled, flipped), because an augmentation is checked by
+//! looking at it.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use dp_data::{Dataset, ImageInput, Kind, Pipeline, PipelineConfig};
+use image::{ImageEncoder, RgbImage};
+
+/// What `data preview` is asked for.
+pub(crate) struct Preview<'a> {
+    pub(crate) dir: &'a Path,
+    pub(crate) out: &'a Path,
+    /// The samples' side (default: the trainer's, from the images' sizes).
+    pub(crate) size: Option<usize>,
+    /// Samples in the grid.
+    pub(crate) count: usize,
+    /// Evaluation's samples (the centre) instead of training's.
+    pub(crate) eval: bool,
+    pub(crate) seed: u64,
+}
+
+/// Writes `count` samples of the image feature of the dataset at `dir` to `out` (PNG), in
+/// rows of up to 8, 2 pixels apart; prints what it wrote.
+pub(crate) fn preview(p: &Preview<'_>) -> Result<()> {
+    // Before the work: the path may hold something that must not be replaced.
+    dp_data::check_output_file(p.out)?;
+    if !(1..=256).contains(&p.count) {
+        bail!("--count {}: a grid holds 1 to 256 samples", p.count);
+    }
+    let dataset = Dataset::open(p.dir)?;
+    let schema = dataset.schema();
+    let Some(feature) = schema.features().iter().find(|f| f.kind == Kind::Image) else {
+        bail!("{} has no image feature (its features: {schema})", p.dir.display());
+    };
+    let Some(label) = schema.features().iter().find(|f| f.kind != Kind::Image) else {
+        bail!("{} has no label feature beside its images", p.dir.display());
+    };
+    let counts = &dataset.manifest().images[&feature.name];
+    let (size, channels) = (p.size.unwrap_or_else(|| counts.sample_size()), counts.channels());
+    let mut config = PipelineConfig::default();
+    config.input = feature.name.clone();
+    config.label = label.name.clone();
+    config.batch_size = p.count.min(dataset.len() as usize).max(1);
+    config.seed = p.seed;
+    config.image = Some(match p.eval {
+        true => ImageInput::eval(size, channels),
+        false => ImageInput::train(size, channels),
+    });
+    let mut pipeline = Pipeline::new(p.dir, config, Vec::new())
+        .with_context(|| format!("sample {}", p.dir.display()))?;
+    let batch = pipeline.next_batch()?;
+    let samples = batch.len();
+    let (columns, gap) = (samples.min(8), 2);
+    let rows = samples.div_ceil(columns);
+    let side = |n: usize| (n * (size + gap) - gap) as u32;
+    let mut grid = RgbImage::from_pixel(side(columns), side(rows), image::Rgb([255; 3]));
+    let plane = size * size;
+    for (k, sample) in batch.x_flat().chunks_exact(channels * plane).enumerate() {
+        let (x0, y0) = ((k % columns) * (size + gap), (k / columns) * (size + gap));
+        for i in 0..plane {
+            let value = |c: usize| sample[c.min(channels - 1) * plane + i].clamp(0.0, 255.0) as u8;
+            let (x, y) = ((x0 + i % size) as u32, (y0 + i / size) as u32);
+            grid.put_pixel(x, y, image::Rgb([value(0), value(1), value(2)]));
+        }
+    }
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(&grid, grid.width(), grid.height(), image::ExtendedColorType::Rgb8)
+        .context("encode the grid")?;
+    dp_data::write_file(p.out, &png)?;
+    let what =
+        if p.eval { "evaluation (centre crop)" } else { "training (random resized crop, flip)" };
+    println!(
+        "wrote {} ({samples} {what} samples of `{}`, {size}x{size}, seed {})",
+        p.out.display(),
+        feature.name,
+        p.seed
+    );
+    Ok(())
+}
