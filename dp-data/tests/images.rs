@@ -333,3 +333,157 @@ fn tfrecord_jpeg_bytes_import_as_images_by_content_or_by_name() {
     .to_string();
     assert!(error.contains("the image key `photo` is not in the first Example"), "{error}");
 }
+
+/// Displayed 16x8: the left half red, the right half blue.
+fn halves(x: usize, _y: usize) -> [u8; 3] {
+    if x < 8 { [220, 30, 30] } else { [30, 30, 220] }
+}
+
+fn jpeg_of(
+    data: &[u8],
+    (w, h): (u16, u16),
+    color: jpeg_encoder::ColorType,
+    edit: impl FnOnce(&mut jpeg_encoder::Encoder<&mut Vec<u8>>),
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut encoder = jpeg_encoder::Encoder::new(&mut out, 95);
+    encoder.set_sampling_factor(jpeg_encoder::SamplingFactor::F_1_1);
+    edit(&mut encoder);
+    encoder.encode(data, w, h, color).unwrap();
+    out
+}
+
+fn png_of(
+    data: &[u8],
+    (w, h): (u32, u32),
+    color: png::ColorType,
+    depth: png::BitDepth,
+    palette: Option<Vec<u8>>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, w, h);
+    encoder.set_color(color);
+    encoder.set_depth(depth);
+    if let Some(palette) = palette {
+        encoder.set_palette(palette);
+    }
+    encoder.write_header().unwrap().write_image_data(data).unwrap();
+    out
+}
+
+/// An EXIF block (APP1's payload) whose orientation tag is `orientation`.
+fn exif(orientation: u16) -> Vec<u8> {
+    let mut t = Vec::from(*b"Exif\0\0II");
+    t.extend_from_slice(&42u16.to_le_bytes());
+    t.extend_from_slice(&8u32.to_le_bytes());
+    t.extend_from_slice(&1u16.to_le_bytes());
+    t.extend_from_slice(&0x0112u16.to_le_bytes());
+    t.extend_from_slice(&3u16.to_le_bytes());
+    t.extend_from_slice(&1u32.to_le_bytes());
+    t.extend_from_slice(&orientation.to_le_bytes());
+    t.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    t
+}
+
+#[test]
+fn every_encoding_people_store_comes_out_as_the_channels_asked_for() {
+    use jpeg_encoder::ColorType as Jpeg;
+    let displayed = |f: &dyn Fn([u8; 3]) -> Vec<u8>| -> Vec<u8> {
+        (0..8).flat_map(|y| (0..16).flat_map(move |x| f(halves(x, y)))).collect()
+    };
+    let rgb = displayed(&|p| p.to_vec());
+    let luma = |p: [u8; 3]| {
+        ((299 * p[0] as u32 + 587 * p[1] as u32 + 114 * p[2] as u32 + 500) / 1000) as u8
+    };
+    let gray = displayed(&|p| vec![luma(p)]);
+    // Stored 8 wide and 16 tall, shown turned a quarter clockwise (EXIF orientation 6):
+    // displayed (x, y) is stored (y, 15 - x).
+    let turned: Vec<u8> =
+        (0..16).flat_map(|sy| (0..8).flat_map(move |sx| halves(15 - sy, sx))).collect();
+    let rgb16: Vec<u8> = rgb.iter().flat_map(|&v| [v, 0x80]).collect();
+    let gray_alpha: Vec<u8> = gray.iter().flat_map(|&v| [v, 128]).collect();
+    let rgba: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 255]).collect();
+    let indexed: Vec<u8> = (0..8).flat_map(|_| (0..16).map(|x| u8::from(x >= 8))).collect();
+    let cmyk: Vec<u8> =
+        rgb.chunks(3).flat_map(|p| [255 - p[0], 255 - p[1], 255 - p[2], 0]).collect();
+    let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("baseline JPEG", jpeg_of(&rgb, (16, 8), Jpeg::Rgb, |_| {}), true),
+        ("progressive JPEG", jpeg_of(&rgb, (16, 8), Jpeg::Rgb, |e| e.set_progressive(true)), true),
+        ("grayscale JPEG", jpeg_of(&gray, (16, 8), Jpeg::Luma, |_| {}), false),
+        ("CMYK JPEG", jpeg_of(&cmyk, (16, 8), Jpeg::Cmyk, |_| {}), true),
+        (
+            "EXIF-rotated JPEG",
+            jpeg_of(&turned, (8, 16), Jpeg::Rgb, |e| e.add_app_segment(1, exif(6)).unwrap()),
+            true,
+        ),
+        ("RGB PNG", png_of(&rgb, (16, 8), png::ColorType::Rgb, png::BitDepth::Eight, None), true),
+        (
+            "16-bit PNG",
+            png_of(&rgb16, (16, 8), png::ColorType::Rgb, png::BitDepth::Sixteen, None),
+            true,
+        ),
+        (
+            "palette PNG",
+            png_of(
+                &indexed,
+                (16, 8),
+                png::ColorType::Indexed,
+                png::BitDepth::Eight,
+                Some(vec![220, 30, 30, 30, 30, 220]),
+            ),
+            true,
+        ),
+        (
+            "gray and alpha PNG",
+            png_of(
+                &gray_alpha,
+                (16, 8),
+                png::ColorType::GrayscaleAlpha,
+                png::BitDepth::Eight,
+                None,
+            ),
+            false,
+        ),
+        (
+            "RGBA PNG",
+            png_of(&rgba, (16, 8), png::ColorType::Rgba, png::BitDepth::Eight, None),
+            true,
+        ),
+    ];
+    let mut sampler = dp_data::ImageSampler::new();
+    for (name, encoded, color) in cases {
+        let info = dp_data::ImageInfo::probe(&encoded).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((info.width, info.height), (16, 8), "{name}");
+        let stored = stored_image(&encoded).unwrap();
+        for channels in [1, 3] {
+            // The whole image at its own size: the centre square of a 16x8 image is its
+            // middle 8x8, four columns of each half.
+            let input = ImageInput {
+                height: 8,
+                width: 8,
+                channels,
+                crop: dp_data::ImageCrop::Center { fraction: 1.0 },
+                flip: false,
+            };
+            let mut out = vec![0f32; input.elements()];
+            sampler
+                .sample(&stored, &input, (1.0, 0.0), &mut dp_data::Rng::new(0), &mut out)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let at = |c: usize, x: usize| out[c * 64 + 4 * 8 + x];
+            let expected = |p: [u8; 3], c: usize| match (channels, color) {
+                (1, _) => luma(p),
+                (_, true) => p[c],
+                (_, false) => luma(p),
+            };
+            for c in 0..channels {
+                for (x, pixel) in [(1, halves(0, 0)), (6, halves(15, 0))] {
+                    let (got, want) = (at(c, x), f32::from(expected(pixel, c)));
+                    assert!(
+                        (got - want).abs() <= 12.0,
+                        "{name}, {channels} channels: channel {c} at x {x} is {got}, not {want}"
+                    );
+                }
+            }
+        }
+    }
+}

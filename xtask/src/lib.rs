@@ -57,7 +57,9 @@ enum XtaskCmd {
     /// Run exactly what CI runs (`.ci/run`): format check, clippy, tests, bench build.
     Ci,
     /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
-    /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead.
+    /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead;
+    /// `bench data` ends with the image pipeline against its decoder, PyTorch and tf.data
+    /// (`bench data --filter images` for that alone).
     Bench {
         /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
         /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling.
@@ -184,7 +186,7 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
                     bench::run(&root, krate.as_deref(), filter.as_deref())?;
                     // Data's benchmarks end with the image section, measured in this run.
                     let data = matches!(krate.as_deref(), Some("data" | "dp-data"));
-                    if data && filter.as_deref().is_none_or(|f| "images".contains(f)) {
+                    if data && filter.as_deref().is_none_or(|f| f == "images") {
                         bench_images::run(&root)?;
                     }
                     return Ok(ExitCode::SUCCESS);

@@ -62,21 +62,30 @@ impl Decoder {
     }
 
     fn jpeg(&mut self, encoded: &[u8], channels: usize) -> Result<(u32, u32), String> {
-        let out = if channels == 1 { ColorSpace::Luma } else { ColorSpace::RGB };
+        let fail = |e: &dyn std::fmt::Display| format!("does not decode as JPEG: {e}");
+        let mut decoder = JpegDecoder::new(ZCursor::new(encoded));
+        decoder.decode_headers().map_err(|e| fail(&e))?;
+        // zune-jpeg gives the luma of YCbCr and gray images directly, but CMYK and YCCK ones
+        // only as RGB, made gray here.
+        let four = decoder.input_colorspace().is_some_and(|c| c.num_components() == 4);
+        let luma_here = channels == 1 && four;
+        let out = if channels == 1 && !four { ColorSpace::Luma } else { ColorSpace::RGB };
         let options = DecoderOptions::default()
             .jpeg_set_out_colorspace(out)
             .set_strict_mode(true)
             .set_max_width(1 << 16)
             .set_max_height(1 << 16);
-        let mut decoder = JpegDecoder::new_with_options(ZCursor::new(encoded), options);
-        decoder.decode_headers().map_err(|e| format!("does not decode as JPEG: {e}"))?;
+        decoder.set_options(options);
         let (width, height) = decoder.dimensions().unwrap_or_default();
         check_pixels(width as u64 * height as u64)?;
         let size = decoder.output_buffer_size().unwrap_or(0);
-        self.pixels.resize(size, 0);
-        decoder
-            .decode_into(&mut self.pixels)
-            .map_err(|e| format!("does not decode as JPEG: {e}"))?;
+        let target = if luma_here { &mut self.scratch } else { &mut self.pixels };
+        target.resize(size, 0);
+        decoder.decode_into(target).map_err(|e| fail(&e))?;
+        if luma_here {
+            self.pixels.resize(width * height, 0);
+            convert_channels(&self.scratch[..width * height * 3], 3, &mut self.pixels, 1);
+        }
         let orientation = decoder.exif().map_or(1, |exif| exif_orientation(exif));
         let (w, h) = (width as u32, height as u32);
         Ok(self.orient(w, h, channels, orientation))

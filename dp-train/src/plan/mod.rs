@@ -190,6 +190,16 @@ fn choose_defaults(
         config.optimizer = Some(crate::config::sparse_optimizer(records, task.outputs()));
         config.lr = Some(crate::config::SPARSE_LR);
     }
+    // On photographs LeNet's first linear layer reads tens of thousands of values, whose
+    // gradients SGD at the digits' rate blows up on (it diverges in a few steps at 224x224);
+    // Adam scales each weight's step to its gradients.
+    let image_defaults = input.image
+        && config.optimizer.is_none()
+        && config.lr.is_none()
+        && config.schedule.is_none();
+    if image_defaults {
+        config.optimizer = Some(OptimizerConfig::preset("adam")?);
+    }
     if config.optimizer.is_none() {
         config.optimizer = Some(OptimizerConfig::preset("sgd")?);
     }
