@@ -13,12 +13,17 @@
 //!   and [`export_npy`], [`export_svmlight`] and [`export_npz`], so any import can be
 //!   round-tripped.
 //! * The built-in dataset: [`generate_digits`] writes synthetic 28x28 digits with a held-out
-//!   eval split, the default data everywhere in the project.
+//!   eval split, the default data everywhere in the project; [`generate_photo_folder`] a
+//!   folder of synthetic JPEG photographs.
 //! * The input pipeline: [`Pipeline`] gives each rank its share of every epoch in batches,
 //!   shuffled, transformed on worker threads, prefetched, within a memory budget, resumable
 //!   from a [`PipelineState`].
-//! * Measurement, in the [`measure`] module (not needed to use the crate): read and pipeline
-//!   throughput against raw zstd, used by the benchmarks and `cargo xtask data bench-read|bench`.
+//! * Encoded images: an image feature keeps each record's JPEG or PNG bytes ([`stored_image`],
+//!   [`import_image_folder`], or a TFRecord's JPEG bytes); with [`PipelineConfig::image`]
+//!   the workers decode, crop ([`ImageCrop`]) and resample them into `[C, H, W]` batches.
+//! * Measurement, in the `measure` and `measure_images` modules behind the `bench` feature
+//!   (not needed to use the crate): read, pipeline and image throughput against their
+//!   references, used by the benchmarks and `cargo xtask data bench-read|bench`.
 //!
 //! ```
 //! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};
