@@ -27,11 +27,17 @@ pub struct EncodedReport {
     /// The decoder alone, on one thread, the encoded bytes already in memory: images per
     /// second (zune-jpeg for JPEG, png for PNG, to 8-bit RGB).
     pub decoder_images_per_s: f64,
+    /// The decoder alone on as many threads as workers at once, each taking the next image:
+    /// what the machine decodes with every worker's core busy (shared caches, and clocks a
+    /// single busy core may run above).
+    pub parallel_decoder_images_per_s: f64,
     /// The pipeline: images per second, from its start to its last batch of an epoch.
     pub images_per_s: f64,
     /// `images_per_s / (decoder_images_per_s * workers)`, the median of the rounds' ratios:
     /// what is left after reading, cropping, resampling, flipping and batching.
     pub vs_decoder_limit: f64,
+    /// `images_per_s / parallel_decoder_images_per_s`, the median of the rounds' ratios.
+    pub vs_parallel_decoder: f64,
     /// Of the workers' time, the share spent decoding, transforming and collating.
     pub map_share: f64,
     /// The most `Data` bytes the pipeline held at once, its image buffers included.
@@ -59,31 +65,60 @@ pub fn measure_encoded(
         memory_budget: 2 << 30,
         ..Default::default()
     };
-    let (mut decoder, mut rows) = (Decoder::default(), Vec::new());
+    let mut rows = Vec::new();
     for _ in 0..rounds.max(3) {
-        let started = Instant::now();
-        for stored in &images {
-            let (info, encoded) = ImageInfo::stored(stored).map_err(|what| fail(dir, what))?;
-            decoder.decode(&info, encoded, input.channels).map_err(|what| fail(dir, what))?;
-        }
-        let decoder_rate = images.len() as f64 / started.elapsed().as_secs_f64();
+        let single = decode_all(dir, &images, input.channels, 1)?;
+        let parallel = decode_all(dir, &images, input.channels, workers)?;
         let (rate, stats) = epoch(dir, &config)?;
-        rows.push((decoder_rate, rate, rate / (decoder_rate * workers as f64), stats));
+        rows.push(Row { single, parallel, rate, stats });
     }
     let column = |f: &dyn Fn(&Row) -> f64| median(rows.iter().map(f).collect());
     Ok(EncodedReport {
         images: images.len() as u64,
         rounds: rows.len(),
         workers,
-        decoder_images_per_s: column(&|r| r.0),
-        images_per_s: column(&|r| r.1),
-        vs_decoder_limit: column(&|r| r.2),
-        map_share: column(&|r| r.3.map_s / (r.3.wall_s * workers as f64).max(1e-9)),
-        peak_bytes: rows.iter().map(|r| r.3.peak_bytes).max().unwrap_or(0),
+        decoder_images_per_s: column(&|r| r.single),
+        parallel_decoder_images_per_s: column(&|r| r.parallel),
+        images_per_s: column(&|r| r.rate),
+        vs_decoder_limit: column(&|r| r.rate / (r.single * workers as f64)),
+        vs_parallel_decoder: column(&|r| r.rate / r.parallel),
+        map_share: column(&|r| r.stats.map_s / (r.stats.wall_s * workers as f64).max(1e-9)),
+        peak_bytes: rows.iter().map(|r| r.stats.peak_bytes).max().unwrap_or(0),
     })
 }
 
-type Row = (f64, f64, f64, crate::PipelineStats);
+/// One round's rates: the decoder on one thread and on the workers' count, the pipeline.
+struct Row {
+    single: f64,
+    parallel: f64,
+    rate: f64,
+    stats: crate::PipelineStats,
+}
+
+/// Decodes every image once on `threads` threads, each taking the next: images per second.
+fn decode_all(dir: &Path, images: &[Vec<u8>], channels: usize, threads: usize) -> Result<f64> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let decoders: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut decoder = Decoder::default();
+                    let order = std::sync::atomic::Ordering::Relaxed;
+                    while let Some(stored) = images.get(next.fetch_add(1, order)) {
+                        let (info, encoded) = ImageInfo::stored(stored)?;
+                        decoder.decode(&info, encoded, channels)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        decoders.into_iter().try_for_each(|d| {
+            d.join().unwrap_or_else(|p| std::panic::resume_unwind(p)).map_err(|w| fail(dir, w))
+        })
+    })?;
+    Ok(images.len() as f64 / started.elapsed().as_secs_f64())
+}
 
 /// What [`measure_decoded`] found.
 #[derive(Debug, Clone, Serialize)]

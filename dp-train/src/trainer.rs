@@ -509,7 +509,9 @@ fn set_up(
         }
         None => None,
     };
-    let plan = RunPlan::new(effective, resumed, count)?;
+    // Opening the data can meet the same shortage as the replicas later (a shard the system
+    // will not map under `ulimit -v`): explained in the config's words alike.
+    let plan = RunPlan::new(effective.clone(), resumed, count).map_err(|e| effective.explain(e))?;
     // Here, before the processes agree, so that they all end alike.
     if let Some(dir) = &plan.resumed_dir {
         if plan.start_step() == plan.batching.total_steps || plan.stopped_early() {

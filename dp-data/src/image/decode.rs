@@ -58,7 +58,8 @@ impl Decoder {
                 info.width, info.height
             ));
         }
-        Ok(Pixels { data: &self.pixels, width, height, channels })
+        let len = width as usize * height as usize * channels;
+        Ok(Pixels { data: &self.pixels[..len], width, height, channels })
     }
 
     fn jpeg(&mut self, encoded: &[u8], channels: usize) -> Result<(u32, u32), String> {
@@ -80,11 +81,10 @@ impl Decoder {
         check_pixels(width as u64 * height as u64)?;
         let size = decoder.output_buffer_size().unwrap_or(0);
         let target = if luma_here { &mut self.scratch } else { &mut self.pixels };
-        target.resize(size, 0);
-        decoder.decode_into(target).map_err(|e| fail(&e))?;
+        decoder.decode_into(grow(target, size)).map_err(|e| fail(&e))?;
         if luma_here {
-            self.pixels.resize(width * height, 0);
-            convert_channels(&self.scratch[..width * height * 3], 3, &mut self.pixels, 1);
+            let gray = grow(&mut self.pixels, width * height);
+            convert_channels(&self.scratch[..width * height * 3], 3, gray, 1);
         }
         let orientation = decoder.exif().map_or(1, |exif| exif_orientation(exif));
         let (w, h) = (width as u32, height as u32);
@@ -103,12 +103,11 @@ impl Decoder {
         let (width, height) = (reader.info().width, reader.info().height);
         check_pixels(u64::from(width) * u64::from(height))?;
         let size = reader.output_buffer_size().ok_or("is too large to decode")?;
-        self.scratch.resize(size, 0);
-        let frame = reader.next_frame(&mut self.scratch).map_err(fail)?;
+        let frame = reader.next_frame(grow(&mut self.scratch, size)).map_err(fail)?;
         let have = frame.color_type.samples();
         let pixels = width as usize * height as usize;
-        self.pixels.resize(pixels * channels, 0);
-        convert_channels(&self.scratch[..pixels * have], have, &mut self.pixels, channels);
+        let out = grow(&mut self.pixels, pixels * channels);
+        convert_channels(&self.scratch[..pixels * have], have, out, channels);
         Ok((width, height))
     }
 
@@ -120,7 +119,7 @@ impl Decoder {
         let (w, h) = (width as usize, height as usize);
         let swapped = orientation >= 5;
         let (ow, oh) = if swapped { (h, w) } else { (w, h) };
-        self.scratch.resize(self.pixels.len(), 0);
+        grow(&mut self.scratch, w * h * channels);
         for y in 0..oh {
             for x in 0..ow {
                 // Where displayed pixel (x, y) is stored.
@@ -141,6 +140,15 @@ impl Decoder {
         std::mem::swap(&mut self.pixels, &mut self.scratch);
         (ow as u32, oh as u32)
     }
+}
+
+/// The first `len` bytes of `buffer`, which only ever grows: a smaller image after a larger
+/// one costs no zeroing of what the larger one left.
+fn grow(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buffer.len() < len {
+        buffer.resize(len, 0);
+    }
+    &mut buffer[..len]
 }
 
 fn check_pixels(pixels: u64) -> Result<(), String> {
