@@ -34,8 +34,18 @@ pub(crate) fn preview(p: &Preview<'_>) -> Result<()> {
     let Some(feature) = schema.features().iter().find(|f| f.kind == Kind::Image) else {
         bail!("{} has no image feature (its features: {schema})", p.dir.display());
     };
-    let Some(label) = schema.features().iter().find(|f| f.kind != Kind::Image) else {
-        bail!("{} has no label feature beside its images", p.dir.display());
+    // The label the manifest names classes of, or else the trainer's default name, or else
+    // the first integer scalar: a bytes, float or array feature cannot be the label.
+    let integer_scalar = |f: &&dp_data::Feature| {
+        !f.dtype.is_float()
+            && matches!(&f.kind, Kind::Dense { shape } if shape.iter().product::<usize>() == 1)
+    };
+    let features = schema.features();
+    let label = (features.iter().find(|f| dataset.manifest().classes.contains_key(&f.name)))
+        .or_else(|| features.iter().filter(integer_scalar).find(|f| f.name == "label"))
+        .or_else(|| features.iter().find(integer_scalar));
+    let Some(label) = label else {
+        bail!("{} has no integer label feature beside its images", p.dir.display());
     };
     let counts = &dataset.manifest().images[&feature.name];
     let (size, channels) = (p.size.unwrap_or_else(|| counts.sample_size()), counts.channels());
