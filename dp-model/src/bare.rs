@@ -82,7 +82,7 @@ impl<T: Float> BareConv<T> {
         let input = conv.channels * batch * conv.height * conv.width;
         let output = conv.out_channels * batch * conv.out_height * conv.out_width;
         let pool = Pool::new(&Tracker::new());
-        let work = Workspace::new(&pool, conv.scratch_len(batch), Precision::F32)
+        let work = Workspace::new(&pool, conv.scratch_len(batch), 0, Precision::F32)
             .expect("an unlimited pool");
         Self {
             params: fill(conv.param_len(), 1),
@@ -120,7 +120,18 @@ impl<T: Float> BareConv<T> {
         c.forward(self.batch, &self.params, &self.x, &mut self.y, &mut work.cols, &mut work.gemm);
         let dx = (!self.first).then_some(&mut self.dx[..]);
         let (params, grads, x, dy) = (&self.params, &mut self.grads, &self.x, &self.y);
-        c.backward(self.batch, params, grads, x, dy, dx, &mut work.cols, false, &mut work.gemm);
+        c.backward(
+            self.batch,
+            params,
+            grads,
+            x,
+            dy,
+            dx,
+            false,
+            &mut work.cols,
+            false,
+            &mut work.gemm,
+        );
     }
 }
 

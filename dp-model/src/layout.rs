@@ -11,8 +11,22 @@ use serde::{Deserialize, Serialize};
 pub enum ParamRole {
     /// A weight matrix or convolution kernel, `[outputs, fan_in]` in memory.
     Weight,
-    /// A bias vector.
+    /// A bias vector (or a batch norm's shift).
     Bias,
+    /// A batch norm's scale.
+    Scale,
+    /// A batch norm's running mean (a buffer: saved, not trained).
+    RunningMean,
+    /// A batch norm's running variance (a buffer: saved, not trained).
+    RunningVar,
+}
+
+impl ParamRole {
+    /// Whether weight decay applies when biases and norms are excluded from it (the usual
+    /// recipe for residual networks): only weight matrices and kernels.
+    pub fn decays(self) -> bool {
+        self == Self::Weight
+    }
 }
 
 /// One parameter tensor.
@@ -22,7 +36,7 @@ pub struct ParamTensor {
     pub name: String,
     /// Index of the layer in the spec.
     pub layer: usize,
-    /// Weight or bias.
+    /// Weight, bias, scale or running statistic.
     pub role: ParamRole,
     /// Shape: `[out, in]`, `[out, in_channels, k, k]` or `[out]`.
     pub shape: Vec<usize>,
@@ -92,6 +106,19 @@ impl ParamLayout {
     /// A tensor by name.
     pub fn get(&self, name: &str) -> Option<&ParamTensor> {
         self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The ranges of the buffer whose values weight decay applies to, when biases and norms
+    /// are excluded from it ([`ParamRole::decays`]), merged where adjacent.
+    pub fn decayed_ranges(&self) -> Vec<Range<usize>> {
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        for tensor in self.tensors.iter().filter(|t| t.role.decays()) {
+            match ranges.last_mut() {
+                Some(last) if last.end == tensor.offset => last.end = tensor.range().end,
+                _ => ranges.push(tensor.range()),
+            }
+        }
+        ranges
     }
 
     /// The weight tensors (what pruning and quantization act on).

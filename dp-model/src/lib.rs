@@ -56,6 +56,7 @@ mod quant;
 mod shared;
 mod spec;
 mod tape;
+mod zoo;
 
 #[cfg(feature = "bench")]
 pub use bare::{BareConv, BareGemm};
@@ -68,6 +69,7 @@ pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
 pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
+pub use ops::batch_norm::NormSync;
 pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};

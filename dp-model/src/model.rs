@@ -9,9 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::init::initialize;
+use crate::init::{initialize, initialize_buffers};
 use crate::layout::ParamLayout;
 use crate::ops::Op;
+use crate::ops::add::Add;
+use crate::ops::batch_norm::{NormPass, NormSync};
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss};
@@ -171,8 +173,19 @@ pub struct Model<T: Float = f32> {
     out_buf: Vec<usize>,
     /// For each node that ends a recomputation segment, the segment's first node.
     recompute_from: Vec<Option<usize>>,
-    /// Two buffers the activation gradients alternate between (and eval activations).
-    ping: [PoolBuf<T>; 2],
+    /// The batch norms' running statistics (see [`Model::buffers`]).
+    buffers: PoolBuf<T>,
+    /// The batch norms' statistics of the last training forward: mean and `1/std`.
+    norm_stats: PoolBuf<T>,
+    /// Where cross-replica batch norm sums go (`None`: each replica normalizes by its own).
+    norm_sync: Option<Box<dyn NormSync>>,
+    /// Buffers the activation gradients live in while backward needs them (see
+    /// [`GradientPlan`]).
+    dacts: Vec<PoolBuf<T>>,
+    plan: GradientPlan,
+    /// Where an op that can only write its input gradient writes it before it is added to
+    /// a gradient another consumer already wrote (empty when no such op exists).
+    spill: PoolBuf<T>,
     /// A chunk of im2col columns and the GEMM packing buffers.
     work: Workspace<T>,
     dropout: DropoutStream,
@@ -296,15 +309,21 @@ impl<T: Float> Model<T> {
             .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
             .collect::<Result<Vec<_>, _>>()?;
         let (ping_len, scratch_len) = (tape.ping_len(batch), tape.scratch_len(batch));
+        let plan = GradientPlan::new(&tape);
+        let dacts = (0..plan.buffers)
+            .map(|_| pool.alloc_zeroed(ping_len, Tag::Activation))
+            .collect::<Result<Vec<_>, _>>()?;
 
         let params = match shared {
             Some(shared) => Params::Shared(shared),
             None => {
                 let mut params = pool.alloc_zeroed(tape.layout.len(), Tag::Param)?;
-                initialize(spec, &tape.layout, options.seed, &mut params);
+                initialize(&tape, options.seed, &mut params);
                 Params::Own(params)
             }
         };
+        let mut buffers = pool.alloc_zeroed(tape.buffers.len(), Tag::Param)?;
+        initialize_buffers(&tape.buffers, &mut buffers);
         Ok(Self {
             spec: spec.clone(),
             grads: pool.alloc_zeroed(tape.layout.len(), Tag::Grad)?,
@@ -312,11 +331,13 @@ impl<T: Float> Model<T> {
             acts,
             out_buf,
             recompute_from,
-            ping: [
-                pool.alloc_zeroed(ping_len, Tag::Activation)?,
-                pool.alloc_zeroed(ping_len, Tag::Activation)?,
-            ],
-            work: Workspace::new(pool, scratch_len, options.precision)?,
+            buffers,
+            norm_stats: pool.alloc_zeroed(tape.stats_len, Tag::Activation)?,
+            norm_sync: None,
+            dacts,
+            spill: pool.alloc_zeroed(if plan.spills { ping_len } else { 0 }, Tag::Activation)?,
+            plan,
+            work: Workspace::new(pool, scratch_len, tape.norm_scratch_len(), options.precision)?,
             dirty_rows: pool.alloc_zeroed(
                 if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
                 Tag::Grad,
@@ -437,22 +458,57 @@ impl<T: Float> Model<T> {
         ArrayViewD::from_shape(IxDyn(&t.shape), &self.params[t.range()]).ok()
     }
 
-    /// Re-initializes the parameters from `seed`.
+    /// Re-initializes the parameters from `seed` (and the running statistics).
     pub fn init(&mut self, seed: u64) {
-        initialize(&self.spec, &self.tape.layout, seed, &mut self.params);
+        initialize(&self.tape, seed, &mut self.params);
+        initialize_buffers(&self.tape.buffers, &mut self.buffers);
+    }
+
+    /// The batch norms' running statistics: state that is saved and restored with the
+    /// parameters but never trained (PyTorch's buffers). Training updates each replica's
+    /// own; replicas that must agree (for evaluation, a checkpoint) copy replica 0's, as
+    /// PyTorch's DDP broadcasts them.
+    pub fn buffers(&self) -> &[T] {
+        &self.buffers
+    }
+
+    /// The running statistics, writable (to restore or broadcast them).
+    pub fn buffers_mut(&mut self) -> &mut [T] {
+        &mut self.buffers
+    }
+
+    /// Where each running statistic sits in [`Model::buffers`].
+    pub fn buffer_layout(&self) -> &ParamLayout {
+        &self.tape.buffers
+    }
+
+    /// Synchronizes batch norm statistics across replicas (PyTorch's `SyncBatchNorm`):
+    /// every training forward and backward of a batch norm sums its per-channel statistics
+    /// through `sync`, so each replica normalizes by the statistics of the global batch.
+    /// Every replica must set one, and call the same steps.
+    pub fn set_norm_sync(&mut self, sync: Option<Box<dyn NormSync>>) {
+        self.norm_sync = sync;
     }
 
     /// Bytes held, by use (shared parameters are their [`SharedParams`]' and not counted).
     pub fn memory(&self) -> ModelMemory {
         let bytes = |b: &PoolBuf<T>| (b.len() * size_of::<T>()) as u64;
         ModelMemory {
-            params: match &self.params {
-                Params::Own(params) => bytes(params),
-                Params::Shared(_) => 0,
-            },
+            params: bytes(&self.buffers)
+                + match &self.params {
+                    Params::Own(params) => bytes(params),
+                    Params::Shared(_) => 0,
+                },
             grads: bytes(&self.grads),
             saved_activations: self.acts.iter().map(bytes).sum(),
-            workspace: bytes(&self.ping[0]) + bytes(&self.ping[1]) + bytes(&self.work.cols),
+            workspace: self
+                .dacts
+                .iter()
+                .chain([&self.spill, &self.work.cols])
+                .map(bytes)
+                .sum::<u64>()
+                + bytes(&self.norm_stats)
+                + (self.work.norm.len() * size_of::<f64>()) as u64,
             packing: self.work.gemm.workspace_bytes() as u64,
         }
     }
@@ -519,7 +575,7 @@ impl<T: Float> Model<T> {
         targets.check(batch, outputs)?;
         let nodes = self.tape.nodes.len();
         for i in 0..nodes {
-            self.forward_node(i, batch, x, options.step);
+            self.forward_node(i, batch, x, NormPass::Train, options.step);
         }
 
         let counted = match targets {
@@ -528,52 +584,84 @@ impl<T: Float> Model<T> {
         };
         let denominator = T::of(options.denominator.unwrap_or(counted).max(1) as f64);
         let logits = &self.acts[self.out_buf[nodes - 1]];
-        let totals = loss(logits, batch, outputs, &targets, denominator, Some(&mut self.ping[0]));
+        let dlogits = &mut self.dacts[self.plan.grad_buf[nodes - 1]];
+        let totals = loss(logits, batch, outputs, &targets, denominator, Some(dlogits));
 
-        let dropout = (self.dropout, options.step);
         for i in (0..nodes).rev() {
             if let Some(start) = self.recompute_from[i] {
                 for j in start..i {
-                    self.forward_node(j, batch, x, options.step);
+                    self.forward_node(j, batch, x, NormPass::Recompute, options.step);
                 }
             }
             let node = &self.tape.nodes[i];
-            if i == 0 && node.params.is_empty() {
-                break;
-            }
-            let input = match x {
-                _ if i > 0 => &self.acts[self.out_buf[i - 1]],
-                Input::Dense(x) => x,
-                Input::Sparse(x) => {
-                    let Op::Sparse(op) = &node.op else {
-                        unreachable!("a sparse input's first node")
-                    };
-                    let dy =
-                        if (nodes - 1).is_multiple_of(2) { &self.ping[0] } else { &self.ping[1] };
-                    if !options.accumulate && std::mem::take(&mut self.grads_lent) {
-                        // Written from outside: no bit says where.
-                        self.grads[node.params.clone()].fill(T::zero());
-                        self.dirty_rows.fill(0);
-                    }
-                    op.backward(&x, &mut self.grads, dy, &mut self.dirty_rows, options.accumulate);
-                    ready(&self.grads[..node.params.end]);
-                    break;
+            if let (Input::Sparse(x), None) = (x, node.input) {
+                let Op::Sparse(op) = &node.op else { unreachable!("a sparse input's node") };
+                if !options.accumulate && std::mem::take(&mut self.grads_lent) {
+                    // Written from outside: no bit says where.
+                    self.grads[node.params.clone()].fill(T::zero());
+                    self.dirty_rows.fill(0);
                 }
-            };
-            let output = &self.acts[self.out_buf[i]];
-            let [a, b] = &mut self.ping;
-            let (dy, dx) =
-                if (nodes - 1 - i).is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
-            let dx = (i > 0).then_some(dx);
-            let grads = &mut self.grads;
-            let io = Io { x: input, y: output, dy, dx };
-            let work = &mut self.work;
-            backward_op(node, batch, &self.params, grads, io, work, dropout, options.accumulate);
-            if !node.params.is_empty() {
+                let dy = &self.dacts[self.plan.grad_buf[i]];
+                op.backward(&x, &mut self.grads, dy, &mut self.dirty_rows, options.accumulate);
                 ready(&self.grads[..node.params.end]);
+                continue;
+            }
+            if !self.plan.runs[i] {
+                continue;
+            }
+            let params = node.params.clone();
+            self.backward_node(i, batch, x, options);
+            if !params.is_empty() {
+                ready(&self.grads[..params.end]);
             }
         }
         Ok(totals)
+    }
+
+    /// Node `i`'s backward: parameter gradients, and the gradient of each input that needs
+    /// one (written, or added to another consumer's).
+    fn backward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, options: &StepOptions) {
+        let node = &self.tape.nodes[i];
+        let input = match node.input {
+            Some(j) => &self.acts[self.out_buf[j]][..batch * node.in_len],
+            None => match x {
+                Input::Dense(x) => x,
+                Input::Sparse(_) => unreachable!("only the first node reads a sparse input"),
+            },
+        };
+        let output = &self.acts[self.out_buf[i]][..batch * node.out_len];
+        let dy_buf = self.plan.grad_buf[i];
+        if let Op::Add(Add { skip }) = node.op {
+            for (k, source) in [node.input, skip].into_iter().enumerate() {
+                let Some(j) = source else { continue };
+                let (dy, dx) = read_write(&mut self.dacts, dy_buf, self.plan.grad_buf[j]);
+                let n = batch * node.out_len;
+                Add::backward(&dy[..n], &mut dx[..n], self.plan.adds[i][k]);
+            }
+            return;
+        }
+        let dropout = (self.dropout, options.step);
+        let (params, grads) = (&self.params, &mut self.grads);
+        let ctx =
+            Backward { params, stats: &self.norm_stats, dropout, accumulate: options.accumulate };
+        let sync = sync_of(&mut self.norm_sync);
+        let Some(j) = node.input else {
+            let (dy, _) = read_write(&mut self.dacts, dy_buf, usize::MAX);
+            let io = Io { x: input, y: output, dy, dx: None };
+            return backward_op(node, batch, ctx, grads, io, &mut self.work, sync);
+        };
+        let add = self.plan.adds[i][0];
+        let (dy, dx) = read_write(&mut self.dacts, dy_buf, self.plan.grad_buf[j]);
+        let dx_len = batch * node.in_len;
+        if add && !matches!(node.op, Op::Conv2d(_)) {
+            let spill = &mut self.spill[..dx_len];
+            let io = Io { x: input, y: output, dy, dx: Some((spill, false)) };
+            backward_op(node, batch, ctx, grads, io, &mut self.work, sync);
+            dx[..dx_len].iter_mut().zip(&self.spill[..dx_len]).for_each(|(d, &g)| *d += g);
+        } else {
+            let io = Io { x: input, y: output, dy, dx: Some((&mut dx[..dx_len], add)) };
+            backward_op(node, batch, ctx, grads, io, &mut self.work, sync);
+        }
     }
 
     /// The matrix products one [`Model::forward_backward`] of `batch` samples runs, in
@@ -639,18 +727,10 @@ impl<T: Float> Model<T> {
 
     fn eval(&mut self, batch: usize, x: Input<'_, T>) -> Result<ArrayView2<'_, T>> {
         let nodes = self.tape.nodes.len();
-        for (i, node) in self.tape.nodes.iter().enumerate() {
-            let [a, b] = &mut self.ping;
-            let (src, dst) = if i.is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
-            match (i, x) {
-                (0, Input::Sparse(x)) => sparse_forward(node, &x, &self.params, dst),
-                (0, Input::Dense(x)) => {
-                    forward_op(node, batch, &self.params, x, dst, &mut self.work, None)
-                }
-                _ => forward_op(node, batch, &self.params, src, dst, &mut self.work, None),
-            }
+        for i in 0..nodes {
+            self.forward_node(i, batch, x, NormPass::Eval, 0);
         }
-        let out = &self.ping[nodes % 2][..batch * self.outputs()];
+        let out = &self.acts[self.out_buf[nodes - 1]][..batch * self.outputs()];
         Ok(ArrayView2::from_shape((batch, self.outputs()), out).expect("sized at build"))
     }
 
@@ -729,34 +809,132 @@ impl<T: Float> Model<T> {
         Ok((batch, data))
     }
 
-    /// Runs node `i` in training mode, from its saved input to its saved output.
-    fn forward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, step: u64) {
-        let out = self.out_buf[i];
-        let (input, output): (&[T], &mut [T]) = if i == 0 {
-            match x {
-                Input::Dense(x) => (x, &mut self.acts[out]),
-                Input::Sparse(x) => {
-                    return sparse_forward(
-                        &self.tape.nodes[0],
-                        &x,
-                        &self.params,
-                        &mut self.acts[out],
-                    );
-                }
-            }
-        } else {
-            let (read, write) = (self.out_buf[i - 1], out);
-            if read < write {
-                let (lo, hi) = self.acts.split_at_mut(write);
-                (&lo[read], &mut hi[0])
-            } else {
-                let (lo, hi) = self.acts.split_at_mut(read);
-                (&hi[0], &mut lo[write])
+    /// Runs node `i` from its saved inputs to its saved output: in training (first, or
+    /// again to recompute) or evaluation.
+    fn forward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, pass: NormPass, step: u64) {
+        let node = &self.tape.nodes[i];
+        let (output, others) = split_out(&mut self.acts, self.out_buf[i]);
+        let read = |source: Option<usize>| -> &[T] {
+            match (source, x) {
+                (Some(j), _) => others.get(self.out_buf[j]),
+                (None, Input::Dense(x)) => x,
+                (None, Input::Sparse(_)) => unreachable!("the sparse input is read below"),
             }
         };
-        let dropout = Some((self.dropout, step));
-        let node = &self.tape.nodes[i];
-        forward_op(node, batch, &self.params, input, output, &mut self.work, dropout);
+        if let (None, Input::Sparse(x)) = (node.input, x) {
+            return sparse_forward(node, &x, &self.params, output);
+        }
+        let input = read(node.input);
+        let skip = node.op.skip().map(read);
+        let ctx = Forward {
+            params: &self.params,
+            buffers: &mut self.buffers,
+            stats: &mut self.norm_stats,
+            dropout: (pass != NormPass::Eval).then_some((self.dropout, step)),
+            pass,
+            sync: sync_of(&mut self.norm_sync),
+        };
+        forward_op(node, batch, ctx, input, skip, output, &mut self.work);
+    }
+}
+
+/// The output buffer of a node, and the others to read its inputs from.
+fn split_out<U>(bufs: &mut [U], out: usize) -> (&mut U, Others<'_, U>) {
+    let (before, rest) = bufs.split_at_mut(out);
+    let (output, after) = rest.split_first_mut().expect("an output buffer");
+    (output, Others { before, after })
+}
+
+/// Every buffer but one, by index.
+struct Others<'a, U> {
+    before: &'a [U],
+    after: &'a [U],
+}
+
+impl<'a, U> Others<'a, U> {
+    fn get(&self, index: usize) -> &'a U {
+        match index.checked_sub(self.before.len()) {
+            None => &self.before[index],
+            Some(k) => &self.after[k - 1],
+        }
+    }
+}
+
+/// Buffer `read` and buffer `write` (or a dummy write when `write` is out of range).
+fn read_write<T: Float>(bufs: &mut [PoolBuf<T>], read: usize, write: usize) -> (&[T], &mut [T]) {
+    if write >= bufs.len() {
+        return (&bufs[read][..], &mut []);
+    }
+    let (write_buf, others) = split_out(bufs, write);
+    (&others.get(read)[..], &mut write_buf[..])
+}
+
+/// The norm synchronization, if any, borrowed.
+fn sync_of(sync: &mut Option<Box<dyn NormSync>>) -> Option<&mut dyn NormSync> {
+    match sync {
+        Some(sync) => Some(sync.as_mut() as &mut dyn NormSync),
+        None => None,
+    }
+}
+
+/// Which buffer holds each activation gradient during backward, found once by walking
+/// backward as the step will: a node's output gradient takes a free buffer when its last
+/// consumer (the first to run backward) writes it, and frees it once the node's own
+/// backward has read it. A chain needs two buffers; a residual block three.
+#[derive(Clone, Debug)]
+struct GradientPlan {
+    /// Per node, the buffer of its output's gradient.
+    grad_buf: Vec<usize>,
+    /// Per node, per source (input, skip): whether its backward adds to the gradient
+    /// another consumer already wrote (else it overwrites).
+    adds: Vec<[bool; 2]>,
+    /// Per node, whether backward runs it (it has parameters or an input that needs a
+    /// gradient).
+    runs: Vec<bool>,
+    buffers: usize,
+    /// Some node that cannot add its input gradient itself must add one.
+    spills: bool,
+}
+
+impl GradientPlan {
+    fn new(tape: &Tape) -> Self {
+        let nodes = &tape.nodes;
+        let n = nodes.len();
+        let mut plan = Self {
+            grad_buf: vec![usize::MAX; n],
+            adds: vec![[false; 2]; n],
+            runs: vec![false; n],
+            buffers: 0,
+            spills: false,
+        };
+        let mut free = Vec::new();
+        let take = |free: &mut Vec<usize>, buffers: &mut usize| {
+            free.pop().unwrap_or_else(|| {
+                *buffers += 1;
+                *buffers - 1
+            })
+        };
+        plan.grad_buf[n - 1] = take(&mut free, &mut plan.buffers);
+        for i in (0..n).rev() {
+            let node = &nodes[i];
+            plan.runs[i] = !node.params.is_empty() || node.sources().any(|s| s.is_some());
+            if plan.runs[i] {
+                for (k, source) in node.sources().enumerate() {
+                    let Some(j) = source else { continue };
+                    if plan.grad_buf[j] == usize::MAX {
+                        plan.grad_buf[j] = take(&mut free, &mut plan.buffers);
+                    } else {
+                        plan.adds[i][k] = true;
+                        plan.spills |= !matches!(node.op, Op::Conv2d(_) | Op::Add(_));
+                    }
+                }
+            }
+            // Freed after the node's own writes, so they never land in what it reads.
+            if plan.grad_buf[i] != usize::MAX {
+                free.push(plan.grad_buf[i]);
+            }
+        }
+        plan
     }
 }
 
@@ -766,67 +944,105 @@ fn sparse_forward<T: Float>(node: &Node, x: &SparseInput<'_, T>, params: &[T], y
     op.forward(x, params, y);
 }
 
-/// The activations a node's backward reads and writes.
+/// The activations a node's backward reads and writes; the input gradient comes with
+/// whether to add to it rather than overwrite it.
 struct Io<'a, T> {
     x: &'a [T],
     y: &'a [T],
     dy: &'a [T],
-    dx: Option<&'a mut [T]>,
+    dx: Option<(&'a mut [T], bool)>,
+}
+
+/// What a forward reads and updates besides activations.
+pub(crate) struct Forward<'a, T> {
+    pub(crate) params: &'a [T],
+    pub(crate) buffers: &'a mut [T],
+    pub(crate) stats: &'a mut [T],
+    /// The dropout stream and step, while training.
+    pub(crate) dropout: Option<(DropoutStream, u64)>,
+    pub(crate) pass: NormPass,
+    pub(crate) sync: Option<&'a mut dyn NormSync>,
+}
+
+/// What a backward reads besides activations.
+struct Backward<'a, T> {
+    params: &'a [T],
+    stats: &'a [T],
+    dropout: (DropoutStream, u64),
+    /// Add to the parameter gradients instead of overwriting them.
+    accumulate: bool,
 }
 
 pub(crate) fn forward_op<T: Float>(
     node: &Node,
     batch: usize,
-    params: &[T],
+    ctx: Forward<'_, T>,
     x: &[T],
+    skip: Option<&[T]>,
     y: &mut [T],
     work: &mut Workspace<T>,
-    dropout: Option<(DropoutStream, u64)>,
 ) {
     let x = &x[..batch * node.in_len];
     let y = &mut y[..batch * node.out_len];
+    let params = ctx.params;
     match &node.op {
         Op::Linear(l) => l.forward(batch, params, x, y, &mut work.gemm),
         Op::Conv2d(c) => c.forward(batch, params, x, y, &mut work.cols, &mut work.gemm),
         Op::MaxPool2d(p) => p.forward(batch, x, y),
+        Op::GlobalAvgPool(p) => p.forward(batch, x, y),
         Op::Transpose(t) => t.forward(batch, x, y),
         Op::Activation(a) => a.forward(x, y),
-        Op::Dropout(d) => match dropout {
+        Op::Dropout(d) => match ctx.dropout {
             Some((stream, step)) => d.forward(stream, step, x, y),
             None => y.copy_from_slice(x),
         },
+        Op::BatchNorm(n) => {
+            let (buffers, stats, norm) = (ctx.buffers, ctx.stats, &mut work.norm[..]);
+            n.forward(batch, params, buffers, stats, x, y, ctx.pass, ctx.sync, norm)
+        }
+        Op::Add(_) => Add::forward(x, &skip.expect("a sum reads its shortcut")[..x.len()], y),
         Op::Sparse(_) => unreachable!("the model runs a sparse first node on its sparse input"),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn backward_op<T: Float>(
     node: &Node,
     batch: usize,
-    params: &[T],
+    ctx: Backward<'_, T>,
     grads: &mut [T],
     io: Io<'_, T>,
     work: &mut Workspace<T>,
-    (stream, step): (DropoutStream, u64),
-    accumulate: bool,
+    sync: Option<&mut dyn NormSync>,
 ) {
     let x = &io.x[..batch * node.in_len];
     let y = &io.y[..batch * node.out_len];
     let dy = &io.dy[..batch * node.out_len];
-    let dx = io.dx.map(|dx| &mut dx[..batch * node.in_len]);
+    let (params, accumulate) = (ctx.params, ctx.accumulate);
+    let (dx, add) = match io.dx {
+        Some((dx, add)) => (Some(&mut dx[..batch * node.in_len]), add),
+        None => (None, false),
+    };
     match &node.op {
         Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate, &mut work.gemm),
         Op::Conv2d(c) => {
-            c.backward(batch, params, grads, x, dy, dx, &mut work.cols, accumulate, &mut work.gemm)
+            let (cols, gemm) = (&mut work.cols, &mut work.gemm);
+            c.backward(batch, params, grads, x, dy, dx, add, cols, accumulate, gemm)
+        }
+        Op::BatchNorm(n) => {
+            let (stats, norm) = (ctx.stats, &mut work.norm[..]);
+            n.backward(batch, params, grads, stats, x, dy, dx, accumulate, sync, norm)
         }
         op => {
             let Some(dx) = dx else { return };
             match op {
                 Op::MaxPool2d(p) => p.backward(batch, x, dy, dx),
+                Op::GlobalAvgPool(p) => p.backward(batch, dy, dx),
                 Op::Transpose(t) => t.backward(batch, dy, dx),
                 Op::Activation(a) => a.backward(x, y, dy, dx),
-                Op::Dropout(d) => d.backward(stream, step, dy, dx),
-                Op::Linear(_) | Op::Conv2d(_) => unreachable!("handled above"),
+                Op::Dropout(d) => d.backward(ctx.dropout.0, ctx.dropout.1, dy, dx),
+                Op::Linear(_) | Op::Conv2d(_) | Op::BatchNorm(_) | Op::Add(_) => {
+                    unreachable!("handled above")
+                }
                 Op::Sparse(_) => unreachable!("the model runs a sparse first node itself"),
             }
         }
@@ -864,12 +1080,31 @@ fn segments(tape: &Tape, spec: &ModelSpec, recompute: &Recompute) -> Result<Vec<
             ranges.clone()
         }
     };
-    Ok(layer_ranges
+    let segments: Vec<Range<usize>> = layer_ranges
         .iter()
         .filter_map(|r| {
             let first = tape.nodes.iter().position(|n| r.contains(&n.layer))?;
             let end = tape.nodes.iter().rposition(|n| r.contains(&n.layer))? + 1;
             (end - first >= 2).then_some(first..end)
         })
-        .collect())
+        .collect();
+    // Only a segment's last output is kept, so nothing after it may read one inside it.
+    for (i, node) in tape.nodes.iter().enumerate() {
+        for j in node.sources().flatten() {
+            if let Some(segment) = segments.iter().find(|s| s.start <= j && j + 1 < s.end)
+                && !segment.contains(&i)
+            {
+                return Err(Error::spec(
+                    "recompute",
+                    format!(
+                        "layers {}..={} would be recomputed, but layer {} reads an output inside them; recompute whole residual blocks",
+                        tape.nodes[segment.start].layer,
+                        tape.nodes[segment.end - 1].layer,
+                        node.layer
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(segments)
 }

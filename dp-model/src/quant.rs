@@ -10,7 +10,8 @@ use dp_mem::{Pool, PoolBuf, Tag};
 use ndarray::ArrayView2;
 
 use crate::error::{Error, Result};
-use crate::model::{Model, forward_op};
+use crate::model::{Forward, Model, forward_op};
+use crate::ops::batch_norm::NormPass;
 use crate::ops::gemm::Precision;
 use crate::ops::loss::{LossTotals, Targets, loss};
 use crate::ops::workspace::Workspace;
@@ -59,6 +60,15 @@ impl QuantizedModel {
         if tape.sparse_input {
             return Err(Error::spec("layers[0]", "int8 inference has no sparse first layer yet"));
         }
+        let unsupported = model.spec().layers.iter().position(|l| {
+            l.has_batch_norm() || matches!(l, crate::spec::LayerSpec::Residual { .. })
+        });
+        if let Some(layer) = unsupported {
+            return Err(Error::spec(
+                format!("layers[{layer}]"),
+                "int8 inference runs chains of linear and convolution layers; batch norms and residual blocks are not quantized yet (evaluate in f32)",
+            ));
+        }
         let params = model.params();
         let mut index = Vec::with_capacity(tape.nodes.len());
         let (mut q, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
@@ -101,7 +111,7 @@ impl QuantizedModel {
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
             ],
-            work: Workspace::new(pool, scratch_len, Precision::F32)?,
+            work: Workspace::new(pool, scratch_len, 0, Precision::F32)?,
             tape,
         })
     }
@@ -134,7 +144,7 @@ impl QuantizedModel {
             let (src, dst) = if i.is_multiple_of(2) { (&**a, &mut **b) } else { (&**b, &mut **a) };
             let input = if i == 0 { x } else { src };
             match self.index[i] {
-                None => forward_op(node, batch, &[], input, dst, &mut self.work, None),
+                None => forward_op(node, batch, eval(&[]), input, None, dst, &mut self.work),
                 Some(q) => {
                     let len = q.rows * q.cols;
                     let (w, rest) = self.layer.split_at_mut(len);
@@ -149,7 +159,8 @@ impl QuantizedModel {
                     rest[..q.rows].copy_from_slice(&self.biases[q.bias..q.bias + q.rows]);
                     let mut local: Node = node.clone();
                     local.op.set_offset(0);
-                    forward_op(&local, batch, &self.layer, input, dst, &mut self.work, None);
+                    let ctx = eval(&self.layer);
+                    forward_op(&local, batch, ctx, input, None, dst, &mut self.work);
                 }
             }
         }
@@ -169,5 +180,17 @@ impl QuantizedModel {
         let batch = x.nrows();
         let logits = self.forward(x)?;
         Ok(loss(logits.as_slice().expect("contiguous"), batch, outputs, &targets, 1.0, None))
+    }
+}
+
+/// An inference forward's context over `params`: no norms, no dropout.
+fn eval(params: &[f32]) -> Forward<'_, f32> {
+    Forward {
+        params,
+        buffers: &mut [],
+        stats: &mut [],
+        dropout: None,
+        pass: NormPass::Eval,
+        sync: None,
     }
 }

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::float::Float;
 use crate::init::initialize;
 use crate::spec::ModelSpec;
+use crate::tape::Tape;
 
 /// A model's parameters, initialized from a seed as [`Model::new`](crate::Model::new) would,
 /// for several models to share (see [`Model::with_shared_params`](crate::Model::with_shared_params)).
@@ -46,9 +47,9 @@ impl<T: Float> std::fmt::Debug for SharedParams<T> {
 impl<T: Float> SharedParams<T> {
     /// `spec`'s parameters initialized from `seed`, allocated from `pool` (tag `Param`).
     pub fn new(spec: &ModelSpec, seed: u64, pool: &Pool) -> Result<Self> {
-        let layout = spec.layout()?;
-        let mut values = pool.alloc_zeroed(layout.len(), Tag::Param)?;
-        initialize(spec, &layout, seed, &mut values);
+        let tape = Tape::build(spec, 1)?;
+        let mut values = pool.alloc_zeroed(tape.layout.len(), Tag::Param)?;
+        initialize(&tape, seed, &mut values);
         // The heap block does not move when the buffer does.
         let ptr = NonNull::new(values.as_mut_ptr()).unwrap_or(NonNull::dangling());
         let inner =

@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::init::fnv;
 
 /// A model: the shape of one input sample and the layers applied to it, in order.
 ///
@@ -55,8 +56,36 @@ pub enum LayerSpec {
         /// Zeros added on every side.
         #[serde(default)]
         padding: usize,
+        /// Whether each output channel adds a bias (a convolution followed by batch norm
+        /// needs none: the norm's shift takes its place).
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        bias: bool,
     },
-    /// Max pooling with square windows (no padding).
+    /// Batch normalization over channels (of `[channels, height, width]` images) or features
+    /// (of flat inputs): while training, each is normalized by the batch's mean and variance
+    /// and a running average of both is kept; evaluation uses the running averages. Then
+    /// scaled and shifted by learned parameters. As PyTorch's `BatchNorm1d`/`BatchNorm2d`.
+    BatchNorm {
+        /// Weight of the newest batch in the running averages.
+        #[serde(default = "batch_norm_momentum")]
+        momentum: f64,
+        /// Added to the variance before its square root.
+        #[serde(default = "batch_norm_eps")]
+        eps: f64,
+    },
+    /// The mean of each channel's plane: `[channels, height, width]` to `[channels]`.
+    GlobalAvgPool,
+    /// A residual block: `layers(x) + shortcut(x)`, where an empty `shortcut` is `x` itself
+    /// (identity) and otherwise a few layers (a strided 1x1 convolution and a batch norm, as a
+    /// projection when the block changes the shape). Both must give the same shape.
+    Residual {
+        /// The block's main path.
+        layers: Vec<LayerSpec>,
+        /// The shortcut's layers (none: identity).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        shortcut: Vec<LayerSpec>,
+    },
+    /// Max pooling with square windows.
     #[serde(rename = "maxpool2d")]
     MaxPool2d {
         /// Window size.
@@ -64,6 +93,9 @@ pub enum LayerSpec {
         /// Step between windows (default: the window size).
         #[serde(default)]
         stride: Option<usize>,
+        /// Rows and columns of `-inf` added on every side (at most half the window).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        padding: usize,
     },
     /// Flattens `[channels, height, width]` to `[channels * height * width]`.
     Flatten,
@@ -112,6 +144,26 @@ fn one() -> usize {
     1
 }
 
+fn is_zero(value: &usize) -> bool {
+    *value == 0
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn batch_norm_momentum() -> f64 {
+    0.1
+}
+
+fn batch_norm_eps() -> f64 {
+    1e-5
+}
+
 impl ModelSpec {
     /// A multilayer perceptron: `inputs -> hidden[0] -> ... -> classes`, ReLU between.
     pub fn mlp(inputs: usize, hidden: &[usize], classes: usize) -> Self {
@@ -135,12 +187,12 @@ impl ModelSpec {
     pub fn lenet(input: [usize; 3], classes: usize) -> Self {
         use LayerSpec::*;
         let layers = vec![
-            Conv2d { out: 6, kernel: 5, stride: 1, padding: 2 },
+            Conv2d { out: 6, kernel: 5, stride: 1, padding: 2, bias: true },
             Relu,
-            MaxPool2d { kernel: 2, stride: None },
-            Conv2d { out: 16, kernel: 5, stride: 1, padding: 0 },
+            MaxPool2d { kernel: 2, stride: None, padding: 0 },
+            Conv2d { out: 16, kernel: 5, stride: 1, padding: 0, bias: true },
             Relu,
-            MaxPool2d { kernel: 2, stride: None },
+            MaxPool2d { kernel: 2, stride: None, padding: 0 },
             Flatten,
             Linear { out: 120 },
             Relu,
@@ -156,7 +208,10 @@ impl ModelSpec {
     /// * `linear`: one linear layer (logistic or softmax regression, or linear regression).
     /// * `mlp`: hidden widths 512 and 256; `mlp:W1,W2,...` picks the widths.
     /// * `lenet`: [`ModelSpec::lenet`]; a `[H, W]` input is taken as one channel, and a flat
-    ///   input of a square size (784) as a square image.
+    ///   input of a square size (784) as a square image (so for the image models below).
+    /// * `cnn`: [`ModelSpec::cnn`], a small network with batch norm for small images.
+    /// * `resnet20`, `resnet56` (any `6n + 2`): [`ModelSpec::resnet_cifar`].
+    /// * `resnet18`: [`ModelSpec::resnet18`].
     pub fn builtin(name: &str, input: &[usize], classes: usize) -> Result<Self> {
         let features: usize = input.iter().product();
         let (base, args) = name.split_once(':').unwrap_or((name, ""));
@@ -177,23 +232,26 @@ impl ModelSpec {
                 };
                 Ok(Self::mlp(features, &hidden, classes))
             }
-            "lenet" if args.is_empty() => {
-                let image = match *input {
-                    [c, h, w] => [c, h, w],
-                    [h, w] => [1, h, w],
-                    [n] if n.isqrt() * n.isqrt() == n => [1, n.isqrt(), n.isqrt()],
-                    _ => {
-                        return Err(Error::spec(
+            "lenet" if args.is_empty() => Ok(Self::lenet(image(name, input)?, classes)),
+            "cnn" if args.is_empty() => Ok(Self::cnn(image(name, input)?, classes)),
+            "resnet18" if args.is_empty() => Ok(Self::resnet18(image(name, input)?, classes)),
+            _ if base.starts_with("resnet") && args.is_empty() => {
+                let depth = base["resnet".len()..].parse::<usize>().ok();
+                depth.and_then(|d| Self::resnet_cifar(d, image(name, input).ok()?, classes)).map_or_else(
+                    || {
+                        Err(Error::spec(
                             "model",
-                            format!("lenet needs image inputs [C, H, W], got {input:?}"),
-                        ));
-                    }
-                };
-                Ok(Self::lenet(image, classes))
+                            format!("`{name}`: a CIFAR ResNet's depth is 6n + 2 (20, 32, 44, 56, 110), on images [C, H, W]; or resnet18"),
+                        ))
+                    },
+                    Ok,
+                )
             }
             _ => Err(Error::spec(
                 "model",
-                format!("unknown built-in `{name}` (expected linear, mlp, mlp:W1,W2,... or lenet)"),
+                format!(
+                    "unknown built-in `{name}` (expected linear, mlp, mlp:W1,W2,..., lenet, cnn, resnet20, resnet56 or resnet18)"
+                ),
             )),
         }
     }
@@ -229,22 +287,49 @@ impl ModelSpec {
     /// A 64-bit fingerprint of the spec (FNV-1a of its canonical JSON). Checkpoints carry it
     /// so loading one into a different model is an error, not silent garbage.
     pub fn fingerprint(&self) -> u64 {
-        let json = serde_json::to_vec(self).expect("a spec always serializes");
-        json.iter()
-            .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+        fnv(&serde_json::to_vec(self).expect("a spec always serializes"))
+    }
+}
+
+/// A built-in image model's `[channels, height, width]`: a `[H, W]` input is one channel,
+/// a flat input of a square size a square image of one channel.
+fn image(name: &str, input: &[usize]) -> Result<[usize; 3]> {
+    match *input {
+        [c, h, w] => Ok([c, h, w]),
+        [h, w] => Ok([1, h, w]),
+        [n] if n.isqrt() * n.isqrt() == n => Ok([1, n.isqrt(), n.isqrt()]),
+        _ => {
+            Err(Error::spec("model", format!("{name} needs image inputs [C, H, W], got {input:?}")))
+        }
     }
 }
 
 impl LayerSpec {
     /// Whether the layer has parameters.
     pub fn has_params(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Self::Linear { .. }
-                | Self::Conv2d { .. }
-                | Self::SparseLinear { .. }
-                | Self::EmbeddingBag { .. }
-        )
+            | Self::Conv2d { .. }
+            | Self::SparseLinear { .. }
+            | Self::EmbeddingBag { .. }
+            | Self::BatchNorm { .. } => true,
+            Self::Residual { layers, shortcut } => {
+                layers.iter().chain(shortcut).any(LayerSpec::has_params)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the layer (or a layer inside it) is a batch norm, whose running statistics
+    /// are buffers besides the parameters.
+    pub fn has_batch_norm(&self) -> bool {
+        match self {
+            Self::BatchNorm { .. } => true,
+            Self::Residual { layers, shortcut } => {
+                layers.iter().chain(shortcut).any(LayerSpec::has_batch_norm)
+            }
+            _ => false,
+        }
     }
 
     /// Whether the layer reads a sparse input (and must come first).

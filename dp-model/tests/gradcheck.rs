@@ -112,10 +112,10 @@ fn mean_squared_error() {
 #[test]
 fn convolution_pooling_and_flatten_over_several_channels() {
     let layers = vec![
-        Conv2d { out: 3, kernel: 3, stride: 1, padding: 1 },
+        Conv2d { out: 3, kernel: 3, stride: 1, padding: 1, bias: true },
         Relu,
-        MaxPool2d { kernel: 2, stride: None },
-        Conv2d { out: 4, kernel: 2, stride: 2, padding: 1 },
+        MaxPool2d { kernel: 2, stride: None, padding: 0 },
+        Conv2d { out: 4, kernel: 2, stride: 2, padding: 1, bias: true },
         Tanh,
         Flatten,
         Linear { out: 3 },
@@ -126,9 +126,9 @@ fn convolution_pooling_and_flatten_over_several_channels() {
 #[test]
 fn strided_convolution_and_overlapping_pools() {
     let layers = vec![
-        Conv2d { out: 2, kernel: 3, stride: 2, padding: 0 },
+        Conv2d { out: 2, kernel: 3, stride: 2, padding: 0, bias: true },
         Gelu,
-        MaxPool2d { kernel: 2, stride: Some(1) },
+        MaxPool2d { kernel: 2, stride: Some(1), padding: 0 },
         Flatten,
         Linear { out: 4 },
     ];
@@ -139,17 +139,81 @@ fn strided_convolution_and_overlapping_pools() {
 fn kernels_wider_than_the_image() {
     // A 5x5 kernel with padding 2 on a 1x1 image, and 3x3 on a one-pixel-wide column:
     // some kernel columns only ever read padding.
-    let dot =
-        vec![Conv2d { out: 2, kernel: 5, stride: 1, padding: 2 }, Tanh, Flatten, Linear { out: 3 }];
+    let dot = vec![
+        Conv2d { out: 2, kernel: 5, stride: 1, padding: 2, bias: true },
+        Tanh,
+        Flatten,
+        Linear { out: 3 },
+    ];
     check(&spec("dot", &[1, 1, 1], dot), 2, Loss::Classes(vec![0, 2]), 7, SMALL);
     let column = vec![
-        Conv2d { out: 2, kernel: 3, stride: 1, padding: 1 },
+        Conv2d { out: 2, kernel: 3, stride: 1, padding: 1, bias: true },
         Relu,
-        Conv2d { out: 2, kernel: 3, stride: 2, padding: 1 },
+        Conv2d { out: 2, kernel: 3, stride: 2, padding: 1, bias: true },
         Flatten,
         Linear { out: 3 },
     ];
     check(&spec("column", &[2, 5, 1], column), 3, Loss::Classes(vec![1, 0, 2]), 8, SMALL);
+}
+
+fn norm() -> LayerSpec {
+    BatchNorm { momentum: 0.1, eps: 1e-5 }
+}
+
+fn conv(out: usize, kernel: usize, stride: usize, padding: usize) -> LayerSpec {
+    Conv2d { out, kernel, stride, padding, bias: false }
+}
+
+#[test]
+fn residual_blocks_with_batch_norm_projections_and_average_pooling() {
+    // An identity block, then one that halves the size through a projection shortcut, a
+    // padded max pool, global average pooling: each in training mode (batch statistics).
+    let layers = vec![
+        conv(3, 3, 1, 1),
+        norm(),
+        Relu,
+        Residual {
+            layers: vec![conv(3, 3, 1, 1), norm(), Relu, conv(3, 3, 1, 1), norm()],
+            shortcut: vec![],
+        },
+        Relu,
+        Residual {
+            layers: vec![conv(4, 3, 2, 1), norm(), Relu, conv(4, 3, 1, 1), norm()],
+            shortcut: vec![conv(4, 1, 2, 0), norm()],
+        },
+        Relu,
+        MaxPool2d { kernel: 3, stride: Some(2), padding: 1 },
+        GlobalAvgPool,
+        Linear { out: 3 },
+    ];
+    let worst =
+        check(&spec("resnet", &[2, 7, 6], layers), 4, Loss::Classes(vec![2, 0, 1, 1]), 13, SMALL);
+    println!("resnet worst relative error {worst:e}");
+}
+
+#[test]
+fn batch_norm_over_features_and_a_block_on_the_input() {
+    // 1-D batch norm in an MLP, and residual blocks whose shortcut is the model's input
+    // itself (flat, and an image that the block first turns channel-major).
+    let mlp = vec![
+        Residual { layers: vec![Linear { out: 5 }, Tanh], shortcut: vec![] },
+        Linear { out: 6 },
+        norm(),
+        Relu,
+        Residual { layers: vec![Linear { out: 6 }, norm(), Tanh], shortcut: vec![] },
+        Linear { out: 3 },
+    ];
+    check(&spec("mlp-bn", &[5], mlp), 5, Loss::Classes(vec![0, 2, 1, 1, 0]), 14, SMALL);
+    let image = vec![
+        Residual {
+            layers: vec![Conv2d { out: 2, kernel: 3, stride: 1, padding: 1, bias: true }],
+            shortcut: vec![],
+        },
+        norm(),
+        GlobalAvgPool,
+        Linear { out: 2 },
+    ];
+    check(&spec("image-block", &[2, 4, 5], image), 3, Loss::Classes(vec![1, 0, 1]), 15, SMALL);
 }
 
 #[test]
@@ -177,7 +241,10 @@ fn recomputation_gives_bitwise_the_same_gradients() {
             Linear { out: 4 },
         ],
     );
-    for (spec, explicit) in [(lenet, vec![0..3, 3..7]), (mlp, vec![0..3, 3..6])] {
+    let resnet = ModelSpec::resnet_cifar(8, [3, 8, 8], 4).unwrap();
+    for (spec, explicit) in
+        [(lenet, vec![0..3, 3..7]), (mlp, vec![0..3, 3..6]), (resnet, vec![1..5, 5..9])]
+    {
         let mut runs = Vec::new();
         for recompute in [Recompute::Off, Recompute::Auto, Recompute::Layers(explicit.clone())] {
             let tracker = Tracker::new();

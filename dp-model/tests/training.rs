@@ -354,11 +354,11 @@ fn bad_inputs_and_specs_are_errors() {
     };
     assert!(bad(vec![1, 8, 8], vec![Linear { out: 2 }]).contains("flatten"));
     assert!(
-        bad(vec![1, 4, 4], vec![Conv2d { out: 2, kernel: 5, stride: 1, padding: 0 }])
+        bad(vec![1, 4, 4], vec![Conv2d { out: 2, kernel: 5, stride: 1, padding: 0, bias: true }])
             .contains("layers[0]")
     );
     assert!(
-        bad(vec![4], vec![Conv2d { out: 2, kernel: 1, stride: 1, padding: 0 }])
+        bad(vec![4], vec![Conv2d { out: 2, kernel: 1, stride: 1, padding: 0, bias: true }])
             .contains("image input")
     );
     assert!(bad(vec![4], vec![Dropout { p: 1.0 }]).contains("layers[0].p"));

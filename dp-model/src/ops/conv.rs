@@ -16,7 +16,6 @@ use ndarray::s;
 use crate::float::Float;
 use crate::ops::gemm::{Gemm, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
-use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
 /// float sum cannot be reordered, so it runs one add per cycle of latency).
@@ -59,6 +58,8 @@ pub(crate) struct Conv2d {
     pub(crate) padding: usize,
     pub(crate) out_height: usize,
     pub(crate) out_width: usize,
+    /// Whether `b` follows `W` (a convolution before a batch norm has none).
+    pub(crate) bias: bool,
     /// Offset of `W` (`out_channels * channels * kernel^2` values), followed by `b`.
     pub(crate) offset: usize,
 }
@@ -69,7 +70,11 @@ impl Conv2d {
     }
 
     pub(crate) fn param_len(&self) -> usize {
-        self.out_channels * self.patch_len() + self.out_channels
+        self.out_channels * self.patch_len() + self.bias_len()
+    }
+
+    fn bias_len(&self) -> usize {
+        if self.bias { self.out_channels } else { 0 }
     }
 
     /// Output rows (of all images: row `oy` of image `b` is row `b * OH + oy`) unfolded at a
@@ -100,21 +105,28 @@ impl Conv2d {
         gemm: &mut Gemm,
     ) {
         let (n, patch) = (batch * self.out_height * self.out_width, self.patch_len());
-        let (w, b) = weights_and_bias(params, self.offset, self.out_channels, patch);
+        let w = &params[self.offset..self.offset + self.out_channels * patch];
+        let b = &params[self.offset + w.len()..self.offset + self.param_len()];
         let w = view(w, self.out_channels, patch);
         let mut y = view_mut(y, self.out_channels, n);
         for columns in self.chunks(batch) {
             let cols = &mut scratch[..patch * columns.len()];
             self.im2col(batch, x, columns.clone(), cols);
             let mut out = y.slice_mut(s![.., columns.clone()]);
-            for (mut row, &bias) in out.rows_mut().into_iter().zip(b) {
-                row.fill(bias);
-            }
-            gemm.matmul(w, view(cols, patch, columns.len()), T::one(), &mut out);
+            let beta = if self.bias {
+                for (mut row, &bias) in out.rows_mut().into_iter().zip(b) {
+                    row.fill(bias);
+                }
+                T::one()
+            } else {
+                T::zero()
+            };
+            gemm.matmul(w, view(cols, patch, columns.len()), beta, &mut out);
         }
     }
 
-    /// Parameter gradients (written or added) and, when `dx` is given, the input gradient.
+    /// Parameter gradients (written or added) and, when `dx` is given, the input gradient
+    /// (added to what `dx` holds with `add_dx`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward<T: Float>(
         &self,
@@ -124,20 +136,23 @@ impl Conv2d {
         x: &[T],
         dy: &[T],
         mut dx: Option<&mut [T]>,
+        add_dx: bool,
         scratch: &mut [T],
         accumulate: bool,
         gemm: &mut Gemm,
     ) {
         let (n, patch) = (batch * self.out_height * self.out_width, self.patch_len());
         let dy2 = view(dy, self.out_channels, n);
-        let (dw, db) = weights_and_bias_mut(grads, self.offset, self.out_channels, patch);
+        let weights = self.out_channels * patch;
+        let (dw, db) = grads[self.offset..self.offset + self.param_len()].split_at_mut(weights);
         for (g, row) in db.iter_mut().zip(dy[..self.out_channels * n].chunks_exact(n)) {
             let sum = sum_lanes(row);
             *g = if accumulate { *g + sum } else { sum };
         }
-        let (w, _) = weights_and_bias(params, self.offset, self.out_channels, patch);
-        let w = view(w, self.out_channels, patch);
-        if let Some(dx) = dx.as_deref_mut() {
+        let w = view(&params[self.offset..self.offset + weights], self.out_channels, patch);
+        if let Some(dx) = dx.as_deref_mut()
+            && !add_dx
+        {
             dx[..self.channels * batch * self.height * self.width].fill(T::zero());
         }
         let mut dw = view_mut(dw, self.out_channels, patch);
@@ -433,6 +448,7 @@ mod tests {
                 padding,
                 out_height: out,
                 out_width: out,
+                bias: true,
                 offset: 0,
             };
             let chunks = c.chunks(batch).count();
@@ -442,7 +458,7 @@ mod tests {
             let params = fill(c.param_len(), 1);
             let x = fill(channels * batch * size * size, 2);
             let dy = fill(out_channels * batch * out * out, 3);
-            let mut work = Workspace::<T>::new(&pool, c.scratch_len(batch), Precision::F32)
+            let mut work = Workspace::<T>::new(&pool, c.scratch_len(batch), 0, Precision::F32)
                 .expect("workspace");
             let mut y = vec![T::zero(); dy.len()];
             c.forward(batch, &params, &x, &mut y, &mut work.cols, &mut work.gemm);
@@ -456,6 +472,7 @@ mod tests {
                 &x,
                 &dy,
                 dx_out,
+                false,
                 &mut work.cols,
                 false,
                 &mut work.gemm,

@@ -2,6 +2,9 @@
 //! slices.
 
 pub(crate) mod activation;
+pub(crate) mod add;
+pub(crate) mod avg_pool;
+pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod dropout;
 pub(crate) mod gemm;
@@ -14,6 +17,9 @@ pub(crate) mod transpose;
 pub(crate) mod workspace;
 
 use activation::Activation;
+use add::Add;
+use avg_pool::GlobalAvgPool;
+use batch_norm::BatchNorm;
 use conv::Conv2d;
 use dropout::Dropout;
 use linear::Linear;
@@ -51,6 +57,9 @@ pub(crate) enum Op {
     Transpose(Transpose),
     Activation(Activation),
     Dropout(Dropout),
+    BatchNorm(BatchNorm),
+    GlobalAvgPool(GlobalAvgPool),
+    Add(Add),
     /// Only ever the first node: it reads the model's sparse input.
     Sparse(SparseLinear),
 }
@@ -62,7 +71,17 @@ impl Op {
             Op::Linear(l) => l.param_len(),
             Op::Conv2d(c) => c.param_len(),
             Op::Sparse(s) => s.param_len(),
+            Op::BatchNorm(n) => n.param_len(),
             _ => 0,
+        }
+    }
+
+    /// The node whose output the op reads besides its input (a residual sum's shortcut):
+    /// `Some(None)` for the model's input.
+    pub(crate) fn skip(&self) -> Option<Option<usize>> {
+        match self {
+            Op::Add(add) => Some(add.skip),
+            _ => None,
         }
     }
 
@@ -72,6 +91,7 @@ impl Op {
             Op::Linear(l) => l.offset = offset,
             Op::Conv2d(c) => c.offset = offset,
             Op::Sparse(s) => s.offset = offset,
+            Op::BatchNorm(n) => n.offset = offset,
             _ => {}
         }
     }

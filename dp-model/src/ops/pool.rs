@@ -1,4 +1,5 @@
-//! Max pooling over the planes of a `[C, B, H, W]` activation (no padding, floor division).
+//! Max pooling over the planes of a `[C, B, H, W]` activation (padding never wins a window,
+//! floor division).
 
 use crate::float::Float;
 
@@ -10,6 +11,7 @@ pub(crate) struct MaxPool2d {
     pub(crate) width: usize,
     pub(crate) kernel: usize,
     pub(crate) stride: usize,
+    pub(crate) padding: usize,
     pub(crate) out_height: usize,
     pub(crate) out_width: usize,
 }
@@ -21,7 +23,7 @@ impl MaxPool2d {
         for (src, dst) in
             x[..planes * plane_in].chunks_exact(plane_in).zip(y.chunks_exact_mut(plane_out))
         {
-            if self.kernel == 2 && self.stride == 2 {
+            if self.kernel == 2 && self.stride == 2 && self.padding == 0 {
                 self.forward_2x2(src, dst);
                 continue;
             }
@@ -44,7 +46,7 @@ impl MaxPool2d {
             .zip(dy.chunks_exact(plane_out))
             .zip(dx.chunks_exact_mut(plane_in))
         {
-            if self.kernel == 2 && self.stride == 2 {
+            if self.kernel == 2 && self.stride == 2 && self.padding == 0 {
                 self.backward_2x2(src, grad, dst);
                 continue;
             }
@@ -60,15 +62,21 @@ impl MaxPool2d {
         (self.height * self.width, self.out_height * self.out_width)
     }
 
-    /// Index in `plane` of the first largest input of output `(oy, ox)`'s window.
+    /// Index in `plane` of the first largest input of output `(oy, ox)`'s window (padding
+    /// is never a window's largest: a window always covers some of the image).
     fn argmax<T: Float>(&self, plane: &[T], oy: usize, ox: usize) -> usize {
-        let corner = oy * self.stride * self.width + ox * self.stride;
-        let mut best = corner;
-        for ky in 0..self.kernel {
-            let row = corner + ky * self.width;
-            for (kx, &v) in plane[row..row + self.kernel].iter().enumerate() {
+        let valid = |o: usize, size: usize| {
+            let start = (o * self.stride).saturating_sub(self.padding);
+            let end = (o * self.stride + self.kernel - self.padding).min(size);
+            start..end
+        };
+        let (rows, cols) = (valid(oy, self.height), valid(ox, self.width));
+        let mut best = rows.start * self.width + cols.start;
+        for y in rows {
+            let row = y * self.width;
+            for (kx, &v) in plane[row + cols.start..row + cols.end].iter().enumerate() {
                 if v > plane[best] {
-                    best = row + kx;
+                    best = row + cols.start + kx;
                 }
             }
         }

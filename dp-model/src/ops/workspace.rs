@@ -13,14 +13,23 @@ pub(crate) struct Workspace<T: Float> {
     pub(crate) cols: PoolBuf<T>,
     /// How the products run.
     pub(crate) gemm: Gemm,
+    /// A batch norm's per-channel sums (see `ops/batch_norm.rs`).
+    pub(crate) norm: PoolBuf<f64>,
 }
 
 impl<T: Float> Workspace<T> {
-    /// Room for `cols_len` unfolded values, products in `precision` (which the CPU has).
-    pub(crate) fn new(pool: &Pool, cols_len: usize, precision: Precision) -> dp_mem::Result<Self> {
+    /// Room for `cols_len` unfolded values and `norm_len` norm sums, products in
+    /// `precision` (which the CPU has).
+    pub(crate) fn new(
+        pool: &Pool,
+        cols_len: usize,
+        norm_len: usize,
+        precision: Precision,
+    ) -> dp_mem::Result<Self> {
         Ok(Self {
             cols: pool.alloc_zeroed(cols_len, Tag::Activation)?,
             gemm: Gemm::new(pool, GemmBackend::current(), precision)?,
+            norm: pool.alloc_zeroed(norm_len, Tag::Activation)?,
         })
     }
 }

@@ -1,0 +1,86 @@
+//! Built-in residual networks and a small convolutional network, as the papers and
+//! torchvision lay them out.
+
+use crate::spec::{LayerSpec, ModelSpec};
+
+use LayerSpec::*;
+
+fn conv(out: usize, kernel: usize, stride: usize) -> LayerSpec {
+    Conv2d { out, kernel, stride, padding: kernel / 2, bias: false }
+}
+
+fn norm() -> LayerSpec {
+    BatchNorm { momentum: 0.1, eps: 1e-5 }
+}
+
+/// The basic block of ResNet-18/20/56: two 3x3 convolutions with batch norms, then a ReLU
+/// after the sum. The shortcut is the identity, or a strided 1x1 convolution with its batch
+/// norm when the block changes the channels or the size (He et al.'s option B).
+fn basic_block(channels: usize, out: usize, stride: usize) -> [LayerSpec; 2] {
+    let layers = vec![conv(out, 3, stride), norm(), Relu, conv(out, 3, 1), norm()];
+    let shortcut =
+        if stride == 1 && channels == out { vec![] } else { vec![conv(out, 1, stride), norm()] };
+    [Residual { layers, shortcut }, Relu]
+}
+
+/// Stages of basic blocks: `blocks` per stage, the widths given, each stage after the first
+/// halving the size.
+fn stages(layers: &mut Vec<LayerSpec>, mut channels: usize, widths: &[usize], blocks: usize) {
+    for (stage, &width) in widths.iter().enumerate() {
+        for block in 0..blocks {
+            let stride = if stage > 0 && block == 0 { 2 } else { 1 };
+            layers.extend(basic_block(channels, width, stride));
+            channels = width;
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The CIFAR ResNet of He et al. (2016), `depth = 6n + 2` (20, 32, 44, 56, 110): a 3x3
+    /// convolution to 16 channels, three stages of `n` basic blocks at 16, 32 and 64
+    /// channels, global average pooling and a linear classifier. ResNet-20 has 0.27M
+    /// parameters.
+    pub fn resnet_cifar(depth: usize, input: [usize; 3], classes: usize) -> Option<Self> {
+        if depth < 8 || !(depth - 2).is_multiple_of(6) {
+            return None;
+        }
+        let mut layers = vec![conv(16, 3, 1), norm(), Relu];
+        stages(&mut layers, 16, &[16, 32, 64], (depth - 2) / 6);
+        layers.extend([GlobalAvgPool, Linear { out: classes }]);
+        Some(Self { name: format!("resnet{depth}"), input: input.to_vec(), layers })
+    }
+
+    /// ResNet-18 as torchvision lays it out for ImageNet: a 7x7 stride-2 convolution to 64
+    /// channels and a 3x3 stride-2 max pool, four stages of two basic blocks at 64, 128,
+    /// 256 and 512 channels, global average pooling and a linear classifier (11.7M
+    /// parameters at 1,000 classes). Any image of at least 32x32 fits: the pooling takes
+    /// whatever size the last stage has.
+    pub fn resnet18(input: [usize; 3], classes: usize) -> Self {
+        let mut layers = vec![
+            conv(64, 7, 2),
+            norm(),
+            Relu,
+            MaxPool2d { kernel: 3, stride: Some(2), padding: 1 },
+        ];
+        stages(&mut layers, 64, &[64, 128, 256, 512], 2);
+        layers.extend([GlobalAvgPool, Linear { out: classes }]);
+        Self { name: "resnet18".into(), input: input.to_vec(), layers }
+    }
+
+    /// A small network for small images that trains in seconds: two stages of two 3x3
+    /// convolutions with batch norm (32 then 64 channels) with max pooling between, global
+    /// average pooling and a linear classifier.
+    pub fn cnn(input: [usize; 3], classes: usize) -> Self {
+        let mut layers = Vec::new();
+        for (stage, width) in [32, 64].into_iter().enumerate() {
+            if stage > 0 {
+                layers.push(MaxPool2d { kernel: 2, stride: None, padding: 0 });
+            }
+            for _ in 0..2 {
+                layers.extend([conv(width, 3, 1), norm(), Relu]);
+            }
+        }
+        layers.extend([GlobalAvgPool, Linear { out: classes }]);
+        Self { name: "cnn".into(), input: input.to_vec(), layers }
+    }
+}
