@@ -48,6 +48,7 @@ mod error;
 mod float;
 mod init;
 mod layout;
+mod memory_plan;
 mod model;
 mod ops;
 mod optim;

@@ -21,6 +21,7 @@ use crate::ops::sparse::SparseInput;
 use crate::ops::workspace::Workspace;
 use crate::shared::SharedParams;
 use crate::spec::ModelSpec;
+use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
 use crate::tape::{Node, Tape};
 
 /// How a model is built.
@@ -278,34 +279,10 @@ impl<T: Float> Model<T> {
         let segments = segments(&tape, spec, &options.recompute)?;
         let batch = options.max_batch;
 
-        let mut out_buf = vec![usize::MAX; tape.nodes.len()];
-        let mut recompute_from = vec![None; tape.nodes.len()];
-        let mut slot_lens: Vec<usize> = Vec::new();
-        let mut kept_lens = Vec::new();
-        for segment in &segments {
-            recompute_from[segment.end - 1] = Some(segment.start);
-            for (slot, i) in (segment.start..segment.end - 1).enumerate() {
-                let len = tape.nodes[i].out_len * batch;
-                match slot_lens.get_mut(slot) {
-                    Some(l) => *l = (*l).max(len),
-                    None => slot_lens.push(len),
-                }
-                out_buf[i] = usize::MAX - 1 - slot;
-            }
-        }
-        for (i, node) in tape.nodes.iter().enumerate() {
-            if out_buf[i] == usize::MAX {
-                out_buf[i] = kept_lens.len();
-                kept_lens.push(node.out_len * batch);
-            }
-        }
-        // Slots go after the kept buffers.
-        for b in out_buf.iter_mut().filter(|b| **b >= kept_lens.len()) {
-            *b = kept_lens.len() + (usize::MAX - 1 - *b);
-        }
-        let acts = kept_lens
+        let ActivationPlan { out_buf, recompute_from, lens } =
+            ActivationPlan::new(&tape, &segments, batch);
+        let acts = lens
             .iter()
-            .chain(&slot_lens)
             .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
             .collect::<Result<Vec<_>, _>>()?;
         let (ping_len, scratch_len) = (tape.ping_len(batch), tape.scratch_len(batch));
@@ -877,67 +854,6 @@ fn sync_of(sync: &mut Option<Box<dyn NormSync>>) -> Option<&mut dyn NormSync> {
     }
 }
 
-/// Which buffer holds each activation gradient during backward, found once by walking
-/// backward as the step will: a node's output gradient takes a free buffer when its last
-/// consumer (the first to run backward) writes it, and frees it once the node's own
-/// backward has read it. A chain needs two buffers; a residual block three.
-#[derive(Clone, Debug)]
-struct GradientPlan {
-    /// Per node, the buffer of its output's gradient.
-    grad_buf: Vec<usize>,
-    /// Per node, per source (input, skip): whether its backward adds to the gradient
-    /// another consumer already wrote (else it overwrites).
-    adds: Vec<[bool; 2]>,
-    /// Per node, whether backward runs it (it has parameters or an input that needs a
-    /// gradient).
-    runs: Vec<bool>,
-    buffers: usize,
-    /// Some node that cannot add its input gradient itself must add one.
-    spills: bool,
-}
-
-impl GradientPlan {
-    fn new(tape: &Tape) -> Self {
-        let nodes = &tape.nodes;
-        let n = nodes.len();
-        let mut plan = Self {
-            grad_buf: vec![usize::MAX; n],
-            adds: vec![[false; 2]; n],
-            runs: vec![false; n],
-            buffers: 0,
-            spills: false,
-        };
-        let mut free = Vec::new();
-        let take = |free: &mut Vec<usize>, buffers: &mut usize| {
-            free.pop().unwrap_or_else(|| {
-                *buffers += 1;
-                *buffers - 1
-            })
-        };
-        plan.grad_buf[n - 1] = take(&mut free, &mut plan.buffers);
-        for i in (0..n).rev() {
-            let node = &nodes[i];
-            plan.runs[i] = !node.params.is_empty() || node.sources().any(|s| s.is_some());
-            if plan.runs[i] {
-                for (k, source) in node.sources().enumerate() {
-                    let Some(j) = source else { continue };
-                    if plan.grad_buf[j] == usize::MAX {
-                        plan.grad_buf[j] = take(&mut free, &mut plan.buffers);
-                    } else {
-                        plan.adds[i][k] = true;
-                        plan.spills |= !matches!(node.op, Op::Conv2d(_) | Op::Add(_));
-                    }
-                }
-            }
-            // Freed after the node's own writes, so they never land in what it reads.
-            if plan.grad_buf[i] != usize::MAX {
-                free.push(plan.grad_buf[i]);
-            }
-        }
-        plan
-    }
-}
-
 /// A sparse first node's forward.
 fn sparse_forward<T: Float>(node: &Node, x: &SparseInput<'_, T>, params: &[T], y: &mut [T]) {
     let Op::Sparse(op) = &node.op else { unreachable!("only a sparse node reads a sparse input") };
@@ -1049,62 +965,3 @@ fn backward_op<T: Float>(
     }
 }
 
-/// The recomputation segments as node ranges, each at least two nodes long (a one-node
-/// segment keeps its only output and so saves nothing).
-fn segments(tape: &Tape, spec: &ModelSpec, recompute: &Recompute) -> Result<Vec<Range<usize>>> {
-    let layer_ranges: Vec<Range<usize>> = match recompute {
-        Recompute::Off => Vec::new(),
-        Recompute::Auto => {
-            let starts: Vec<usize> =
-                (0..spec.layers.len()).filter(|&l| spec.layers[l].has_params()).collect();
-            starts
-                .iter()
-                .enumerate()
-                .map(|(k, &s)| s..starts.get(k + 1).copied().unwrap_or(spec.layers.len()))
-                .collect()
-        }
-        Recompute::Layers(ranges) => {
-            let mut previous_end = 0;
-            for (k, r) in ranges.iter().enumerate() {
-                if r.start < previous_end || r.start >= r.end || r.end > spec.layers.len() {
-                    return Err(Error::spec(
-                        format!("recompute[{k}]"),
-                        format!(
-                            "{r:?} must be a non-empty range of layers 0..{}, after the previous one",
-                            spec.layers.len()
-                        ),
-                    ));
-                }
-                previous_end = r.end;
-            }
-            ranges.clone()
-        }
-    };
-    let segments: Vec<Range<usize>> = layer_ranges
-        .iter()
-        .filter_map(|r| {
-            let first = tape.nodes.iter().position(|n| r.contains(&n.layer))?;
-            let end = tape.nodes.iter().rposition(|n| r.contains(&n.layer))? + 1;
-            (end - first >= 2).then_some(first..end)
-        })
-        .collect();
-    // Only a segment's last output is kept, so nothing after it may read one inside it.
-    for (i, node) in tape.nodes.iter().enumerate() {
-        for j in node.sources().flatten() {
-            if let Some(segment) = segments.iter().find(|s| s.start <= j && j + 1 < s.end)
-                && !segment.contains(&i)
-            {
-                return Err(Error::spec(
-                    "recompute",
-                    format!(
-                        "layers {}..={} would be recomputed, but layer {} reads an output inside them; recompute whole residual blocks",
-                        tape.nodes[segment.start].layer,
-                        tape.nodes[segment.end - 1].layer,
-                        node.layer
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(segments)
-}
