@@ -32,9 +32,13 @@
 //! # Ok::<(), dp_model::Error>(())
 //! ```
 //!
-//! Layers: Linear, Conv2d (im2col + GEMM, stride and padding), MaxPool2d, Flatten, ReLU,
+//! Layers: Linear, Conv2d (im2col + GEMM, stride and padding, optional bias), MaxPool2d,
+//! global average pooling, batch norm (running statistics as [`Model::buffers`], optionally
+//! synchronized across replicas through a [`NormSync`]), residual blocks, Flatten, ReLU,
 //! GELU, Tanh, Dropout, and as a first layer over sparse inputs ([`SparseInput`], CSR)
-//! SparseLinear and EmbeddingBag; losses: softmax cross-entropy and mean squared error. Optimizers work
+//! SparseLinear and EmbeddingBag; losses: softmax cross-entropy (with optional label
+//! smoothing) and mean squared error. Built-ins: MLPs, LeNet, a small CNN, ResNet-20/56 and
+//! ResNet-18. Optimizers work
 //! on flat slices (any sub-range, for sharded optimizer state): [`Sgd`] and [`Adam`], with
 //! [`Schedule`]s and [`clip_grad_norm`]. Memory techniques: [`Recompute`] (activation
 //! recomputation), [`Pruner`] (magnitude pruning with compressed checkpoints) and

@@ -46,7 +46,8 @@ impl ActivationPlan {
         let nodes = &tape.nodes;
         let n = nodes.len();
         let in_segment = |i: usize| segments.iter().any(|s| s.contains(&i));
-        let consumers = |i: usize| (i + 1..n).filter(move |&k| nodes[k].sources().any(|s| s == Some(i)));
+        let consumers =
+            |i: usize| (i + 1..n).filter(move |&k| nodes[k].sources().any(|s| s == Some(i)));
         #[derive(Clone, Copy, PartialEq)]
         enum Home {
             Kept,
@@ -96,8 +97,8 @@ impl ActivationPlan {
         let transient_at = lens.len();
         let mut free: Vec<usize> = Vec::new();
         let mut last_use = vec![0; n];
-        for i in 0..n {
-            for j in nodes[i].sources().flatten() {
+        for (i, node) in nodes.iter().enumerate() {
+            for j in node.sources().flatten() {
                 last_use[j] = i;
             }
         }
@@ -190,7 +191,11 @@ impl GradientPlan {
 
 /// The recomputation segments as node ranges, each at least two nodes long (a one-node
 /// segment keeps its only output and so saves nothing).
-pub(crate) fn segments(tape: &Tape, spec: &ModelSpec, recompute: &Recompute) -> Result<Vec<Range<usize>>> {
+pub(crate) fn segments(
+    tape: &Tape,
+    spec: &ModelSpec,
+    recompute: &Recompute,
+) -> Result<Vec<Range<usize>>> {
     let layer_ranges: Vec<Range<usize>> = match recompute {
         Recompute::Off => Vec::new(),
         Recompute::Auto => {

@@ -11,17 +11,17 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::init::{initialize, initialize_buffers};
 use crate::layout::ParamLayout;
+use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
 use crate::ops::Op;
 use crate::ops::add::Add;
 use crate::ops::batch_norm::{NormPass, NormSync};
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::{GemmShape, Precision};
-use crate::ops::loss::{LossTotals, Targets, loss};
+use crate::ops::loss::{LossTotals, Targets, loss, smoothed_loss};
 use crate::ops::sparse::SparseInput;
 use crate::ops::workspace::Workspace;
 use crate::shared::SharedParams;
 use crate::spec::ModelSpec;
-use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
 use crate::tape::{Node, Tape};
 
 /// How a model is built.
@@ -39,6 +39,10 @@ pub struct ModelOptions {
     /// What the GEMMs multiply in; the CPU must have it ([`Precision::available`]).
     #[serde(default)]
     pub precision: Precision,
+    /// Label smoothing of the training loss's class targets, in `[0, 1)` (evaluation
+    /// reports the plain cross-entropy).
+    #[serde(default)]
+    pub label_smoothing: f64,
 }
 
 impl Default for ModelOptions {
@@ -49,6 +53,7 @@ impl Default for ModelOptions {
             replica: 0,
             recompute: Recompute::Off,
             precision: Precision::F32,
+            label_smoothing: 0.0,
         }
     }
 }
@@ -68,6 +73,12 @@ impl ModelOptions {
     /// Sets activation recomputation.
     pub fn recompute(mut self, recompute: Recompute) -> Self {
         self.recompute = recompute;
+        self
+    }
+
+    /// Sets the training loss's label smoothing.
+    pub fn label_smoothing(mut self, smoothing: f64) -> Self {
+        self.label_smoothing = smoothing;
         self
     }
 
@@ -268,6 +279,12 @@ impl<T: Float> Model<T> {
     ) -> Result<Self> {
         if options.max_batch == 0 {
             return Err(Error::spec("max_batch", "must be at least 1"));
+        }
+        if !(0.0..1.0).contains(&options.label_smoothing) {
+            return Err(Error::spec(
+                "label_smoothing",
+                format!("{} is outside [0, 1)", options.label_smoothing),
+            ));
         }
         if !options.precision.available() {
             return Err(Error::spec(
@@ -562,7 +579,9 @@ impl<T: Float> Model<T> {
         let denominator = T::of(options.denominator.unwrap_or(counted).max(1) as f64);
         let logits = &self.acts[self.out_buf[nodes - 1]];
         let dlogits = &mut self.dacts[self.plan.grad_buf[nodes - 1]];
-        let totals = loss(logits, batch, outputs, &targets, denominator, Some(dlogits));
+        let smoothing = self.options.label_smoothing;
+        let totals =
+            smoothed_loss(logits, batch, outputs, &targets, denominator, smoothing, Some(dlogits));
 
         for i in (0..nodes).rev() {
             if let Some(start) = self.recompute_from[i] {
@@ -964,4 +983,3 @@ fn backward_op<T: Float>(
         }
     }
 }
-

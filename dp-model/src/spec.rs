@@ -273,6 +273,12 @@ impl ModelSpec {
         }
     }
 
+    /// Whether a layer is a batch norm (whose running statistics are buffers, and whose
+    /// parameters a residual network's recipe keeps out of weight decay).
+    pub fn has_batch_norm(&self) -> bool {
+        self.layers.iter().any(LayerSpec::has_batch_norm)
+    }
+
     /// Reads a spec from a `.toml` or `.json` file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;

@@ -195,3 +195,26 @@ fn built_in_residual_networks_have_the_published_sizes() {
     assert!(err.contains("6n + 2"), "{err}");
     assert!(ModelSpec::builtin("cnn", &[3, 32, 32], 10).is_ok());
 }
+
+#[test]
+fn checkpoints_carry_the_running_statistics() {
+    let spec = ModelSpec::builtin("cnn", &[3, 8, 8], 3).unwrap();
+    let pool = Pool::new(&Tracker::new());
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(4, 2)).unwrap();
+    let mut rng = Rng::new(5);
+    let x = rng.array::<f32>(4, 192).mapv(|v| v * 3.0 + 1.0);
+    let labels = rng.labels(4, 3);
+    for step in 0..3 {
+        let options = StepOptions { step, ..Default::default() };
+        model.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.ckpt");
+    dp_model::CheckpointWriter::new(&model).save(&path).unwrap();
+    let mut copy = Model::<f32>::new(&spec, &pool, ModelOptions::new(4, 9)).unwrap();
+    assert_ne!(copy.buffers(), model.buffers());
+    dp_model::CheckpointReader::load_into(&path, &mut copy).unwrap();
+    assert_eq!(copy.buffers(), model.buffers());
+    let want = model.forward_eval(x.view()).unwrap().to_owned();
+    assert_eq!(copy.forward_eval(x.view()).unwrap(), want);
+}

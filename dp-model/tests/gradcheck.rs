@@ -37,14 +37,17 @@ struct Check {
     /// layers, which see the gradient of everything above them).
     stride: usize,
     tail: usize,
+    /// Label smoothing of the training loss.
+    smoothing: f64,
 }
 
-const SMALL: Check = Check { floor: 1e-4, stride: 1, tail: 0 };
+const SMALL: Check = Check { floor: 1e-4, stride: 1, tail: 0, smoothing: 0.0 };
 
 /// Checks the parameter gradients of `spec` on a random batch; returns the worst error.
 fn check(spec: &ModelSpec, batch: usize, loss: Loss, seed: u64, how: Check) -> f64 {
     let pool = Pool::new(&Tracker::new());
-    let mut model = Model::<f64>::new(spec, &pool, ModelOptions::new(batch, seed)).unwrap();
+    let options = ModelOptions::new(batch, seed).label_smoothing(how.smoothing);
+    let mut model = Model::<f64>::new(spec, &pool, options).unwrap();
     let mut rng = Rng::new(seed);
     let x = rng.array::<f64>(batch, model.input_len());
     // A fixed step (fixed dropout masks) and a sum over samples (larger gradients).
@@ -93,6 +96,13 @@ fn linear_and_activations_with_cross_entropy() {
     let worst =
         check(&spec("mlp", &[5], layers), 6, Loss::Classes(vec![0, 3, 1, -1, 2, 3]), 1, SMALL);
     println!("mlp worst relative error {worst:e}");
+}
+
+#[test]
+fn label_smoothing() {
+    let layers = vec![Linear { out: 6 }, Tanh, Linear { out: 4 }];
+    let how = Check { smoothing: 0.1, ..SMALL };
+    check(&spec("smoothed", &[5], layers), 4, Loss::Classes(vec![0, 3, -1, 2]), 16, how);
 }
 
 #[test]
@@ -221,7 +231,7 @@ fn lenet_end_to_end() {
     let mut rng = Rng::new(6);
     let labels = rng.labels(2, 10);
     // The first convolution in full, 1 in 61 of the rest (1,160 parameters in all).
-    let how = Check { floor: 1e-3, stride: 61, tail: 156 };
+    let how = Check { floor: 1e-3, stride: 61, tail: 156, smoothing: 0.0 };
     let worst = check(&ModelSpec::lenet([1, 28, 28], 10), 2, Loss::Classes(labels), 6, how);
     println!("lenet worst relative error {worst:e}");
 }
@@ -269,13 +279,7 @@ fn recomputation_gives_bitwise_the_same_gradients() {
             // The MLP keeps little without recomputation already: only the inputs its
             // backward reads (GELU's; dropout and ReLU need none of theirs).
             let saves = run.2 < off.2 || (spec.name.starts_with("mlp") && run.2 == off.2);
-            assert!(
-                saves,
-                "{}: recomputation saved nothing ({} vs {})",
-                spec.name,
-                run.2,
-                off.2
-            );
+            assert!(saves, "{}: recomputation saved nothing ({} vs {})", spec.name, run.2, off.2);
         }
     }
 }

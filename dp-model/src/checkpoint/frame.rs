@@ -16,7 +16,7 @@ use super::zstd_stream::{Compress, Decompress};
 use crate::error::{Error, Result};
 
 /// The format both checkpoint files are in.
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 const ZSTD_LEVEL: i32 = 3;
 /// What a file holds of its bytes or their encoding at once while streaming.
 const STREAM_BUFFER: usize = 64 << 10;

@@ -98,6 +98,9 @@ pub struct CheckpointHeader {
     value_bytes: u8,
     layout: ParamLayout,
     tensors: Vec<TensorMeta>,
+    /// The model's buffers (batch norms' running statistics): few, so kept in the header,
+    /// as `f64` (exact for either value type).
+    buffers: Vec<f64>,
     optimizer: Option<OptimizerMeta>,
     extra: String,
 }

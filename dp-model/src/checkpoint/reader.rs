@@ -81,7 +81,28 @@ impl CheckpointReader {
     pub fn restore_params<T: Float>(&mut self, model: &mut Model<T>) -> Result<()> {
         let (name, fingerprint) = (model.spec().name.clone(), model.spec().fingerprint());
         self.check_model(&name, fingerprint, model.layout() == &self.header.layout)?;
+        self.restore_buffers(model)?;
         self.read_params(model.params_mut())
+    }
+
+    /// Sets `model`'s buffers (batch norms' running statistics) to the saved ones
+    /// ([`CheckpointReader::restore_params`] does it too; a model whose parameters are
+    /// shared calls this for its own buffers).
+    pub fn restore_buffers<T: Float>(&self, model: &mut Model<T>) -> Result<()> {
+        let (name, fingerprint) = (model.spec().name.clone(), model.spec().fingerprint());
+        self.check_model(&name, fingerprint, model.layout() == &self.header.layout)?;
+        let buffers = model.buffers_mut();
+        if buffers.len() != self.header.buffers.len() {
+            return Err(self.fail(format!(
+                "holds {} buffer values, the model has {}",
+                self.header.buffers.len(),
+                buffers.len()
+            )));
+        }
+        for (b, &v) in buffers.iter_mut().zip(&self.header.buffers) {
+            *b = T::of(v);
+        }
+        Ok(())
     }
 
     /// Reads the parameters into `params` while no model shares them yet (see

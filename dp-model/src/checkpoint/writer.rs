@@ -107,6 +107,7 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
             value_bytes: size_of::<T>() as u8,
             layout: layout.clone(),
             tensors,
+            buffers: self.model.buffers().iter().map(|v| v.f64()).collect(),
             optimizer,
             extra: self.extra.clone(),
         };

@@ -84,6 +84,20 @@ pub(crate) fn loss<T: Float>(
     outputs: usize,
     targets: &Targets<'_, T>,
     denominator: T,
+    grad: Option<&mut [T]>,
+) -> LossTotals {
+    smoothed_loss(logits, batch, outputs, targets, denominator, 0.0, grad)
+}
+
+/// [`loss`], with class targets smoothed by `smoothing`: cross-entropy against
+/// `(1 - smoothing) * one_hot + smoothing / classes`, as PyTorch's `label_smoothing`.
+pub(crate) fn smoothed_loss<T: Float>(
+    logits: &[T],
+    batch: usize,
+    outputs: usize,
+    targets: &Targets<'_, T>,
+    denominator: T,
+    smoothing: f64,
     mut grad: Option<&mut [T]>,
 ) -> LossTotals {
     let mut totals = LossTotals::default();
@@ -92,7 +106,8 @@ pub(crate) fn loss<T: Float>(
         let g = grad.as_deref_mut().map(|g| &mut g[b * outputs..][..outputs]);
         let target = match targets {
             Targets::Classes(labels) => {
-                cross_entropy(z, labels[b], denominator, g).map(|loss| (loss, labels[b] as usize))
+                let loss = cross_entropy(z, labels[b], denominator, smoothing, g);
+                loss.map(|loss| (loss, labels[b] as usize))
             }
             Targets::Values(values) => {
                 let t = values.row(b);
@@ -109,12 +124,14 @@ pub(crate) fn loss<T: Float>(
     totals
 }
 
-/// One sample's softmax cross-entropy `logsumexp(z) - z[label]`, stable for any logits;
+/// One sample's softmax cross-entropy `logsumexp(z) - z[label]` (with `smoothing`,
+/// `logsumexp(z) - (1 - smoothing) z[label] - smoothing mean(z)`), stable for any logits;
 /// `None` (and a zero gradient) for an ignored sample.
 fn cross_entropy<T: Float>(
     z: &[T],
     label: i64,
     denominator: T,
+    smoothing: f64,
     grad: Option<&mut [T]>,
 ) -> Option<f64> {
     let Ok(label) = usize::try_from(label) else {
@@ -125,14 +142,16 @@ fn cross_entropy<T: Float>(
     };
     let max = z.iter().copied().fold(T::neg_infinity(), T::max);
     let sum: T = z.iter().map(|&v| (v - max).exp()).sum();
+    let (keep, spread) = (T::of(1.0 - smoothing), T::of(smoothing / z.len() as f64));
     if let Some(g) = grad {
         let scale = T::one() / (sum * denominator);
         for (g, &v) in g.iter_mut().zip(z) {
-            *g = (v - max).exp() * scale;
+            *g = (v - max).exp() * scale - spread / denominator;
         }
-        g[label] -= T::one() / denominator;
+        g[label] -= keep / denominator;
     }
-    Some((max + sum.ln() - z[label]).f64())
+    let mean = if smoothing > 0.0 { z.iter().copied().sum::<T>() * spread } else { T::zero() };
+    Some((max + sum.ln() - keep * z[label] - mean).f64())
 }
 
 /// One sample's mean squared error over its outputs.
@@ -157,4 +176,25 @@ fn argmax<T: Float>(v: &[T]) -> usize {
         }
     }
     best
+}
+
+#[cfg(test)]
+mod smoothing_tests {
+    use super::*;
+
+    #[test]
+    fn smoothed_cross_entropy_is_against_the_smoothed_distribution() {
+        let z = [0.3f64, -1.2, 2.0, 0.5];
+        let (label, eps) = (1usize, 0.2);
+        let lse = z.iter().map(|v| v.exp()).sum::<f64>().ln();
+        let want: f64 = (0..4)
+            .map(|k| {
+                let q = eps / 4.0 + if k == label { 1.0 - eps } else { 0.0 };
+                -q * (z[k] - lse)
+            })
+            .sum();
+        let labels = [label as i64];
+        let totals = smoothed_loss(&z, 1, 4, &Targets::Classes(&labels), 1.0, eps, None);
+        assert!((totals.loss_sum - want).abs() < 1e-12, "{} vs {want}", totals.loss_sum);
+    }
 }

@@ -2,7 +2,9 @@
 
 use dp_mem::{Pool, PoolBuf, Tag};
 
-use super::{Optimizer, check_piece, check_range};
+use std::ops::Range;
+
+use super::{Optimizer, check_piece, check_range, decay_runs};
 use crate::error::Result;
 use crate::float::Float;
 use crate::optim::{OptimizerState, OptimizerStateMut};
@@ -19,6 +21,8 @@ pub struct Adam<T: Float = f32> {
     m: PoolBuf<T>,
     v: PoolBuf<T>,
     steps: u64,
+    /// Where weight decay applies (`None`: everywhere).
+    decayed: Option<Vec<Range<usize>>>,
 }
 
 /// Adam's settings, named and defaulted as PyTorch's `torch.optim.Adam`: betas (0.9, 0.999),
@@ -58,6 +62,7 @@ impl<T: Float> Adam<T> {
             m: pool.alloc_zeroed(len, Tag::OptState)?,
             v: pool.alloc_zeroed(len, Tag::OptState)?,
             steps: 0,
+            decayed: None,
         })
     }
 
@@ -131,15 +136,18 @@ impl<T: Float> Optimizer<T> for Adam<T> {
         let (step_size, sqrt_c2) = (T::of(s.step_size), T::of(s.sqrt_c2));
         let (b1, b2, eps) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps));
         let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
-        let (coupled_wd, shrink) = (T::of(s.coupled_wd), T::of(s.shrink));
-        let end = offset + params.len();
-        for (((p, &g), m), v) in
-            params.iter_mut().zip(grads).zip(&mut self.m[offset..end]).zip(&mut self.v[offset..end])
-        {
-            let g = g + coupled_wd * *p;
-            *m = b1 * *m + one_b1 * g;
-            *v = b2 * *v + one_b2 * g * g;
-            *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
+        for (run, decays) in decay_runs(self.decayed.as_deref(), offset, params.len()) {
+            let (coupled_wd, shrink) =
+                if decays { (T::of(s.coupled_wd), T::of(s.shrink)) } else { (T::zero(), T::one()) };
+            let (params, grads) = (&mut params[run.clone()], &grads[run.clone()]);
+            let moments = offset + run.start..offset + run.end;
+            let (m, v) = (&mut self.m[moments.clone()], &mut self.v[moments]);
+            for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+                let g = g + coupled_wd * *p;
+                *m = b1 * *m + one_b1 * g;
+                *v = b2 * *v + one_b2 * g * g;
+                *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
+            }
         }
         Ok(())
     }
@@ -154,6 +162,10 @@ impl<T: Float> Optimizer<T> for Adam<T> {
 
     fn state(&self) -> OptimizerState<'_, T> {
         OptimizerState { kind: "adam", steps: self.steps, buffers: vec![&self.m, &self.v] }
+    }
+
+    fn decay_only(&mut self, ranges: Vec<Range<usize>>) {
+        self.decayed = Some(ranges);
     }
 
     fn state_mut(&mut self) -> OptimizerStateMut<'_, T> {

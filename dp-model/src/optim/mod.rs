@@ -15,6 +15,8 @@ pub use clip::{clip_grad_norm, grad_norm};
 pub use schedule::Schedule;
 pub use sgd::{Sgd, SgdConfig};
 
+use std::ops::Range;
+
 use crate::error::{Error, Result};
 use crate::float::Float;
 
@@ -80,6 +82,43 @@ pub trait Optimizer<T: Float>: Send {
 
     /// Its state, borrowed, for a checkpoint to restore.
     fn state_mut(&mut self) -> OptimizerStateMut<'_, T>;
+
+    /// Applies weight decay only to `ranges` of the optimizer's range (sorted, disjoint),
+    /// instead of to all of it: the usual exclusion of biases and norm parameters
+    /// ([`crate::ParamLayout::decayed_ranges`]).
+    fn decay_only(&mut self, ranges: Vec<Range<usize>>);
+}
+
+/// The pieces of `offset..offset + len` (relative to `offset`), each with whether weight
+/// decay applies to it: all of it without a mask, else the parts inside the mask's ranges.
+fn decay_runs(
+    mask: Option<&[Range<usize>]>,
+    offset: usize,
+    len: usize,
+) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
+    let end = offset + len;
+    let mut at = offset;
+    let mut ranges = mask.map(|m| m.iter().skip_while(move |r| r.end <= offset).peekable());
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let (stop, decays) = match ranges.as_mut() {
+            None => (end, true),
+            Some(ranges) => match ranges.peek() {
+                Some(r) if r.start <= at => {
+                    let stop = r.end.min(end);
+                    ranges.next();
+                    (stop, true)
+                }
+                Some(r) => (r.start.min(end), false),
+                None => (end, false),
+            },
+        };
+        let run = at - offset..stop - offset;
+        at = stop;
+        Some((run, decays))
+    })
 }
 
 fn check_piece(kind: &str, len: usize, offset: usize, params: usize, grads: usize) -> Result<()> {
@@ -112,4 +151,23 @@ fn check_range(field: &'static str, value: f64, range: std::ops::Range<f64>) -> 
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decay_runs;
+
+    #[test]
+    fn decay_runs_split_a_piece_at_the_mask() {
+        let mask = [2..5, 7..9];
+        let runs: Vec<_> = decay_runs(Some(&mask), 3, 6).collect();
+        assert_eq!(runs, [(0..2, true), (2..4, false), (4..6, true)]);
+        let runs: Vec<_> = decay_runs(Some(&mask), 0, 12).collect();
+        assert_eq!(
+            runs,
+            [(0..2, false), (2..5, true), (5..7, false), (7..9, true), (9..12, false)]
+        );
+        assert_eq!(decay_runs(None, 4, 3).collect::<Vec<_>>(), [(0..3, true)]);
+        assert_eq!(decay_runs(Some(&[]), 4, 3).collect::<Vec<_>>(), [(0..3, false)]);
+    }
 }

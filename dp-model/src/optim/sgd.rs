@@ -3,7 +3,9 @@
 
 use dp_mem::{Pool, PoolBuf, Tag};
 
-use super::{Optimizer, check_piece, check_range};
+use std::ops::Range;
+
+use super::{Optimizer, check_piece, check_range, decay_runs};
 use crate::error::Result;
 use crate::float::Float;
 use crate::optim::{OptimizerState, OptimizerStateMut};
@@ -18,6 +20,8 @@ pub struct Sgd<T: Float = f32> {
     velocity: PoolBuf<T>,
     len: usize,
     steps: u64,
+    /// Where weight decay applies (`None`: everywhere).
+    decayed: Option<Vec<Range<usize>>>,
 }
 
 /// SGD's settings, named and defaulted as PyTorch's `torch.optim.SGD`: no momentum, no
@@ -53,6 +57,7 @@ impl<T: Float> Sgd<T> {
             velocity: pool.alloc_zeroed(state_len, Tag::OptState)?,
             len,
             steps: 0,
+            decayed: None,
         })
     }
 }
@@ -67,13 +72,17 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
         first_piece: bool,
     ) -> Result<()> {
         check_piece("sgd", self.len, offset, params.len(), grads.len())?;
-        let (lr, wd, mu) = (T::of(lr), T::of(self.weight_decay), T::of(self.momentum));
-        if self.velocity.is_empty() {
-            for (p, &g) in params.iter_mut().zip(grads) {
-                *p -= lr * (g + wd * *p);
+        let (lr, mu) = (T::of(lr), T::of(self.momentum));
+        for (run, decays) in decay_runs(self.decayed.as_deref(), offset, params.len()) {
+            let wd = if decays { T::of(self.weight_decay) } else { T::zero() };
+            let (params, grads) = (&mut params[run.clone()], &grads[run.clone()]);
+            if self.velocity.is_empty() {
+                for (p, &g) in params.iter_mut().zip(grads) {
+                    *p -= lr * (g + wd * *p);
+                }
+                continue;
             }
-        } else {
-            let velocity = &mut self.velocity[offset..offset + params.len()];
+            let velocity = &mut self.velocity[offset + run.start..offset + run.end];
             for ((p, &g), v) in params.iter_mut().zip(grads).zip(velocity) {
                 let g = g + wd * *p;
                 *v = mu * *v + g;
@@ -99,6 +108,10 @@ impl<T: Float> Optimizer<T> for Sgd<T> {
     fn state(&self) -> OptimizerState<'_, T> {
         let buffers = if self.momentum == 0.0 { vec![] } else { vec![&self.velocity[..]] };
         OptimizerState { kind: "sgd", steps: self.steps, buffers }
+    }
+
+    fn decay_only(&mut self, ranges: Vec<Range<usize>>) {
+        self.decayed = Some(ranges);
     }
 
     fn state_mut(&mut self) -> OptimizerStateMut<'_, T> {
