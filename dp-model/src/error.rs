@@ -47,6 +47,13 @@ pub enum Error {
         what: String,
     },
 
+    /// Synchronized batch norm statistics could not be summed across replicas.
+    #[error("synchronized batch norm: {what}")]
+    NormSync {
+        /// Why the collective failed.
+        what: String,
+    },
+
     /// A checkpoint is damaged, from another version, or for another model.
     #[error("{path}: {what}")]
     Checkpoint {

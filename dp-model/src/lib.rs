@@ -74,10 +74,10 @@ pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
 pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
-pub use ops::batch_norm::NormSync;
 pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};
+pub use ops::norm_sync::NormSync;
 pub use ops::sparse::SparseInput;
 pub use optim::{
     Adam, AdamConfig, Optimizer, OptimizerState, OptimizerStateMut, Schedule, Sgd, SgdConfig,

@@ -14,10 +14,11 @@ use crate::layout::ParamLayout;
 use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
 use crate::ops::Op;
 use crate::ops::add::Add;
-use crate::ops::batch_norm::{NormPass, NormSync};
+use crate::ops::batch_norm::{NormPass, SumAcross};
 use crate::ops::dropout::DropoutStream;
 use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss, smoothed_loss};
+use crate::ops::norm_sync::{NormSync, NormSyncGuard};
 use crate::ops::sparse::SparseInput;
 use crate::ops::workspace::Workspace;
 use crate::shared::SharedParams;
@@ -190,7 +191,7 @@ pub struct Model<T: Float = f32> {
     /// The batch norms' statistics of the last training forward: mean and `1/std`.
     norm_stats: PoolBuf<T>,
     /// Where cross-replica batch norm sums go (`None`: each replica normalizes by its own).
-    norm_sync: Option<Box<dyn NormSync>>,
+    norm_sync: Option<NormSyncGuard>,
     /// Buffers the activation gradients live in while backward needs them (see
     /// [`GradientPlan`]).
     dacts: Vec<PoolBuf<T>>,
@@ -480,8 +481,9 @@ impl<T: Float> Model<T> {
     /// every training forward and backward of a batch norm sums its per-channel statistics
     /// through `sync`, so each replica normalizes by the statistics of the global batch.
     /// Every replica must set one, and call the same steps.
+    /// A failed sum fails the step ([`Error::NormSync`]).
     pub fn set_norm_sync(&mut self, sync: Option<Box<dyn NormSync>>) {
-        self.norm_sync = sync;
+        self.norm_sync = sync.map(NormSyncGuard::new);
     }
 
     /// Bytes held, by use (shared parameters are their [`SharedParams`]' and not counted).
@@ -610,6 +612,9 @@ impl<T: Float> Model<T> {
             if !params.is_empty() {
                 ready(&self.grads[..params.end]);
             }
+        }
+        if let Some(what) = self.norm_sync.as_mut().and_then(|s| s.failure.take()) {
+            return Err(Error::NormSync { what });
         }
         Ok(totals)
     }
@@ -866,9 +871,9 @@ fn read_write<T: Float>(bufs: &mut [PoolBuf<T>], read: usize, write: usize) -> (
 }
 
 /// The norm synchronization, if any, borrowed.
-fn sync_of(sync: &mut Option<Box<dyn NormSync>>) -> Option<&mut dyn NormSync> {
+fn sync_of(sync: &mut Option<NormSyncGuard>) -> Option<&mut dyn SumAcross> {
     match sync {
-        Some(sync) => Some(sync.as_mut() as &mut dyn NormSync),
+        Some(sync) => Some(sync as &mut dyn SumAcross),
         None => None,
     }
 }
@@ -896,7 +901,7 @@ pub(crate) struct Forward<'a, T> {
     /// The dropout stream and step, while training.
     pub(crate) dropout: Option<(DropoutStream, u64)>,
     pub(crate) pass: NormPass,
-    pub(crate) sync: Option<&'a mut dyn NormSync>,
+    pub(crate) sync: Option<&'a mut dyn SumAcross>,
 }
 
 /// What a backward reads besides activations.
@@ -947,7 +952,7 @@ fn backward_op<T: Float>(
     grads: &mut [T],
     io: Io<'_, T>,
     work: &mut Workspace<T>,
-    sync: Option<&mut dyn NormSync>,
+    sync: Option<&mut dyn SumAcross>,
 ) {
     let x = &io.x[..batch * node.in_len];
     let y = &io.y[..batch * node.out_len];

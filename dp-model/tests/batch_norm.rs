@@ -111,7 +111,7 @@ struct SlotSync {
 }
 
 impl NormSync for SlotSync {
-    fn all_reduce_sum(&mut self, values: &mut [f64]) {
+    fn all_reduce_sum(&mut self, values: &mut [f64]) -> Result<(), String> {
         self.slots.lock().unwrap()[self.rank] = values.to_vec();
         self.barrier.wait();
         {
@@ -121,6 +121,7 @@ impl NormSync for SlotSync {
             }
         }
         self.barrier.wait();
+        Ok(())
     }
 }
 
@@ -217,4 +218,27 @@ fn checkpoints_carry_the_running_statistics() {
     assert_eq!(copy.buffers(), model.buffers());
     let want = model.forward_eval(x.view()).unwrap().to_owned();
     assert_eq!(copy.forward_eval(x.view()).unwrap(), want);
+}
+
+/// A group whose peer is gone.
+struct DeadPeer;
+
+impl NormSync for DeadPeer {
+    fn all_reduce_sum(&mut self, _: &mut [f64]) -> Result<(), String> {
+        Err("rank 1 left the group".into())
+    }
+}
+
+#[test]
+fn a_failed_synchronization_fails_the_step_naming_why() {
+    let spec = ModelSpec::builtin("cnn", &[3, 8, 8], 3).unwrap();
+    let pool = Pool::new(&Tracker::new());
+    let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(4, 2)).unwrap();
+    model.set_norm_sync(Some(Box::new(DeadPeer)));
+    let x = Rng::new(1).array::<f32>(4, 192);
+    let error = model
+        .forward_backward(x.view(), Targets::Classes(&[0, 1, 2, 0]), &StepOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("synchronized batch norm: rank 1 left the group"), "{error}");
 }

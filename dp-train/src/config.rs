@@ -34,10 +34,11 @@ pub struct TrainConfig {
     pub normalize_mean: Option<Vec<f32>>,
     /// With `normalize_mean`: the standard deviations to divide by.
     pub normalize_std: Option<Vec<f32>>,
-    /// A built-in model (`linear`, `mlp`, `mlp:W1,W2,...`, `lenet`) or a `.toml`/`.json` spec
-    /// file. On a sparse input, `mlp` without widths (the default) means `linear`, trained to
-    /// scikit-learn's `LogisticRegression` optimum (see `optimizer`); on an encoded-image
-    /// input, it means `lenet`.
+    /// A built-in model (`linear`, `mlp`, `mlp:W1,W2,...`, `lenet`, `cnn`, `resnet20` and the
+    /// other CIFAR depths `6n + 2`, `resnet18`) or a `.toml`/`.json` spec file. On a sparse
+    /// input, `mlp` without widths (the default) means `linear`, trained to scikit-learn's
+    /// `LogisticRegression` optimum (see `optimizer`); on an encoded-image input, it means
+    /// `cnn` for samples of at most 64x64, `lenet` for larger ones.
     pub model: String,
     /// The side of the square samples made of an encoded-image input (JPEG, PNG): training
     /// samples are random resized crops (torchvision's `RandomResizedCrop`), flipped at
@@ -67,8 +68,9 @@ pub struct TrainConfig {
     /// input with the default model, classifying, with no `lr` or `schedule` set,
     /// [`sparse_optimizer`]: Adam at [`SPARSE_LR`] with the L2 penalty of scikit-learn's
     /// `LogisticRegression(C=1)`, trained for [`sparse_auto_epochs`], which lands within a
-    /// point of scikit-learn's accuracy where SGD's 800 steps stopped 3 points short; otherwise
-    /// the `sgd` preset. The run's saved config holds what was chosen, so a resume continues
+    /// point of scikit-learn's accuracy where SGD's 800 steps stopped 3 points short; on
+    /// images, for a model with batch norm SGD with momentum 0.9 and weight decay 5e-4 (the
+    /// ResNet recipe), for another Adam; otherwise the `sgd` preset. The run's saved config holds what was chosen, so a resume continues
     /// with it.
     pub optimizer: Option<OptimizerConfig>,
     /// The learning rate per step (default: warmup then cosine to 0 over the run, peaking at
@@ -95,8 +97,20 @@ pub struct TrainConfig {
     pub share_params: bool,
     /// Where the replicas compute: `cpu`, or `cuda` (one replica per process on its GPU).
     pub device: Device,
-    /// Activation recomputation (one segment per parameterized layer).
+    /// Activation recomputation (one segment per parameterized layer: per residual block in
+    /// a ResNet).
     pub recompute: bool,
+    /// Label smoothing of the training loss's class targets, in `[0, 1)` (PyTorch's
+    /// `label_smoothing`; evaluation reports the plain cross-entropy).
+    pub label_smoothing: f64,
+    /// Batch norms normalize by the statistics of the global batch, summed across replicas
+    /// in one small all-reduce per layer (PyTorch's `SyncBatchNorm`); off, each replica's
+    /// own batch, as DDP does by default (replica 0's running statistics are everyone's).
+    pub sync_bn: bool,
+    /// Whether weight decay applies to biases and batch norm parameters too (default: not
+    /// for models with batch norm, the usual recipe for residual networks; yes otherwise,
+    /// as PyTorch's optimizers do).
+    pub decay_bias_and_norm: Option<bool>,
     /// What the GEMMs multiply in: `f32`, or `bf16` (operands rounded to `bf16`, sums,
     /// weights and everything else `f32`; needs AMX-BF16).
     pub precision: Precision,
@@ -467,6 +481,9 @@ impl Default for TrainConfig {
             share_params: true,
             device: Device::Cpu,
             recompute: false,
+            label_smoothing: 0.0,
+            sync_bn: false,
+            decay_bias_and_norm: None,
             precision: Precision::F32,
             prune: None,
             memory_budget_mib: None,
@@ -717,6 +734,12 @@ impl TrainConfig {
         }
         if self.grad_accum == 0 {
             return Err(Error::config("grad_accum", "must be at least 1"));
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return Err(Error::config(
+                "label_smoothing",
+                format!("{} is outside [0, 1)", self.label_smoothing),
+            ));
         }
         if self.device == Device::Cuda {
             self.validate_cuda()?;

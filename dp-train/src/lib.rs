@@ -45,6 +45,7 @@ mod input;
 #[cfg(feature = "bench")]
 pub mod measure;
 mod metrics;
+mod norm_sync;
 mod normalization;
 mod plan;
 #[cfg(feature = "plot")]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiComm, MpiConfig, MpiWorld};
 use dp_mem::{Pool, Tracker};
-use dp_model::{CheckpointHeader, CheckpointReader, SharedParams};
+use dp_model::{CheckpointHeader, CheckpointReader, NormSync, SharedParams};
 
 use crate::chance::first_epoch_warning;
 use crate::config::{Device, TrainConfig};
@@ -18,6 +18,7 @@ use crate::emergency::Board;
 use crate::error::{Error, Result};
 use crate::gate::{Entry, Gate, Opener};
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
+use crate::norm_sync::CommNormSync;
 use crate::plan::{Resumed, RunPlan};
 use crate::processes::Processes;
 use crate::record::{Event, Events, Recorded};
@@ -173,7 +174,7 @@ pub fn train(
         let opener = gate.opener();
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|(ctl, grad)| {
+            .map(|(ctl, grad, norm)| {
                 let local_rank = ctl.local_rank();
                 let context = ReplicaContext {
                     events: (local_rank == 0)
@@ -187,6 +188,7 @@ pub fn train(
                         board: Arc::clone(&board),
                     }),
                     gpu_peers: gpu_peers.clone(),
+                    norm_sync: norm.map(|n| Box::new(CommNormSync(n)) as Box<dyn NormSync>),
                 };
                 spawn_replica(scope, Arc::clone(&plan), ctl, grad, context, gate.enter())
             })
@@ -263,14 +265,18 @@ pub fn train(
 /// A communicator over this process's replica threads and, under MPI, the other processes'.
 type Comm = Hierarchical<MpiComm>;
 
+/// A replica's communicators (see [`communicators`]).
+type ReplicaComms = (Comm, Option<Comm>, Option<Comm>);
+
 /// Each replica's communicators: the group of its step's small collectives, broadcasts and
-/// checks, and, unless its gradients are reduced in place in that group, the group its
-/// gradient buckets travel on, from a communication thread.
+/// checks; unless its gradients are reduced in place in that group, the group its gradient
+/// buckets travel on, from a communication thread; and with synchronized batch norms, the
+/// group their statistics are summed in.
 fn communicators(
     plan: &RunPlan,
     mpi: Option<&MpiWorld>,
     params: usize,
-) -> Result<Vec<(Comm, Option<Comm>)>> {
+) -> Result<Vec<ReplicaComms>> {
     let timeout = Duration::from_secs_f64(plan.config.timeout_s);
     let (local, across) = (LocalConfig::with_timeout(timeout), MpiConfig::with_timeout(timeout));
     let group = || -> Result<Vec<Comm>> {
@@ -283,7 +289,12 @@ fn communicators(
     } else {
         group()?.into_iter().map(Some).collect()
     };
-    Ok(ctl.into_iter().zip(grads).collect())
+    let norms: Vec<Option<Comm>> = if plan.config.sync_bn {
+        group()?.into_iter().map(Some).collect()
+    } else {
+        ctl.iter().map(|_| None).collect()
+    };
+    Ok(ctl.into_iter().zip(grads).zip(norms).map(|((c, g), n)| (c, g, n)).collect())
 }
 
 /// Starts replica `ctl.rank()` on a thread of its own: it builds, waits at the gate, and

@@ -44,9 +44,10 @@ fn a_photo_folder_trains_with_defaults_and_evaluation_names_its_classes() {
     photos(&data.0);
     let out = TempDir::new("images-run");
     let summary = train(config(&data.0), &RunOptions::new(&out.0), &mut ()).unwrap();
-    // LeNet on 32x32 RGB samples (the typical shorter side, 24 to 48, rounded down to a
-    // power of two); three classes that differ in colour and stripes are learned.
-    assert!(summary.model.starts_with("lenet"), "{}", summary.model);
+    // The small batch-norm network on 32x32 RGB samples (the typical shorter side, 24 to
+    // 48, rounded down to a power of two); three classes that differ in colour and stripes
+    // are learned.
+    assert!(summary.model.starts_with("cnn"), "{}", summary.model);
     let accuracy = summary.eval_accuracy.unwrap();
     assert!(accuracy >= 0.9, "eval accuracy {accuracy}");
     assert_eq!(summary.skipped_records, 0);

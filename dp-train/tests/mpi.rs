@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{TempDir, final_params, max_relative_difference, train_losses};
+use common::{TempDir, final_params, final_params_of, max_relative_difference, train_losses};
 use dp_comm::MpiWorld;
-use dp_model::CheckpointReader;
+use dp_model::{CheckpointReader, ModelSpec};
 use dp_train::{Fault, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
 
 /// Set in the processes' environment: what to run, and where.
@@ -168,6 +168,42 @@ fn two_processes_match_one_with_the_same_global_batch() {
             }
         }
     }
+}
+
+/// ResNet-8 with synchronized batch norms, on the digits as 1x28x28 images.
+fn resnet(dir: &Path, name: &str, replicas: usize) -> TrainConfig {
+    TrainConfig {
+        model: "resnet8".into(),
+        sync_bn: true,
+        global_batch: 32,
+        optimizer: Some(SGD),
+        lr: Some(0.05),
+        ..config(dir, name, replicas, 4)
+    }
+}
+
+#[test]
+fn synchronized_batch_norms_across_processes_match_one_replica() {
+    if let Some((_, dir)) = scenario() {
+        let world = MpiWorld::init().unwrap();
+        train_in_job(&world, resnet(&dir, "resnet", 2), RunOptions::new(dir.join("procs")))
+            .unwrap();
+        world.finalize().unwrap();
+        return;
+    }
+    let dir = TempDir::new("mpi-sync-bn");
+    make_data(&dir.0);
+    let test = "synchronized_batch_norms_across_processes_match_one_replica";
+    let Some((output, _)) = launch(test, 2, "sync-bn", &dir.0) else { return };
+    assert!(output.status.success(), "{}", text(&output));
+    let spec = ModelSpec::resnet_cifar(8, [1, 28, 28], 10).unwrap();
+    let out = dir.0.join("one");
+    train(resnet(&dir.0, "resnet", 1), &RunOptions::new(&out), &mut ()).unwrap();
+    let one = final_params_of(&out.join("resnet"), &spec);
+    let processes = final_params_of(&dir.0.join("procs/resnet"), &spec);
+    let diff = max_relative_difference(&processes, &one);
+    println!("resnet8, sync-bn: 2 processes x 2 threads vs 1 replica: {diff:e}");
+    assert!(diff <= 1e-5, "2 processes x 2 threads differ from 1 replica: {diff}");
 }
 
 #[test]

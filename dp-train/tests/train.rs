@@ -401,10 +401,12 @@ fn the_memory_minimum_moves_with_accumulation_recomputation_and_zero() {
     let own = run("own", TrainConfig { share_params: false, ..config(2, 4) });
     let zero_own =
         run("zero-own", TrainConfig { zero_stage: 1, share_params: false, ..config(2, 4) });
-    // Half the micro-batch, half the activations; recomputation keeps fewer.
+    // Half the micro-batch, half the activations. Recomputation keeps no more: of an MLP of
+    // ReLUs only the ReLUs' outputs are kept already (the linear layers' are transient),
+    // which is all recomputation would keep.
     let acts = min(&base, "Activation") as f64;
     assert!((min(&accum, "Activation") as f64 / acts - 0.5).abs() < 0.05, "{accum}");
-    assert!((min(&recompute, "Activation") as f64) < acts, "{recompute}");
+    assert!((min(&recompute, "Activation") as f64) <= acts, "{recompute}");
     // Replicas that share parameters hold half the optimizer state each, and reduce their
     // gradients in place: no communication buffer. ZeRO-1 is then the same layout.
     let whole = min(&own, "OptState") as f64;

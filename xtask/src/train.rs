@@ -76,7 +76,8 @@ struct ConfigFlags {
     /// The label feature's name.
     #[arg(long = "label")]
     label_feature: Option<String>,
-    /// Model: mlp, mlp:W1,W2,..., lenet, or a .toml/.json spec file.
+    /// Model: mlp, mlp:W1,W2,..., lenet, cnn, resnet20 (or resnet32, 44, 56, 110), resnet18,
+    /// or a .toml/.json spec file.
     #[arg(long)]
     model: Option<String>,
     /// Passes over the training data: a positive number, or auto to choose them from the
@@ -107,10 +108,17 @@ struct ConfigFlags {
     /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
     #[arg(long = "zero", allow_negative_numbers = true)]
     zero_stage: Option<u8>,
-    /// Activation recomputation.
+    /// Activation recomputation (per residual block in a ResNet).
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     recompute: bool,
+    /// Label smoothing of the training targets, in [0, 1) (0.1 is usual for ImageNet).
+    #[arg(long, value_name = "EPS", allow_negative_numbers = true)]
+    label_smoothing: Option<f64>,
+    /// Synchronized batch norm: statistics of the global batch, summed across replicas.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    sync_bn: bool,
     /// What the GEMMs multiply in: f32 (the default) or bf16 (bf16 operands with f32 sums
     /// and f32 weights, on AMX).
     #[arg(long, value_name = "PRECISION")]

@@ -36,11 +36,11 @@ pub(crate) enum NormPass {
     Eval,
 }
 
-/// Sums a norm needs across replicas when statistics are synchronized (as PyTorch's
-/// `SyncBatchNorm`): called with the same lengths, in the same order, on every replica.
-pub trait NormSync: Send {
+/// Where a norm's sums go across replicas when statistics are synchronized (the model
+/// adapts a [`crate::NormSync`] to it, holding on to a failure until the step ends).
+pub(crate) trait SumAcross {
     /// Replaces `values` with their sum over all replicas.
-    fn all_reduce_sum(&mut self, values: &mut [f64]);
+    fn sum_across(&mut self, values: &mut [f64]);
 }
 
 impl BatchNorm {
@@ -139,11 +139,11 @@ impl BatchNorm {
 
     /// Sums `values` and the count after them over the replicas, when synchronized; returns
     /// the count.
-    fn reduce(values: &mut [f64], count: f64, sync: Option<&mut dyn NormSync>) -> f64 {
+    fn reduce(values: &mut [f64], count: f64, sync: Option<&mut dyn SumAcross>) -> f64 {
         let Some(sync) = sync else { return count };
         let last = values.len() - 1;
         values[last] = count;
-        sync.all_reduce_sum(values);
+        sync.sum_across(values);
         values[last]
     }
 
@@ -158,7 +158,7 @@ impl BatchNorm {
         x: &[T],
         y: &mut [T],
         pass: NormPass,
-        sync: Option<&mut dyn NormSync>,
+        sync: Option<&mut dyn SumAcross>,
         scratch: &mut [f64],
     ) {
         let c = self.channels;
@@ -216,7 +216,7 @@ impl BatchNorm {
         dy: &[T],
         dx: Option<&mut [T]>,
         accumulate: bool,
-        sync: Option<&mut dyn NormSync>,
+        sync: Option<&mut dyn SumAcross>,
         scratch: &mut [f64],
     ) {
         let c = self.channels;

@@ -10,6 +10,7 @@ pub(crate) mod dropout;
 pub(crate) mod gemm;
 pub(crate) mod linear;
 pub(crate) mod loss;
+pub(crate) mod norm_sync;
 pub(crate) mod pool;
 pub(crate) mod rows;
 pub(crate) mod sparse;

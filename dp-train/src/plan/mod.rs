@@ -167,6 +167,10 @@ impl RunPlan {
 /// in rare words (see `sparse_optimizer`). With a learning rate or schedule given, the
 /// optimizer chosen is SGD: those were chosen for it. An optimizer given is always the one
 /// used; the run and the config it saves hold the one chosen.
+/// The largest side of images the default model is [`ModelSpec::cnn`] for (CIFAR's 32 to
+/// downsampled ImageNet's 64).
+const SMALL_IMAGE: usize = 64;
+
 fn choose_defaults(
     mut config: TrainConfig,
     input: &Input,
@@ -177,10 +181,20 @@ fn choose_defaults(
     if default_model {
         config.model = "linear".into();
     }
-    // An MLP's first layer would hold every pixel of a sample times 512 weights.
+    // An MLP's first layer would hold every pixel of a sample times 512 weights. Small
+    // images get a network with batch norm; LeNet keeps larger ones fast on a CPU.
     if input.image && config.model == TrainConfig::default().model {
-        config.model = "lenet".into();
+        let side = input.shape.iter().skip(1).copied().max().unwrap_or(0);
+        config.model = if side <= SMALL_IMAGE { "cnn" } else { "lenet" }.into();
     }
+    let norms = model_spec(&config.model, input, task.outputs())?.has_batch_norm();
+    if config.sync_bn && !norms {
+        return Err(Error::config("sync_bn", format!("`{}` has no batch norm", config.model)));
+    }
+    if config.label_smoothing > 0.0 && task.is_regression() {
+        return Err(Error::config("label_smoothing", "smooths class targets; this run regresses"));
+    }
+    config.decay_bias_and_norm.get_or_insert(!norms);
     let sparse_defaults = default_model
         && !task.is_regression()
         && config.optimizer.is_none()
@@ -197,7 +211,12 @@ fn choose_defaults(
         && config.optimizer.is_none()
         && config.lr.is_none()
         && config.schedule.is_none();
-    if image_defaults {
+    if image_defaults && norms {
+        // The recipe of He et al. for residual networks: SGD with momentum 0.9 and weight
+        // decay 5e-4 (kept off biases and norms), at the linear scaling rule's rate.
+        config.optimizer =
+            Some(OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 });
+    } else if image_defaults {
         config.optimizer = Some(OptimizerConfig::preset("adam")?);
     }
     if config.optimizer.is_none() {

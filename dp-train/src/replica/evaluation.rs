@@ -21,6 +21,11 @@ impl<C: Communicator> Replica<C> {
             return Ok(None);
         }
         self.sync_host()?;
+        // Each replica's running statistics follow its own batches; everyone evaluates with
+        // replica 0's, as DDP broadcasts them (under synchronized norms they agree already).
+        if !self.model.buffers().is_empty() && !self.plan.config.sync_bn {
+            self.ctl.broadcast(self.model.buffers_mut(), 0)?;
+        }
         let Some((pipeline, labels)) = &mut self.eval else { return Ok(None) };
         let plan = &*self.plan;
         let mut totals = Totals::default();

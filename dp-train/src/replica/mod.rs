@@ -14,8 +14,8 @@ use dp_comm::Communicator;
 use dp_data::{Pipeline, Transform};
 use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    Adam, CheckpointReader, LossTotals, Model, ModelOptions, Optimizer, PruneSchedule, Pruner,
-    Recompute, Sgd, SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
+    Adam, CheckpointReader, LossTotals, Model, ModelOptions, NormSync, Optimizer, PruneSchedule,
+    Pruner, Recompute, Sgd, SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
 };
 use ndarray::ArrayView2;
 
@@ -139,6 +139,8 @@ pub(crate) struct ReplicaContext {
     pub(crate) shared: Option<SharedState>,
     /// With GPUs in several processes: this one's place among them.
     pub(crate) gpu_peers: Option<GpuPeers>,
+    /// With synchronized batch norms: where their statistics are summed.
+    pub(crate) norm_sync: Option<Box<dyn NormSync>>,
 }
 
 impl<C: Communicator> Replica<C> {
@@ -154,7 +156,7 @@ impl<C: Communicator> Replica<C> {
     where
         G: Communicator + Send + 'static,
     {
-        let ReplicaContext { events, stop, fault, shared, gpu_peers } = context;
+        let ReplicaContext { events, stop, fault, shared, gpu_peers, norm_sync } = context;
         let config = &plan.config;
         let (rank, world) = (ctl.rank(), ctl.world_size());
         let local_rank = rank % plan.batching.replicas;
@@ -173,6 +175,7 @@ impl<C: Communicator> Replica<C> {
             (None, _) => Params::Own,
         };
         let mut model = build_model(&plan, rank, shared, &pool)?;
+        model.set_norm_sync(norm_sync);
         let len = model.params().len();
         let shard = match params {
             Params::Shared => zero_shard(len, plan.batching.replicas, local_rank),
@@ -180,6 +183,9 @@ impl<C: Communicator> Replica<C> {
             Params::Own => 0..len,
         };
         let mut optimizer = build_optimizer(&plan.optimizer, shard.len(), &pool)?;
+        if config.decay_bias_and_norm == Some(false) {
+            optimizer.decay_only(decayed_in(&model.layout().decayed_ranges(), &shard));
+        }
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
         // (shared parameters were initialized or restored once for all, before the replicas).
         let train_config = pipeline_config(&plan, rank, world, true);
@@ -194,6 +200,8 @@ impl<C: Communicator> Replica<C> {
                 let mut reader = CheckpointReader::open(&path)?;
                 if params != Params::Shared {
                     reader.restore_params(&mut model)?;
+                } else {
+                    reader.restore_buffers(&mut model)?;
                 }
                 reader.restore_optimizer(optimizer.as_mut(), shard.clone())?;
                 Pipeline::resume(&config.train_data, train_config, training(), &state.pipeline)?
@@ -620,7 +628,8 @@ fn build_model(
     let options = ModelOptions::new(plan.batching.micro, config.seed)
         .replica(rank as u64)
         .recompute(recompute)
-        .precision(config.precision);
+        .precision(config.precision)
+        .label_smoothing(config.label_smoothing);
     Ok(match shared {
         // SAFETY: the replicas sharing these parameters only read them, except in
         // `Replica::step`'s update, where each writes its own `shard` between the step's last
@@ -630,6 +639,15 @@ fn build_model(
         Some(params) => unsafe { Model::with_shared_params(&plan.spec, pool, options, params)? },
         None => Model::<f32>::new(&plan.spec, pool, options)?,
     })
+}
+
+/// The parts of `ranges` (of the whole parameter buffer) inside `shard`, relative to it.
+fn decayed_in(ranges: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>> {
+    (ranges.iter())
+        .map(|r| r.start.max(shard.start)..r.end.min(shard.end))
+        .filter(|r| r.start < r.end)
+        .map(|r| r.start - shard.start..r.end - shard.start)
+        .collect()
 }
 
 /// The optimizer of `len` parameters, its state fresh.
@@ -695,5 +713,18 @@ fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
     match labels.iter().position(|&l| !(0..classes as i64).contains(&l)) {
         None => Ok(()),
         Some(i) => Err(label_error(labels[i], records.get(i).copied().unwrap_or(0), classes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decayed_in;
+
+    #[test]
+    fn decayed_ranges_are_cut_to_a_shard_and_made_relative_to_it() {
+        let ranges = [0..4, 6..10, 12..20];
+        assert_eq!(decayed_in(&ranges, &(3..14)), [0..1, 3..7, 9..11]);
+        assert_eq!(decayed_in(&ranges, &(4..6)), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(decayed_in(&ranges, &(0..20)), ranges);
     }
 }

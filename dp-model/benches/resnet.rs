@@ -1,0 +1,376 @@
+//! A ResNet-20 training step (CIFAR-10 shapes: 3x32x32 input, 10 classes; forward, backward,
+//! SGD with momentum 0.9 and weight decay 5e-4) against PyTorch eager measured in this same run
+//! by `scripts/torch_resnet_step.py`, with the ratios and their targets:
+//!
+//! - one thread, batch 128: samples/s against PyTorch on one thread (target >= 1.2x);
+//! - the step's GEMMs run bare (each product alone, operands of the step's shapes) as a share of
+//!   the core's measured peak f32 rate, and the whole step's rate over the same FLOPs;
+//! - two replicas on two threads, batch 64 each (global 128), their gradients summed before each
+//!   SGD step so their parameters stay identical: global samples/s against PyTorch on two
+//!   threads (target >= 1.2x);
+//! - the resident memory a step adds over the process's resident set before the model is
+//!   built, measured in a clean child process (this binary run again with `DP_RESNET_MEMORY`
+//!   set to `off` or `auto`), against PyTorch's (target <= 0.5x), and the activations saved
+//!   without and with recomputation per block (target >= 2x lower).
+//!
+//! Times are medians of timed rounds after warm-up steps. `cargo bench -p dp-model --bench
+//! resnet` prints the report (about two minutes on two cores); without `--bench` among the
+//! arguments (`cargo test --benches`) it only builds the model and runs one step.
+
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::{Barrier, Mutex};
+use std::time::Instant;
+
+use dp_mem::{Pool, Tracker};
+use dp_model::{
+    BareGemm, Model, ModelOptions, ModelSpec, Optimizer, Recompute, Sgd, SgdConfig, StepOptions,
+    Targets,
+};
+use ndarray::{Array2, s};
+
+mod peak;
+
+/// The global batch, split in two for the replicas.
+const BATCH: usize = 128;
+/// The environment variable that makes this binary the memory measurement's child.
+const MEMORY_CHILD: &str = "DP_RESNET_MEMORY";
+
+/// A model, its optimizer and one fixed batch.
+struct Bench {
+    model: Model<f32>,
+    sgd: Sgd<f32>,
+    x: Array2<f32>,
+    y: Vec<i64>,
+    step: u64,
+    /// Replicas divide by the global batch so that summed gradients are its mean.
+    denominator: Option<usize>,
+    tracker: Tracker,
+}
+
+impl Bench {
+    /// The model on batch `(x, y)`; the seed is the same everywhere, so replicas start identical.
+    fn new(spec: &ModelSpec, recompute: Recompute, (x, y): (Array2<f32>, Vec<i64>)) -> Self {
+        let tracker = Tracker::new();
+        let pool = Pool::new(&tracker);
+        let options = ModelOptions::new(x.nrows(), 1).recompute(recompute);
+        let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
+        let config = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
+        let sgd = Sgd::new(model.params().len(), config, &pool).expect("optimizer");
+        Self { model, sgd, x, y, step: 0, denominator: None, tracker }
+    }
+
+    fn forward_backward(&mut self) -> f64 {
+        let opts =
+            StepOptions { step: self.step, denominator: self.denominator, ..Default::default() };
+        let loss = self.model.forward_backward(self.x.view(), Targets::Classes(&self.y), &opts);
+        loss.expect("step").loss_sum
+    }
+
+    fn update(&mut self) {
+        let (params, grads) = self.model.params_and_grads();
+        self.sgd.step(params, grads, 0.1).expect("sgd");
+        self.step += 1;
+    }
+
+    fn step(&mut self) -> f64 {
+        let loss = self.forward_backward();
+        self.update();
+        loss
+    }
+}
+
+/// Rows `rows` of one fixed global batch: inputs in [0, 1], labels cycling over the classes.
+fn batch(rows: std::ops::Range<usize>) -> (Array2<f32>, Vec<i64>) {
+    let x = Array2::from_shape_fn((BATCH, 3 * 32 * 32), |(i, j)| {
+        ((i * 31 + j * 7) % 255) as f32 / 255.0
+    });
+    let y: Vec<i64> = (0..BATCH as i64).map(|i| i % 10).collect();
+    (x.slice(s![rows.clone(), ..]).to_owned(), y[rows].to_vec())
+}
+
+fn resnet20() -> ModelSpec {
+    ModelSpec::builtin("resnet20", &[3, 32, 32], 10).expect("ResNet-20 spec")
+}
+
+fn main() {
+    if let Ok(mode) = std::env::var(MEMORY_CHILD) {
+        return memory_child(&mode);
+    }
+    let spec = resnet20();
+    if !std::env::args().any(|a| a == "--bench") {
+        // Smoke check: build the model and run one step.
+        let loss = Bench::new(&spec, Recompute::Off, batch(0..BATCH)).step();
+        println!("resnet20 b{BATCH}: one step, loss sum {loss:.3} (`--bench` for the report)");
+        return;
+    }
+    report(&spec);
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of `f` over `rounds` after `warmup` untimed calls.
+fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> f64 {
+    (0..warmup).for_each(|_| f());
+    let mut times: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(&mut times)
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "(met)" } else { "(NOT MET)" }
+}
+
+fn report(spec: &ModelSpec) {
+    // 1. The CPU.
+    let (width, peak) = peak::peak_f32_gflops();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flag = |name: &str| {
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+        if flags.split_whitespace().any(|f| f == name) { "yes" } else { "no" }
+    };
+    let model_name = cpuinfo.lines().find(|l| l.starts_with("model name"));
+    println!(
+        "\nCPU {}: one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; avx512f {}, amx_tile {}",
+        model_name.and_then(|l| l.split(':').nth(1)).unwrap_or(" ?").trim(),
+        flag("avx512f"),
+        flag("amx_tile"),
+    );
+
+    // 2. One thread, batch 128.
+    let mut one = Bench::new(spec, Recompute::Off, batch(0..BATCH));
+    let step = timed(3, 13, || {
+        black_box(one.step());
+    });
+    let ours = BATCH as f64 / step;
+    let peer1 = Peer::measure(1);
+    println!(
+        "\nResNet-20 b{BATCH}, one thread, SGD momentum 0.9 + weight decay 5e-4, medians of 13 steps: {:.1} ms/step, {ours:.1} samples/s",
+        step * 1e3
+    );
+    match &peer1 {
+        Ok(p) => println!(
+            "  PyTorch {} eager, one thread, measured now: {:.1} samples/s ({} params, ours {}); ours {:.2}x  >= 1.2 {}",
+            p.version,
+            p.samples_per_s,
+            p.params,
+            one.model.params().len(),
+            ours / p.samples_per_s,
+            verdict(ours / p.samples_per_s >= 1.2)
+        ),
+        Err(why) => println!("  PyTorch peer not measured ({why})"),
+    }
+
+    // 3. The step's GEMMs: each product bare, median of 5 runs after one warm-up.
+    let shapes = one.model.gemm_shapes(BATCH);
+    let flops: u64 = shapes.iter().map(|s| s.flops()).sum();
+    let bare: f64 = shapes
+        .iter()
+        .map(|&shape| {
+            let mut gemm = BareGemm::<f32>::new(shape);
+            timed(1, 5, || gemm.run())
+        })
+        .sum();
+    drop(one);
+    let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
+    println!(
+        "  the step's {} GEMMs: {:.2} GFLOP per step; run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time)",
+        shapes.len(),
+        flops as f64 / 1e9,
+        bare * 1e3,
+        100.0 * bare_rate / peak,
+        100.0 * step_rate / peak,
+        100.0 * bare / step,
+    );
+
+    // 4. Two replicas on two threads.
+    let (step2, identical) = two_replicas(spec, 3, 11);
+    let ours2 = BATCH as f64 / step2;
+    println!(
+        "\nTwo replicas on two threads, b{} each (global {BATCH}), gradients summed, medians of 11 steps: {:.1} ms/step, {ours2:.1} samples/s; params identical after: {}",
+        BATCH / 2,
+        step2 * 1e3,
+        if identical { "yes" } else { "NO" }
+    );
+    match Peer::measure(2) {
+        Ok(p) => println!(
+            "  PyTorch {} eager, two threads, measured now: {:.1} samples/s; ours {:.2}x  >= 1.2 {}",
+            p.version,
+            p.samples_per_s,
+            ours2 / p.samples_per_s,
+            verdict(ours2 / p.samples_per_s >= 1.2)
+        ),
+        Err(why) => println!("  PyTorch peer not measured ({why})"),
+    }
+
+    // 5. Memory, each measured in a clean child process.
+    let mb = |b: u64| b as f64 / 1e6;
+    let (off, auto) = (memory_of("off"), memory_of("auto"));
+    println!(
+        "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
+    );
+    for (name, m) in [("Recompute::Off", &off), ("Recompute::Auto", &auto)] {
+        match m {
+            Ok(m) => println!(
+                "  {name}: step peak {:.1} MB (tracker's peak held {:.1} MB), saved activations {:.1} MB, step {:.1} ms",
+                mb(m.step_peak),
+                mb(m.peak_held),
+                mb(m.saved),
+                m.step_seconds * 1e3
+            ),
+            Err(why) => println!("  {name}: not measured ({why})"),
+        }
+    }
+    if let (Ok(p), Ok(off), Ok(auto)) = (&peer1, &off, &auto) {
+        let (r_off, r_auto) =
+            (off.step_peak as f64 / p.step_peak as f64, auto.step_peak as f64 / p.step_peak as f64);
+        println!(
+            "  PyTorch's step peak (one thread): {:.1} MB; ours Off {r_off:.2}x  <= 0.5 {} (Auto {r_auto:.2}x)",
+            mb(p.step_peak),
+            verdict(r_off <= 0.5)
+        );
+    }
+    if let (Ok(off), Ok(auto)) = (&off, &auto) {
+        let ratio = off.saved as f64 / auto.saved as f64;
+        println!(
+            "  recomputation per block lowers the saved activations {:.1} MB -> {:.1} MB = {ratio:.2}x  >= 2 {} (step time {:.2}x)",
+            mb(off.saved),
+            mb(auto.saved),
+            verdict(ratio >= 2.0),
+            auto.step_seconds / off.step_seconds
+        );
+    }
+}
+
+/// Two replicas, each with its own model and optimizer on half the batch, stepping together:
+/// both run forward and backward, each puts its gradients in its slot, then each adds the
+/// other's to its own (the same sum on both, so both SGD steps are identical). Returns the
+/// median seconds per global step (replica 0's clock) and whether the params ended identical.
+fn two_replicas(spec: &ModelSpec, warmup: usize, rounds: usize) -> (f64, bool) {
+    let barrier = Barrier::new(2);
+    let slots = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
+    let replica = |r: usize| {
+        let half = BATCH / 2;
+        let mut bench = Bench::new(spec, Recompute::Off, batch(r * half..(r + 1) * half));
+        bench.denominator = Some(BATCH);
+        let mut times = Vec::new();
+        for i in 0..warmup + rounds {
+            // Also keeps a slot from being overwritten before the other replica has read it.
+            barrier.wait();
+            let t = Instant::now();
+            black_box(bench.forward_backward());
+            let mut slot = slots[r].lock().unwrap();
+            slot.clear();
+            slot.extend_from_slice(bench.model.grads());
+            drop(slot);
+            barrier.wait();
+            let other = slots[1 - r].lock().unwrap();
+            bench.model.grads_mut().iter_mut().zip(other.iter()).for_each(|(g, o)| *g += o);
+            drop(other);
+            bench.update();
+            if i >= warmup {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        (median(&mut times), bench.model.params().to_vec())
+    };
+    let [(seconds, a), (_, b)] = std::thread::scope(|scope| {
+        let handles = [scope.spawn(|| replica(0)), scope.spawn(|| replica(1))];
+        handles.map(|h| h.join().expect("replica thread"))
+    });
+    (seconds, a == b)
+}
+
+/// What the memory child reports.
+struct Memory {
+    /// VmHWM after the steps minus VmRSS before the model was built.
+    step_peak: u64,
+    /// The model's own tracker: the most bytes its pool held at once.
+    peak_held: u64,
+    saved: u64,
+    step_seconds: f64,
+}
+
+/// Runs this binary again as the memory child for `mode` and reads its line.
+fn memory_of(mode: &str) -> Result<Memory, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let output = Command::new(exe).env(MEMORY_CHILD, mode).output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .last()
+            .unwrap_or("failed")
+            .into());
+    }
+    let fields: Vec<f64> = stdout.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    let [step_peak, peak_held, saved, step_seconds] = fields[..] else {
+        return Err(format!("unexpected output: {stdout}"));
+    };
+    let (step_peak, peak_held, saved) = (step_peak as u64, peak_held as u64, saved as u64);
+    Ok(Memory { step_peak, peak_held, saved, step_seconds })
+}
+
+/// The child: resident set before building the model and optimizer, the kernel's high-water
+/// mark reset there, then four steps; prints `step_peak peak_held saved_activations seconds`
+/// (the median of the last three steps' times).
+fn memory_child(mode: &str) {
+    let recompute = if mode == "auto" { Recompute::Auto } else { Recompute::Off };
+    let (spec, input) = (resnet20(), batch(0..BATCH));
+    let before = dp_mem::process_memory().expect("this system reports resident memory");
+    assert!(
+        dp_mem::reset_peak_rss(),
+        "the kernel refused to reset the peak (/proc/self/clear_refs)"
+    );
+    let mut bench = Bench::new(&spec, recompute, input);
+    let step_seconds = timed(1, 3, || {
+        black_box(bench.step());
+    });
+    let after = dp_mem::process_memory().expect("resident memory");
+    println!(
+        "{} {} {} {step_seconds}",
+        after.peak_rss.saturating_sub(before.rss),
+        bench.tracker.snapshot().peak_held,
+        bench.model.memory().saved_activations
+    );
+}
+
+/// PyTorch's figures, measured in this run by `scripts/torch_resnet_step.py`.
+struct Peer {
+    version: String,
+    samples_per_s: f64,
+    step_peak: u64,
+    params: u64,
+}
+
+impl Peer {
+    /// Runs the peer script on `threads` threads, or says why it could not.
+    fn measure(threads: usize) -> Result<Peer, String> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_resnet_step.py");
+        let output = Command::new("python3")
+            .args([script, "--threads", &threads.to_string(), "--warmup", "6"])
+            .output()
+            .map_err(|e| format!("python3: {e}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
+        }
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .map_err(|e| format!("its output does not parse: {e}"))?;
+        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        Ok(Peer {
+            version: json["torch"].as_str().unwrap_or("?").to_string(),
+            samples_per_s: number("samples_per_s")?,
+            step_peak: number("step_peak_bytes")? as u64,
+            params: number("params")? as u64,
+        })
+    }
+}
