@@ -8,6 +8,8 @@ pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod dropout;
 pub(crate) mod gemm;
+#[allow(dead_code)]
+pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod loss;
 pub(crate) mod norm_sync;
