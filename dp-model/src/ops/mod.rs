@@ -7,6 +7,9 @@ pub(crate) mod avg_pool;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod dropout;
+// The GPT's layers, not yet on the tape.
+#[allow(dead_code)]
+pub(crate) mod embedding;
 pub(crate) mod gemm;
 #[allow(dead_code)]
 pub(crate) mod layer_norm;
