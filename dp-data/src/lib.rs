@@ -18,6 +18,11 @@
 //! * The input pipeline: [`Pipeline`] gives each rank its share of every epoch in batches,
 //!   shuffled, transformed on worker threads, prefetched, within a memory budget, resumable
 //!   from a [`PipelineState`].
+//! * Text: [`import_text`] tokenizes text files (bytes, or a byte-level BPE of the Hugging Face
+//!   `tokenizers` crate, trained or loaded) into token datasets, `train` and the held-out
+//!   `eval` tail; [`TokenDataset`] reads one with its [`Tokenizer`] into [`Tokens`], and
+//!   [`SequenceSampler`] cuts the windows a language model trains and evaluates on, a pure
+//!   function of (seed, epoch, position) like the pipeline's order.
 //! * Encoded images: an image feature keeps each record's JPEG or PNG bytes ([`stored_image`],
 //!   [`import_image_folder`], or a TFRecord's JPEG bytes); with [`PipelineConfig::image`]
 //!   the workers decode, crop ([`ImageCrop`]) and resample them into `[C, H, W]` batches.
@@ -76,6 +81,7 @@ mod pipeline;
 mod schema;
 mod shard;
 mod staging;
+mod text;
 mod value;
 mod writer;
 mod zstd_context;
@@ -97,6 +103,10 @@ pub use pipeline::{
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
 };
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
+pub use text::{
+    SequenceBatch, SequenceConfig, SequenceSampler, SequenceState, TokenDataset, TokenInfo,
+    TokenWidth, Tokenizer, TokenizerKind, Tokens,
+};
 pub use value::Value;
 pub use writer::{DatasetWriter, WriterOptions};
 
@@ -111,7 +121,8 @@ mod import;
 pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32, write_npy_f32_to};
 pub use export_sparse::{SparseExport, export_npz, export_svmlight};
 pub use import::{
-    CsvOptions, ImageFolderOptions, ImageFolderReport, SparseFeature, SvmlightOptions,
-    TfRecordCompression, TfRecordOptions, VarLenFeature, import_csv, import_idx,
-    import_image_folder, import_npy, import_svmlight, import_svmlight_splits, import_tfrecord,
+    CsvOptions, ImageFolderOptions, ImageFolderReport, SparseFeature, SvmlightOptions, TextOptions,
+    TextReport, TextTokenizer, TfRecordCompression, TfRecordOptions, VarLenFeature, import_csv,
+    import_idx, import_image_folder, import_npy, import_svmlight, import_svmlight_splits,
+    import_text, import_tfrecord,
 };

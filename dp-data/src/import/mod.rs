@@ -1,5 +1,6 @@
 //! Importers from the formats people already have: NumPy `.npy`, MNIST-style IDX, CSV,
-//! TFRecord files of `tf.train.Example` and svmlight / libsvm text.
+//! TFRecord files of `tf.train.Example`, svmlight / libsvm text, and plain text as token
+//! streams.
 //!
 //! Every importer streams its input through a [`DatasetWriter`](crate::DatasetWriter) and
 //! returns the finished dataset's [`Manifest`](crate::Manifest). Headers are read and checked
@@ -23,6 +24,7 @@ mod idx;
 mod image_folder;
 mod npy;
 mod svmlight;
+mod text;
 mod tfrecord;
 mod tfrecord_sparse;
 
@@ -41,6 +43,7 @@ pub use self::image_folder::{ImageFolderOptions, ImageFolderReport, import_image
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
+pub use self::text::{TextOptions, TextReport, TextTokenizer, import_text};
 pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
 pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
 
