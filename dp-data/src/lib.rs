@@ -105,7 +105,7 @@ pub use pipeline::{
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use text::{
     SequenceBatch, SequenceConfig, SequenceSampler, SequenceState, TokenDataset, TokenInfo,
-    TokenWidth, Tokenizer, TokenizerKind, Tokens,
+    TokenPipeline, TokenWidth, Tokenizer, TokenizerKind, Tokens,
 };
 pub use value::Value;
 pub use writer::{DatasetWriter, WriterOptions};

@@ -86,14 +86,14 @@ impl Batch {
         self.index
     }
 
-    /// Records in the batch.
+    /// Records in the batch (windows, of a token dataset's).
     pub fn len(&self) -> usize {
-        self.y.len()
+        self.ids.len()
     }
 
     /// Whether the batch is empty (never, for batches a pipeline yields).
     pub fn is_empty(&self) -> bool {
-        self.y.is_empty()
+        self.ids.is_empty()
     }
 
     /// Records repeated from the start of the epoch to fill the last batch (`TailPolicy::Pad`).
@@ -124,7 +124,8 @@ impl Batch {
         &self.x
     }
 
-    /// The class labels (all 0 when the label is a float feature: see [`Batch::targets`]).
+    /// The class labels (all 0 when the label is a float feature: see [`Batch::targets`]);
+    /// of a token dataset's windows, the next token at each position (`-1`: none).
     pub fn y(&self) -> ArrayView1<'_, i64> {
         ArrayView1::from(&self.y[..])
     }

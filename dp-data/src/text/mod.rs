@@ -6,6 +6,7 @@
 //! The layout is described on [`TokenInfo`].
 
 mod dataset;
+mod pipeline;
 mod sampler;
 mod tokenizer;
 mod tokens;
@@ -23,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::schema::{Feature, Schema};
 
 pub use dataset::TokenDataset;
+pub use pipeline::TokenPipeline;
 pub use sampler::{SequenceBatch, SequenceConfig, SequenceSampler, SequenceState};
 pub use tokenizer::{Tokenizer, TokenizerKind};
 pub use tokens::{TokenWidth, Tokens};
