@@ -3,6 +3,8 @@
 
 pub(crate) mod activation;
 pub(crate) mod add;
+#[allow(dead_code)]
+pub(crate) mod attention;
 pub(crate) mod avg_pool;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;

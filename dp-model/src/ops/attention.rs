@@ -1,0 +1,1134 @@
+//! Causal multi-head self-attention: per head, `softmax(q k^T / sqrt(head_dim)) v` with each
+//! position attending to itself and the positions before it, over the `q`, `k` and `v` that
+//! the linear layer before it computes (nanoGPT's `c_attn`, laid out as nanoGPT lays it out).
+//!
+//! A head's `t x t` score matrix is never held whole. Queries go in blocks of [`BLOCK`] rows
+//! against keys in blocks of [`BLOCK`], and a running maximum and sum per query row rescale
+//! what has been summed so far (the streaming softmax of FlashAttention-2), so a block pair's
+//! working set stays in cache whatever the context. Key blocks wholly above the diagonal are
+//! never visited, and within a diagonal block the products stop at the diagonal tile by tile,
+//! so the work is about half of the unmasked product's. Backward keeps no probabilities: it
+//! recomputes each block's from `q`, `k` and the log-sum-exp that forward saved.
+//!
+//! The block products run on this file's register tiles rather than on [`Gemm`]. At these
+//! sizes (64 x 64 x 64, operands strided through `qkv`) they measured as fast as the library
+//! kernels or faster, they allocate nothing (the `gemm` crate allocates its packing buffers on
+//! each call), and only they can stop at the diagonal. On x86-64 with AVX2 and FMA they, the
+//! softmax and its `exp` are compiled for those features and chosen at run time; elsewhere
+//! the same code runs on the baseline instruction set.
+
+use std::any::TypeId;
+
+use crate::float::Float;
+use crate::ops::gemm::Gemm;
+
+/// Query rows, and keys, per block. 64 keeps a block pair's scores (16 KiB of `f32`) and
+/// the packed keys beside them in L1 or L2, and amortizes each pair's packing and softmax
+/// bookkeeping over 64-deep products.
+const BLOCK: usize = 64;
+/// Rows of a register tile.
+const MR: usize = 4;
+/// Columns of a register tile: two AVX vectors of `f32`, so a 4 x 16 tile keeps eight
+/// accumulators in registers and issues two loads and four broadcasts per eight FMAs.
+const NR: usize = 16;
+
+// Score blocks are padded to whole tiles, inside a block's row.
+const _: () = assert!(BLOCK.is_multiple_of(NR));
+
+/// Whether the fallback (no run-time detected features) multiplies and adds in one rounding:
+/// `mul_add` without hardware FMA would be a library call per element.
+const BASELINE_FMA: bool = cfg!(any(target_feature = "fma", target_arch = "aarch64"));
+
+/// Causal multi-head self-attention over q, k, v computed by the linear layer before it.
+///
+/// Per sample, `qkv` is row-major `[t, 3d]` (`d = heads * head_dim`): columns `0..d` are the
+/// queries, `d..2d` the keys and `2d..3d` the values, and head `h` owns columns
+/// `h * head_dim..(h + 1) * head_dim` of each. The output `y` is `[t, d]`, head `h` writing its
+/// own columns (nanoGPT's transpose back before `c_proj`). The saved statistics are
+/// `[batch, heads, t]`: each query row's log-sum-exp of its scaled scores.
+#[derive(Clone, Debug)]
+pub(crate) struct CausalAttention {
+    /// Tokens per sample (the context).
+    pub(crate) t: usize,
+    pub(crate) heads: usize,
+    pub(crate) head_dim: usize,
+}
+
+impl CausalAttention {
+    /// Saved statistics per sample: one log-sum-exp per head and query row (heads * t), all
+    /// backward needs to recompute the probabilities instead of keeping `heads * t * t`.
+    pub(crate) fn stats_len(&self) -> usize {
+        self.heads * self.t
+    }
+
+    /// Values of scratch that forward, backward and decode need: independent of the batch,
+    /// a few blocks (packed keys and values, probabilities and their gradients) and one or
+    /// two values per token (forward's running maximum and sum, backward's `rowsum(dy * y)`,
+    /// for the head at hand).
+    pub(crate) fn scratch_len(&self) -> usize {
+        let hd = self.head_dim;
+        let forward = hd * BLOCK + BLOCK * BLOCK + 2 * self.t;
+        let backward = 2 * hd * BLOCK + 2 * BLOCK * BLOCK + self.t;
+        let decode = BLOCK;
+        forward.max(backward).max(decode)
+    }
+
+    /// The model width, `heads * head_dim`.
+    fn d(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The softmax scale, `1 / sqrt(head_dim)`.
+    fn scale<T: Float>(&self) -> T {
+        T::of(1.0 / (self.head_dim as f64).sqrt())
+    }
+
+    /// Writes `y` (`[batch, t, d]`) and the log-sum-exp of every head's query rows (`lse`,
+    /// `[batch, heads, t]`) for `qkv` (`[batch, t, 3d]`). `gemm` is unused: the products run
+    /// on this file's tiles (see the module docs); it is taken so attention runs like the
+    /// other ops and can move onto it without touching callers.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward<T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &mut [T],
+        lse: &mut [T],
+        scratch: &mut [T],
+        _gemm: &mut Gemm,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if fma_ready() {
+            // SAFETY: the CPU has AVX2 and FMA (detected just above).
+            unsafe { self.forward_fma(batch, qkv, y, lse, scratch) };
+            return;
+        }
+        self.forward_in::<BASELINE_FMA, T>(batch, qkv, y, lse, scratch);
+    }
+
+    /// Writes `dqkv` (overwriting it) for the output gradient `dy`, given forward's input
+    /// `qkv`, its output `y` and its statistics `lse`. `gemm` is unused, as in
+    /// [`CausalAttention::forward`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward<T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &[T],
+        dy: &[T],
+        lse: &[T],
+        dqkv: &mut [T],
+        scratch: &mut [T],
+        _gemm: &mut Gemm,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if fma_ready() {
+            // SAFETY: the CPU has AVX2 and FMA (detected just above).
+            unsafe { self.backward_fma(batch, qkv, y, dy, lse, dqkv, scratch) };
+            return;
+        }
+        self.backward_in::<BASELINE_FMA, T>(batch, qkv, y, dy, lse, dqkv, scratch);
+    }
+
+    /// KV-cache decoding of one new position for one sequence: `q` is the new position's
+    /// query [d]; `k_cache`, `v_cache` are [len, d] (the caller has already appended the new
+    /// position's k and v, so it attends to positions 0..len); writes y [d]. With `len` 0
+    /// there is nothing to attend to and `y` is zero.
+    pub(crate) fn decode<T: Float>(
+        &self,
+        q: &[T],
+        k_cache: &[T],
+        v_cache: &[T],
+        len: usize,
+        y: &mut [T],
+        scratch: &mut [T],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if fma_ready() {
+            // SAFETY: the CPU has AVX2 and FMA (detected just above).
+            unsafe { self.decode_fma(q, k_cache, v_cache, len, y, scratch) };
+            return;
+        }
+        self.decode_in::<BASELINE_FMA, T>(q, k_cache, v_cache, len, y, scratch);
+    }
+
+    /// [`CausalAttention::forward_in`] compiled for AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn forward_fma<T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &mut [T],
+        lse: &mut [T],
+        scratch: &mut [T],
+    ) {
+        self.forward_in::<true, T>(batch, qkv, y, lse, scratch);
+    }
+
+    /// [`CausalAttention::backward_in`] compiled for AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    fn backward_fma<T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &[T],
+        dy: &[T],
+        lse: &[T],
+        dqkv: &mut [T],
+        scratch: &mut [T],
+    ) {
+        self.backward_in::<true, T>(batch, qkv, y, dy, lse, dqkv, scratch);
+    }
+
+    /// [`CausalAttention::decode_in`] compiled for AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn decode_fma<T: Float>(
+        &self,
+        q: &[T],
+        k_cache: &[T],
+        v_cache: &[T],
+        len: usize,
+        y: &mut [T],
+        scratch: &mut [T],
+    ) {
+        self.decode_in::<true, T>(q, k_cache, v_cache, len, y, scratch);
+    }
+
+    /// Forward with fused multiply-adds (`F`) or without. Inlined into its callers so that
+    /// [`CausalAttention::forward_fma`]'s features reach every loop.
+    #[inline(always)]
+    fn forward_in<const F: bool, T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &mut [T],
+        lse: &mut [T],
+        scratch: &mut [T],
+    ) {
+        let (t, heads, hd, d) = (self.t, self.heads, self.head_dim, self.d());
+        let ld = 3 * d;
+        debug_assert!(qkv.len() >= batch * t * ld && y.len() >= batch * t * d);
+        debug_assert!(lse.len() >= batch * self.stats_len());
+        debug_assert!(scratch.len() >= self.scratch_len());
+        let scale = self.scale::<T>();
+        let (kt, rest) = scratch.split_at_mut(hd * BLOCK);
+        let (s, rest) = rest.split_at_mut(BLOCK * BLOCK);
+        let (row_max, rest) = rest.split_at_mut(t);
+        let row_sum = &mut rest[..t];
+        for b in 0..batch {
+            let qkv_b = &qkv[b * t * ld..(b + 1) * t * ld];
+            let y_b = &mut y[b * t * d..(b + 1) * t * d];
+            for h in 0..heads {
+                let q = &qkv_b[h * hd..];
+                let k = &qkv_b[d + h * hd..];
+                let v = &qkv_b[2 * d + h * hd..];
+                // The output rows accumulate in place in `y`, rescaled whenever a row's
+                // running maximum grows, and are divided by their sums at the end.
+                let out = &mut y_b[h * hd..];
+                row_max.fill(T::neg_infinity());
+                row_sum.fill(T::zero());
+                // Key blocks outermost, so that each is packed once per head; every query
+                // row still meets its key blocks in order, as the running maximum needs.
+                for j0 in (0..t).step_by(BLOCK) {
+                    let nk = BLOCK.min(t - j0);
+                    let padded = nk.div_ceil(NR) * NR;
+                    pack_transposed(&k[j0 * ld..], ld, nk, hd, kt, padded);
+                    for i0 in (j0..t).step_by(BLOCK) {
+                        let nq = BLOCK.min(t - i0);
+                        // Query row `r` of the block sees key `c` of the block iff
+                        // `c <= r + shift`.
+                        let shift = i0 - j0;
+                        let q_rows = Left { data: &q[i0 * ld..], row: ld, col: 1 };
+                        product::<F, T>(
+                            (nq, hd, padded),
+                            q_rows,
+                            (kt, BLOCK),
+                            (&mut *s, BLOCK),
+                            false,
+                            Visible::Columns(shift),
+                        );
+                        for r in 0..nq {
+                            let seen = nk.min(r + shift + 1);
+                            let row = &mut s[r * BLOCK..r * BLOCK + nk];
+                            let old = row_max[i0 + r];
+                            let new = old.max(scale * row_max_of(&row[..seen]));
+                            let sum = exp_row::<F, T>(row, seen, scale, new);
+                            let alpha = rescale(old, new);
+                            row_sum[i0 + r] = alpha * row_sum[i0 + r] + sum;
+                            row_max[i0 + r] = new;
+                            if j0 > 0 && alpha != T::one() {
+                                let at = (i0 + r) * d;
+                                for o in &mut out[at..at + hd] {
+                                    *o *= alpha;
+                                }
+                            }
+                        }
+                        product::<F, T>(
+                            (nq, nk, hd),
+                            Left { data: &*s, row: BLOCK, col: 1 },
+                            (&v[j0 * ld..], ld),
+                            (&mut out[i0 * d..], d),
+                            j0 > 0,
+                            Visible::SumUpTo(shift),
+                        );
+                    }
+                }
+                let lse_h = &mut lse[(b * heads + h) * t..(b * heads + h + 1) * t];
+                for (i, ((lse, &max), &sum)) in
+                    lse_h.iter_mut().zip(&*row_max).zip(&*row_sum).enumerate()
+                {
+                    let inv = T::one() / sum;
+                    for o in &mut out[i * d..i * d + hd] {
+                        *o *= inv;
+                    }
+                    *lse = max + sum.ln();
+                }
+            }
+        }
+    }
+
+    /// Backward (FlashAttention-2's) with fused multiply-adds (`F`) or without. Per head:
+    /// `D_i = rowsum(dO_i * O_i)`; then per key block, per query block on or below it,
+    /// `P = exp(s - lse)` recomputed, `dV += P^T dO`, `dP = dO V^T`, `dS = P * (dP - D)`,
+    /// `dQ += dS K * scale`, `dK += dS^T Q * scale`, all accumulated in place in `dqkv`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn backward_in<const F: bool, T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &[T],
+        dy: &[T],
+        lse: &[T],
+        dqkv: &mut [T],
+        scratch: &mut [T],
+    ) {
+        let (t, heads, hd, d) = (self.t, self.heads, self.head_dim, self.d());
+        let ld = 3 * d;
+        debug_assert!(qkv.len() >= batch * t * ld && dqkv.len() >= batch * t * ld);
+        debug_assert!(y.len() >= batch * t * d && dy.len() >= batch * t * d);
+        debug_assert!(lse.len() >= batch * self.stats_len());
+        debug_assert!(scratch.len() >= self.scratch_len());
+        let scale = self.scale::<T>();
+        let (kt, rest) = scratch.split_at_mut(hd * BLOCK);
+        let (vt, rest) = rest.split_at_mut(hd * BLOCK);
+        let (p, rest) = rest.split_at_mut(BLOCK * BLOCK);
+        let (ds, rest) = rest.split_at_mut(BLOCK * BLOCK);
+        let row_dot = &mut rest[..t];
+        dqkv[..batch * t * ld].fill(T::zero());
+        for b in 0..batch {
+            let qkv_b = &qkv[b * t * ld..(b + 1) * t * ld];
+            let dqkv_b = &mut dqkv[b * t * ld..(b + 1) * t * ld];
+            for h in 0..heads {
+                let q = &qkv_b[h * hd..];
+                let k = &qkv_b[d + h * hd..];
+                let v = &qkv_b[2 * d + h * hd..];
+                let o = &y[b * t * d + h * hd..];
+                let d_o = &dy[b * t * d + h * hd..];
+                let lse_h = &lse[(b * heads + h) * t..(b * heads + h + 1) * t];
+                for (i, dot) in row_dot.iter_mut().enumerate() {
+                    *dot = dot_of::<F, T>(&d_o[i * d..i * d + hd], &o[i * d..i * d + hd]);
+                }
+                // Offsets in `dqkv_b` of the head's query, key and value gradients.
+                let (dq, dk, dv) = (h * hd, d + h * hd, 2 * d + h * hd);
+                for j0 in (0..t).step_by(BLOCK) {
+                    let nk = BLOCK.min(t - j0);
+                    let padded = nk.div_ceil(NR) * NR;
+                    pack_transposed(&k[j0 * ld..], ld, nk, hd, kt, padded);
+                    pack_transposed(&v[j0 * ld..], ld, nk, hd, vt, padded);
+                    for i0 in (j0..t).step_by(BLOCK) {
+                        let nq = BLOCK.min(t - i0);
+                        let shift = i0 - j0;
+                        let q_rows = Left { data: &q[i0 * ld..], row: ld, col: 1 };
+                        let do_rows = Left { data: &d_o[i0 * d..], row: d, col: 1 };
+                        product::<F, T>(
+                            (nq, hd, padded),
+                            q_rows,
+                            (kt, BLOCK),
+                            (&mut *p, BLOCK),
+                            false,
+                            Visible::Columns(shift),
+                        );
+                        for r in 0..nq {
+                            let seen = nk.min(r + shift + 1);
+                            let row = &mut p[r * BLOCK..r * BLOCK + nk];
+                            exp_row::<F, T>(row, seen, scale, lse_h[i0 + r]);
+                        }
+                        product::<F, T>(
+                            (nk, nq, hd),
+                            Left { data: &*p, row: 1, col: BLOCK },
+                            (&d_o[i0 * d..], d),
+                            (&mut dqkv_b[dv + j0 * ld..], ld),
+                            true,
+                            Visible::SumFrom(shift),
+                        );
+                        product::<F, T>(
+                            (nq, hd, padded),
+                            do_rows,
+                            (vt, BLOCK),
+                            (&mut *ds, BLOCK),
+                            false,
+                            Visible::Columns(shift),
+                        );
+                        for r in 0..nq {
+                            let seen = nk.min(r + shift + 1);
+                            let dot = row_dot[i0 + r];
+                            let p_row = &p[r * BLOCK..r * BLOCK + seen];
+                            let ds_row = &mut ds[r * BLOCK..r * BLOCK + nk];
+                            // The softmax scale, folded in here once, reaches both `dQ`
+                            // and `dK`.
+                            for (g, &pr) in ds_row.iter_mut().zip(p_row) {
+                                *g = pr * (*g - dot) * scale;
+                            }
+                            ds_row[seen..].fill(T::zero());
+                        }
+                        product::<F, T>(
+                            (nq, nk, hd),
+                            Left { data: &*ds, row: BLOCK, col: 1 },
+                            (&k[j0 * ld..], ld),
+                            (&mut dqkv_b[dq + i0 * ld..], ld),
+                            true,
+                            Visible::SumUpTo(shift),
+                        );
+                        product::<F, T>(
+                            (nk, nq, hd),
+                            Left { data: &*ds, row: 1, col: BLOCK },
+                            (&q[i0 * ld..], ld),
+                            (&mut dqkv_b[dk + j0 * ld..], ld),
+                            true,
+                            Visible::SumFrom(shift),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decoding with fused multiply-adds (`F`) or without: per head, the same streaming
+    /// softmax as forward over blocks of cached keys, one query row.
+    #[inline(always)]
+    fn decode_in<const F: bool, T: Float>(
+        &self,
+        q: &[T],
+        k_cache: &[T],
+        v_cache: &[T],
+        len: usize,
+        y: &mut [T],
+        scratch: &mut [T],
+    ) {
+        let (hd, d) = (self.head_dim, self.d());
+        debug_assert!(q.len() >= d && y.len() >= d && scratch.len() >= self.scratch_len());
+        debug_assert!(k_cache.len() >= len * d && v_cache.len() >= len * d);
+        let scale = self.scale::<T>();
+        let s = &mut scratch[..BLOCK];
+        for h in 0..self.heads {
+            let q_h = &q[h * hd..(h + 1) * hd];
+            let y_h = &mut y[h * hd..(h + 1) * hd];
+            y_h.fill(T::zero());
+            let (mut max, mut sum) = (T::neg_infinity(), T::zero());
+            for j0 in (0..len).step_by(BLOCK) {
+                let nk = BLOCK.min(len - j0);
+                for (c, score) in s[..nk].iter_mut().enumerate() {
+                    let key = &k_cache[(j0 + c) * d + h * hd..][..hd];
+                    *score = dot_of::<F, T>(q_h, key);
+                }
+                let new = max.max(scale * row_max_of(&s[..nk]));
+                let block_sum = exp_row::<F, T>(&mut s[..nk], nk, scale, new);
+                let alpha = rescale(max, new);
+                sum = alpha * sum + block_sum;
+                max = new;
+                if alpha != T::one() {
+                    for o in y_h.iter_mut() {
+                        *o *= alpha;
+                    }
+                }
+                for (c, &weight) in s[..nk].iter().enumerate() {
+                    let value = &v_cache[(j0 + c) * d + h * hd..][..hd];
+                    for (o, &x) in y_h.iter_mut().zip(value) {
+                        *o = madd::<F, T>(weight, x, *o);
+                    }
+                }
+            }
+            if sum > T::zero() {
+                let inv = T::one() / sum;
+                for o in y_h.iter_mut() {
+                    *o *= inv;
+                }
+            }
+        }
+    }
+}
+
+/// Whether this CPU runs the AVX2 and FMA build of the kernels (detected once by `std`,
+/// then an atomic load).
+#[cfg(target_arch = "x86_64")]
+fn fma_ready() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// `a * b + c`, in one rounding when `F` (where hardware FMA was detected or is baseline),
+/// otherwise in two, since `mul_add` without the instruction is a library call.
+#[inline(always)]
+fn madd<const F: bool, T: Float>(a: T, b: T, c: T) -> T {
+    if F { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// The left operand of a block product: element `(r, p)` at `data[r * row + p * col]`, so a
+/// block of `qkv` (rows `3d` apart) and a transposed scratch block read alike.
+#[derive(Clone, Copy)]
+struct Left<'a, T> {
+    data: &'a [T],
+    row: usize,
+    col: usize,
+}
+
+/// Which part of a block product the causal mask needs, for a block pair whose query `r`
+/// sees key `c` iff `c <= r + shift`. Tiles are skipped only when wholly masked; the softmax
+/// zeroes the masked probabilities inside the tiles that remain, so what the products read
+/// past the diagonal there adds nothing.
+#[derive(Clone, Copy)]
+enum Visible {
+    /// Rows are queries and columns keys (scores): only columns up to the diagonal.
+    Columns(usize),
+    /// Rows are queries and the summed dimension keys (`P V`, `dS K`): only keys up to the
+    /// diagonal.
+    SumUpTo(usize),
+    /// Rows are keys and the summed dimension queries (`P^T dO`, `dS^T Q`): only queries from
+    /// the diagonal on.
+    SumFrom(usize),
+}
+
+/// `c = a b`, or `c += a b` when `accumulate`, for an `m x k` left operand `a`, a `k x n`
+/// right operand `b` (row-major, rows `ldb` apart) and an `m x n` output `c` (row-major, rows
+/// `ldc` apart), on 4 x 16 register tiles, skipping what `visible` masks.
+#[inline(always)]
+fn product<const F: bool, T: Float>(
+    (m, k, n): (usize, usize, usize),
+    a: Left<'_, T>,
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [T], usize),
+    accumulate: bool,
+    visible: Visible,
+) {
+    for r0 in (0..m).step_by(MR) {
+        let mr = MR.min(m - r0);
+        let (k0, k1, n1) = match visible {
+            Visible::Columns(shift) => (0, k, n.min(r0 + mr + shift)),
+            Visible::SumUpTo(shift) => (0, k.min(r0 + mr + shift), n),
+            Visible::SumFrom(shift) => (r0.saturating_sub(shift).min(k), k, n),
+        };
+        if accumulate && k0 == k1 {
+            continue;
+        }
+        for j0 in (0..n1).step_by(NR) {
+            let nr = NR.min(n - j0);
+            let at = Tile { r0, j0, k0, k1 };
+            if mr == MR && nr == NR {
+                tile::<F, T>(at, a, (b, ldb), (c, ldc), accumulate);
+            } else {
+                edge_tile::<F, T>(at, (mr, nr), a, (b, ldb), (c, ldc), accumulate);
+            }
+        }
+    }
+}
+
+/// Where a tile sits: output rows from `r0`, columns from `j0`, summing over `k0..k1`.
+#[derive(Clone, Copy)]
+struct Tile {
+    r0: usize,
+    j0: usize,
+    k0: usize,
+    k1: usize,
+}
+
+/// One full `MR x NR` tile of [`product`], its accumulators in registers.
+#[inline(always)]
+fn tile<const F: bool, T: Float>(
+    Tile { r0, j0, k0, k1 }: Tile,
+    a: Left<'_, T>,
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [T], usize),
+    accumulate: bool,
+) {
+    // Everything the loop reads, checked once so that it can read unchecked (bounds checks
+    // on each broadcast measured a third slower).
+    if k1 > k0 {
+        assert!((r0 + MR - 1) * a.row + (k1 - 1) * a.col < a.data.len(), "left operand");
+        assert!((k1 - 1) * ldb + j0 + NR <= b.len(), "right operand");
+    }
+    let (ap, bp) = (a.data.as_ptr(), b.as_ptr());
+    let mut acc = [[T::zero(); NR]; MR];
+    for p in k0..k1 {
+        // SAFETY: `p < k1`, rows below `r0 + MR` and columns below `j0 + NR` lie inside the
+        // operands, as asserted above; `[T; NR]` has `T`'s alignment, and reading it
+        // unaligned needs none.
+        let (xs, row) = unsafe {
+            let xs: [T; MR] = std::array::from_fn(|r| *ap.add((r0 + r) * a.row + p * a.col));
+            (xs, bp.add(p * ldb + j0).cast::<[T; NR]>().read_unaligned())
+        };
+        for (acc_r, &x) in acc.iter_mut().zip(&xs) {
+            for (sum, &y) in acc_r.iter_mut().zip(&row) {
+                *sum = madd::<F, T>(x, y, *sum);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        let out = &mut c[(r0 + r) * ldc + j0..(r0 + r) * ldc + j0 + NR];
+        if accumulate {
+            for (o, &sum) in out.iter_mut().zip(acc_r) {
+                *o += sum;
+            }
+        } else {
+            out.copy_from_slice(acc_r);
+        }
+    }
+}
+
+/// A partial tile at the bottom or right edge of [`product`] (`mr x nr`), one dot product at
+/// a time: only blocks shorter than a tile, or a head width that is not a multiple of 16,
+/// reach it.
+#[inline(always)]
+fn edge_tile<const F: bool, T: Float>(
+    Tile { r0, j0, k0, k1 }: Tile,
+    (mr, nr): (usize, usize),
+    a: Left<'_, T>,
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [T], usize),
+    accumulate: bool,
+) {
+    for r in r0..r0 + mr {
+        for j in j0..j0 + nr {
+            let mut sum = T::zero();
+            for p in k0..k1 {
+                sum = madd::<F, T>(a.data[r * a.row + p * a.col], b[p * ldb + j], sum);
+            }
+            let out = &mut c[r * ldc + j];
+            *out = if accumulate { *out + sum } else { sum };
+        }
+    }
+}
+
+/// Copies `rows` rows of `cols` values (rows `ld` apart in `src`) into `dst` transposed,
+/// rows [`BLOCK`] apart, zeroing columns `rows..padded`, so that scores read the keys as a
+/// row-major right operand whose rows are whole tiles wide.
+#[inline(always)]
+fn pack_transposed<T: Float>(
+    src: &[T],
+    ld: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [T],
+    padded: usize,
+) {
+    // Row by row, so that the reads are contiguous and the strided writes stay in `dst`.
+    for c in 0..rows {
+        for (p, &x) in src[c * ld..c * ld + cols].iter().enumerate() {
+            dst[p * BLOCK + c] = x;
+        }
+    }
+    for p in 0..cols {
+        dst[p * BLOCK + rows..p * BLOCK + padded].fill(T::zero());
+    }
+}
+
+/// Lanes the reductions below keep: a row's maximum and sums in eight independent lanes,
+/// which vectorize where a single running value (an ordered float reduction) cannot.
+const LANES: usize = 8;
+
+/// The largest of `xs` (`-inf` for none), as a `maxnum` reduction the compiler vectorizes.
+#[inline(always)]
+fn row_max_of<T: Float>(xs: &[T]) -> T {
+    xs.iter().fold(T::neg_infinity(), |m, &x| m.max(x))
+}
+
+/// The factor `exp(old - new)` that brings a row's sum and output from its old maximum to
+/// its new one: one while the maximum stands (most blocks after the first, and no call to
+/// `exp`), zero on the row's first block (nothing summed yet).
+#[inline(always)]
+fn rescale<T: Float>(old: T, new: T) -> T {
+    if old == new { T::one() } else { (old - new).exp() }
+}
+
+/// The dot product of `a` and `b`.
+#[inline(always)]
+fn dot_of<const F: bool, T: Float>(a: &[T], b: &[T]) -> T {
+    let mut lanes = [T::zero(); LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail = a_chunks.remainder().iter().zip(b_chunks.remainder());
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for ((lane, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
+            *lane = madd::<F, T>(x, y, *lane);
+        }
+    }
+    let head = lanes.into_iter().fold(T::zero(), |s, x| s + x);
+    tail.fold(head, |s, (&x, &y)| madd::<F, T>(x, y, s))
+}
+
+/// `row[c] = exp(row[c] * scale - shift)` for the `seen` columns the mask leaves and zero for
+/// the rest, returning the sum: `f32` on the vectorized [`exp_f32`] (a plain loop, which the
+/// compiler vectorizes where it does not vectorize the same code over lanes of an array),
+/// anything else (the `f64` of gradient checks) on the exact library `exp`.
+#[inline(always)]
+fn exp_row<const F: bool, T: Float>(row: &mut [T], seen: usize, scale: T, shift: T) -> T {
+    let (seen, unseen) = row.split_at_mut(seen);
+    unseen.fill(T::zero());
+    if TypeId::of::<T>() == TypeId::of::<f32>() {
+        let seen: &mut [f32] = bytemuck::cast_slice_mut(seen);
+        let (scale, shift) = (scale.f64() as f32, shift.f64() as f32);
+        for x in seen.iter_mut() {
+            *x = exp_f32::<F>(madd::<F, f32>(*x, scale, -shift));
+        }
+        return T::of(f64::from(sum_of(seen)));
+    }
+    for x in seen.iter_mut() {
+        *x = madd::<F, T>(*x, scale, -shift).exp();
+    }
+    sum_of(seen)
+}
+
+/// The sum of `xs`.
+#[inline(always)]
+fn sum_of<T: Float>(xs: &[T]) -> T {
+    let mut lanes = [T::zero(); LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += x;
+        }
+    }
+    let tail = chunks.remainder().iter().copied();
+    lanes.into_iter().chain(tail).fold(T::zero(), |s, x| s + x)
+}
+
+/// `e^x` in `f32` to within about 2 ulp, in straight-line arithmetic that the compiler
+/// vectorizes (the library `expf` is a call per element): `x = n ln 2 + r` with `|r| <=
+/// ln 2 / 2`, Cephes' `expf` polynomial for `e^r`, and `2^n` built in the exponent bits.
+/// The softmax only passes `x <= 0`, up to rounding (scores less their maximum or their
+/// log-sum-exp), so only small arguments are clamped, at -80: that keeps `2^n` a normal
+/// number, and `e^-80` is already nothing next to the row's largest term, 1.
+#[inline(always)]
+fn exp_f32<const F: bool>(x: f32) -> f32 {
+    // 1.5 * 2^23: adding it rounds to an integer, which lands in the low mantissa bits.
+    const SHIFTER: f32 = 12_582_912.0;
+    // ln 2 in two parts, the first exact in few bits so that `n * LN2_HI` is exact.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Written as x86's `maxps(-80, x)` orders it, so that it compiles to one instruction that
+    // passes a NaN through (a NaN score must not turn into a weight).
+    let x = if -80.0 > x { -80.0 } else { x };
+    let shifted = madd::<F, f32>(x, std::f32::consts::LOG2_E, SHIFTER);
+    let n = shifted - SHIFTER;
+    let r = madd::<F, f32>(n, -LN2_HI, x);
+    let r = madd::<F, f32>(n, -LN2_LO, r);
+    let mut poly = 1.987_569_1e-4;
+    for coefficient in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        poly = madd::<F, f32>(poly, r, coefficient);
+    }
+    let e_r = madd::<F, f32>(poly, r * r, r + 1.0);
+    // `shifted`'s low 9 bits are `n` modulo 512 (the shifter's are zero), so shifting them
+    // into the exponent field and adding the bias gives `2^n` for `-126 <= n <= 127`.
+    let two_n = f32::from_bits((shifted.to_bits() << 23).wrapping_add(127 << 23));
+    e_r * two_n
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use dp_mem::{Pool, Tracker};
+
+    use super::*;
+    use crate::ops::gemm::{GemmBackend, Precision, view, view_mut};
+
+    /// Products on this machine's default backend (unused by attention, which takes one).
+    fn gemm() -> Gemm {
+        Gemm::new(&Pool::new(&Tracker::new()), GemmBackend::current(), Precision::F32)
+            .expect("workspace")
+    }
+
+    /// `len` values in `[-amplitude, amplitude)`, from a hash of the index and `seed`.
+    fn values<T: Float>(len: usize, seed: u64, amplitude: f64) -> Vec<T> {
+        (0..len as u64)
+            .map(|i| {
+                // splitmix64's finalizer.
+                let mut z = i.wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+                T::of(amplitude * (2.0 * unit - 1.0))
+            })
+            .collect()
+    }
+
+    fn to_f64<T: Float>(xs: &[T]) -> Vec<f64> {
+        xs.iter().map(|x| x.f64()).collect()
+    }
+
+    /// The shapes the tests run: contexts that are not multiples of the block (70 = 64 + 6,
+    /// 130 = 2 * 64 + 2) and head widths that are not multiples of a tile (20), or are (16),
+    /// beside the GPT head width (64).
+    fn shapes() -> [(usize, CausalAttention); 3] {
+        [
+            (2, CausalAttention { t: 70, heads: 2, head_dim: 20 }),
+            (2, CausalAttention { t: 130, heads: 3, head_dim: 16 }),
+            (1, CausalAttention { t: 67, heads: 1, head_dim: 64 }),
+        ]
+    }
+
+    /// Attention straight from its definition in `f64`: the full masked softmax of each row,
+    /// its output and log-sum-exp, and for `dy` the gradient of `sum(y * dy)` by `qkv`.
+    struct Reference {
+        y: Vec<f64>,
+        lse: Vec<f64>,
+        dqkv: Vec<f64>,
+    }
+
+    fn reference(att: &CausalAttention, batch: usize, qkv: &[f64], dy: &[f64]) -> Reference {
+        let (t, hd) = (att.t, att.head_dim);
+        let d = att.heads * hd;
+        let ld = 3 * d;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut y = vec![0.0; batch * t * d];
+        let mut lse = vec![0.0; batch * att.heads * t];
+        let mut dqkv = vec![0.0; batch * t * ld];
+        for b in 0..batch {
+            for h in 0..att.heads {
+                let at = |row: usize, part: usize, j: usize| {
+                    qkv[(b * t + row) * ld + part * d + h * hd + j]
+                };
+                for i in 0..t {
+                    let s: Vec<f64> = (0..=i)
+                        .map(|c| scale * (0..hd).map(|j| at(i, 0, j) * at(c, 1, j)).sum::<f64>())
+                        .collect();
+                    let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = s.iter().map(|x| (x - max).exp()).sum();
+                    let prob: Vec<f64> = s.iter().map(|x| (x - max).exp() / sum).collect();
+                    lse[(b * att.heads + h) * t + i] = max + sum.ln();
+                    let out = (b * t + i) * d + h * hd;
+                    for j in 0..hd {
+                        y[out + j] = (0..=i).map(|c| prob[c] * at(c, 2, j)).sum();
+                    }
+                    // dP_c = dy_i . v_c; dS_c = P_c (dP_c - sum_c P_c dP_c).
+                    let dprob: Vec<f64> =
+                        (0..=i).map(|c| (0..hd).map(|j| dy[out + j] * at(c, 2, j)).sum()).collect();
+                    let mean: f64 = (0..=i).map(|c| prob[c] * dprob[c]).sum();
+                    for c in 0..=i {
+                        let ds = prob[c] * (dprob[c] - mean) * scale;
+                        for j in 0..hd {
+                            dqkv[(b * t + i) * ld + h * hd + j] += ds * at(c, 1, j);
+                            dqkv[(b * t + c) * ld + d + h * hd + j] += ds * at(i, 0, j);
+                            dqkv[(b * t + c) * ld + 2 * d + h * hd + j] += prob[c] * dy[out + j];
+                        }
+                    }
+                }
+            }
+        }
+        Reference { y, lse, dqkv }
+    }
+
+    /// Forward's output and statistics, every buffer it writes starting as NaN so that a
+    /// value it failed to write, or scratch it read before writing, shows.
+    fn forward<T: Float>(att: &CausalAttention, batch: usize, qkv: &[T]) -> (Vec<T>, Vec<T>) {
+        let d = att.heads * att.head_dim;
+        let mut y = vec![T::nan(); batch * att.t * d];
+        let mut lse = vec![T::nan(); batch * att.stats_len()];
+        let mut scratch = vec![T::nan(); att.scratch_len()];
+        att.forward(batch, qkv, &mut y, &mut lse, &mut scratch, &mut gemm());
+        (y, lse)
+    }
+
+    /// Backward's `dqkv` for `dy` (after a forward of its own), from NaN-filled buffers.
+    fn backward<T: Float>(att: &CausalAttention, batch: usize, qkv: &[T], dy: &[T]) -> Vec<T> {
+        let (y, lse) = forward(att, batch, qkv);
+        let mut dqkv = vec![T::nan(); qkv.len()];
+        let mut scratch = vec![T::nan(); att.scratch_len()];
+        att.backward(batch, qkv, &y, dy, &lse, &mut dqkv, &mut scratch, &mut gemm());
+        dqkv
+    }
+
+    /// The largest difference between `got` and `want`, asserted at most `tolerance`.
+    fn assert_close<T: Float>(label: &str, got: &[T], want: &[f64], tolerance: f64) {
+        assert_eq!(got.len(), want.len(), "{label}: length");
+        let (worst, at) = got
+            .iter()
+            .zip(want)
+            .enumerate()
+            .map(|(i, (g, w))| ((g.f64() - w).abs(), i))
+            .fold((0.0, 0), |a, b| if b.0 > a.0 || b.0.is_nan() { b } else { a });
+        assert!(
+            worst <= tolerance,
+            "{label}: off by {worst} at {at} (got {}, want {})",
+            got[at],
+            want[at]
+        );
+    }
+
+    fn check_forward<T: Float>(tolerance: f64) {
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let len = batch * att.t * 3 * att.heads * att.head_dim;
+            let qkv = values::<T>(len, seed as u64, 2.0);
+            let want = reference(&att, batch, &to_f64(&qkv), &vec![0.0; len / 3]);
+            let (y, lse) = forward(&att, batch, &qkv);
+            let label = format!("{att:?} in {}", std::any::type_name::<T>());
+            assert_close(&format!("{label}: y"), &y, &want.y, tolerance);
+            assert_close(&format!("{label}: lse"), &lse, &want.lse, tolerance);
+        }
+    }
+
+    #[test]
+    fn forward_equals_the_full_masked_softmax() {
+        check_forward::<f32>(1e-5);
+        check_forward::<f64>(1e-12);
+    }
+
+    fn check_backward<T: Float>(tolerance: f64) {
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let len = batch * att.t * 3 * att.heads * att.head_dim;
+            let qkv = values::<T>(len, seed as u64, 2.0);
+            let dy = values::<T>(len / 3, 100 + seed as u64, 1.0);
+            let want = reference(&att, batch, &to_f64(&qkv), &to_f64(&dy));
+            let dqkv = backward(&att, batch, &qkv, &dy);
+            let label = format!("{att:?} in {}: dqkv", std::any::type_name::<T>());
+            assert_close(&label, &dqkv, &want.dqkv, tolerance);
+        }
+    }
+
+    #[test]
+    fn backward_equals_the_reference_gradients() {
+        check_backward::<f32>(1e-5);
+        check_backward::<f64>(1e-12);
+    }
+
+    /// Central differences of `sum(y * r)` in `f64` against backward's gradient, at a spread
+    /// of coordinates covering queries, keys and values, both samples, every head, and the
+    /// rows of partial blocks.
+    #[test]
+    fn backward_equals_central_differences() {
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let len = batch * att.t * 3 * att.heads * att.head_dim;
+            let qkv = values::<f64>(len, seed as u64, 2.0);
+            let r = values::<f64>(len / 3, 200 + seed as u64, 1.0);
+            let dqkv = backward(&att, batch, &qkv, &r);
+            let loss = |qkv: &[f64]| -> f64 {
+                let (y, _) = forward(&att, batch, qkv);
+                y.iter().zip(&r).map(|(y, r)| y * r).sum()
+            };
+            let eps = 1e-5;
+            let mut shifted = qkv.clone();
+            // 397 is prime and shares no factor with the row width, so the coordinates walk
+            // over every column class and row.
+            for i in (0..len).step_by(397).chain([len - 1]) {
+                shifted[i] = qkv[i] + eps;
+                let up = loss(&shifted);
+                shifted[i] = qkv[i] - eps;
+                let down = loss(&shifted);
+                shifted[i] = qkv[i];
+                let numeric = (up - down) / (2.0 * eps);
+                assert!(
+                    (numeric - dqkv[i]).abs() <= 1e-8,
+                    "{att:?}: coordinate {i}: backward {} central difference {numeric}",
+                    dqkv[i]
+                );
+            }
+        }
+    }
+
+    fn check_decode<T: Float>(tolerance: f64) {
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let (t, d) = (att.t, att.heads * att.head_dim);
+            let qkv = values::<T>(batch * t * 3 * d, seed as u64, 2.0);
+            let (y, _) = forward(&att, batch, &qkv);
+            let mut scratch = vec![T::nan(); att.scratch_len()];
+            let mut out = vec![T::nan(); d];
+            for b in 0..batch {
+                let row = |i: usize| &qkv[(b * t + i) * 3 * d..(b * t + i + 1) * 3 * d];
+                let k_cache: Vec<T> = (0..t).flat_map(|i| row(i)[d..2 * d].to_vec()).collect();
+                let v_cache: Vec<T> = (0..t).flat_map(|i| row(i)[2 * d..].to_vec()).collect();
+                for i in 0..t {
+                    let q = &row(i)[..d];
+                    att.decode(q, &k_cache, &v_cache, i + 1, &mut out, &mut scratch);
+                    let want = to_f64(&y[(b * t + i) * d..(b * t + i + 1) * d]);
+                    let label = format!("{att:?} sample {b} position {i}");
+                    assert_close(&label, &out, &want, tolerance);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_at_each_position_equals_that_row_of_forward() {
+        check_decode::<f32>(1e-5);
+        check_decode::<f64>(1e-13);
+    }
+
+    /// Changing every value of one token leaves forward's outputs and statistics for the
+    /// tokens before it exactly as they were and changes its own; and a gradient on the
+    /// outputs before it reaches none of its inputs, or those after it.
+    #[test]
+    fn later_tokens_never_change_earlier_outputs() {
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let (t, heads, d) = (att.t, att.heads, att.heads * att.head_dim);
+            let qkv = values::<f32>(batch * t * 3 * d, seed as u64, 2.0);
+            let (y, lse) = forward(&att, batch, &qkv);
+            for changed in [1, 5, 63, 64, 65, t - 1] {
+                let mut other = qkv.clone();
+                for b in 0..batch {
+                    let token =
+                        &mut other[(b * t + changed) * 3 * d..(b * t + changed + 1) * 3 * d];
+                    for (x, noise) in token.iter_mut().zip(values::<f32>(3 * d, 7, 3.0)) {
+                        *x += noise;
+                    }
+                }
+                let (y2, lse2) = forward(&att, batch, &other);
+                for b in 0..batch {
+                    let rows = |y: &[f32], from: usize, to: usize| {
+                        y[(b * t + from) * d..(b * t + to) * d].to_vec()
+                    };
+                    assert_eq!(
+                        rows(&y, 0, changed),
+                        rows(&y2, 0, changed),
+                        "{att:?} token {changed}"
+                    );
+                    assert_ne!(rows(&y, changed, changed + 1), rows(&y2, changed, changed + 1));
+                    for h in 0..heads {
+                        let at = (b * heads + h) * t;
+                        assert_eq!(lse[at..at + changed], lse2[at..at + changed]);
+                        assert_ne!(lse[at + changed], lse2[at + changed]);
+                    }
+                }
+                // Backward: a gradient only on outputs before `changed`.
+                let mut dy = values::<f32>(batch * t * d, 9, 1.0);
+                for b in 0..batch {
+                    dy[(b * t + changed) * d..(b + 1) * t * d].fill(0.0);
+                }
+                let dqkv = backward(&att, batch, &qkv, &dy);
+                for b in 0..batch {
+                    let later = &dqkv[(b * t + changed) * 3 * d..(b + 1) * t * 3 * d];
+                    assert!(later.iter().all(|&g| g == 0.0), "{att:?} token {changed}: gradient");
+                    let earlier = &dqkv[b * t * 3 * d..(b * t + changed) * 3 * d];
+                    assert!(earlier.iter().any(|&g| g != 0.0));
+                }
+            }
+        }
+    }
+
+    /// The build for CPUs without AVX2 and FMA (what [`CausalAttention::forward`] and the
+    /// others fall back to) computes the same, although this machine's dispatch may never
+    /// reach it.
+    #[test]
+    fn baseline_build_equals_the_reference() {
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let (t, d) = (att.t, att.heads * att.head_dim);
+            let qkv = values::<f64>(batch * t * 3 * d, seed as u64, 2.0);
+            let dy = values::<f64>(batch * t * d, 300 + seed as u64, 1.0);
+            let want = reference(&att, batch, &qkv, &dy);
+            let mut y = vec![f64::NAN; batch * t * d];
+            let mut lse = vec![f64::NAN; batch * att.stats_len()];
+            let mut dqkv = vec![f64::NAN; qkv.len()];
+            let mut scratch = vec![f64::NAN; att.scratch_len()];
+            att.forward_in::<false, f64>(batch, &qkv, &mut y, &mut lse, &mut scratch);
+            assert_close(&format!("{att:?}: y"), &y, &want.y, 1e-12);
+            assert_close(&format!("{att:?}: lse"), &lse, &want.lse, 1e-12);
+            att.backward_in::<false, f64>(batch, &qkv, &y, &dy, &lse, &mut dqkv, &mut scratch);
+            assert_close(&format!("{att:?}: dqkv"), &dqkv, &want.dqkv, 1e-12);
+            let mut out = vec![f64::NAN; d];
+            let row = &qkv[(t - 1) * 3 * d..t * 3 * d];
+            let cache = |part: usize| -> Vec<f64> {
+                (0..t)
+                    .flat_map(|i| qkv[i * 3 * d + part * d..i * 3 * d + (part + 1) * d].to_vec())
+                    .collect()
+            };
+            att.decode_in::<false, f64>(&row[..d], &cache(1), &cache(2), t, &mut out, &mut scratch);
+            assert_close(&format!("{att:?}: decode"), &out, &want.y[(t - 1) * d..t * d], 1e-12);
+        }
+    }
+
+    /// The vectorized `exp` is within a few ulp of the exact one over the softmax's range, is
+    /// exactly 1 at 0, and passes NaN through.
+    #[test]
+    fn exp_f32_is_within_a_few_ulp() {
+        for (fused, exp) in [(false, exp_f32::<false> as fn(f32) -> f32), (true, exp_f32::<true>)] {
+            let mut worst = 0f64;
+            for i in 0..=800_000 {
+                let x = (-80.0 + 1e-4 * f64::from(i) + 1e-5) as f32;
+                let (got, want) = (f64::from(exp(x)), f64::from(x).exp());
+                worst = worst.max((got - want).abs() / want);
+            }
+            assert!(worst < 3e-7, "fused {fused}: relative error {worst}");
+            assert_eq!(exp(0.0), 1.0);
+            assert!(exp(f32::NAN).is_nan(), "fused {fused}: NaN");
+        }
+    }
+
+    /// The best of `trials` runs of `f`, in seconds.
+    fn best(trials: usize, mut f: impl FnMut()) -> f64 {
+        (0..trials)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed().as_secs_f64()
+            })
+            .fold(f64::MAX, f64::min)
+    }
+
+    /// Forward and backward of a GPT step's attention (batch 8, context 256, 6 heads of 64),
+    /// in GFLOP/s of the causal work (forward `2 * 2 * B * H * T * T / 2 * hd`, backward 2.5
+    /// times that), beside the unmasked `q k^T` and `P V` of the same heads through [`Gemm`]
+    /// in the same run as a reference for this machine. Run with `--ignored --nocapture` in
+    /// release.
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn gflops_of_a_gpt_step() {
+        let (batch, att) = (8, CausalAttention { t: 256, heads: 6, head_dim: 64 });
+        let (t, d) = (att.t, att.heads * att.head_dim);
+        let qkv = values::<f32>(batch * t * 3 * d, 1, 1.0);
+        let dy = values::<f32>(batch * t * d, 2, 1.0);
+        let mut y = vec![0.0; batch * t * d];
+        let mut lse = vec![0.0; batch * att.stats_len()];
+        let mut dqkv = vec![0.0; qkv.len()];
+        let mut scratch = vec![0.0; att.scratch_len()];
+        let mut gemm = gemm();
+        let flops = 2.0 * 2.0 * (batch * att.heads * t * t) as f64 / 2.0 * att.head_dim as f64;
+        let fwd = best(20, || att.forward(batch, &qkv, &mut y, &mut lse, &mut scratch, &mut gemm));
+        let bwd = best(20, || {
+            att.backward(batch, &qkv, &y, &dy, &lse, &mut dqkv, &mut scratch, &mut gemm)
+        });
+        let mut s = vec![0.0; t * t];
+        let full = best(20, || {
+            for b in 0..batch {
+                for h in 0..att.heads {
+                    let x = view(&qkv[b * t * 3 * d..], t, 3 * d);
+                    let cols =
+                        |part: usize| ndarray::s![.., part * d + h * 64..part * d + h * 64 + 64];
+                    gemm.matmul(
+                        x.slice(cols(0)),
+                        x.slice(cols(1)).t(),
+                        0.0,
+                        &mut view_mut(&mut s, t, t),
+                    );
+                    let mut out = view_mut(&mut y[b * t * d..], t, d);
+                    let mut out = out.slice_mut(ndarray::s![.., h * 64..h * 64 + 64]);
+                    gemm.matmul(view(&s, t, t), x.slice(cols(2)), 0.0, &mut out);
+                }
+            }
+        });
+        let gemm_rate = 2.0 * flops / full / 1e9;
+        println!(
+            "attention forward {:.2} ms, {:.1} GFLOP/s ({:.2} of Gemm's); backward {:.2} ms, \
+             {:.1} GFLOP/s ({:.2}); unmasked q k^T and P V on Gemm ({}): {:.1} GFLOP/s",
+            fwd * 1e3,
+            flops / fwd / 1e9,
+            flops / fwd / 1e9 / gemm_rate,
+            bwd * 1e3,
+            2.5 * flops / bwd / 1e9,
+            2.5 * flops / bwd / 1e9 / gemm_rate,
+            GemmBackend::current().name(),
+            gemm_rate
+        );
+    }
+}
