@@ -136,8 +136,8 @@ const TOKENIZER_FILE: &str = "tokenizer.json";
 ///
 /// Memory stays bounded: a few pieces of text, and the writer's blocks. A BPE's tokens are
 /// kept in a temporary file in `out` until the stream's length (and so the split) is known;
-/// bytes need none (their count is the files' length). Nothing is left in `out` if the
-/// import fails but the directory itself.
+/// bytes need none (their count is the files' length). An import that fails leaves nothing:
+/// no split, no temporary file, and no `out` if it did not exist before.
 ///
 /// ```no_run
 /// use std::path::Path;
@@ -178,6 +178,9 @@ pub fn import_text(
         Source::open(path, None)?;
     }
 
+    // What this call makes in `out`, removed if it fails: `out` itself when it is new, and a
+    // split written before a later step failed.
+    let mut cleanup = Cleanup { out, created: !out.exists(), written: None };
     let mut train_seconds = 0.0;
     let tokenizer = match &options.tokenizer {
         TextTokenizer::Bytes => Tokenizer::bytes(),
@@ -253,6 +256,7 @@ pub fn import_text(
     eval_info.tokenizer_json.clone_from(&json);
     let train_dir = out.join(Split::Train.name());
     let train = write_split(&train_dir, &train_info, &mut stream, writer.clone())?;
+    cleanup.written = Some(train_dir);
     let eval = write_split(&out.join(Split::Eval.name()), &eval_info, &mut stream, writer)?;
     stream.expect_end()?;
     let tokenizer_json = match json {
@@ -262,6 +266,7 @@ pub fn import_text(
         }
         None => None,
     };
+    cleanup.disarm();
     Ok(TextReport {
         files: files.len(),
         text_bytes,
@@ -278,6 +283,32 @@ pub fn import_text(
         train_seconds,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Removes, when dropped armed (an import that failed), the split it wrote and the output
+/// directory if the import created it (only if empty: nothing else is ever removed).
+struct Cleanup<'a> {
+    out: &'a Path,
+    created: bool,
+    written: Option<PathBuf>,
+}
+
+impl Cleanup<'_> {
+    fn disarm(&mut self) {
+        self.created = false;
+        self.written = None;
+    }
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.written.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if self.created {
+            let _ = std::fs::remove_dir(self.out);
+        }
+    }
 }
 
 /// Writes the next `info.tokens` tokens of `stream` as a token dataset at `dir`.

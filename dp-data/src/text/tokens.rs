@@ -74,8 +74,8 @@ impl Tokens {
         Ok(Tokens { storage: Storage::U32(pool.alloc_copy(tokens, Tag::Data)?) })
     }
 
-    /// An uninitialized-then-filled buffer of `len` tokens of `width` from `pool`; `fill`
-    /// writes them as little-endian bytes into the byte view of the buffer.
+    /// A zeroed buffer of `len` tokens of `width` from `pool`, to be filled through
+    /// [`Tokens::bytes_mut`].
     pub(crate) fn with_len(pool: &Pool, width: TokenWidth, len: usize) -> Result<Self> {
         let storage = match width {
             TokenWidth::U16 => Storage::U16(pool.alloc_zeroed(len, Tag::Data)?),
