@@ -180,7 +180,7 @@ pub fn import_text(
 
     // What this call makes in `out`, removed if it fails: `out` itself when it is new, and a
     // split written before a later step failed.
-    let mut cleanup = Cleanup { out, created: !out.exists(), written: None };
+    let mut cleanup = Cleanup { out, created: !out.exists(), written: Vec::new() };
     let mut train_seconds = 0.0;
     let tokenizer = match &options.tokenizer {
         TextTokenizer::Bytes => Tokenizer::bytes(),
@@ -256,8 +256,10 @@ pub fn import_text(
     eval_info.tokenizer_json.clone_from(&json);
     let train_dir = out.join(Split::Train.name());
     let train = write_split(&train_dir, &train_info, &mut stream, writer.clone())?;
-    cleanup.written = Some(train_dir);
-    let eval = write_split(&out.join(Split::Eval.name()), &eval_info, &mut stream, writer)?;
+    cleanup.written.push(train_dir);
+    let eval_dir = out.join(Split::Eval.name());
+    let eval = write_split(&eval_dir, &eval_info, &mut stream, writer)?;
+    cleanup.written.push(eval_dir);
     stream.expect_end()?;
     let tokenizer_json = match json {
         Some(json) => {
@@ -285,24 +287,24 @@ pub fn import_text(
     })
 }
 
-/// Removes, when dropped armed (an import that failed), the split it wrote and the output
+/// Removes, when dropped armed (an import that failed), the splits it wrote and the output
 /// directory if the import created it (only if empty: nothing else is ever removed).
 struct Cleanup<'a> {
     out: &'a Path,
     created: bool,
-    written: Option<PathBuf>,
+    written: Vec<PathBuf>,
 }
 
 impl Cleanup<'_> {
     fn disarm(&mut self) {
         self.created = false;
-        self.written = None;
+        self.written.clear();
     }
 }
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if let Some(dir) = self.written.take() {
+        for dir in self.written.drain(..) {
             let _ = std::fs::remove_dir_all(dir);
         }
         if self.created {
