@@ -14,7 +14,8 @@ use crate::preview::Preview;
 #[derive(Subcommand)]
 pub(crate) enum DataCmd {
     /// Import NumPy, IDX, CSV, TFRecord or svmlight files, or an image folder, into a new
-    /// dataset (svmlight train and test files at one width: --split).
+    /// dataset (svmlight train and test files at one width: --split); or text files into
+    /// token datasets OUT/train and OUT/eval (--format text).
     Import(Box<ImportArgs>),
     /// Write every dense feature of a dataset to one .npy file each.
     Export {
@@ -203,6 +204,9 @@ pub(crate) enum ImportFormat {
     /// An image folder, ROOT/<class>/<file>.{jpg,jpeg,png}, into `image` (kept as encoded)
     /// and `label` (the class, by sorted folder name).
     Images,
+    /// Text files (plain or gzip), tokenized into token datasets OUT/train (the head of the
+    /// stream) and OUT/eval (its last --eval-fraction), with the tokenizer inside.
+    Text,
 }
 
 /// Output formats `data export` writes.
@@ -299,6 +303,13 @@ pub(crate) struct ImportArgs {
     /// images: skip files that are not readable images (and list them) instead of failing.
     #[arg(long)]
     skip_corrupt: bool,
+    /// text: `bytes` (each byte a token, any bytes), `bpe:VOCAB_SIZE` (train a GPT-2-style
+    /// byte-level BPE on the files first), or the path of a tokenizer.json to use.
+    #[arg(long, value_name = "bytes|bpe:N|PATH", default_value = "bytes")]
+    tokenizer: String,
+    /// text: the share of the token stream held out as OUT/eval, its tail.
+    #[arg(long, value_name = "F", default_value_t = 0.1)]
+    eval_fraction: f64,
     #[command(flatten)]
     write: WriteArgs,
 }
@@ -492,6 +503,9 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
     if !args.splits.is_empty() {
         return import_splits(&args);
     }
+    if matches!(args.format, ImportFormat::Text) {
+        return import_text(&args);
+    }
     let options = args.write.options();
     let out = &args.out;
     let manifest = match args.format {
@@ -579,6 +593,7 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
             );
             report.manifest
         }
+        ImportFormat::Text => unreachable!("imported by import_text"),
     };
     println!(
         "{}: {} records, schema {}, {} shards, {} on disk",
@@ -627,6 +642,52 @@ fn import_splits(args: &ImportArgs) -> Result<ExitCode> {
             ByteSize(manifest.bytes())
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `data import --format text FILES... --out DIR`: DIR/train and DIR/eval.
+fn import_text(args: &ImportArgs) -> Result<ExitCode> {
+    if args.inputs.is_empty() {
+        bail!("text takes one or more input files");
+    }
+    let paths: Vec<&Path> = args.inputs.iter().map(Path::new).collect();
+    let options = dp_data::TextOptions {
+        tokenizer: args.tokenizer.parse()?,
+        eval_fraction: args.eval_fraction,
+    };
+    let out = &args.out;
+    let r = dp_data::import_text(&paths, out, &options, args.write.options())?;
+    println!(
+        "{}: {} file(s), {} bytes of text -> {} tokens ({}, vocabulary {}, stored as {}), {:.3} \
+         bytes per token",
+        out.display(),
+        r.files,
+        r.text_bytes,
+        r.tokens,
+        r.tokenizer,
+        r.vocab_size,
+        r.width,
+        r.bytes_per_token
+    );
+    for (name, tokens, manifest) in
+        [("train", r.train_tokens, &r.train), ("eval", r.eval_tokens, &r.eval)]
+    {
+        println!(
+            "  {name:<5} {tokens} tokens -> {} ({} on disk)",
+            out.join(name).display(),
+            ByteSize(manifest.bytes())
+        );
+    }
+    if let Some(path) = &r.tokenizer_json {
+        println!("  vocabulary -> {}", path.display());
+    }
+    let rate = r.text_bytes as f64 / r.seconds.max(1e-9) / 1e6;
+    let training = if r.train_seconds > 0.0 {
+        format!(", of which {:.2} s training the BPE", r.train_seconds)
+    } else {
+        String::new()
+    };
+    println!("  {:.2} s, {rate:.1} MB/s of text{training}", r.seconds);
     Ok(ExitCode::SUCCESS)
 }
 
