@@ -8,7 +8,7 @@ use crate::model::Model;
 use crate::ops::Op;
 use crate::ops::conv::Conv2d;
 use crate::ops::gemm::{Gemm, GemmBackend, GemmShape, Precision};
-use crate::ops::workspace::Workspace;
+use crate::ops::workspace::{ScratchLens, Workspace};
 
 /// Operands laid out as a [`GemmShape`] says, to run it bare.
 #[derive(Debug)]
@@ -82,8 +82,12 @@ impl<T: Float> BareConv<T> {
         let input = conv.channels * batch * conv.height * conv.width;
         let output = conv.out_channels * batch * conv.out_height * conv.out_width;
         let pool = Pool::new(&Tracker::new());
-        let work = Workspace::new(&pool, conv.scratch_len(batch), 0, Precision::F32)
-            .expect("an unlimited pool");
+        let work = Workspace::new(
+            &pool,
+            ScratchLens { cols: conv.scratch_len(batch), norm: 0, attention: 0 },
+            Precision::F32,
+        )
+        .expect("an unlimited pool");
         Self {
             params: fill(conv.param_len(), 1),
             grads: vec![T::zero(); conv.param_len()],

@@ -6,6 +6,7 @@ use ndarray_rand::rand_distr::{Distribution, Normal, Uniform};
 
 use crate::float::Float;
 use crate::layout::{ParamLayout, ParamRole};
+use crate::ops::Op;
 use crate::ops::dropout::mix;
 use crate::tape::Tape;
 
@@ -14,11 +15,16 @@ use crate::tape::Tape;
 /// zero biases, and a batch norm's scale one (the identity). Each tensor draws from its own
 /// stream keyed by its layer (and, inside a residual block, its name), so adding a layer does
 /// not change how the others start.
+///
+/// A language model (a token embedding first) starts as GPT-2 does instead: every matrix and
+/// embedding normal with `std = 0.02`, and the projections that end a residual branch scaled
+/// by `1 / sqrt(branches)`, so that the residual stream's variance does not grow with depth.
 pub(crate) fn initialize<T: Float>(tape: &Tape, seed: u64, params: &mut [T]) {
+    let branches = tape.nodes.iter().filter(|n| matches!(n.op, Op::Add(_))).count().max(1);
     for tensor in tape.layout.tensors() {
         let values = &mut params[tensor.range()];
         match tensor.role {
-            ParamRole::Weight => {}
+            ParamRole::Weight | ParamRole::Embedding | ParamRole::Position => {}
             ParamRole::Scale => {
                 values.fill(T::one());
                 continue;
@@ -34,14 +40,33 @@ pub(crate) fn initialize<T: Float>(tape: &Tape, seed: u64, params: &mut [T]) {
         }
         let mut rng = StdRng::seed_from_u64(mix(seed ^ key));
         let (fan_in, fan_out) = (tensor.fan_in as f64, tensor.fan_out as f64);
-        let node = tape.nodes.iter().find(|n| n.params.start == tensor.offset);
-        if node.is_some_and(|n| n.rectified) {
+        let node = tape.nodes.iter().position(|n| n.params.start == tensor.offset);
+        if tape.reads_tokens() {
+            let ends_branch = node.is_some_and(|i| ends_residual_branch(tape, i));
+            let std = if ends_branch { 0.02 / (branches as f64).sqrt() } else { 0.02 };
+            let normal = Normal::new(0.0, std).expect("a positive std");
+            values.iter_mut().for_each(|v| *v = T::of(normal.sample(&mut rng)));
+        } else if node.is_some_and(|i| tape.nodes[i].rectified) {
             let normal = Normal::new(0.0, (2.0 / fan_in).sqrt()).expect("a positive std");
             values.iter_mut().for_each(|v| *v = T::of(normal.sample(&mut rng)));
         } else {
             let limit = (6.0 / (fan_in + fan_out)).sqrt();
             let uniform = Uniform::new_inclusive(-limit, limit).expect("a finite range");
             values.iter_mut().for_each(|v| *v = T::of(uniform.sample(&mut rng)));
+        }
+    }
+}
+
+/// Whether node `i`'s output reaches a residual sum's main path through nothing but dropout.
+fn ends_residual_branch(tape: &Tape, mut i: usize) -> bool {
+    loop {
+        let Some(next) = tape.nodes.iter().position(|n| n.input == Some(i)) else {
+            return false;
+        };
+        match tape.nodes[next].op {
+            Op::Dropout(_) => i = next,
+            Op::Add(_) => return true,
+            _ => return false,
         }
     }
 }

@@ -19,13 +19,18 @@ pub enum ParamRole {
     RunningMean,
     /// A batch norm's running variance (a buffer: saved, not trained).
     RunningVar,
+    /// A token embedding's table, `[vocab, dim]` (also the output head's matrix when tied).
+    Embedding,
+    /// A learned position embedding, `[context, dim]`.
+    Position,
 }
 
 impl ParamRole {
     /// Whether weight decay applies when biases and norms are excluded from it (the usual
-    /// recipe for residual networks): only weight matrices and kernels.
+    /// recipe for residual networks and transformers): weight matrices, kernels and the token
+    /// embedding (a matrix, and the output head's when tied), but not position embeddings.
     pub fn decays(self) -> bool {
-        self == Self::Weight
+        matches!(self, Self::Weight | Self::Embedding)
     }
 }
 

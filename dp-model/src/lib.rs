@@ -87,3 +87,4 @@ pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;
 pub use shared::SharedParams;
 pub use spec::{BagMode, LayerSpec, ModelSpec};
+pub use zoo::GptShape;

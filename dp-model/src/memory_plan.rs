@@ -30,7 +30,15 @@ pub(crate) struct ActivationPlan {
 /// Whether `op`'s backward reads its input.
 fn reads_input(op: &Op) -> bool {
     match op {
-        Op::Linear(_) | Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::Sparse(_) => true,
+        Op::Linear(_)
+        | Op::Conv2d(_)
+        | Op::BatchNorm(_)
+        | Op::MaxPool2d(_)
+        | Op::Sparse(_)
+        | Op::LayerNorm(_)
+        | Op::Attention(_)
+        | Op::Embedding(_)
+        | Op::TiedHead(_) => true,
         Op::Activation(a) => *a == Activation::Gelu,
         Op::Transpose(_) | Op::Dropout(_) | Op::GlobalAvgPool(_) | Op::Add(_) => false,
     }
@@ -38,7 +46,7 @@ fn reads_input(op: &Op) -> bool {
 
 /// Whether `op`'s backward reads its output.
 fn reads_output(op: &Op) -> bool {
-    matches!(op, Op::Activation(Activation::Relu | Activation::Tanh))
+    matches!(op, Op::Activation(Activation::Relu | Activation::Tanh) | Op::Attention(_))
 }
 
 impl ActivationPlan {

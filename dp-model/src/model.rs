@@ -20,7 +20,7 @@ use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss, smoothed_loss};
 use crate::ops::norm_sync::{NormSync, NormSyncGuard};
 use crate::ops::sparse::SparseInput;
-use crate::ops::workspace::Workspace;
+use crate::ops::workspace::{ScratchLens, Workspace};
 use crate::shared::SharedParams;
 use crate::spec::ModelSpec;
 use crate::tape::{Node, Tape};
@@ -111,9 +111,10 @@ pub enum Recompute {
 pub struct StepOptions {
     /// The global step, which keys the dropout masks (so a resumed run draws the same masks).
     pub step: u64,
-    /// The loss is the sum over samples divided by this. Data-parallel replicas pass the
-    /// global batch so that summing their gradients gives the global mean. Default: the
-    /// samples that count in this batch.
+    /// The loss is the sum over samples divided by this (and by the context, for a language
+    /// model's tokens). Data-parallel replicas pass the global batch so that summing their
+    /// gradients gives the global mean. Default: the samples (tokens) that count in this
+    /// batch.
     pub denominator: Option<usize>,
     /// Add into the gradient buffer instead of overwriting it (gradient accumulation).
     pub accumulate: bool,
@@ -303,7 +304,12 @@ impl<T: Float> Model<T> {
             .iter()
             .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
             .collect::<Result<Vec<_>, _>>()?;
-        let (ping_len, scratch_len) = (tape.ping_len(batch), tape.scratch_len(batch));
+        let ping_len = tape.ping_len(batch);
+        let scratch = ScratchLens {
+            cols: tape.scratch_len(batch),
+            norm: tape.norm_scratch_len(),
+            attention: tape.attention_scratch_len(),
+        };
         let plan = GradientPlan::new(&tape);
         let dacts = (0..plan.buffers)
             .map(|_| pool.alloc_zeroed(ping_len, Tag::Activation))
@@ -332,7 +338,7 @@ impl<T: Float> Model<T> {
             dacts,
             spill: pool.alloc_zeroed(if plan.spills { ping_len } else { 0 }, Tag::Activation)?,
             plan,
-            work: Workspace::new(pool, scratch_len, tape.norm_scratch_len(), options.precision)?,
+            work: Workspace::new(pool, scratch, options.precision)?,
             dirty_rows: pool.alloc_zeroed(
                 if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
                 Tag::Grad,
@@ -369,9 +375,15 @@ impl<T: Float> Model<T> {
         self.tape.input_len
     }
 
-    /// Values per output sample (classes).
+    /// Values per output row (classes; a language model's vocabulary).
     pub fn outputs(&self) -> usize {
         self.tape.outputs()
+    }
+
+    /// Rows of outputs per sample: 1, or a language model's context (one prediction per
+    /// token). Outputs and targets have `batch * rows_per_sample()` rows.
+    pub fn rows_per_sample(&self) -> usize {
+        self.tape.out_rows
     }
 
     /// All parameters, in the layout's order.
@@ -500,7 +512,7 @@ impl<T: Float> Model<T> {
             workspace: self
                 .dacts
                 .iter()
-                .chain([&self.spill, &self.work.cols])
+                .chain([&self.spill, &self.work.cols, &self.work.attention])
                 .map(bytes)
                 .sum::<u64>()
                 + bytes(&self.norm_stats)
@@ -567,8 +579,8 @@ impl<T: Float> Model<T> {
         options: &StepOptions,
         ready: &mut dyn FnMut(&[T]),
     ) -> Result<LossTotals> {
-        let outputs = self.outputs();
-        targets.check(batch, outputs)?;
+        let (outputs, rows) = (self.outputs(), batch * self.tape.out_rows);
+        targets.check(rows, outputs)?;
         let nodes = self.tape.nodes.len();
         for i in 0..nodes {
             self.forward_node(i, batch, x, NormPass::Train, options.step);
@@ -576,14 +588,15 @@ impl<T: Float> Model<T> {
 
         let counted = match targets {
             Targets::Classes(labels) => labels.iter().filter(|&&l| l >= 0).count(),
-            Targets::Values(_) => batch,
+            Targets::Values(_) => rows,
         };
-        let denominator = T::of(options.denominator.unwrap_or(counted).max(1) as f64);
+        let denominator = options.denominator.map(|d| d * self.tape.out_rows);
+        let denominator = T::of(denominator.unwrap_or(counted).max(1) as f64);
         let logits = &self.acts[self.out_buf[nodes - 1]];
         let dlogits = &mut self.dacts[self.plan.grad_buf[nodes - 1]];
         let smoothing = self.options.label_smoothing;
         let totals =
-            smoothed_loss(logits, batch, outputs, &targets, denominator, smoothing, Some(dlogits));
+            smoothed_loss(logits, rows, outputs, &targets, denominator, smoothing, Some(dlogits));
 
         for i in (0..nodes).rev() {
             if let Some(start) = self.recompute_from[i] {
@@ -666,12 +679,13 @@ impl<T: Float> Model<T> {
     }
 
     /// The matrix products one [`Model::forward_backward`] of `batch` samples runs, in
-    /// order (recomputation included).
+    /// order (recomputation included), but an attention's (its own tiles, over blocks).
     pub fn gemm_shapes(&self, batch: usize) -> Vec<GemmShape> {
         let g =
             |m, k, n, a_transposed, b_transposed| GemmShape { m, k, n, a_transposed, b_transposed };
         let forward = |node: &Node| match &node.op {
-            Op::Linear(l) => Some(g(batch, l.inputs, l.outputs, false, true)),
+            Op::Linear(l) => Some(g(batch * node.rows, l.inputs, l.outputs, false, true)),
+            Op::TiedHead(h) => Some(g(batch * node.rows, h.dim, h.vocab, false, true)),
             Op::Conv2d(c) => Some(g(
                 c.out_channels,
                 c.patch_len(),
@@ -687,12 +701,17 @@ impl<T: Float> Model<T> {
             if let Some(start) = self.recompute_from[i] {
                 shapes.extend(nodes[start..i].iter().filter_map(forward));
             }
+            let rows = batch * node.rows;
             match &node.op {
                 Op::Linear(l) => {
-                    shapes.push(g(l.outputs, batch, l.inputs, true, false));
+                    shapes.push(g(l.outputs, rows, l.inputs, true, false));
                     if i > 0 {
-                        shapes.push(g(batch, l.outputs, l.inputs, false, false));
+                        shapes.push(g(rows, l.outputs, l.inputs, false, false));
                     }
+                }
+                Op::TiedHead(h) => {
+                    shapes.push(g(h.vocab, rows, h.dim, true, false));
+                    shapes.push(g(rows, h.vocab, h.dim, false, false));
                 }
                 Op::Conv2d(c) => {
                     let n = batch * c.out_height * c.out_width;
@@ -731,8 +750,9 @@ impl<T: Float> Model<T> {
         for i in 0..nodes {
             self.forward_node(i, batch, x, NormPass::Eval, 0);
         }
-        let out = &self.acts[self.out_buf[nodes - 1]][..batch * self.outputs()];
-        Ok(ArrayView2::from_shape((batch, self.outputs()), out).expect("sized at build"))
+        let (rows, outputs) = (batch * self.tape.out_rows, self.outputs());
+        let out = &self.acts[self.out_buf[nodes - 1]][..rows * outputs];
+        Ok(ArrayView2::from_shape((rows, outputs), out).expect("sized at build"))
     }
 
     /// Loss and accuracy of `x` against `targets`, without touching the gradients.
@@ -741,12 +761,11 @@ impl<T: Float> Model<T> {
         x: ArrayView2<'_, T>,
         targets: Targets<'_, T>,
     ) -> Result<LossTotals> {
-        let batch = x.nrows();
-        let outputs = self.outputs();
-        targets.check(batch, outputs)?;
+        let (rows, outputs) = (x.nrows() * self.tape.out_rows, self.outputs());
+        targets.check(rows, outputs)?;
         let logits = self.forward_eval(x)?;
         let logits = logits.as_slice().expect("contiguous");
-        Ok(loss(logits, batch, outputs, &targets, T::one(), None))
+        Ok(loss(logits, rows, outputs, &targets, T::one(), None))
     }
 
     /// [`Model::evaluate`] on a sparse batch.
@@ -807,6 +826,11 @@ impl<T: Float> Model<T> {
                 "a strided view",
             )
         })?;
+        if let Op::Embedding(embedding) = &self.tape.nodes[0].op {
+            embedding.check_ids(data).map_err(|what| {
+                Error::shape(format!("{} input", self.spec.name), "token ids", what)
+            })?;
+        }
         Ok((batch, data))
     }
 
@@ -925,8 +949,16 @@ pub(crate) fn forward_op<T: Float>(
     let x = &x[..batch * node.in_len];
     let y = &mut y[..batch * node.out_len];
     let params = ctx.params;
+    let rows = batch * node.rows;
     match &node.op {
-        Op::Linear(l) => l.forward(batch, params, x, y, &mut work.gemm),
+        Op::Linear(l) => l.forward(rows, params, x, y, &mut work.gemm),
+        Op::LayerNorm(n) => n.forward(rows, params, x, y),
+        Op::Embedding(e) => e.forward(batch, params, x, y),
+        Op::TiedHead(h) => h.forward(rows, params, x, y, &mut work.gemm),
+        Op::Attention(a) => {
+            let lse = &mut ctx.stats[a.stats_offset..a.stats_offset + batch * a.stats_len()];
+            a.forward(batch, x, y, lse, &mut work.attention, &mut work.gemm)
+        }
         Op::Conv2d(c) => c.forward(batch, params, x, y, &mut work.cols, &mut work.gemm),
         Op::MaxPool2d(p) => p.forward(batch, x, y),
         Op::GlobalAvgPool(p) => p.forward(batch, x, y),
@@ -962,8 +994,12 @@ fn backward_op<T: Float>(
         Some((dx, add)) => (Some(&mut dx[..batch * node.in_len]), add),
         None => (None, false),
     };
+    let rows = batch * node.rows;
     match &node.op {
-        Op::Linear(l) => l.backward(batch, params, grads, x, dy, dx, accumulate, &mut work.gemm),
+        Op::Linear(l) => l.backward(rows, params, grads, x, dy, dx, accumulate, &mut work.gemm),
+        Op::LayerNorm(n) => n.backward(rows, params, grads, x, dy, dx, accumulate),
+        Op::Embedding(e) => e.backward(batch, grads, x, dy, e.tied, accumulate),
+        Op::TiedHead(h) => h.backward(rows, params, grads, x, dy, dx, accumulate, &mut work.gemm),
         Op::Conv2d(c) => {
             let (cols, gemm) = (&mut work.cols, &mut work.gemm);
             c.backward(batch, params, grads, x, dy, dx, add, cols, accumulate, gemm)
@@ -980,9 +1016,17 @@ fn backward_op<T: Float>(
                 Op::Transpose(t) => t.backward(batch, dy, dx),
                 Op::Activation(a) => a.backward(x, y, dy, dx),
                 Op::Dropout(d) => d.backward(ctx.dropout.0, ctx.dropout.1, dy, dx),
-                Op::Linear(_) | Op::Conv2d(_) | Op::BatchNorm(_) | Op::Add(_) => {
-                    unreachable!("handled above")
+                Op::Attention(a) => {
+                    let lse = &ctx.stats[a.stats_offset..a.stats_offset + batch * a.stats_len()];
+                    a.backward(batch, x, y, dy, lse, dx, &mut work.attention, &mut work.gemm)
                 }
+                Op::Linear(_)
+                | Op::Conv2d(_)
+                | Op::BatchNorm(_)
+                | Op::Add(_)
+                | Op::LayerNorm(_)
+                | Op::Embedding(_)
+                | Op::TiedHead(_) => unreachable!("handled above"),
                 Op::Sparse(_) => unreachable!("the model runs a sparse first node itself"),
             }
         }

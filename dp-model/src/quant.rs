@@ -14,7 +14,7 @@ use crate::model::{Forward, Model, forward_op};
 use crate::ops::batch_norm::NormPass;
 use crate::ops::gemm::Precision;
 use crate::ops::loss::{LossTotals, Targets, loss};
-use crate::ops::workspace::Workspace;
+use crate::ops::workspace::{ScratchLens, Workspace};
 use crate::tape::{Node, Tape};
 
 /// Where one parameterized node's values sit in the quantized buffers.
@@ -60,13 +60,25 @@ impl QuantizedModel {
         if tape.sparse_input {
             return Err(Error::spec("layers[0]", "int8 inference has no sparse first layer yet"));
         }
+        use crate::spec::LayerSpec::*;
         let unsupported = model.spec().layers.iter().position(|l| {
-            l.has_batch_norm() || matches!(l, crate::spec::LayerSpec::Residual { .. })
+            !matches!(
+                l,
+                Linear { .. }
+                    | Conv2d { .. }
+                    | MaxPool2d { .. }
+                    | GlobalAvgPool
+                    | Flatten
+                    | Relu
+                    | Gelu
+                    | Tanh
+                    | Dropout { .. }
+            )
         });
         if let Some(layer) = unsupported {
             return Err(Error::spec(
                 format!("layers[{layer}]"),
-                "int8 inference runs chains of linear and convolution layers; batch norms and residual blocks are not quantized yet (evaluate in f32)",
+                "int8 inference runs chains of linear and convolution layers; batch norms, residual blocks and language models' layers are not quantized yet (evaluate in f32)",
             ));
         }
         let params = model.params();
@@ -111,7 +123,11 @@ impl QuantizedModel {
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
                 pool.alloc_zeroed(ping_len, Tag::Activation)?,
             ],
-            work: Workspace::new(pool, scratch_len, 0, Precision::F32)?,
+            work: Workspace::new(
+                pool,
+                ScratchLens { cols: scratch_len, norm: 0, attention: 0 },
+                Precision::F32,
+            )?,
             tape,
         })
     }

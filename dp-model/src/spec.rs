@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::init::fnv;
+use crate::zoo::GptShape;
 
 /// A model: the shape of one input sample and the layers applied to it, in order.
 ///
@@ -117,6 +118,36 @@ pub enum LayerSpec {
         /// Output features.
         out: usize,
     },
+    /// Token embedding plus learned position embedding (GPT-2's `wte` and `wpe`): the first
+    /// layer of a language model, whose input `[context]` is token ids, each becoming a row of
+    /// `dim` values. Output `[context, dim]`: one row per token, which linear layers, norms and
+    /// activations after it act on row by row.
+    Embedding {
+        /// Token ids `0..vocab`.
+        vocab: usize,
+        /// Values per token.
+        dim: usize,
+    },
+    /// Layer normalization over each row's values (each token's, or a flat sample's), with a
+    /// learned scale and shift, as PyTorch's `LayerNorm`.
+    LayerNorm {
+        /// Added to the variance before its square root.
+        #[serde(default = "layer_norm_eps")]
+        eps: f64,
+    },
+    /// Causal multi-head self-attention with its projections, as GPT-2's: a linear layer to
+    /// queries, keys and values (`3 * dim`), each token attending to itself and the tokens
+    /// before it in `heads` heads of `dim / heads`, and a linear layer back to `dim`. The
+    /// softmax streams over blocks of keys, so no more than one block of the `context x
+    /// context` scores exists at a time.
+    CausalSelfAttention {
+        /// Heads; the width must divide by them.
+        heads: usize,
+    },
+    /// Logits over the vocabulary by the token embedding's table, transposed (weight tying, as
+    /// GPT-2's output head): the layer has no parameters of its own. Needs an `embedding`
+    /// first layer.
+    TiedHead,
     /// An embedding bag over ids (a sparse input whose values count or weigh them): each
     /// sample's rows of an `[inputs, dim]` table, summed (weighted by the values) or averaged,
     /// as PyTorch's `EmbeddingBag`. Only as the first layer.
@@ -154,6 +185,10 @@ fn yes() -> bool {
 
 fn is_true(value: &bool) -> bool {
     *value
+}
+
+fn layer_norm_eps() -> f64 {
+    1e-5
 }
 
 fn batch_norm_momentum() -> f64 {
@@ -212,6 +247,8 @@ impl ModelSpec {
     /// * `cnn`: [`ModelSpec::cnn`], a small network with batch norm for small images.
     /// * `resnet20`, `resnet56` (any `6n + 2`): [`ModelSpec::resnet_cifar`].
     /// * `resnet18`: [`ModelSpec::resnet18`].
+    /// * `gpt-mini`, `gpt2-small` ([`GptShape`]), or `gpt:LAYERS,HEADS,DIM`: [`ModelSpec::gpt`]
+    ///   over `input = [context]` token ids and a vocabulary of `classes` tokens.
     pub fn builtin(name: &str, input: &[usize], classes: usize) -> Result<Self> {
         let features: usize = input.iter().product();
         let (base, args) = name.split_once(':').unwrap_or((name, ""));
@@ -235,6 +272,21 @@ impl ModelSpec {
             "lenet" if args.is_empty() => Ok(Self::lenet(image(name, input)?, classes)),
             "cnn" if args.is_empty() => Ok(Self::cnn(image(name, input)?, classes)),
             "resnet18" if args.is_empty() => Ok(Self::resnet18(image(name, input)?, classes)),
+            "gpt-mini" | "gpt2-small" | "gpt" => {
+                let shape = match (base, args) {
+                    ("gpt-mini", "") => GptShape::MINI,
+                    ("gpt2-small", "") => GptShape::GPT2_SMALL,
+                    ("gpt", args) => gpt_shape(name, args)?,
+                    _ => return Err(Error::spec("model", format!("`{name}` takes no arguments"))),
+                };
+                let &[context] = input else {
+                    return Err(Error::spec(
+                        "model",
+                        format!("{name} reads [context] token ids, got samples of {input:?}"),
+                    ));
+                };
+                Ok(Self::gpt(name, classes, context, shape))
+            }
             _ if base.starts_with("resnet") && args.is_empty() => {
                 let depth = base["resnet".len()..].parse::<usize>().ok();
                 depth.and_then(|d| Self::resnet_cifar(d, image(name, input).ok()?, classes)).map_or_else(
@@ -250,7 +302,7 @@ impl ModelSpec {
             _ => Err(Error::spec(
                 "model",
                 format!(
-                    "unknown built-in `{name}` (expected linear, mlp, mlp:W1,W2,..., lenet, cnn, resnet20, resnet56 or resnet18)"
+                    "unknown built-in `{name}` (expected linear, mlp, mlp:W1,W2,..., lenet, cnn, resnet20, resnet56, resnet18, gpt-mini, gpt2-small or gpt:LAYERS,HEADS,DIM)"
                 ),
             )),
         }
@@ -297,6 +349,17 @@ impl ModelSpec {
     }
 }
 
+/// `gpt:LAYERS,HEADS,DIM`'s shape (no dropout).
+fn gpt_shape(name: &str, args: &str) -> Result<GptShape> {
+    let numbers: Vec<usize> = args.split(',').filter_map(|a| a.trim().parse().ok()).collect();
+    match *numbers.as_slice() {
+        [layers, heads, dim] if args.split(',').count() == 3 => {
+            Ok(GptShape { layers, heads, dim, dropout: 0.0 })
+        }
+        _ => Err(Error::spec("model", format!("`{name}`: expected gpt:LAYERS,HEADS,DIM"))),
+    }
+}
+
 /// A built-in image model's `[channels, height, width]`: a `[H, W]` input is one channel,
 /// a flat input of a square size a square image of one channel.
 fn image(name: &str, input: &[usize]) -> Result<[usize; 3]> {
@@ -318,7 +381,10 @@ impl LayerSpec {
             | Self::Conv2d { .. }
             | Self::SparseLinear { .. }
             | Self::EmbeddingBag { .. }
-            | Self::BatchNorm { .. } => true,
+            | Self::BatchNorm { .. }
+            | Self::Embedding { .. }
+            | Self::LayerNorm { .. }
+            | Self::CausalSelfAttention { .. } => true,
             Self::Residual { layers, shortcut } => {
                 layers.iter().chain(shortcut).any(LayerSpec::has_params)
             }
@@ -336,6 +402,11 @@ impl LayerSpec {
             }
             _ => false,
         }
+    }
+
+    /// Whether the layer reads token ids (and must come first).
+    pub fn takes_tokens(&self) -> bool {
+        matches!(self, Self::Embedding { .. })
     }
 
     /// Whether the layer reads a sparse input (and must come first).

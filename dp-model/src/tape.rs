@@ -8,10 +8,13 @@ use crate::layout::{ParamLayout, ParamRole, ParamTensor};
 use crate::ops::Op;
 use crate::ops::activation::Activation;
 use crate::ops::add::Add;
+use crate::ops::attention::CausalAttention;
 use crate::ops::avg_pool::GlobalAvgPool;
 use crate::ops::batch_norm::BatchNorm;
 use crate::ops::conv::Conv2d;
 use crate::ops::dropout::Dropout;
+use crate::ops::embedding::{Embedding, TiedHead};
+use crate::ops::layer_norm::LayerNorm;
 use crate::ops::linear::Linear;
 use crate::ops::pool::MaxPool2d;
 use crate::ops::sparse::{Reduce, SparseLinear};
@@ -28,6 +31,9 @@ pub(crate) struct Node {
     /// Values per sample going in and coming out.
     pub(crate) in_len: usize,
     pub(crate) out_len: usize,
+    /// Rows per sample a row-wise op (linear, layer norm, tied head) acts on: a language
+    /// model's tokens, else 1.
+    pub(crate) rows: usize,
     /// The top-level spec layer the node implements (a layout change belongs to the layer
     /// needing it, a residual block's layers to the block).
     pub(crate) layer: usize,
@@ -59,6 +65,11 @@ enum Shape {
         w: usize,
         channel_major: bool,
     },
+    /// A sequence of `t` rows of `d` values (a language model's tokens).
+    Seq {
+        t: usize,
+        d: usize,
+    },
 }
 
 impl Shape {
@@ -66,6 +77,16 @@ impl Shape {
         match self {
             Shape::Flat(n) => n,
             Shape::Image { c, h, w, .. } => c * h * w,
+            Shape::Seq { t, d } => t * d,
+        }
+    }
+
+    /// Rows a row-wise op acts on, and values per row; `None` for an image.
+    fn rows(self) -> Option<(usize, usize)> {
+        match self {
+            Shape::Flat(n) => Some((1, n)),
+            Shape::Seq { t, d } => Some((t, d)),
+            Shape::Image { .. } => None,
         }
     }
 }
@@ -84,11 +105,14 @@ pub(crate) struct Tape {
     pub(crate) layout: ParamLayout,
     /// The batch norms' running statistics, in a buffer of their own.
     pub(crate) buffers: ParamLayout,
-    /// Values of saved batch statistics (two per normalized channel).
+    /// Values of saved statistics: two per batch-normalized channel, and an attention's
+    /// log-sum-exp per head and token of the largest batch.
     pub(crate) stats_len: usize,
     pub(crate) input_len: usize,
     /// The first node reads a sparse input (see [`crate::SparseInput`]).
     pub(crate) sparse_input: bool,
+    /// Rows of outputs per sample: a language model's tokens (one prediction each), else 1.
+    pub(crate) out_rows: usize,
 }
 
 /// Builds nodes layer by layer.
@@ -96,6 +120,9 @@ struct Builder {
     nodes: Vec<Node>,
     stats_len: usize,
     buffers_len: usize,
+    max_batch: usize,
+    /// The token embedding's vocabulary and width, once its layer is built.
+    embedding: Option<(usize, usize)>,
 }
 
 impl Builder {
@@ -105,6 +132,7 @@ impl Builder {
             input: from.source,
             in_len: from.shape.len(),
             out_len: shape.len(),
+            rows: from.shape.rows().map_or(1, |(rows, _)| rows),
             layer,
             name: name.to_string(),
             params: 0..0,
@@ -160,10 +188,11 @@ impl Builder {
         name: &str,
         field: &str,
     ) -> Result<Cursor> {
-        if layer_spec.takes_sparse_input() && !self.nodes.is_empty() {
+        if (layer_spec.takes_sparse_input() || layer_spec.takes_tokens()) && !self.nodes.is_empty()
+        {
             return Err(Error::spec(
                 field,
-                "reads the sparse input, so it must be the first layer",
+                "reads the model's input (ids), so it must be the first layer",
             ));
         }
         let field = field.to_string();
@@ -184,15 +213,87 @@ impl Builder {
                 self.push(Op::Sparse(op), at, Shape::Flat(out), layer, name)
             }
             LayerSpec::Linear { out } => {
-                let Shape::Flat(inputs) = at.shape else {
+                if at.shape.rows().is_none() {
                     return Err(Error::spec(
                         field,
                         "linear needs a flat input; add a flatten layer before it",
                     ));
-                };
+                }
                 positive(&field, "out", out)?;
-                let op = Op::Linear(Linear { inputs, outputs: out, offset: 0 });
-                self.push(op, at, Shape::Flat(out), layer, name)
+                self.linear(at, out, layer, name)
+            }
+            LayerSpec::Embedding { vocab, dim } => {
+                let Shape::Flat(t) = at.shape else {
+                    return Err(Error::spec(field, "reads token ids: the input must be [context]"));
+                };
+                positive(&field, "vocab", vocab)?;
+                positive(&field, "dim", dim)?;
+                if vocab > 1 << 24 {
+                    return Err(Error::spec(
+                        format!("{field}.vocab"),
+                        format!("{vocab} ids are more than a float holds exactly (2^24)"),
+                    ));
+                }
+                self.embedding = Some((vocab, dim));
+                let op = Embedding { vocab, dim, t, offset: 0, tied: false };
+                self.push(Op::Embedding(op), at, Shape::Seq { t, d: dim }, layer, name)
+            }
+            LayerSpec::LayerNorm { eps } => {
+                if !(eps > 0.0 && eps.is_finite()) {
+                    return Err(Error::spec(
+                        format!("{field}.eps"),
+                        format!("{eps} must be positive"),
+                    ));
+                }
+                let Some((_, features)) = at.shape.rows() else {
+                    return Err(Error::spec(
+                        field,
+                        "needs rows of features (use batch_norm on images)",
+                    ));
+                };
+                let op = Op::LayerNorm(LayerNorm { features, eps, offset: 0 });
+                self.push(op, at, at.shape, layer, name)
+            }
+            LayerSpec::CausalSelfAttention { heads } => {
+                let Shape::Seq { t, d } = at.shape else {
+                    return Err(Error::spec(
+                        field,
+                        "needs a sequence of tokens (an embedding first)",
+                    ));
+                };
+                positive(&field, "heads", heads)?;
+                if d % heads != 0 {
+                    return Err(Error::spec(
+                        format!("{field}.heads"),
+                        format!("the width {d} does not divide into {heads} heads"),
+                    ));
+                }
+                let qkv = self.linear(at, 3 * d, layer, &format!("{name}.qkv"));
+                let attention =
+                    CausalAttention { t, heads, head_dim: d / heads, stats_offset: self.stats_len };
+                self.stats_len += attention.stats_len() * self.max_batch;
+                let op = Op::Attention(attention);
+                let heads = self.push(op, qkv, at.shape, layer, &format!("{name}.attention"));
+                self.linear(heads, d, layer, &format!("{name}.proj"))
+            }
+            LayerSpec::TiedHead => {
+                let Some((vocab, dim)) = self.embedding else {
+                    return Err(Error::spec(
+                        field,
+                        "ties to the token embedding: needs an embedding first layer",
+                    ));
+                };
+                let Shape::Seq { t, d } = at.shape else {
+                    return Err(Error::spec(field, "needs a sequence of tokens"));
+                };
+                if d != dim {
+                    return Err(Error::spec(
+                        field,
+                        format!("its input has {d} values per token, the embedding {dim}"),
+                    ));
+                }
+                let op = Op::TiedHead(TiedHead { vocab, dim, offset: 0 });
+                self.push(op, at, Shape::Seq { t, d: vocab }, layer, name)
             }
             LayerSpec::Conv2d { out, kernel, stride, padding, bias } => {
                 let (c, h, w) = self.channel_major(&mut at, layer, name, &field)?;
@@ -273,6 +374,12 @@ impl Builder {
                 }
                 let (channels, plane, channel_major) = match at.shape {
                     Shape::Flat(n) => (n, 1, false),
+                    Shape::Seq { .. } => {
+                        return Err(Error::spec(
+                            field,
+                            "normalizes over a batch of flat samples or images; use layer_norm over tokens",
+                        ));
+                    }
                     Shape::Image { .. } => {
                         let (c, h, w) = self.channel_major(&mut at, layer, name, &field)?;
                         (c, h * w, true)
@@ -332,6 +439,9 @@ impl Builder {
                 self.push(Op::Add(Add { skip: short.source }), main, shape, layer, name)
             }
             LayerSpec::Flatten => {
+                if let Shape::Seq { t, d } = at.shape {
+                    at.shape = Shape::Flat(t * d);
+                }
                 if let Shape::Image { c, h, w, channel_major } = at.shape {
                     // One channel is the same bytes in either layout.
                     if channel_major && c > 1 {
@@ -372,9 +482,23 @@ impl Builder {
     }
 }
 
+impl Builder {
+    /// A linear layer to `out` values, row by row.
+    fn linear(&mut self, at: Cursor, out: usize, layer: usize, name: &str) -> Cursor {
+        let (rows, inputs) = at.shape.rows().expect("checked by the caller");
+        let next = if rows == 1 && !matches!(at.shape, Shape::Seq { .. }) {
+            Shape::Flat(out)
+        } else {
+            Shape::Seq { t: rows, d: out }
+        };
+        self.push(Op::Linear(Linear { inputs, outputs: out, offset: 0 }), at, next, layer, name)
+    }
+}
+
 fn describe(shape: Shape) -> String {
     match shape {
         Shape::Flat(n) => format!("[{n}]"),
+        Shape::Seq { t, d } => format!("[{t}, {d}]"),
         Shape::Image { c, h, w, .. } => format!("[{c}, {h}, {w}]"),
     }
 }
@@ -402,7 +526,8 @@ impl Tape {
             return Err(Error::spec("layers", "a model needs at least one layer"));
         }
         let input_len = shape.len();
-        let mut builder = Builder { nodes: Vec::new(), stats_len: 0, buffers_len: 0 };
+        let mut builder =
+            Builder { nodes: Vec::new(), stats_len: 0, buffers_len: 0, max_batch, embedding: None };
         let end = builder.layers(
             &spec.layers,
             Cursor { shape, source: None },
@@ -435,7 +560,9 @@ impl Tape {
         mark_rectified(&mut nodes);
         let sparse_input = matches!(nodes[0].op, Op::Sparse(_));
         let (layout, buffers) = assign_params(&mut nodes);
-        Ok(Self { nodes, layout, buffers, stats_len: builder.stats_len, input_len, sparse_input })
+        let out_rows = end.shape.rows().map_or(1, |(rows, _)| rows);
+        let stats_len = builder.stats_len;
+        Ok(Self { nodes, layout, buffers, stats_len, input_len, sparse_input, out_rows })
     }
 
     /// Values of the largest activation of `batch` samples: the size of each of the two
@@ -450,14 +577,26 @@ impl Tape {
         self.nodes.iter().map(conv).max().unwrap_or(0)
     }
 
+    /// Values of scratch the largest attention needs.
+    pub(crate) fn attention_scratch_len(&self) -> usize {
+        let attention = |n: &Node| if let Op::Attention(a) = &n.op { a.scratch_len() } else { 0 };
+        self.nodes.iter().map(attention).max().unwrap_or(0)
+    }
+
+    /// Whether the model reads token ids (its first layer is a token embedding).
+    pub(crate) fn reads_tokens(&self) -> bool {
+        matches!(self.nodes[0].op, Op::Embedding(_))
+    }
+
     /// Values of `f64` scratch the largest batch norm needs.
     pub(crate) fn norm_scratch_len(&self) -> usize {
         let norm = |n: &Node| if let Op::BatchNorm(b) = &n.op { b.scratch_len() } else { 0 };
         self.nodes.iter().map(norm).max().unwrap_or(0)
     }
 
+    /// Outputs per row: classes, or a language model's vocabulary.
     pub(crate) fn outputs(&self) -> usize {
-        self.nodes.last().map_or(self.input_len, |n| n.out_len)
+        self.nodes.last().map_or(self.input_len, |n| n.out_len) / self.out_rows
     }
 }
 
@@ -491,7 +630,12 @@ fn mark_rectified(nodes: &mut [Node]) {
         let next = (i + 1..nodes.len()).find(|&j| nodes[j].sources().any(|s| s == Some(i)));
         nodes[i].rectified = next.is_some_and(|j| match &nodes[j].op {
             Op::Activation(a) => matches!(a, Activation::Relu | Activation::Gelu),
-            Op::Linear(_) | Op::Conv2d(_) | Op::Sparse(_) => false,
+            Op::Linear(_)
+            | Op::Conv2d(_)
+            | Op::Sparse(_)
+            | Op::Attention(_)
+            | Op::Embedding(_)
+            | Op::TiedHead(_) => false,
             _ => nodes[j].rectified,
         });
     }
@@ -531,6 +675,22 @@ fn assign_params(nodes: &mut [Node]) -> (ParamLayout, ParamLayout) {
                 let shape = vec![c.out_channels, c.channels, c.kernel, c.kernel];
                 (shape, c.channels * k2, c.out_channels * k2, c.bias)
             }
+            Op::LayerNorm(n) => {
+                let f = n.features;
+                tensors.push(tensor(ParamRole::Scale, "weight", vec![f], offset, 1, 1));
+                tensors.push(tensor(ParamRole::Bias, "bias", vec![f], offset + f, 1, 1));
+                offset += len;
+                continue;
+            }
+            Op::Embedding(e) => {
+                let (table, d) = (e.vocab * e.dim, e.dim);
+                let shape = vec![e.vocab, d];
+                tensors.push(tensor(ParamRole::Embedding, "weight", shape, offset, 1, d));
+                let at = offset + table;
+                tensors.push(tensor(ParamRole::Position, "positions", vec![e.t, d], at, 1, d));
+                offset += len;
+                continue;
+            }
             Op::BatchNorm(n) => {
                 let c = n.channels;
                 tensors.push(tensor(ParamRole::Scale, "weight", vec![c], offset, 1, 1));
@@ -561,5 +721,25 @@ fn assign_params(nodes: &mut [Node]) -> (ParamLayout, ParamLayout) {
         }
         offset += len;
     }
+    tie_head(nodes);
     (ParamLayout::new(tensors), ParamLayout::new(buffers))
+}
+
+/// Points a tied head at the token embedding's table, and tells the embedding that its
+/// table's gradient is the head's plus its own.
+fn tie_head(nodes: &mut [Node]) {
+    let table = match &nodes[0].op {
+        Op::Embedding(e) => e.offset,
+        _ => return,
+    };
+    let mut tied = false;
+    for node in nodes.iter_mut() {
+        if let Op::TiedHead(head) = &mut node.op {
+            head.offset = table;
+            tied = true;
+        }
+    }
+    if let Op::Embedding(e) = &mut nodes[0].op {
+        e.tied = tied;
+    }
 }

@@ -1,5 +1,5 @@
-//! Built-in residual networks and a small convolutional network, as the papers and
-//! torchvision lay them out.
+//! Built-in residual networks, a small convolutional network and GPTs, as the papers,
+//! torchvision and nanoGPT lay them out.
 
 use crate::spec::{LayerSpec, ModelSpec};
 
@@ -82,5 +82,55 @@ impl ModelSpec {
         }
         layers.extend([GlobalAvgPool, Linear { out: classes }]);
         Self { name: "cnn".into(), input: input.to_vec(), layers }
+    }
+}
+
+/// A GPT's shape: what [`ModelSpec::gpt`] builds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GptShape {
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Attention heads per block.
+    pub heads: usize,
+    /// Values per token.
+    pub dim: usize,
+    /// Dropout after the embeddings and each block's two branches (0: none).
+    pub dropout: f64,
+}
+
+impl GptShape {
+    /// nanoGPT's character-level model: 6 blocks, 6 heads, 384 wide, dropout 0.2 (10.7M
+    /// parameters at 65 tokens).
+    pub const MINI: Self = Self { layers: 6, heads: 6, dim: 384, dropout: 0.2 };
+    /// GPT-2 small: 12 blocks, 12 heads, 768 wide, no dropout (124M parameters at 50,257
+    /// tokens and context 1024).
+    pub const GPT2_SMALL: Self = Self { layers: 12, heads: 12, dim: 768, dropout: 0.0 };
+}
+
+impl ModelSpec {
+    /// A GPT as GPT-2 and nanoGPT lay it out, over `context` tokens of a `vocab`-token
+    /// vocabulary: token and position embeddings, `layers` pre-norm blocks (layer norm, causal
+    /// self-attention, and layer norm, a 4x-wide GELU MLP, each added to its input), a final
+    /// layer norm and the output head tied to the token embedding.
+    pub fn gpt(name: &str, vocab: usize, context: usize, shape: GptShape) -> Self {
+        let GptShape { layers: blocks, heads, dim, dropout } = shape;
+        let drop = |layers: &mut Vec<LayerSpec>| {
+            if dropout > 0.0 {
+                layers.push(Dropout { p: dropout });
+            }
+        };
+        let mut layers = vec![Embedding { vocab, dim }];
+        drop(&mut layers);
+        for _ in 0..blocks {
+            let mut attention = vec![LayerNorm { eps: 1e-5 }, CausalSelfAttention { heads }];
+            drop(&mut attention);
+            let mut mlp =
+                vec![LayerNorm { eps: 1e-5 }, Linear { out: 4 * dim }, Gelu, Linear { out: dim }];
+            drop(&mut mlp);
+            layers.push(Residual { layers: attention, shortcut: vec![] });
+            layers.push(Residual { layers: mlp, shortcut: vec![] });
+        }
+        layers.extend([LayerNorm { eps: 1e-5 }, TiedHead]);
+        Self { name: name.into(), input: vec![context], layers }
     }
 }

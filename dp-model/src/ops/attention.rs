@@ -52,6 +52,8 @@ pub(crate) struct CausalAttention {
     pub(crate) t: usize,
     pub(crate) heads: usize,
     pub(crate) head_dim: usize,
+    /// Where the model keeps this attention's statistics (see `Tape::stats_len`).
+    pub(crate) stats_offset: usize,
 }
 
 impl CausalAttention {
@@ -134,6 +136,8 @@ impl CausalAttention {
     /// query [d]; `k_cache`, `v_cache` are [len, d] (the caller has already appended the new
     /// position's k and v, so it attends to positions 0..len); writes y [d]. With `len` 0
     /// there is nothing to attend to and `y` is zero.
+    // Generation with a KV cache (`sample`) is what calls it; until then its tests do.
+    #[allow(dead_code)]
     pub(crate) fn decode<T: Float>(
         &self,
         q: &[T],
@@ -774,9 +778,9 @@ mod tests {
     /// beside the GPT head width (64).
     fn shapes() -> [(usize, CausalAttention); 3] {
         [
-            (2, CausalAttention { t: 70, heads: 2, head_dim: 20 }),
-            (2, CausalAttention { t: 130, heads: 3, head_dim: 16 }),
-            (1, CausalAttention { t: 67, heads: 1, head_dim: 64 }),
+            (2, CausalAttention { t: 70, heads: 2, head_dim: 20, stats_offset: 0 }),
+            (2, CausalAttention { t: 130, heads: 3, head_dim: 16, stats_offset: 0 }),
+            (1, CausalAttention { t: 67, heads: 1, head_dim: 64, stats_offset: 0 }),
         ]
     }
 
@@ -1084,7 +1088,7 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a test"]
     fn gflops_of_a_gpt_step() {
-        let (batch, att) = (8, CausalAttention { t: 256, heads: 6, head_dim: 64 });
+        let (batch, att) = (8, CausalAttention { t: 256, heads: 6, head_dim: 64, stats_offset: 0 });
         let (t, d) = (att.t, att.heads * att.head_dim);
         let qkv = values::<f32>(batch * t * 3 * d, 1, 1.0);
         let dy = values::<f32>(batch * t * d, 2, 1.0);

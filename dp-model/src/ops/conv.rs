@@ -372,7 +372,7 @@ mod tests {
 
     use super::*;
     use crate::ops::gemm::Precision;
-    use crate::ops::workspace::Workspace;
+    use crate::ops::workspace::{ScratchLens, Workspace};
 
     /// A convolution straight from its definition, in `f64`: the output, then for `dy` the
     /// weight, bias and input gradients.
@@ -458,8 +458,8 @@ mod tests {
             let params = fill(c.param_len(), 1);
             let x = fill(channels * batch * size * size, 2);
             let dy = fill(out_channels * batch * out * out, 3);
-            let mut work = Workspace::<T>::new(&pool, c.scratch_len(batch), 0, Precision::F32)
-                .expect("workspace");
+            let lens = ScratchLens { cols: c.scratch_len(batch), norm: 0, attention: 0 };
+            let mut work = Workspace::<T>::new(&pool, lens, Precision::F32).expect("workspace");
             let mut y = vec![T::zero(); dy.len()];
             c.forward(batch, &params, &x, &mut y, &mut work.cols, &mut work.gemm);
             let mut grads = vec![T::zero(); c.param_len()];

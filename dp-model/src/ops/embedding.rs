@@ -19,6 +19,8 @@ pub(crate) struct Embedding {
     /// Offset of the token table (`vocab` rows of `dim`), followed by the position table (`t`
     /// rows of `dim`).
     pub(crate) offset: usize,
+    /// A tied head shares the table, and writes its gradient first (see `backward`).
+    pub(crate) tied: bool,
 }
 
 /// The output head tied to the token embedding (weight tying, as GPT-2): `logits = x E^T`, no
@@ -180,7 +182,7 @@ mod tests {
     /// Two samples of four positions over a vocabulary of 6, ids repeating within and across
     /// samples, and parameters at an offset.
     fn layer() -> (Embedding, Vec<f64>) {
-        let e = Embedding { vocab: 6, dim: 5, t: 4, offset: 3 };
+        let e = Embedding { vocab: 6, dim: 5, t: 4, offset: 3, tied: false };
         (e, vec![2.0, 5.0, 2.0, 0.0, 2.0, 1.0, 5.0, 2.0])
     }
 

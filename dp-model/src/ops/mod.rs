@@ -3,17 +3,13 @@
 
 pub(crate) mod activation;
 pub(crate) mod add;
-#[allow(dead_code)]
 pub(crate) mod attention;
 pub(crate) mod avg_pool;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
 pub(crate) mod dropout;
-// The GPT's layers, not yet on the tape.
-#[allow(dead_code)]
 pub(crate) mod embedding;
 pub(crate) mod gemm;
-#[allow(dead_code)]
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod loss;
@@ -26,10 +22,13 @@ pub(crate) mod workspace;
 
 use activation::Activation;
 use add::Add;
+use attention::CausalAttention;
 use avg_pool::GlobalAvgPool;
 use batch_norm::BatchNorm;
 use conv::Conv2d;
 use dropout::Dropout;
+use embedding::{Embedding, TiedHead};
+use layer_norm::LayerNorm;
 use linear::Linear;
 use pool::MaxPool2d;
 use sparse::SparseLinear;
@@ -68,6 +67,13 @@ pub(crate) enum Op {
     BatchNorm(BatchNorm),
     GlobalAvgPool(GlobalAvgPool),
     Add(Add),
+    LayerNorm(LayerNorm),
+    /// Reads the q, k and v the linear layer before it computes.
+    Attention(CausalAttention),
+    /// Only ever the first node: it reads the model's token ids.
+    Embedding(Embedding),
+    /// Reads the token embedding's table, which it shares.
+    TiedHead(TiedHead),
     /// Only ever the first node: it reads the model's sparse input.
     Sparse(SparseLinear),
 }
@@ -80,6 +86,8 @@ impl Op {
             Op::Conv2d(c) => c.param_len(),
             Op::Sparse(s) => s.param_len(),
             Op::BatchNorm(n) => n.param_len(),
+            Op::LayerNorm(n) => n.param_len(),
+            Op::Embedding(e) => e.param_len(),
             _ => 0,
         }
     }
@@ -100,6 +108,8 @@ impl Op {
             Op::Conv2d(c) => c.offset = offset,
             Op::Sparse(s) => s.offset = offset,
             Op::BatchNorm(n) => n.offset = offset,
+            Op::LayerNorm(n) => n.offset = offset,
+            Op::Embedding(e) => e.offset = offset,
             _ => {}
         }
     }

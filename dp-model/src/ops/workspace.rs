@@ -15,21 +15,31 @@ pub(crate) struct Workspace<T: Float> {
     pub(crate) gemm: Gemm,
     /// A batch norm's per-channel sums (see `ops/batch_norm.rs`).
     pub(crate) norm: PoolBuf<f64>,
+    /// An attention's blocks of scores (see `ops/attention.rs`).
+    pub(crate) attention: PoolBuf<T>,
+}
+
+/// Values of each scratch buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScratchLens {
+    pub(crate) cols: usize,
+    pub(crate) norm: usize,
+    pub(crate) attention: usize,
 }
 
 impl<T: Float> Workspace<T> {
-    /// Room for `cols_len` unfolded values and `norm_len` norm sums, products in
-    /// `precision` (which the CPU has).
+    /// Room for `lens.cols` unfolded values, `lens.norm` norm sums and `lens.attention`
+    /// values of attention blocks, products in `precision` (which the CPU has).
     pub(crate) fn new(
         pool: &Pool,
-        cols_len: usize,
-        norm_len: usize,
+        lens: ScratchLens,
         precision: Precision,
     ) -> dp_mem::Result<Self> {
         Ok(Self {
-            cols: pool.alloc_zeroed(cols_len, Tag::Activation)?,
+            cols: pool.alloc_zeroed(lens.cols, Tag::Activation)?,
             gemm: Gemm::new(pool, GemmBackend::current(), precision)?,
-            norm: pool.alloc_zeroed(norm_len, Tag::Activation)?,
+            norm: pool.alloc_zeroed(lens.norm, Tag::Activation)?,
+            attention: pool.alloc_zeroed(lens.attention, Tag::Activation)?,
         })
     }
 }
