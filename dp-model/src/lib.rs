@@ -36,9 +36,12 @@
 //! global average pooling, batch norm (running statistics as [`Model::buffers`], optionally
 //! synchronized across replicas through a [`NormSync`]), residual blocks, Flatten, ReLU,
 //! GELU, Tanh, Dropout, and as a first layer over sparse inputs ([`SparseInput`], CSR)
-//! SparseLinear and EmbeddingBag; losses: softmax cross-entropy (with optional label
-//! smoothing) and mean squared error. Built-ins: MLPs, LeNet, a small CNN, ResNet-20/56 and
-//! ResNet-18. Optimizers work
+//! SparseLinear and EmbeddingBag; for language models, token and position embeddings, layer
+//! norm, causal self-attention (a streaming softmax over blocks of keys: memory grows with the
+//! context, not its square) and an output head tied to the token embedding; losses: softmax
+//! cross-entropy (with optional label smoothing; per token for a language model) and mean
+//! squared error. Built-ins: MLPs, LeNet, a small CNN, ResNet-20/56, ResNet-18, and GPTs
+//! ([`GptShape`]: `gpt-mini`, `gpt2-small`). Optimizers work
 //! on flat slices (any sub-range, for sharded optimizer state): [`Sgd`] and [`Adam`], with
 //! [`Schedule`]s and [`clip_grad_norm`]. Memory techniques: [`Recompute`] (activation
 //! recomputation), [`Pruner`] (magnitude pruning with compressed checkpoints) and
