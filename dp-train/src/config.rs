@@ -103,6 +103,10 @@ pub struct TrainConfig {
     /// Label smoothing of the training loss's class targets, in `[0, 1)` (PyTorch's
     /// `label_smoothing`; evaluation reports the plain cross-entropy).
     pub label_smoothing: f64,
+    /// A language model's context: the tokens each prediction sees at most, one sample's
+    /// window (default: the built-in model's, 256 for `gpt-mini` and 1024 for `gpt2-small`;
+    /// a model file's input says its own).
+    pub context: Option<usize>,
     /// Batch norms normalize by the statistics of the global batch, summed across replicas
     /// in one small all-reduce per layer (PyTorch's `SyncBatchNorm`); off, each replica's
     /// own batch, as DDP does by default (replica 0's running statistics are everyone's).
@@ -482,6 +486,7 @@ impl Default for TrainConfig {
             device: Device::Cpu,
             recompute: false,
             label_smoothing: 0.0,
+            context: None,
             sync_bn: false,
             decay_bias_and_norm: None,
             precision: Precision::F32,
@@ -740,6 +745,9 @@ impl TrainConfig {
                 "label_smoothing",
                 format!("{} is outside [0, 1)", self.label_smoothing),
             ));
+        }
+        if self.context == Some(0) {
+            return Err(Error::config("context", "must be at least 1 token"));
         }
         if self.device == Device::Cuda {
             self.validate_cuda()?;

@@ -77,7 +77,8 @@ struct ConfigFlags {
     #[arg(long = "label")]
     label_feature: Option<String>,
     /// Model: mlp, mlp:W1,W2,..., lenet, cnn, resnet20 (or resnet32, 44, 56, 110), resnet18,
-    /// or a .toml/.json spec file.
+    /// gpt-mini, gpt2-small, gpt:LAYERS,HEADS,DIM (on a token dataset), or a .toml/.json spec
+    /// file.
     #[arg(long)]
     model: Option<String>,
     /// Passes over the training data: a positive number, or auto to choose them from the
@@ -115,6 +116,9 @@ struct ConfigFlags {
     /// Label smoothing of the training targets, in [0, 1) (0.1 is usual for ImageNet).
     #[arg(long, value_name = "EPS", allow_negative_numbers = true)]
     label_smoothing: Option<f64>,
+    /// A language model's context: tokens per sample (default: the model's).
+    #[arg(long, value_name = "TOKENS")]
+    context: Option<usize>,
     /// Synchronized batch norm: statistics of the global batch, summed across replicas.
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]

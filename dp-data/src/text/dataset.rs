@@ -28,6 +28,12 @@ pub struct TokenDataset {
 }
 
 impl TokenDataset {
+    /// Whether `dataset` is a token dataset (by its schema; [`TokenDataset::open`] checks
+    /// the rest).
+    pub fn holds_tokens(dataset: &Dataset) -> bool {
+        *dataset.schema() == token_schema()
+    }
+
     /// Opens the token dataset in `dir`; an error if it is not one (a dataset of another
     /// schema, or a token info that does not match its records).
     pub fn open(dir: &Path) -> Result<Self> {

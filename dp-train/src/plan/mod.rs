@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 mod batching;
 mod input;
 mod task;
+mod text;
 
 use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy};
 use dp_model::{CheckpointHeader, ModelSpec, Schedule};
@@ -20,6 +21,7 @@ pub(crate) use batching::Batching;
 use input::Input;
 use task::Task;
 pub(crate) use task::{class_labels, label_error};
+use text::Text;
 
 /// The caller's part of a checkpoint: where the run was.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -59,6 +61,9 @@ pub(crate) struct RunPlan {
     pub(crate) scalings: Scalings,
     /// The checkpoint to resume from, and where it was.
     pub(crate) resume: Option<(CheckpointHeader, ResumeState)>,
+    /// A language model's context: its samples are windows of this many tokens of a token
+    /// dataset (`None`: records).
+    pub(crate) context: Option<usize>,
 }
 
 /// The run a plan continues.
@@ -84,28 +89,45 @@ impl RunPlan {
         let run_dir = resumed.as_ref().map(|r| r.dir.clone());
         config.validate()?;
         let train = Dataset::open(&config.train_data)?;
-        let input = Input::resolve(&train, &config)?;
-        let config = TrainConfig { input_feature: input.feature.clone(), ..config };
-        let task = Task::resolve(&train, &config)?;
+        let text = Text::resolve(&train, &config)?;
         let eval = match &config.eval_data {
             Some(path) => Some((Dataset::open(path)?, path.clone())),
             None => None,
         };
-        if let Some((eval, path)) = &eval {
-            input.check_eval(eval, path)?;
-            task.check_eval(eval, &config.label_feature, path)?;
-        }
-        let (config, sparse_defaults) = choose_defaults(config, &input, task, train.len())?;
+        let (config, input, task) = match &text {
+            Some(text) => {
+                if let Some((eval, path)) = &eval {
+                    text.check_eval(eval, path)?;
+                }
+                let task = Task::Classify { classes: text.info.vocab_size };
+                (text.defaults(config)?, text.input(), task)
+            }
+            None => {
+                let input = Input::resolve(&train, &config)?;
+                let config = TrainConfig { input_feature: input.feature.clone(), ..config };
+                let task = Task::resolve(&train, &config)?;
+                if let Some((eval, path)) = &eval {
+                    input.check_eval(eval, path)?;
+                    task.check_eval(eval, &config.label_feature, path)?;
+                }
+                (config, input, task)
+            }
+        };
+        let samples = text.as_ref().map_or(train.len(), |text| text.windows);
+        let (config, sparse_defaults) = choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
         let spec = model_spec(&config.model, &input, task.outputs())?;
         check_augmentations(&config, &input)?;
-        let scalings = scalings(&config, run_dir.as_deref(), &train, &input, task)?;
+        let scalings = match text {
+            // Token ids are used as they are.
+            Some(_) => Scalings::default(),
+            None => scalings(&config, run_dir.as_deref(), &train, &input, task)?,
+        };
         scalings.check_classes(&train, &config.label_feature, &config.train_data)?;
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
         }
-        let (batching, config) =
-            Batching::resolve(config, train.len(), processes, sparse_defaults)?;
+        let (batching, config) = Batching::resolve(config, samples, processes, sparse_defaults)?;
         let schedule = config.schedule_or_default(batching.total_steps);
         let resume = match resumed {
             Some(Resumed { dir, checkpoint: Some(checkpoint), longer }) => {
@@ -126,7 +148,13 @@ impl RunPlan {
             regression: task.is_regression(),
             scalings,
             resume,
+            context: text.map(|text| text.context),
         })
+    }
+
+    /// Targets (and outputs) per sample: a language model's context, else 1.
+    pub(crate) fn rows_per_sample(&self) -> usize {
+        self.context.unwrap_or(1)
     }
 
     /// Whether the checkpoint the run resumes from ended it early.

@@ -61,10 +61,10 @@ impl<C: Communicator> Replica<C> {
                 }
                 loss
             } else {
-                let y = batch.y();
-                labels[..n].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
-                check_labels(&labels[..n], batch.record_ids(), plan.classes)?;
-                x.evaluate(&mut self.model, Targets::Classes(&labels[..n]))?
+                let (y, rows) = (batch.y(), n * plan.rows_per_sample());
+                labels[..rows].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
+                check_labels(&labels[..rows], &batch.record_ids()[..n], plan.classes)?;
+                x.evaluate(&mut self.model, Targets::Classes(&labels[..rows]))?
             };
             totals.add(&loss);
         }

@@ -12,6 +12,8 @@ use std::time::Instant;
 
 use dp_comm::Communicator;
 use dp_data::{Pipeline, Transform};
+
+use crate::batches::Batches;
 use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
     Adam, CheckpointReader, LossTotals, Model, ModelOptions, NormSync, Optimizer, PruneSchedule,
@@ -96,8 +98,8 @@ pub(crate) struct Replica<C: Communicator> {
     /// The training loss held against what knowing nothing costs.
     watch: LossWatch,
     pruner: Option<Pruner>,
-    train: Pipeline,
-    eval: Option<(Pipeline, Vec<i64>)>,
+    train: Batches,
+    eval: Option<(Batches, Vec<i64>)>,
     /// A regression's standardized targets of the current batch (empty when classifying).
     values: Vec<f32>,
     events: Option<Events>,
@@ -204,13 +206,36 @@ impl<C: Communicator> Replica<C> {
                     reader.restore_buffers(&mut model)?;
                 }
                 reader.restore_optimizer(optimizer.as_mut(), shard.clone())?;
-                Pipeline::resume(&config.train_data, train_config, training(), &state.pipeline)?
+                match plan.context {
+                    Some(context) => Batches::tokens(
+                        &config.train_data,
+                        &train_config,
+                        context,
+                        true,
+                        Some(&state.pipeline),
+                    )?,
+                    None => Batches::Records(Pipeline::resume(
+                        &config.train_data,
+                        train_config,
+                        training(),
+                        &state.pipeline,
+                    )?),
+                }
             }
             _ => {
                 if params != Params::Shared {
                     ctl.broadcast(model.params_mut(), 0)?;
                 }
-                Pipeline::new(&config.train_data, train_config, training())?
+                match plan.context {
+                    Some(context) => {
+                        Batches::tokens(&config.train_data, &train_config, context, true, None)?
+                    }
+                    None => Batches::Records(Pipeline::new(
+                        &config.train_data,
+                        train_config,
+                        training(),
+                    )?),
+                }
             }
         };
         // Shared parameters are pruned once, by the process's first replica.
@@ -222,9 +247,12 @@ impl<C: Communicator> Replica<C> {
         let eval = match &config.eval_data {
             None => None,
             Some(dir) => {
-                let pipeline =
-                    Pipeline::new(dir, pipeline_config(&plan, rank, world, false), scaling())?;
-                Some((pipeline, vec![0i64; plan.batching.micro]))
+                let eval_config = pipeline_config(&plan, rank, world, false);
+                let pipeline = match plan.context {
+                    Some(context) => Batches::tokens(dir, &eval_config, context, false, None)?,
+                    None => Batches::Records(Pipeline::new(dir, eval_config, scaling())?),
+                };
+                Some((pipeline, vec![0i64; plan.batching.micro * plan.rows_per_sample()]))
             }
         };
         let gpu = match config.device {
@@ -689,8 +717,8 @@ fn build_pruner(prune: &PruneConfig, model: &Model<f32>, total_steps: u64) -> Re
 /// scratch outside the pools: that this process can still get all of it for all of its
 /// replicas is checked while building, before the run directory exists, rather than found
 /// by an allocation that fails steps in.
-fn check_headroom(plan: &RunPlan, train: &Pipeline, eval: Option<&Pipeline>) -> Result<()> {
-    let eval_bytes = eval.map_or(0, Pipeline::working_bytes);
+fn check_headroom(plan: &RunPlan, train: &Batches, eval: Option<&Batches>) -> Result<()> {
+    let eval_bytes = eval.map_or(0, Batches::working_bytes);
     let per_replica = train.working_bytes() + eval_bytes + STEP_SCRATCH;
     let later = plan.batching.replicas as u64 * per_replica + PROCESS_SCRATCH;
     dp_mem::check_headroom(later, Tag::Data).map_err(|_| {
@@ -710,9 +738,15 @@ fn check_headroom(plan: &RunPlan, train: &Pipeline, eval: Option<&Pipeline>) -> 
 }
 
 fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
-    match labels.iter().position(|&l| !(0..classes as i64).contains(&l)) {
+    // A token dataset's windows have a label per position (`-1`: nothing to predict).
+    let per_record = (labels.len() / records.len().max(1)).max(1);
+    let ignored = |l: i64| per_record > 1 && l == -1;
+    let bad = |&l: &i64| !((0..classes as i64).contains(&l) || ignored(l));
+    match labels.iter().position(bad) {
         None => Ok(()),
-        Some(i) => Err(label_error(labels[i], records.get(i).copied().unwrap_or(0), classes)),
+        Some(i) => {
+            Err(label_error(labels[i], records.get(i / per_record).copied().unwrap_or(0), classes))
+        }
     }
 }
 
