@@ -31,8 +31,9 @@ fn text() -> &'static Path {
         while text.len() < 40_000 {
             state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             let n = 3 + (state >> 60) as usize;
+            // Three bits of the state a word (at most 18 words: 54 bits).
             let sentence: Vec<&str> =
-                (0..n).map(|k| words[((state >> (8 * k)) % words.len() as u64) as usize]).collect();
+                (0..n).map(|k| words[((state >> (3 * k)) & 7) as usize]).collect();
             text.push_str(&sentence.join(" "));
             text.push_str(". ");
         }
