@@ -50,7 +50,9 @@ fn synchronized_batch_norms_across_replicas_equal_one_replica_with_the_global_ba
     let one = run(1, false);
     let synced = run(2, true);
     let difference = max_relative_difference(&synced, &one);
-    assert!(difference < 1e-5, "synchronized: {difference:e} from one replica");
+    // Rounding alone: the sums of two halves are not the sum of the whole in f32, and after 4
+    // steps that reaches 1.1e-5 on the gemm crate's kernels (AVX2-only CPUs).
+    assert!(difference < 2e-5, "synchronized: {difference:e} from one replica");
     // Each replica normalizing its own half is another function of the batch.
     let alone = max_relative_difference(&run(2, false), &one);
     assert!(alone > 1e-4, "per-replica statistics: only {alone:e} from one replica");
