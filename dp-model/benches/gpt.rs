@@ -1,0 +1,534 @@
+//! A GPT training step: nanoGPT's character-level model (`gpt-mini`: 6 blocks, 6 heads, 384
+//! wide, context 256, 65 tokens, dropout 0.2; forward, backward and AdamW with betas (0.9,
+//! 0.99) and decoupled weight decay 0.1) against PyTorch eager with the same layers measured in
+//! this same run by `scripts/torch_gpt_step.py`, with the ratios and their targets:
+//!
+//! - one thread, batch 8: tokens/s against PyTorch on one thread with
+//!   `scaled_dot_product_attention` (target >= 1.0x);
+//! - the step's GEMMs (linear layers and the tied head) run bare (each product alone, operands
+//!   of the step's shapes) as a share of the core's measured peak f32 rate, and the whole
+//!   step's rate;
+//! - two replicas on two threads, batch 8 each (global 16), their gradients summed before each
+//!   AdamW step so their parameters stay identical: global tokens/s against PyTorch on two
+//!   threads at batch 16 (target >= 1.0x);
+//! - the resident memory a step adds (model, optimizer and four steps) over the process's
+//!   resident set before the model is built, measured in a clean child process (this binary
+//!   run again with `DP_GPT_MEMORY` set to `off` or `auto`), against PyTorch's measured the
+//!   same way in a process of its own (target <= 0.5x);
+//! - recomputation (`Recompute::Auto`): the activations saved for backward against keeping
+//!   them all (target >= 3x lower), and the step time it costs, timed alternately with the
+//!   step without it (target <= 1.35x).
+//!
+//! Times are medians of timed steps after warm-up steps. Beside the wall clock, on which the
+//! verdicts stand, the one-thread and recomputation figures give the CPU time the step ran
+//! (ours: the thread's; PyTorch's: its process's), which the machine's other load inflates
+//! less (only through the caches and memory bandwidth it shares): on a shared machine it
+//! tells a real difference from a busy neighbour better.
+//!
+//! `cargo bench -p dp-model --bench gpt` prints the report (ten minutes or more on two shared
+//! cores, where a step takes seconds); without `--bench` among the arguments (`cargo test
+//! --benches`) it only builds the model and runs one step.
+
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::{Barrier, Mutex};
+use std::time::Instant;
+
+use dp_mem::{Pool, Tracker};
+use dp_model::{
+    Adam, AdamConfig, BareGemm, Model, ModelOptions, ModelSpec, Optimizer, Recompute, StepOptions,
+    Targets,
+};
+use ndarray::{Array2, s};
+
+mod peak;
+
+/// Sequences per replica (and on one thread).
+const BATCH: usize = 8;
+/// Tokens per sequence.
+const CONTEXT: usize = 256;
+/// Character-level vocabulary (nanoGPT's Shakespeare).
+const VOCAB: usize = 65;
+/// Untimed steps before the timed ones, and the timed steps, on one thread and on two.
+const WARMUP: usize = 2;
+const ROUNDS: usize = 7;
+/// Steps without and with recomputation, taken alternately.
+const RECOMPUTE_PAIRS: usize = 5;
+/// The environment variable that makes this binary the memory measurement's child.
+const MEMORY_CHILD: &str = "DP_GPT_MEMORY";
+
+/// A model, its optimizer and one fixed batch.
+struct Bench {
+    model: Model<f32>,
+    adam: Adam<f32>,
+    x: Array2<f32>,
+    y: Vec<i64>,
+    step: u64,
+    /// Replicas divide by the global batch so that summed gradients are its mean.
+    denominator: Option<usize>,
+    tracker: Tracker,
+}
+
+impl Bench {
+    /// The model on batch `(x, y)`; the seed is the same everywhere, so replicas start identical.
+    fn new(spec: &ModelSpec, recompute: Recompute, (x, y): (Array2<f32>, Vec<i64>)) -> Self {
+        let tracker = Tracker::new();
+        let pool = Pool::new(&tracker);
+        let options = ModelOptions::new(x.nrows(), 1).recompute(recompute);
+        let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
+        let config =
+            AdamConfig { betas: (0.9, 0.99), eps: 1e-8, weight_decay: 0.1, decoupled: true };
+        let adam = Adam::new(model.params().len(), config, &pool).expect("optimizer");
+        Self { model, adam, x, y, step: 0, denominator: None, tracker }
+    }
+
+    fn forward_backward(&mut self) -> f64 {
+        let opts =
+            StepOptions { step: self.step, denominator: self.denominator, ..Default::default() };
+        let loss = self.model.forward_backward(self.x.view(), Targets::Classes(&self.y), &opts);
+        loss.expect("step").loss_sum
+    }
+
+    fn update(&mut self) {
+        let (params, grads) = self.model.params_and_grads();
+        Optimizer::step(&mut self.adam, params, grads, 1e-3).expect("adamw");
+        self.step += 1;
+    }
+
+    fn step(&mut self) -> f64 {
+        let loss = self.forward_backward();
+        self.update();
+        loss
+    }
+}
+
+/// Sequences `rows` of one fixed global batch of `2 * BATCH` random sequences: token ids (as
+/// floats) and, for every position, a random target token.
+fn batch(rows: std::ops::Range<usize>) -> (Array2<f32>, Vec<i64>) {
+    let global = 2 * BATCH;
+    // splitmix64: fixed, and the same on every run and in every replica.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % VOCAB as u64) as usize
+    };
+    let x = Array2::from_shape_fn((global, CONTEXT), |_| next() as f32);
+    let y: Vec<i64> = (0..global * CONTEXT).map(|_| next() as i64).collect();
+    let targets = y[rows.start * CONTEXT..rows.end * CONTEXT].to_vec();
+    (x.slice(s![rows, ..]).to_owned(), targets)
+}
+
+fn gpt_mini() -> ModelSpec {
+    ModelSpec::builtin("gpt-mini", &[CONTEXT], VOCAB).expect("gpt-mini spec")
+}
+
+fn main() {
+    if let Ok(mode) = std::env::var(MEMORY_CHILD) {
+        return memory_child(&mode);
+    }
+    let spec = gpt_mini();
+    if !std::env::args().any(|a| a == "--bench") {
+        // Smoke check: build the model and run one step.
+        let loss = Bench::new(&spec, Recompute::Off, batch(0..BATCH)).step();
+        println!(
+            "gpt-mini b{BATCH}x{CONTEXT}: one step, loss sum {loss:.3} (`--bench` for the report)"
+        );
+        return;
+    }
+    report(&spec);
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Seconds of CPU time the calling thread has run.
+fn thread_cpu() -> f64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec for the call to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID");
+    now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
+}
+
+/// Medians of a call's wall-clock seconds and of the CPU seconds the calling thread ran in it.
+/// On a shared machine the wall clock also counts the time other processes held the core;
+/// the CPU time does not (though it still pays for the caches and memory bandwidth they
+/// share), so it tells load from a real difference better.
+#[derive(Clone, Copy)]
+struct Times {
+    wall: f64,
+    cpu: f64,
+}
+
+/// [`Times`] of `f` over `rounds` after `warmup` untimed calls.
+fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> Times {
+    (0..warmup).for_each(|_| f());
+    let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) = (0..rounds)
+        .map(|_| {
+            let (t, c) = (Instant::now(), thread_cpu());
+            f();
+            (t.elapsed().as_secs_f64(), thread_cpu() - c)
+        })
+        .unzip();
+    Times { wall: median(&mut wall), cpu: median(&mut cpu) }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "(met)" } else { "(NOT MET)" }
+}
+
+/// Width and blocks of gpt-mini.
+const DIM: usize = 384;
+const BLOCKS: usize = 6;
+
+/// FLOPs of one step's linear layers and tied output head at `batch` sequences: each weight
+/// is multiplied forward, for its gradient and for its input's gradient, twice per token
+/// (multiply and add).
+fn linear_flops(batch: usize) -> u64 {
+    let weights = BLOCKS * (DIM * 3 * DIM + DIM * DIM + 2 * DIM * 4 * DIM) + VOCAB * DIM;
+    (3 * 2 * batch * CONTEXT * weights) as u64
+}
+
+/// FLOPs of one step's attention products (scores `Q K^T` and `P V`, forward, and their four
+/// backward products), counted whole, as PyTorch's flop counter counts a causal
+/// `scaled_dot_product_attention`; the causal mask lets a kernel skip about half.
+fn attention_flops(batch: usize) -> u64 {
+    let forward = 2 * 2 * batch * CONTEXT * CONTEXT * DIM;
+    (3 * forward * BLOCKS) as u64
+}
+
+fn report(spec: &ModelSpec) {
+    // 1. The CPU.
+    let (width, peak) = peak::peak_f32_gflops();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flag = |name: &str| {
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+        if flags.split_whitespace().any(|f| f == name) { "yes" } else { "no" }
+    };
+    let model_name = cpuinfo.lines().find(|l| l.starts_with("model name"));
+    println!(
+        "\nCPU {}: one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; avx512f {}, amx_tile {}",
+        model_name.and_then(|l| l.split(':').nth(1)).unwrap_or(" ?").trim(),
+        flag("avx512f"),
+        flag("amx_tile"),
+    );
+
+    // 2. One thread, batch 8.
+    let tokens = (BATCH * CONTEXT) as f64;
+    let mut one = Bench::new(spec, Recompute::Off, batch(0..BATCH));
+    let Times { wall: step, cpu: step_cpu } = timed(WARMUP, ROUNDS, || {
+        black_box(one.step());
+    });
+    let ours = tokens / step;
+    let peer1 = Peer::measure(1, BATCH, &[]);
+    println!(
+        "\ngpt-mini b{BATCH}x{CONTEXT}, one thread, AdamW (betas 0.9/0.99, decay 0.1), dropout 0.2, medians of {ROUNDS} steps: {:.1} ms/step, {ours:.0} tokens/s (CPU time {:.1} ms/step)",
+        step * 1e3,
+        step_cpu * 1e3,
+    );
+    match &peer1 {
+        Ok(p) => println!(
+            "  PyTorch {} eager (SDPA), one thread, measured now: {:.0} tokens/s ({} params, ours {}); ours {:.2}x  >= 1.0 {}",
+            p.version,
+            p.tokens_per_s,
+            p.params,
+            one.model.params().len(),
+            ours / p.tokens_per_s,
+            verdict(ours / p.tokens_per_s >= 1.0)
+        ),
+        Err(why) => println!("  PyTorch peer not measured ({why})"),
+    }
+    if let Ok(p) = &peer1 {
+        println!(
+            "  by CPU time per step (which the machine's other load inflates less): PyTorch {:.1} ms, ours {:.1} ms; ours {:.2}x as fast",
+            p.cpu_seconds * 1e3,
+            step_cpu * 1e3,
+            p.cpu_seconds / step_cpu,
+        );
+    }
+
+    // 3. The step's GEMMs: each product bare, median of 3 runs after one warm-up.
+    let (mut shapes, mut rows_note) = (one.model.gemm_shapes(BATCH), "");
+    let mut flops: u64 = shapes.iter().map(|s| s.flops()).sum();
+    if flops < linear_flops(BATCH) / 10 {
+        // `gemm_shapes` takes one row per sample, where a GPT's linear layers multiply one row
+        // per token: asked for the step's tokens, it lists the products the step runs.
+        shapes = one.model.gemm_shapes(BATCH * CONTEXT);
+        flops = shapes.iter().map(|s| s.flops()).sum();
+        rows_note = " (gemm_shapes taken at batch x context rows: it counts one row per sequence)";
+    }
+    let attention = attention_flops(BATCH);
+    let bare: f64 = shapes
+        .iter()
+        .map(|&shape| {
+            let mut gemm = BareGemm::<f32>::new(shape);
+            timed(1, 3, || gemm.run()).wall
+        })
+        .sum();
+    let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
+    println!(
+        "  the step's {} GEMMs (linear layers and the tied head){rows_note}: {:.2} GFLOP per step (expected {:.2}); run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s over them ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time)",
+        shapes.len(),
+        flops as f64 / 1e9,
+        linear_flops(BATCH) as f64 / 1e9,
+        bare * 1e3,
+        100.0 * bare_rate / peak,
+        100.0 * step_rate / peak,
+        100.0 * bare / step,
+    );
+    println!(
+        "  not in those GEMMs: attention's score and value products, {:.2} GFLOP counted whole (about half under the causal mask); with attention counted whole the step runs at {:.1} GFLOP/s",
+        attention as f64 / 1e9,
+        (flops + attention) as f64 / step / 1e9,
+    );
+
+    // 4. Recomputation's step time: Off and Auto alternately, so that the machine's load
+    //    changes both alike.
+    let mut auto = Bench::new(spec, Recompute::Auto, batch(0..BATCH));
+    (0..WARMUP).for_each(|_| {
+        black_box(auto.step());
+    });
+    let (mut off_times, mut auto_times) = (Vec::new(), Vec::new());
+    for _ in 0..RECOMPUTE_PAIRS {
+        off_times.push(timed(0, 1, || {
+            black_box(one.step());
+        }));
+        auto_times.push(timed(0, 1, || {
+            black_box(auto.step());
+        }));
+    }
+    let medians = |times: &[Times]| {
+        let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) =
+            times.iter().map(|t| (t.wall, t.cpu)).unzip();
+        Times { wall: median(&mut wall), cpu: median(&mut cpu) }
+    };
+    let (off_step, auto_step) = (medians(&off_times), medians(&auto_times));
+    // Each pair's ratio, then their median: the load drifts over the minute the pairs take,
+    // and a pair's two steps see nearly the same.
+    let ratios: Vec<Times> = off_times
+        .iter()
+        .zip(&auto_times)
+        .map(|(off, auto)| Times { wall: auto.wall / off.wall, cpu: auto.cpu / off.cpu })
+        .collect();
+    let time_ratio = medians(&ratios);
+    let (off_saved, auto_saved) =
+        (one.model.memory().saved_activations, auto.model.memory().saved_activations);
+    drop((one, auto));
+
+    // 5. Two replicas on two threads.
+    let (step2, identical) = two_replicas(spec, WARMUP, ROUNDS);
+    let ours2 = 2.0 * tokens / step2;
+    println!(
+        "\nTwo replicas on two threads, b{BATCH} each (global {}), gradients summed, medians of {ROUNDS} steps: {:.1} ms/step, {ours2:.0} tokens/s; params identical after: {}",
+        2 * BATCH,
+        step2 * 1e3,
+        if identical { "yes" } else { "NO" }
+    );
+    match Peer::measure(2, 2 * BATCH, &[]) {
+        Ok(p) => println!(
+            "  PyTorch {} eager (SDPA), two threads, b{}, measured now: {:.0} tokens/s; ours {:.2}x  >= 1.0 {}",
+            p.version,
+            2 * BATCH,
+            p.tokens_per_s,
+            ours2 / p.tokens_per_s,
+            verdict(ours2 / p.tokens_per_s >= 1.0)
+        ),
+        Err(why) => println!("  PyTorch peer not measured ({why})"),
+    }
+
+    // 6. Memory, each measured in a clean child process.
+    let mb = |b: u64| b as f64 / 1e6;
+    let (off, auto) = (memory_of("off"), memory_of("auto"));
+    println!(
+        "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
+    );
+    for (name, m) in [("Recompute::Off", &off), ("Recompute::Auto", &auto)] {
+        match m {
+            Ok(m) => println!(
+                "  {name}: step peak {:.1} MB (tracker's peak held {:.1} MB), saved activations {:.1} MB, step {:.1} ms",
+                mb(m.step_peak),
+                mb(m.peak_held),
+                mb(m.saved),
+                m.step_seconds * 1e3
+            ),
+            Err(why) => println!("  {name}: not measured ({why})"),
+        }
+    }
+    match (Peer::measure(1, BATCH, &["--memory"]), &off, &auto) {
+        (Ok(p), Ok(off), Ok(auto)) => {
+            let (r_off, r_auto) = (
+                off.step_peak as f64 / p.step_peak as f64,
+                auto.step_peak as f64 / p.step_peak as f64,
+            );
+            println!(
+                "  PyTorch's step peak (one thread, its own process, {}): {:.1} MB; ours Off {r_off:.2}x  <= 0.5 {} (Auto {r_auto:.2}x)",
+                p.step_peak_method,
+                mb(p.step_peak),
+                verdict(r_off <= 0.5)
+            );
+        }
+        (Err(why), _, _) => println!("  PyTorch's memory not measured ({why})"),
+        _ => {}
+    }
+
+    // 7. Recomputation: saved activations (from this process's models) and step time.
+    let saved_ratio = off_saved as f64 / auto_saved as f64;
+    println!(
+        "\nRecomputation (Recompute::Auto), b{BATCH}: saved activations {:.1} MB -> {:.1} MB = {saved_ratio:.2}x lower  >= 3 {}",
+        mb(off_saved),
+        mb(auto_saved),
+        verdict(saved_ratio >= 3.0)
+    );
+    println!(
+        "  step time, {RECOMPUTE_PAIRS} pairs of steps taken alternately: medians {:.1} ms -> {:.1} ms, the pairs' median ratio {:.2}x  <= 1.35 {} (CPU time {:.1} ms -> {:.1} ms, {:.2}x)",
+        off_step.wall * 1e3,
+        auto_step.wall * 1e3,
+        time_ratio.wall,
+        verdict(time_ratio.wall <= 1.35),
+        off_step.cpu * 1e3,
+        auto_step.cpu * 1e3,
+        time_ratio.cpu,
+    );
+}
+
+/// Two replicas, each with its own model and optimizer on its own `BATCH` sequences, stepping
+/// together: both run forward and backward, each puts its gradients in its slot, then each
+/// adds the other's to its own (the same sum on both, so both AdamW steps are identical).
+/// Returns the median seconds per global step (replica 0's clock) and whether the params
+/// ended identical.
+fn two_replicas(spec: &ModelSpec, warmup: usize, rounds: usize) -> (f64, bool) {
+    let barrier = Barrier::new(2);
+    let slots = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
+    let replica = |r: usize| {
+        let mut bench = Bench::new(spec, Recompute::Off, batch(r * BATCH..(r + 1) * BATCH));
+        bench.denominator = Some(2 * BATCH);
+        let mut times = Vec::new();
+        for i in 0..warmup + rounds {
+            // Also keeps a slot from being overwritten before the other replica has read it.
+            barrier.wait();
+            let t = Instant::now();
+            black_box(bench.forward_backward());
+            let mut slot = slots[r].lock().unwrap();
+            slot.clear();
+            slot.extend_from_slice(bench.model.grads());
+            drop(slot);
+            barrier.wait();
+            let other = slots[1 - r].lock().unwrap();
+            bench.model.grads_mut().iter_mut().zip(other.iter()).for_each(|(g, o)| *g += o);
+            drop(other);
+            bench.update();
+            if i >= warmup {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        (median(&mut times), bench.model.params().to_vec())
+    };
+    let [(seconds, a), (_, b)] = std::thread::scope(|scope| {
+        let handles = [scope.spawn(|| replica(0)), scope.spawn(|| replica(1))];
+        handles.map(|h| h.join().expect("replica thread"))
+    });
+    (seconds, a == b)
+}
+
+/// What the memory child reports.
+struct Memory {
+    /// VmHWM after the steps minus VmRSS before the model was built.
+    step_peak: u64,
+    /// The model's own tracker: the most bytes its pool held at once.
+    peak_held: u64,
+    saved: u64,
+    step_seconds: f64,
+}
+
+/// Runs this binary again as the memory child for `mode` and reads its line.
+fn memory_of(mode: &str) -> Result<Memory, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let output = Command::new(exe).env(MEMORY_CHILD, mode).output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .last()
+            .unwrap_or("failed")
+            .into());
+    }
+    let fields: Vec<f64> = stdout.split_whitespace().filter_map(|f| f.parse().ok()).collect();
+    let [step_peak, peak_held, saved, step_seconds] = fields[..] else {
+        return Err(format!("unexpected output: {stdout}"));
+    };
+    let (step_peak, peak_held, saved) = (step_peak as u64, peak_held as u64, saved as u64);
+    Ok(Memory { step_peak, peak_held, saved, step_seconds })
+}
+
+/// The child: resident set before building the model and optimizer, the kernel's high-water
+/// mark reset there, then four steps; prints `step_peak peak_held saved_activations seconds`
+/// (the median of the last three steps' times).
+fn memory_child(mode: &str) {
+    let recompute = if mode == "auto" { Recompute::Auto } else { Recompute::Off };
+    let (spec, input) = (gpt_mini(), batch(0..BATCH));
+    let before = dp_mem::process_memory().expect("this system reports resident memory");
+    assert!(
+        dp_mem::reset_peak_rss(),
+        "the kernel refused to reset the peak (/proc/self/clear_refs)"
+    );
+    let mut bench = Bench::new(&spec, recompute, input);
+    let step_seconds = timed(1, 3, || {
+        black_box(bench.step());
+    })
+    .wall;
+    let after = dp_mem::process_memory().expect("resident memory");
+    println!(
+        "{} {} {} {step_seconds}",
+        after.peak_rss.saturating_sub(before.rss),
+        bench.tracker.snapshot().peak_held,
+        bench.model.memory().saved_activations
+    );
+}
+
+/// PyTorch's figures, measured in this run by `scripts/torch_gpt_step.py`.
+struct Peer {
+    version: String,
+    tokens_per_s: f64,
+    /// Median CPU seconds of the process per step.
+    cpu_seconds: f64,
+    step_peak: u64,
+    step_peak_method: String,
+    params: u64,
+}
+
+impl Peer {
+    /// Runs the peer script on `threads` threads at `batch` sequences (with `extra`
+    /// arguments), or says why it could not.
+    fn measure(threads: usize, batch: usize, extra: &[&str]) -> Result<Peer, String> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_gpt_step.py");
+        let (threads, batch) = (threads.to_string(), batch.to_string());
+        let (warmup, rounds) = (WARMUP.to_string(), ROUNDS.to_string());
+        let mut args = vec![script, "--threads", &threads, "--batch", &batch];
+        if extra.is_empty() {
+            args.extend(["--warmup", &warmup, "--steps", &rounds]);
+        }
+        args.extend(extra);
+        let output =
+            Command::new("python3").args(&args).output().map_err(|e| format!("python3: {e}"))?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
+        }
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .map_err(|e| format!("its output does not parse: {e}"))?;
+        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        Ok(Peer {
+            version: json["torch"].as_str().unwrap_or("?").to_string(),
+            tokens_per_s: number("tokens_per_s")?,
+            cpu_seconds: number("cpu_seconds")?,
+            step_peak: number("step_peak_bytes")? as u64,
+            step_peak_method: json["step_peak_method"].as_str().unwrap_or("?").to_string(),
+            params: number("params")? as u64,
+        })
+    }
+}
