@@ -51,6 +51,7 @@
 mod bare;
 mod checkpoint;
 mod cuda;
+mod decode;
 mod error;
 mod float;
 mod init;
@@ -73,6 +74,7 @@ pub use checkpoint::{
     params_checksum, save_optimizer_shard,
 };
 pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, cuda_kernels_ptx};
+pub use decode::Decoder;
 pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};

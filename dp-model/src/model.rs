@@ -350,7 +350,6 @@ impl<T: Float> Model<T> {
         })
     }
 
-    #[cfg(feature = "cuda")]
     pub(crate) fn tape(&self) -> &Tape {
         &self.tape
     }

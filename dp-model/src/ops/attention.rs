@@ -136,8 +136,6 @@ impl CausalAttention {
     /// query [d]; `k_cache`, `v_cache` are [len, d] (the caller has already appended the new
     /// position's k and v, so it attends to positions 0..len); writes y [d]. With `len` 0
     /// there is nothing to attend to and `y` is zero.
-    // Generation with a KV cache (`sample`) is what calls it; until then its tests do.
-    #[allow(dead_code)]
     pub(crate) fn decode<T: Float>(
         &self,
         q: &[T],

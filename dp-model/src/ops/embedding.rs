@@ -70,14 +70,26 @@ impl Embedding {
     /// `y[b, p] = table[ids[b, p]] + positions[p]`, `batch * t` rows of `dim`.
     pub(crate) fn forward<T: Float>(&self, batch: usize, params: &[T], ids: &[T], y: &mut [T]) {
         let (d, n) = (self.dim, batch * self.t);
+        for (i, (y, &id)) in y[..n * d].chunks_exact_mut(d).zip(&ids[..n]).enumerate() {
+            self.forward_row(params, self.row(id.f64()), i % self.t, y);
+        }
+    }
+
+    /// One row: `y = table[id] + positions[position]`, for an id below `vocab` and a
+    /// position below `t`.
+    pub(crate) fn forward_row<T: Float>(
+        &self,
+        params: &[T],
+        id: usize,
+        position: usize,
+        y: &mut [T],
+    ) {
+        let d = self.dim;
         let (table, positions) =
             params[self.offset..self.offset + self.param_len()].split_at(self.vocab * d);
-        for (i, (y, &id)) in y[..n * d].chunks_exact_mut(d).zip(&ids[..n]).enumerate() {
-            let row = self.row(id.f64());
-            let (token, position) = (&table[row * d..(row + 1) * d], (i % self.t) * d);
-            for ((y, &e), &p) in y.iter_mut().zip(token).zip(&positions[position..position + d]) {
-                *y = e + p;
-            }
+        let (token, position) = (&table[id * d..(id + 1) * d], &positions[position * d..][..d]);
+        for ((y, &e), &p) in y[..d].iter_mut().zip(token).zip(position) {
+            *y = e + p;
         }
     }
 
