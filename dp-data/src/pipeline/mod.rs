@@ -23,7 +23,7 @@ mod batch;
 mod blocks;
 mod config;
 mod disk_cache;
-mod permutation;
+pub(crate) mod permutation;
 mod plan;
 mod producer;
 mod queue;

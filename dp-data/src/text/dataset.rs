@@ -6,7 +6,7 @@ use crate::dataset::{Dataset, ReadOptions};
 use crate::error::{Error, Result};
 
 use super::tokens::{TokenWidth, Tokens};
-use super::{INFO_FEATURE, TOKENS_FEATURE, TokenInfo, Tokenizer, TokenizerKind, token_schema};
+use super::{INFO_FEATURE, TOKENS_FEATURE, TokenInfo, Tokenizer, token_schema};
 
 /// A token dataset (its layout is described on [`TokenInfo`](crate::TokenInfo)): a split
 /// that [`import_text`](crate::import_text) wrote, with its tokenizer.
@@ -61,9 +61,7 @@ impl TokenDataset {
             return Err(bad("the dataset has no records, so no token info".into()));
         }
         let record = dataset.get(0)?;
-        let info: TokenInfo = serde_json::from_slice(record.bytes(INFO_FEATURE)?)
-            .map_err(|e| bad(format!("not a token info: {e}")))?;
-        info.check(bad)?;
+        let info = TokenInfo::parse(record.bytes(INFO_FEATURE)?, &bad)?;
         if info.records() != dataset.len() {
             return Err(bad(format!(
                 "{} tokens make {} records of {}, but the dataset has {}",
@@ -73,21 +71,7 @@ impl TokenDataset {
                 dataset.len()
             )));
         }
-        let tokenizer = match (&info.tokenizer, &info.tokenizer_json) {
-            (TokenizerKind::Bpe, Some(json)) => {
-                let tokenizer = Tokenizer::from_json(json, &shard)?;
-                if tokenizer.vocab_size() != info.vocab_size {
-                    return Err(bad(format!(
-                        "the tokenizer.json has {} tokens, the info says {}",
-                        tokenizer.vocab_size(),
-                        info.vocab_size
-                    )));
-                }
-                tokenizer
-            }
-            _ => Tokenizer::bytes(),
-        };
-        let tokenizer = tokenizer.with_bytes_per_token(info.bytes_per_token);
+        let tokenizer = info.tokenizer(&shard)?;
         Ok(TokenDataset { dataset, info, tokenizer })
     }
 

@@ -11,12 +11,7 @@ mod sampler;
 mod tokenizer;
 mod tokens;
 
-// The pipeline's computed permutation (a Feistel network with cycle walking) and hash: the
-// same file compiled here too, since the pipeline keeps its module private. Making that module
-// `pub(crate)` (one line in pipeline/mod.rs) would let this be a `use`.
-#[path = "../pipeline/permutation.rs"]
-#[allow(dead_code, clippy::duplicate_mod)]
-mod permutation;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -110,8 +105,46 @@ impl TokenInfo {
         self.tokens.div_ceil(self.record_tokens as u64).max(1)
     }
 
+    /// The info saved as `json` (by a dataset, or beside a run's model), checked; `origin`
+    /// names where it came from in errors.
+    pub fn from_json(json: &[u8], origin: &Path) -> Result<Self> {
+        Self::parse(json, &|what| Error::corrupt(origin, 0, format!("token info: {what}")))
+    }
+
+    /// The info in `json`, its fields checked against each other; `bad` makes the error.
+    pub(crate) fn parse(json: &[u8], bad: &dyn Fn(String) -> Error) -> Result<Self> {
+        let info: TokenInfo =
+            serde_json::from_slice(json).map_err(|e| bad(format!("not a token info: {e}")))?;
+        info.check(bad)?;
+        Ok(info)
+    }
+
+    /// The tokenizer the info describes (its `tokenizer.json` for a BPE), with its bytes per
+    /// token; `origin` names where the info came from in errors.
+    pub fn tokenizer(&self, origin: &Path) -> Result<Tokenizer> {
+        let tokenizer = match (&self.tokenizer, &self.tokenizer_json) {
+            (TokenizerKind::Bpe, Some(json)) => {
+                let tokenizer = Tokenizer::from_json(json, origin)?;
+                if tokenizer.vocab_size() != self.vocab_size {
+                    return Err(Error::corrupt(
+                        origin,
+                        0,
+                        format!(
+                            "token info: the tokenizer.json has {} tokens, the info says {}",
+                            tokenizer.vocab_size(),
+                            self.vocab_size
+                        ),
+                    ));
+                }
+                tokenizer
+            }
+            _ => Tokenizer::bytes(),
+        };
+        Ok(tokenizer.with_bytes_per_token(self.bytes_per_token))
+    }
+
     /// Checks the fields against each other; `bad` makes the error (it names the file).
-    fn check(&self, bad: impl Fn(String) -> Error) -> Result<()> {
+    fn check(&self, bad: &dyn Fn(String) -> Error) -> Result<()> {
         if self.format != INFO_FORMAT || self.version != INFO_VERSION {
             return Err(bad(format!(
                 "token info of format `{}` version {}, expected `{INFO_FORMAT}` version \
@@ -173,13 +206,13 @@ mod tests {
         assert_eq!(serde_json::from_str::<TokenInfo>(&json).unwrap(), info);
         assert_eq!(info.records(), 3);
         let bad = |what: String| Error::Schema(what);
-        info.check(bad).unwrap();
+        info.check(&bad).unwrap();
         let mut wide = info.clone();
         wide.width = TokenWidth::U32;
-        assert!(wide.check(bad).unwrap_err().to_string().contains("stored as u32"));
+        assert!(wide.check(&bad).unwrap_err().to_string().contains("stored as u32"));
         let mut bpe = info.clone();
         bpe.tokenizer = TokenizerKind::Bpe;
-        assert!(bpe.check(bad).unwrap_err().to_string().contains("without a tokenizer.json"));
+        assert!(bpe.check(&bad).unwrap_err().to_string().contains("without a tokenizer.json"));
         let empty = TokenInfo { tokens: 0, ..info };
         assert_eq!(empty.records(), 1);
     }

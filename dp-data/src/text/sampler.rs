@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::permutation::{Permutation, hash};
 use super::tokens::Tokens;
 use crate::error::{Error, Result};
+use crate::pipeline::permutation::{Permutation, hash};
 
 /// What [`SequenceSampler`] cuts and how it shares it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
