@@ -2,28 +2,37 @@
 //! ([`MODEL`]), its parameters ([`CHECKPOINT`]), its scalings ([`NORMALIZATION`]) and
 //! features ([`CONFIG`]), applied to any dataset with the same inputs, in dataset order, in
 //! this one process. A classifier's outputs are class probabilities; a regression's, values
-//! in its label's units.
+//! in its label's units. A language model's run ([`TOKENS`]) is evaluated on held-out tokens
+//! of its vocabulary, every token predicted once, and writes text ([`SavedRun::sample`]).
 //!
 //! [`NORMALIZATION`]: crate::NORMALIZATION
 
 use std::path::{Path, PathBuf};
 
-use dp_data::{Block, DType, Dataset, ImageInput, ImageSampler, Rng, Sample, Transform};
+use dp_data::{
+    Block, DType, Dataset, ImageInput, ImageSampler, PipelineConfig, Rng, Sample, TokenInfo,
+    TokenPipeline, Transform,
+};
 use dp_mem::{Pool, Tracker};
 use dp_model::{
-    CheckpointHeader, CheckpointReader, Model, ModelOptions, ModelSpec, QuantizedModel, SparseInput,
+    CheckpointHeader, CheckpointReader, LossTotals, Model, ModelOptions, ModelSpec, QuantizedModel,
+    SparseInput, Targets,
 };
 use ndarray::ArrayView2;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::generate::{Generated, SampleOptions, generate};
 use crate::input::Input;
 use crate::normalization::{SavedInput, Scalings};
-use crate::plan::{class_labels, label_error};
-use crate::run_dir::{CHECKPOINT, CONFIG, MODEL};
+use crate::plan::{check_tokens, class_labels, label_error};
+use crate::run_dir::{CHECKPOINT, CONFIG, MODEL, TOKENS};
 
 /// Records run through the model at once.
 const BATCH: usize = 256;
+/// Tokens a language model's evaluation runs at once: whole windows of its context, at
+/// least one. Its logits take this many rows of the vocabulary (205 MB for GPT-2's at 1024).
+const BATCH_TOKENS: usize = 1024;
 
 /// What a run left that a model needs to be used again.
 #[derive(Debug)]
@@ -33,6 +42,8 @@ pub struct SavedRun {
     config: TrainConfig,
     spec: ModelSpec,
     scalings: Scalings,
+    /// A language model's vocabulary: its training data's token info.
+    tokens: Option<TokenInfo>,
 }
 
 /// How one model does on a dataset.
@@ -50,6 +61,10 @@ pub struct Scores {
     pub rmse: Option<f64>,
     /// Mean absolute error in the label's units (regressions).
     pub mae: Option<f64>,
+    /// A language model's loss in bits per token (`loss / ln 2`).
+    pub bits_per_token: Option<f64>,
+    /// ... and per byte of text (bits per token over the data's bytes per token).
+    pub bits_per_byte: Option<f64>,
     /// Bytes the model's parameters take.
     pub weight_bytes: u64,
 }
@@ -57,8 +72,10 @@ pub struct Scores {
 /// A run's model evaluated on a dataset.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evaluation {
-    /// Records evaluated.
+    /// Records evaluated (a language model's windows).
     pub records: u64,
+    /// Tokens predicted, by a language model.
+    pub tokens: Option<u64>,
     /// The trained model's scores.
     pub model: Scores,
     /// The same model with int8 weights, when asked for.
@@ -90,9 +107,17 @@ impl SavedRun {
     pub fn open_checkpoint(dir: &Path, name: &str) -> Result<Self> {
         let config = TrainConfig::load(&dir.join(CONFIG))?;
         let spec = ModelSpec::from_file(&dir.join(MODEL))?;
-        let sparse = spec.layers.first().is_some_and(|l| l.takes_sparse_input());
+        let first = spec.layers.first();
+        let (sparse, tokens) = (
+            first.is_some_and(|l| l.takes_sparse_input()),
+            first.is_some_and(|l| l.takes_tokens()),
+        );
         let input_len = spec.input.iter().product();
-        let scalings = crate::run_dir::scalings(dir, &config, input_len, sparse)?;
+        // Token ids are used as they are: a language model's run keeps its vocabulary instead.
+        let (scalings, tokens) = match tokens {
+            true => (Scalings::default(), Some(saved_tokens(dir)?)),
+            false => (crate::run_dir::scalings(dir, &config, input_len, sparse)?, None),
+        };
         let path = dir.join(name);
         if !path.exists() {
             return Err(Error::run(
@@ -102,14 +127,81 @@ impl SavedRun {
         }
         // A file that is not a checkpoint fails here; its values are checked when read.
         CheckpointHeader::read(&path)?;
-        Ok(SavedRun { path, config, spec, scalings })
+        Ok(SavedRun { path, config, spec, scalings, tokens })
     }
 
-    /// The run's model with the checkpoint's parameters, for batches of up to [`BATCH`].
-    fn model(&self, pool: &Pool) -> Result<Model<f32>> {
-        let mut model = Model::<f32>::new(&self.spec, pool, ModelOptions::new(BATCH, 0))?;
+    /// The run's model with the checkpoint's parameters, for batches of up to `batch`.
+    fn model(&self, pool: &Pool, batch: usize) -> Result<Model<f32>> {
+        let mut model = Model::<f32>::new(&self.spec, pool, ModelOptions::new(batch, 0))?;
         CheckpointReader::load_into(&self.path, &mut model)?;
         Ok(model)
+    }
+
+    /// A language model's vocabulary (`None`: the run reads records).
+    pub fn tokens(&self) -> Option<&TokenInfo> {
+        self.tokens.as_ref()
+    }
+
+    /// Text from a language model's run: `options.tokens` tokens after `prompt`, handed to
+    /// `emit` as they are decoded (see [`generate`]).
+    pub fn sample(
+        &self,
+        prompt: &str,
+        options: &SampleOptions,
+        emit: impl FnMut(&str) -> Result<()>,
+    ) -> Result<Generated> {
+        let Some(info) = &self.tokens else {
+            return Err(Error::config(
+                "model",
+                format!(
+                    "{} reads records, not tokens: only a language model writes text",
+                    self.spec.name
+                ),
+            ));
+        };
+        let tokenizer = info.tokenizer(&self.path.with_file_name(TOKENS))?;
+        let model = self.model(&Pool::new(&Tracker::new()), 1)?;
+        generate(&model, &tokenizer, prompt, options, emit)
+    }
+
+    /// A language model's loss, next-token accuracy and bits per token and byte on the
+    /// token dataset in `data`, every token after the first predicted once from the tokens
+    /// before it in its window of the context.
+    fn evaluate_tokens(&self, data: &Path, info: &TokenInfo) -> Result<Evaluation> {
+        let dataset = Dataset::open(data)?;
+        check_tokens(info, &dataset, data, "data", "the run's training data")?;
+        let context = self.spec.input[0];
+        let mut config = PipelineConfig::default();
+        config.batch_size = (BATCH_TOKENS / context).max(1);
+        let mut windows = TokenPipeline::new(data, &config, context, false)?;
+        let data_info = windows.info().clone();
+        let pool = Pool::new(&Tracker::new());
+        let mut model = self.model(&pool, config.batch_size)?;
+        let mut totals = LossTotals::default();
+        let mut records = 0;
+        for _ in 0..windows.batches_per_epoch() {
+            let batch = windows.next_batch()?;
+            let x = ArrayView2::from_shape((batch.len(), context), batch.x_flat())
+                .expect("the pipeline's shape");
+            let labels = batch.y();
+            let labels = labels.as_slice().expect("contiguous");
+            totals.add(model.evaluate(x, Targets::Classes(labels))?);
+            records += (batch.len() - batch.padded()) as u64;
+        }
+        let loss = totals.mean_loss();
+        let bits = loss / std::f64::consts::LN_2;
+        let scores = Scores {
+            loss,
+            accuracy: Some(totals.accuracy()),
+            confusion: Vec::new(),
+            rmse: None,
+            mae: None,
+            bits_per_token: Some(bits),
+            bits_per_byte: Some(bits / data_info.bytes_per_token),
+            weight_bytes: model.params().len() as u64 * 4,
+        };
+        let tokens = Some(totals.samples as u64);
+        Ok(Evaluation { records, tokens, model: scores, int8: None })
     }
 
     /// The classes' names, when the training data named them (an image folder's): output
@@ -127,6 +219,15 @@ impl SavedRun {
     /// matrix, or a regression's loss, RMSE and MAE; with `int8`, also of the model with
     /// int8 weights (`QuantizedModel`).
     pub fn evaluate(&self, data: &Path, int8: bool) -> Result<Evaluation> {
+        if let Some(info) = &self.tokens {
+            if int8 {
+                return Err(Error::config(
+                    "int8",
+                    "int8 weights are for linear and convolution models; a language model is evaluated in f32",
+                ));
+            }
+            return self.evaluate_tokens(data, info);
+        }
         if Dataset::open(data)?.is_empty() {
             return Err(Error::config(
                 "data",
@@ -134,7 +235,7 @@ impl SavedRun {
             ));
         }
         let pool = Pool::new(&Tracker::new());
-        let mut model = self.model(&pool)?;
+        let mut model = self.model(&pool, BATCH)?;
         let classes = model.outputs();
         let mut quantized = int8.then(|| QuantizedModel::quantize(&model, &pool)).transpose()?;
         let targets = self.scalings.target();
@@ -153,15 +254,22 @@ impl SavedRun {
             }
             Ok(())
         })?;
-        Ok(Evaluation { records, model: tally.scores(), int8: tally_int8.map(Tally::scores) })
+        let int8 = tally_int8.map(Tally::scores);
+        Ok(Evaluation { records, tokens: None, model: tally.scores(), int8 })
     }
 
     /// The model's outputs for every record in `data`, which needs no labels: class
     /// probabilities (the softmax of the outputs), or a regression's values in its label's
     /// units.
     pub fn predict(&self, data: &Path) -> Result<Predictions> {
+        if self.tokens.is_some() {
+            return Err(Error::config(
+                "model",
+                "a language model predicts a vocabulary's probabilities at every token, not a row per record: use eval for its held-out loss and sample for text",
+            ));
+        }
         let pool = Pool::new(&Tracker::new());
-        let mut model = self.model(&pool)?;
+        let mut model = self.model(&pool, BATCH)?;
         let columns = model.outputs();
         let target = self.scalings.target();
         let mut values = Vec::new();
@@ -509,7 +617,16 @@ impl Tally {
             confusion: self.confusion,
             rmse: errors.map(|(squared, _)| (squared / n).sqrt()),
             mae: errors.map(|(_, absolute)| absolute / n),
+            bits_per_token: None,
+            bits_per_byte: None,
             weight_bytes: self.weight_bytes,
         }
     }
+}
+
+/// The token info a language model's run saved ([`TOKENS`]).
+fn saved_tokens(dir: &Path) -> Result<TokenInfo> {
+    let path = dir.join(TOKENS);
+    let json = std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?;
+    Ok(TokenInfo::from_json(&json, &path)?)
 }

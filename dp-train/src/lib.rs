@@ -40,6 +40,7 @@ mod divergence;
 mod emergency;
 mod error;
 mod gate;
+mod generate;
 mod gpu;
 mod inference;
 mod input;
@@ -67,12 +68,13 @@ pub use config::{
     sparse_auto_epochs, sparse_optimizer,
 };
 pub use error::{Error, Result};
+pub use generate::{Generated, SampleOptions};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};
 pub use metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, read_metrics};
 #[cfg(feature = "plot")]
 pub use plot::plot_run;
 #[cfg(feature = "testing")]
 pub use replica::{Fault, FaultKind};
-pub use run_dir::{BEST, CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY};
+pub use run_dir::{BEST, CHECKPOINT, CONFIG, METRICS, MODEL, NORMALIZATION, SUMMARY, TOKENS};
 pub use summary::Summary;
 pub use trainer::{Observer, ResumeChanges, RunInfo, RunOptions, resolve_run_dir, train};

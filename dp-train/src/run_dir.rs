@@ -1,10 +1,11 @@
 //! The run directory: `config.toml` (the effective config), `model.json`,
-//! `normalization.json`, `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` (with `keep`,
+//! `normalization.json`, a language model's `tokens.json`, `metrics.jsonl`, `summary.json`, `checkpoint.ckpt` (with `keep`,
 //! also `checkpoint-STEP.ckpt`; under ZeRO-1, the optimizer shards they name,
 //! `optimizer-STEP-RANK.ckpt`), `best.ckpt` and the plots.
 
 use std::path::{Path, PathBuf};
 
+use dp_data::TokenInfo;
 use dp_model::ModelSpec;
 
 use crate::config::TrainConfig;
@@ -17,6 +18,8 @@ pub const CONFIG: &str = "config.toml";
 pub const MODEL: &str = "model.json";
 /// The input scaling the run adapted (or was given), and its targets' for a regression.
 pub const NORMALIZATION: &str = "normalization.json";
+/// A language model's vocabulary: the training data's token info (its tokenizer).
+pub const TOKENS: &str = "tokens.json";
 /// One JSON line per step and evaluation.
 pub const METRICS: &str = "metrics.jsonl";
 /// The end-of-run summary.
@@ -103,13 +106,15 @@ fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if
 /// taken, so no run overwrites another. Writes the model's spec, the scalings and then
-/// the effective config into it (a directory with a config is a run that can be resumed).
+/// the effective config into it (a directory with a config is a run that can be resumed);
+/// a language model's token info too.
 pub(crate) fn create(
     out: &Path,
     name: &str,
     config: &TrainConfig,
     spec: &ModelSpec,
     scalings: &Scalings,
+    tokens: Option<&TokenInfo>,
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, "create", e))?;
     let mut dir = out.join(name);
@@ -128,6 +133,10 @@ pub(crate) fn create(
     dp_data::write_file(&dir.join(MODEL), spec.as_bytes())?;
     let scalings = serde_json::to_string(scalings).expect("scalings always serialize");
     dp_data::write_file(&dir.join(NORMALIZATION), scalings.as_bytes())?;
+    if let Some(tokens) = tokens {
+        let tokens = serde_json::to_string(tokens).expect("a token info always serializes");
+        dp_data::write_file(&dir.join(TOKENS), tokens.as_bytes())?;
+    }
     dp_data::write_file(&dir.join(CONFIG), config.to_toml().as_bytes())?;
     Ok(dir)
 }

@@ -446,12 +446,18 @@ fn open_run(
             let created = if processes.is_first() {
                 let config = &plan.config;
                 let name = config.name.clone().unwrap_or_else(|| run_dir::default_name(config));
-                run_dir::create(&options.out, &name, config, &plan.spec, &plan.scalings).and_then(
-                    |dir| {
-                        *lock = Some(run_dir::lock(&dir)?);
-                        Ok(dir.to_string_lossy().into_owned())
-                    },
+                run_dir::create(
+                    &options.out,
+                    &name,
+                    config,
+                    &plan.spec,
+                    &plan.scalings,
+                    plan.tokens.as_ref(),
                 )
+                .and_then(|dir| {
+                    *lock = Some(run_dir::lock(&dir)?);
+                    Ok(dir.to_string_lossy().into_owned())
+                })
             } else {
                 Ok(String::new())
             };

@@ -1,5 +1,6 @@
 //! Language models through the trainer: a GPT trains on a token dataset imported from text,
-//! two replicas equal one replica with the global batch, and a resumed run continues exactly.
+//! is evaluated and writes text from its run directory, two replicas equal one replica with
+//! the global batch, and a resumed run continues exactly.
 
 mod common;
 
@@ -10,12 +11,14 @@ use common::{
     StopAfter, TempDir, eval_losses, final_params_of, max_relative_difference, run_dir,
     train_losses,
 };
-use dp_data::{TextOptions, WriterOptions, import_text};
+use dp_data::{TextOptions, TokenDataset, WriterOptions, import_text};
 use dp_model::ModelSpec;
-use dp_train::{RunOptions, TrainConfig, train};
+use dp_train::{RunOptions, SampleOptions, SavedRun, TrainConfig, train};
 
 const MODEL: &str = "gpt:2,2,32";
 const CONTEXT: usize = 24;
+/// The words of the text.
+const WORDS: [&str; 8] = ["the", "model", "reads", "tokens", "and", "predicts", "next", "one"];
 
 /// A byte-level token dataset of a small text with structure to learn (sentences of a few
 /// words), imported once for all the tests: `train` and `eval` (the last 10%).
@@ -25,7 +28,6 @@ fn text() -> &'static Path {
         let dir = std::env::temp_dir().join(format!("dp-train-gpt-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let words = ["the", "model", "reads", "tokens", "and", "predicts", "next", "one"];
         let mut state = 7u64;
         let mut text = String::new();
         while text.len() < 40_000 {
@@ -33,7 +35,7 @@ fn text() -> &'static Path {
             let n = 3 + (state >> 60) as usize;
             // Three bits of the state a word (at most 18 words: 54 bits).
             let sentence: Vec<&str> =
-                (0..n).map(|k| words[((state >> (3 * k)) & 7) as usize]).collect();
+                (0..n).map(|k| WORDS[((state >> (3 * k)) & 7) as usize]).collect();
             text.push_str(&sentence.join(" "));
             text.push_str(". ");
         }
@@ -74,6 +76,48 @@ fn a_gpt_learns_the_text_with_the_defaults() {
     let eval = summary.eval_loss.unwrap();
     println!("loss {first} -> {last}, eval {eval}");
     assert!(last < 2.0 && eval < 2.0, "loss {first} -> {last}, eval {eval}");
+
+    // `eval` on the run's directory scores what the run's evaluation scored: every held-out
+    // token after the first, predicted once.
+    let run = SavedRun::open(&run_dir(&out.0)).unwrap();
+    let evaluation = run.evaluate(&text().join("eval"), false).unwrap();
+    let scores = &evaluation.model;
+    assert!((scores.loss - eval).abs() < 1e-5 * eval, "eval {} vs the run's {eval}", scores.loss);
+    let held_out = TokenDataset::open(&text().join("eval")).unwrap().len();
+    assert_eq!(evaluation.tokens, Some(held_out - 1));
+    let bits = scores.loss / std::f64::consts::LN_2;
+    assert!((scores.bits_per_token.unwrap() - bits).abs() < 1e-12);
+    // A byte a token.
+    assert!((scores.bits_per_byte.unwrap() - bits).abs() < 1e-12);
+
+    // Text: more tokens than the context holds, streamed as decoded, repeatable by seed, and
+    // in the text's letters and words: a model that learned nothing draws from all 256 bytes
+    // (19 of them the text's) and writes none of its words.
+    let options = SampleOptions { tokens: 3 * CONTEXT, temperature: 0.5, top_k: 0, seed: 1 };
+    let mut streamed = String::new();
+    let generated = run
+        .sample("the model ", &options, |piece| {
+            streamed.push_str(piece);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((generated.tokens.len(), &streamed), (3 * CONTEXT, &generated.text));
+    let again = run.sample("the model ", &options, |_| Ok(())).unwrap();
+    assert_eq!(again.text, generated.text);
+    let text = &generated.text;
+    let letters = text.chars().filter(|&c| c == ' ' || c == '.' || WORDS.concat().contains(c));
+    let words: Vec<&str> =
+        text.split(|c: char| !c.is_ascii_lowercase()).filter(|w| !w.is_empty()).collect();
+    let known = words.iter().filter(|w| WORDS.contains(w)).count();
+    println!("{text:?}: {known} of {} words known", words.len());
+    assert!(letters.count() * 10 >= 9 * text.chars().count(), "{text:?}");
+    assert!(known >= 3, "{text:?}: {known} of {} words known", words.len());
+
+    // A language model's run has no row of outputs per record, and reads no records.
+    let predict = run.predict(&text().join("eval")).unwrap_err().to_string();
+    assert!(predict.contains("use eval") && predict.contains("sample"), "{predict}");
+    let records = run.evaluate(&common::digits().join("eval"), false).unwrap_err().to_string();
+    assert!(records.contains("holds records"), "{records}");
 }
 
 #[test]

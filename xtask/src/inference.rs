@@ -1,9 +1,10 @@
-//! `cargo xtask eval` and `cargo xtask predict`: a run's model on another dataset.
+//! `cargo xtask eval`, `cargo xtask predict` and `cargo xtask sample`: a run's model on
+//! another dataset, or a language model's text.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use dp_train::{SavedRun, Scores};
+use dp_train::{SampleOptions, SavedRun, Scores};
 
 /// Prints the run's loss, accuracy and confusion matrix on `data`; with `int8`, the int8-weight
 /// model's beside them, and both models' weight memory.
@@ -11,11 +12,19 @@ pub(crate) fn eval(run_dir: &Path, checkpoint: &str, data: &Path, int8: bool) ->
     let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
     let evaluation =
         run.evaluate(data, int8).with_context(|| format!("evaluate on {}", data.display()))?;
-    println!("records        {}", evaluation.records);
+    match evaluation.tokens {
+        Some(tokens) => println!("tokens         {tokens} in {} windows", evaluation.records),
+        None => println!("records        {}", evaluation.records),
+    }
     let line = |name: &str, s: &Scores| {
-        let scores = match (s.accuracy, s.rmse, s.mae) {
+        let scores = match (s.accuracy, s.rmse, s.mae, s.bits_per_token) {
+            (Some(accuracy), .., Some(bits)) => format!(
+                "next-token accuracy {:.2}%  bits/token {bits:.4}  bits/byte {:.4}",
+                100.0 * accuracy,
+                s.bits_per_byte.unwrap_or(f64::NAN)
+            ),
             (Some(accuracy), ..) => format!("accuracy {:.2}%", 100.0 * accuracy),
-            (None, Some(rmse), Some(mae)) => format!("rmse {rmse:.4}  mae {mae:.4}"),
+            (None, Some(rmse), Some(mae), _) => format!("rmse {rmse:.4}  mae {mae:.4}"),
             _ => String::new(),
         };
         let mib = s.weight_bytes as f64 / (1 << 20) as f64;
@@ -101,5 +110,35 @@ pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path)
     if let Some(names) = run.class_names() {
         println!("columns        {}", names.join(", "));
     }
+    Ok(())
+}
+
+/// Writes `options.tokens` tokens of a language model's run after `prompt` to standard
+/// output as they come (the prompt first), and how fast to standard error.
+pub(crate) fn sample(
+    run_dir: &Path,
+    checkpoint: &str,
+    prompt: &str,
+    options: &SampleOptions,
+) -> Result<()> {
+    use std::io::Write;
+    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
+    let mut stdout = std::io::stdout().lock();
+    let mut write = |text: &str| -> dp_train::Result<()> {
+        // A closed pipe (`| head`) ends the writing, as it ends any command's.
+        stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(|e| {
+            dp_train::Error::Io { path: "standard output".into(), op: "write", source: e }
+        })
+    };
+    write(prompt)?;
+    let generated = run.sample(prompt, options, &mut write)?;
+    write("\n")?;
+    eprintln!(
+        "{} tokens after a prompt of {} in {:.2} s ({:.0} tokens/s)",
+        generated.tokens.len(),
+        generated.prompt_tokens,
+        generated.seconds,
+        generated.tokens.len() as f64 / generated.seconds.max(1e-9)
+    );
     Ok(())
 }

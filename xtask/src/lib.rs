@@ -1,5 +1,5 @@
 //! The command line of dp, as two binaries over this library: `dp`, the commands users run
-//! and ship to clusters (`train`, `eval`, `predict`, `data`, `plot`), whose defaults (the
+//! and ship to clusters (`train`, `eval`, `predict`, `sample`, `data`, `plot`), whose defaults (the
 //! built-in digits under `data/digits`, runs under `runs/`) are relative to the working
 //! directory, and `cargo xtask`, the development entry point, which adds `ci` and `bench` and
 //! takes its defaults from the workspace. It parses, calls and prints; the logic lives in the
@@ -102,6 +102,9 @@ enum UserCmd {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Write text with a language model's run: the prompt, continued token by token (with a
+    /// KV cache, so each token costs the same), streamed to standard output.
+    Sample(SampleArgs),
     /// Work with datasets: import, inspect, verify, export, gen, bench-read.
     Data {
         #[command(subcommand)]
@@ -218,6 +221,9 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
         UserCmd::Eval { model, int8 } => {
             inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
         }
+        UserCmd::Sample(args) => {
+            inference::sample(&args.run_dir, &args.checkpoint, &args.prompt, &args.options())
+        }
         UserCmd::Predict { model, out } => {
             inference::predict(&model.run_dir, &model.checkpoint, &model.data, &out)
         }
@@ -238,6 +244,47 @@ struct SavedModel {
     /// The dataset (the same input feature as the run's).
     #[arg(long)]
     data: PathBuf,
+}
+
+/// `sample`'s options; those left out are nanoGPT's `sample.py` defaults
+/// ([`dp_train::SampleOptions::default`]).
+#[derive(Debug, clap::Args)]
+struct SampleArgs {
+    /// The run directory of a language model.
+    #[arg(value_name = "RUN_DIR")]
+    run_dir: PathBuf,
+    /// The checkpoint in it (as for eval).
+    #[arg(long, default_value = dp_train::CHECKPOINT)]
+    checkpoint: String,
+    /// The text to continue.
+    #[arg(long, default_value = "\n")]
+    prompt: String,
+    /// Tokens to write after the prompt [default: 500].
+    #[arg(long)]
+    tokens: Option<usize>,
+    /// Below 1 the likelier tokens are favoured more, above 1 less; 0 always takes the most
+    /// likely [default: 0.8].
+    #[arg(long)]
+    temperature: Option<f64>,
+    /// Draw among this many most likely tokens; 0 for all [default: 200].
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// The random seed: the same seed, prompt and checkpoint write the same text
+    /// [default: 1337].
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SampleArgs {
+    fn options(&self) -> dp_train::SampleOptions {
+        let default = dp_train::SampleOptions::default();
+        dp_train::SampleOptions {
+            tokens: self.tokens.unwrap_or(default.tokens),
+            temperature: self.temperature.unwrap_or(default.temperature),
+            top_k: self.top_k.unwrap_or(default.top_k),
+            seed: self.seed.unwrap_or(default.seed),
+        }
+    }
 }
 
 /// The options of `command` given on its command line (not defaulted), by their long name

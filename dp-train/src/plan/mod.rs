@@ -9,7 +9,7 @@ mod input;
 mod task;
 mod text;
 
-use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy};
+use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy, TokenInfo};
 use dp_model::{CheckpointHeader, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +22,7 @@ use input::Input;
 use task::Task;
 pub(crate) use task::{class_labels, label_error};
 use text::Text;
+pub(crate) use text::check_tokens;
 
 /// The caller's part of a checkpoint: where the run was.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -64,6 +65,9 @@ pub(crate) struct RunPlan {
     /// A language model's context: its samples are windows of this many tokens of a token
     /// dataset (`None`: records).
     pub(crate) context: Option<usize>,
+    /// The training data's tokens (their tokenizer), saved with a language model's run so
+    /// that it can be evaluated on, and write, text of the same vocabulary.
+    pub(crate) tokens: Option<TokenInfo>,
 }
 
 /// The run a plan continues.
@@ -148,6 +152,7 @@ impl RunPlan {
             regression: task.is_regression(),
             scalings,
             resume,
+            tokens: text.as_ref().map(|text| text.info.clone()),
             context: text.map(|text| text.context),
         })
     }

@@ -65,29 +65,7 @@ impl Text {
 
     /// Refuses evaluation data that is not tokens of the same vocabulary.
     pub(crate) fn check_eval(&self, eval: &Dataset, path: &Path) -> Result<()> {
-        if !TokenDataset::holds_tokens(eval) {
-            return Err(Error::config(
-                "eval_data",
-                format!("{} holds records; the training data is tokens", path.display()),
-            ));
-        }
-        let info = TokenDataset::open(path)?.info().clone();
-        let same = (info.tokenizer, info.vocab_size, &info.tokenizer_json)
-            == (self.info.tokenizer, self.info.vocab_size, &self.info.tokenizer_json);
-        if !same {
-            return Err(Error::config(
-                "eval_data",
-                format!(
-                    "{} is tokenized by a {} tokenizer of {} tokens, the training data by a {} of {}: the same id would be another token",
-                    path.display(),
-                    info.tokenizer,
-                    info.vocab_size,
-                    self.info.tokenizer,
-                    self.info.vocab_size
-                ),
-            ));
-        }
-        Ok(())
+        check_tokens(&self.info, eval, path, "eval_data", "the training data")
     }
 
     /// Fills in what `config` leaves to a language model's run: `gpt-mini`, and nanoGPT's
@@ -121,4 +99,38 @@ impl Text {
 /// The model `config` names, or the default one.
 fn model_of(config: &TrainConfig) -> &str {
     if config.model == TrainConfig::default().model { DEFAULT_MODEL } else { &config.model }
+}
+
+/// Refuses `data` (at `path`, given as `field`) unless it holds tokens of the tokenizer
+/// `info` describes, that of `trained` (naming what it was trained on).
+pub(crate) fn check_tokens(
+    info: &TokenInfo,
+    data: &Dataset,
+    path: &Path,
+    field: &str,
+    trained: &str,
+) -> Result<()> {
+    if !TokenDataset::holds_tokens(data) {
+        return Err(Error::config(
+            field,
+            format!("{} holds records; {trained} is tokens", path.display()),
+        ));
+    }
+    let given = TokenDataset::open(path)?.info().clone();
+    let same = (given.tokenizer, given.vocab_size, &given.tokenizer_json)
+        == (info.tokenizer, info.vocab_size, &info.tokenizer_json);
+    if !same {
+        return Err(Error::config(
+            field,
+            format!(
+                "{} is tokenized by a {} tokenizer of {} tokens, {trained} by a {} of {}: the same id would be another token",
+                path.display(),
+                given.tokenizer,
+                given.vocab_size,
+                info.tokenizer,
+                info.vocab_size
+            ),
+        ));
+    }
+    Ok(())
 }
