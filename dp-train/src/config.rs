@@ -53,7 +53,8 @@ pub struct TrainConfig {
     /// run's processes on the host.
     pub replicas: usize,
     /// Samples per optimizer step over all replicas; 0 chooses it from the training data
-    /// ([`auto_global_batch`]).
+    /// ([`auto_global_batch`]; for a language model, windows of about 16,384 tokens in all,
+    /// nanoGPT's `shakespeare_char` step).
     pub global_batch: usize,
     /// Samples per replica per micro-batch; when set, the global batch is this times replicas
     /// times `grad_accum` (for runs that should keep each replica's batch as replicas change).

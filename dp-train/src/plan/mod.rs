@@ -118,6 +118,7 @@ impl RunPlan {
             }
         };
         let samples = text.as_ref().map_or(train.len(), |text| text.windows);
+        let context = text.as_ref().map(|text| text.context);
         let (config, sparse_defaults) = choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
         let spec = model_spec(&config.model, &input, task.outputs())?;
@@ -131,7 +132,8 @@ impl RunPlan {
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
         }
-        let (batching, config) = Batching::resolve(config, samples, processes, sparse_defaults)?;
+        let (batching, config) =
+            Batching::resolve(config, samples, context, processes, sparse_defaults)?;
         let schedule = config.schedule_or_default(batching.total_steps);
         let resume = match resumed {
             Some(Resumed { dir, checkpoint: Some(checkpoint), longer }) => {
@@ -152,8 +154,8 @@ impl RunPlan {
             regression: task.is_regression(),
             scalings,
             resume,
-            tokens: text.as_ref().map(|text| text.info.clone()),
-            context: text.map(|text| text.context),
+            tokens: text.map(|text| text.info),
+            context,
         })
     }
 
