@@ -169,12 +169,11 @@ impl SavedRun {
     /// before it in its window of the context.
     fn evaluate_tokens(&self, data: &Path, info: &TokenInfo) -> Result<Evaluation> {
         let dataset = Dataset::open(data)?;
-        check_tokens(info, &dataset, data, "data", "the run's training data")?;
+        let data_info = check_tokens(info, &dataset, data, "data", "the run's training data")?;
         let context = self.spec.input[0];
         let mut config = PipelineConfig::default();
         config.batch_size = (BATCH_TOKENS / context).max(1);
         let mut windows = TokenPipeline::new(data, &config, context, false)?;
-        let data_info = windows.info().clone();
         let pool = Pool::new(&Tracker::new());
         let mut model = self.model(&pool, config.batch_size)?;
         let mut totals = LossTotals::default();

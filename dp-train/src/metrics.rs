@@ -76,6 +76,13 @@ pub struct EvalMetrics {
     /// A regression's mean absolute error, in the label's units.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_mae: Option<f64>,
+    /// A language model's `eval_loss` (nats per token) in bits per token: over ln 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits_per_token: Option<f64>,
+    /// A language model's loss in bits per byte of the eval data's text: bits per token over
+    /// its bytes per token (the same for byte-level data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits_per_byte: Option<f64>,
 }
 
 /// Appends records to a `metrics.jsonl`, one flushed line each.

@@ -39,10 +39,27 @@ pub struct Summary {
     /// A regression's final mean absolute error, in the label's units.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_mae: Option<f64>,
+    /// A language model's final evaluation loss in bits per token (`eval_loss / ln 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_bits_per_token: Option<f64>,
+    /// A language model's final evaluation loss in bits per byte of the eval data's text
+    /// (bits per token over its bytes per token; the same for byte-level data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_bits_per_byte: Option<f64>,
     /// Mean training loss of the last 10% of steps.
     pub train_loss: f64,
-    /// Training samples per second over the steps (excluding evaluation and checkpoints).
+    /// A language model's `train_loss` in bits per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_bits_per_token: Option<f64>,
+    /// Training samples per second over the steps (excluding evaluation and checkpoints); a
+    /// language model's samples are windows of `context` tokens.
     pub samples_per_s: f64,
+    /// A language model's tokens per sample (window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<usize>,
+    /// A language model's training tokens per second: `samples_per_s x context`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
     /// Wall-clock seconds of the run, setup included.
     pub wall_s: f64,
     /// Share of step time replica 0 spent waiting for data.
@@ -131,7 +148,19 @@ impl fmt::Display for Summary {
             (None, false, false) => String::new(),
         };
         writeln!(f, "steps          {} ({:.2} epochs){ending}", self.steps, self.epochs)?;
+        // A language model's loss also in the bits its field is compared in.
+        let bits = |per_token: Option<f64>, per_byte: Option<f64>| match (per_token, per_byte) {
+            (Some(t), Some(b)) => format!(" ({t:.4} bits/token, {b:.4} bits/byte)"),
+            (Some(t), None) => format!(" ({t:.4} bits/token)"),
+            _ => String::new(),
+        };
         match (self.eval_accuracy, self.eval_rmse, self.eval_mae, self.eval_loss) {
+            (Some(acc), _, _, Some(loss)) if self.context.is_some() => writeln!(
+                f,
+                "eval           next-token accuracy {}  loss {loss:.4}{}",
+                pct(acc),
+                bits(self.eval_bits_per_token, self.eval_bits_per_byte)
+            )?,
             (Some(acc), _, _, Some(loss)) => {
                 writeln!(f, "eval           accuracy {}  loss {loss:.4}", pct(acc))?
             }
@@ -143,12 +172,24 @@ impl fmt::Display for Summary {
         if let Some((step, loss)) = self.best {
             writeln!(f, "best           step {step}, eval loss {loss:.4} (best.ckpt)")?;
         }
-        writeln!(f, "train loss     {:.4} (last 10% of steps)", self.train_loss)?;
         writeln!(
             f,
-            "throughput     {:.0} samples/s  wall {:.1} s",
-            self.samples_per_s, self.wall_s
+            "train loss     {:.4}{} (last 10% of steps)",
+            self.train_loss,
+            bits(self.train_bits_per_token, None)
         )?;
+        match (self.tokens_per_s, self.context) {
+            (Some(tokens), Some(context)) => writeln!(
+                f,
+                "throughput     {tokens:.0} tokens/s ({:.1} windows/s of {context})  wall {:.1} s",
+                self.samples_per_s, self.wall_s
+            )?,
+            _ => writeln!(
+                f,
+                "throughput     {:.0} samples/s  wall {:.1} s",
+                self.samples_per_s, self.wall_s
+            )?,
+        }
         writeln!(
             f,
             "step time      data wait {}  exposed comm {}",
@@ -211,5 +252,41 @@ impl fmt::Display for Summary {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_language_models_summary_counts_tokens_and_bits() {
+        let records = Summary {
+            eval_accuracy: Some(0.5),
+            eval_loss: Some(1.0),
+            samples_per_s: 100.0,
+            ..Summary::default()
+        };
+        let text = records.to_string();
+        assert!(text.contains("eval           accuracy 50.0%  loss 1.0000\n"), "{text}");
+        assert!(text.contains("100 samples/s") && !text.contains("bits"), "{text}");
+        let lm = Summary {
+            context: Some(256),
+            tokens_per_s: Some(25_600.0),
+            eval_bits_per_token: Some(1.5),
+            eval_bits_per_byte: Some(0.5),
+            train_loss: 2.0,
+            train_bits_per_token: Some(2.5),
+            ..records
+        };
+        let text = lm.to_string();
+        assert!(
+            text.contains(
+                "next-token accuracy 50.0%  loss 1.0000 (1.5000 bits/token, 0.5000 bits/byte)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("train loss     2.0000 (2.5000 bits/token)"), "{text}");
+        assert!(text.contains("25600 tokens/s (100.0 windows/s of 256)"), "{text}");
     }
 }

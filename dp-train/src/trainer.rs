@@ -121,6 +121,9 @@ pub struct RunInfo {
     /// (every step has the full global batch, so replicas stay in step; the shuffle changes
     /// which records those are from epoch to epoch).
     pub dropped_per_epoch: u64,
+    /// A language model's tokens per sample (its samples are windows of this many tokens;
+    /// `None` for records).
+    pub context: Option<usize>,
 }
 
 /// Follows a run as it goes (a progress bar, a log). Every method has an empty default.
@@ -206,6 +209,7 @@ pub fn train(
                 total_steps: plan.batching.total_steps,
                 steps_per_epoch: plan.batching.steps_per_epoch,
                 dropped_per_epoch: plan.batching.dropped_per_epoch,
+                context: plan.context,
             });
         }
         let mut metrics = match &mut opened {
@@ -573,6 +577,7 @@ fn recorded_summary(
     wall_s: f64,
 ) -> Summary {
     let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
+    let train_loss = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
     Summary {
         name: run_dir.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
         model: plan.spec.name.clone(),
@@ -587,7 +592,11 @@ fn recorded_summary(
         eval_rmse: eval.and_then(|e| e.eval_rmse),
         eval_mae: eval.and_then(|e| e.eval_mae),
         eval_loss: eval.map(|e| e.eval_loss),
-        train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        eval_bits_per_token: eval.and_then(|e| plan.bits_per_token(e.eval_loss)),
+        eval_bits_per_byte: eval.and_then(|e| plan.eval_bits_per_byte(e.eval_loss)),
+        train_loss,
+        train_bits_per_token: plan.bits_per_token(train_loss),
+        context: plan.context,
         wall_s,
         ..Summary::default()
     }
@@ -679,8 +688,10 @@ fn summarize(
         r0.minimum.iter().map(|(t, &b)| (t.name().to_string(), b)).collect();
     let theoretical_min = r0.minimum.total();
     let step_s = r0.step_s.max(1e-9);
+    let samples_per_s = (r0.steps as usize * plan.config.global_batch) as f64 / step_s;
     Summary {
-        samples_per_s: (r0.steps as usize * plan.config.global_batch) as f64 / step_s,
+        samples_per_s,
+        tokens_per_s: plan.context.map(|context| samples_per_s * context as f64),
         data_wait_share: r0.data_wait_s / step_s,
         comm_exposed_share: r0.comm_exposed_s / step_s,
         peak_memory,

@@ -1,6 +1,7 @@
 //! Language models through the trainer: a GPT trains on a token dataset imported from text,
 //! is evaluated and writes text from its run directory, two replicas equal one replica with
-//! the global batch, and a resumed run continues exactly.
+//! the global batch, a resumed run continues exactly, and its summary and metrics speak in
+//! tokens and bits.
 
 mod common;
 
@@ -13,7 +14,9 @@ use common::{
 };
 use dp_data::{TextOptions, TokenDataset, WriterOptions, import_text};
 use dp_model::ModelSpec;
-use dp_train::{RunOptions, SampleOptions, SavedRun, TrainConfig, train};
+use dp_train::{
+    MetricsRecord, RunOptions, SampleOptions, SavedRun, TrainConfig, read_metrics, train,
+};
 
 const MODEL: &str = "gpt:2,2,32";
 const CONTEXT: usize = 24;
@@ -104,14 +107,14 @@ fn a_gpt_learns_the_text_with_the_defaults() {
     assert_eq!((generated.tokens.len(), &streamed), (3 * CONTEXT, &generated.text));
     let again = run.sample("the model ", &options, |_| Ok(())).unwrap();
     assert_eq!(again.text, generated.text);
-    let text = &generated.text;
-    let letters = text.chars().filter(|&c| c == ' ' || c == '.' || WORDS.concat().contains(c));
+    let written = &generated.text;
+    let letters = written.chars().filter(|&c| c == ' ' || c == '.' || WORDS.concat().contains(c));
     let words: Vec<&str> =
-        text.split(|c: char| !c.is_ascii_lowercase()).filter(|w| !w.is_empty()).collect();
+        written.split(|c: char| !c.is_ascii_lowercase()).filter(|w| !w.is_empty()).collect();
     let known = words.iter().filter(|w| WORDS.contains(w)).count();
-    println!("{text:?}: {known} of {} words known", words.len());
-    assert!(letters.count() * 10 >= 9 * text.chars().count(), "{text:?}");
-    assert!(known >= 3, "{text:?}: {known} of {} words known", words.len());
+    println!("{written:?}: {known} of {} words known", words.len());
+    assert!(letters.count() * 10 >= 9 * written.chars().count(), "{written:?}");
+    assert!(known >= 3, "{written:?}: {known} of {} words known", words.len());
 
     // A language model's run has no row of outputs per record, and reads no records.
     let predict = run.predict(&text().join("eval")).unwrap_err().to_string();
@@ -155,4 +158,52 @@ fn records_and_tokens_do_not_mix() {
     let c = TrainConfig { eval_data: Some(common::digits().join("eval")), ..config(1, 2) };
     let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
     assert!(error.contains("eval_data") && error.contains("holds records"), "{error}");
+}
+
+#[test]
+fn a_language_models_summary_counts_tokens_and_bits_and_a_record_runs_does_not() {
+    let out = TempDir::new("gpt-bits");
+    let summary = train(config(1, 4), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    assert_eq!(summary.context, Some(CONTEXT));
+    let tokens = summary.tokens_per_s.unwrap();
+    assert!(close(tokens, summary.samples_per_s * CONTEXT as f64), "{tokens} tokens/s");
+    let (loss, bits) = (summary.eval_loss.unwrap(), summary.eval_bits_per_token.unwrap());
+    assert!(close(bits, loss / std::f64::consts::LN_2), "eval loss {loss}: {bits} bits");
+    // Byte-level data: a token is a byte.
+    let per_byte = summary.eval_bits_per_byte.unwrap();
+    assert!(close(per_byte, bits), "{per_byte} bits/byte against {bits} bits/token");
+    let train_bits = summary.train_bits_per_token.unwrap();
+    assert!(close(train_bits, summary.train_loss / std::f64::consts::LN_2), "{train_bits}");
+    // The evaluation lines of the metrics say the same.
+    let dir = run_dir(&out.0);
+    let evals: Vec<_> = read_metrics(&dir.join(dp_train::METRICS))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            MetricsRecord::Eval(e) => Some(e),
+            MetricsRecord::Train(_) => None,
+        })
+        .collect();
+    assert!(!evals.is_empty());
+    for e in evals {
+        let bits = e.bits_per_token.unwrap();
+        assert!(close(bits, e.eval_loss / std::f64::consts::LN_2), "step {}: {bits}", e.step);
+        assert!(close(e.bits_per_byte.unwrap(), bits), "step {}", e.step);
+    }
+    let json = std::fs::read_to_string(dir.join(dp_train::SUMMARY)).unwrap();
+    assert!(json.contains("\"tokens_per_s\"") && json.contains("\"eval_bits_per_byte\""));
+
+    // A run on records has none of them, in its summary or its file.
+    let records = TempDir::new("gpt-records-bits");
+    let summary = train(common::config(1, 2), &RunOptions::new(&records.0), &mut ()).unwrap();
+    let none = (summary.context, summary.tokens_per_s, summary.train_bits_per_token);
+    assert_eq!(none, (None, None, None));
+    assert_eq!((summary.eval_bits_per_token, summary.eval_bits_per_byte), (None, None));
+    let json = std::fs::read_to_string(run_dir(&records.0).join(dp_train::SUMMARY)).unwrap();
+    for field in ["context", "tokens_per_s", "bits_per_token", "bits_per_byte"] {
+        assert!(!json.contains(field), "a record run's summary has `{field}`: {json}");
+    }
+    let metrics = std::fs::read_to_string(run_dir(&records.0).join(dp_train::METRICS)).unwrap();
+    assert!(!metrics.contains("bits_per"), "{metrics}");
 }

@@ -423,6 +423,8 @@ struct Progress {
     bar: Option<ProgressBar>,
     run_dir: Option<PathBuf>,
     steps_per_epoch: u64,
+    /// A language model's tokens per window: its steps are counted in tokens.
+    context: Option<usize>,
 }
 
 impl Observer for Progress {
@@ -441,8 +443,9 @@ impl Observer for Progress {
         );
         if run.dropped_per_epoch > 0 {
             println!(
-                "each epoch leaves out {} records that do not fill a last global batch (which ones changes with the shuffle)",
-                run.dropped_per_epoch
+                "each epoch leaves out {} {} that do not fill a last global batch (which ones changes with the shuffle)",
+                run.dropped_per_epoch,
+                if run.context.is_some() { "windows" } else { "records" }
             );
         }
         let bar = ProgressBar::new(run.total_steps);
@@ -462,18 +465,13 @@ impl Observer for Progress {
         self.bar = Some(bar);
         self.run_dir = Some(run.run_dir.clone());
         self.steps_per_epoch = run.steps_per_epoch;
+        self.context = run.context;
     }
 
     fn step(&mut self, m: &StepMetrics) {
         if let Some(bar) = &self.bar {
             bar.set_position(m.step);
-            let accuracy = m.accuracy.map_or(String::new(), |a| format!(" acc {a:.3}"));
-            bar.set_message(format!(
-                "epoch {} loss {:.4}{accuracy} {:.0} samples/s",
-                m.epoch + 1,
-                m.loss,
-                m.samples_per_s
-            ));
+            bar.set_message(step_line(m, self.context));
         }
     }
 
@@ -486,17 +484,7 @@ impl Observer for Progress {
     }
 
     fn eval(&mut self, m: &EvalMetrics) {
-        let scores = match (m.eval_accuracy, m.eval_rmse, m.eval_mae) {
-            (Some(accuracy), ..) => format!("eval accuracy {accuracy:.4}"),
-            (None, Some(rmse), Some(mae)) => format!("eval rmse {rmse:.4}  mae {mae:.4}"),
-            _ => String::new(),
-        };
-        let line = format!(
-            "step {:>6}  epoch {:>5.2}  {scores}  eval loss {:.4}",
-            m.step,
-            m.step as f64 / self.steps_per_epoch.max(1) as f64,
-            m.eval_loss
-        );
+        let line = eval_line(m, self.steps_per_epoch, self.context);
         match &self.bar {
             Some(bar) => bar.println(line),
             None => println!("{line}"),
@@ -510,6 +498,57 @@ impl Progress {
             bar.finish();
         }
     }
+}
+
+/// The progress bar's message after step `m`: a language model's (one of `context` tokens a
+/// window) counts tokens and says its loss in bits per token too, the units language models
+/// are compared in.
+fn step_line(m: &StepMetrics, context: Option<usize>) -> String {
+    match context {
+        Some(context) => {
+            let accuracy = m.accuracy.map_or(String::new(), |a| format!(" next-token acc {a:.3}"));
+            format!(
+                "epoch {} loss {:.4} ({:.3} bits/token){accuracy} {:.0} tokens/s ({:.1} windows/s)",
+                m.epoch + 1,
+                m.loss,
+                m.loss / std::f64::consts::LN_2,
+                m.samples_per_s * context as f64,
+                m.samples_per_s
+            )
+        }
+        None => {
+            let accuracy = m.accuracy.map_or(String::new(), |a| format!(" acc {a:.3}"));
+            format!(
+                "epoch {} loss {:.4}{accuracy} {:.0} samples/s",
+                m.epoch + 1,
+                m.loss,
+                m.samples_per_s
+            )
+        }
+    }
+}
+
+/// The line an evaluation prints above the progress bar.
+fn eval_line(m: &EvalMetrics, steps_per_epoch: u64, context: Option<usize>) -> String {
+    let scores = match (m.eval_accuracy, m.eval_rmse, m.eval_mae) {
+        (Some(accuracy), ..) if context.is_some() => {
+            format!("eval next-token accuracy {accuracy:.4}")
+        }
+        (Some(accuracy), ..) => format!("eval accuracy {accuracy:.4}"),
+        (None, Some(rmse), Some(mae)) => format!("eval rmse {rmse:.4}  mae {mae:.4}"),
+        _ => String::new(),
+    };
+    let bits = match (m.bits_per_token, m.bits_per_byte) {
+        (Some(t), Some(b)) => format!(" ({t:.4} bits/token, {b:.4} bits/byte)"),
+        (Some(t), None) => format!(" ({t:.4} bits/token)"),
+        _ => String::new(),
+    };
+    format!(
+        "step {:>6}  epoch {:>5.2}  {scores}  eval loss {:.4}{bits}",
+        m.step,
+        m.step as f64 / steps_per_epoch.max(1) as f64,
+        m.eval_loss
+    )
 }
 
 /// The median of `rounds` runs of the bench's job as `processes` MPI processes of one replica
@@ -902,5 +941,39 @@ mod tests {
         // Unsigned options say what is wrong with the number, not that it is a stray flag.
         let error = Cli::try_parse_from(["train", "--steps", "-3"]).err().unwrap().to_string();
         assert!(error.contains("invalid value '-3' for '--steps"), "{error}");
+    }
+
+    #[test]
+    fn a_language_model_reports_tokens_and_bits_and_records_do_not() {
+        let step = StepMetrics {
+            step: 3,
+            loss: 2.0,
+            accuracy: Some(0.5),
+            samples_per_s: 10.0,
+            ..Default::default()
+        };
+        let lm = step_line(&step, Some(256));
+        assert!(lm.contains("2560 tokens/s (10.0 windows/s)"), "{lm}");
+        assert!(lm.contains("(2.885 bits/token)") && lm.contains("next-token acc 0.500"), "{lm}");
+        let records = step_line(&step, None);
+        assert!(
+            records.ends_with("acc 0.500 10 samples/s") && !records.contains("bits"),
+            "{records}"
+        );
+
+        let eval = EvalMetrics {
+            step: 4,
+            eval_loss: 1.0,
+            eval_accuracy: Some(0.25),
+            bits_per_token: Some(1.5),
+            bits_per_byte: Some(0.5),
+            ..Default::default()
+        };
+        let lm = eval_line(&eval, 2, Some(64));
+        assert!(lm.contains("eval next-token accuracy 0.2500"), "{lm}");
+        assert!(lm.ends_with("eval loss 1.0000 (1.5000 bits/token, 0.5000 bits/byte)"), "{lm}");
+        let plain = EvalMetrics { bits_per_token: None, bits_per_byte: None, ..eval };
+        let records = eval_line(&plain, 2, None);
+        assert!(records.ends_with("eval accuracy 0.2500  eval loss 1.0000"), "{records}");
     }
 }

@@ -68,6 +68,9 @@ pub(crate) struct RunPlan {
     /// The training data's tokens (their tokenizer), saved with a language model's run so
     /// that it can be evaluated on, and write, text of the same vocabulary.
     pub(crate) tokens: Option<TokenInfo>,
+    /// A language model's eval data's bytes of text per token (see
+    /// [`eval_bits_per_byte`](Self::eval_bits_per_byte)).
+    pub(crate) eval_bytes_per_token: Option<f64>,
 }
 
 /// The run a plan continues.
@@ -98,10 +101,11 @@ impl RunPlan {
             Some(path) => Some((Dataset::open(path)?, path.clone())),
             None => None,
         };
+        let mut eval_bytes_per_token = None;
         let (config, input, task) = match &text {
             Some(text) => {
                 if let Some((eval, path)) = &eval {
-                    text.check_eval(eval, path)?;
+                    eval_bytes_per_token = text.check_eval(eval, path)?;
                 }
                 let task = Task::Classify { classes: text.info.vocab_size };
                 (text.defaults(config)?, text.input(), task)
@@ -156,12 +160,26 @@ impl RunPlan {
             resume,
             tokens: text.map(|text| text.info),
             context,
+            eval_bytes_per_token,
         })
     }
 
     /// Targets (and outputs) per sample: a language model's context, else 1.
     pub(crate) fn rows_per_sample(&self) -> usize {
         self.context.unwrap_or(1)
+    }
+
+    /// A language model's `loss` (mean cross-entropy per token, in nats) in bits per token,
+    /// the unit language models are compared in (`None` for records).
+    pub(crate) fn bits_per_token(&self, loss: f64) -> Option<f64> {
+        self.context.map(|_| loss / std::f64::consts::LN_2)
+    }
+
+    /// A language model's evaluation loss in bits per byte of the eval data's text: per token
+    /// divided by its bytes per token, so that models of different tokenizers compare (equal
+    /// to bits per token for byte-level data).
+    pub(crate) fn eval_bits_per_byte(&self, eval_loss: f64) -> Option<f64> {
+        Some(self.bits_per_token(eval_loss)? / self.eval_bytes_per_token?)
     }
 
     /// Whether the checkpoint the run resumes from ended it early.

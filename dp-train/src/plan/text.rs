@@ -63,9 +63,12 @@ impl Text {
         }
     }
 
-    /// Refuses evaluation data that is not tokens of the same vocabulary.
-    pub(crate) fn check_eval(&self, eval: &Dataset, path: &Path) -> Result<()> {
-        check_tokens(&self.info, eval, path, "eval_data", "the training data")
+    /// Refuses evaluation data that is not tokens of the same vocabulary; returns its bytes
+    /// of text per token, what its losses per token are divided by to give them per byte
+    /// (`None` when its import measured none: no tokens).
+    pub(crate) fn check_eval(&self, eval: &Dataset, path: &Path) -> Result<Option<f64>> {
+        let info = check_tokens(&self.info, eval, path, "eval_data", "the training data")?;
+        Ok(Some(info.bytes_per_token).filter(|b| b.is_finite() && *b > 0.0))
     }
 
     /// Fills in what `config` leaves to a language model's run: `gpt-mini`, and nanoGPT's
@@ -102,14 +105,15 @@ fn model_of(config: &TrainConfig) -> &str {
 }
 
 /// Refuses `data` (at `path`, given as `field`) unless it holds tokens of the tokenizer
-/// `info` describes, that of `trained` (naming what it was trained on).
+/// `info` describes, that of `trained` (naming what it was trained on); returns the data's
+/// token info.
 pub(crate) fn check_tokens(
     info: &TokenInfo,
     data: &Dataset,
     path: &Path,
     field: &str,
     trained: &str,
-) -> Result<()> {
+) -> Result<TokenInfo> {
     if !TokenDataset::holds_tokens(data) {
         return Err(Error::config(
             field,
@@ -132,5 +136,5 @@ pub(crate) fn check_tokens(
             ),
         ));
     }
-    Ok(())
+    Ok(given)
 }

@@ -80,6 +80,8 @@ impl<C: Communicator> Replica<C> {
                 eval_accuracy: (!regression).then(|| totals.accuracy()),
                 eval_rmse: regression.then(|| (totals.squared_error / samples).sqrt()),
                 eval_mae: regression.then(|| totals.absolute_error / samples),
+                bits_per_token: self.plan.bits_per_token(eval_loss),
+                bits_per_byte: self.plan.eval_bits_per_byte(eval_loss),
             };
             events.send(Event::Eval(eval));
         }
