@@ -206,6 +206,58 @@ fn synchronized_batch_norms_across_processes_match_one_replica() {
     assert!(diff <= 1e-5, "2 processes x 2 threads differ from 1 replica: {diff}");
 }
 
+/// A 2-block GPT on a byte-level token dataset of a small generated text in `dir/text`,
+/// with ZeRO-1 across the replicas.
+fn gpt(dir: &Path, name: &str, replicas: usize) -> TrainConfig {
+    TrainConfig {
+        train_data: dir.join("text/train"),
+        model: "gpt:2,2,32".into(),
+        context: Some(16),
+        global_batch: 8,
+        zero_stage: 1,
+        ..config(dir, name, replicas, 4)
+    }
+}
+
+/// The text of [`gpt`]: sentences of a few words.
+fn make_text(dir: &Path) {
+    let words = ["data", "parallel", "replicas", "agree", "on", "every", "step", "bit"];
+    let mut text = String::new();
+    for k in 0..2_000u64 {
+        let sentence: Vec<&str> = (0..4).map(|i| words[((k * 7 + i * k) % 8) as usize]).collect();
+        text.push_str(&sentence.join(" "));
+        text.push_str(". ");
+    }
+    let file = dir.join("corpus.txt");
+    std::fs::write(&file, text).unwrap();
+    let options = dp_data::TextOptions::default();
+    dp_data::import_text(&[file.as_path()], &dir.join("text"), &options, Default::default())
+        .unwrap();
+}
+
+#[test]
+fn a_language_model_in_two_processes_matches_one_replica() {
+    if let Some((_, dir)) = scenario() {
+        let world = MpiWorld::init().unwrap();
+        train_in_job(&world, gpt(&dir, "gpt", 1), RunOptions::new(dir.join("procs"))).unwrap();
+        world.finalize().unwrap();
+        return;
+    }
+    let dir = TempDir::new("mpi-gpt");
+    make_text(&dir.0);
+    let test = "a_language_model_in_two_processes_matches_one_replica";
+    let Some((output, _)) = launch(test, 2, "gpt", &dir.0) else { return };
+    assert!(output.status.success(), "{}", text(&output));
+    let spec = ModelSpec::builtin("gpt:2,2,32", &[16], 256).unwrap();
+    let out = dir.0.join("one");
+    train(gpt(&dir.0, "gpt", 1), &RunOptions::new(&out), &mut ()).unwrap();
+    let one = final_params_of(&out.join("gpt"), &spec);
+    let processes = final_params_of(&dir.0.join("procs/gpt"), &spec);
+    let diff = max_relative_difference(&processes, &one);
+    println!("gpt:2,2,32, ZeRO-1: 2 processes vs 1 replica: {diff:e}");
+    assert!(diff <= 1e-5, "2 processes differ from 1 replica: {diff}");
+}
+
 #[test]
 fn a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes() {
     let test = "a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes";
