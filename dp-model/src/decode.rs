@@ -112,15 +112,15 @@ impl<T: Float> Decoder<'_, T> {
     pub fn next(&mut self, token: usize) -> Result<&[T]> {
         let nodes = &self.model.tape().nodes;
         let Op::Embedding(embedding) = &nodes[0].op else { unreachable!("checked when made") };
-        let input = format!("{} input", self.model.spec().name);
+        let input = || format!("{} input", self.model.spec().name);
         if token >= embedding.vocab {
             let expected = format!("a token id in 0..{}", embedding.vocab);
-            return Err(Error::shape(input, expected, token));
+            return Err(Error::shape(input(), expected, token));
         }
         let p = self.position;
         if p == self.context {
             let expected = format!("at most {} tokens (the context)", self.context);
-            return Err(Error::shape(input, expected, format!("token {}", p + 1)));
+            return Err(Error::shape(input(), expected, format!("token {}", p + 1)));
         }
         let params = self.model.params();
         for (i, node) in nodes.iter().enumerate() {
