@@ -1,19 +1,7 @@
 """PyTorch eager on the CPU, the peer for a GPT training step (`cargo bench -p dp-model --bench
 gpt`): nanoGPT's character-level GPT ("gpt-mini": 6 blocks, 6 heads, 384 wide, context 256,
-vocabulary 65, dropout 0.2; 10,770,816 parameters) laid out as nanoGPT's `model.py` lays it:
-
-- `wte` Embedding(65, 384) and `wpe` Embedding(256, 384), summed, then dropout;
-- 6 pre-norm blocks: x = x + dropout(c_proj(attention(ln_1(x)))), where attention is one
-  Linear(384, 1152) to q, k and v (split, viewed as (B, T, 6, 64), transposed to heads),
-  `F.scaled_dot_product_attention(q, k, v, is_causal=True)` and the heads transposed back; then
-  x = x + dropout(c_proj(gelu(c_fc(ln_2(x))))) with c_fc Linear(384, 1536), GELU with the tanh
-  approximation, c_proj Linear(1536, 384);
-- a final LayerNorm and `lm_head` Linear(384, 65, bias=False) whose weight is `wte`'s.
-
-Every Linear and LayerNorm has a bias. The one departure from nanoGPT is the attention
-probabilities' dropout (nanoGPT passes `dropout_p` to SDPA in training): dp-model's
-CausalSelfAttention has none, so neither has this peer. Initialization is nanoGPT's (normal,
-std 0.02; the residual projections 0.02 / sqrt(2 * layers)).
+vocabulary 65, dropout 0.2; 10,770,816 parameters), the model of `gpt_model.py` (nanoGPT's
+`model.py` with dp-model's parameter count).
 
 One step: zero_grad(set_to_none=True), forward with cross-entropy over all B*T positions,
 backward, AdamW (lr 1e-3, betas (0.9, 0.99), weight decay 0.1) on one fixed batch of random
@@ -46,92 +34,16 @@ the whole process's peak, imports included. `--memory` asks for a short run (1 w
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
 import time
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
-VOCAB, CONTEXT, LAYERS, HEADS, DIM, DROPOUT = 65, 256, 6, 6, 384, 0.2
+from gpt_model import MINI, Gpt
 
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c_attn = nn.Linear(DIM, 3 * DIM)
-        self.c_proj = nn.Linear(DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.size()
-        q, k, v = self.c_attn(x).split(DIM, dim=2)
-        q = q.view(b, t, HEADS, c // HEADS).transpose(1, 2)
-        k = k.view(b, t, HEADS, c // HEADS).transpose(1, 2)
-        v = v.view(b, t, HEADS, c // HEADS).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
-
-
-class Mlp(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(DIM, 4 * DIM)
-        self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(DIM)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = nn.LayerNorm(DIM)
-        self.mlp = Mlp()
-        self.drop_1 = nn.Dropout(DROPOUT)
-        self.drop_2 = nn.Dropout(DROPOUT)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_1(self.attn(self.ln_1(x)))
-        return x + self.drop_2(self.mlp(self.ln_2(x)))
-
-
-class Gpt(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, DIM)
-        self.wpe = nn.Embedding(CONTEXT, DIM)
-        self.drop = nn.Dropout(DROPOUT)
-        self.h = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(DIM)
-        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
-        self.lm_head.weight = self.wte.weight
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * LAYERS))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        t = idx.size(1)
-        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+CONTEXT, VOCAB = MINI.context, MINI.vocab
 
 
 def current_rss_bytes() -> int:
