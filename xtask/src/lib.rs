@@ -7,6 +7,8 @@
 
 mod bench;
 mod bench_images;
+mod bench_lm;
+mod corpus;
 mod data;
 mod inference;
 mod preview;
@@ -59,10 +61,12 @@ enum XtaskCmd {
     /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
     /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead;
     /// `bench data` ends with the image pipeline against its decoder, PyTorch and tf.data
-    /// (`bench data --filter images` for that alone).
+    /// (`bench data --filter images` for that alone); `bench train` ends with a language model
+    /// against PyTorch's training of the same (`bench train --filter lm` for that alone).
     Bench {
         /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
-        /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling.
+        /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling and a
+        /// language model's loss against PyTorch's.
         #[arg(value_name = "CRATE")]
         krate: Option<String>,
         /// Only benchmarks whose name contains this text (passed to criterion).
@@ -181,8 +185,8 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
                     bench::mpi_rank(budget_ms, &sizes)?;
                     return Ok(ExitCode::SUCCESS);
                 }
-                XtaskCmd::Bench { krate, .. } if krate.as_deref() == Some("train") => {
-                    train::bench(&root)?;
+                XtaskCmd::Bench { krate, filter } if krate.as_deref() == Some("train") => {
+                    train::bench(&root, filter.as_deref())?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 XtaskCmd::Bench { krate, filter } => {

@@ -736,10 +736,17 @@ fn print_large_model(
 }
 
 /// `cargo xtask bench train`: one replica against one per core on the default job, and the
-/// same replicas as processes, with the targets.
-pub(crate) fn bench(root: &Path) -> Result<()> {
-    ensure_digits(&root.join("data/digits"))?;
+/// same replicas as processes, with the targets; then a language model's held-out loss against
+/// PyTorch's (`filter` `lm`: that section alone).
+pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
     let replicas = std::thread::available_parallelism().map_or(1, |n| n.get()).max(2);
+    let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
+    match filter {
+        None => {}
+        Some("lm") => return crate::bench_lm::run(root, replicas, verdict),
+        Some(other) => bail!("bench train --filter {other}: the one section to pick is `lm`"),
+    }
+    ensure_digits(&root.join("data/digits"))?;
     let base = TrainConfig {
         train_data: root.join("data/digits/train"),
         eval_data: None,
@@ -756,7 +763,6 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
     let torch = report.as_ref().ok().map(|_| TorchPeer::measure(root, replicas));
     let _ = std::fs::remove_dir_all(&out);
     let report = report?;
-    let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
     let (one, many) = (&report.one, &report.many);
     println!(
         "{:<24} {:>12} {:>12} {:>12} {:>14} {:>10}",
@@ -834,7 +840,7 @@ pub(crate) fn bench(root: &Path) -> Result<()> {
         Some(Err(error)) => println!("20M-parameter model: skipped: {error:#}"),
         None => {}
     }
-    Ok(())
+    crate::bench_lm::run(root, replicas, verdict)
 }
 
 #[cfg(test)]
