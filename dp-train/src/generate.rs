@@ -41,7 +41,7 @@ impl SampleOptions {
     }
 }
 
-/// What [`generate`] made.
+/// What [`SavedRun::sample`](crate::SavedRun::sample) wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generated {
     /// The prompt's tokens (those fed: at most the context's last).

@@ -143,7 +143,7 @@ impl SavedRun {
     }
 
     /// Text from a language model's run: `options.tokens` tokens after `prompt`, handed to
-    /// `emit` as they are decoded (see [`generate`]).
+    /// `emit` as they are decoded, the context restarting from its last half when full.
     pub fn sample(
         &self,
         prompt: &str,
