@@ -41,6 +41,8 @@ use dp_model::{
 };
 use ndarray::{Array2, s};
 
+mod child_memory;
+use child_memory::memory_of;
 mod peak;
 
 /// Sequences per replica (and on one thread).
@@ -343,7 +345,7 @@ fn report(spec: &ModelSpec) {
 
     // 6. Memory, each measured in a clean child process.
     let mb = |b: u64| b as f64 / 1e6;
-    let (off, auto) = (memory_of("off"), memory_of("auto"));
+    let (off, auto) = (memory_of(MEMORY_CHILD, "off"), memory_of(MEMORY_CHILD, "auto"));
     println!(
         "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
     );
@@ -433,36 +435,6 @@ fn two_replicas(spec: &ModelSpec, warmup: usize, rounds: usize) -> (f64, bool) {
         handles.map(|h| h.join().expect("replica thread"))
     });
     (seconds, a == b)
-}
-
-/// What the memory child reports.
-struct Memory {
-    /// VmHWM after the steps minus VmRSS before the model was built.
-    step_peak: u64,
-    /// The model's own tracker: the most bytes its pool held at once.
-    peak_held: u64,
-    saved: u64,
-    step_seconds: f64,
-}
-
-/// Runs this binary again as the memory child for `mode` and reads its line.
-fn memory_of(mode: &str) -> Result<Memory, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let output = Command::new(exe).env(MEMORY_CHILD, mode).output().map_err(|e| e.to_string())?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(String::from_utf8_lossy(&output.stderr)
-            .lines()
-            .last()
-            .unwrap_or("failed")
-            .into());
-    }
-    let fields: Vec<f64> = stdout.split_whitespace().filter_map(|f| f.parse().ok()).collect();
-    let [step_peak, peak_held, saved, step_seconds] = fields[..] else {
-        return Err(format!("unexpected output: {stdout}"));
-    };
-    let (step_peak, peak_held, saved) = (step_peak as u64, peak_held as u64, saved as u64);
-    Ok(Memory { step_peak, peak_held, saved, step_seconds })
 }
 
 /// The child: resident set before building the model and optimizer, the kernel's high-water
