@@ -142,7 +142,11 @@ fn the_budget_is_checked_at_construction_and_never_exceeded() {
         let n = 3 * p.batches_per_epoch();
         take(&mut p, n);
         let (peak, minimum) = (p.tracker().snapshot().peak_held, p.minimum_bytes());
+        // A planner's prediction is what the built pipeline says, without starting one.
+        let needs = Pipeline::memory_needs(dir, &c).unwrap();
+        assert_eq!(needs, (minimum, p.working_bytes()));
         c.memory_budget = 0;
+        assert!(matches!(Pipeline::memory_needs(dir, &c), Err(Error::Budget { .. })));
         let Err(Error::Budget { needed, .. }) = Pipeline::new(dir, c, vec![]) else {
             panic!("a budget of 0 is refused")
         };

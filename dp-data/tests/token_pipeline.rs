@@ -132,3 +132,16 @@ fn an_evaluation_predicts_every_held_out_token_once() {
     assert!(held_out.len() > 300);
     assert_eq!(labels, &held_out[1..]);
 }
+
+#[test]
+fn the_memory_a_pipeline_needs_is_known_before_it_reads_the_tokens() {
+    let dir = TempDir::new("token-pipeline-needs");
+    import(&dir.0, &counting(3_000));
+    for (path, train) in [("data/train", true), ("data/eval", false)] {
+        let data = dir.path(path);
+        let pipeline = TokenPipeline::new(&data, &config(5, 1, 2), CONTEXT, train).unwrap();
+        let needs = TokenPipeline::memory_needs(&data, &config(5, 1, 2), CONTEXT).unwrap();
+        assert_eq!(needs, pipeline.minimum_bytes());
+        assert!(needs > TokenDataset::open(&data).unwrap().len(), "the tokens are held");
+    }
+}

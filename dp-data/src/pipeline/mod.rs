@@ -101,6 +101,18 @@ impl Pipeline {
         Self::build(dir.as_ref(), config, transforms, None)
     }
 
+    /// What a pipeline of `config` over the dataset in `dir` would hold, without starting one:
+    /// its [`Pipeline::minimum_bytes`] and [`Pipeline::working_bytes`] (a memory planner's
+    /// figures). An error where [`Pipeline::new`] would give one for the same reason (a
+    /// working set over `config.memory_budget`, features the dataset lacks).
+    pub fn memory_needs(dir: impl AsRef<Path>, config: &PipelineConfig) -> Result<(u64, u64)> {
+        config.check()?;
+        let dataset = Dataset::open(dir.as_ref())?;
+        let columns = resolve(&dataset, config)?;
+        let (minimum, working, _) = plan_memory(&dataset, config, &columns)?;
+        Ok((minimum, working))
+    }
+
     /// A pipeline that continues exactly where `state` was taken. The configuration may differ
     /// in rank, world size (with the same global batch), workers, prefetch, cache and budget.
     pub fn resume(

@@ -155,8 +155,20 @@ impl TokenPipeline {
     /// The bytes the pipeline holds: the tokens, the windows and two batches in flight.
     pub fn minimum_bytes(&self) -> u64 {
         let config = self.sampler.config();
-        let per_batch = config.batch * config.context * (4 + 8) + config.batch * 8;
-        self.tokens_bytes + (self.windows.len() * 4 + 2 * per_batch) as u64
+        held_bytes(self.tokens_bytes, config.batch, config.context)
+    }
+
+    /// What a pipeline of `context`-token windows over the token dataset in `dir` would hold
+    /// with `config` (its [`TokenPipeline::minimum_bytes`]), from the dataset's manifest,
+    /// without reading its tokens.
+    pub fn memory_needs(
+        dir: impl AsRef<Path>,
+        config: &PipelineConfig,
+        context: usize,
+    ) -> Result<u64> {
+        let dataset = TokenDataset::open(dir.as_ref())?;
+        let tokens_bytes = dataset.len() * dataset.width().bytes() as u64;
+        Ok(held_bytes(tokens_bytes, config.batch_size, context))
     }
 
     /// The same as [`TokenPipeline::minimum_bytes`]: the tokens are always all in memory.
@@ -184,4 +196,11 @@ impl TokenPipeline {
     pub fn tracker(&self) -> &Tracker {
         &self.tracker
     }
+}
+
+/// The tokens, the sampler's `batch` windows of `context + 1` tokens, and two batches in
+/// flight (inputs as `f32`, labels as `i64`, record ids).
+fn held_bytes(tokens_bytes: u64, batch: usize, context: usize) -> u64 {
+    let per_batch = batch * context * (4 + 8) + batch * 8;
+    tokens_bytes + (batch * (context + 1) * 4 + 2 * per_batch) as u64
 }
