@@ -63,6 +63,7 @@ mod optim;
 mod prune;
 mod quant;
 mod shared;
+mod sizing;
 mod spec;
 mod tape;
 mod zoo;
@@ -78,7 +79,9 @@ pub use decode::Decoder;
 pub use error::{Error, Result};
 pub use float::Float;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
-pub use model::{Model, ModelMemory, ModelOptions, Recompute, SparseGrads, StepOptions};
+pub use model::{
+    Model, ModelMemory, ModelOptions, Recompute, SavedPrecision, SparseGrads, StepOptions,
+};
 pub use ops::dropout::DropoutStream;
 pub use ops::gemm::{GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};

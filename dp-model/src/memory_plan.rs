@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use crate::error::{Error, Result};
-use crate::model::Recompute;
+use crate::model::{Recompute, SavedPrecision};
 use crate::ops::Op;
 use crate::ops::activation::Activation;
 use crate::spec::ModelSpec;
@@ -25,6 +25,8 @@ pub(crate) struct ActivationPlan {
     pub(crate) recompute_from: Vec<Option<usize>>,
     /// Values per buffer: kept outputs, then slots, then transient buffers.
     pub(crate) lens: Vec<usize>,
+    /// Values per bf16 store (`u16` each).
+    pub(crate) store_lens: Vec<usize>,
 }
 
 /// Whether `op`'s backward reads its input.
@@ -50,7 +52,12 @@ fn reads_output(op: &Op) -> bool {
 }
 
 impl ActivationPlan {
-    pub(crate) fn new(tape: &Tape, segments: &[Range<usize>], batch: usize) -> Self {
+    pub(crate) fn new(
+        tape: &Tape,
+        segments: &[Range<usize>],
+        batch: usize,
+        _saved: SavedPrecision,
+    ) -> Self {
         let nodes = &tape.nodes;
         let n = nodes.len();
         let in_segment = |i: usize| segments.iter().any(|s| s.contains(&i));
@@ -132,7 +139,7 @@ impl ActivationPlan {
                 }
             }
         }
-        Self { out_buf, recompute_from, lens }
+        Self { out_buf, recompute_from, lens, store_lens: Vec::new() }
     }
 }
 

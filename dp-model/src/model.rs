@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::init::{initialize, initialize_buffers};
 use crate::layout::ParamLayout;
-use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
+use crate::memory_plan::{ActivationPlan, GradientPlan};
 use crate::ops::Op;
 use crate::ops::add::Add;
 use crate::ops::batch_norm::{NormPass, SumAcross};
@@ -20,8 +20,9 @@ use crate::ops::gemm::{GemmShape, Precision};
 use crate::ops::loss::{LossTotals, Targets, loss, smoothed_loss};
 use crate::ops::norm_sync::{NormSync, NormSyncGuard};
 use crate::ops::sparse::SparseInput;
-use crate::ops::workspace::{ScratchLens, Workspace};
+use crate::ops::workspace::Workspace;
 use crate::shared::SharedParams;
+use crate::sizing::Sizing;
 use crate::spec::ModelSpec;
 use crate::tape::{Node, Tape};
 
@@ -44,6 +45,9 @@ pub struct ModelOptions {
     /// reports the plain cross-entropy).
     #[serde(default)]
     pub label_smoothing: f64,
+    /// What the activations kept from forward for backward are stored in.
+    #[serde(default)]
+    pub saved: SavedPrecision,
 }
 
 impl Default for ModelOptions {
@@ -55,6 +59,7 @@ impl Default for ModelOptions {
             recompute: Recompute::Off,
             precision: Precision::F32,
             label_smoothing: 0.0,
+            saved: SavedPrecision::F32,
         }
     }
 }
@@ -87,6 +92,48 @@ impl ModelOptions {
     pub fn precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
         self
+    }
+
+    /// Sets what the activations kept for backward are stored in.
+    pub fn saved(mut self, saved: SavedPrecision) -> Self {
+        self.saved = saved;
+        self
+    }
+}
+
+/// What the activations kept from forward for backward are stored in. Forward computes in
+/// the model's float either way, and its consumers in forward read the exact values; with
+/// `Bf16`, only the copy backward reads is rounded (to nearest, ties to even), which halves
+/// the bytes of what is kept (see `memory_plan.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SavedPrecision {
+    /// The model's float (`f32`, or `f64` for a gradient check).
+    #[default]
+    F32,
+    /// bfloat16: 2 bytes a value; backward sees each kept value with 8 bits of mantissa.
+    Bf16,
+}
+
+impl SavedPrecision {
+    /// Its name, as configs spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SavedPrecision::F32 => "f32",
+            SavedPrecision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for SavedPrecision {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "f32" => Ok(SavedPrecision::F32),
+            "bf16" => Ok(SavedPrecision::Bf16),
+            other => Err(Error::spec("saved", format!("`{other}` is not f32 or bf16"))),
+        }
     }
 }
 
@@ -125,7 +172,7 @@ pub struct StepOptions {
 pub struct ModelMemory {
     /// The flat parameter buffer.
     pub params: u64,
-    /// The flat gradient buffer.
+    /// The flat gradient buffer (and a sparse first layer's bitmap of written rows).
     pub grads: u64,
     /// Activations kept between forward and backward (including recomputation slots).
     pub saved_activations: u64,
@@ -279,41 +326,16 @@ impl<T: Float> Model<T> {
         options: ModelOptions,
         shared: Option<SharedParams<T>>,
     ) -> Result<Self> {
-        if options.max_batch == 0 {
-            return Err(Error::spec("max_batch", "must be at least 1"));
-        }
-        if !(0.0..1.0).contains(&options.label_smoothing) {
-            return Err(Error::spec(
-                "label_smoothing",
-                format!("{} is outside [0, 1)", options.label_smoothing),
-            ));
-        }
-        if !options.precision.available() {
-            return Err(Error::spec(
-                "precision",
-                "bf16 needs a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids), which this one lacks; use f32",
-            ));
-        }
-        let tape = Tape::build(spec, options.max_batch)?;
-        let segments = segments(&tape, spec, &options.recompute)?;
-        let batch = options.max_batch;
-
-        let ActivationPlan { out_buf, recompute_from, lens } =
-            ActivationPlan::new(&tape, &segments, batch);
-        let acts = lens
-            .iter()
-            .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
+        let sizing = Sizing::new(spec, &options)?;
+        let alloc = |len: usize| pool.alloc_zeroed(len, Tag::Activation);
+        let acts = sizing.acts.lens.iter().map(|&len| alloc(len)).collect::<Result<Vec<_>, _>>()?;
+        let dacts = (0..sizing.grads.buffers)
+            .map(|_| alloc(sizing.ping_len))
             .collect::<Result<Vec<_>, _>>()?;
-        let ping_len = tape.ping_len(batch);
-        let scratch = ScratchLens {
-            cols: tape.scratch_len(batch),
-            norm: tape.norm_scratch_len(),
-            attention: tape.attention_scratch_len(),
-        };
-        let plan = GradientPlan::new(&tape);
-        let dacts = (0..plan.buffers)
-            .map(|_| pool.alloc_zeroed(ping_len, Tag::Activation))
-            .collect::<Result<Vec<_>, _>>()?;
+        let Sizing {
+            tape, acts: plan, grads: gradient_plan, spill_len, scratch, dirty_words, ..
+        } = sizing;
+        let ActivationPlan { out_buf, recompute_from, .. } = plan;
 
         let params = match shared {
             Some(shared) => Params::Shared(shared),
@@ -336,13 +358,10 @@ impl<T: Float> Model<T> {
             norm_stats: pool.alloc_zeroed(tape.stats_len, Tag::Activation)?,
             norm_sync: None,
             dacts,
-            spill: pool.alloc_zeroed(if plan.spills { ping_len } else { 0 }, Tag::Activation)?,
-            plan,
+            spill: pool.alloc_zeroed(spill_len, Tag::Activation)?,
+            plan: gradient_plan,
             work: Workspace::new(pool, scratch, options.precision)?,
-            dirty_rows: pool.alloc_zeroed(
-                if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
-                Tag::Grad,
-            )?,
+            dirty_rows: pool.alloc_zeroed(dirty_words, Tag::Grad)?,
             grads_lent: false,
             dropout: DropoutStream { seed: options.seed, stream: options.replica },
             tape,
@@ -506,7 +525,7 @@ impl<T: Float> Model<T> {
                     Params::Own(params) => bytes(params),
                     Params::Shared(_) => 0,
                 },
-            grads: bytes(&self.grads),
+            grads: bytes(&self.grads) + (self.dirty_rows.len() * size_of::<u64>()) as u64,
             saved_activations: self.acts.iter().map(bytes).sum(),
             workspace: self
                 .dacts

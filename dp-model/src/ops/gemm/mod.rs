@@ -162,10 +162,17 @@ impl Gemm {
         backend: GemmBackend,
         precision: Precision,
     ) -> dp_mem::Result<Self> {
+        let words = Self::workspace_words(backend, precision);
+        Ok(Self { backend, precision, workspace: pool.alloc_zeroed(words, Tag::Temp)? })
+    }
+
+    /// Words of packing buffer [`Gemm::new`] allocates: only this crate's own kernels
+    /// (`bf16`, and `f32` on AVX2/AVX-512) pack into a held buffer; the libraries allocate
+    /// theirs per call.
+    pub(crate) fn workspace_words(backend: GemmBackend, precision: Precision) -> usize {
         let own = precision == Precision::Bf16
             || matches!(backend, GemmBackend::Avx512 | GemmBackend::Avx2);
-        let words = if own { packed::workspace_words() } else { 0 };
-        Ok(Self { backend, precision, workspace: pool.alloc_zeroed(words, Tag::Temp)? })
+        if own { packed::workspace_words() } else { 0 }
     }
 
     /// Bytes of packing buffer held.
