@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use dp_mem::ByteSize;
 use dp_model::{Precision, Schedule};
 use serde::{Deserialize, Serialize};
 
@@ -121,8 +122,15 @@ pub struct TrainConfig {
     pub precision: Precision,
     /// Magnitude pruning.
     pub prune: Option<PruneConfig>,
+    /// The memory this process may hold at its peak (its resident memory, everything
+    /// included), e.g. `"12GiB"`: before anything starts, the run predicts its peak for each
+    /// setting that changes memory and turns on the ones that cost the least speed until the
+    /// prediction fits (see `cargo xtask plan`); a run that cannot fit fails before it starts,
+    /// naming the smallest budget that would do. A resumed run keeps the settings it was
+    /// planned with.
+    pub memory_budget: Option<MemorySize>,
     /// Memory budget per replica for the model side (parameters, gradients, optimizer state,
-    /// activations, communication buffers), in MiB.
+    /// activations, communication buffers), in MiB: a hard limit its allocations fail at.
     pub memory_budget_mib: Option<u64>,
     /// Memory budget per replica for the input pipeline, in MiB.
     pub data_budget_mib: u64,
@@ -162,6 +170,53 @@ pub struct TrainConfig {
     pub checksum_every: u64,
     /// Seconds a replica waits for its peers before the run fails.
     pub timeout_s: f64,
+}
+
+/// A number of bytes, written in a config as text with a binary unit (`"12GiB"`, `"512MiB"`)
+/// or as a plain number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySize(pub u64);
+
+impl Serialize for MemorySize {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        // Exact, in the largest unit that divides it.
+        let unit = ["TiB", "GiB", "MiB", "KiB"]
+            .into_iter()
+            .zip([40, 30, 20, 10])
+            .find(|&(_, shift)| self.0 > 0 && self.0 % (1 << shift) == 0);
+        match unit {
+            Some((unit, shift)) => serializer.serialize_str(&format!("{}{unit}", self.0 >> shift)),
+            None => serializer.serialize_str(&self.0.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MemorySize {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bytes(u64),
+            Text(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Bytes(bytes) => Ok(MemorySize(bytes)),
+            Written::Text(text) => {
+                text.parse::<ByteSize>().map(|b| MemorySize(b.0)).map_err(serde::de::Error::custom)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for MemorySize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ByteSize(self.0).fmt(f)
+    }
 }
 
 /// Where replicas compute.
@@ -492,6 +547,7 @@ impl Default for TrainConfig {
             decay_bias_and_norm: None,
             precision: Precision::F32,
             prune: None,
+            memory_budget: None,
             memory_budget_mib: None,
             data_budget_mib: 256,
             skip_corrupt: false,
@@ -837,6 +893,20 @@ impl TrainConfig {
                 "data_budget_mib",
                 format!("{} is outside 1..={MAX_MIB}", self.data_budget_mib),
             ));
+        }
+        if let Some(MemorySize(bytes)) = self.memory_budget {
+            if bytes < 1 << 20 {
+                return Err(Error::config(
+                    "memory_budget",
+                    format!("{} is less than the 1 MiB a process needs to start", ByteSize(bytes)),
+                ));
+            }
+            if self.device == Device::Cuda {
+                return Err(Error::config(
+                    "memory_budget",
+                    "plans host memory; a GPU run's memory is its device's (device = cuda)",
+                ));
+            }
         }
         if let Some(mib) = self.memory_budget_mib
             && (mib == 0 || mib > MAX_MIB)

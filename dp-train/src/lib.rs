@@ -46,6 +46,7 @@ mod inference;
 mod input;
 #[cfg(feature = "bench")]
 pub mod measure;
+mod memory_plan;
 mod metrics;
 mod norm_sync;
 mod normalization;
@@ -63,13 +64,14 @@ mod trainer;
 mod zero;
 
 pub use config::{
-    Augmentation, Device, GradCompression, MAX_REPLICAS_PER_CORE, Normalization, OptimizerConfig,
-    PruneConfig, SPARSE_C, SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch,
+    Augmentation, Device, GradCompression, MAX_REPLICAS_PER_CORE, MemorySize, Normalization,
+    OptimizerConfig, PruneConfig, SPARSE_C, SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch,
     sparse_auto_epochs, sparse_optimizer,
 };
 pub use error::{Error, Result};
 pub use generate::{Generated, SampleOptions};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};
+pub use memory_plan::{MemoryPlan, largest_model, plan_memory};
 pub use metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, read_metrics};
 #[cfg(feature = "plot")]
 pub use plot::plot_run;

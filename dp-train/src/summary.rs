@@ -92,6 +92,10 @@ pub struct Summary {
     /// The most the process ever had resident (`VmHWM`), as the kernel counts it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_peak_rss: Option<u64>,
+    /// The process's peak resident memory as predicted before the run started (see
+    /// `cargo xtask plan`), to hold against `process_peak_rss`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_peak_rss: Option<u64>,
     /// Optimizer state bytes per replica (1/replicas of the whole with ZeRO stage 1).
     pub opt_state_per_replica: u64,
     /// Allocation calls per steady step on a replica's thread (with the counting allocator).
@@ -232,6 +236,14 @@ impl fmt::Display for Summary {
                 ByteSize(baseline),
                 peak as f64 / expected.max(1) as f64
             )?;
+            if let Some(predicted) = self.predicted_peak_rss {
+                writeln!(
+                    f,
+                    "               predicted before the run: {} ({:.2}x measured)",
+                    ByteSize(predicted),
+                    predicted as f64 / peak.max(1) as f64
+                )?;
+            }
         }
         if self.skipped_records > 0 {
             writeln!(

@@ -17,6 +17,7 @@ use crate::config::{Device, TrainConfig};
 use crate::emergency::Board;
 use crate::error::{Error, Result};
 use crate::gate::{Entry, Gate, Opener};
+use crate::memory_plan::{self, MemoryPlan, Planned};
 use crate::metrics::{EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics};
 use crate::norm_sync::CommNormSync;
 use crate::plan::{Resumed, RunPlan};
@@ -124,6 +125,9 @@ pub struct RunInfo {
     /// A language model's tokens per sample (its samples are windows of this many tokens;
     /// `None` for records).
     pub context: Option<usize>,
+    /// The run's memory as predicted before it started, and what it turned on to fit its
+    /// `memory_budget`.
+    pub memory: MemoryPlan,
 }
 
 /// Follows a run as it goes (a progress bar, a log). Every method has an empty default.
@@ -154,8 +158,9 @@ pub fn train(
     let started = Instant::now();
     let baseline_rss = dp_mem::process_memory().map(|m| m.rss);
     let mut processes = Processes::new(options.mpi.as_ref())?;
-    let set = set_up(config, options, &mut processes);
-    let (plan, lock) = processes.agree(set)?;
+    let set = set_up(config, options, &mut processes, baseline_rss.unwrap_or(0));
+    let (plan, lock, planned) = processes.agree(set)?;
+    let memory = memory_plan::describe(&plan, &planned, baseline_rss.unwrap_or(0))?;
     let gpu_peers = match plan.config.device {
         Device::Cuda => processes.gpu_peers()?,
         Device::Cpu => None,
@@ -210,6 +215,7 @@ pub fn train(
                 steps_per_epoch: plan.batching.steps_per_epoch,
                 dropped_per_epoch: plan.batching.dropped_per_epoch,
                 context: plan.context,
+                memory: memory.clone(),
             });
         }
         let mut metrics = match &mut opened {
@@ -256,6 +262,7 @@ pub fn train(
         warnings,
         process_baseline_rss: baseline_rss,
         process_peak_rss: dp_mem::process_memory().map(|m| m.peak_rss),
+        predicted_peak_rss: Some(memory.predicted_peak),
         ..summarize(&plan, &run_dir, &reports, &losses, last_eval, wall_s, params)
     };
     if processes.is_first() {
@@ -478,11 +485,16 @@ fn open_run(
 /// Resolves the run on every process: process 0's effective config (or the resumed run's) is
 /// every process's, and each reads the checkpoint itself. Process 0 takes a resumed run's
 /// directory for writing first.
+///
+/// A new run with a `memory_budget` is planned to fit it by the first process, whose config
+/// the others take; a resumed run keeps the settings it was planned with.
 fn set_up(
     config: TrainConfig,
     options: &RunOptions,
     processes: &mut Processes,
-) -> Result<(RunPlan, Option<RunLock>)> {
+    baseline: u64,
+) -> Result<(RunPlan, Option<RunLock>, Planned)> {
+    let mut planned = Planned { slowdown: 1.0, ..Planned::default() };
     let count = processes.count();
     let mut lock = None;
     let mut changed = false;
@@ -506,7 +518,15 @@ fn set_up(
             Ok(effective)
         })(),
         // Validated once, by the plan.
-        None => config.resolved_for(count, processes.on_host()),
+        None => config.resolved_for(count, processes.on_host()).and_then(|config| {
+            if config.memory_budget.is_none() || !processes.is_first() {
+                return Ok(config);
+            }
+            let plan = RunPlan::new(config.clone(), None, count).map_err(|e| config.explain(e))?;
+            let (plan, chosen) = memory_plan::fit(plan, baseline)?;
+            planned = chosen;
+            Ok(plan.config)
+        }),
     };
     let effective = if count == 1 {
         effective?
@@ -544,7 +564,7 @@ fn set_up(
             dp_data::write_file(&dir.join(CONFIG), plan.config.to_toml().as_bytes())?;
         }
     }
-    Ok((plan, lock))
+    Ok((plan, lock, planned))
 }
 
 /// The summary of a run that diverged at step `at` after `done` steps: what its metrics

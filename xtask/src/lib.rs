@@ -88,6 +88,11 @@ enum XtaskCmd {
 enum UserCmd {
     /// Train a model data-parallel (default: the built-in digits, one replica per core).
     Train(Box<train::TrainArgs>),
+    /// Print the memory a training run would take, predicted by tag before anything starts,
+    /// and with --memory-budget the settings it would turn on to fit, cheapest in speed
+    /// first: shared parameters, ZeRO-1, no input prefetch, 8-bit optimizer state, bf16
+    /// saved activations, smaller micro-batches accumulated, recomputation, fewer replicas.
+    Plan(Box<PlanArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {
         #[command(flatten)]
@@ -221,6 +226,7 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
             });
             return train::run(&home, *args, &given.unwrap_or_default());
         }
+        UserCmd::Plan(args) => train::plan(&home, &args.train, args.largest.as_deref()),
         UserCmd::Plot { run_dir } => plot(&run_dir),
         UserCmd::Eval { model, int8 } => {
             inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
@@ -233,6 +239,17 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
         }
     }
     .map(|()| ExitCode::SUCCESS)
+}
+
+/// `plan`'s options: `train`'s, and the inverse question.
+#[derive(Debug, clap::Args)]
+struct PlanArgs {
+    #[command(flatten)]
+    train: train::TrainArgs,
+    /// Instead of planning --model: the largest model of a built-in family (mlp, gpt or
+    /// resnet) that trains within --memory-budget with these options.
+    #[arg(long, value_name = "FAMILY")]
+    largest: Option<String>,
 }
 
 /// A run's model and the dataset to use it on (`eval`, `predict`).

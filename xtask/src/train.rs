@@ -109,6 +109,11 @@ struct ConfigFlags {
     /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
     #[arg(long = "zero", allow_negative_numbers = true)]
     zero_stage: Option<u8>,
+    /// The memory this process may hold at its peak, e.g. 12GiB: the run turns on what
+    /// saves memory at the least cost in speed until its predicted peak fits, prints the
+    /// plan, and runs it (see `plan`).
+    #[arg(long, value_name = "SIZE")]
+    memory_budget: Option<String>,
     /// Activation recomputation (per residual block in a ResNet).
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -237,15 +242,7 @@ pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<Exit
     let first = mpi.as_ref().is_none_or(|world| world.rank() == 0);
     // The process whose output the user reads says why it stops.
     stop.announce(first);
-    let mut config = match &args.config {
-        Some(path) => TrainConfig::load(path)?,
-        None => TrainConfig {
-            train_data: root.join("data/digits/train"),
-            eval_data: Some(root.join("data/digits/eval")),
-            ..TrainConfig::default()
-        },
-    };
-    apply(&mut config, &args)?;
+    let config = config_of(root, &args)?;
     let resume_changes = resume_changes(&args);
     if first && args.keys.train_data.is_none() && args.config.is_none() && args.resume.is_none() {
         ensure_digits(&root.join("data/digits"))?;
@@ -312,6 +309,44 @@ pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<Exit
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `plan`: prints the memory plan `args` would train with (see `dp_train::plan_memory`),
+/// or with `largest`, the plan of the largest model of that family within the budget.
+pub(crate) fn plan(home: &Home, args: &TrainArgs, largest: Option<&str>) -> Result<()> {
+    let root = &home.base;
+    if args.resume.is_some() {
+        bail!("--resume: a resumed run keeps the plan it was made with (see its config.toml)");
+    }
+    let config = config_of(root, args)?;
+    if args.keys.train_data.is_none() && args.config.is_none() {
+        ensure_digits(&root.join("data/digits"))?;
+    }
+    let processes = args.procs.unwrap_or(1);
+    let plan = match largest {
+        Some(family) => dp_train::largest_model(family, &config, processes)?,
+        None => dp_train::plan_memory(&config, processes)?,
+    };
+    println!("{plan}");
+    if largest.is_some() {
+        println!("largest        --model {}", plan.config.model);
+    }
+    Ok(())
+}
+
+/// The config `args` give: their config file's or the default job's (the built-in digits
+/// under `root`), with the options over it.
+pub(crate) fn config_of(root: &Path, args: &TrainArgs) -> Result<TrainConfig> {
+    let mut config = match &args.config {
+        Some(path) => TrainConfig::load(path)?,
+        None => TrainConfig {
+            train_data: root.join("data/digits/train"),
+            eval_data: Some(root.join("data/digits/eval")),
+            ..TrainConfig::default()
+        },
+    };
+    apply(&mut config, args)?;
+    Ok(config)
 }
 
 fn apply(config: &mut TrainConfig, args: &TrainArgs) -> Result<()> {
@@ -429,6 +464,9 @@ struct Progress {
 
 impl Observer for Progress {
     fn started(&mut self, run: &RunInfo) {
+        if run.memory.budget.is_some() {
+            println!("{}\n", run.memory);
+        }
         println!(
             "training {} ({} parameters) on {} replicas{}, {} steps -> {}",
             run.model,

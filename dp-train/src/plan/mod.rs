@@ -37,7 +37,7 @@ pub(crate) struct ResumeState {
 }
 
 /// The run, resolved.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct RunPlan {
     /// The config, with what the plan chose filled in (the optimizer among it).
     pub(crate) config: TrainConfig,

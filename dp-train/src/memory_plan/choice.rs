@@ -1,0 +1,147 @@
+//! Which settings a run turns on to fit a memory budget: every combination of the settings
+//! that change memory is predicted, and the one expected to run fastest among those that fit
+//! is taken.
+//!
+//! The settings, from the cheapest in speed to the dearest, and why:
+//!
+//! 1. **Shared parameters** (threads of a process read one parameter buffer and hold one
+//!    optimizer state): free; each replica then updates only its shard of the parameters.
+//! 2. **ZeRO-1** (each replica keeps and updates a shard of the optimizer state): one
+//!    broadcast of the parameters per step, small next to the step's all-reduce.
+//! 3. **No prefetch** in the input pipeline: batches made on the replica's thread when asked
+//!    for, a few percent where decoding is cheap.
+//! 4. **8-bit optimizer state**: the update dequantizes and requantizes each state value, a
+//!    pass over the parameters per step, small next to the step's products.
+//! 5. **bf16 saved activations**: one rounding per saved value in forward and one widening in
+//!    backward.
+//! 6. **Smaller micro-batches**, accumulated to the same global batch: the products run on
+//!    fewer rows, less efficiently, and each micro-batch pays its fixed costs again.
+//! 7. **Recomputation**: backward runs the forward of each segment again, about a third more
+//!    arithmetic.
+//! 8. **Fewer replicas** per process: each one given up is a core not computing.
+//!
+//! The estimates below follow this order; they rank plans, and are not a measurement.
+
+use crate::config::TrainConfig;
+use crate::plan::RunPlan;
+
+/// Estimated step-time factors of each setting (see the module docs).
+const ZERO1: f64 = 1.02;
+const NO_PREFETCH: f64 = 1.03;
+const PER_ACCUMULATION_DOUBLING: f64 = 1.06;
+const RECOMPUTE: f64 = 1.33;
+
+/// The settings that change a run's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Settings {
+    pub(crate) replicas: usize,
+    pub(crate) grad_accum: usize,
+    pub(crate) share_params: bool,
+    pub(crate) zero_stage: u8,
+    pub(crate) data_prefetch: usize,
+    pub(crate) recompute: bool,
+}
+
+impl Settings {
+    pub(crate) fn of(config: &TrainConfig) -> Self {
+        Self {
+            replicas: config.replicas,
+            grad_accum: config.grad_accum,
+            share_params: config.share_params,
+            zero_stage: config.zero_stage,
+            data_prefetch: config.data_prefetch,
+            recompute: config.recompute,
+        }
+    }
+
+    /// `plan` with these settings: its config, and its batching for the same global batch.
+    pub(crate) fn apply(&self, plan: &RunPlan) -> RunPlan {
+        let mut config = plan.config.clone();
+        config.replicas = self.replicas;
+        config.grad_accum = self.grad_accum;
+        config.per_replica_batch = None;
+        config.share_params = self.share_params;
+        config.zero_stage = self.zero_stage;
+        config.data_prefetch = self.data_prefetch;
+        config.recompute = self.recompute;
+        let mut batching = plan.batching;
+        batching.replicas = self.replicas;
+        batching.micro =
+            config.global_batch / (self.replicas * batching.processes * self.grad_accum);
+        RunPlan { config, batching, ..plan.clone() }
+    }
+
+    /// Every combination that only turns memory savers on from `self` (never off what the
+    /// config turned on), for `global_batch` over `processes`.
+    pub(crate) fn candidates(&self, global_batch: usize, processes: usize) -> Vec<Settings> {
+        let mut all = Vec::new();
+        for replicas in (1..=self.replicas).rev() {
+            let mut accum = self.grad_accum;
+            while global_batch.is_multiple_of(replicas * processes * accum) {
+                for bits in 0..16u8 {
+                    let on = |i: u8| bits & (1 << i) != 0;
+                    let settings = Settings {
+                        replicas,
+                        grad_accum: accum,
+                        share_params: self.share_params || on(0),
+                        zero_stage: self.zero_stage.max(u8::from(on(1))),
+                        data_prefetch: if on(2) { 0 } else { self.data_prefetch },
+                        recompute: self.recompute || on(3),
+                    };
+                    if !all.contains(&settings) {
+                        all.push(settings);
+                    }
+                }
+                accum *= 2;
+            }
+        }
+        all
+    }
+
+    /// The estimated step time of these settings against `base`'s.
+    pub(crate) fn slowdown(&self, base: &Settings) -> f64 {
+        let turned = |on: bool, was: bool, factor: f64| if on && !was { factor } else { 1.0 };
+        let doublings = (self.grad_accum as f64 / base.grad_accum as f64).log2();
+        base.replicas as f64 / self.replicas as f64
+            * PER_ACCUMULATION_DOUBLING.powf(doublings)
+            * turned(self.zero_stage == 1, base.zero_stage == 1, ZERO1)
+            * turned(self.data_prefetch == 0, base.data_prefetch == 0, NO_PREFETCH)
+            * turned(self.recompute, base.recompute, RECOMPUTE)
+    }
+
+    /// What these settings turn on against `base`, in words.
+    pub(crate) fn changes(
+        &self,
+        base: &Settings,
+        global_batch: usize,
+        processes: usize,
+    ) -> Vec<String> {
+        let mut changes = Vec::new();
+        if self.share_params && !base.share_params {
+            changes.push("shared parameters (share_params)".to_string());
+        }
+        if self.zero_stage == 1 && base.zero_stage != 1 {
+            changes.push("ZeRO-1 optimizer state shards (zero_stage = 1)".to_string());
+        }
+        if self.data_prefetch == 0 && base.data_prefetch != 0 {
+            changes.push("no input prefetch (data_prefetch = 0)".to_string());
+        }
+        if self.grad_accum != base.grad_accum {
+            let micro = global_batch / (self.replicas * processes * self.grad_accum);
+            changes.push(format!(
+                "micro-batches of {micro} accumulated {} times (grad_accum = {})",
+                self.grad_accum, self.grad_accum
+            ));
+        }
+        if self.recompute && !base.recompute {
+            changes.push("activation recomputation (recompute)".to_string());
+        }
+        if self.replicas != base.replicas {
+            changes.push(format!(
+                "{} replicas per process instead of {}",
+                self.replicas, base.replicas
+            ));
+        }
+        changes
+    }
+}

@@ -1,0 +1,131 @@
+//! What a run will hold at its peak, predicted from its plan before anything is built: the
+//! same per-tag figures the run's memory report gives, from the same sizing code the model,
+//! the optimizer and the pipelines allocate by.
+
+use std::collections::HashMap;
+
+use dp_data::{Pipeline, TokenPipeline};
+use dp_mem::{ByTag, Tag};
+use dp_model::{Model, ModelOptions, Recompute};
+
+use crate::config::OptimizerConfig;
+use crate::error::Result;
+use crate::plan::{RunPlan, pipeline_config};
+use crate::replica::reduces_in_place;
+use crate::zero::zero_shard;
+
+/// Resident memory a process holds beyond what its replicas account: each replica thread's
+/// stack and the GEMM library's packing buffers (allocated on each call, outside the pools),
+/// the runtime's and the allocator's own. Measured on the built-in jobs as peak RSS minus
+/// the baseline and the accounted peaks.
+const PER_REPLICA_UNACCOUNTED: u64 = 8 << 20;
+
+/// The pools round each buffer up to a size class: at most about 1/32 more.
+fn rounded(bytes: u64) -> u64 {
+    bytes + bytes / 32
+}
+
+/// A run's predicted memory.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Prediction {
+    /// Replica 0's bytes by tag (it also accounts parameters its process's replicas share).
+    pub(crate) replica: ByTag<u64>,
+    /// The process's replicas' bytes by tag, all of them together.
+    pub(crate) process: ByTag<u64>,
+    /// What the process held before the run (the binary, its libraries, the caller's data).
+    pub(crate) baseline: u64,
+    /// The process's predicted peak resident memory: the baseline, the replicas' rounded up
+    /// to their pools' size classes, and what no pool accounts.
+    pub(crate) peak: u64,
+}
+
+/// The pipelines' working sets by (micro-batch, prefetch, training), opened once each: the
+/// planner predicts many settings over the same data.
+#[derive(Default)]
+pub(crate) struct DataNeeds(HashMap<(usize, usize, bool), u64>);
+
+impl DataNeeds {
+    fn bytes(&mut self, plan: &RunPlan, train: bool) -> Result<u64> {
+        let key = (plan.batching.micro, plan.config.data_prefetch, train);
+        if let Some(&bytes) = self.0.get(&key) {
+            return Ok(bytes);
+        }
+        let config = pipeline_config(plan, 0, plan.world(), train);
+        let dir = match train {
+            true => &plan.config.train_data,
+            false => match &plan.config.eval_data {
+                Some(dir) => dir,
+                None => return Ok(0),
+            },
+        };
+        let bytes = match plan.context {
+            Some(context) => TokenPipeline::memory_needs(dir, &config, context)?,
+            None => Pipeline::memory_needs(dir, &config)?.1,
+        };
+        self.0.insert(key, bytes);
+        Ok(bytes)
+    }
+}
+
+/// The optimizer state's bytes for `len` parameters.
+pub(crate) fn optimizer_state_bytes(optimizer: &OptimizerConfig, len: usize) -> u64 {
+    let buffers = match *optimizer {
+        OptimizerConfig::Sgd { momentum, .. } => u64::from(momentum != 0.0),
+        OptimizerConfig::Adam { .. } => 2,
+    };
+    buffers * len as u64 * 4
+}
+
+/// Predicts `plan`'s memory in a process that holds `baseline` bytes before it starts.
+pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Result<Prediction> {
+    let config = &plan.config;
+    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    let options = ModelOptions::new(plan.batching.micro, config.seed)
+        .recompute(recompute)
+        .precision(config.precision);
+    let model = Model::<f32>::memory_for(&plan.spec, &options)?;
+    let len = plan.spec.layout()?.len();
+    let f32s = |n: usize| n as u64 * 4;
+    let buckets = config.buckets()?;
+    let comm = match reduces_in_place(len, &buckets, plan) {
+        true => 0,
+        false => {
+            let largest = (buckets.bucket_bytes / 4).min(len);
+            f32s(len) + buckets.compression.scratch_bytes(len, largest, plan.world()) as u64
+        }
+    };
+    let data_bytes = data.bytes(plan, true)? + data.bytes(plan, false)?;
+    let shares = plan.shares_params();
+    let replicas = plan.batching.replicas;
+    let replica = |local: usize| {
+        let shard = match (shares, config.zero_stage) {
+            (true, _) => zero_shard(len, replicas, local).len(),
+            (false, 1) => zero_shard(len, plan.world(), local).len(),
+            (false, _) => len,
+        };
+        ByTag::from_fn(|tag| match tag {
+            // Shared parameters are the first replica's to account; every replica keeps its
+            // own buffers (batch norms' running statistics).
+            Tag::Param if shares => {
+                model.params - f32s(len) + if local == 0 { f32s(len) } else { 0 }
+            }
+            Tag::Param => model.params,
+            Tag::Grad => model.grads,
+            Tag::OptState => optimizer_state_bytes(&plan.optimizer, shard),
+            Tag::Activation => model.saved_activations + model.workspace,
+            Tag::Data => data_bytes,
+            Tag::Comm => comm,
+            Tag::Temp => model.packing,
+            _ => 0,
+        })
+    };
+    let first = replica(0);
+    let mut process = ByTag::<u64>::default();
+    for local in 0..replicas {
+        for (tag, bytes) in replica(local).iter() {
+            process[tag] += *bytes;
+        }
+    }
+    let peak = baseline + rounded(process.total()) + replicas as u64 * PER_REPLICA_UNACCOUNTED;
+    Ok(Prediction { replica: first, process, baseline, peak })
+}
