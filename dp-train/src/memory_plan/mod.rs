@@ -77,7 +77,8 @@ pub(crate) fn baseline_rss() -> u64 {
 
 /// `plan` as it fits its config's `memory_budget` (unchanged without one), in a process that
 /// holds `baseline` bytes: of every combination of settings that only turns memory savers on,
-/// the fitting one with the least estimated slowdown (the lower peak among equals).
+/// the fitting one with the least estimated slowdown (among equals, the fewest changes, then
+/// the lowest peak).
 pub(crate) fn fit(plan: RunPlan, baseline: u64) -> Result<(RunPlan, Planned)> {
     let Some(budget) = plan.config.memory_budget.map(|b| b.0) else {
         return Ok((plan, Planned { slowdown: 1.0, ..Planned::default() }));
@@ -85,21 +86,22 @@ pub(crate) fn fit(plan: RunPlan, baseline: u64) -> Result<(RunPlan, Planned)> {
     let base = Settings::of(&plan.config);
     let (global, processes) = (plan.config.global_batch, plan.batching.processes);
     let mut data = DataNeeds::default();
-    let mut best: Option<(f64, u64, Settings)> = None;
+    let mut best: Option<((f64, usize, u64), Settings)> = None;
     let mut least: Option<(u64, Settings)> = None;
     for settings in base.candidates(global, processes) {
         let peak = predict(&settings.apply(&plan), baseline, &mut data)?.peak;
         if least.is_none_or(|(p, _)| peak < p) {
             least = Some((peak, settings));
         }
-        let slowdown = settings.slowdown(&base);
-        let better = best.is_none_or(|(s, p, _)| (slowdown, peak) < (s, p));
-        if peak <= budget && better {
-            best = Some((slowdown, peak, settings));
+        // The fastest; among equals, the fewest changes, then the lowest peak.
+        let changes = settings.changes(&base, global, processes).len();
+        let rank = (settings.slowdown(&base), changes, peak);
+        if peak <= budget && best.is_none_or(|(best, _)| rank < best) {
+            best = Some((rank, settings));
         }
     }
     match best {
-        Some((slowdown, _, settings)) => {
+        Some(((slowdown, ..), settings)) => {
             let turned_on = settings.changes(&base, global, processes);
             Ok((settings.apply(&plan), Planned { budget: Some(budget), turned_on, slowdown }))
         }

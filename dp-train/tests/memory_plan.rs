@@ -1,0 +1,155 @@
+//! The memory planner: its predicted peak holds against the process's measured peak, a
+//! budget is met by the settings that cost the least speed, one that cannot be met fails
+//! before the run starts, and the largest model found for a budget is the largest that fits.
+//!
+//! The peak resident memory the kernel reports is the whole process's, so each measured run
+//! is a process of its own: this test binary run again on `one_planned_run`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{TempDir, config};
+use dp_train::{MemorySize, RunOptions, TrainConfig, largest_model, plan_memory, train};
+
+/// Set in a child process: the case it runs, its data and where its run goes.
+const CASE: &str = "DP_MEMORY_PLAN_CASE";
+
+/// 7.9M parameters with Adam on 2 replicas, each holding its own copies: large enough that
+/// the planned buffers, not the binary, make up the process.
+fn base(data: &Path) -> TrainConfig {
+    TrainConfig {
+        train_data: data.join("train"),
+        eval_data: None,
+        model: "mlp:2048,2048".into(),
+        optimizer: Some(common::adam()),
+        share_params: false,
+        global_batch: 128,
+        bucket_mib: 25.0,
+        ..config(2, 3)
+    }
+}
+
+/// The child's side: trains `base` under the budget it was given and prints what the plan
+/// predicted and what the process measured. Does nothing unless started by the test below.
+#[test]
+fn one_planned_run() {
+    let Ok(case) = std::env::var(CASE) else { return };
+    let mut parts = case.split(';');
+    let (data, out, share) = (parts.next().unwrap(), parts.next().unwrap(), parts.next());
+    // A share of this process's own prediction as given, whose baseline is this process's.
+    let given = plan_memory(&base(Path::new(data)), 1).unwrap().predicted_peak;
+    let budget = share.map(|s| (given as f64 * s.parse::<f64>().unwrap()) as u64);
+    let config = TrainConfig { memory_budget: budget.map(MemorySize), ..base(Path::new(data)) };
+    let summary = train(config, &RunOptions::new(out), &mut ()).unwrap();
+    let saved = std::fs::read_to_string(common::run_dir(Path::new(out)).join(dp_train::CONFIG));
+    let saved: TrainConfig = toml::from_str(&saved.unwrap()).unwrap();
+    println!(
+        "RESULT {} {} {} {} {} {}",
+        budget.unwrap_or(u64::MAX),
+        summary.predicted_peak_rss.unwrap(),
+        summary.process_peak_rss.unwrap_or(0),
+        saved.replicas,
+        saved.share_params,
+        saved.recompute || saved.grad_accum > 1,
+    );
+}
+
+#[test]
+fn the_predicted_peak_holds_within_1_1x_of_the_measured_on_three_plans() {
+    if dp_mem::process_memory().is_none() {
+        eprintln!("skipped: this system does not report resident memory");
+        return;
+    }
+    let dir = TempDir::new("memory-plan");
+    let data = common::digits();
+    // As given; then a budget that sharing the parameters meets (it drops a copy of the
+    // parameters and of Adam's moments, 30% of the process); then one that needs more.
+    let mut plans = Vec::new();
+    for (i, budget) in [None, Some(0.8), Some(0.55)].into_iter().enumerate() {
+        let out = dir.0.join(format!("case-{i}"));
+        let case = format!(
+            "{};{}{}",
+            data.display(),
+            out.display(),
+            budget.map_or(String::new(), |b| format!(";{b}"))
+        );
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "one_planned_run", "--nocapture", "--test-threads", "1"])
+            .env(CASE, case)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&child.stdout);
+        assert!(
+            child.status.success(),
+            "case {i}: {stdout}\n{}",
+            String::from_utf8_lossy(&child.stderr)
+        );
+        let line = stdout.lines().find_map(|l| l.split_once("RESULT ").map(|(_, r)| r));
+        let line = line.unwrap_or_else(|| panic!("case {i} printed no result: {stdout}"));
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [budget, predicted, measured]: [u64; 3] =
+            std::array::from_fn(|k| fields[k].parse().unwrap());
+        let ratio = measured as f64 / predicted as f64;
+        println!(
+            "case {i}: budget {budget}, predicted {predicted}, measured {measured} ({ratio:.3}x), plan {:?}",
+            &fields[3..]
+        );
+        assert!(
+            (1.0 / 1.1..=1.1).contains(&ratio),
+            "case {i}: measured {measured} B against predicted {predicted} B"
+        );
+        assert!(measured <= budget, "case {i}: measured {measured} B over the {budget} B budget");
+        plans.push(fields[3..].join(" "));
+    }
+    assert_eq!(plans[0], "2 false false", "the config as given runs as given");
+    assert_eq!(plans[1], "2 true false", "sharing the parameters is free, and enough");
+    assert!(plans[2] != plans[1], "the tightest budget turns more on: {}", plans[2]);
+}
+
+#[test]
+fn a_budget_is_met_with_the_cheapest_settings_and_one_too_small_fails_before_the_run() {
+    let data = common::digits();
+    let given = plan_memory(&base(data), 1).unwrap();
+    assert!(given.turned_on.is_empty() && given.budget.is_none());
+    // With room to spare: other tests in this process move its baseline.
+    let roomy = given.predicted_peak * 5 / 4;
+    let config = TrainConfig { memory_budget: Some(MemorySize(roomy)), ..base(data) };
+    let fits = plan_memory(&config, 1).unwrap();
+    assert!(fits.turned_on.is_empty(), "the config fits as given: {:?}", fits.turned_on);
+    let budget = given.predicted_peak * 8 / 10;
+    let config = TrainConfig { memory_budget: Some(MemorySize(budget)), ..base(data) };
+    let shared = plan_memory(&config, 1).unwrap();
+    assert!(shared.predicted_peak <= budget);
+    assert_eq!(shared.turned_on, ["shared parameters (share_params)"]);
+    assert!(shared.config.share_params && !shared.config.recompute);
+    assert_eq!((shared.config.replicas, shared.config.grad_accum), (2, 1));
+
+    let out = TempDir::new("memory-plan-too-small");
+    let tiny = TrainConfig { memory_budget: Some(MemorySize(16 << 20)), ..base(data) };
+    let error = train(tiny, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+    assert!(
+        error.contains("memory_budget") && error.contains("the least it can take is"),
+        "{error}"
+    );
+    assert!(error.contains("with ") && error.contains("1 replicas per process"), "{error}");
+    assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 0, "no run directory");
+}
+
+#[test]
+fn the_largest_model_for_a_budget_fits_and_the_next_size_does_not() {
+    let data = common::digits();
+    let config = TrainConfig { memory_budget: Some(MemorySize(400 << 20)), ..base(data) };
+    let largest = largest_model("mlp", &config, 1).unwrap();
+    assert!(largest.predicted_peak <= 400 << 20);
+    let width: usize = largest.config.model.rsplit(',').next().unwrap().parse().unwrap();
+    assert_eq!(largest.config.model, format!("mlp:{},{width}", 2 * width));
+    assert!(width >= 1024, "{}", largest.config.model);
+    let next =
+        TrainConfig { model: format!("mlp:{},{}", 2 * (width + 8), width + 8), ..config.clone() };
+    let error = plan_memory(&next, 1).unwrap_err().to_string();
+    assert!(error.contains("memory_budget"), "{error}");
+    let unknown = largest_model("transformer", &config, 1).unwrap_err().to_string();
+    assert!(unknown.contains("mlp, gpt or resnet"), "{unknown}");
+}
