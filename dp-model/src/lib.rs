@@ -88,8 +88,9 @@ pub use ops::loss::{LossTotals, Targets};
 pub use ops::norm_sync::NormSync;
 pub use ops::sparse::SparseInput;
 pub use optim::{
-    Adam, AdamConfig, Optimizer, OptimizerState, OptimizerStateMut, Schedule, Sgd, SgdConfig,
-    clip_grad_norm, grad_norm,
+    Adam, AdamConfig, Optimizer, OptimizerState, OptimizerStateMut, QuantizedState,
+    QuantizedStateMut, STATE_BLOCK, Schedule, Sgd, SgdConfig, StatePrecision, clip_grad_norm,
+    grad_norm,
 };
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;

@@ -15,13 +15,21 @@ use zstd::stream::zio::{Reader, Writer};
 use super::zstd_stream::{Compress, Decompress};
 use crate::error::{Error, Result};
 
-/// The format both checkpoint files are in.
-const VERSION: u32 = 4;
+/// The format both checkpoint files are in. Version 5 added the optimizer state's bits (8-bit
+/// state is stored as codes and scales); version 4 files, whose state is unquantised, are
+/// still read.
+const VERSION: u32 = 5;
 const ZSTD_LEVEL: i32 = 3;
 /// What a file holds of its bytes or their encoding at once while streaming.
 const STREAM_BUFFER: usize = 64 << 10;
 /// The largest header a reader takes: names, the layout and the caller's state, never values.
 const MAX_HEADER: u64 = 64 << 20;
+
+/// A file's header, decodable from this format version and from version 4.
+pub(super) trait Header: Serialize + DeserializeOwned {
+    /// Decodes a version 4 header (before the optimizer state's bits were recorded).
+    fn decode_v4(bytes: &[u8]) -> postcard::Result<Self>;
+}
 
 /// Writes `header`, then whatever `body` writes, atomically to `path`; returns the file's bytes.
 pub(super) fn write<H: Serialize>(
@@ -56,17 +64,13 @@ pub(super) struct Frame {
 impl Frame {
     /// Opens `path`, checks its magic (`what` names the kind of file in errors) and version,
     /// and reads its header.
-    pub(super) fn open<H: DeserializeOwned>(
-        path: &Path,
-        magic: &[u8; 8],
-        what: &str,
-    ) -> Result<(H, Self)> {
+    pub(super) fn open<H: Header>(path: &Path, magic: &[u8; 8], what: &str) -> Result<(H, Self)> {
         let file = File::open(path).map_err(|e| Error::io(path, "read", e))?;
         Self::reopen(file, path, magic, what)
     }
 
     /// [`Frame::open`] on `file` (`path` names it in errors), read from its start.
-    pub(super) fn reopen<H: DeserializeOwned>(
+    pub(super) fn reopen<H: Header>(
         mut file: File,
         path: &Path,
         magic: &[u8; 8],
@@ -81,9 +85,9 @@ impl Frame {
             return Err(fail(format!("not a {what} (bad magic)")));
         }
         let version = u32::from_le_bytes(start[8..].try_into().expect("4 bytes"));
-        if version != VERSION {
+        if version != VERSION && version != 4 {
             return Err(fail(format!(
-                "{what} format version {version}, this build reads {VERSION}"
+                "{what} format version {version}, this build reads 4 and {VERSION}"
             )));
         }
         let decoder =
@@ -98,8 +102,11 @@ impl Frame {
         }
         let mut bytes = vec![0u8; len as usize];
         frame.read(&mut bytes)?;
-        let header =
-            postcard::from_bytes(&bytes).map_err(|e| fail(format!("damaged (header: {e})")))?;
+        let header = match version {
+            VERSION => postcard::from_bytes(&bytes),
+            _ => H::decode_v4(&bytes),
+        };
+        let header = header.map_err(|e| fail(format!("damaged (header: {e})")))?;
         Ok((header, frame))
     }
 

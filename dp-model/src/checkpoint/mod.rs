@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::layout::ParamLayout;
+use crate::optim::{OptimizerState, OptimizerStateMut, STATE_BLOCK};
 
 const MAGIC: &[u8; 8] = b"DPMODEL\0";
 const WHAT: &str = "dp-model checkpoint";
@@ -53,6 +54,62 @@ pub struct OptimizerMeta {
     buffers: usize,
     /// Empty: the state follows the parameters in the checkpoint itself.
     shards: Vec<ShardFile>,
+    /// Bits per state value: 32 (the model's values) or 8 (codes, then a scale per block).
+    bits: u8,
+}
+
+/// [`OptimizerMeta`] as format version 4 wrote it: always unquantised.
+#[derive(Deserialize)]
+struct OptimizerMetaV4 {
+    kind: String,
+    len: usize,
+    params: u64,
+    steps: u64,
+    buffers: usize,
+    shards: Vec<ShardFile>,
+}
+
+impl From<OptimizerMetaV4> for OptimizerMeta {
+    fn from(v4: OptimizerMetaV4) -> Self {
+        let OptimizerMetaV4 { kind, len, params, steps, buffers, shards } = v4;
+        OptimizerMeta { kind, len, params, steps, buffers, shards, bits: 32 }
+    }
+}
+
+/// How optimizer state is laid out in a file: per state buffer, one section of `value_bytes`
+/// values (unquantised), or two (8-bit: a code per value, then a scale per block). Each
+/// section is `(bytes per entry, parameters per entry)`.
+pub(super) fn state_sections(bits: u8, buffers: usize, value_bytes: usize) -> Vec<(usize, usize)> {
+    let per_buffer: &[(usize, usize)] = match bits {
+        8 => &[(1, 1), (size_of::<f32>(), STATE_BLOCK)],
+        _ => &[(value_bytes, 1)],
+    };
+    (0..buffers).flat_map(|_| per_buffer.iter().copied()).collect()
+}
+
+/// Bytes of `sections` over `len` parameters.
+pub(super) fn sections_bytes(sections: &[(usize, usize)], len: usize) -> u64 {
+    sections.iter().map(|&(width, per)| (len.div_ceil(per) * width) as u64).sum()
+}
+
+/// The state's sections as bytes, in file order.
+pub(super) fn state_bytes<'a, T: crate::Float>(state: &OptimizerState<'a, T>) -> Vec<&'a [u8]> {
+    let plain = state.buffers.iter().map(|b| bytemuck::cast_slice::<T, u8>(b));
+    let quantized =
+        state.quantized.iter().flat_map(|q| [q.codes, bytemuck::cast_slice::<f32, u8>(q.scales)]);
+    plain.chain(quantized).collect()
+}
+
+/// The state's sections as mutable bytes, in file order, and its step count.
+pub(super) fn state_bytes_mut<'a, T: crate::Float>(
+    state: OptimizerStateMut<'a, T>,
+) -> (&'a mut u64, Vec<&'a mut [u8]>) {
+    let plain = state.buffers.into_iter().map(|b| bytemuck::cast_slice_mut::<T, u8>(b));
+    let quantized = state
+        .quantized
+        .into_iter()
+        .flat_map(|q| [q.codes, bytemuck::cast_slice_mut::<f32, u8>(q.scales)]);
+    (state.steps, plain.chain(quantized).collect())
 }
 
 impl OptimizerMeta {
@@ -80,6 +137,16 @@ impl OptimizerMeta {
     pub fn shards(&self) -> &[ShardFile] {
         &self.shards
     }
+
+    /// Bits per state value: 32, or 8 for blockwise-quantised state (`optimizer_bits`).
+    pub fn bits(&self) -> u8 {
+        self.bits
+    }
+
+    /// Its state's sections (see [`state_sections`]).
+    pub(super) fn sections(&self, value_bytes: usize) -> Vec<(usize, usize)> {
+        state_sections(self.bits, self.buffers, value_bytes)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -103,6 +170,46 @@ pub struct CheckpointHeader {
     buffers: Vec<f64>,
     optimizer: Option<OptimizerMeta>,
     extra: String,
+}
+
+/// [`CheckpointHeader`] as format version 4 wrote it.
+#[derive(Deserialize)]
+struct CheckpointHeaderV4 {
+    model: String,
+    fingerprint: u64,
+    value_bytes: u8,
+    layout: ParamLayout,
+    tensors: Vec<TensorMeta>,
+    buffers: Vec<f64>,
+    optimizer: Option<OptimizerMetaV4>,
+    extra: String,
+}
+
+impl frame::Header for CheckpointHeader {
+    fn decode_v4(bytes: &[u8]) -> postcard::Result<Self> {
+        let v4: CheckpointHeaderV4 = postcard::from_bytes(bytes)?;
+        let CheckpointHeaderV4 {
+            model,
+            fingerprint,
+            value_bytes,
+            layout,
+            tensors,
+            buffers,
+            optimizer,
+            extra,
+        } = v4;
+        let optimizer = optimizer.map(OptimizerMeta::from);
+        Ok(CheckpointHeader {
+            model,
+            fingerprint,
+            value_bytes,
+            layout,
+            tensors,
+            buffers,
+            optimizer,
+            extra,
+        })
+    }
 }
 
 /// What a checkpoint holds, for reports.

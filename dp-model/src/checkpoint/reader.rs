@@ -54,7 +54,7 @@ impl CheckpointReader {
                     header.layout.len()
                 )));
             }
-            frame.skip((optimizer.buffers * optimizer.len * width) as u64)?;
+            frame.skip(super::sections_bytes(&optimizer.sections(width), optimizer.len))?;
         }
         // The second pass reads the very file the first checked, even if another has been
         // renamed over its name meanwhile.
@@ -168,33 +168,45 @@ impl CheckpointReader {
         };
         let len = optimizer.len();
         let state = optimizer.state_mut();
+        let bits = state.precision.bits();
+        if bits != meta.bits {
+            return Err(self.fail(format!(
+                "holds optimizer state of optimizer_bits = {}, loading into an optimizer of optimizer_bits = {bits}: 8-bit state is never converted; resume with the checkpoint's optimizer_bits",
+                meta.bits
+            )));
+        }
+        let state_buffers = state.buffers.len() + state.quantized.len();
         if state.kind != meta.kind
-            || state.buffers.len() != meta.buffers
+            || state_buffers != meta.buffers
             || range.end > meta.len
             || range.len() != len
         {
             return Err(self.fail(format!(
                 "holds {} state ({} buffers) over {} parameters, loading {} ({} buffers) over {range:?} of them",
-                meta.kind,
-                meta.buffers,
-                meta.len,
-                state.kind,
-                state.buffers.len()
+                meta.kind, meta.buffers, meta.len, state.kind, state_buffers
             )));
         }
-        let width = size_of::<T>();
-        let mut buffers: Vec<&mut [u8]> =
-            state.buffers.into_iter().map(|b| bytemuck::cast_slice_mut(b)).collect();
+        let sections = meta.sections(size_of::<T>());
+        // Quantised state is read whole blocks at a time, so the range must be whole blocks.
+        if let Some(&(_, per)) = sections.iter().max_by_key(|s| s.1)
+            && (range.start % per != 0 || (range.end % per != 0 && range.end != meta.len))
+        {
+            return Err(self.fail(format!(
+                "holds 8-bit optimizer state in blocks of {per} parameters; {range:?} is not whole blocks of it"
+            )));
+        }
+        let (steps, mut buffers) = super::state_bytes_mut(state);
         if meta.shards.is_empty() {
             if self.at == Section::Params {
                 self.frame.skip(self.header.params_bytes())?;
             } else if self.at == Section::End {
                 return Err(self.fail("the optimizer state was read past already".into()));
             }
-            for buffer in &mut buffers {
-                self.frame.skip((range.start * width) as u64)?;
+            for (buffer, &(width, per)) in buffers.iter_mut().zip(&sections) {
+                self.frame.skip((range.start / per * width) as u64)?;
                 self.frame.read(buffer)?;
-                self.frame.skip(((meta.len - range.end) * width) as u64)?;
+                let rest = meta.len.div_ceil(per) - range.end.div_ceil(per);
+                self.frame.skip((rest * width) as u64)?;
             }
             self.at = Section::End;
         } else {
@@ -211,13 +223,14 @@ impl CheckpointReader {
                 return Err(self.fail(format!("its shard files do not cover {range:?}")));
             }
             for file in &files {
-                shard::read_part(dir, file, &meta, width, &range, None)?;
+                shard::read_part(dir, file, &meta, (size_of::<T>(), &sections), &range, None)?;
             }
             for file in &files {
-                shard::read_part(dir, file, &meta, width, &range, Some(&mut buffers))?;
+                let part = (size_of::<T>(), &sections[..]);
+                shard::read_part(dir, file, &meta, part, &range, Some(&mut buffers))?;
             }
         }
-        *state.steps = meta.steps;
+        *steps = meta.steps;
         Ok(())
     }
 

@@ -32,6 +32,29 @@ struct ShardHeader {
     start: usize,
     end: usize,
     buffers: usize,
+    /// Bits per state value (see [`OptimizerMeta::bits`]).
+    bits: u8,
+}
+
+/// [`ShardHeader`] as format version 4 wrote it: always unquantised.
+#[derive(Deserialize)]
+struct ShardHeaderV4 {
+    kind: String,
+    value_bytes: u8,
+    steps: u64,
+    len: usize,
+    params: u64,
+    start: usize,
+    end: usize,
+    buffers: usize,
+}
+
+impl frame::Header for ShardHeader {
+    fn decode_v4(bytes: &[u8]) -> postcard::Result<Self> {
+        let ShardHeaderV4 { kind, value_bytes, steps, len, params, start, end, buffers } =
+            postcard::from_bytes(bytes)?;
+        Ok(ShardHeader { kind, value_bytes, steps, len, params, start, end, buffers, bits: 32 })
+    }
 }
 
 /// Writes the state of `optimizer`, which covers `range` of the model's parameters `params`,
@@ -63,25 +86,30 @@ pub fn save_optimizer_shard<T: Float>(
         params: params_checksum(params),
         start: range.start,
         end: range.end,
-        buffers: state.buffers.len(),
+        buffers: state.buffers.len() + state.quantized.len(),
+        bits: state.precision.bits(),
     };
     frame::write(path, MAGIC, &header, |out| {
-        state.buffers.iter().try_for_each(|b| out.write_all(bytemuck::cast_slice(b)))
+        super::state_bytes(&state).into_iter().try_for_each(|section| out.write_all(section))
     })
 }
 
 /// Reads the part of `shard` (in `dir`) that overlaps `want` into `dst`: one byte slice per
-/// state buffer, each covering `want` with `width`-byte values; without `dst`, only checks
-/// the file. The whole file is read, so its checksum is checked.
+/// section of the state (see [`super::state_sections`]; the model's values are `value_bytes`: `(bytes per entry, parameters per
+/// wide), each covering `want`; without `dst`, only checks the file. The whole file is
+/// read, so its checksum is checked. `want` starts at a whole entry of every section.
 pub(super) fn read_part(
     dir: &Path,
     shard: &ShardFile,
     meta: &OptimizerMeta,
-    width: usize,
+    (value_bytes, sections): (usize, &[(usize, usize)]),
     want: &Range<usize>,
     dst: Option<&mut [&mut [u8]]>,
 ) -> Result<()> {
-    if !is_plain_name(&shard.name) || shard.end < shard.start {
+    let block = sections.iter().map(|s| s.1).max().unwrap_or(1);
+    // Quantised state's blocks start at the shard's start: only shards that start at a block
+    // boundary of the whole range agree with each other's blocks.
+    if !is_plain_name(&shard.name) || shard.end < shard.start || shard.start % block != 0 {
         let what =
             format!("names the shard file `{}` over {}..{}", shard.name, shard.start, shard.end);
         return Err(Error::Checkpoint { path: dir.to_path_buf(), what });
@@ -90,13 +118,14 @@ pub(super) fn read_part(
     let (header, mut frame): (ShardHeader, _) = Frame::open(&path, MAGIC, WHAT)?;
     let expected = ShardHeader {
         kind: meta.kind.clone(),
-        value_bytes: width as u8,
+        value_bytes: value_bytes as u8,
         steps: meta.steps,
         len: meta.len,
         params: meta.params,
         start: shard.start,
         end: shard.end,
         buffers: meta.buffers,
+        bits: meta.bits,
     };
     if header.params != expected.params {
         return Err(frame.fail(format!(
@@ -113,14 +142,16 @@ pub(super) fn read_part(
     let (start, end) = (want.start.max(shard.start), want.end.min(shard.end));
     match dst {
         Some(dst) if start < end => {
-            for buffer in dst.iter_mut() {
-                frame.skip(((start - shard.start) * width) as u64)?;
-                frame
-                    .read(&mut buffer[(start - want.start) * width..(end - want.start) * width])?;
-                frame.skip(((shard.end - end) * width) as u64)?;
+            for (buffer, &(width, per)) in dst.iter_mut().zip(sections) {
+                // Entries of the shard's own sections, and where they go in `want`'s.
+                let (from, to) = ((start - shard.start) / per, (end - shard.start).div_ceil(per));
+                let at = (start - want.start) / per;
+                frame.skip((from * width) as u64)?;
+                frame.read(&mut buffer[at * width..(at + to - from) * width])?;
+                frame.skip(((shard.len().div_ceil(per) - to) * width) as u64)?;
             }
         }
-        _ => frame.skip((meta.buffers * shard.len() * width) as u64)?,
+        _ => frame.skip(super::sections_bytes(sections, shard.len()))?,
     }
     frame.finish().map(drop)
 }

@@ -90,8 +90,9 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
                     len: params.len(),
                     params: super::params_checksum(params),
                     steps: state.steps,
-                    buffers: state.buffers.len(),
+                    buffers: state.buffers.len() + state.quantized.len(),
                     shards: shards.clone(),
+                    bits: state.precision.bits(),
                 })
             }
         };
@@ -118,8 +119,9 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
             if let Some((optimizer, shards)) = &self.optimizer
                 && shards.is_empty()
             {
-                for buffer in optimizer.state().buffers {
-                    out.write_all(bytemuck::cast_slice(buffer))?;
+                // Quantised state as it is: codes and scales, nothing converted.
+                for section in super::state_bytes(&optimizer.state()) {
+                    out.write_all(section)?;
                 }
             }
             Ok(())

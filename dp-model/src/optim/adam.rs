@@ -4,6 +4,7 @@ use dp_mem::{Pool, PoolBuf, Tag};
 
 use std::ops::Range;
 
+use super::quantized::{self, QuantizedBuf, STATE_BLOCK, StatePrecision};
 use super::{Optimizer, check_piece, check_range, decay_runs};
 use crate::error::Result;
 use crate::float::Float;
@@ -18,11 +19,25 @@ pub struct Adam<T: Float = f32> {
     eps: f64,
     weight_decay: f64,
     decoupled: bool,
-    m: PoolBuf<T>,
-    v: PoolBuf<T>,
+    moments: Moments<T>,
+    len: usize,
     steps: u64,
     /// Where weight decay applies (`None`: everywhere).
     decayed: Option<Vec<Range<usize>>>,
+}
+
+/// The two moments, as the optimizer's values or quantised to 8 bits.
+#[derive(Debug)]
+enum Moments<T: Float> {
+    F32 {
+        m: PoolBuf<T>,
+        v: PoolBuf<T>,
+    },
+    /// The first moment in the signed codebook, the second in the unsigned one.
+    Int8 {
+        m: QuantizedBuf,
+        v: QuantizedBuf,
+    },
 }
 
 /// Adam's settings, named and defaulted as PyTorch's `torch.optim.Adam`: betas (0.9, 0.999),
@@ -48,6 +63,18 @@ impl Default for AdamConfig {
 impl<T: Float> Adam<T> {
     /// Adam for `len` parameters; its two moment buffers are tagged `OptState`.
     pub fn new(len: usize, config: AdamConfig, pool: &Pool) -> Result<Self> {
+        Self::with_precision(len, config, StatePrecision::F32, pool)
+    }
+
+    /// Adam for `len` parameters whose moments are stored at `precision`: with
+    /// [`StatePrecision::Int8`], 2 bytes per parameter plus 8 per block of [`STATE_BLOCK`]
+    /// instead of `2 * size_of::<T>()`.
+    pub fn with_precision(
+        len: usize,
+        config: AdamConfig,
+        precision: StatePrecision,
+        pool: &Pool,
+    ) -> Result<Self> {
         let AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled } = config;
         check_range("beta1", beta1, 0.0..1.0)?;
         check_range("beta2", beta2, 0.0..1.0)?;
@@ -59,8 +86,17 @@ impl<T: Float> Adam<T> {
             eps,
             weight_decay,
             decoupled,
-            m: pool.alloc_zeroed(len, Tag::OptState)?,
-            v: pool.alloc_zeroed(len, Tag::OptState)?,
+            moments: match precision {
+                StatePrecision::F32 => Moments::F32 {
+                    m: pool.alloc_zeroed(len, Tag::OptState)?,
+                    v: pool.alloc_zeroed(len, Tag::OptState)?,
+                },
+                StatePrecision::Int8 => Moments::Int8 {
+                    m: QuantizedBuf::zeros(len, pool)?,
+                    v: QuantizedBuf::zeros(len, pool)?,
+                },
+            },
+            len,
             steps: 0,
             decayed: None,
         })
@@ -69,6 +105,20 @@ impl<T: Float> Adam<T> {
     /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay.
     pub fn with_defaults(len: usize, pool: &Pool) -> Result<Self> {
         Self::new(len, AdamConfig::default(), pool)
+    }
+
+    /// Bytes of state an Adam over `len` parameters at `precision` holds: what its
+    /// [`Optimizer::state_bytes`] will say, known before it is built (for memory plans).
+    pub fn state_bytes_for(len: usize, precision: StatePrecision) -> u64 {
+        2 * precision.buffer_bytes(len, size_of::<T>())
+    }
+
+    /// How its moments are stored.
+    pub fn precision(&self) -> StatePrecision {
+        match self.moments {
+            Moments::F32 { .. } => StatePrecision::F32,
+            Moments::Int8 { .. } => StatePrecision::Int8,
+        }
     }
 }
 
@@ -128,40 +178,40 @@ impl<T: Float> Optimizer<T> for Adam<T> {
         lr: f64,
         first_piece: bool,
     ) -> Result<()> {
-        check_piece("adam", self.m.len(), offset, params.len(), grads.len())?;
+        check_piece("adam", self.len, offset, params.len(), grads.len())?;
+        if matches!(self.moments, Moments::Int8 { .. }) {
+            quantized::check_aligned("adam", self.len, offset, params.len())?;
+        }
         if first_piece {
             self.steps += 1;
         }
         let s = self.update(lr);
-        let (step_size, sqrt_c2) = (T::of(s.step_size), T::of(s.sqrt_c2));
-        let (b1, b2, eps) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps));
-        let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
-        for (run, decays) in decay_runs(self.decayed.as_deref(), offset, params.len()) {
-            let (coupled_wd, shrink) =
-                if decays { (T::of(s.coupled_wd), T::of(s.shrink)) } else { (T::zero(), T::one()) };
-            let (params, grads) = (&mut params[run.clone()], &grads[run.clone()]);
-            let moments = offset + run.start..offset + run.end;
-            let (m, v) = (&mut self.m[moments.clone()], &mut self.v[moments]);
-            for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
-                let g = g + coupled_wd * *p;
-                *m = b1 * *m + one_b1 * g;
-                *v = b2 * *v + one_b2 * g * g;
-                *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
-            }
+        let decayed = self.decayed.as_deref();
+        match &mut self.moments {
+            Moments::F32 { m, v } => step_f32(&s, decayed, (m, v), params, grads, offset),
+            Moments::Int8 { m, v } => step_int8(&s, decayed, (m, v), params, grads, offset),
         }
         Ok(())
     }
 
     fn len(&self) -> usize {
-        self.m.len()
+        self.len
     }
 
     fn state_bytes(&self) -> u64 {
-        ((self.m.len() + self.v.len()) * size_of::<T>()) as u64
+        match &self.moments {
+            Moments::F32 { m, v } => ((m.len() + v.len()) * size_of::<T>()) as u64,
+            Moments::Int8 { m, v } => m.bytes() + v.bytes(),
+        }
     }
 
     fn state(&self) -> OptimizerState<'_, T> {
-        OptimizerState { kind: "adam", steps: self.steps, buffers: vec![&self.m, &self.v] }
+        let (precision, steps) = (self.precision(), self.steps);
+        let (buffers, quantized) = match &self.moments {
+            Moments::F32 { m, v } => (vec![&m[..], &v[..]], vec![]),
+            Moments::Int8 { m, v } => (vec![], vec![m.state(), v.state()]),
+        };
+        OptimizerState { kind: "adam", steps, precision, buffers, quantized }
     }
 
     fn decay_only(&mut self, ranges: Vec<Range<usize>>) {
@@ -169,7 +219,83 @@ impl<T: Float> Optimizer<T> for Adam<T> {
     }
 
     fn state_mut(&mut self) -> OptimizerStateMut<'_, T> {
-        let buffers = vec![&mut self.m[..], &mut self.v[..]];
-        OptimizerStateMut { kind: "adam", steps: &mut self.steps, buffers }
+        let precision = self.precision();
+        let (buffers, quantized) = match &mut self.moments {
+            Moments::F32 { m, v } => (vec![&mut m[..], &mut v[..]], vec![]),
+            Moments::Int8 { m, v } => (vec![], vec![m.state_mut(), v.state_mut()]),
+        };
+        OptimizerStateMut { kind: "adam", steps: &mut self.steps, precision, buffers, quantized }
+    }
+}
+
+/// One update of `params` (at `offset` of the range) with unquantised moments.
+fn step_f32<T: Float>(
+    s: &AdamUpdate,
+    decayed: Option<&[Range<usize>]>,
+    (m, v): (&mut [T], &mut [T]),
+    params: &mut [T],
+    grads: &[T],
+    offset: usize,
+) {
+    let (step_size, sqrt_c2) = (T::of(s.step_size), T::of(s.sqrt_c2));
+    let (b1, b2, eps) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps));
+    let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
+    for (run, decays) in decay_runs(decayed, offset, params.len()) {
+        let (coupled_wd, shrink) =
+            if decays { (T::of(s.coupled_wd), T::of(s.shrink)) } else { (T::zero(), T::one()) };
+        let (params, grads) = (&mut params[run.clone()], &grads[run.clone()]);
+        let moments = offset + run.start..offset + run.end;
+        let (m, v) = (&mut m[moments.clone()], &mut v[moments]);
+        for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+            let g = g + coupled_wd * *p;
+            *m = b1 * *m + one_b1 * g;
+            *v = b2 * *v + one_b2 * g * g;
+            *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
+        }
+    }
+}
+
+/// One update of `params` (at `offset` of the range, a whole number of blocks) with 8-bit
+/// moments: block by block, the moments are dequantised into two block-sized buffers on the
+/// stack, updated there exactly as [`step_f32`] does (the parameters see the new moments
+/// before they are rounded), and requantised.
+fn step_int8<T: Float>(
+    s: &AdamUpdate,
+    decayed: Option<&[Range<usize>]>,
+    (m, v): (&mut QuantizedBuf, &mut QuantizedBuf),
+    params: &mut [T],
+    grads: &[T],
+    offset: usize,
+) {
+    let (step_size, sqrt_c2) = (T::of(s.step_size), T::of(s.sqrt_c2));
+    let (b1, b2, eps) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps));
+    let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
+    let (signed, unsigned) = (&*quantized::SIGNED, &*quantized::UNSIGNED);
+    let (mut m_block, mut v_block) = ([0f32; STATE_BLOCK], [0f32; STATE_BLOCK]);
+    for (i, (params, grads)) in
+        params.chunks_mut(STATE_BLOCK).zip(grads.chunks(STATE_BLOCK)).enumerate()
+    {
+        let start = offset + i * STATE_BLOCK;
+        let block = start / STATE_BLOCK;
+        let n = params.len();
+        let ((m_codes, m_scale), (v_codes, v_scale)) = (m.block_mut(block), v.block_mut(block));
+        let (m_vals, v_vals) = (&mut m_block[..n], &mut v_block[..n]);
+        quantized::dequantize(signed, m_codes, *m_scale, m_vals);
+        quantized::dequantize(unsigned, v_codes, *v_scale, v_vals);
+        for (run, decays) in decay_runs(decayed, start, n) {
+            let (coupled_wd, shrink) =
+                if decays { (T::of(s.coupled_wd), T::of(s.shrink)) } else { (T::zero(), T::one()) };
+            let (params, grads) = (&mut params[run.clone()], &grads[run.clone()]);
+            let (m_vals, v_vals) = (&mut m_vals[run.clone()], &mut v_vals[run]);
+            for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m_vals).zip(v_vals) {
+                let g = g + coupled_wd * *p;
+                let m_new = b1 * T::of(f64::from(*m)) + one_b1 * g;
+                let v_new = b2 * T::of(f64::from(*v)) + one_b2 * g * g;
+                *p = *p * shrink - step_size * m_new / (v_new.sqrt() / sqrt_c2 + eps);
+                (*m, *v) = (m_new.f64() as f32, v_new.f64() as f32);
+            }
+        }
+        *m_scale = quantized::quantize(signed, m_vals, m_codes);
+        *v_scale = quantized::quantize(unsigned, v_vals, v_codes);
     }
 }

@@ -5,6 +5,7 @@
 
 mod adam;
 mod clip;
+mod quantized;
 mod schedule;
 mod sgd;
 
@@ -12,6 +13,7 @@ mod sgd;
 pub(crate) use adam::AdamUpdate;
 pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, grad_norm};
+pub use quantized::{STATE_BLOCK, StatePrecision};
 pub use schedule::Schedule;
 pub use sgd::{Sgd, SgdConfig};
 
@@ -21,15 +23,30 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 
 /// An optimizer's state, borrowed for a checkpoint: its kind, the steps it has taken and its
-/// buffers (momentum, moments; each as long as the optimizer's range, none for plain SGD).
+/// buffers (momentum, moments; each as long as the optimizer's range, none for plain SGD),
+/// unquantised in `buffers` or, with 8-bit state, quantised in `quantized`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimizerState<'a, T> {
     /// `sgd` or `adam`.
     pub kind: &'static str,
     /// Steps taken (Adam's bias correction needs them).
     pub steps: u64,
-    /// The state buffers.
+    /// How the state is stored: in `buffers` ([`StatePrecision::F32`]) or in `quantized`.
+    pub precision: StatePrecision,
+    /// The unquantised state buffers.
     pub buffers: Vec<&'a [T]>,
+    /// The 8-bit state buffers, in the same order.
+    pub quantized: Vec<QuantizedState<'a>>,
+}
+
+/// One 8-bit state buffer, borrowed: a code per value and a scale per block of
+/// [`STATE_BLOCK`] values from the optimizer's range start.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantizedState<'a> {
+    /// One code per value.
+    pub codes: &'a [u8],
+    /// One scale per block.
+    pub scales: &'a [f32],
 }
 
 /// An optimizer's state, borrowed to restore it from a checkpoint.
@@ -39,8 +56,21 @@ pub struct OptimizerStateMut<'a, T> {
     pub kind: &'static str,
     /// Steps taken.
     pub steps: &'a mut u64,
-    /// The state buffers.
+    /// How the state is stored: in `buffers` ([`StatePrecision::F32`]) or in `quantized`.
+    pub precision: StatePrecision,
+    /// The unquantised state buffers.
     pub buffers: Vec<&'a mut [T]>,
+    /// The 8-bit state buffers, in the same order.
+    pub quantized: Vec<QuantizedStateMut<'a>>,
+}
+
+/// One 8-bit state buffer, borrowed to restore it.
+#[derive(Debug)]
+pub struct QuantizedStateMut<'a> {
+    /// One code per value.
+    pub codes: &'a mut [u8],
+    /// One scale per block.
+    pub scales: &'a mut [f32],
 }
 
 /// An update rule over a flat range of parameters.
@@ -56,7 +86,9 @@ pub trait Optimizer<T: Float>: Send {
     /// positions `offset..offset + params.len()` of the optimizer's range. Calling it for
     /// disjoint pieces that cover the range, the first with `first_piece`, is exactly one
     /// [`Optimizer::step`]: a trainer can update each gradient bucket as soon as its
-    /// all-reduce finishes, while the next is still being reduced.
+    /// all-reduce finishes, while the next is still being reduced. With 8-bit state a piece
+    /// must be whole blocks of [`STATE_BLOCK`] values (it starts at a multiple of it and ends
+    /// at one or at the range's end); another is refused.
     fn step_part(
         &mut self,
         params: &mut [T],
