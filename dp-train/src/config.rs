@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use dp_mem::ByteSize;
-use dp_model::{Precision, Schedule};
+use dp_model::{Precision, STATE_BLOCK, Schedule, StatePrecision};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -92,6 +92,13 @@ pub struct TrainConfig {
     /// 0: every replica holds the whole optimizer state. 1: each holds and updates a
     /// 1/replicas shard, and each shard is broadcast from its replica after the update.
     pub zero_stage: u8,
+    /// Bits per value of the optimizer's state (momentum, moments): 32, or 8 for blockwise
+    /// 8-bit state (Dettmers et al. 2022: a byte per value and an `f32` scale per 2,048,
+    /// dequantised for each update and requantised after it), which cuts Adam's 8 bytes per
+    /// parameter to about 2. With 8 bits, ZeRO-1 shards, shared parameters' shards and
+    /// gradient buckets are rounded to whole blocks of 2,048 values, so every replica count
+    /// and bucket size updates the same parameters bit for bit. CPU only.
+    pub optimizer_bits: u8,
     /// The replicas of one process read one parameter buffer and hold one optimizer state
     /// between them, each updating its shard of both after the gradient reduction (ZeRO-3 in
     /// shared memory: nothing to broadcast or gather); off, each holds its own copies, as
@@ -538,6 +545,7 @@ impl Default for TrainConfig {
             grad_accum: 1,
             clip_grad_norm: None,
             zero_stage: 0,
+            optimizer_bits: 32,
             share_params: true,
             device: Device::Cpu,
             recompute: false,
@@ -745,6 +753,12 @@ impl TrainConfig {
         if self.zero_stage != 0 {
             return refuse("zero_stage", "ZeRO");
         }
+        if self.optimizer_bits != 32 {
+            return refuse(
+                "optimizer_bits",
+                "8-bit optimizer state (the GPU's Adam and SGD kernels keep f32 state)",
+            );
+        }
         if self.recompute {
             return refuse("recompute", "activation recomputation");
         }
@@ -805,6 +819,12 @@ impl TrainConfig {
         }
         if self.context == Some(0) {
             return Err(Error::config("context", "must be at least 1 token"));
+        }
+        if StatePrecision::from_bits(self.optimizer_bits).is_none() {
+            return Err(Error::config(
+                "optimizer_bits",
+                format!("{} is not supported (32 or 8)", self.optimizer_bits),
+            ));
         }
         if self.device == Device::Cuda {
             self.validate_cuda()?;
@@ -995,10 +1015,28 @@ impl TrainConfig {
         }
     }
 
+    /// How the optimizer stores its state (`optimizer_bits`; 32 unless validated otherwise).
+    pub(crate) fn state_precision(&self) -> StatePrecision {
+        StatePrecision::from_bits(self.optimizer_bits).unwrap_or_default()
+    }
+
+    /// What every piece of the parameters an optimizer updates (ZeRO-1 and shared
+    /// parameters' shards, gradient buckets) is a multiple of, in values: 8-bit state is
+    /// quantised in blocks, and a block split between two pieces would be requantised twice.
+    pub(crate) fn piece_align(&self) -> usize {
+        match self.state_precision() {
+            StatePrecision::F32 => 1,
+            StatePrecision::Int8 => STATE_BLOCK,
+        }
+    }
+
     /// How gradients are bucketed for averaging.
     pub(crate) fn buckets(&self) -> Result<dp_comm::BucketConfig> {
         let mut bucket = dp_comm::BucketConfig::default();
-        bucket.bucket_bytes = ((self.bucket_mib * (1 << 20) as f64) as usize).max(4);
+        let values = ((self.bucket_mib * (1 << 20) as f64) as usize / 4).max(1);
+        // Buckets are whole blocks of 8-bit state, so each bucket's update is exactly its
+        // part of one whole step.
+        bucket.bucket_bytes = values.next_multiple_of(self.piece_align()) * 4;
         // Losses are divided by the global batch, so summing gives the global mean.
         bucket.op = dp_comm::ReduceOp::Sum;
         // The model lays gradients out last layer first: backward finishes them from the

@@ -52,7 +52,7 @@ impl Emergency<'_> {
         }
         let shards = (0..replicas)
             .map(|r| {
-                let range = zero_shard(len, replicas, r);
+                let range = zero_shard(len, replicas, r, self.plan.config.piece_align());
                 ShardFile { name: optimizer_shard(step, r), start: range.start, end: range.end }
             })
             .collect();

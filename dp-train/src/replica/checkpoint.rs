@@ -50,7 +50,7 @@ impl<C: Communicator> Replica<C> {
             let writer = if let Some(count) = shards {
                 let shards = (0..count)
                     .map(|r| {
-                        let range = zero_shard(len, count, r);
+                        let range = zero_shard(len, count, r, self.plan.config.piece_align());
                         ShardFile {
                             name: optimizer_shard(step, r),
                             start: range.start,

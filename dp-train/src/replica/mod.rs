@@ -17,7 +17,8 @@ use crate::batches::Batches;
 use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
     Adam, CheckpointReader, LossTotals, Model, ModelOptions, NormSync, Optimizer, PruneSchedule,
-    Pruner, Recompute, Sgd, SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
+    Pruner, Recompute, Sgd, SharedParams, Sparsity, StatePrecision, StepOptions, Targets,
+    clip_grad_norm,
 };
 use ndarray::ArrayView2;
 
@@ -180,11 +181,14 @@ impl<C: Communicator> Replica<C> {
         model.set_norm_sync(norm_sync);
         let len = model.params().len();
         let shard = match params {
-            Params::Shared => zero_shard(len, plan.batching.replicas, local_rank),
-            Params::ZeroShard => zero_shard(len, world, rank),
+            Params::Shared => {
+                zero_shard(len, plan.batching.replicas, local_rank, config.piece_align())
+            }
+            Params::ZeroShard => zero_shard(len, world, rank, config.piece_align()),
             Params::Own => 0..len,
         };
-        let mut optimizer = build_optimizer(&plan.optimizer, shard.len(), &pool)?;
+        let precision = config.state_precision();
+        let mut optimizer = build_optimizer(&plan.optimizer, shard.len(), precision, &pool)?;
         if config.decay_bias_and_norm == Some(false) {
             optimizer.decay_only(decayed_in(&model.layout().decayed_ranges(), &shard));
         }
@@ -549,7 +553,7 @@ impl<C: Communicator> Replica<C> {
             // empty shard is skipped by every replica alike.
             let (len, world) = (self.model.params().len(), self.ctl.world_size());
             for owner in 0..world {
-                let range = zero_shard(len, world, owner);
+                let range = zero_shard(len, world, owner, plan.config.piece_align());
                 if !range.is_empty() {
                     self.ctl.broadcast(&mut self.model.params_mut()[range], owner)?;
                 }
@@ -678,22 +682,22 @@ fn decayed_in(ranges: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>
         .collect()
 }
 
-/// The optimizer of `len` parameters, its state fresh.
+/// The optimizer of `len` parameters, its state fresh and stored at `precision`.
 fn build_optimizer(
     config: &OptimizerConfig,
     len: usize,
+    precision: StatePrecision,
     pool: &Pool,
 ) -> Result<Box<dyn Optimizer<f32>>> {
     Ok(match *config {
         OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
-            Box::new(Sgd::new(len, dp_model::SgdConfig { momentum, nesterov, weight_decay }, pool)?)
+            let config = dp_model::SgdConfig { momentum, nesterov, weight_decay };
+            Box::new(Sgd::with_precision(len, config, precision, pool)?)
         }
         OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
-            Box::new(Adam::new(
-                len,
-                dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled },
-                pool,
-            )?)
+            let config =
+                dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled };
+            Box::new(Adam::with_precision(len, config, precision, pool)?)
         }
     })
 }
