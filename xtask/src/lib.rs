@@ -8,6 +8,7 @@
 mod bench;
 mod bench_images;
 mod bench_lm;
+mod bench_optim8;
 mod corpus;
 mod data;
 mod inference;
@@ -62,7 +63,8 @@ enum XtaskCmd {
     /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead;
     /// `bench data` ends with the image pipeline against its decoder, PyTorch and tf.data
     /// (`bench data --filter images` for that alone); `bench train` ends with a language model
-    /// against PyTorch's training of the same (`bench train --filter lm` for that alone).
+    /// against PyTorch's training of the same (`bench train --filter lm` for that alone), then
+    /// f32 against 8-bit Adam state (`bench train --filter optim8` for that alone).
     Bench {
         /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
         /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling and a

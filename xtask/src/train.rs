@@ -405,7 +405,7 @@ fn resume_changes(args: &TrainArgs) -> dp_train::ResumeChanges {
 }
 
 /// Generates the built-in digits (60,000 training and 10,000 evaluation records) if absent.
-fn ensure_digits(dir: &Path) -> Result<()> {
+pub(crate) fn ensure_digits(dir: &Path) -> Result<()> {
     if dir.join("train").join(dp_data::MANIFEST_FILE).exists()
         && dir.join("eval").join(dp_data::MANIFEST_FILE).exists()
     {
@@ -786,7 +786,10 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
     match filter {
         None => {}
         Some("lm") => return crate::bench_lm::run(root, replicas, verdict),
-        Some(other) => bail!("bench train --filter {other}: the one section to pick is `lm`"),
+        Some("optim8") => return crate::bench_optim8::run(root, verdict),
+        Some(other) => {
+            bail!("bench train --filter {other}: the sections to pick are `lm` and `optim8`")
+        }
     }
     ensure_digits(&root.join("data/digits"))?;
     let base = TrainConfig {
@@ -882,7 +885,8 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
         Some(Err(error)) => println!("20M-parameter model: skipped: {error:#}"),
         None => {}
     }
-    crate::bench_lm::run(root, replicas, verdict)
+    crate::bench_lm::run(root, replicas, verdict)?;
+    crate::bench_optim8::run(root, verdict)
 }
 
 #[cfg(test)]

@@ -38,11 +38,22 @@ pub(super) fn write<H: Serialize>(
     header: &H,
     body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<u64> {
+    write_version(path, magic, VERSION, header, body)
+}
+
+/// [`write`] in format `version` (tests write older files with it).
+pub(super) fn write_version<H: Serialize>(
+    path: &Path,
+    magic: &[u8; 8],
+    version: u32,
+    header: &H,
+    body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<u64> {
     let header = postcard::to_allocvec(header).expect("checkpoint headers always serialize");
     write_atomic(path, |file| {
         let mut out = BufWriter::with_capacity(STREAM_BUFFER, file);
         out.write_all(magic)?;
-        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&version.to_le_bytes())?;
         let encoder = Writer::new(out, Compress::new(ZSTD_LEVEL)?);
         // The values arrive a tensor or a chunk at a time: batch them before zstd sees them.
         let mut frame = BufWriter::with_capacity(STREAM_BUFFER, encoder);

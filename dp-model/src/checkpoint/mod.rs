@@ -59,7 +59,7 @@ pub struct OptimizerMeta {
 }
 
 /// [`OptimizerMeta`] as format version 4 wrote it: always unquantised.
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 struct OptimizerMetaV4 {
     kind: String,
     len: usize,
@@ -173,7 +173,7 @@ pub struct CheckpointHeader {
 }
 
 /// [`CheckpointHeader`] as format version 4 wrote it.
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 struct CheckpointHeaderV4 {
     model: String,
     fingerprint: u64,
@@ -266,5 +266,67 @@ impl CheckpointHeader {
         (self.tensors.iter().zip(self.layout.tensors()))
             .map(|(t, meta)| values::stored_bytes(meta.len(), t.nonzeros, width))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        Adam, CheckpointReader, CheckpointWriter, Model, ModelOptions, ModelSpec, Optimizer,
+    };
+    use dp_mem::{Pool, Tracker};
+
+    #[test]
+    fn a_format_4_checkpoint_with_f32_state_is_still_read() {
+        let dir = std::env::temp_dir().join(format!("dp-model-v4-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pool = Pool::new(&Tracker::new());
+        let spec = ModelSpec::mlp(6, &[5], 3);
+        let mut model = Model::<f32>::new(&spec, &pool, ModelOptions::new(2, 1)).unwrap();
+        let len = model.params().len();
+        let mut adam = Adam::<f32>::with_defaults(len, &pool).unwrap();
+        let grads: Vec<f32> = (0..len).map(|i| i as f32 * 0.01 - 0.2).collect();
+        adam.step(model.params_mut(), &grads, 0.1).unwrap();
+        let v5 = dir.join("v5.ckpt");
+        CheckpointWriter::new(&model).with_optimizer(&adam).save(&v5).unwrap();
+        // The same file as format 4 wrote it: its header without the bits, the same values.
+        let (header, mut frame): (CheckpointHeader, _) =
+            frame::Frame::open(&v5, MAGIC, WHAT).unwrap();
+        let meta = header.optimizer.clone().unwrap();
+        let mut body = vec![0u8; header.params_bytes() as usize + 2 * len * 4];
+        frame.read(&mut body).unwrap();
+        let v4_header = CheckpointHeaderV4 {
+            model: header.model.clone(),
+            fingerprint: header.fingerprint,
+            value_bytes: header.value_bytes,
+            layout: header.layout.clone(),
+            tensors: header.tensors.clone(),
+            buffers: header.buffers.clone(),
+            optimizer: Some(OptimizerMetaV4 {
+                kind: meta.kind,
+                len: meta.len,
+                params: meta.params,
+                steps: meta.steps,
+                buffers: meta.buffers,
+                shards: meta.shards,
+            }),
+            extra: header.extra.clone(),
+        };
+        let v4 = dir.join("v4.ckpt");
+        frame::write_version(&v4, MAGIC, 4, &v4_header, |out| out.write_all(&body)).unwrap();
+        let mut reader = CheckpointReader::open(&v4).unwrap();
+        assert_eq!(reader.header().optimizer().unwrap().bits(), 32);
+        let mut copy = Model::<f32>::new(&spec, &pool, ModelOptions::new(2, 2)).unwrap();
+        reader.restore_params(&mut copy).unwrap();
+        let mut resumed = Adam::<f32>::with_defaults(len, &pool).unwrap();
+        reader.restore_optimizer(&mut resumed, 0..len).unwrap();
+        assert_eq!(copy.params(), model.params());
+        assert_eq!(resumed.state(), adam.state());
+        // A version neither format knows is refused, naming both.
+        frame::write_version(&v4, MAGIC, 3, &v4_header, |out| out.write_all(&body)).unwrap();
+        let err = CheckpointReader::open(&v4).err().unwrap().to_string();
+        assert!(err.contains("version 3, this build reads 4 and 5"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
