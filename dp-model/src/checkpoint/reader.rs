@@ -189,7 +189,8 @@ impl CheckpointReader {
         let sections = meta.sections(size_of::<T>());
         // Quantised state is read whole blocks at a time, so the range must be whole blocks.
         if let Some(&(_, per)) = sections.iter().max_by_key(|s| s.1)
-            && (range.start % per != 0 || (range.end % per != 0 && range.end != meta.len))
+            && (!range.start.is_multiple_of(per)
+                || (!range.end.is_multiple_of(per) && range.end != meta.len))
         {
             return Err(self.fail(format!(
                 "holds 8-bit optimizer state in blocks of {per} parameters; {range:?} is not whole blocks of it"

@@ -109,7 +109,8 @@ pub(super) fn read_part(
     let block = sections.iter().map(|s| s.1).max().unwrap_or(1);
     // Quantised state's blocks start at the shard's start: only shards that start at a block
     // boundary of the whole range agree with each other's blocks.
-    if !is_plain_name(&shard.name) || shard.end < shard.start || shard.start % block != 0 {
+    if !is_plain_name(&shard.name) || shard.end < shard.start || !shard.start.is_multiple_of(block)
+    {
         let what =
             format!("names the shard file `{}` over {}..{}", shard.name, shard.start, shard.end);
         return Err(Error::Checkpoint { path: dir.to_path_buf(), what });

@@ -204,7 +204,7 @@ pub(crate) fn quantize(book: &Codebook, values: &[f32], codes: &mut [u8]) -> f32
 /// split between two pieces would be requantised twice, each time with half its values.
 pub(crate) fn check_aligned(kind: &str, total: usize, offset: usize, len: usize) -> Result<()> {
     let end = offset + len;
-    if offset % STATE_BLOCK != 0 || (end % STATE_BLOCK != 0 && end != total) {
+    if !offset.is_multiple_of(STATE_BLOCK) || (!end.is_multiple_of(STATE_BLOCK) && end != total) {
         return Err(Error::Optimizer {
             field: "piece",
             what: format!(
