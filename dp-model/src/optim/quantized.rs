@@ -138,7 +138,7 @@ impl Codebook {
                     high.is_nan()
                         || high.abs() > 2.0
                         || code >= 254
-                        || !(bounds[usize::from(code) + 1] <= high),
+                        || bounds[usize::from(code) + 1] > high,
                     "run {run:#x} holds two bounds"
                 );
                 code
