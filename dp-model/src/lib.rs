@@ -62,6 +62,7 @@ mod ops;
 mod optim;
 mod prune;
 mod quant;
+mod saved;
 mod shared;
 mod sizing;
 mod spec;

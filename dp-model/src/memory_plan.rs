@@ -27,6 +27,15 @@ pub(crate) struct ActivationPlan {
     pub(crate) lens: Vec<usize>,
     /// Values per bf16 store (`u16` each).
     pub(crate) store_lens: Vec<usize>,
+    /// Per node, the bf16 store its output is rounded into after forward (`None`: it is
+    /// kept, or not kept, in the model's float).
+    pub(crate) store_of: Vec<Option<usize>>,
+    /// Per node, the buffer backward and recomputation read its output from: `out_buf`, or
+    /// for a stored output the staging buffer it is widened into.
+    pub(crate) back_buf: Vec<usize>,
+    /// Per node `i`, the stored outputs to widen into their staging buffers before `i`'s
+    /// recomputation and backward (each where backward first reads it).
+    pub(crate) widen_at: Vec<Vec<usize>>,
 }
 
 /// Whether `op`'s backward reads its input.
@@ -56,7 +65,7 @@ impl ActivationPlan {
         tape: &Tape,
         segments: &[Range<usize>],
         batch: usize,
-        _saved: SavedPrecision,
+        saved: SavedPrecision,
     ) -> Self {
         let nodes = &tape.nodes;
         let n = nodes.len();
@@ -100,6 +109,16 @@ impl ActivationPlan {
                 home[i] = Home::Transient;
             }
         }
+        // Stored in bf16, a kept output lives in forward as a transient one does (its
+        // consumers read the exact value) and is rounded into its store once computed. The
+        // logits stay in the model's float: the loss reads them exactly.
+        let stored: Vec<usize> = match saved {
+            SavedPrecision::F32 => Vec::new(),
+            SavedPrecision::Bf16 => (0..n - 1).filter(|&i| home[i] == Home::Kept).collect(),
+        };
+        for &i in &stored {
+            home[i] = Home::Transient;
+        }
         let kept: Vec<usize> = (0..n).filter(|&i| home[i] == Home::Kept).collect();
         let mut lens: Vec<usize> = kept.iter().map(|&i| nodes[i].out_len * batch).collect();
         let mut out_buf = vec![0; n];
@@ -139,7 +158,92 @@ impl ActivationPlan {
                 }
             }
         }
-        Self { out_buf, recompute_from, lens, store_lens: Vec::new() }
+        let mut plan = Self {
+            back_buf: out_buf.clone(),
+            out_buf,
+            recompute_from,
+            lens,
+            store_lens: Vec::new(),
+            store_of: vec![None; n],
+            widen_at: vec![Vec::new(); n],
+        };
+        plan.stage(tape, segments, batch, &stored, transient_at);
+        plan
+    }
+
+    /// Gives each stored output a store, and a buffer to be widened into during backward:
+    /// a transient buffer where one is free for as long as backward reads the output (they
+    /// all are, but those a recomputation runs in meanwhile), else a new one.
+    fn stage(
+        &mut self,
+        tape: &Tape,
+        segments: &[Range<usize>],
+        batch: usize,
+        stored: &[usize],
+        transient_at: usize,
+    ) {
+        let nodes = &tape.nodes;
+        // When backward reads each stored output, as node indices (backward runs them from
+        // the last down): the node's own backward, a consumer's, and the recomputation
+        // that runs before the backward of a segment's last node.
+        let mut uses: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+        for &j in stored {
+            if reads_output(&nodes[j].op) {
+                uses[j].push(j);
+            }
+        }
+        for (k, node) in nodes.iter().enumerate() {
+            if let Some(j) = node.input
+                && reads_input(&node.op)
+            {
+                uses[j].push(k);
+            }
+        }
+        // The transient buffers each recomputation writes, at the time it runs.
+        let mut recomputed: Vec<(usize, Vec<usize>)> = Vec::new();
+        for segment in segments {
+            let at = segment.end - 1;
+            let mut writes = Vec::new();
+            for (k, node) in nodes.iter().enumerate().take(at).skip(segment.start) {
+                for j in node.sources().flatten().filter(|&j| j < segment.start) {
+                    uses[j].push(at);
+                }
+                if self.out_buf[k] >= transient_at {
+                    writes.push(self.out_buf[k]);
+                }
+            }
+            recomputed.push((at, writes));
+        }
+        // Per staging candidate, the backward intervals (first and last node) it holds.
+        let mut held: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.lens.len()];
+        for (store, &j) in stored.iter().enumerate() {
+            let len = nodes[j].out_len * batch;
+            self.store_of[j] = Some(store);
+            self.store_lens.push(len);
+            let (Some(&lo), Some(&hi)) = (uses[j].iter().min(), uses[j].iter().max()) else {
+                continue;
+            };
+            let overlaps = |&(a, b): &(usize, usize)| a <= hi && lo <= b;
+            let free = |b: usize| {
+                !held[b].iter().any(overlaps)
+                    && !recomputed
+                        .iter()
+                        .any(|(at, writes)| (lo..=hi).contains(at) && writes.contains(&b))
+            };
+            // The free buffer that needs to grow least.
+            let best = (transient_at..self.lens.len())
+                .filter(|&b| free(b))
+                .min_by_key(|&b| len.saturating_sub(self.lens[b]));
+            let b = best.unwrap_or_else(|| {
+                self.lens.push(0);
+                held.push(Vec::new());
+                self.lens.len() - 1
+            });
+            self.lens[b] = self.lens[b].max(len);
+            held[b].push((lo, hi));
+            self.back_buf[j] = b;
+            self.widen_at[hi].push(j);
+        }
     }
 }
 
@@ -266,4 +370,91 @@ pub(crate) fn segments(
         }
     }
     Ok(segments)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::zoo::GptShape;
+
+    /// What a buffer holds while a step runs.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Held {
+        Nothing,
+        /// A node's output as forward (or recomputation) computed it.
+        Value(usize),
+        /// A stored node's output, widened from its store.
+        Widened(usize),
+    }
+
+    /// Walks a step as `Model::step` runs it (forward, then per node from the last:
+    /// widening, recomputation, backward), tracking what each buffer holds, and checks that
+    /// every read finds what it reads: no buffer is overwritten while still needed.
+    fn walk(tape: &Tape, segments: &[Range<usize>], plan: &ActivationPlan) {
+        let nodes = &tape.nodes;
+        let mut held = vec![Held::Nothing; plan.lens.len()];
+        let fits = |b: usize, j: usize| plan.lens[b] >= nodes[j].out_len;
+        let n = nodes.len();
+        for (i, node) in nodes.iter().enumerate() {
+            for j in node.sources().flatten() {
+                assert_eq!(held[plan.out_buf[j]], Held::Value(j), "forward of {i} reads {j}");
+            }
+            assert!(fits(plan.out_buf[i], i));
+            held[plan.out_buf[i]] = Held::Value(i);
+        }
+        assert_eq!(held[plan.out_buf[n - 1]], Held::Value(n - 1), "the loss reads the logits");
+        let backward_value =
+            |j: usize| if plan.store_of[j].is_some() { Held::Widened(j) } else { Held::Value(j) };
+        for i in (0..n).rev() {
+            for &j in &plan.widen_at[i] {
+                assert!(fits(plan.back_buf[j], j));
+                held[plan.back_buf[j]] = Held::Widened(j);
+            }
+            if let Some(start) = plan.recompute_from[i] {
+                for k in start..i {
+                    for j in nodes[k].sources().flatten() {
+                        assert_eq!(held[plan.back_buf[j]], backward_value(j), "recompute {k}");
+                    }
+                    held[plan.out_buf[k]] = Held::Value(k);
+                }
+            }
+            let node = &nodes[i];
+            if let Some(j) = node.input
+                && reads_input(&node.op)
+            {
+                assert_eq!(held[plan.back_buf[j]], backward_value(j), "backward of {i} reads {j}");
+            }
+            if reads_output(&node.op) {
+                assert_eq!(held[plan.back_buf[i]], backward_value(i), "backward of {i} reads {i}");
+            }
+        }
+        let _ = segments;
+    }
+
+    #[test]
+    fn every_read_of_every_plan_finds_its_value() {
+        let gpt = GptShape { layers: 2, heads: 2, dim: 16, dropout: 0.1 };
+        let specs = [
+            ModelSpec::mlp(12, &[8, 6], 3),
+            ModelSpec::lenet([1, 28, 28], 10),
+            ModelSpec::cnn([3, 12, 12], 10),
+            ModelSpec::resnet_cifar(20, [3, 8, 8], 10).unwrap(),
+            ModelSpec::resnet18([3, 32, 32], 10),
+            ModelSpec::gpt("gpt", 10, 8, gpt),
+        ];
+        for spec in &specs {
+            let tape = Tape::build(spec, 2).unwrap();
+            let explicit = Recompute::Layers(vec![0..2, 3..spec.layers.len() - 1]);
+            for recompute in [Recompute::Off, Recompute::Auto, explicit] {
+                let Ok(segments) = segments(&tape, spec, &recompute) else { continue };
+                for saved in [SavedPrecision::F32, SavedPrecision::Bf16] {
+                    let plan = ActivationPlan::new(&tape, &segments, 1, saved);
+                    walk(&tape, &segments, &plan);
+                    let stored = plan.store_of.iter().flatten().count();
+                    assert_eq!(stored, plan.store_lens.len());
+                    assert_eq!(saved == SavedPrecision::Bf16, stored > 0, "{}", spec.name);
+                }
+            }
+        }
+    }
 }

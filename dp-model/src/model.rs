@@ -21,6 +21,7 @@ use crate::ops::loss::{LossTotals, Targets, loss, smoothed_loss};
 use crate::ops::norm_sync::{NormSync, NormSyncGuard};
 use crate::ops::sparse::SparseInput;
 use crate::ops::workspace::Workspace;
+use crate::saved::{round_into, widen_into};
 use crate::shared::SharedParams;
 use crate::sizing::Sizing;
 use crate::spec::ModelSpec;
@@ -232,6 +233,15 @@ pub struct Model<T: Float = f32> {
     acts: Vec<PoolBuf<T>>,
     /// For each node, the buffer in `acts` its output goes to.
     out_buf: Vec<usize>,
+    /// With bf16 saved activations: the stores kept outputs are rounded into.
+    stores: Vec<PoolBuf<u16>>,
+    /// For each node, its store in `stores`, if it has one.
+    store_of: Vec<Option<usize>>,
+    /// For each node, the buffer in `acts` backward and recomputation read its output from
+    /// (a stored output's staging buffer; else `out_buf`).
+    back_buf: Vec<usize>,
+    /// For each node, the stored outputs widened before its recomputation and backward.
+    widen_at: Vec<Vec<usize>>,
     /// For each node that ends a recomputation segment, the segment's first node.
     recompute_from: Vec<Option<usize>>,
     /// The batch norms' running statistics (see [`Model::buffers`]).
@@ -335,7 +345,12 @@ impl<T: Float> Model<T> {
         let Sizing {
             tape, acts: plan, grads: gradient_plan, spill_len, scratch, dirty_words, ..
         } = sizing;
-        let ActivationPlan { out_buf, recompute_from, .. } = plan;
+        let stores = plan
+            .store_lens
+            .iter()
+            .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ActivationPlan { out_buf, recompute_from, store_of, back_buf, widen_at, .. } = plan;
 
         let params = match shared {
             Some(shared) => Params::Shared(shared),
@@ -353,6 +368,10 @@ impl<T: Float> Model<T> {
             params,
             acts,
             out_buf,
+            stores,
+            store_of,
+            back_buf,
+            widen_at,
             recompute_from,
             buffers,
             norm_stats: pool.alloc_zeroed(tape.stats_len, Tag::Activation)?,
@@ -526,7 +545,8 @@ impl<T: Float> Model<T> {
                     Params::Shared(_) => 0,
                 },
             grads: bytes(&self.grads) + (self.dirty_rows.len() * size_of::<u64>()) as u64,
-            saved_activations: self.acts.iter().map(bytes).sum(),
+            saved_activations: self.acts.iter().map(bytes).sum::<u64>()
+                + self.stores.iter().map(|s| (s.len() * size_of::<u16>()) as u64).sum::<u64>(),
             workspace: self
                 .dacts
                 .iter()
@@ -602,6 +622,10 @@ impl<T: Float> Model<T> {
         let nodes = self.tape.nodes.len();
         for i in 0..nodes {
             self.forward_node(i, batch, x, NormPass::Train, options.step);
+            if let Some(store) = self.store_of[i] {
+                let len = batch * self.tape.nodes[i].out_len;
+                round_into(&self.acts[self.out_buf[i]][..len], &mut self.stores[store][..len]);
+            }
         }
 
         let counted = match targets {
@@ -617,6 +641,11 @@ impl<T: Float> Model<T> {
             smoothed_loss(logits, rows, outputs, &targets, denominator, smoothing, Some(dlogits));
 
         for i in (0..nodes).rev() {
+            for &j in &self.widen_at[i] {
+                let (store, len) =
+                    (self.store_of[j].expect("planned"), batch * self.tape.nodes[j].out_len);
+                widen_into(&self.stores[store][..len], &mut self.acts[self.back_buf[j]][..len]);
+            }
             if let Some(start) = self.recompute_from[i] {
                 for j in start..i {
                     self.forward_node(j, batch, x, NormPass::Recompute, options.step);
@@ -655,13 +684,13 @@ impl<T: Float> Model<T> {
     fn backward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, options: &StepOptions) {
         let node = &self.tape.nodes[i];
         let input = match node.input {
-            Some(j) => &self.acts[self.out_buf[j]][..batch * node.in_len],
+            Some(j) => &self.acts[self.back_buf[j]][..batch * node.in_len],
             None => match x {
                 Input::Dense(x) => x,
                 Input::Sparse(_) => unreachable!("only the first node reads a sparse input"),
             },
         };
-        let output = &self.acts[self.out_buf[i]][..batch * node.out_len];
+        let output = &self.acts[self.back_buf[i]][..batch * node.out_len];
         let dy_buf = self.plan.grad_buf[i];
         if let Op::Add(Add { skip }) = node.op {
             for (k, source) in [node.input, skip].into_iter().enumerate() {
@@ -857,9 +886,11 @@ impl<T: Float> Model<T> {
     fn forward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, pass: NormPass, step: u64) {
         let node = &self.tape.nodes[i];
         let (output, others) = split_out(&mut self.acts, self.out_buf[i]);
+        // A recomputation runs in backward, where stored outputs are read widened.
+        let sources = if pass == NormPass::Recompute { &self.back_buf } else { &self.out_buf };
         let read = |source: Option<usize>| -> &[T] {
             match (source, x) {
-                (Some(j), _) => others.get(self.out_buf[j]),
+                (Some(j), _) => others.get(sources[j]),
                 (None, Input::Dense(x)) => x,
                 (None, Input::Sparse(_)) => unreachable!("the sparse input is read below"),
             }

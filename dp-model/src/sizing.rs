@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
-use crate::model::{Model, ModelMemory, ModelOptions, SavedPrecision};
+use crate::model::{Model, ModelMemory, ModelOptions};
 use crate::ops::gemm::{Gemm, GemmBackend};
 use crate::ops::workspace::ScratchLens;
 use crate::spec::ModelSpec;
@@ -48,9 +48,6 @@ impl Sizing {
                 "precision",
                 "bf16 needs a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids), which this one lacks; use f32",
             ));
-        }
-        if options.saved == SavedPrecision::Bf16 {
-            return Err(Error::spec("saved", "bf16 saved activations are not implemented yet"));
         }
         let batch = options.max_batch;
         let tape = Tape::build(spec, batch)?;

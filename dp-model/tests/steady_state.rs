@@ -9,7 +9,7 @@ mod support;
 use dp_mem::{CountingAlloc, Pool, Tracker};
 use dp_model::{
     BareGemm, GemmBackend, Model, ModelOptions, ModelSpec, Optimizer, PruneSchedule, Pruner,
-    Recompute, Sgd, Sparsity, StepOptions, Targets,
+    Recompute, SavedPrecision, Sgd, Sparsity, StepOptions, Targets,
 };
 use support::Rng;
 
@@ -29,19 +29,31 @@ fn a_steady_step_allocates_only_inside_gemm() {
     println!("GEMM backend: {}", GemmBackend::current().name());
     let pool = Pool::new(&Tracker::new());
     let gpt = dp_model::GptShape { layers: 2, heads: 2, dim: 32, dropout: 0.1 };
+    let (f32, bf16) = (SavedPrecision::F32, SavedPrecision::Bf16);
+    let resnet = ModelSpec::resnet_cifar(20, [3, 8, 8], 10).unwrap();
     let cases = [
-        (ModelSpec::mlp(784, &[512, 256], 10), Recompute::Off, 64),
-        (ModelSpec::lenet([1, 28, 28], 10), Recompute::Off, 16),
-        (ModelSpec::lenet([1, 28, 28], 10), Recompute::Auto, 16),
-        (ModelSpec::gpt("gpt", 10, 24, gpt), Recompute::Off, 4),
-        (ModelSpec::gpt("gpt", 10, 24, gpt), Recompute::Auto, 4),
+        (ModelSpec::mlp(784, &[512, 256], 10), Recompute::Off, 64, f32),
+        (ModelSpec::mlp(784, &[512, 256], 10), Recompute::Off, 64, bf16),
+        (ModelSpec::lenet([1, 28, 28], 10), Recompute::Off, 16, f32),
+        (ModelSpec::lenet([1, 28, 28], 10), Recompute::Auto, 16, f32),
+        (ModelSpec::lenet([1, 28, 28], 10), Recompute::Off, 16, bf16),
+        (ModelSpec::lenet([1, 28, 28], 10), Recompute::Auto, 16, bf16),
+        (resnet.clone(), Recompute::Off, 4, bf16),
+        (resnet, Recompute::Auto, 4, bf16),
+        (ModelSpec::gpt("gpt", 10, 24, gpt), Recompute::Off, 4, f32),
+        (ModelSpec::gpt("gpt", 10, 24, gpt), Recompute::Auto, 4, f32),
+        (ModelSpec::gpt("gpt", 10, 24, gpt), Recompute::Off, 4, bf16),
+        (ModelSpec::gpt("gpt", 10, 24, gpt), Recompute::Auto, 4, bf16),
     ];
-    for (spec, recompute, batch) in cases {
-        if !own && spec.name == "lenet" {
-            println!("lenet skipped: the `gemm` crate allocates per chunk of a convolution");
+    for (spec, recompute, batch, saved) in cases {
+        if !own && (spec.name == "lenet" || spec.name.starts_with("resnet")) {
+            println!(
+                "{} skipped: the `gemm` crate allocates per chunk of a convolution",
+                spec.name
+            );
             continue;
         }
-        let options = ModelOptions::new(batch, 1).recompute(recompute.clone());
+        let options = ModelOptions::new(batch, 1).recompute(recompute.clone()).saved(saved);
         let mut model = Model::<f32>::new(&spec, &pool, options).unwrap();
         let mut opt = Sgd::new(
             model.params().len(),
@@ -71,7 +83,7 @@ fn a_steady_step_allocates_only_inside_gemm() {
         let (_, gemm_counts) =
             CountingAlloc::measure(|| bare.iter_mut().for_each(BareGemm::run)).unwrap();
         println!(
-            "{} ({recompute:?}): step {} allocation calls, its {} GEMMs bare {}",
+            "{} ({recompute:?}, {saved:?}): step {} allocation calls, its {} GEMMs bare {}",
             spec.name,
             counts.calls(),
             bare.len(),
