@@ -44,7 +44,8 @@
 //! ([`GptShape`]: `gpt-mini`, `gpt2-small`). Optimizers work
 //! on flat slices (any sub-range, for sharded optimizer state): [`Sgd`] and [`Adam`], with
 //! [`Schedule`]s and [`clip_grad_norm`]. Memory techniques: [`Recompute`] (activation
-//! recomputation), [`Pruner`] (magnitude pruning with compressed checkpoints) and
+//! recomputation), [`SavedPrecision`] (activations kept for backward in bf16),
+//! [`Model::memory_for`] (a model's bytes, predicted without building it), [`Pruner`] (magnitude pruning with compressed checkpoints) and
 //! [`QuantizedModel`] (int8 weights).
 
 #[cfg(feature = "bench")]

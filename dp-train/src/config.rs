@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use dp_mem::ByteSize;
-use dp_model::{Precision, STATE_BLOCK, Schedule, StatePrecision};
+use dp_model::{Precision, STATE_BLOCK, SavedPrecision, Schedule, StatePrecision};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -127,6 +127,10 @@ pub struct TrainConfig {
     /// What the GEMMs multiply in: `f32`, or `bf16` (operands rounded to `bf16`, sums,
     /// weights and everything else `f32`; needs AMX-BF16).
     pub precision: Precision,
+    /// What the activations kept from forward for backward are stored in: `f32`, or `bf16`
+    /// (rounded to nearest even, 2 bytes a value: half the bytes of what is kept; forward and
+    /// its outputs are exactly f32's, backward sees the rounded values). CPU only.
+    pub activations: SavedPrecision,
     /// Magnitude pruning.
     pub prune: Option<PruneConfig>,
     /// The memory this process may hold at its peak (its resident memory, everything
@@ -554,6 +558,7 @@ impl Default for TrainConfig {
             sync_bn: false,
             decay_bias_and_norm: None,
             precision: Precision::F32,
+            activations: SavedPrecision::F32,
             prune: None,
             memory_budget: None,
             memory_budget_mib: None,
@@ -764,6 +769,9 @@ impl TrainConfig {
         }
         if self.precision != Precision::F32 {
             return refuse("precision", "bf16");
+        }
+        if self.activations != SavedPrecision::F32 {
+            return refuse("activations", "bf16 saved activations (the GPU keeps them in f32)");
         }
         if self.prune.is_some() {
             return refuse("prune", "pruning");
@@ -1080,7 +1088,9 @@ mod tests {
         c.set("train_data", "data/my table").unwrap();
         c.set("optimizer.momentum", "0.8").unwrap();
         c.set("lr", "0.02").unwrap();
+        c.set("activations", "bf16").unwrap();
         assert_eq!((c.data_workers, c.bucket_mib, c.recompute), (3, 0.5, true));
+        assert_eq!(c.activations, SavedPrecision::Bf16);
         assert_eq!(c.train_data, std::path::PathBuf::from("data/my table"));
         // With no optimizer given, a setting of one starts from the `sgd` preset.
         let sgd = OptimizerConfig::Sgd { momentum: 0.8, nesterov: true, weight_decay: 0.0 };
@@ -1092,6 +1102,7 @@ mod tests {
             ("data_workers", "many", "invalid type"),
             ("optimizer.speed", "1", "unknown field `speed`"),
             ("seed.low", "1", "`seed` is not a table"),
+            ("activations", "f16", "unknown variant `f16`"),
         ] {
             let error = c.set(key, value).unwrap_err().to_string();
             assert!(error.contains(&format!("`{key}`")) && error.contains(says), "{error}");

@@ -166,6 +166,14 @@ fn bad_configs_fail_before_anything_starts() {
             "clip_grad_norm",
             TrainConfig { device: Device::Cuda, clip_grad_norm: Some(1.0), ..config(1, 1) },
         ),
+        (
+            "activations",
+            TrainConfig {
+                device: Device::Cuda,
+                activations: dp_model::SavedPrecision::Bf16,
+                ..config(1, 1)
+            },
+        ),
         // A build or machine without CUDA says so.
         ("CUDA", TrainConfig { device: Device::Cuda, ..config(1, 1) }),
     ];

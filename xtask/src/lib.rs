@@ -6,6 +6,7 @@
 //! library crates and in `.ci/run`.
 
 mod bench;
+mod bench_bf16act;
 mod bench_images;
 mod bench_lm;
 mod bench_optim8;

@@ -136,6 +136,10 @@ struct ConfigFlags {
     /// and f32 weights, on AMX).
     #[arg(long, value_name = "PRECISION")]
     precision: Option<dp_model::Precision>,
+    /// What the activations kept for backward are stored in: f32 (the default) or bf16
+    /// (half their bytes; backward sees them rounded). CPU only.
+    #[arg(long, value_name = "PRECISION")]
+    activations: Option<dp_model::SavedPrecision>,
     /// Gradient compression: none, bf16 or int8.
     #[arg(long, value_name = "HOW")]
     compression: Option<dp_train::GradCompression>,
@@ -779,7 +783,8 @@ fn print_large_model(
 
 /// `cargo xtask bench train`: one replica against one per core on the default job, and the
 /// same replicas as processes, with the targets; then a language model's held-out loss against
-/// PyTorch's (`filter` `lm`: that section alone).
+/// PyTorch's (`filter` `lm`: that section alone); then f32 against bf16 saved activations
+/// (`filter` `bf16act`: that section alone).
 pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
     let replicas = std::thread::available_parallelism().map_or(1, |n| n.get()).max(2);
     let verdict = |met: bool| if met { "(met)" } else { "(NOT MET)" };
@@ -787,8 +792,9 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
         None => {}
         Some("lm") => return crate::bench_lm::run(root, replicas, verdict),
         Some("optim8") => return crate::bench_optim8::run(root, verdict),
+        Some("bf16act") => return crate::bench_bf16act::run(root, verdict),
         Some(other) => {
-            bail!("bench train --filter {other}: the sections to pick are `lm` and `optim8`")
+            bail!("bench train --filter {other}: the sections to pick are `lm`, `optim8` and `bf16act`")
         }
     }
     ensure_digits(&root.join("data/digits"))?;
@@ -886,7 +892,8 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
         None => {}
     }
     crate::bench_lm::run(root, replicas, verdict)?;
-    crate::bench_optim8::run(root, verdict)
+    crate::bench_optim8::run(root, verdict)?;
+    crate::bench_bf16act::run(root, verdict)
 }
 
 #[cfg(test)]
@@ -941,6 +948,8 @@ mod tests {
             "flip-h,crop:4",
             "--compression",
             "int8",
+            "--activations",
+            "bf16",
             "--epochs",
             "auto",
         ])
@@ -968,6 +977,7 @@ mod tests {
         assert_eq!(config.normalize_std, Some(vec![2.0, 3.0]));
         assert_eq!(config.augment.len(), 2);
         assert_eq!(config.compression, dp_train::GradCompression::Int8);
+        assert_eq!(config.activations, dp_model::SavedPrecision::Bf16);
         let cli = Cli::try_parse_from(["train", "--eval-data", "e", "--recompute"]).unwrap();
         let mut config = TrainConfig { eval_data: Some("kept".into()), ..TrainConfig::default() };
         apply(&mut config, &cli.train).unwrap();

@@ -661,6 +661,7 @@ fn build_model(
         .replica(rank as u64)
         .recompute(recompute)
         .precision(config.precision)
+        .saved(config.activations)
         .label_smoothing(config.label_smoothing);
     Ok(match shared {
         // SAFETY: the replicas sharing these parameters only read them, except in

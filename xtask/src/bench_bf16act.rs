@@ -1,0 +1,125 @@
+//! `cargo xtask bench train`'s bf16 saved-activation section (`--filter bf16act`): the
+//! default job's MLP and LeNet trained with the same seed and steps, once with the activations
+//! kept for backward in f32 and once in bf16 (`activations = "bf16"`). Figures: the model's
+//! activation bytes (`ModelMemory::saved_activations`, predicted by `Model::memory_for`,
+//! which equals what the built model reports), the final held-out accuracy, the training-loss
+//! curves' largest relative difference, and the median step time.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use dp_model::{Model, ModelOptions, ModelSpec, SavedPrecision};
+use dp_train::{Observer, RunOptions, StepMetrics, TrainConfig};
+
+/// Long enough to leave the first steps' fall behind (over an epoch of 60,000 digits at a
+/// batch of 256), short enough for minutes on a shared 2-core machine.
+const STEPS: u64 = 300;
+const BATCH: usize = 256;
+
+/// The targets: activation bytes at most this share of f32's, accuracy within this many
+/// points, the loss curves within this relative difference at every step.
+const BYTES_TARGET: f64 = 0.52;
+const ACCURACY_POINTS: f64 = 0.3;
+const LOSS_TARGET: f64 = 0.01;
+
+/// One run's curve and figures.
+#[derive(Default)]
+struct Curve {
+    losses: Vec<f64>,
+    step_s: Vec<f64>,
+}
+
+impl Observer for Curve {
+    fn step(&mut self, metrics: &StepMetrics) {
+        self.losses.push(metrics.loss);
+        self.step_s.push(metrics.step_s);
+    }
+}
+
+struct Run {
+    curve: Curve,
+    accuracy: f64,
+    activation_bytes: u64,
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn train(root: &Path, out: &Path, model: &str, saved: SavedPrecision) -> Result<Run> {
+    let config = TrainConfig {
+        train_data: root.join("data/digits/train"),
+        eval_data: Some(root.join("data/digits/eval")),
+        model: model.into(),
+        replicas: 1,
+        global_batch: BATCH,
+        steps: Some(STEPS),
+        activations: saved,
+        name: Some(format!("{model}-{}", saved.name())),
+        ..TrainConfig::default()
+    };
+    let mut curve = Curve::default();
+    let summary = dp_train::train(config, &RunOptions::new(out), &mut curve)?;
+    let accuracy = summary.eval_accuracy.context("the run reported no held-out accuracy")?;
+    // The digits are 28x28 images given flat.
+    let spec = ModelSpec::builtin(model, &[784], 10)?;
+    let options = ModelOptions::new(BATCH, 0).saved(saved);
+    let activation_bytes = Model::<f32>::memory_for(&spec, &options)?.saved_activations;
+    Ok(Run { curve, accuracy, activation_bytes })
+}
+
+/// Runs the section and prints each figure against its target.
+pub(crate) fn run(root: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
+    crate::train::ensure_digits(&root.join("data/digits"))?;
+    let out = std::env::temp_dir().join(format!("dp-bench-bf16act-{}", std::process::id()));
+    let result = measure(root, &out, verdict);
+    let _ = std::fs::remove_dir_all(&out);
+    result
+}
+
+fn measure(root: &Path, out: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
+    println!(
+        "\nbf16 saved activations: f32 vs bf16 storage, 1 replica, batch {BATCH}, {STEPS} steps, seed 0, the digits"
+    );
+    for model in ["mlp", "lenet"] {
+        let f32 = train(root, out, model, SavedPrecision::F32)?;
+        let bf16 = train(root, out, model, SavedPrecision::Bf16)?;
+        let bytes = bf16.activation_bytes as f64 / f32.activation_bytes as f64;
+        let points = (bf16.accuracy - f32.accuracy) * 100.0;
+        let loss = f32
+            .curve
+            .losses
+            .iter()
+            .zip(&bf16.curve.losses)
+            .map(|(a, b)| (b - a).abs() / a.abs())
+            .fold(0.0, f64::max);
+        let time = median(&bf16.curve.step_s) / median(&f32.curve.step_s);
+        println!(
+            "{model}: activation bytes {} -> {} = {bytes:.3}x  <= {BYTES_TARGET} {}",
+            f32.activation_bytes,
+            bf16.activation_bytes,
+            verdict(bytes <= BYTES_TARGET)
+        );
+        println!(
+            "{model}: held-out accuracy {:.2}% -> {:.2}%, {points:+.2} points  within {ACCURACY_POINTS} {}",
+            f32.accuracy * 100.0,
+            bf16.accuracy * 100.0,
+            verdict(points.abs() <= ACCURACY_POINTS)
+        );
+        println!(
+            "{model}: training loss curves' largest relative difference {:.3}% over {} steps  within {:.0}% {}",
+            loss * 100.0,
+            f32.curve.losses.len().min(bf16.curve.losses.len()),
+            LOSS_TARGET * 100.0,
+            verdict(loss <= LOSS_TARGET)
+        );
+        println!(
+            "{model}: median step time {:.2} ms -> {:.2} ms = {time:.3}x (no target)",
+            median(&f32.curve.step_s) * 1e3,
+            median(&bf16.curve.step_s) * 1e3
+        );
+    }
+    Ok(())
+}
