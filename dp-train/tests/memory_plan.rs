@@ -46,13 +46,14 @@ fn one_planned_run() {
     let saved = std::fs::read_to_string(common::run_dir(Path::new(out)).join(dp_train::CONFIG));
     let saved: TrainConfig = toml::from_str(&saved.unwrap()).unwrap();
     println!(
-        "RESULT {} {} {} {} {} {}",
+        "RESULT {} {} {} {} {} {} {}",
         budget.unwrap_or(u64::MAX),
         summary.predicted_peak_rss.unwrap(),
         summary.process_peak_rss.unwrap_or(0),
         saved.replicas,
         saved.share_params,
         saved.recompute || saved.grad_accum > 1,
+        saved.optimizer_bits,
     );
 }
 
@@ -103,8 +104,8 @@ fn the_predicted_peak_holds_within_1_1x_of_the_measured_on_three_plans() {
         assert!(measured <= budget, "case {i}: measured {measured} B over the {budget} B budget");
         plans.push(fields[3..].join(" "));
     }
-    assert_eq!(plans[0], "2 false false", "the config as given runs as given");
-    assert_eq!(plans[1], "2 true false", "sharing the parameters is free, and enough");
+    assert_eq!(plans[0], "2 false false 32", "the config as given runs as given");
+    assert_eq!(plans[1], "2 true false 32", "sharing the parameters is free, and enough");
     assert!(plans[2] != plans[1], "the tightest budget turns more on: {}", plans[2]);
 }
 

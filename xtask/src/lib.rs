@@ -93,8 +93,8 @@ enum UserCmd {
     Train(Box<train::TrainArgs>),
     /// Print the memory a training run would take, predicted by tag before anything starts,
     /// and with --memory-budget the settings it would turn on to fit, cheapest in speed
-    /// first: shared parameters, ZeRO-1, no input prefetch, 8-bit optimizer state, bf16
-    /// saved activations, smaller micro-batches accumulated, recomputation, fewer replicas.
+    /// first: shared parameters, ZeRO-1, no input prefetch, smaller micro-batches
+    /// accumulated, 8-bit optimizer state, recomputation, fewer replicas.
     Plan(Box<PlanArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {

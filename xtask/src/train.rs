@@ -794,7 +794,9 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
         Some("optim8") => return crate::bench_optim8::run(root, verdict),
         Some("bf16act") => return crate::bench_bf16act::run(root, verdict),
         Some(other) => {
-            bail!("bench train --filter {other}: the sections to pick are `lm`, `optim8` and `bf16act`")
+            bail!(
+                "bench train --filter {other}: the sections to pick are `lm`, `optim8` and `bf16act`"
+            )
         }
     }
     ensure_digits(&root.join("data/digits"))?;

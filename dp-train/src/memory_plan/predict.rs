@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use dp_data::{Pipeline, TokenPipeline};
 use dp_mem::{ByTag, Tag};
-use dp_model::{Model, ModelOptions, Recompute};
+use dp_model::{Adam, Model, ModelOptions, Recompute, Sgd, StatePrecision};
 
 use crate::config::OptimizerConfig;
 use crate::error::Result;
@@ -18,7 +18,7 @@ use crate::zero::zero_shard;
 /// stack and the GEMM library's packing buffers (allocated on each call, outside the pools),
 /// the runtime's and the allocator's own. Measured on the built-in jobs as peak RSS minus
 /// the baseline and the accounted peaks.
-const PER_REPLICA_UNACCOUNTED: u64 = 8 << 20;
+const PER_REPLICA_UNACCOUNTED: u64 = 4 << 20;
 
 /// The pools round each buffer up to a size class: at most about 1/32 more.
 fn rounded(bytes: u64) -> u64 {
@@ -67,13 +67,14 @@ impl DataNeeds {
     }
 }
 
-/// The optimizer state's bytes for `len` parameters.
-pub(crate) fn optimizer_state_bytes(optimizer: &OptimizerConfig, len: usize) -> u64 {
-    let buffers = match *optimizer {
-        OptimizerConfig::Sgd { momentum, .. } => u64::from(momentum != 0.0),
-        OptimizerConfig::Adam { .. } => 2,
-    };
-    buffers * len as u64 * 4
+/// The optimizer state's bytes for `len` parameters, as the optimizer allocates them.
+fn optimizer_state_bytes(optimizer: &OptimizerConfig, len: usize, bits: StatePrecision) -> u64 {
+    match *optimizer {
+        OptimizerConfig::Sgd { momentum, .. } => {
+            Sgd::<f32>::state_bytes_for(len, momentum != 0.0, bits)
+        }
+        OptimizerConfig::Adam { .. } => Adam::<f32>::state_bytes_for(len, bits),
+    }
 }
 
 /// Predicts `plan`'s memory in a process that holds `baseline` bytes before it starts.
@@ -82,7 +83,8 @@ pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Re
     let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
     let options = ModelOptions::new(plan.batching.micro, config.seed)
         .recompute(recompute)
-        .precision(config.precision);
+        .precision(config.precision)
+        .saved(config.activations);
     let model = Model::<f32>::memory_for(&plan.spec, &options)?;
     let len = plan.spec.layout()?.len();
     let f32s = |n: usize| n as u64 * 4;
@@ -99,8 +101,8 @@ pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Re
     let replicas = plan.batching.replicas;
     let replica = |local: usize| {
         let shard = match (shares, config.zero_stage) {
-            (true, _) => zero_shard(len, replicas, local).len(),
-            (false, 1) => zero_shard(len, plan.world(), local).len(),
+            (true, _) => zero_shard(len, replicas, local, config.piece_align()).len(),
+            (false, 1) => zero_shard(len, plan.world(), local, config.piece_align()).len(),
             (false, _) => len,
         };
         ByTag::from_fn(|tag| match tag {
@@ -111,7 +113,9 @@ pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Re
             }
             Tag::Param => model.params,
             Tag::Grad => model.grads,
-            Tag::OptState => optimizer_state_bytes(&plan.optimizer, shard),
+            Tag::OptState => {
+                optimizer_state_bytes(&plan.optimizer, shard, config.state_precision())
+            }
             Tag::Activation => model.saved_activations + model.workspace,
             Tag::Data => data_bytes,
             Tag::Comm => comm,
