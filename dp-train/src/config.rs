@@ -197,7 +197,7 @@ impl Serialize for MemorySize {
         let unit = ["TiB", "GiB", "MiB", "KiB"]
             .into_iter()
             .zip([40, 30, 20, 10])
-            .find(|&(_, shift)| self.0 > 0 && self.0 % (1 << shift) == 0);
+            .find(|&(_, shift)| self.0 > 0 && self.0.is_multiple_of(1 << shift));
         match unit {
             Some((unit, shift)) => serializer.serialize_str(&format!("{}{unit}", self.0 >> shift)),
             None => serializer.serialize_str(&self.0.to_string()),

@@ -51,11 +51,8 @@ pub fn largest_model(family: &str, config: &TrainConfig, processes: usize) -> Re
     };
     // Doubling, then halving the gap: the memory grows with the size.
     let (mut low, mut high) = (1usize, 2usize);
-    loop {
-        match plan_of(high)? {
-            Some(plan) => (fits, low, high) = (plan, high, high * 2),
-            None => break,
-        }
+    while let Some(plan) = plan_of(high)? {
+        (fits, low, high) = (plan, high, high * 2);
         if high > 1 << 24 {
             return Err(Error::config("memory_budget", "is too large to search"));
         }
