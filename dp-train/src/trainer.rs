@@ -523,7 +523,7 @@ fn set_up(
                 return Ok(config);
             }
             let plan = RunPlan::new(config.clone(), None, count).map_err(|e| config.explain(e))?;
-            let (plan, chosen) = memory_plan::fit(plan, baseline)?;
+            let (plan, chosen) = memory_plan::fit(plan, baseline, false)?;
             planned = chosen;
             Ok(plan.config)
         }),

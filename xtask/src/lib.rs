@@ -8,6 +8,7 @@
 mod bench;
 mod bench_bf16act;
 mod bench_images;
+mod bench_largest;
 mod bench_lm;
 mod bench_optim8;
 mod corpus;
@@ -250,7 +251,7 @@ struct PlanArgs {
     #[command(flatten)]
     train: train::TrainArgs,
     /// Instead of planning --model: the largest model of a built-in family (mlp, gpt or
-    /// resnet) that trains within --memory-budget with these options.
+    /// resnet) that trains within --memory-budget with these options and replicas.
     #[arg(long, value_name = "FAMILY")]
     largest: Option<String>,
 }

@@ -895,7 +895,8 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
     }
     crate::bench_lm::run(root, replicas, verdict)?;
     crate::bench_optim8::run(root, verdict)?;
-    crate::bench_bf16act::run(root, verdict)
+    crate::bench_bf16act::run(root, verdict)?;
+    crate::bench_largest::run(root, verdict)
 }
 
 #[cfg(test)]

@@ -80,10 +80,17 @@ impl Settings {
     }
 
     /// Every combination that only turns memory savers on from `self` (never off what the
-    /// config turned on), for `global_batch` over `processes`.
-    pub(crate) fn candidates(&self, global_batch: usize, processes: usize) -> Vec<Settings> {
+    /// config turned on), for `global_batch` over `processes`; with `keep_replicas`, only
+    /// those with `self`'s replicas.
+    pub(crate) fn candidates(
+        &self,
+        global_batch: usize,
+        processes: usize,
+        keep_replicas: bool,
+    ) -> Vec<Settings> {
+        let fewest = if keep_replicas { self.replicas } else { 1 };
         let mut all = Vec::new();
-        for replicas in (1..=self.replicas).rev() {
+        for replicas in (fewest..=self.replicas).rev() {
             let mut accum = self.grad_accum;
             while global_batch.is_multiple_of(replicas * processes * accum) {
                 for bits in 0..32u8 {

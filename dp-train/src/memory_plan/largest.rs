@@ -21,8 +21,8 @@ fn model(family: &str, n: usize) -> Result<String> {
 }
 
 /// The largest model of `family` (`mlp`, `gpt` or `resnet`) that `config` trains within its
-/// `memory_budget` in one of `processes` processes on this host, with the settings the
-/// planner turns on for it. Models grow by width for `mlp` (in steps of 8), by width and
+/// `memory_budget` in one of `processes` processes on this host with its replicas, with the
+/// other settings the planner turns on for it. Models grow by width for `mlp` (in steps of 8), by width and
 /// depth for `gpt`, by depth for `resnet`.
 pub fn largest_model(family: &str, config: &TrainConfig, processes: usize) -> Result<MemoryPlan> {
     if config.memory_budget.is_none() {
@@ -37,7 +37,7 @@ pub fn largest_model(family: &str, config: &TrainConfig, processes: usize) -> Re
     let plan_of = |n: usize| -> Result<Option<MemoryPlan>> {
         let config = TrainConfig { model: model(family, n * step)?, ..config.clone() };
         let plan = RunPlan::new(config.clone(), None, processes).map_err(|e| config.explain(e))?;
-        match fit(plan, baseline) {
+        match fit(plan, baseline, true) {
             Ok((plan, planned)) => describe(&plan, &planned, baseline).map(Some),
             Err(Error::Config { field, .. }) if field == "memory_budget" => Ok(None),
             Err(e) => Err(e),

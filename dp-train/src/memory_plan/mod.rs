@@ -66,7 +66,7 @@ pub fn plan_memory(config: &TrainConfig, processes: usize) -> Result<MemoryPlan>
     let baseline = baseline_rss();
     let config = config.resolved_for(processes, processes)?;
     let plan = RunPlan::new(config.clone(), None, processes).map_err(|e| config.explain(e))?;
-    let (plan, planned) = fit(plan, baseline)?;
+    let (plan, planned) = fit(plan, baseline, false)?;
     describe(&plan, &planned, baseline)
 }
 
@@ -76,10 +76,11 @@ pub(crate) fn baseline_rss() -> u64 {
 }
 
 /// `plan` as it fits its config's `memory_budget` (unchanged without one), in a process that
-/// holds `baseline` bytes: of every combination of settings that only turns memory savers on,
+/// holds `baseline` bytes (with the config's replicas when `keep_replicas`): of every
+/// combination of settings that only turns memory savers on,
 /// the fitting one with the least estimated slowdown (among equals, the fewest changes, then
 /// the lowest peak).
-pub(crate) fn fit(plan: RunPlan, baseline: u64) -> Result<(RunPlan, Planned)> {
+pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(RunPlan, Planned)> {
     let Some(budget) = plan.config.memory_budget.map(|b| b.0) else {
         return Ok((plan, Planned { slowdown: 1.0, ..Planned::default() }));
     };
@@ -88,7 +89,7 @@ pub(crate) fn fit(plan: RunPlan, baseline: u64) -> Result<(RunPlan, Planned)> {
     let mut data = DataNeeds::default();
     let mut best: Option<((f64, usize, u64), Settings)> = None;
     let mut least: Option<(u64, Settings)> = None;
-    for settings in base.candidates(global, processes) {
+    for settings in base.candidates(global, processes, keep_replicas) {
         let peak = predict(&settings.apply(&plan), baseline, &mut data)?.peak;
         if least.is_none_or(|(p, _)| peak < p) {
             least = Some((peak, settings));
