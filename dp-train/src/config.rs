@@ -1146,7 +1146,7 @@ mod tests {
         let file: TrainConfig = toml::from_str("seed = 3\n").unwrap();
         assert_eq!((file.optimizer, TrainConfig::default().optimizer), (None, None));
         let text = TrainConfig::default().to_toml();
-        assert!(!text.contains("optimizer"), "{text}");
+        assert!(!text.contains("[optimizer"), "{text}");
         assert_eq!(toml::from_str::<TrainConfig>(&text).unwrap(), TrainConfig::default());
         let chosen = TrainConfig {
             optimizer: Some(OptimizerConfig::preset("sgd").unwrap()),
