@@ -965,22 +965,22 @@ mod tests {
         assert_eq!((config.per_replica_batch, config.clip_grad_norm), (Some(8), Some(2.0)));
         assert_eq!((config.zero_stage, config.epochs, config.recompute), (1, 0, true));
         assert_eq!(config.optimizer_bits, 8);
-        // Another width is refused at validation, naming the key; so is 8 on the GPU path.
-        let cli = Cli::try_parse_from(["train", "--optimizer-bits", "16"]).unwrap();
-        let mut config = TrainConfig::default();
-        apply(&mut config, &cli.train).unwrap();
-        let error = config.validate().unwrap_err().to_string();
-        assert!(error.contains("`optimizer_bits`: 16 is not supported"), "{error}");
-        let cli = Cli::try_parse_from(["train", "--optimizer-bits", "8", "--device", "cuda"]);
-        let mut config = TrainConfig::default();
-        apply(&mut config, &cli.unwrap().train).unwrap();
-        let error = config.validate().unwrap_err().to_string();
-        assert!(error.contains("`optimizer_bits`") && error.contains("device = cuda"), "{error}");
         assert_eq!(config.normalize_mean, Some(vec![0.5]));
         assert_eq!(config.normalize_std, Some(vec![2.0, 3.0]));
         assert_eq!(config.augment.len(), 2);
         assert_eq!(config.compression, dp_train::GradCompression::Int8);
         assert_eq!(config.activations, dp_model::SavedPrecision::Bf16);
+        // Another width is refused at validation, naming the key; so is 8 on the GPU path.
+        let cli = Cli::try_parse_from(["train", "--optimizer-bits", "16"]).unwrap();
+        let mut bits = TrainConfig::default();
+        apply(&mut bits, &cli.train).unwrap();
+        let error = bits.validate().unwrap_err().to_string();
+        assert!(error.contains("`optimizer_bits`: 16 is not supported"), "{error}");
+        let cli = Cli::try_parse_from(["train", "--optimizer-bits", "8", "--device", "cuda"]);
+        let mut bits = TrainConfig::default();
+        apply(&mut bits, &cli.unwrap().train).unwrap();
+        let error = bits.validate().unwrap_err().to_string();
+        assert!(error.contains("`optimizer_bits`") && error.contains("device = cuda"), "{error}");
         let cli = Cli::try_parse_from(["train", "--eval-data", "e", "--recompute"]).unwrap();
         let mut config = TrainConfig { eval_data: Some("kept".into()), ..TrainConfig::default() };
         apply(&mut config, &cli.train).unwrap();

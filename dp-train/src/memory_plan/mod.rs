@@ -90,7 +90,9 @@ pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(
     let mut best: Option<((f64, usize, u64), Settings)> = None;
     let mut least: Option<(u64, Settings)> = None;
     for settings in base.candidates(global, processes, keep_replicas) {
-        let peak = predict(&settings.apply(&plan), baseline, &mut data)?.peak;
+        let peak = predict(&settings.apply(&plan), baseline, &mut data)
+            .map_err(|e| plan.config.explain(e))?
+            .peak;
         if least.is_none_or(|(p, _)| peak < p) {
             least = Some((peak, settings));
         }
@@ -128,7 +130,9 @@ pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(
 
 /// The plan's figures, for printing and the summary.
 pub(crate) fn describe(plan: &RunPlan, planned: &Planned, baseline: u64) -> Result<MemoryPlan> {
-    let prediction = predict(plan, baseline, &mut DataNeeds::default())?;
+    // A budget error in the config's words, as the run itself would give it.
+    let prediction =
+        predict(plan, baseline, &mut DataNeeds::default()).map_err(|e| plan.config.explain(e))?;
     let by_name = |bytes: &dp_mem::ByTag<u64>| -> BTreeMap<String, u64> {
         bytes.iter().filter(|(_, b)| **b > 0).map(|(t, b)| (t.name().to_string(), *b)).collect()
     };
