@@ -1,8 +1,6 @@
 //! Reading a dataset: open and check, random access through a small block cache, sequential
 //! iteration by block, and a full verification.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -13,7 +11,8 @@ use crate::block::Block;
 use crate::checksum::Crc32c;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::manifest::{MANIFEST_FILE, Manifest};
+use crate::manifest::{MANIFEST_FILE, Manifest, ShardInfo};
+use crate::remote::{RemoteBlocks, RemoteDir, is_object_url};
 use crate::schema::Schema;
 use crate::shard::{ShardReader, schema_fingerprint};
 
@@ -40,6 +39,8 @@ impl Default for ReadOptions {
 /// An open dataset.
 pub struct Dataset {
     dir: PathBuf,
+    /// The object storage prefix the dataset is read from, when it is not on local disk.
+    remote: Option<RemoteDir>,
     manifest: Manifest,
     schema: Arc<Schema>,
     shards: Vec<ShardReader>,
@@ -65,15 +66,39 @@ impl Dataset {
     /// Opens the dataset in `dir`: reads the manifest and checks every shard's header, index
     /// and trailer against it (sizes, record and block counts, schema). Block contents are
     /// checked when read, or all at once by [`Dataset::verify`].
+    ///
+    /// `dir` may name a dataset in object storage (`s3://bucket/prefix`, `gs://`, `az://`,
+    /// `http(s)://`; see [`ObjectOptions`](crate::ObjectOptions)): its manifest and each
+    /// shard's header and index are fetched, each shard's size and ETag checked against the
+    /// manifest, and blocks are fetched as they are read, through the local cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let manifest = Manifest::read(&dir)?;
+        let remote = match is_object_url(&dir) {
+            true => Some(RemoteDir::new(&dir.to_string_lossy())?),
+            false => None,
+        };
+        let manifest = match &remote {
+            Some(remote) => {
+                let object = remote.object(MANIFEST_FILE);
+                let bytes = object.get(None).map_err(|e| match e {
+                    Error::Object { what, .. } if what == "no such object" => Error::Incomplete {
+                        path: dir.clone(),
+                        what: format!(
+                            "no {MANIFEST_FILE} (a dataset whose upload did not finish has none)"
+                        ),
+                    },
+                    other => other,
+                })?;
+                Manifest::parse(&bytes, Path::new(object.url()))?
+            }
+            None => Manifest::read(&dir)?,
+        };
         let fingerprint = schema_fingerprint(&manifest.schema);
-        let mut shards = Vec::with_capacity(manifest.shards.len());
-        let mut shard_starts = Vec::with_capacity(manifest.shards.len());
-        let mut start = 0;
-        for info in &manifest.shards {
-            let path = dir.join(&info.file);
+        let cache = match &remote {
+            Some(_) => crate::remote::open_cache()?,
+            None => None,
+        };
+        let open_shard = |info: &ShardInfo| -> Result<ShardReader> {
             let stale = |what: String| Error::Incomplete {
                 path: dir.clone(),
                 what: format!(
@@ -81,17 +106,55 @@ impl Dataset {
                     info.file
                 ),
             };
-            let len = match std::fs::metadata(&path) {
-                Ok(meta) => meta.len(),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(stale("missing".into()));
+            let shard = match &remote {
+                Some(remote) => {
+                    let object = remote.object(&info.file);
+                    let meta = object.head().map_err(|e| match e {
+                        Error::Object { what, .. } if what == "no such object" => {
+                            stale("missing".into())
+                        }
+                        other => other,
+                    })?;
+                    if meta.size != info.bytes {
+                        return Err(stale(format!(
+                            "{} bytes, the manifest says {}",
+                            meta.size, info.bytes
+                        )));
+                    }
+                    if let (Some(want), Some(got)) = (&info.etag, &meta.e_tag)
+                        && want != got
+                    {
+                        return Err(stale(format!(
+                            "its ETag is {got}, the manifest says {want}: the object changed after the upload"
+                        )));
+                    }
+                    // The blocks' names in the cache: the object's URL and whole-file CRC32C.
+                    let key = format!(
+                        "{:08x}{:08x}",
+                        crate::checksum::crc32c(object.url().as_bytes()),
+                        info.crc32c
+                    );
+                    let blocks = RemoteBlocks::new(object, info.etag.clone(), key, cache.clone());
+                    ShardReader::open_remote(blocks, info.bytes, info.blocks, fingerprint)?
                 }
-                Err(e) => return Err(Error::io(&path, "stat", e)),
+                None => {
+                    let path = dir.join(&info.file);
+                    let len = match std::fs::metadata(&path) {
+                        Ok(meta) => meta.len(),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            return Err(stale("missing".into()));
+                        }
+                        Err(e) => return Err(Error::io(&path, "stat", e)),
+                    };
+                    if len != info.bytes {
+                        return Err(stale(format!(
+                            "{len} bytes, the manifest says {}",
+                            info.bytes
+                        )));
+                    }
+                    ShardReader::open(path, fingerprint)?
+                }
             };
-            if len != info.bytes {
-                return Err(stale(format!("{len} bytes, the manifest says {}", info.bytes)));
-            }
-            let shard = ShardReader::open(path, fingerprint)?;
             if let Some(want) = info.index_crc32c
                 && shard.index_crc32c() != want
             {
@@ -114,13 +177,23 @@ impl Dataset {
                     info.raw_bytes
                 )));
             }
+            Ok(shard)
+        };
+        let shards = match &remote {
+            // A few requests per shard, each a round trip: many shards are opened at once.
+            Some(_) => open_in_parallel(&manifest.shards, &open_shard)?,
+            None => manifest.shards.iter().map(&open_shard).collect::<Result<Vec<_>>>()?,
+        };
+        let mut shard_starts = Vec::with_capacity(manifest.shards.len());
+        let mut start = 0;
+        for info in &manifest.shards {
             shard_starts.push(start);
             start += info.records;
-            shards.push(shard);
         }
         let pool = options.pool.unwrap_or_else(|| Pool::new(Tracker::global()));
         Ok(Dataset {
             dir,
+            remote,
             schema: Arc::new(manifest.schema.clone()),
             manifest,
             shards,
@@ -132,6 +205,34 @@ impl Dataset {
                 blocks: Vec::new(),
             }),
         })
+    }
+
+    /// Whether the dataset is read from object storage.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Starts fetching blocks `blocks` (global indices, ascending) ahead of use, when the
+    /// dataset is in object storage; a pipeline calls it with the blocks of its next window.
+    pub fn prefetch(&self, blocks: &[usize]) -> Result<()> {
+        if self.remote.is_none() {
+            return Ok(());
+        }
+        let mut by_shard: Vec<usize> = Vec::new();
+        let mut current = None;
+        for &global in blocks {
+            let Some((s, b)) = self.find_block(global) else { continue };
+            if current.is_some_and(|c| c != s) {
+                self.shards[current.unwrap_or(0)].prefetch(&by_shard)?;
+                by_shard.clear();
+            }
+            current = Some(s);
+            by_shard.push(b);
+        }
+        if let Some(s) = current {
+            self.shards[s].prefetch(&by_shard)?;
+        }
+        Ok(())
     }
 
     /// Records in the dataset.
@@ -282,7 +383,8 @@ impl Dataset {
     pub fn verify(&self) -> Vec<Error> {
         let mut problems = self.unlisted();
         for (s, (shard, info)) in self.shards.iter().zip(&self.manifest.shards).enumerate() {
-            match file_crc32c(shard.path()) {
+            let mut crc = Crc32c::new();
+            match shard.stream(&mut |bytes| crc.update(bytes)).map(|()| crc.value()) {
                 Ok(crc) if crc == info.crc32c => {}
                 Ok(crc) => problems.push(Error::corrupt(
                     shard.path(),
@@ -306,6 +408,19 @@ impl Dataset {
     /// An [`Error::Unlisted`] for each entry of the directory that is neither the manifest nor
     /// a shard it names, in name order.
     fn unlisted(&self) -> Vec<Error> {
+        if let Some(remote) = &self.remote {
+            return match remote.list() {
+                Ok(names) => names
+                    .into_iter()
+                    .filter(|name| {
+                        name != MANIFEST_FILE
+                            && !self.manifest.shards.iter().any(|s| *name == s.file)
+                    })
+                    .map(|name| Error::Unlisted { path: self.dir.join(name) })
+                    .collect(),
+                Err(e) => vec![e],
+            };
+        }
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) => return vec![Error::io(&self.dir, "list", e)],
@@ -339,17 +454,28 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
-fn file_crc32c(path: &Path) -> Result<u32> {
-    let mut file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut crc = Crc32c::new();
-    loop {
-        let n = file.read(&mut buf).map_err(|e| Error::io(path, "read", e))?;
-        if n == 0 {
-            return Ok(crc.value());
+/// Opens each of `shards` with `open` on a few threads, in the order given; the first error
+/// in that order is returned.
+fn open_in_parallel(
+    shards: &[ShardInfo],
+    open: &(dyn Fn(&ShardInfo) -> Result<ShardReader> + Sync),
+) -> Result<Vec<ShardReader>> {
+    const THREADS: usize = 16;
+    let chunk = shards.len().div_ceil(THREADS).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = shards
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(open).collect::<Vec<_>>()))
+            .collect();
+        let mut opened = Vec::with_capacity(shards.len());
+        for handle in handles {
+            let part = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for shard in part {
+                opened.push(shard?);
+            }
         }
-        crc.update(&buf[..n]);
-    }
+        Ok(opened)
+    })
 }
 
 /// One record, holding its decompressed block alive.

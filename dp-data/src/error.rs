@@ -59,6 +59,18 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// A request to object storage failed: the object is missing or changed, the server
+    /// refused it, or it stayed unreachable through every retry.
+    #[error("{url}: {op}: {what}")]
+    Object {
+        /// The object (or prefix) asked for.
+        url: String,
+        /// What was being done (`"get"`, `"head"`, `"put"`, `"list"` ...).
+        op: &'static str,
+        /// What went wrong.
+        what: String,
+    },
+
     /// A schema is invalid, or data does not match it.
     #[error("schema: {0}")]
     Schema(String),

@@ -78,6 +78,7 @@ pub mod measure;
 #[cfg(feature = "bench")]
 pub mod measure_images;
 mod pipeline;
+mod remote;
 mod schema;
 mod shard;
 mod staging;
@@ -101,6 +102,10 @@ pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+};
+pub use remote::{
+    ObjectOptions, ObjectStats, UploadSummary, is_object_url, object_stats, set_object_options,
+    upload_dataset, upload_file,
 };
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use text::{

@@ -109,6 +109,10 @@ pub struct ShardInfo {
     /// Absent in manifests written before it existed, which are then not bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_crc32c: Option<u32>,
+    /// The ETag object storage gave the shard when it was uploaded: every read of it checks
+    /// the object is still that one. Absent on local disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
 }
 
 impl Manifest {
@@ -135,23 +139,31 @@ impl Manifest {
             }
             Err(e) => return Err(Error::io(&path, "open", e)),
         };
-        let mut text = String::new();
+        let mut text = Vec::new();
         file.take(MAX_MANIFEST_BYTES + 1)
-            .read_to_string(&mut text)
+            .read_to_end(&mut text)
             .map_err(|e| Error::io(&path, "read", e))?;
-        if text.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(Error::corrupt(&path, MAX_MANIFEST_BYTES, "manifest larger than 64 MiB"));
+        Self::parse(&text, &path)
+    }
+
+    /// Parses and checks the manifest `bytes` read from `path` (a file or an object's URL).
+    pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Manifest> {
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(Error::corrupt(path, MAX_MANIFEST_BYTES, "manifest larger than 64 MiB"));
         }
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| {
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            Error::corrupt(path, e.valid_up_to() as u64, "not a valid manifest: not UTF-8")
+        })?;
+        let manifest: Manifest = serde_json::from_str(text).map_err(|e| {
             let offset = text
                 .lines()
                 .take(e.line().saturating_sub(1))
                 .map(|l| l.len() as u64 + 1)
                 .sum::<u64>()
                 + e.column().saturating_sub(1) as u64;
-            Error::corrupt(&path, offset, format!("not a valid manifest: {e}"))
+            Error::corrupt(path, offset, format!("not a valid manifest: {e}"))
         })?;
-        manifest.check(&path)?;
+        manifest.check(path)?;
         Ok(manifest)
     }
 
@@ -204,11 +216,16 @@ impl Manifest {
         Ok(())
     }
 
-    /// Writes the manifest into `dir` atomically.
-    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
+    /// The manifest as its file holds it.
+    pub(crate) fn to_json(&self) -> Result<String> {
         let mut text = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Schema(format!("cannot serialize the manifest: {e}")))?;
         text.push('\n');
-        atomic::write_file(&dir.join(MANIFEST_FILE), text.as_bytes())
+        Ok(text)
+    }
+
+    /// Writes the manifest into `dir` atomically.
+    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
+        atomic::write_file(&dir.join(MANIFEST_FILE), self.to_json()?.as_bytes())
     }
 }

@@ -13,6 +13,7 @@ use crate::atomic::AtomicFile;
 use crate::block::Block;
 use crate::checksum::{self, Crc32c};
 use crate::error::{Error, Result};
+use crate::remote::RemoteBlocks;
 use crate::schema::Schema;
 
 pub(crate) const SHARD_MAGIC: [u8; 8] = *b"DPSHARD\0";
@@ -69,7 +70,7 @@ impl BlockEntry {
         }
     }
 
-    fn header(&self) -> [u8; BLOCK_HEADER_LEN as usize] {
+    pub(crate) fn header(&self) -> [u8; BLOCK_HEADER_LEN as usize] {
         let mut header = [0; BLOCK_HEADER_LEN as usize];
         header[0..8].copy_from_slice(&self.compressed.to_le_bytes());
         header[8..16].copy_from_slice(&self.raw.to_le_bytes());
@@ -223,31 +224,25 @@ pub(crate) fn read_at(file: &File, path: &Path, offset: u64, buf: &mut [u8]) -> 
     })
 }
 
-/// An open, validated shard.
-pub(crate) struct ShardReader {
-    path: PathBuf,
-    /// The whole file, mapped: a block's compressed bytes are checked and decompressed where
-    /// they lie in the page cache, without a copy through `read`.
-    map: memmap2::Mmap,
+/// Where a shard's blocks lie, from its header, trailer and index, checked against each
+/// other and the file's size.
+struct Layout {
     entries: Vec<BlockEntry>,
     records: u64,
-    /// CRC32C of the block index: every block's place, sizes and CRC32C, so a fingerprint of
-    /// the shard's content that opening reads anyway.
-    index_crc32c: u32,
+    index_crc: u32,
 }
 
-thread_local! {
-    /// One decompression context per thread, reused across blocks and shards.
-    static DECOMPRESSOR: RefCell<Option<crate::zstd_context::Decompressor>> = const { RefCell::new(None) };
-}
-
-impl ShardReader {
-    /// Opens `path`, checking the header against `fingerprint` and the trailer and index
-    /// against the file's size. Nothing is allocated beyond what the file's size justifies.
-    pub(crate) fn open(path: PathBuf, fingerprint: u64) -> Result<Self> {
-        let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
-        let len = file.metadata().map_err(|e| Error::io(&path, "stat", e))?.len();
-        let corrupt = |offset: u64, what: String| Error::corrupt(&path, offset, what);
+impl Layout {
+    /// Reads the layout of the shard `path` of `len` bytes through `read` (bytes at an
+    /// offset), checking the header against `fingerprint`. Nothing is allocated beyond what
+    /// the file's size justifies.
+    fn read(
+        path: &Path,
+        len: u64,
+        fingerprint: u64,
+        read: &mut dyn FnMut(u64, &mut [u8]) -> Result<()>,
+    ) -> Result<Self> {
+        let corrupt = |offset: u64, what: String| Error::corrupt(path, offset, what);
         if len < HEADER_LEN + TRAILER_LEN {
             return Err(corrupt(
                 0,
@@ -255,7 +250,7 @@ impl ShardReader {
             ));
         }
         let mut header = [0u8; HEADER_LEN as usize];
-        read_at(&file, &path, 0, &mut header)?;
+        read(0, &mut header)?;
         if header[0..8] != SHARD_MAGIC {
             return Err(corrupt(
                 0,
@@ -280,7 +275,7 @@ impl ShardReader {
 
         let trailer_at = len - TRAILER_LEN;
         let mut trailer = [0u8; TRAILER_LEN as usize];
-        read_at(&file, &path, trailer_at, &mut trailer)?;
+        read(trailer_at, &mut trailer)?;
         let u64_at =
             |i: usize| u64::from_le_bytes(trailer[i..i + 8].try_into().unwrap_or_default());
         if trailer[40..48] != TRAILER_MAGIC {
@@ -312,7 +307,7 @@ impl ShardReader {
         }
         // Bounded by the file's size: index_len == trailer_at - index_offset.
         let mut index = vec![0u8; (trailer_at - index_offset) as usize];
-        read_at(&file, &path, index_offset, &mut index)?;
+        read(index_offset, &mut index)?;
         if checksum::crc32c(&index) != index_crc {
             return Err(corrupt(index_offset, "index checksum mismatch".into()));
         }
@@ -374,15 +369,111 @@ impl ShardReader {
                 ),
             ));
         }
+        Ok(Layout { entries, records, index_crc })
+    }
+
+    fn reader(self, path: PathBuf, source: Source) -> ShardReader {
+        let Layout { entries, records, index_crc } = self;
+        ShardReader { path, source, entries, records, index_crc32c: index_crc }
+    }
+}
+
+/// An open, validated shard.
+pub(crate) struct ShardReader {
+    path: PathBuf,
+    source: Source,
+    entries: Vec<BlockEntry>,
+    records: u64,
+    /// CRC32C of the block index: every block's place, sizes and CRC32C, so a fingerprint of
+    /// the shard's content that opening reads anyway.
+    index_crc32c: u32,
+}
+
+/// Where a shard's bytes come from.
+enum Source {
+    /// The whole file, mapped: a block's compressed bytes are checked and decompressed where
+    /// they lie in the page cache, without a copy through `read`.
+    Mapped(memmap2::Mmap),
+    /// An object in object storage, read a block at a time through the local cache.
+    Remote(Arc<RemoteBlocks>),
+}
+
+/// A block's compressed bytes: where they lie in a mapped shard, or as fetched.
+pub(crate) enum Payload<'a> {
+    Mapped(&'a [u8]),
+    Fetched(bytes::Bytes),
+}
+
+impl std::ops::Deref for Payload<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Mapped(bytes) => bytes,
+            Payload::Fetched(bytes) => bytes,
+        }
+    }
+}
+
+thread_local! {
+    /// One decompression context per thread, reused across blocks and shards.
+    static DECOMPRESSOR: RefCell<Option<crate::zstd_context::Decompressor>> = const { RefCell::new(None) };
+}
+
+impl ShardReader {
+    /// Opens `path`, checking the header against `fingerprint` and the trailer and index
+    /// against the file's size. Nothing is allocated beyond what the file's size justifies.
+    pub(crate) fn open(path: PathBuf, fingerprint: u64) -> Result<Self> {
+        let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
+        let len = file.metadata().map_err(|e| Error::io(&path, "stat", e))?.len();
+        let layout =
+            Layout::read(&path, len, fingerprint, &mut |at, buf| read_at(&file, &path, at, buf))?;
         // SAFETY: the mapping is read-only and lives as long as the reader. Shards are never
         // changed in place once written (writers create new files and rename them into place),
         // so the mapped bytes cannot change under the reader; their size was checked above and
         // is checked again against the mapping.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&path, "map", e))?;
         if map.len() as u64 != len {
-            return Err(corrupt(0, format!("changed size while being opened ({len} bytes)")));
+            return Err(Error::corrupt(
+                &path,
+                0,
+                format!("changed size while being opened ({len} bytes)"),
+            ));
         }
-        Ok(ShardReader { path, map, entries, records, index_crc32c: index_crc })
+        Ok(layout.reader(path, Source::Mapped(map)))
+    }
+
+    /// Opens the remote shard `blocks` of `len` bytes, which the manifest says holds
+    /// `blocks_listed` blocks: its header and its index with the trailer are fetched with one
+    /// ranged GET each, and checked as a local shard's are.
+    pub(crate) fn open_remote(
+        blocks: RemoteBlocks,
+        len: u64,
+        blocks_listed: u64,
+        fingerprint: u64,
+    ) -> Result<Self> {
+        let path = PathBuf::from(blocks.url());
+        let head = blocks.get_range(0..HEADER_LEN.min(len))?;
+        let tail_len = blocks_listed
+            .saturating_mul(INDEX_ENTRY_LEN)
+            .saturating_add(TRAILER_LEN)
+            .min(len.saturating_sub(HEADER_LEN));
+        let tail_at = len - tail_len;
+        let tail = blocks.get_range(tail_at..len)?;
+        let mut read = |at: u64, buf: &mut [u8]| -> Result<()> {
+            let end = at + buf.len() as u64;
+            if end <= head.len() as u64 {
+                buf.copy_from_slice(&head[at as usize..end as usize]);
+            } else if at >= tail_at && end <= len {
+                buf.copy_from_slice(&tail[(at - tail_at) as usize..(end - tail_at) as usize]);
+            } else {
+                // The trailer names an index the manifest's block count did not cover.
+                buf.copy_from_slice(&blocks.get_range(at..end)?);
+            }
+            Ok(())
+        };
+        let layout = Layout::read(&path, len, fingerprint, &mut read)?;
+        Ok(layout.reader(path, Source::Remote(Arc::new(blocks))))
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -408,12 +499,16 @@ impl ShardReader {
 
     /// Block `index`'s compressed bytes (after its header), checking the header against the
     /// index (the CRC32C is [`ShardReader::check`]'s).
-    pub(crate) fn compressed(&self, index: usize) -> Result<&[u8]> {
+    pub(crate) fn compressed(&self, index: usize) -> Result<Payload<'_>> {
         let entry = &self.entries[index];
+        let map = match &self.source {
+            Source::Mapped(map) => map,
+            Source::Remote(blocks) => return blocks.payload(index, entry).map(Payload::Fetched),
+        };
         // Within the file: checked against its size when it was opened.
         let start = entry.offset as usize;
         let payload = start + BLOCK_HEADER_LEN as usize;
-        let bytes = &self.map[start..payload + entry.compressed as usize];
+        let bytes = &map[start..payload + entry.compressed as usize];
         if bytes[..BLOCK_HEADER_LEN as usize] != entry.header() {
             return Err(Error::corrupt(
                 &self.path,
@@ -421,7 +516,39 @@ impl ShardReader {
                 format!("block {index} header does not match the index"),
             ));
         }
-        Ok(&bytes[BLOCK_HEADER_LEN as usize..])
+        Ok(Payload::Mapped(&bytes[BLOCK_HEADER_LEN as usize..]))
+    }
+
+    /// Starts fetching blocks `blocks` (ascending) of a remote shard ahead of use; nothing
+    /// for a local one, whose blocks the page cache reads ahead.
+    pub(crate) fn prefetch(&self, blocks: &[usize]) -> Result<()> {
+        match &self.source {
+            Source::Mapped(_) => Ok(()),
+            Source::Remote(remote) => {
+                let listed: Vec<_> = blocks.iter().map(|&b| (b, self.entries[b])).collect();
+                remote.prefetch(&listed)
+            }
+        }
+    }
+
+    /// The shard's whole bytes in order, in pieces, for a whole-file checksum.
+    pub(crate) fn stream(&self, each: &mut dyn FnMut(&[u8])) -> Result<()> {
+        match &self.source {
+            Source::Mapped(_) => {
+                let mut file =
+                    File::open(&self.path).map_err(|e| Error::io(&self.path, "open", e))?;
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = std::io::Read::read(&mut file, &mut buf)
+                        .map_err(|e| Error::io(&self.path, "read", e))?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    each(&buf[..n]);
+                }
+            }
+            Source::Remote(remote) => remote.stream(each),
+        }
     }
 
     /// Checks block `index`'s compressed bytes against their CRC32C.
@@ -459,10 +586,10 @@ impl ShardReader {
     ) -> Result<(Block, f64, f64)> {
         let started = std::time::Instant::now();
         let compressed = self.compressed(index)?;
-        let block = self.decompress(index, compressed, pool, schema, first_record);
+        let block = self.decompress(index, &compressed, pool, schema, first_record);
         let decompressed = std::time::Instant::now();
         if verify {
-            self.check(index, compressed)?;
+            self.check(index, &compressed)?;
         }
         let checked = decompressed.elapsed().as_secs_f64();
         self.release(index);
@@ -478,18 +605,19 @@ impl ShardReader {
     /// included: those read back from the page cache just the same when touched.
     fn release(&self, index: usize) {
         const AROUND: usize = 64 << 10;
+        let Source::Mapped(map) = &self.source else { return };
         let entry = &self.entries[index];
         // The mapping rounds the start down to a page boundary itself.
         let start = entry.offset as usize / AROUND * AROUND;
         let end = ((entry.offset + BLOCK_HEADER_LEN + entry.compressed) as usize)
             .next_multiple_of(AROUND)
-            .min(self.map.len());
+            .min(map.len());
         // SAFETY: the mapping is read-only and its file is never written in place, so dropping
         // its pages changes nothing a reader sees: a page touched again reads back from the
         // page cache, with the same bytes, also under a reader of a neighbouring block on
         // another thread.
         let _ = unsafe {
-            self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
         };
     }
 

@@ -462,6 +462,7 @@ impl DatasetWriter {
             raw_bytes: summary.raw_bytes,
             crc32c: summary.crc32c,
             index_crc32c: Some(summary.index_crc32c),
+            etag: None,
         });
         Ok(())
     }

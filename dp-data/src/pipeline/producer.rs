@@ -83,6 +83,9 @@ pub(crate) struct Producer {
     /// each batch, and any decoded while waiting for others' decoding.
     ahead: Vec<usize>,
     ahead_tag: WindowTag,
+    /// The latest window whose blocks (and the next window's) were asked of object storage
+    /// ahead of use, for a remote dataset.
+    fetched_for: Option<WindowTag>,
     /// Blocks of `ahead` to decode after each batch: the next window's share per batch of
     /// this one, so that it is ready when needed without a burst of decoding at the boundary.
     ahead_share: usize,
@@ -110,6 +113,7 @@ impl Producer {
             found: Vec::with_capacity(b),
             ahead: Vec::with_capacity(window_blocks),
             ahead_tag: (0, 0),
+            fetched_for: None,
             ahead_share: 0,
             bad: Vec::new(),
             stats: PipelineStats::default(),
@@ -293,6 +297,18 @@ impl Producer {
             self.ahead.rotate_left(turn);
         }
         self.ahead_share = self.ahead.len().div_ceil(batches as usize);
+        if self.shared.dataset.is_remote() && self.fetched_for != Some(tag) {
+            self.fetched_for = Some(tag);
+            let mut blocks: Vec<usize> = plan.blocks_of(tag.1).collect();
+            if next < plan.windows() {
+                blocks.extend(plan.blocks_of(next));
+            }
+            blocks.sort_unstable();
+            blocks.dedup();
+            // Only a head start: a block whose fetch fails is fetched again when it is read,
+            // which reports the failure.
+            let _ = self.shared.dataset.prefetch(&blocks);
+        }
         tag
     }
 

@@ -1,0 +1,58 @@
+//! Datasets in object storage: `s3://bucket/prefix` (and S3-compatible servers), `gs://`,
+//! `az://` and `http(s)://`, read through the `object_store` client with ranged GETs into a
+//! local cache with a hard limit, and written there by [`upload_dataset`].
+//!
+//! A remote dataset is opened like a local one ([`Dataset::open`](crate::Dataset::open) with
+//! the URL as its path): the manifest is fetched, each shard's header and block index with
+//! two ranged GETs, and blocks as they are needed, ahead of use when a pipeline says which it
+//! will read next ([`Dataset::prefetch`](crate::Dataset::prefetch)). Every block is checked
+//! against its CRC32C wherever it comes from (the server or the cache), and every object
+//! against the size and ETag the manifest recorded at upload.
+//!
+//! Credentials and endpoints come from the client's usual environment variables
+//! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`,
+//! `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME` ...), never from
+//! flags of ours. Timeouts, 5xx answers and dropped connections are retried with backoff for
+//! up to [`ObjectOptions::retry_for`], and counted ([`object_stats`]); a missing or changed
+//! object is an error naming it at once.
+
+mod cache;
+mod fetch;
+mod object;
+mod options;
+mod runtime;
+mod stats;
+mod upload;
+
+pub(crate) use fetch::{RemoteBlocks, open_cache};
+pub(crate) use object::RemoteDir;
+pub use options::{ObjectOptions, set_object_options};
+pub use stats::{ObjectStats, object_stats};
+pub use upload::{UploadSummary, upload_dataset, upload_file};
+
+use std::path::Path;
+
+/// The URL schemes read as object storage.
+const SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "azure", "abfs", "http", "https"];
+
+/// Whether `location` names a dataset in object storage (`s3://...`, `gs://...`, `az://...`,
+/// `http(s)://...`) rather than a local directory.
+pub fn is_object_url(location: &Path) -> bool {
+    let Some(text) = location.to_str() else { return false };
+    text.split_once("://").is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_of_the_known_schemes_are_object_storage_and_paths_are_not() {
+        for url in ["s3://b/p", "gs://b", "az://c/d", "https://h/x", "http://127.0.0.1:9/b"] {
+            assert!(is_object_url(Path::new(url)), "{url}");
+        }
+        for path in ["data/digits", "/tmp/s3://x", "ftp://h/x", "s3:/b", "s3"] {
+            assert!(!is_object_url(Path::new(path)), "{path}");
+        }
+    }
+}

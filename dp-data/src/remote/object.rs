@@ -1,0 +1,386 @@
+//! Objects behind a URL: the client for its bucket, requests retried with backoff while the
+//! server is unreachable or failing, and errors that name the object.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload,
+    RetryConfig,
+};
+use url::Url;
+
+use super::options::object_options;
+use super::runtime::block_on;
+use super::stats::{COUNTERS, add};
+use crate::error::{Error, Result};
+
+/// A "directory" in object storage: a store and a prefix under which a dataset's objects lie.
+#[derive(Clone)]
+pub(crate) struct RemoteDir {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    /// The URL as given, without a trailing `/`, for messages and cache keys.
+    url: String,
+    retry_for: Duration,
+}
+
+impl std::fmt::Debug for RemoteDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+/// One client per bucket (scheme and host), shared by every dataset of the process.
+static STORES: Mutex<Option<HashMap<String, Arc<dyn ObjectStore>>>> = Mutex::new(None);
+
+impl RemoteDir {
+    /// The prefix `url` names (`s3://bucket/a/b`), with a client configured from the
+    /// environment for its scheme.
+    pub(crate) fn new(url: &str) -> Result<Self> {
+        let url = url.trim_end_matches('/').to_string();
+        let bad = |what: String| Error::Object { url: url.clone(), op: "parse", what };
+        let parsed = Url::parse(&url).map_err(|e| bad(format!("not a URL: {e}")))?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(bad("names no bucket or host".into()));
+        }
+        // `scheme://bucket` (or `host:port`): what one client serves.
+        let rest = &url[parsed.scheme().len() + 3..];
+        let root =
+            format!("{}://{}", parsed.scheme(), &rest[..rest.find('/').unwrap_or(rest.len())]);
+        let options = object_options()?;
+        let store = {
+            let mut stores = STORES.lock().unwrap_or_else(PoisonError::into_inner);
+            let stores = stores.get_or_insert_with(HashMap::new);
+            match stores.get(&root) {
+                Some(store) => Arc::clone(store),
+                None => {
+                    let store = build_store(&parsed, &root).map_err(|e| bad(chain(&e)))?;
+                    stores.insert(root, Arc::clone(&store));
+                    store
+                }
+            }
+        };
+        let prefix = ObjectPath::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?;
+        Ok(RemoteDir { store, prefix, url, retry_for: options.retry_for })
+    }
+
+    /// The object `name` in this directory.
+    pub(crate) fn object(&self, name: &str) -> RemoteObject {
+        RemoteObject {
+            dir: self.clone(),
+            path: self.prefix.clone().join(name),
+            url: format!("{}/{name}", self.url),
+        }
+    }
+
+    /// The names of the objects directly under the prefix (no deeper), sorted.
+    pub(crate) fn list(&self) -> Result<Vec<String>> {
+        let listed = block_on(self.retrying("list", &self.url, || async {
+            self.store.list_with_delimiter(Some(&self.prefix)).await
+        }))??;
+        let mut names: Vec<String> = listed
+            .objects
+            .iter()
+            .filter_map(|meta| meta.location.filename().map(str::to_string))
+            .chain(
+                listed.common_prefixes.iter().filter_map(|p| p.filename().map(|n| format!("{n}/"))),
+            )
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Runs `op` until it succeeds, fails in a way a retry cannot mend, or
+    /// [`ObjectOptions::retry_for`](super::ObjectOptions) has passed; waits between tries
+    /// from 100 ms, doubling up to 5 s.
+    pub(crate) async fn retrying<T, F, Fut>(
+        &self,
+        op: &'static str,
+        url: &str,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = object_store::Result<T>>,
+    {
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            add(&COUNTERS.requests, 1);
+            let error = match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let transient = transient(&error);
+            if !transient || started.elapsed() + wait > self.retry_for {
+                let what = match &error {
+                    object_store::Error::NotFound { .. } => "no such object".to_string(),
+                    _ if transient => format!(
+                        "{} (after retrying for {:.0} s; DP_OBJECT_RETRY_SECONDS sets how long)",
+                        chain(&error),
+                        started.elapsed().as_secs_f64()
+                    ),
+                    _ => chain(&error),
+                };
+                return Err(Error::Object { url: url.to_string(), op, what });
+            }
+            add(&COUNTERS.retries, 1);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// An error and its sources, on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text = format!("{text}: {line}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// A client for `url`'s scheme and bucket, configured from the environment; requests time out
+/// rather than hang, and are retried by [`RemoteDir::retrying`], which counts them.
+fn build_store(url: &Url, root: &str) -> object_store::Result<Arc<dyn ObjectStore>> {
+    use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    // Set as keys over what the environment gave (client options as a whole would replace
+    // the environment's, `AWS_ALLOW_HTTP` among them).
+    let timeouts = [(ConnectTimeout, "5s"), (Timeout, "60s")];
+    let retry = RetryConfig { max_retries: 0, ..RetryConfig::default() };
+    Ok(match url.scheme() {
+        "s3" | "s3a" => {
+            let mut builder = AmazonS3Builder::from_env().with_url(root).with_retry(retry);
+            for (key, value) in timeouts {
+                builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
+            }
+            Arc::new(builder.build()?)
+        }
+        "gs" => {
+            let mut builder =
+                GoogleCloudStorageBuilder::from_env().with_url(root).with_retry(retry);
+            for (key, value) in timeouts {
+                builder = builder.with_config(GoogleConfigKey::Client(key), value);
+            }
+            Arc::new(builder.build()?)
+        }
+        "az" | "azure" | "abfs" => {
+            let mut builder = MicrosoftAzureBuilder::from_env().with_url(root).with_retry(retry);
+            for (key, value) in timeouts {
+                builder = builder.with_config(AzureConfigKey::Client(key), value);
+            }
+            Arc::new(builder.build()?)
+        }
+        _ => Arc::new(
+            object_store::http::HttpBuilder::new()
+                .with_url(root)
+                .with_client_options(
+                    ClientOptions::new()
+                        .with_allow_http(true)
+                        .with_connect_timeout(Duration::from_secs(5))
+                        .with_timeout(Duration::from_secs(60)),
+                )
+                .with_retry(retry)
+                .build()?,
+        ),
+    })
+}
+
+/// Whether `error` may pass if the request is sent again: the connection failed, was lost or
+/// timed out, or the server answered 5xx or 429 (too many requests).
+fn transient(error: &object_store::Error) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    if !matches!(error, object_store::Error::Generic { .. }) {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(cause) = source {
+        if let Some(http) = cause.downcast_ref::<HttpError>() {
+            return matches!(
+                http.kind(),
+                HttpErrorKind::Connect
+                    | HttpErrorKind::Request
+                    | HttpErrorKind::Timeout
+                    | HttpErrorKind::Interrupted
+            );
+        }
+        // The client's status error is not public; its message is.
+        let text = cause.to_string();
+        if text.contains("status code: 5") || text.contains("status code: 429") {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// One object of a dataset.
+#[derive(Debug, Clone)]
+pub(crate) struct RemoteObject {
+    dir: RemoteDir,
+    path: ObjectPath,
+    url: String,
+}
+
+impl RemoteObject {
+    /// The object's URL.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Its size and ETag.
+    pub(crate) fn head(&self) -> Result<ObjectMeta> {
+        block_on(self.dir.retrying("head", &self.url, || self.dir.store.head(&self.path)))?
+    }
+
+    /// The whole object, checked against `etag` when given.
+    pub(crate) fn get(&self, etag: Option<&str>) -> Result<Bytes> {
+        block_on(self.get_async(None, etag))?
+    }
+
+    /// Bytes `range` of the object, whose ETag must be `etag` when given.
+    pub(crate) fn get_range(&self, range: Range<u64>, etag: Option<&str>) -> Result<Bytes> {
+        block_on(self.get_async(Some(range), etag))?
+    }
+
+    /// [`RemoteObject::get_range`] (or the whole object), on the runtime.
+    pub(crate) async fn get_async(
+        &self,
+        range: Option<Range<u64>>,
+        etag: Option<&str>,
+    ) -> Result<Bytes> {
+        let want = range.as_ref().map(|r| r.end - r.start);
+        let bytes = self
+            .dir
+            .retrying("get", &self.url, || async {
+                let options = GetOptions {
+                    range: range.clone().map(GetRange::Bounded),
+                    ..GetOptions::default()
+                };
+                let result = self.dir.store.get_opts(&self.path, options).await?;
+                let tag = result.meta.e_tag.clone();
+                Ok((tag, result.bytes().await?))
+            })
+            .await?;
+        let (tag, bytes) = bytes;
+        self.check_etag(etag, tag.as_deref())?;
+        if want.is_some_and(|n| n != bytes.len() as u64) {
+            return Err(Error::Object {
+                url: self.url.clone(),
+                op: "get",
+                what: format!(
+                    "{} bytes came for a range of {} (the object is shorter than the manifest says)",
+                    bytes.len(),
+                    want.unwrap_or(0)
+                ),
+            });
+        }
+        add(&COUNTERS.bytes, bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    /// The whole object, whose ETag must be `etag` when given, in the pieces it arrives in.
+    pub(crate) fn stream(&self, etag: Option<&str>, each: &mut dyn FnMut(&[u8])) -> Result<()> {
+        block_on(async {
+            let result =
+                self.dir.retrying("get", &self.url, || self.dir.store.get(&self.path)).await?;
+            self.check_etag(etag, result.meta.e_tag.as_deref())?;
+            let mut stream = result.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| Error::Object {
+                    url: self.url.clone(),
+                    op: "get",
+                    what: chain(&e),
+                })?;
+                add(&COUNTERS.bytes, chunk.len() as u64);
+                each(&chunk);
+            }
+            Ok(())
+        })?
+    }
+
+    fn check_etag(&self, want: Option<&str>, got: Option<&str>) -> Result<()> {
+        match (want, got) {
+            (Some(want), Some(got)) if want != got => Err(Error::Object {
+                url: self.url.clone(),
+                op: "get",
+                what: format!(
+                    "changed since the dataset was uploaded: its ETag is {got}, the manifest says {want}"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes `bytes` as the object, replacing it.
+    pub(crate) fn put(&self, bytes: Bytes) -> Result<()> {
+        block_on(self.dir.retrying("put", &self.url, || {
+            self.dir.store.put(&self.path, PutPayload::from_bytes(bytes.clone()))
+        }))?
+        .map(|_| ())
+    }
+
+    /// Writes the file at `path` as the object, replacing it: in one request up to 64 MiB,
+    /// in parts of 16 MiB above (each try starts the upload again).
+    pub(crate) fn put_file(&self, path: &std::path::Path) -> Result<()> {
+        const PART: u64 = 16 << 20;
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
+        let read = |offset: u64, len: u64| -> Result<Bytes> {
+            let mut buf = vec![0; len as usize];
+            crate::shard::read_at(&file, path, offset, &mut buf)?;
+            Ok(Bytes::from(buf))
+        };
+        if len <= 4 * PART {
+            return self.put(read(0, len)?);
+        }
+        // Parts are read inside the request's future: a local read error ends the upload
+        // (as a non-transient error, not retried) rather than being sent.
+        block_on(self.dir.retrying("put", &self.url, || async {
+            let mut upload = self.dir.store.put_multipart(&self.path).await?;
+            let mut offset = 0;
+            while offset < len {
+                let n = PART.min(len - offset);
+                let part = match read(offset, n) {
+                    Ok(part) => part,
+                    Err(e) => {
+                        let _ = upload.abort().await;
+                        return Err(object_store::Error::NotSupported { source: Box::new(e) });
+                    }
+                };
+                if let Err(e) = upload.put_part(PutPayload::from_bytes(part)).await {
+                    let _ = upload.abort().await;
+                    return Err(e);
+                }
+                offset += n;
+            }
+            upload.complete().await
+        }))?
+        .map(|_| ())
+    }
+
+    /// Removes the object (none there is not an error).
+    pub(crate) fn delete(&self) -> Result<()> {
+        match block_on(
+            self.dir.retrying("delete", &self.url, || self.dir.store.delete(&self.path)),
+        )? {
+            Err(Error::Object { what, .. }) if what == "no such object" => Ok(()),
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Datasets in object storage, against a real S3-compatible server on 127.0.0.1 (see
+//! tests/s3): an uploaded dataset reads back record for record and batch for batch as on local
+//! disk; the local cache stays under its limit through epochs larger than it; a shard changed
+//! or removed after the upload is refused, naming it. One test function: the server and the
+//! process's object storage settings are shared by its parts.
+
+mod s3;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dp_data::{
+    Dataset, ObjectOptions, Pipeline, PipelineConfig, object_stats, set_object_options,
+    upload_dataset,
+};
+
+/// Batches of a whole epoch: (record ids, inputs, labels) each.
+type Epoch = Vec<(Vec<u64>, Vec<f32>, Vec<i64>)>;
+
+fn config() -> PipelineConfig {
+    let mut c = PipelineConfig::default();
+    c.batch_size = 32;
+    c.workers = 2;
+    c.prefetch = 2;
+    c.seed = 5;
+    c.shuffle_window = Some(4);
+    c.memory_budget = 64 << 20;
+    c
+}
+
+fn epochs(location: &Path, n: u64) -> Vec<Epoch> {
+    let mut pipeline = Pipeline::new(location, config(), vec![]).unwrap();
+    let batches = pipeline.batches_per_epoch();
+    (0..n)
+        .map(|_| {
+            (0..batches)
+                .map(|_| {
+                    let b = pipeline.next_batch().unwrap();
+                    (b.record_ids().to_vec(), b.x_flat().to_vec(), b.y().to_vec())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Bytes the cache's files take, in whole pages.
+fn cache_use(dir: &Path) -> u64 {
+    let Ok(list) = std::fs::read_dir(dir.join("blocks")) else { return 0 };
+    list.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len().div_ceil(4096) * 4096).sum()
+}
+
+#[test]
+fn datasets_in_object_storage_read_as_on_disk_within_the_cache_limit() {
+    let Some(server) = s3::Server::start("datasets_in_object_storage") else { return };
+    let local = tempfile::tempdir().unwrap();
+    s3::dataset(local.path(), 3000);
+    let url = server.url("digits/train");
+    let uploaded = upload_dataset(local.path(), &url).unwrap();
+    let dataset_bytes = Dataset::open(local.path()).unwrap().manifest().bytes();
+    assert_eq!(uploaded.records, 3000);
+    assert!(uploaded.shards >= 4, "{uploaded:?}");
+
+    // Record for record, and checked whole.
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = ObjectOptions::from_env().unwrap();
+    options.cache_dir = cache.path().to_path_buf();
+    options.cache_limit = 1 << 30;
+    set_object_options(options.clone());
+    let remote = Dataset::open(&url).unwrap();
+    let disk = Dataset::open(local.path()).unwrap();
+    assert!(remote.is_remote() && !disk.is_remote());
+    assert_eq!(remote.manifest().records, disk.manifest().records);
+    for i in (0..3000).step_by(97) {
+        let (a, b) = (remote.get(i).unwrap(), disk.get(i).unwrap());
+        assert_eq!(a.dense::<u8>("image").unwrap(), b.dense::<u8>("image").unwrap(), "{i}");
+    }
+    assert!(remote.verify().is_empty(), "{:?}", remote.verify());
+
+    // Batch for batch, from the cache (verify has read every block through it).
+    let local_epochs = epochs(local.path(), 2);
+    let before = object_stats();
+    assert_eq!(epochs(Path::new(&url), 2), local_epochs);
+    let read = object_stats();
+    assert!(read.cache_hits > before.cache_hits, "{read:?}");
+
+    // A cache limit of a quarter of the dataset: three epochs, never above it.
+    let small = tempfile::tempdir().unwrap();
+    let limit = dataset_bytes / 4;
+    options.cache_dir = small.path().to_path_buf();
+    options.cache_limit = limit;
+    set_object_options(options);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, dir) = (Arc::clone(&stop), small.path().to_path_buf());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(Ordering::Relaxed) {
+                peak = peak.max(cache_use(&dir));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak.max(cache_use(&dir))
+        })
+    };
+    let three = epochs(Path::new(&url), 3);
+    stop.store(true, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    assert_eq!(three[..2], local_epochs[..]);
+    assert!(peak <= limit && peak > 0, "cache peak {peak} bytes, limit {limit}");
+    let after = object_stats();
+    assert!(after.evicted > read.evicted && after.fetched_ahead > read.fetched_ahead, "{after:?}");
+
+    // Another process's view of the same cache: what is there is checked, and a damaged
+    // block is fetched again rather than used.
+    let damaged = std::fs::read_dir(small.path().join("blocks")).unwrap().next().unwrap();
+    std::fs::write(damaged.unwrap().path(), b"not the block").unwrap();
+    assert_eq!(epochs(Path::new(&url), 1)[0], local_epochs[0]);
+
+    // A shard replaced after the upload: refused, naming it.
+    let shard = &disk.manifest().shards[1].file;
+    let object = server.object_path(&format!("digits/train/{shard}"));
+    let mut bytes = std::fs::read(&object).unwrap();
+    let last = bytes.len() - 100;
+    bytes[last] ^= 1;
+    upload_object(&url, shard, &bytes);
+    let error = Dataset::open(&url).unwrap_err().to_string();
+    assert!(error.contains(shard.as_str()) && error.contains("ETag"), "{error}");
+
+    // A shard removed: refused, naming it.
+    std::fs::remove_file(&object).unwrap();
+    let error = Dataset::open(&url).unwrap_err().to_string();
+    assert!(error.contains(shard.as_str()) && error.contains("missing"), "{error}");
+
+    // No manifest (an upload that never finished): not a dataset.
+    let error = Dataset::open(server.url("nothing/here")).unwrap_err().to_string();
+    assert!(error.contains("manifest.json"), "{error}");
+}
+
+/// Writes `bytes` as object `name` under `url` through the server (so it gets a new ETag).
+fn upload_object(url: &str, name: &str, bytes: &[u8]) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(name), bytes).unwrap();
+    dp_data::upload_file(&dir.path().join(name), &format!("{url}/{name}")).unwrap();
+}
