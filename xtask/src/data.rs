@@ -98,6 +98,15 @@ pub(crate) enum DataCmd {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Copy a dataset (or a directory of datasets, such as `data gen`'s train and eval) to
+    /// object storage, `s3://bucket/prefix` (credentials and endpoint from the usual AWS_*
+    /// variables), shards first and each manifest last.
+    Upload {
+        /// The dataset directory, or a directory whose subdirectories are datasets.
+        dir: PathBuf,
+        /// Where to write it: `s3://bucket/prefix`, `gs://...`, `az://...`.
+        url: String,
+    },
     /// Check every shard's hash and every block; exit non-zero naming each problem.
     Verify {
         /// The dataset directory.
@@ -325,7 +334,17 @@ fn parse_sides(text: &str) -> std::result::Result<(u32, u32), String> {
 
 pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
     match cmd {
+        DataCmd::Import(mut args) if dp_data::is_object_url(&args.out) => {
+            // Written whole on local disk first (the importers' atomic writes), then uploaded.
+            let url = args.out.to_string_lossy().into_owned();
+            let staging = tempfile::Builder::new().prefix("dp-import-").tempdir()?;
+            args.out = staging.path().join("dataset");
+            let code = import(*args)?;
+            upload(&staging.path().join("dataset"), &url)?;
+            Ok(code)
+        }
         DataCmd::Import(args) => import(*args),
+        DataCmd::Upload { dir, url } => upload(&dir, &url).map(|()| ExitCode::SUCCESS),
         DataCmd::Export {
             format: format @ (ExportFormat::Svmlight | ExportFormat::Npz),
             dir,
@@ -497,6 +516,46 @@ fn verify(dir: &PathBuf) -> Result<ExitCode> {
     }
     eprintln!("{}: {} problem(s) found", dir.display(), problems.len());
     Ok(ExitCode::FAILURE)
+}
+
+/// Uploads the dataset in `dir`, or each dataset in its subdirectories, under `url`.
+fn upload(dir: &Path, url: &str) -> Result<()> {
+    let url = url.trim_end_matches('/');
+    if !dp_data::is_object_url(Path::new(url)) {
+        bail!("`{url}` is not an object storage URL (s3://bucket/prefix, gs://, az://)");
+    }
+    let mut datasets = Vec::new();
+    if dir.join(dp_data::MANIFEST_FILE).is_file() {
+        datasets.push((dir.to_path_buf(), url.to_string()));
+    } else {
+        let entries = std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))?;
+        for entry in entries {
+            let path = entry?.path();
+            if path.join(dp_data::MANIFEST_FILE).is_file()
+                && let Some(name) = path.file_name().and_then(|n| n.to_str())
+            {
+                datasets.push((path.clone(), format!("{url}/{name}")));
+            }
+        }
+        datasets.sort();
+    }
+    if datasets.is_empty() {
+        bail!(
+            "{}: neither a dataset nor a directory of datasets (no manifest.json)",
+            dir.display()
+        );
+    }
+    for (dir, url) in datasets {
+        let summary = dp_data::upload_dataset(&dir, &url)?;
+        println!(
+            "{} -> {url}: {} records in {} shards ({})",
+            dir.display(),
+            summary.records,
+            summary.shards,
+            ByteSize(summary.bytes)
+        );
+    }
+    Ok(())
 }
 
 fn import(args: ImportArgs) -> Result<ExitCode> {

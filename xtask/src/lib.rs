@@ -45,6 +45,8 @@ pub enum Binary {
 struct DpCli {
     #[command(subcommand)]
     command: UserCmd,
+    #[command(flatten)]
+    objects: ObjectArgs,
 }
 
 #[derive(Parser)]
@@ -52,6 +54,41 @@ struct DpCli {
 struct XtaskCli {
     #[command(subcommand)]
     command: XtaskCmd,
+    #[command(flatten)]
+    objects: ObjectArgs,
+}
+
+/// Where datasets read from object storage (`--data s3://bucket/prefix`) are cached, for any
+/// command; by default `DP_CACHE_DIR` and `DP_CACHE_LIMIT`, or `~/.cache/dp/objects` and
+/// 10 GiB.
+#[derive(clap::Args)]
+struct ObjectArgs {
+    /// The local cache of blocks fetched from object storage, shared by the processes of
+    /// the host that name it.
+    #[arg(long, global = true, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The most the cache may hold (e.g. `20GiB`); least recently used blocks are evicted
+    /// to stay under it, and 0 turns it off.
+    #[arg(long, global = true, value_name = "SIZE")]
+    cache_limit: Option<dp_mem::ByteSize>,
+}
+
+impl ObjectArgs {
+    /// Makes the options given this process's object storage settings.
+    fn apply(&self) -> Result<()> {
+        if self.cache_dir.is_none() && self.cache_limit.is_none() {
+            return Ok(());
+        }
+        let mut options = dp_data::ObjectOptions::from_env()?;
+        if let Some(dir) = &self.cache_dir {
+            options.cache_dir = dir.clone();
+        }
+        if let Some(limit) = self.cache_limit {
+            options.cache_limit = limit.0;
+        }
+        dp_data::set_object_options(options);
+        Ok(())
+    }
 }
 
 /// The development commands, and the user commands beside them.
@@ -174,11 +211,13 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
         Binary::Dp => {
             let matches = DpCli::command().get_matches();
             let cli = DpCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+            cli.objects.apply()?;
             (matches, cli.command)
         }
         Binary::Xtask => {
             let matches = XtaskCli::command().get_matches();
             let cli = XtaskCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+            cli.objects.apply()?;
             let root = workspace_root();
             match cli.command {
                 XtaskCmd::User(command) => (matches, *command),
