@@ -26,9 +26,13 @@
 //! * Encoded images: an image feature keeps each record's JPEG or PNG bytes ([`stored_image`],
 //!   [`import_image_folder`], or a TFRecord's JPEG bytes); with [`PipelineConfig::image`]
 //!   the workers decode, crop ([`ImageCrop`]) and resample them into `[C, H, W]` batches.
+//! * Object storage: wherever a dataset directory is taken, `s3://bucket/prefix` (or `gs://`,
+//!   `az://`, `http(s)://`) is too, read with ranged GETs through a local cache with a hard
+//!   limit ([`ObjectOptions`]); [`upload_dataset`] writes one there.
 //! * Measurement, in the `measure` and `measure_images` modules behind the `bench` feature
 //!   (not needed to use the crate): read, pipeline and image throughput against their
-//!   references, used by the benchmarks and `cargo xtask data bench-read|bench`.
+//!   references, used by the benchmarks and `cargo xtask data bench-read|bench`; and
+//!   [`LocalS3`], an S3-compatible server on 127.0.0.1 for tests and benchmarks.
 //!
 //! ```
 //! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};
@@ -103,6 +107,9 @@ pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
 };
+/// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks.
+#[cfg(feature = "bench")]
+pub use remote::LocalS3;
 pub use remote::{
     ObjectOptions, ObjectStats, UploadSummary, is_object_url, object_stats, set_object_options,
     upload_dataset, upload_file,

@@ -1,4 +1,4 @@
-//! Datasets in object storage, against a real S3-compatible server on 127.0.0.1 (see
+//! Datasets in object storage, against a real S3-compatible server on 127.0.0.1 (s3s-fs,
 //! tests/s3): an uploaded dataset reads back record for record and batch for batch as on local
 //! disk; the local cache stays under its limit through epochs larger than it; a shard changed
 //! or removed after the upload is refused, naming it. One test function: the server and the
@@ -53,7 +53,7 @@ fn cache_use(dir: &Path) -> u64 {
 
 #[test]
 fn datasets_in_object_storage_read_as_on_disk_within_the_cache_limit() {
-    let Some(server) = s3::Server::start("datasets_in_object_storage") else { return };
+    let Some((server, _root)) = s3::start("datasets_in_object_storage") else { return };
     let local = tempfile::tempdir().unwrap();
     s3::dataset(local.path(), 3000);
     let url = server.url("digits/train");

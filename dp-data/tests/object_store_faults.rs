@@ -25,7 +25,7 @@ fn config() -> PipelineConfig {
 
 #[test]
 fn a_server_that_dies_is_retried_through_and_one_that_stays_down_fails_the_read() {
-    let Some(mut server) = s3::Server::start("object_store_faults") else { return };
+    let Some((mut server, _root)) = s3::start("object_store_faults") else { return };
     let local = tempfile::tempdir().unwrap();
     s3::dataset(local.path(), 4000);
     let url = server.url("faults/train");
@@ -46,7 +46,7 @@ fn a_server_that_dies_is_retried_through_and_one_that_stays_down_fails_the_read(
             killed = true;
             let restart = std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(1500));
-                server.restart();
+                server.restart().unwrap();
                 server
             });
             let (a, b) = (reference.next_batch().unwrap(), remote.next_batch().unwrap());

@@ -10,6 +10,7 @@ mod bench_bf16act;
 mod bench_images;
 mod bench_largest;
 mod bench_lm;
+mod bench_objects;
 mod bench_optim8;
 mod corpus;
 mod data;
@@ -101,7 +102,8 @@ enum XtaskCmd {
     /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
     /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead;
     /// `bench data` ends with the image pipeline against its decoder, PyTorch and tf.data
-    /// (`bench data --filter images` for that alone); `bench train` ends with a language model
+    /// (`bench data --filter images` for that alone) and reading from S3-compatible object
+    /// storage against local disk (`--filter objects`); `bench train` ends with a language model
     /// against PyTorch's training of the same (`bench train --filter lm` for that alone), then
     /// f32 against 8-bit Adam state (`bench train --filter optim8` for that alone).
     Bench {
@@ -243,6 +245,9 @@ fn dispatch(binary: Binary) -> Result<ExitCode> {
                     let data = matches!(krate.as_deref(), Some("data" | "dp-data"));
                     if data && filter.as_deref().is_none_or(|f| f == "images") {
                         bench_images::run(&root)?;
+                    }
+                    if data && filter.as_deref().is_none_or(|f| f == "objects") {
+                        bench_objects::run(&root)?;
                     }
                     return Ok(ExitCode::SUCCESS);
                 }

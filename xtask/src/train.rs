@@ -64,10 +64,11 @@ pub(crate) struct TrainArgs {
 /// its key means.
 #[derive(Args, Clone, Debug, Default, Serialize)]
 struct ConfigFlags {
-    /// Training dataset directory (default: the built-in digits, generated if missing).
+    /// Training dataset directory, or object storage URL (`s3://bucket/prefix`; default: the
+    /// built-in digits, generated if missing).
     #[arg(long = "data")]
     train_data: Option<PathBuf>,
-    /// Evaluation dataset directory.
+    /// Evaluation dataset directory, or object storage URL.
     #[arg(long)]
     eval_data: Option<PathBuf>,
     /// The input feature's name.

@@ -56,15 +56,20 @@ struct Fetcher {
     requests: Arc<tokio::sync::Semaphore>,
 }
 
-fn fetcher() -> Result<&'static Fetcher> {
+/// The process's fetcher, sized by the object storage settings in force at its first use
+/// (settings that do not parse were refused already, when the dataset was opened).
+fn fetcher() -> &'static Fetcher {
     static FETCHER: OnceLock<Fetcher> = OnceLock::new();
-    let options = object_options()?;
-    Ok(FETCHER.get_or_init(|| Fetcher {
-        ahead: Mutex::new(Ahead::default()),
-        changed: Condvar::new(),
-        limit: options.ahead_bytes,
-        requests: Arc::new(tokio::sync::Semaphore::new(options.requests.max(1))),
-    }))
+    FETCHER.get_or_init(|| {
+        let (limit, requests) =
+            object_options().map_or((64 << 20, 16), |o| (o.ahead_bytes, o.requests));
+        Fetcher {
+            ahead: Mutex::new(Ahead::default()),
+            changed: Condvar::new(),
+            limit,
+            requests: Arc::new(tokio::sync::Semaphore::new(requests.max(1))),
+        }
+    })
 }
 
 impl Fetcher {
@@ -158,7 +163,7 @@ impl RemoteBlocks {
     /// Block `index`'s compressed bytes (after its header, which is checked against the
     /// index).
     pub(crate) fn payload(&self, index: usize, entry: &BlockEntry) -> Result<Bytes> {
-        if let Some(bytes) = fetcher()?.take(&(Arc::clone(&self.key), index)) {
+        if let Some(bytes) = fetcher().take(&(Arc::clone(&self.key), index)) {
             return Ok(bytes);
         }
         if let Some(cache) = &self.cache
@@ -196,7 +201,7 @@ impl RemoteBlocks {
     /// cached nor fetched or on their way, as far as the memory for blocks fetched ahead
     /// allows; neighbours go in one request.
     pub(crate) fn prefetch(self: &Arc<Self>, blocks: &[(usize, BlockEntry)]) -> Result<()> {
-        let fetcher = fetcher()?;
+        let fetcher = fetcher();
         let wanted: Vec<(usize, BlockEntry)> = blocks
             .iter()
             .filter(|(i, _)| self.cache.as_ref().is_none_or(|c| !c.contains(&self.cache_name(*i))))

@@ -21,12 +21,16 @@ mod fetch;
 mod object;
 mod options;
 mod runtime;
+#[cfg(feature = "bench")]
+mod server;
 mod stats;
 mod upload;
 
 pub(crate) use fetch::{RemoteBlocks, open_cache};
 pub(crate) use object::RemoteDir;
 pub use options::{ObjectOptions, set_object_options};
+#[cfg(feature = "bench")]
+pub use server::LocalS3;
 pub use stats::{ObjectStats, object_stats};
 pub use upload::{UploadSummary, upload_dataset, upload_file};
 

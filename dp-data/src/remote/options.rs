@@ -27,9 +27,11 @@ pub struct ObjectOptions {
     /// retried, with backoff, before the read fails (`DP_OBJECT_RETRY_SECONDS`, 120 by
     /// default).
     pub retry_for: Duration,
-    /// The most fetched-ahead bytes held in memory, waiting to be read (64 MiB).
+    /// The most fetched-ahead bytes held in memory, waiting to be read (64 MiB); read at the
+    /// process's first remote read.
     pub ahead_bytes: u64,
-    /// The most requests in flight at once (16).
+    /// The most requests fetching ahead at once (16); read at the process's first remote
+    /// read.
     pub requests: usize,
 }
 

@@ -1,0 +1,161 @@
+//! `cargo xtask bench data`'s object storage section: the built-in digits read from an
+//! S3-compatible server on this machine (s3s-fs, scripts/setup-s3.sh) against the same dataset
+//! on local disk, all measured in this run: the input pipeline alone (nothing to hide a slow
+//! read behind) and training the default MLP, each with a cold cache (empty) and a warm one;
+//! and the cache's disk use, sampled every 100 ms, over three epochs at a limit of a quarter
+//! of the dataset.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use dp_data::{LocalS3, ObjectOptions, Pipeline, PipelineConfig, SyntheticDigits, WriterOptions};
+use dp_mem::ByteSize;
+use dp_train::{RunOptions, TrainConfig};
+
+const ROUNDS: usize = 3;
+const BATCH: usize = 256;
+const TRAIN_STEPS: u64 = 150;
+
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let dir = root.join("target/bench-objects");
+    let local = dir.join("digits/train");
+    if !local.join(dp_data::MANIFEST_FILE).is_file() {
+        let _ = std::fs::remove_dir_all(dir.join("digits"));
+        dp_data::generate_digits(
+            &dir.join("digits"),
+            &SyntheticDigits::default(),
+            WriterOptions::default(),
+        )?;
+    }
+    let scratch = dir.join("scratch");
+    let _ = std::fs::remove_dir_all(&scratch);
+    let server = LocalS3::start(&scratch.join("server")).context("start s3s-fs")?;
+    let url = server.url("digits/train");
+    let uploaded = dp_data::upload_dataset(&local, &url)?;
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "\nobject storage: the built-in digits ({} records, {}) from s3s-fs on 127.0.0.1 against local disk; batch {BATCH}, {workers} workers, shuffle window 8; medians of {ROUNDS} rounds",
+        uploaded.records,
+        ByteSize(uploaded.bytes)
+    );
+
+    let cache = |name: &str, limit: u64| -> Result<PathBuf> {
+        let path = scratch.join(name);
+        let _ = std::fs::remove_dir_all(&path);
+        let mut options = ObjectOptions::from_env()?;
+        options.cache_dir = path.clone();
+        options.cache_limit = limit;
+        dp_data::set_object_options(options);
+        Ok(path)
+    };
+    let remote = PathBuf::from(&url);
+    let (mut pipeline, mut training) = (vec![], vec![]);
+    for round in 0..ROUNDS {
+        let disk = epoch_rate(&local, workers)?;
+        cache(&format!("cache-{round}"), 10 << 30)?;
+        let cold = epoch_rate(&remote, workers)?;
+        let warm = epoch_rate(&remote, workers)?;
+        pipeline.push((disk, cold, warm));
+        let disk = train_rate(&local, &scratch.join(format!("runs-{round}")))?;
+        cache(&format!("train-cache-{round}"), 10 << 30)?;
+        let cold = train_rate(&remote, &scratch.join(format!("runs-cold-{round}")))?;
+        let warm = train_rate(&remote, &scratch.join(format!("runs-warm-{round}")))?;
+        training.push((disk, cold, warm));
+    }
+    for (name, rows, unit) in
+        [("input pipeline", &pipeline, "records/s"), ("training (mlp)", &training, "samples/s")]
+    {
+        let disk = median(rows.iter().map(|r| r.0));
+        let cold = median(rows.iter().map(|r| r.1 / r.0));
+        let warm = median(rows.iter().map(|r| r.2 / r.0));
+        println!(
+            "  {name:<15} local {disk:>10.0} {unit}   s3 cold cache {cold:.3}x (target 0.8x)   warm cache {warm:.3}x (target 0.95x)"
+        );
+    }
+
+    // A quarter of the dataset, three epochs: the cache's files sampled every 100 ms.
+    let limit = uploaded.bytes / 4;
+    let cached = cache("quarter", limit)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, blocks) = (Arc::clone(&stop), cached.join("blocks"));
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(Ordering::Relaxed) {
+                peak = peak.max(disk_use(&blocks));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak.max(disk_use(&blocks))
+        })
+    };
+    let before = dp_data::object_stats();
+    let mut reader = Pipeline::new(&remote, pipeline_config(workers), vec![])?;
+    for _ in 0..3 * reader.batches_per_epoch() {
+        reader.next_batch()?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let peak = sampler.join().map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
+    let after = dp_data::object_stats();
+    println!(
+        "  cache limit {} (25% of the dataset), 3 epochs: peak disk use {} = {:.3} of the limit ({}); {} blocks evicted, {} fetched ahead, {} requests, {} retried",
+        ByteSize(limit),
+        ByteSize(peak),
+        peak as f64 / limit as f64,
+        if peak <= limit { "met" } else { "MISSED" },
+        after.evicted - before.evicted,
+        after.fetched_ahead - before.fetched_ahead,
+        after.requests - before.requests,
+        after.retries - before.retries
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+fn pipeline_config(workers: usize) -> PipelineConfig {
+    let mut c = PipelineConfig::default();
+    c.batch_size = BATCH;
+    c.workers = workers;
+    c.prefetch = 4;
+    c.shuffle_window = Some(8);
+    c.memory_budget = 512 << 20;
+    c
+}
+
+/// Records per second over one epoch of a new pipeline (opening it not counted).
+fn epoch_rate(location: &Path, workers: usize) -> Result<f64> {
+    let mut pipeline = Pipeline::new(location, pipeline_config(workers), vec![])?;
+    let batches = pipeline.batches_per_epoch();
+    let started = Instant::now();
+    let mut records = 0;
+    for _ in 0..batches {
+        records += pipeline.next_batch()?.len();
+    }
+    Ok(records as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The default MLP's training samples per second on `data`, one replica per core.
+fn train_rate(data: &Path, out: &Path) -> Result<f64> {
+    let config = TrainConfig {
+        train_data: data.to_path_buf(),
+        eval_data: None,
+        steps: Some(TRAIN_STEPS),
+        global_batch: BATCH,
+        ..TrainConfig::default()
+    };
+    Ok(dp_train::train(config, &RunOptions::new(out), &mut ())?.samples_per_s)
+}
+
+fn disk_use(blocks: &Path) -> u64 {
+    let Ok(list) = std::fs::read_dir(blocks) else { return 0 };
+    list.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len().div_ceil(4096) * 4096).sum()
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut sorted: Vec<f64> = values.collect();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
