@@ -212,8 +212,44 @@ impl Dataset {
         self.remote.is_some()
     }
 
+    /// Starts fetching the blocks of `windows` (lists of global block indices, in the order
+    /// they will be read) ahead of use, when the dataset is in object storage: whole windows
+    /// while their compressed bytes stay within half the memory for blocks fetched ahead
+    /// (`ObjectOptions::ahead_bytes`), so that what is fetched far ahead never pushes out
+    /// what is about to be read. The first `skip` windows were asked for already and are only
+    /// counted. Returns how many windows are now asked for. A pipeline calls it with its
+    /// windows from the current one on.
+    pub fn prefetch_windows(
+        &self,
+        windows: impl IntoIterator<Item = Vec<usize>>,
+        skip: usize,
+    ) -> Result<usize> {
+        if self.remote.is_none() {
+            return Ok(0);
+        }
+        let reach = crate::remote::ahead_bytes() / 2;
+        let (mut planned, mut covered) = (0, 0);
+        for mut blocks in windows {
+            let bytes: u64 = blocks
+                .iter()
+                .filter_map(|&g| self.find_block(g))
+                .map(|(s, b)| self.shards[s].entries()[b].compressed)
+                .sum();
+            if planned > 0 && planned + bytes > reach {
+                break;
+            }
+            planned += bytes;
+            if covered >= skip {
+                blocks.sort_unstable();
+                self.prefetch(&blocks)?;
+            }
+            covered += 1;
+        }
+        Ok(covered)
+    }
+
     /// Starts fetching blocks `blocks` (global indices, ascending) ahead of use, when the
-    /// dataset is in object storage; a pipeline calls it with the blocks of its next window.
+    /// dataset is in object storage.
     pub fn prefetch(&self, blocks: &[usize]) -> Result<()> {
         if self.remote.is_none() {
             return Ok(());

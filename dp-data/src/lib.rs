@@ -107,9 +107,10 @@ pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
 };
-/// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks.
+/// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks, and
+/// the rate a server serves a dataset at.
 #[cfg(feature = "bench")]
-pub use remote::LocalS3;
+pub use remote::{LocalS3, object_read_rate};
 pub use remote::{
     ObjectOptions, ObjectStats, UploadSummary, is_object_url, object_stats, set_object_options,
     upload_dataset, upload_file,

@@ -45,10 +45,16 @@ fn epochs(location: &Path, n: u64) -> Vec<Epoch> {
         .collect()
 }
 
-/// Bytes the cache's files take, in whole pages.
+/// Bytes the cache's files take, in whole pages, each file once: a listing taken while a
+/// temporary file is renamed into place may name it twice.
 fn cache_use(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(list) = std::fs::read_dir(dir.join("blocks")) else { return 0 };
-    list.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len().div_ceil(4096) * 4096).sum()
+    let files: std::collections::HashMap<u64, u64> = list
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| (m.ino(), m.len().div_ceil(4096) * 4096))
+        .collect();
+    files.values().sum()
 }
 
 #[test]

@@ -25,7 +25,7 @@ fn config() -> PipelineConfig {
 
 #[test]
 fn a_server_that_dies_is_retried_through_and_one_that_stays_down_fails_the_read() {
-    let Some((mut server, _root)) = s3::start("object_store_faults") else { return };
+    let Some((server, _root)) = s3::start("object_store_faults") else { return };
     let local = tempfile::tempdir().unwrap();
     s3::dataset(local.path(), 4000);
     let url = server.url("faults/train");
@@ -36,36 +36,41 @@ fn a_server_that_dies_is_retried_through_and_one_that_stays_down_fails_the_read(
     options.retry_for = Duration::from_secs(30);
     set_object_options(options.clone());
 
-    let mut reference = Pipeline::new(local.path(), config(), vec![]).unwrap();
-    let mut remote = Pipeline::new(Path::new(&url), config(), vec![]).unwrap();
-    let batches = reference.batches_per_epoch();
-    let mut killed = false;
+    // A budget smaller than the dataset, so that its blocks are read again each epoch: the
+    // workers may have fetched the whole epoch ahead before the server goes.
+    let mut small = config();
+    small.memory_budget = 192 << 10;
+    let mut reference = Pipeline::new(local.path(), small.clone(), vec![]).unwrap();
+    let mut remote = Pipeline::new(Path::new(&url), small.clone(), vec![]).unwrap();
+    let batches = 2 * reference.batches_per_epoch();
+    let (mut server, mut restart) = (Some(server), None);
+    let retried = object_stats().retries;
     for i in 0..batches {
-        if i == batches / 3 {
+        if i == batches / 6 {
+            // Down until a read has been retried, then back.
+            let mut server = server.take().expect("one kill");
             server.kill();
-            killed = true;
-            let restart = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(1500));
+            restart = Some(std::thread::spawn(move || {
+                let started = Instant::now();
+                while object_stats().retries == retried && started.elapsed().as_secs() < 60 {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 server.restart().unwrap();
                 server
-            });
-            let (a, b) = (reference.next_batch().unwrap(), remote.next_batch().unwrap());
-            assert_eq!((a.record_ids(), a.x_flat()), (b.record_ids(), b.x_flat()), "batch {i}");
-            server = restart.join().unwrap();
-            continue;
+            }));
         }
         let (a, b) = (reference.next_batch().unwrap(), remote.next_batch().unwrap());
         assert_eq!((a.record_ids(), a.x_flat()), (b.record_ids(), b.x_flat()), "batch {i}");
     }
-    assert!(killed);
-    assert!(object_stats().retries > 0, "{:?}", object_stats());
+    let mut server = restart.expect("killed").join().unwrap();
+    assert!(object_stats().retries > retried, "{:?}", object_stats());
 
     // Down for good, with a short retry window: the read fails, naming the object.
     options.retry_for = Duration::from_secs(2);
     set_object_options(options);
     // (A pipeline of the same dataset would share its decoded blocks with the new one.)
     drop(remote);
-    let mut remote = Pipeline::new(Path::new(&url), config(), vec![]).unwrap();
+    let mut remote = Pipeline::new(Path::new(&url), small, vec![]).unwrap();
     server.kill();
     let started = Instant::now();
     let error = loop {

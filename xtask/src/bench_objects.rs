@@ -65,6 +65,16 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         let warm = train_rate(&remote, &scratch.join(format!("runs-warm-{round}")))?;
         training.push((disk, cold, warm));
     }
+    // What the server can serve: every shard whole, one request per shard, 16 at a time.
+    let served = median((0..ROUNDS).map(|_| dp_data::object_read_rate(&url, 16).unwrap_or(0.0)));
+    let cold_bytes =
+        median(pipeline.iter().map(|r| r.1)) * uploaded.bytes as f64 / uploaded.records as f64;
+    println!(
+        "  the server's limit: {}/s of whole shards (16 GETs at a time); the cold pipeline fetched {}/s, {:.2} of it",
+        ByteSize(served as u64),
+        ByteSize(cold_bytes as u64),
+        cold_bytes / served
+    );
     for (name, rows, unit) in
         [("input pipeline", &pipeline, "records/s"), ("training (mlp)", &training, "samples/s")]
     {
@@ -149,9 +159,16 @@ fn train_rate(data: &Path, out: &Path) -> Result<f64> {
     Ok(dp_train::train(config, &RunOptions::new(out), &mut ())?.samples_per_s)
 }
 
+/// Bytes the cache's files take, in whole 4 KiB pages, each file once: a listing taken while
+/// a temporary file is renamed into place may name it twice.
 fn disk_use(blocks: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(list) = std::fs::read_dir(blocks) else { return 0 };
-    list.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len().div_ceil(4096) * 4096).sum()
+    let files: std::collections::HashMap<u64, u64> = list
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| (m.ino(), m.len().div_ceil(4096) * 4096))
+        .collect();
+    files.values().sum()
 }
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {

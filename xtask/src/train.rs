@@ -794,9 +794,10 @@ pub(crate) fn bench(root: &Path, filter: Option<&str>) -> Result<()> {
         Some("lm") => return crate::bench_lm::run(root, replicas, verdict),
         Some("optim8") => return crate::bench_optim8::run(root, verdict),
         Some("bf16act") => return crate::bench_bf16act::run(root, verdict),
+        Some("largest") => return crate::bench_largest::run(root, verdict),
         Some(other) => {
             bail!(
-                "bench train --filter {other}: the sections to pick are `lm`, `optim8` and `bf16act`"
+                "bench train --filter {other}: the sections to pick are `lm`, `optim8`, `bf16act` and `largest`"
             )
         }
     }

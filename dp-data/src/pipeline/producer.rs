@@ -83,9 +83,11 @@ pub(crate) struct Producer {
     /// each batch, and any decoded while waiting for others' decoding.
     ahead: Vec<usize>,
     ahead_tag: WindowTag,
-    /// The latest window whose blocks (and the next window's) were asked of object storage
-    /// ahead of use, for a remote dataset.
+    /// The latest window from which blocks were asked of object storage ahead of use, for a
+    /// remote dataset.
     fetched_for: Option<WindowTag>,
+    /// The window before which every window's blocks were asked for.
+    fetched_until: WindowTag,
     /// Blocks of `ahead` to decode after each batch: the next window's share per batch of
     /// this one, so that it is ready when needed without a burst of decoding at the boundary.
     ahead_share: usize,
@@ -114,6 +116,7 @@ impl Producer {
             ahead: Vec::with_capacity(window_blocks),
             ahead_tag: (0, 0),
             fetched_for: None,
+            fetched_until: (0, 0),
             ahead_share: 0,
             bad: Vec::new(),
             stats: PipelineStats::default(),
@@ -299,15 +302,16 @@ impl Producer {
         self.ahead_share = self.ahead.len().div_ceil(batches as usize);
         if self.shared.dataset.is_remote() && self.fetched_for != Some(tag) {
             self.fetched_for = Some(tag);
-            let mut blocks: Vec<usize> = plan.blocks_of(tag.1).collect();
-            if next < plan.windows() {
-                blocks.extend(plan.blocks_of(next));
-            }
-            blocks.sort_unstable();
-            blocks.dedup();
+            let skip = match self.fetched_until {
+                (epoch, until) if epoch == tag.0 => until.saturating_sub(tag.1),
+                _ => 0,
+            };
             // Only a head start: a block whose fetch fails is fetched again when it is read,
             // which reports the failure.
-            let _ = self.shared.dataset.prefetch(&blocks);
+            let windows = (tag.1..plan.windows()).map(|w| plan.blocks_of(w).collect());
+            if let Ok(covered) = self.shared.dataset.prefetch_windows(windows, skip) {
+                self.fetched_until = (tag.0, tag.1 + covered);
+            }
         }
         tag
     }

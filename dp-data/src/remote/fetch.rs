@@ -72,6 +72,11 @@ fn fetcher() -> &'static Fetcher {
     })
 }
 
+/// The most bytes of blocks fetched ahead held in memory.
+pub(crate) fn ahead_bytes() -> u64 {
+    fetcher().limit
+}
+
 impl Fetcher {
     fn lock(&self) -> MutexGuard<'_, Ahead> {
         self.ahead.lock().unwrap_or_else(PoisonError::into_inner)

@@ -26,11 +26,11 @@ mod server;
 mod stats;
 mod upload;
 
-pub(crate) use fetch::{RemoteBlocks, open_cache};
+pub(crate) use fetch::{RemoteBlocks, ahead_bytes, open_cache};
 pub(crate) use object::RemoteDir;
 pub use options::{ObjectOptions, set_object_options};
 #[cfg(feature = "bench")]
-pub use server::LocalS3;
+pub use server::{LocalS3, object_read_rate};
 pub use stats::{ObjectStats, object_stats};
 pub use upload::{UploadSummary, upload_dataset, upload_file};
 

@@ -110,3 +110,34 @@ impl Drop for LocalS3 {
         self.kill();
     }
 }
+
+/// The rate, in bytes per second, at which the server at `url` (a dataset's prefix) serves
+/// the dataset's shards whole, on `threads` threads at once: the most any reader of it can
+/// fetch, the reference a cold read is measured against.
+pub fn object_read_rate(url: &str, threads: usize) -> Result<f64> {
+    use super::object::RemoteDir;
+    let dir = RemoteDir::new(url)?;
+    let manifest = crate::manifest::Manifest::parse(
+        &dir.object(crate::manifest::MANIFEST_FILE).get(None)?,
+        Path::new(url),
+    )?;
+    let names: Vec<&str> = manifest.shards.iter().map(|s| s.file.as_str()).collect();
+    let started = Instant::now();
+    let chunk = names.len().div_ceil(threads.max(1)).max(1);
+    let bytes = std::thread::scope(|scope| {
+        let handles: Vec<_> = names
+            .chunks(chunk)
+            .map(|part| {
+                let dir = &dir;
+                scope.spawn(move || -> Result<u64> {
+                    part.iter().map(|name| Ok(dir.object(name).get(None)?.len() as u64)).sum()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .sum::<Result<u64>>()
+    })?;
+    Ok(bytes as f64 / started.elapsed().as_secs_f64())
+}
