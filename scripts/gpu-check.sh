@@ -6,8 +6,9 @@
 #   scripts/gpu-check.sh           # on the GPU machine, with target/gpu-check/ carried along
 #
 # Without target/gpu-check/ it builds them itself with cargo, where cargo exists. It runs
-# dp-mem's device-memory tests, compiles dp-model's CUDA kernels with the machine's NVRTC,
-# checks the GPU training step against the CPU's, trains the default job on the GPU (at least
+# dp-mem's device-memory tests, dp-data's batches in page-locked memory, compiles dp-model's CUDA kernels with the machine's NVRTC,
+# checks the GPU training step against the CPU's and what the CUDA libraries take from host
+# memory, trains the default job on the GPU (at least
 # 97% eval accuracy), measures the MLP step's samples/s against PyTorch eager on the same GPU
 # (scripts/torch_mlp_step.py; target 1.5x at batch 4096) and its device memory (target 1.1x
 # what it must hold), and runs dp-comm's NCCL tests and benchmark
@@ -28,8 +29,9 @@ build() {
     mkdir -p "$bin"
     local built
     built=$(cargo test --release --no-run --message-format=json \
-        -p dp-mem -p dp-model -p dp-comm --features dp-mem/cuda,dp-model/cuda,dp-comm/cuda \
-        --test cuda --test cuda_kernels --test cuda_model --test nccl 2>/dev/null &&
+        -p dp-mem -p dp-data -p dp-model -p dp-comm --features dp-mem/cuda,dp-model/cuda,dp-comm/cuda \
+        --test cuda --test pipeline --test cuda_kernels --test cuda_model --test cuda_host_memory \
+        --test nccl 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
             --bench collectives 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-model --features cuda \
@@ -39,8 +41,10 @@ build() {
     cp target/cuda/release/xtask "$bin/xtask-cuda" || return 1
     printf '%s\n' "$built" | python3 -c '
 import json, shutil, sys
-wanted = {"cuda": "dp-mem-cuda", "cuda_kernels": "dp-model-cuda-kernels",
-          "cuda_model": "dp-model-cuda-model", "nccl": "dp-comm-nccl",
+wanted = {"cuda": "dp-mem-cuda", "pipeline": "dp-data-pipeline",
+          "cuda_kernels": "dp-model-cuda-kernels",
+          "cuda_model": "dp-model-cuda-model", "cuda_host_memory": "dp-model-cuda-host-memory",
+          "nccl": "dp-comm-nccl",
           "collectives": "dp-comm-collectives", "cuda_step": "dp-model-cuda-step"}
 found = {}
 for line in sys.stdin:
@@ -57,7 +61,9 @@ if missing:
 for name, path in found.items():
     shutil.copy(path, f"{sys.argv[1]}/{name}")
     print(f"{sys.argv[1]}/{name}")
-' "$bin"
+' "$bin" || return 1
+    # Without symbols they travel to the GPU machine in a third of the bytes.
+    strip "$bin"/* 2>/dev/null || true
 }
 
 if [ "${1:-}" = "--build" ]; then
@@ -91,10 +97,21 @@ if [ -n "$nccl" ]; then
 else
     echo "NCCL: libnccl.so.2 not found (pip install nvidia-nccl-cu13, or set NCCL_LIB)"
 fi
-# NVRTC and the driver's CUDA libraries, where a CUDA toolkit keeps them.
-for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -d "$dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir"
-done
+# NVRTC and cuBLAS (cudarc opens them by name, as libnvrtc.so.13 and libcublas.so.13): where
+# the loader does not know them, the CUDA toolkit's folders or the Python wheels that carry them.
+find_cuda_lib() { # name, e.g. libnvrtc.so
+    ldconfig -p 2>/dev/null | grep -q "$1" && return
+    local found
+    found=$( { ls /usr/local/cuda/lib64/$1* /usr/local/cuda/targets/x86_64-linux/lib/$1* 2>/dev/null
+        python3 -c 'import glob, site, sys
+for root in site.getsitepackages() + sys.path:
+    print("\n".join(glob.glob(root + "/nvidia/**/" + sys.argv[1] + "*", recursive=True)))' "$1" 2>/dev/null
+    } | grep -v '\.alt\.' | head -1)
+    [ -n "$found" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")"
+    echo "$1: ${found:-not found}"
+}
+find_cuda_lib libnvrtc.so
+find_cuda_lib libcublas.so
 if [ ! -x "$bin/dp-model-cuda-step" ]; then
     command -v cargo >/dev/null || { echo "no $bin/ and no cargo: run --build elsewhere" >&2; exit 1; }
     build || { echo "build failed" >&2; exit 1; }
@@ -105,13 +122,16 @@ log=$(mktemp)
 run() { # name, then the command
     local name=$1; shift
     step "$name"
-    "$@" 2>&1 | tee -a "$log.$name"
+    # A step that hangs must not take the whole check with it.
+    timeout "${STEP_TIMEOUT:-150}" "$@" 2>&1 | tee -a "$log.$name"
     return "${PIPESTATUS[0]}"
 }
 export DP_REQUIRE_GPU=1 DP_REQUIRE_NVRTC=1
 run mem "$bin/dp-mem-cuda" --nocapture --test-threads 1; mem_status=$?
+run pipeline "$bin/dp-data-pipeline" batches_for_a_gpu; pipeline_status=$?
 run kernels "$bin/dp-model-cuda-kernels" --nocapture; kernel_status=$?
 run model "$bin/dp-model-cuda-model" --nocapture --test-threads 1; model_status=$?
+run host "$bin/dp-model-cuda-host-memory" --nocapture; host_status=$?
 # The default job on the GPU: the built-in digits, to at least 97% evaluation accuracy.
 job=$(mktemp -d)
 run job bash -c "'$bin/xtask-cuda' data gen --out '$job/digits' && '$bin/xtask-cuda' train --device cuda \
@@ -121,7 +141,9 @@ accuracy=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval
     "$job/runs/gpu/summary.json" 2>/dev/null || echo 0)
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 0.97 else 1)' "$accuracy" || job_status=1
 rm -rf "$job"
-# The MLP step against PyTorch eager, measured alike, one after the other.
+# The MLP step against PyTorch eager, measured alike, one after the other (PyTorch's batches
+# are page-locked, as a DataLoader with pin_memory hands them over: ours are measured both so
+# and from ordinary memory).
 run step "$bin/dp-model-cuda-step" --bench --warm-up-time 1 --measurement-time 3; step_status=$?
 run torch python3 scripts/torch_mlp_step.py; torch_status=$?
 run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
@@ -131,19 +153,23 @@ step "report"
 echo "NCCL library:  ${nccl:-not found}"
 echo "device memory: $(grep -E '^test result:' "$log.mem" | tail -1) (exit $mem_status)"
 grep -m1 'skipping CUDA memory test' "$log.mem" | sed 's/^/               /'
+echo "pipeline:      page-locked batches: $(grep -E '^test result:' "$log.pipeline" | tail -1) (exit $pipeline_status)"
 echo "kernels:       $(grep -E 'kernels compiled' "$log.kernels" | tail -1) (exit $kernel_status)"
 echo "GPU model:     $(grep -E '^test result:' "$log.model" | tail -1) (exit $model_status)"
+echo "host memory:   $(grep -E '^runtime' "$log.host" | tail -1) (exit $host_status)"
 echo "default job:   eval accuracy $accuracy (>= 0.97), $(grep -E '^throughput' "$log.job" | tail -1) (exit $job_status)"
 grep -E '^device memory' "$log.job" | sed 's/^/               /'
 grep -E 'gradients differ|parameters differ' "$log.model" | sed 's/^/               /'
 for batch in 256 4096; do
-    ours=$(sed -n "s/^cuda step: batch $batch, \([0-9]*\) samples.*/\1/p" "$log.step")
     theirs=$(sed -n "s/^torch step: batch $batch, \([0-9]*\) samples.*/\1/p" "$log.torch")
-    ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}x")' \
-        "$ours" "$theirs" 2>/dev/null || echo "n/a")
-    echo "MLP step:      batch $batch: ${ours:-?} samples/s vs PyTorch eager ${theirs:-?}: $ratio"
+    for memory in page-locked pageable; do
+        ours=$(sed -n "s/^cuda step: batch $batch, $memory batches, \([0-9]*\) samples.*/\1/p" "$log.step")
+        ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}x")' \
+            "$ours" "$theirs" 2>/dev/null || echo "n/a")
+        echo "MLP step:      batch $batch, $memory: ${ours:-?} samples/s vs PyTorch eager ${theirs:-?}: $ratio"
+    done
 done
-grep -E '^cuda step: batch 4096' "$log.step" | sed 's/.*; /               /'
+grep -E '^cuda step: batch 4096, page-locked' "$log.step" | sed 's/.*; /               /'
 echo "               (target at batch 4096: 1.5x; memory 1.1x; exits $step_status, $torch_status)"
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
@@ -153,5 +179,6 @@ grep -E '^memcpy bandwidth|^4 KiB latency' "$log.bench" | sed 's/^/cpu:         
 echo "bench exit:    $bench_status"
 rm -f "$log" "$log".*
 [ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$model_status" -eq 0 ] \
+    && [ "$host_status" -eq 0 ] && [ "$pipeline_status" -eq 0 ] \
     && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
     && [ "$bench_status" -eq 0 ]

@@ -1,10 +1,15 @@
 //! One training step (forward, backward, SGD with momentum) of MLP 784-512-256-10 on one GPU
 //! at batch 256 and 4096, each batch copied from host memory, as a training loop does: under
-//! criterion, then a line per batch size that `scripts/gpu-check.sh` compares with PyTorch
-//! eager on the same GPU (`scripts/torch_mlp_step.py`, the same step and timing):
+//! criterion, then a line per batch size and kind of host memory that `scripts/gpu-check.sh`
+//! compares with PyTorch eager on the same GPU (`scripts/torch_mlp_step.py`, the same step and
+//! timing, its batches in page-locked memory as a DataLoader with `pin_memory` hands them
+//! over):
 //!
-//!   cuda step: batch 4096, 123456 samples/s (median of 5 runs of 50 steps); device peak
-//!   1.02x params + grads + optimizer state + activations
+//!   cuda step: batch 4096, page-locked batches, 123456 samples/s (median of 5 runs of 50
+//!   steps); device peak 1.02x params + grads + optimizer state + activations
+//!
+//! Batches in ordinary (pageable) memory go through the model's staging buffer, one more copy
+//! on the host.
 //!
 //! `cargo bench -p dp-model --features cuda --bench cuda_step` (on a machine with a GPU; it
 //! says why it measures nothing elsewhere).
@@ -13,9 +18,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
-use dp_mem::{Pool, Tracker};
+use dp_mem::{PinnedBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use dp_model::{CudaModel, Model, ModelOptions, ModelSpec, StepOptions, Targets};
-use ndarray::Array2;
+use ndarray::{Array2, ArrayView2};
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -24,26 +29,61 @@ mod support;
 /// just copied.
 const BATCHES: usize = 4;
 
+/// A batch's features in the host memory a step copies them from.
+enum Features {
+    Pageable(Array2<f32>),
+    PageLocked(PoolBuf<f32, PinnedBackend>, usize),
+}
+
+impl Features {
+    fn view(&self) -> ArrayView2<'_, f32> {
+        match self {
+            Features::Pageable(x) => x.view(),
+            Features::PageLocked(x, rows) => {
+                ArrayView2::from_shape((*rows, x.len() / rows), x).expect("a whole batch")
+            }
+        }
+    }
+}
+
 struct Bench {
     model: CudaModel,
     velocity: dp_mem::PoolBuf<f32, dp_mem::CudaBackend>,
-    batches: Vec<(Array2<f32>, Vec<i64>)>,
+    batches: Vec<(Features, Vec<i64>)>,
     step: u64,
     tracker: Tracker,
+    /// Holds the page-locked batches' memory.
+    _pinned: Option<Pool<PinnedBackend>>,
 }
 
 impl Bench {
-    fn new(batch: usize) -> Result<Self, dp_model::Error> {
+    fn new(batch: usize, page_locked: bool) -> Result<Self, dp_model::Error> {
         let spec = ModelSpec::mlp(784, &[512, 256], 10);
         let host = Pool::new(&Tracker::new());
         let cpu = Model::<f32>::new(&spec, &host, ModelOptions::new(batch, 1))?;
         let tracker = Tracker::new();
         let model = CudaModel::from_model(&cpu, 0, &tracker, host.tracker())?;
         let velocity = model.state_buffer()?;
+        let pinned = if page_locked {
+            Some(Pool::with_backend(host.tracker(), PinnedBackend::new(0)?, PoolConfig::default()))
+        } else {
+            None
+        };
         let mut rng = support::Rng::new(7);
-        let batches =
-            (0..BATCHES).map(|_| (rng.array::<f32>(batch, 784), rng.labels(batch, 10))).collect();
-        Ok(Self { model, velocity, batches, step: 0, tracker })
+        let mut batches = Vec::new();
+        for _ in 0..BATCHES {
+            let x = rng.array::<f32>(batch, 784);
+            let features = match &pinned {
+                Some(pool) => {
+                    let mut buf = pool.alloc::<f32>(x.len(), Tag::Data)?;
+                    buf.copy_from_slice(x.as_slice().expect("contiguous"));
+                    Features::PageLocked(buf, batch)
+                }
+                None => Features::Pageable(x),
+            };
+            batches.push((features, rng.labels(batch, 10)));
+        }
+        Ok(Self { model, velocity, batches, step: 0, tracker, _pinned: pinned })
     }
 
     fn step(&mut self) -> f64 {
@@ -74,7 +114,7 @@ impl Bench {
     fn memory_ratio(&self) -> f64 {
         let need = self.model.memory();
         let needed = need.params + need.grads + need.saved_activations + need.workspace;
-        let batch = self.batches[0].0.len() * 4;
+        let batch = self.batches[0].0.view().len() * 4;
         let needed = needed + (self.velocity.len() * 4 + batch) as u64;
         self.tracker.snapshot().peak_held as f64 / needed as f64
     }
@@ -88,28 +128,32 @@ fn median(mut values: Vec<f64>) -> f64 {
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     for batch in [256, 4096] {
-        let mut bench = match Bench::new(batch) {
-            Ok(bench) => bench,
-            Err(error) => {
-                println!("cuda step: not measured ({error})");
-                return;
+        for page_locked in [true, false] {
+            let mut bench = match Bench::new(batch, page_locked) {
+                Ok(bench) => bench,
+                Err(error) => {
+                    println!("cuda step: not measured ({error})");
+                    return;
+                }
+            };
+            for _ in 0..20 {
+                bench.step();
             }
-        };
-        for _ in 0..20 {
-            bench.step();
+            let memory = if page_locked { "page-locked" } else { "pageable" };
+            let mut group = criterion.benchmark_group("cuda_step");
+            group.throughput(Throughput::Elements(batch as u64));
+            group.bench_function(format!("mlp-784-512-256-10/batch-{batch}/{memory}"), |b| {
+                b.iter(|| black_box(bench.step()))
+            });
+            group.finish();
+            let rate = median((0..5).map(|_| bench.samples_per_s(50)).collect());
+            println!(
+                "cuda step: batch {batch}, {memory} batches, {rate:.0} samples/s (median of 5 \
+                 runs of 50 steps); device peak {:.2}x params + grads + optimizer state + \
+                 activations",
+                bench.memory_ratio()
+            );
         }
-        let mut group = criterion.benchmark_group("cuda_step");
-        group.throughput(Throughput::Elements(batch as u64));
-        group.bench_function(format!("mlp-784-512-256-10/batch-{batch}"), |b| {
-            b.iter(|| black_box(bench.step()))
-        });
-        group.finish();
-        let rate = median((0..5).map(|_| bench.samples_per_s(50)).collect());
-        println!(
-            "cuda step: batch {batch}, {rate:.0} samples/s (median of 5 runs of 50 steps); \
-             device peak {:.2}x params + grads + optimizer state + activations",
-            bench.memory_ratio()
-        );
     }
     criterion.final_summary();
 }

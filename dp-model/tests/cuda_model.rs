@@ -185,3 +185,46 @@ fn convolutions_are_refused_with_the_layer_named() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_batch_from_page_locked_memory_and_one_staged_in_pieces_step_alike() {
+    // 512 rows of 784 values: more than one 1 MiB piece of the staging buffer.
+    let (tracker, pool) = (Tracker::new(), Pool::new(&Tracker::new()));
+    let cpu = Model::<f32>::new(&spec(), &pool, ModelOptions::new(512, 3)).unwrap();
+    let mut gpu = match CudaModel::from_model(&cpu, 0, &tracker, pool.tracker()) {
+        Ok(gpu) => gpu,
+        Err(error @ (Error::CudaNotCompiled | Error::CudaUnavailable { .. })) => {
+            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
+            eprintln!("skipping GPU model test: {error}");
+            return;
+        }
+        Err(other) => panic!("{other}"),
+    };
+    let mut cpu = cpu;
+    let mut rng = Rng::new(5);
+    let x = rng.array::<f32>(512, 784);
+    let labels = rng.labels(512, 10);
+    let pinned = dp_mem::Pool::with_backend(
+        pool.tracker(),
+        dp_mem::PinnedBackend::new(0).unwrap(),
+        dp_mem::PoolConfig::default(),
+    );
+    let mut locked = pinned.alloc::<f32>(x.len(), dp_mem::Tag::Data).unwrap();
+    locked.copy_from_slice(x.as_slice().unwrap());
+    let locked = ndarray::ArrayView2::from_shape((512, 784), &locked[..]).unwrap();
+
+    let options = StepOptions { step: 1, ..StepOptions::default() };
+    let expected = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+    let mut grads = [vec![0f32; cpu.params().len()], vec![0f32; cpu.params().len()]];
+    let mut losses = [0f64; 2];
+    for (i, input) in [x.view(), locked].into_iter().enumerate() {
+        losses[i] =
+            gpu.forward_backward(input, Targets::Classes(&labels), &options).unwrap().loss_sum;
+        gpu.download_grads(&mut grads[i]).unwrap();
+    }
+    assert_eq!(losses[0].to_bits(), losses[1].to_bits(), "{losses:?}");
+    assert!(grads[0] == grads[1], "the same batch, the same gradients");
+    assert!((losses[0] - expected.loss_sum).abs() <= 1e-4 * expected.loss_sum.abs());
+    let diff = max_relative_difference(&grads[0], cpu.grads());
+    assert!(diff <= 1e-4, "{diff}");
+}

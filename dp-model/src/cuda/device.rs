@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::cublas::result as cublas;
 use cudarc::cublas::sys::{cublasHandle_t, cublasOperation_t};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg, result,
+    CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg, result, sys,
 };
 use cudarc::nvrtc::Ptx;
 use dp_mem::{CudaBackend, PinnedBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
@@ -52,6 +52,35 @@ struct Kernels {
     squared_error: CudaFunction,
     sgd_step: CudaFunction,
     adam_step: CudaFunction,
+}
+
+/// Values a batch goes through the page-locked staging buffer in: 1 MiB, small enough that
+/// the copy to the device of one piece overlaps the host's copy of the next, large enough that
+/// each copy runs near the bus's rate.
+const STAGING_PIECE: usize = 1 << 18;
+
+/// Whether `values` lie in page-locked host memory, which the device reads without staging.
+/// A slice is one allocation, so its two ends tell. Asking is cheap (the driver looks the
+/// address up), and a wrong "no" only costs the staging copy.
+fn page_locked<T>(values: &[T]) -> bool {
+    let is_host = |address: *const T| {
+        let mut kind = 0u32;
+        // SAFETY: the attribute is an unsigned int the driver writes to `kind`; the address
+        // is only looked up, never dereferenced.
+        let found = unsafe {
+            sys::cuPointerGetAttribute(
+                (&raw mut kind).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                address as usize as u64,
+            )
+        };
+        found == sys::CUresult::CUDA_SUCCESS && kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+    };
+    match values {
+        [] => false,
+        [first, .., last] => is_host(first) && is_host(last),
+        [only] => is_host(only),
+    }
 }
 
 /// The device address of a buffer, as the kernels take it.
@@ -161,6 +190,31 @@ fn mem_error(error: dp_mem::Error) -> Error {
         dp_mem::Error::CudaUnavailable { what } => Error::CudaUnavailable { what },
         dp_mem::Error::CudaNotCompiled => Error::CudaNotCompiled,
         other => Error::from(other),
+    }
+}
+
+/// The CUDA libraries a GPU step uses, loaded and initialised on one device: the driver's
+/// context, cuBLAS, the compiled kernels and whatever they set up on first use, through one
+/// step of a small model. What they take from host memory (hundreds of MiB of driver state and
+/// library code) is the process's before any real model exists; a run that holds this from
+/// before it measures the process's starting memory counts it there.
+#[derive(Debug)]
+pub struct CudaRuntime {
+    _warm: CudaModel,
+}
+
+impl CudaRuntime {
+    /// Loads the libraries on GPU `device` and takes one step with them.
+    pub fn load(device: usize) -> Result<Self> {
+        let (tracker, pool) = (Tracker::new(), Pool::new(&Tracker::new()));
+        let spec = crate::ModelSpec::mlp(64, &[64], 10);
+        let cpu = Model::<f32>::new(&spec, &pool, crate::ModelOptions::new(8, 1))?;
+        let mut warm = CudaModel::from_model(&cpu, device, &tracker, pool.tracker())?;
+        let x = ndarray::Array2::<f32>::zeros((8, 64));
+        warm.forward_backward(x.view(), Targets::Classes(&[0; 8]), &StepOptions::default())?;
+        warm.sgd_step(None, 0.0, 0.0, false, 0.0)?;
+        warm.wait()?;
+        Ok(Self { _warm: warm })
     }
 }
 
@@ -429,9 +483,7 @@ impl CudaModel {
             .ok_or_else(|| Error::shape("GPU input", "a contiguous array", "a strided view"))?;
         let outputs = self.tape.outputs();
         targets.check(batch, outputs)?;
-        // The staging buffers are free: the last step waited for its copies.
-        self.staged.input[..x.len()].copy_from_slice(x);
-        self.copy_in(ptr(&self.input), &self.staged.input[..x.len()])?;
+        self.copy_input(x)?;
         let mut i = 0;
         while i < self.tape.nodes.len() {
             i += self.forward_node(i, batch, options.step)?;
@@ -502,6 +554,31 @@ impl CudaModel {
             }
         }
         Ok(totals)
+    }
+
+    /// Queues the copy of a batch to the device. A batch in page-locked memory (a
+    /// [`PinnedBackend`] pool's, as a pipeline that feeds a GPU hands it over) is read straight
+    /// from there; any other goes through the staging buffer a piece at a time, each piece's
+    /// copy to the device running while the host copies the next. `x` must not change until
+    /// the step has waited for the device, which [`CudaModel::forward_backward_with`] does.
+    fn copy_input(&mut self, x: &[f32]) -> Result<()> {
+        let input = ptr(&self.input);
+        if page_locked(x) {
+            return self.copy_in(input, x);
+        }
+        // The staging buffer is free: the last step waited for its copies.
+        for (i, piece) in x.chunks(STAGING_PIECE).enumerate() {
+            let at = i * STAGING_PIECE;
+            let staged = &mut self.staged.input[at..at + piece.len()];
+            staged.copy_from_slice(piece);
+            // SAFETY: as `copy_in`'s; the piece of the staging buffer is not written again
+            // before the step waits for the stream.
+            unsafe {
+                result::memcpy_htod_async(input + 4 * at as u64, &*staged, self.stream.cu_stream())
+            }
+            .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+        }
+        Ok(())
     }
 
     /// The device address of node `i`'s input.

@@ -16,9 +16,9 @@ mod device;
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::CudaModel;
+pub use device::{CudaModel, CudaRuntime};
 #[cfg(not(feature = "cuda"))]
-pub use stub::CudaModel;
+pub use stub::{CudaModel, CudaRuntime};
 
 use crate::error::Result;
 

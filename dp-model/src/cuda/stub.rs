@@ -13,6 +13,17 @@ use crate::ops::loss::{LossTotals, Targets};
 
 type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
 
+/// The CUDA libraries a GPU step uses (no value exists in this build).
+#[derive(Debug)]
+pub struct CudaRuntime(Infallible);
+
+impl CudaRuntime {
+    /// Fails with [`Error::CudaNotCompiled`].
+    pub fn load(_device: usize) -> Result<Self> {
+        Err(Error::CudaNotCompiled)
+    }
+}
+
 /// A model whose training step runs on one GPU (no value exists in this build).
 #[derive(Debug)]
 pub struct CudaModel(Infallible);
