@@ -603,3 +603,24 @@ fn the_bench_reports_how_many_blocks_a_batch_mixes() {
     assert!((full.batch_blocks / uniform - 1.0).abs() < 0.1, "{} vs {uniform}", full.batch_blocks);
     assert_eq!(windowed.batch_blocks_uniform, uniform, "a property of the dataset and batch");
 }
+
+#[test]
+fn batches_for_a_gpu_are_the_same_batches_or_refused_without_one() {
+    let dir_tmp = temp_dir("page-locked");
+    let dir = dir_tmp.path();
+    dataset(dir, 300);
+    let mut for_gpu = config(32, 0, 1, 2, 2);
+    for_gpu.page_locked_for = Some(0);
+    match dp_mem::cuda_available() {
+        Ok(()) => {
+            let ordinary =
+                take(&mut Pipeline::new(dir, config(32, 0, 1, 2, 2), augment()).unwrap(), 12);
+            let locked = take(&mut Pipeline::new(dir, for_gpu, augment()).unwrap(), 12);
+            assert!(ordinary == locked, "page-locked memory changes nothing but where batches are");
+        }
+        Err(reason) => {
+            let error = Pipeline::new(dir, for_gpu, augment()).unwrap_err().to_string();
+            assert!(error.contains("CUDA") || error.contains("cuda"), "{error} ({reason})");
+        }
+    }
+}

@@ -91,6 +91,11 @@ impl Processes {
     /// With several processes, their NCCL group: process 0 makes its id and shares it (as
     /// Horovod does), and each process takes the GPU of its rank on its host. `None` for a
     /// run of one process, whose GPU has no one to reduce with.
+    /// This process's place among those on its host (the GPU it takes).
+    pub(crate) fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
     pub(crate) fn gpu_peers(&mut self) -> Result<Option<GpuPeers>> {
         let Some(comm) = &mut self.comm else { return Ok(None) };
         if self.count == 1 {

@@ -156,15 +156,31 @@ pub fn train(
     observer: &mut dyn Observer,
 ) -> Result<Summary> {
     let started = Instant::now();
-    let baseline_rss = dp_mem::process_memory().map(|m| m.rss);
+    let mut baseline_rss = dp_mem::process_memory().map(|m| m.rss);
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes, baseline_rss.unwrap_or(0));
     let (plan, lock, planned) = processes.agree(set)?;
-    let memory = memory_plan::describe(&plan, &planned, baseline_rss.unwrap_or(0))?;
     let gpu_peers = match plan.config.device {
         Device::Cuda => processes.gpu_peers()?,
         Device::Cpu => None,
     };
+    // Held to the end of the run: the CUDA libraries' host memory is the process's before the
+    // run, where the memory plan and the summary count it.
+    let _cuda = match plan.config.device {
+        Device::Cuda => {
+            let before = dp_mem::process_memory().map(|m| m.rss);
+            let runtime = processes
+                .agree(dp_model::CudaRuntime::load(processes.local_rank()).map_err(Error::from))?;
+            let after = dp_mem::process_memory().map(|m| m.rss);
+            if let (Some(baseline), Some(before), Some(after)) = (&mut baseline_rss, before, after)
+            {
+                *baseline += after.saturating_sub(before);
+            }
+            Some(runtime)
+        }
+        Device::Cpu => None,
+    };
+    let memory = memory_plan::describe(&plan, &planned, baseline_rss.unwrap_or(0))?;
     let plan = Arc::new(plan);
     let params = plan.spec.layout()?.len();
 

@@ -1,6 +1,8 @@
 //! One batch: contiguous inputs and labels in pooled buffers.
 
-use dp_mem::PoolBuf;
+use std::ops::{Deref, DerefMut};
+
+use dp_mem::{PinnedBackend, PoolBuf};
 use ndarray::{ArrayView1, ArrayViewD, IxDyn};
 
 use crate::error::{Error, Result};
@@ -13,7 +15,7 @@ use crate::error::{Error, Result};
 pub struct Batch {
     pub(crate) epoch: u64,
     pub(crate) index: u64,
-    pub(crate) x: PoolBuf<f32>,
+    pub(crate) x: Inputs,
     pub(crate) y: PoolBuf<i64>,
     /// A float label's values (regression); `None` for class labels.
     pub(crate) targets: Option<PoolBuf<f32>>,
@@ -23,6 +25,34 @@ pub struct Batch {
     pub(crate) replaced: usize,
     /// A sparse input, in place of `x` (which is then empty).
     pub(crate) sparse: Option<CsrBatch>,
+}
+
+/// A batch's dense inputs, in ordinary memory or in the page-locked memory a GPU copies from
+/// (see [`PipelineConfig::page_locked_for`](crate::PipelineConfig::page_locked_for)).
+#[derive(Debug)]
+pub(crate) enum Inputs {
+    Host(PoolBuf<f32>),
+    PageLocked(PoolBuf<f32, PinnedBackend>),
+}
+
+impl Deref for Inputs {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            Inputs::Host(x) => x,
+            Inputs::PageLocked(x) => x,
+        }
+    }
+}
+
+impl DerefMut for Inputs {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            Inputs::Host(x) => x,
+            Inputs::PageLocked(x) => x,
+        }
+    }
 }
 
 /// A batch's sparse input in CSR: row `r`'s non-zeros are at `indices[offsets[r]..offsets[r +
@@ -119,7 +149,8 @@ impl Batch {
             .unwrap_or_else(|_| unreachable!("the buffer is sized from the shape"))
     }
 
-    /// The inputs as one flat slice, row-major.
+    /// The inputs as one flat slice, row-major (in page-locked memory when the pipeline feeds
+    /// a GPU: see [`PipelineConfig::page_locked_for`](crate::PipelineConfig::page_locked_for)).
     pub fn x_flat(&self) -> &[f32] {
         &self.x
     }

@@ -89,6 +89,10 @@ pub struct PipelineConfig {
     /// How an image input (a [`Kind::Image`](crate::Kind::Image) feature) becomes `x`:
     /// needed for one, refused for any other input.
     pub image: Option<crate::ImageInput>,
+    /// The CUDA device the batches feed: their inputs are then made in page-locked host
+    /// memory, which the device copies from straight away (as PyTorch's `pin_memory`, without
+    /// its second copy). `None`: ordinary memory. Needs dp-mem's `cuda` feature and a GPU.
+    pub page_locked_for: Option<usize>,
 }
 
 impl Default for PipelineConfig {
@@ -112,6 +116,7 @@ impl Default for PipelineConfig {
             memory_budget: 512 << 20,
             on_corruption: CorruptionPolicy::Fail,
             image: None,
+            page_locked_for: None,
         }
     }
 }

@@ -38,8 +38,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use dp_mem::{Pool, Tracker};
+use dp_mem::{PinnedBackend, Pool, PoolConfig, Tracker};
 
+pub(crate) use batch::Inputs;
 pub use batch::{Batch, CsrBatch};
 pub use config::{CorruptionPolicy, PipelineConfig, PipelineState, TailPolicy};
 pub use stats::PipelineStats;
@@ -207,6 +208,14 @@ impl Pipeline {
             config: config.clone(),
             transforms,
             columns,
+            page_locked: match config.page_locked_for {
+                Some(device) => Some(Pool::with_backend(
+                    pool.tracker(),
+                    PinnedBackend::new(device)?,
+                    PoolConfig::default(),
+                )),
+                None => None,
+            },
             pool,
             blocks,
             stats: Mutex::new(PipelineStats::default()),

@@ -5,9 +5,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use dp_mem::{Pool, Reservation, Tag};
+use dp_mem::{PinnedBackend, Pool, Reservation, Tag};
 
-use super::batch::{Batch, CsrBatch};
+use super::batch::{Batch, CsrBatch, Inputs};
 use super::blocks::{BlockTable, Needed, WindowTag};
 use super::config::{CorruptionPolicy, PipelineConfig, TailPolicy};
 use super::permutation::hash;
@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) columns: Columns,
     pub(crate) sizes: Arc<BlockSizes>,
     pub(crate) pool: Pool,
+    /// Where batch inputs are made when they feed a GPU (accounted with `pool`'s).
+    pub(crate) page_locked: Option<Pool<PinnedBackend>>,
     pub(crate) blocks: BlockTable,
     pub(crate) stats: Mutex<PipelineStats>,
     pub(crate) batches_per_epoch: u64,
@@ -352,7 +354,11 @@ impl Producer {
     fn fill(&mut self, epoch: u64, index: u64) -> Result<Batch> {
         let shared = &*self.shared;
         let (b, columns, pool) = (self.slots.len(), &shared.columns, &shared.pool);
-        let mut x = pool.alloc::<f32>(b * columns.elements, Tag::Data)?;
+        let len = b * columns.elements;
+        let mut x = match &shared.page_locked {
+            Some(page_locked) => Inputs::PageLocked(page_locked.alloc::<f32>(len, Tag::Data)?),
+            None => Inputs::Host(pool.alloc::<f32>(len, Tag::Data)?),
+        };
         let mut y = pool.alloc::<i64>(b, Tag::Data)?;
         let mut targets = match columns.label_dtype.is_float() {
             true => Some(pool.alloc::<f32>(b, Tag::Data)?),

@@ -273,7 +273,7 @@ mod tests {
         Ok(Batch {
             epoch: 0,
             index,
-            x,
+            x: crate::pipeline::Inputs::Host(x),
             y,
             targets: None,
             ids,

@@ -11,7 +11,7 @@ use super::sampler::{SequenceConfig, SequenceSampler, SequenceState};
 use super::{TokenDataset, TokenInfo};
 use crate::dataset::ReadOptions;
 use crate::error::Result;
-use crate::pipeline::{Batch, PipelineConfig, PipelineState, PipelineStats};
+use crate::pipeline::{Batch, Inputs, PipelineConfig, PipelineState, PipelineStats};
 
 /// Batches of windows of a token dataset for one rank, epoch after epoch: each batch's
 /// inputs are `[batch, context]` token ids (as `f32`, exact below 2^24) and its labels the
@@ -118,7 +118,7 @@ impl TokenPipeline {
         Ok(Batch {
             epoch: made.epoch,
             index: made.index,
-            x,
+            x: Inputs::Host(x),
             y,
             targets: None,
             ids,

@@ -194,7 +194,10 @@ impl<C: Communicator> Replica<C> {
         }
         // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
         // (shared parameters were initialized or restored once for all, before the replicas).
-        let train_config = pipeline_config(&plan, rank, world, true);
+        let mut train_config = pipeline_config(&plan, rank, world, true);
+        // Batches for a GPU are made where it copies them from without staging.
+        train_config.page_locked_for = (config.device == Device::Cuda)
+            .then(|| gpu_peers.as_ref().map_or(0, |peers| peers.device));
         let scaling = || -> Vec<Box<dyn Transform>> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
