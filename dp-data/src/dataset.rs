@@ -227,7 +227,7 @@ impl Dataset {
         if self.remote.is_none() {
             return Ok(0);
         }
-        let reach = crate::remote::ahead_bytes() / 2;
+        let reach = crate::remote::fetch_ahead_limit() / 2;
         let (mut planned, mut covered) = (0, 0);
         for mut blocks in windows {
             let bytes: u64 = blocks

@@ -112,8 +112,8 @@ pub use pipeline::{
 #[cfg(feature = "bench")]
 pub use remote::{LocalS3, object_read_rate};
 pub use remote::{
-    ObjectOptions, ObjectStats, UploadSummary, is_object_url, object_stats, set_object_options,
-    upload_dataset, upload_file,
+    ObjectOptions, ObjectStats, UploadSummary, fetch_ahead_limit, fetched_ahead_memory,
+    is_object_url, object_stats, set_object_options, upload_dataset, upload_file,
 };
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use text::{

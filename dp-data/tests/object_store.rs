@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dp_data::{
-    Dataset, ObjectOptions, Pipeline, PipelineConfig, object_stats, set_object_options,
-    upload_dataset,
+    Dataset, ObjectOptions, Pipeline, PipelineConfig, fetch_ahead_limit, fetched_ahead_memory,
+    object_stats, set_object_options, upload_dataset,
 };
 
 /// Batches of a whole epoch: (record ids, inputs, labels) each.
@@ -116,6 +116,9 @@ fn datasets_in_object_storage_read_as_on_disk_within_the_cache_limit() {
     assert!(peak <= limit && peak > 0, "cache peak {peak} bytes, limit {limit}");
     let after = object_stats();
     assert!(after.evicted > read.evicted && after.fetched_ahead > read.fetched_ahead, "{after:?}");
+    // What was fetched ahead was accounted, within the limit on it.
+    let fetched = fetched_ahead_memory().snapshot().tag(dp_mem::Tag::Data);
+    assert!(fetched.peak > 0 && fetched.peak <= fetch_ahead_limit(), "{fetched:?}");
 
     // Another process's view of the same cache: what is there is checked, and a damaged
     // block is fetched again rather than used.

@@ -183,6 +183,10 @@ pub fn train(
     let memory = memory_plan::describe(&plan, &planned, baseline_rss.unwrap_or(0))?;
     let plan = Arc::new(plan);
     let params = plan.spec.layout()?.len();
+    if memory_plan::reads_object_storage(&plan) {
+        // This run's peak, not an earlier one's in the same process.
+        dp_data::fetched_ahead_memory().reset_peak();
+    }
 
     let comms = communicators(&plan, options.mpi.as_ref(), params)?;
     let shared = shared_params(&plan);
@@ -707,6 +711,15 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
     })
 }
 
+/// The most bytes of object storage blocks held fetched ahead during the run (the process's,
+/// which no replica accounts): 0 for a run on local data.
+fn fetched_ahead_peak(plan: &RunPlan) -> u64 {
+    match memory_plan::reads_object_storage(plan) {
+        true => dp_data::fetched_ahead_memory().snapshot().tag(dp_mem::Tag::Data).peak,
+        false => 0,
+    }
+}
+
 fn summarize(
     plan: &RunPlan,
     run_dir: &Path,
@@ -736,7 +749,8 @@ fn summarize(
         theoretical_min,
         memory_ratio: peak_total as f64 / theoretical_min as f64,
         opt_state_per_replica: r0.opt_state,
-        process_accounted: reports.iter().map(|r| r.peak.total()).sum(),
+        process_accounted: reports.iter().map(|r| r.peak.total()).sum::<u64>()
+            + fetched_ahead_peak(plan),
         device_memory: r0
             .device_peak
             .map(|peak| peak.iter().map(|(t, &b)| (t.name().to_string(), b)).collect()),

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
+use dp_mem::{Reservation, Tag, Tracker};
 
 use super::cache::BlockCache;
 use super::object::RemoteObject;
@@ -31,10 +32,14 @@ pub(crate) struct RemoteBlocks {
     cache: Option<Arc<BlockCache>>,
 }
 
-/// A block fetched ahead, or being fetched.
+/// A block fetched ahead, or being fetched, with its bytes accounted in
+/// [`fetched_ahead_memory`] until a reader takes them or they are dropped for room.
 enum Slot {
-    Fetching,
-    Landed(Bytes),
+    Fetching(Reservation),
+    Landed {
+        bytes: Bytes,
+        _accounted: Reservation,
+    },
     /// The fetch failed: the reader fetches again itself, and reports what it meets.
     Failed,
 }
@@ -72,9 +77,17 @@ fn fetcher() -> &'static Fetcher {
     })
 }
 
-/// The most bytes of blocks fetched ahead held in memory.
-pub(crate) fn ahead_bytes() -> u64 {
+/// The most bytes of blocks fetched ahead held in memory: the process's, for all its remote
+/// datasets (`ObjectOptions::ahead_bytes` in force at the first fetch).
+pub fn fetch_ahead_limit() -> u64 {
     fetcher().limit
+}
+
+/// Accounts the blocks fetched ahead and not yet read, in the process (tag `Data`): what a
+/// run adds to its own accounting, since no pipeline's pool holds them.
+pub fn fetched_ahead_memory() -> &'static Tracker {
+    static TRACKER: OnceLock<Tracker> = OnceLock::new();
+    TRACKER.get_or_init(Tracker::new)
 }
 
 impl Fetcher {
@@ -89,12 +102,12 @@ impl Fetcher {
         loop {
             match ahead.slots.get(key) {
                 None => return None,
-                Some(Slot::Fetching) => {
+                Some(Slot::Fetching(_)) => {
                     ahead = self.changed.wait(ahead).unwrap_or_else(PoisonError::into_inner);
                 }
-                Some(Slot::Landed(_) | Slot::Failed) => {
+                Some(Slot::Landed { .. } | Slot::Failed) => {
                     return match ahead.slots.remove(key) {
-                        Some(Slot::Landed(bytes)) => {
+                        Some(Slot::Landed { bytes, .. }) => {
                             ahead.held -= bytes.len() as u64;
                             Some(bytes)
                         }
@@ -110,7 +123,7 @@ impl Fetcher {
     fn room(&self, ahead: &mut Ahead, bytes: u64) -> bool {
         while ahead.held + bytes > self.limit {
             let Some(key) = ahead.landed.pop_front() else { return false };
-            if let Some(Slot::Landed(old)) = ahead.slots.get(&key) {
+            if let Some(Slot::Landed { bytes: old, .. }) = ahead.slots.get(&key) {
                 ahead.held -= old.len() as u64;
                 ahead.slots.remove(&key);
             }
@@ -223,8 +236,9 @@ impl RemoteBlocks {
                 if !fetcher.room(&mut ahead, entry.compressed) {
                     break;
                 }
+                let accounted = fetched_ahead_memory().reserve(Tag::Data, entry.compressed)?;
                 ahead.held += entry.compressed;
-                ahead.slots.insert(key, Slot::Fetching);
+                ahead.slots.insert(key, Slot::Fetching(accounted));
                 let joins = runs.last().and_then(|run| run.last()).is_some_and(|(i, last)| {
                     *i + 1 == index
                         && last.offset + BLOCK_HEADER_LEN + last.compressed == entry.offset
@@ -263,11 +277,16 @@ impl RemoteBlocks {
                 let mut ahead = fetcher.lock();
                 for (index, size, bytes) in landed {
                     let key = (Arc::clone(&shard.key), index);
+                    let Some(Slot::Fetching(accounted)) = ahead.slots.remove(&key) else {
+                        unreachable!("only this fetch lands a fetching slot");
+                    };
                     ahead.held -= size;
                     match bytes {
+                        // The payload is the block's compressed bytes, as accounted.
                         Some(bytes) => {
                             ahead.held += bytes.len() as u64;
-                            ahead.slots.insert(key.clone(), Slot::Landed(bytes));
+                            let landed = Slot::Landed { bytes, _accounted: accounted };
+                            ahead.slots.insert(key.clone(), landed);
                             ahead.landed.push_back(key);
                         }
                         None => {

@@ -26,7 +26,8 @@ mod server;
 mod stats;
 mod upload;
 
-pub(crate) use fetch::{RemoteBlocks, ahead_bytes, open_cache};
+pub(crate) use fetch::{RemoteBlocks, open_cache};
+pub use fetch::{fetch_ahead_limit, fetched_ahead_memory};
 pub(crate) use object::RemoteDir;
 pub use options::{ObjectOptions, set_object_options};
 #[cfg(feature = "bench")]

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::plan::RunPlan;
 use choice::Settings;
 pub use largest::largest_model;
-pub(crate) use predict::{DataNeeds, predict};
+pub(crate) use predict::{DataNeeds, predict, reads_object_storage};
 
 /// A run's memory, predicted before it starts: by tag, per replica and for the process, and
 /// the settings turned on to fit a budget.

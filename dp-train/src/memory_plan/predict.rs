@@ -77,6 +77,12 @@ fn optimizer_state_bytes(optimizer: &OptimizerConfig, len: usize, bits: StatePre
     }
 }
 
+/// Whether the run reads a dataset in object storage.
+pub(crate) fn reads_object_storage(plan: &RunPlan) -> bool {
+    let config = &plan.config;
+    std::iter::once(&config.train_data).chain(&config.eval_data).any(|d| dp_data::is_object_url(d))
+}
+
 /// Predicts `plan`'s memory in a process that holds `baseline` bytes before it starts.
 pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Result<Prediction> {
     let config = &plan.config;
@@ -129,6 +135,10 @@ pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Re
         for (tag, bytes) in replica(local).iter() {
             process[tag] += *bytes;
         }
+    }
+    // Blocks of object storage fetched ahead, held once per process for all its pipelines.
+    if reads_object_storage(plan) {
+        process[Tag::Data] += dp_data::fetch_ahead_limit();
     }
     let peak = baseline + rounded(process.total()) + replicas as u64 * PER_REPLICA_UNACCOUNTED;
     Ok(Prediction { replica: first, process, baseline, peak })
