@@ -49,8 +49,23 @@ struct Ahead {
     slots: HashMap<(Arc<str>, usize), Slot>,
     /// Bytes in `Fetching` and `Landed` slots.
     held: u64,
-    /// Landed blocks, oldest first (some may have been taken since).
+    /// Landed and failed blocks, oldest first (some may have been taken since).
     landed: VecDeque<(Arc<str>, usize)>,
+}
+
+impl Ahead {
+    /// Puts `slot` (landed or failed) under `key`, the newest to be dropped for room.
+    fn land(&mut self, key: (Arc<str>, usize), slot: Slot) {
+        self.slots.insert(key.clone(), slot);
+        self.landed.push_back(key);
+        // Forgets the blocks taken since they landed once they are most of the queue: it
+        // would otherwise grow by a key per block read while memory never runs short.
+        if self.landed.len() > 2 * self.slots.len() + 64 {
+            let slots = &self.slots;
+            self.landed
+                .retain(|k| matches!(slots.get(k), Some(Slot::Landed { .. } | Slot::Failed)));
+        }
+    }
 }
 
 /// The blocks fetched ahead, for every remote dataset of the process.
@@ -123,9 +138,16 @@ impl Fetcher {
     fn room(&self, ahead: &mut Ahead, bytes: u64) -> bool {
         while ahead.held + bytes > self.limit {
             let Some(key) = ahead.landed.pop_front() else { return false };
-            if let Some(Slot::Landed { bytes: old, .. }) = ahead.slots.get(&key) {
-                ahead.held -= old.len() as u64;
-                ahead.slots.remove(&key);
+            match ahead.slots.get(&key) {
+                Some(Slot::Landed { bytes: old, .. }) => {
+                    ahead.held -= old.len() as u64;
+                    ahead.slots.remove(&key);
+                }
+                // A failure nobody came to read: its reader has moved on.
+                Some(Slot::Failed) => {
+                    ahead.slots.remove(&key);
+                }
+                _ => {}
             }
         }
         true
@@ -285,13 +307,9 @@ impl RemoteBlocks {
                         // The payload is the block's compressed bytes, as accounted.
                         Some(bytes) => {
                             ahead.held += bytes.len() as u64;
-                            let landed = Slot::Landed { bytes, _accounted: accounted };
-                            ahead.slots.insert(key.clone(), landed);
-                            ahead.landed.push_back(key);
+                            ahead.land(key, Slot::Landed { bytes, _accounted: accounted });
                         }
-                        None => {
-                            ahead.slots.insert(key, Slot::Failed);
-                        }
+                        None => ahead.land(key, Slot::Failed),
                     }
                 }
                 drop(ahead);
@@ -299,5 +317,29 @@ impl RemoteBlocks {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_of_landed_blocks_forgets_those_taken() {
+        let mut ahead = Ahead::default();
+        let shard: Arc<str> = "shard".into();
+        for index in 0..10_000 {
+            let key = (Arc::clone(&shard), index);
+            ahead.land(key.clone(), Slot::Failed);
+            // Every other block is read: its slot goes, its key stays queued for a while.
+            if index % 2 == 0 {
+                ahead.slots.remove(&key);
+            }
+            assert!(ahead.landed.len() <= 2 * ahead.slots.len() + 65, "{}", ahead.landed.len());
+        }
+        // The blocks not read are all still there, oldest first.
+        let queued: Vec<usize> =
+            ahead.landed.iter().map(|(_, i)| *i).filter(|i| i % 2 == 1).collect();
+        assert_eq!(queued, (1..10_000).step_by(2).collect::<Vec<_>>());
     }
 }
