@@ -107,10 +107,10 @@ pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
 };
-/// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks, and
-/// the rate a server serves a dataset at.
+/// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks, the
+/// rate a server serves a dataset at, and what a block cache takes on disk.
 #[cfg(feature = "bench")]
-pub use remote::{LocalS3, object_read_rate};
+pub use remote::{CacheSampler, LocalS3, cache_disk_use, object_read_rate};
 pub use remote::{
     ObjectOptions, ObjectStats, UploadSummary, fetch_ahead_limit, fetched_ahead_memory,
     is_object_url, object_stats, set_object_options, upload_dataset, upload_file,

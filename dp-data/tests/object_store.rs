@@ -7,13 +7,10 @@
 mod s3;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use dp_data::{
-    Dataset, ObjectOptions, Pipeline, PipelineConfig, fetch_ahead_limit, fetched_ahead_memory,
-    object_stats, set_object_options, upload_dataset,
+    CacheSampler, Dataset, ObjectOptions, Pipeline, PipelineConfig, fetch_ahead_limit,
+    fetched_ahead_memory, object_stats, set_object_options, upload_dataset,
 };
 
 /// Batches of a whole epoch: (record ids, inputs, labels) each.
@@ -43,18 +40,6 @@ fn epochs(location: &Path, n: u64) -> Vec<Epoch> {
                 .collect()
         })
         .collect()
-}
-
-/// Bytes the cache's files take, in whole pages, each file once: a listing taken while a
-/// temporary file is renamed into place may name it twice.
-fn cache_use(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(list) = std::fs::read_dir(dir.join("blocks")) else { return 0 };
-    let files: std::collections::HashMap<u64, u64> = list
-        .filter_map(|e| e.ok()?.metadata().ok())
-        .map(|m| (m.ino(), m.len().div_ceil(4096) * 4096))
-        .collect();
-    files.values().sum()
 }
 
 #[test]
@@ -97,21 +82,9 @@ fn datasets_in_object_storage_read_as_on_disk_within_the_cache_limit() {
     options.cache_dir = small.path().to_path_buf();
     options.cache_limit = limit;
     set_object_options(options);
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (stop, dir) = (Arc::clone(&stop), small.path().to_path_buf());
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !stop.load(Ordering::Relaxed) {
-                peak = peak.max(cache_use(&dir));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            peak.max(cache_use(&dir))
-        })
-    };
+    let sampler = CacheSampler::start(small.path());
     let three = epochs(Path::new(&url), 3);
-    stop.store(true, Ordering::Relaxed);
-    let peak = sampler.join().unwrap();
+    let peak = sampler.peak();
     assert_eq!(three[..2], local_epochs[..]);
     assert!(peak <= limit && peak > 0, "cache peak {peak} bytes, limit {limit}");
     let after = object_stats();

@@ -6,9 +6,7 @@
 //! of the dataset.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use dp_data::{LocalS3, ObjectOptions, Pipeline, PipelineConfig, SyntheticDigits, WriterOptions};
@@ -89,25 +87,13 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     // A quarter of the dataset, three epochs: the cache's files sampled every 100 ms.
     let limit = uploaded.bytes / 4;
     let cached = cache("quarter", limit)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (stop, blocks) = (Arc::clone(&stop), cached.join("blocks"));
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !stop.load(Ordering::Relaxed) {
-                peak = peak.max(disk_use(&blocks));
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            peak.max(disk_use(&blocks))
-        })
-    };
+    let sampler = dp_data::CacheSampler::start(&cached);
     let before = dp_data::object_stats();
     let mut reader = Pipeline::new(&remote, pipeline_config(workers), vec![])?;
     for _ in 0..3 * reader.batches_per_epoch() {
         reader.next_batch()?;
     }
-    stop.store(true, Ordering::Relaxed);
-    let peak = sampler.join().map_err(|_| anyhow::anyhow!("the sampler panicked"))?;
+    let peak = sampler.peak();
     let after = dp_data::object_stats();
     println!(
         "  cache limit {} (25% of the dataset), 3 epochs: peak disk use {} = {:.3} of the limit ({}); {} blocks evicted, {} fetched ahead, {} requests, {} retried",
@@ -157,18 +143,6 @@ fn train_rate(data: &Path, out: &Path) -> Result<f64> {
         ..TrainConfig::default()
     };
     Ok(dp_train::train(config, &RunOptions::new(out), &mut ())?.samples_per_s)
-}
-
-/// Bytes the cache's files take, in whole 4 KiB pages, each file once: a listing taken while
-/// a temporary file is renamed into place may name it twice.
-fn disk_use(blocks: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(list) = std::fs::read_dir(blocks) else { return 0 };
-    let files: std::collections::HashMap<u64, u64> = list
-        .filter_map(|e| e.ok()?.metadata().ok())
-        .map(|m| (m.ino(), m.len().div_ceil(4096) * 4096))
-        .collect();
-    files.values().sum()
 }
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {

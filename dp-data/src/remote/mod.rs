@@ -17,6 +17,8 @@
 //! object is an error naming it at once.
 
 mod cache;
+#[cfg(feature = "bench")]
+mod cache_use;
 mod fetch;
 mod object;
 mod options;
@@ -26,6 +28,8 @@ mod server;
 mod stats;
 mod upload;
 
+#[cfg(feature = "bench")]
+pub use cache_use::{CacheSampler, cache_disk_use};
 pub(crate) use fetch::{RemoteBlocks, open_cache};
 pub use fetch::{fetch_ahead_limit, fetched_ahead_memory};
 pub(crate) use object::RemoteDir;
