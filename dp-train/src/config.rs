@@ -79,7 +79,8 @@ pub struct TrainConfig {
     /// `lr`).
     pub schedule: Option<Schedule>,
     /// Peak learning rate of the default schedule (default: for SGD 0.1 per 256 samples of
-    /// global batch, the linear scaling rule of Goyal et al.; 0.001 for Adam; [`SPARSE_LR`]
+    /// global batch, the linear scaling rule of Goyal et al., and half that for a
+    /// convolutional network without batch norm, such as LeNet; 0.001 for Adam; [`SPARSE_LR`]
     /// for the optimizer a sparse input's run chooses when none is given).
     pub lr: Option<f64>,
     /// Seed of the initial parameters, the data order, augmentation and dropout.

@@ -2,8 +2,10 @@
 //! default job's MLP and LeNet trained with the same seed and steps, once with the activations
 //! kept for backward in f32 and once in bf16 (`activations = "bf16"`). Figures: the model's
 //! activation bytes (`ModelMemory::saved_activations`, predicted by `Model::memory_for`,
-//! which equals what the built model reports), the final held-out accuracy, the training-loss
-//! curves' largest relative difference, and the median step time.
+//! which equals what the built model reports), the final held-out accuracy (the mean over
+//! [`SEEDS`] seeds, beside f32's own spread over them: one seed's difference is mostly where
+//! two trajectories happen to end), the training-loss curves' largest relative difference
+//! (seed 0), and the median step time.
 
 use std::path::Path;
 
@@ -15,6 +17,8 @@ use dp_train::{Observer, RunOptions, StepMetrics, TrainConfig};
 /// batch of 256), short enough for minutes on a shared 2-core machine.
 const STEPS: u64 = 300;
 const BATCH: usize = 256;
+/// Seeds each precision trains with.
+const SEEDS: u64 = 3;
 
 /// The targets: activation bytes at most this share of f32's, accuracy within this many
 /// points, the loss curves within this relative difference at every step.
@@ -48,7 +52,7 @@ fn median(values: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn train(root: &Path, out: &Path, model: &str, saved: SavedPrecision) -> Result<Run> {
+fn train(root: &Path, out: &Path, model: &str, saved: SavedPrecision, seed: u64) -> Result<Run> {
     let config = TrainConfig {
         train_data: root.join("data/digits/train"),
         eval_data: Some(root.join("data/digits/eval")),
@@ -57,7 +61,8 @@ fn train(root: &Path, out: &Path, model: &str, saved: SavedPrecision) -> Result<
         global_batch: BATCH,
         steps: Some(STEPS),
         activations: saved,
-        name: Some(format!("{model}-{}", saved.name())),
+        seed,
+        name: Some(format!("{model}-{}-{seed}", saved.name())),
         ..TrainConfig::default()
     };
     let mut curve = Curve::default();
@@ -81,13 +86,23 @@ pub(crate) fn run(root: &Path, verdict: impl Fn(bool) -> &'static str) -> Result
 
 fn measure(root: &Path, out: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
     println!(
-        "\nbf16 saved activations: f32 vs bf16 storage, 1 replica, batch {BATCH}, {STEPS} steps, seed 0, the digits"
+        "\nbf16 saved activations: f32 vs bf16 storage, 1 replica, batch {BATCH}, {STEPS} steps, seeds 0..{SEEDS}, the digits"
     );
     for model in ["mlp", "lenet"] {
-        let f32 = train(root, out, model, SavedPrecision::F32)?;
-        let bf16 = train(root, out, model, SavedPrecision::Bf16)?;
+        let (mut f32s, mut bf16s) = (Vec::new(), Vec::new());
+        for seed in 0..SEEDS {
+            f32s.push(train(root, out, model, SavedPrecision::F32, seed)?);
+            bf16s.push(train(root, out, model, SavedPrecision::Bf16, seed)?);
+        }
+        let mean = |runs: &[Run]| runs.iter().map(|r| r.accuracy).sum::<f64>() / runs.len() as f64;
+        let spread = |runs: &[Run]| {
+            let accuracies = runs.iter().map(|r| r.accuracy);
+            accuracies.clone().fold(f64::MIN, f64::max) - accuracies.fold(f64::MAX, f64::min)
+        };
+        let (f32_accuracy, bf16_accuracy) = (mean(&f32s), mean(&bf16s));
+        let (f32, bf16) = (&f32s[0], &bf16s[0]);
         let bytes = bf16.activation_bytes as f64 / f32.activation_bytes as f64;
-        let points = (bf16.accuracy - f32.accuracy) * 100.0;
+        let points = (bf16_accuracy - f32_accuracy) * 100.0;
         let loss = f32
             .curve
             .losses
@@ -113,10 +128,12 @@ fn measure(root: &Path, out: &Path, verdict: impl Fn(bool) -> &'static str) -> R
             verdict(bytes <= BYTES_TARGET)
         );
         println!(
-            "{model}: held-out accuracy {:.2}% -> {:.2}%, {points:+.2} points  within {ACCURACY_POINTS} {}",
-            f32.accuracy * 100.0,
-            bf16.accuracy * 100.0,
-            verdict(points.abs() <= ACCURACY_POINTS)
+            "{model}: held-out accuracy, mean of {SEEDS} seeds, {:.2}% -> {:.2}%, {points:+.2} points  within {ACCURACY_POINTS} {} (f32's own spread over the seeds {:.2} points, bf16's {:.2})",
+            f32_accuracy * 100.0,
+            bf16_accuracy * 100.0,
+            verdict(points.abs() <= ACCURACY_POINTS),
+            spread(&f32s) * 100.0,
+            spread(&bf16s) * 100.0,
         );
         println!(
             "{model}: training loss curves' largest relative difference {:.3}% over {} steps  within {:.0}% {}",

