@@ -164,22 +164,8 @@ pub fn train(
         Device::Cuda => processes.gpu_peers()?,
         Device::Cpu => None,
     };
-    // Held to the end of the run: the CUDA libraries' host memory is the process's before the
-    // run, where the memory plan and the summary count it.
-    let _cuda = match plan.config.device {
-        Device::Cuda => {
-            let before = dp_mem::process_memory().map(|m| m.rss);
-            let runtime = processes
-                .agree(dp_model::CudaRuntime::load(processes.local_rank()).map_err(Error::from))?;
-            let after = dp_mem::process_memory().map(|m| m.rss);
-            if let (Some(baseline), Some(before), Some(after)) = (&mut baseline_rss, before, after)
-            {
-                *baseline += after.saturating_sub(before);
-            }
-            Some(runtime)
-        }
-        Device::Cpu => None,
-    };
+    // Held to the end of the run.
+    let _cuda = cuda_runtime(&plan, &mut processes, &mut baseline_rss)?;
     let memory = memory_plan::describe(&plan, &planned, baseline_rss.unwrap_or(0))?;
     let plan = Arc::new(plan);
     let params = plan.spec.layout()?.len();
@@ -709,6 +695,27 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
         | Error::Config { .. }) => e,
         e => Error::Replica { rank, what: e.to_string() },
     })
+}
+
+/// On a GPU, the CUDA libraries loaded for the run (on every process, or an error on all),
+/// with the host memory they take added to `baseline`: it is the process's before the run,
+/// where the memory plan and the summary count it.
+fn cuda_runtime(
+    plan: &RunPlan,
+    processes: &mut Processes,
+    baseline: &mut Option<u64>,
+) -> Result<Option<dp_model::CudaRuntime>> {
+    if plan.config.device != Device::Cuda {
+        return Ok(None);
+    }
+    let before = dp_mem::process_memory().map(|m| m.rss);
+    let loaded = dp_model::CudaRuntime::load(processes.local_rank()).map_err(Error::from);
+    let runtime = processes.agree(loaded)?;
+    let after = dp_mem::process_memory().map(|m| m.rss);
+    if let (Some(baseline), Some(before), Some(after)) = (baseline, before, after) {
+        *baseline += after.saturating_sub(before);
+    }
+    Ok(Some(runtime))
 }
 
 /// The most bytes of object storage blocks held fetched ahead during the run (the process's,
