@@ -7,9 +7,7 @@
 mod support;
 
 use dp_mem::{Pool, Tracker, process_memory};
-use dp_model::{
-    CudaModel, CudaRuntime, Error, Model, ModelOptions, ModelSpec, StepOptions, Targets,
-};
+use dp_model::{CudaModel, CudaRuntime, Model, ModelOptions, ModelSpec, StepOptions, Targets};
 use support::Rng;
 
 const MIB: u64 = 1 << 20;
@@ -22,14 +20,8 @@ fn rss() -> u64 {
 fn after_the_runtime_a_model_and_its_steps_add_what_they_account() {
     let before = rss();
     // Held to the end: the memory it brought in stays counted.
-    let _runtime = match CudaRuntime::load(0) {
-        Ok(runtime) => runtime,
-        Err(error @ (Error::CudaNotCompiled | Error::CudaUnavailable { .. })) => {
-            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
-            eprintln!("skipping CUDA host memory test: {error}");
-            return;
-        }
-        Err(other) => panic!("{other}"),
+    let Some(_runtime) = support::on_gpu("the CUDA host memory test", CudaRuntime::load(0)) else {
+        return;
     };
     let loaded = rss();
 

@@ -33,15 +33,9 @@ fn spec() -> ModelSpec {
 /// buffers under `pool`'s), or `None` (after printing why) without a GPU.
 fn models(tracker: &Tracker, pool: &Pool) -> Option<(Model<f32>, CudaModel)> {
     let cpu = Model::<f32>::new(&spec(), pool, ModelOptions::new(64, 3)).unwrap();
-    match CudaModel::from_model(&cpu, 0, tracker, pool.tracker()) {
-        Ok(gpu) => Some((cpu, gpu)),
-        Err(error @ (Error::CudaNotCompiled | Error::CudaUnavailable { .. })) => {
-            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
-            eprintln!("skipping GPU model test: {error}");
-            None
-        }
-        Err(other) => panic!("{other}"),
-    }
+    let gpu =
+        support::on_gpu("GPU model test", CudaModel::from_model(&cpu, 0, tracker, pool.tracker()))?;
+    Some((cpu, gpu))
 }
 
 fn max_relative_difference(a: &[f32], b: &[f32]) -> f64 {
@@ -191,15 +185,8 @@ fn a_batch_from_page_locked_memory_and_one_staged_in_pieces_step_alike() {
     // 512 rows of 784 values: more than one 1 MiB piece of the staging buffer.
     let (tracker, pool) = (Tracker::new(), Pool::new(&Tracker::new()));
     let cpu = Model::<f32>::new(&spec(), &pool, ModelOptions::new(512, 3)).unwrap();
-    let mut gpu = match CudaModel::from_model(&cpu, 0, &tracker, pool.tracker()) {
-        Ok(gpu) => gpu,
-        Err(error @ (Error::CudaNotCompiled | Error::CudaUnavailable { .. })) => {
-            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
-            eprintln!("skipping GPU model test: {error}");
-            return;
-        }
-        Err(other) => panic!("{other}"),
-    };
+    let gpu = CudaModel::from_model(&cpu, 0, &tracker, pool.tracker());
+    let Some(mut gpu) = support::on_gpu("GPU model test", gpu) else { return };
     let mut cpu = cpu;
     let mut rng = Rng::new(5);
     let x = rng.array::<f32>(512, 784);

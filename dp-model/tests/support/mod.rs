@@ -51,3 +51,19 @@ pub fn blobs(
     });
     (x, labels)
 }
+
+/// `result`'s value, or `None` (after saying why `test` skips) when CUDA is not compiled in or
+/// no GPU is there; with `DP_REQUIRE_GPU` set (as `scripts/gpu-check.sh` sets it), a panic.
+pub fn on_gpu<T>(test: &str, result: dp_model::Result<T>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(
+            error @ (dp_model::Error::CudaNotCompiled | dp_model::Error::CudaUnavailable { .. }),
+        ) => {
+            assert!(std::env::var_os("DP_REQUIRE_GPU").is_none(), "a GPU was required: {error}");
+            eprintln!("skipping {test}: {error}");
+            None
+        }
+        Err(other) => panic!("{other}"),
+    }
+}
