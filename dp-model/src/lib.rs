@@ -92,7 +92,7 @@ pub use ops::sparse::SparseInput;
 pub use optim::{
     Adam, AdamConfig, Optimizer, OptimizerState, OptimizerStateMut, QuantizedState,
     QuantizedStateMut, STATE_BLOCK, Schedule, Sgd, SgdConfig, StatePrecision, clip_grad_norm,
-    grad_norm,
+    grad_norm, state_kernels,
 };
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;

@@ -32,7 +32,8 @@ pub(crate) fn run(root: &Path, verdict: impl Fn(bool) -> &'static str) -> Result
 
 fn measure(root: &Path, out: &Path, verdict: &impl Fn(bool) -> &'static str) -> Result<()> {
     println!(
-        "\n8-bit optimizer state: Adam (lr 1e-3) with f32 vs blockwise 8-bit state, 1 replica, global batch 256, same seed; medians of {ROUNDS} alternating runs"
+        "\n8-bit optimizer state: Adam (lr 1e-3) with f32 vs blockwise 8-bit state ({} kernels), 1 replica, global batch 256, same seed; medians of {ROUNDS} alternating runs",
+        dp_model::state_kernels()
     );
     println!(
         "{:<26} {:>14} {:>14} {:>8} {:>10} {:>10} {:>10}",

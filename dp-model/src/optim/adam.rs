@@ -4,6 +4,7 @@ use dp_mem::{Pool, PoolBuf, Tag};
 
 use std::ops::Range;
 
+use super::codebook;
 use super::quantized::{self, QuantizedBuf, STATE_BLOCK, StatePrecision};
 use super::{Optimizer, check_piece, check_range, decay_runs};
 use crate::error::Result;
@@ -262,6 +263,39 @@ fn step_f32<T: Float>(
 fn step_int8<T: Float>(
     s: &AdamUpdate,
     decayed: Option<&[Range<usize>]>,
+    moments: (&mut QuantizedBuf, &mut QuantizedBuf),
+    params: &mut [T],
+    grads: &[T],
+    offset: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::quantized_avx2::available() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { step_int8_avx2(s, decayed, moments, params, grads, offset) };
+    }
+    step_int8_blocks(s, decayed, moments, params, grads, offset)
+}
+
+/// [`step_int8_blocks`] compiled for AVX2: its update runs eight lanes wide instead of four
+/// (the same operations, so the same results), which with the AVX2 quantisation halves what
+/// 8-bit state adds to a step.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn step_int8_avx2<T: Float>(
+    s: &AdamUpdate,
+    decayed: Option<&[Range<usize>]>,
+    moments: (&mut QuantizedBuf, &mut QuantizedBuf),
+    params: &mut [T],
+    grads: &[T],
+    offset: usize,
+) {
+    step_int8_blocks(s, decayed, moments, params, grads, offset)
+}
+
+#[inline(always)]
+fn step_int8_blocks<T: Float>(
+    s: &AdamUpdate,
+    decayed: Option<&[Range<usize>]>,
     (m, v): (&mut QuantizedBuf, &mut QuantizedBuf),
     params: &mut [T],
     grads: &[T],
@@ -270,7 +304,7 @@ fn step_int8<T: Float>(
     let (step_size, sqrt_c2) = (T::of(s.step_size), T::of(s.sqrt_c2));
     let (b1, b2, eps) = (T::of(s.beta1), T::of(s.beta2), T::of(s.eps));
     let (one_b1, one_b2) = (T::one() - b1, T::one() - b2);
-    let (signed, unsigned) = (&*quantized::SIGNED, &*quantized::UNSIGNED);
+    let (signed, unsigned) = (&*codebook::SIGNED, &*codebook::UNSIGNED);
     let (mut m_block, mut v_block) = ([0f32; STATE_BLOCK], [0f32; STATE_BLOCK]);
     for (i, (params, grads)) in
         params.chunks_mut(STATE_BLOCK).zip(grads.chunks(STATE_BLOCK)).enumerate()

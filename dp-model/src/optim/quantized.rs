@@ -1,23 +1,18 @@
 //! 8-bit optimizer state, blockwise quantised as in "8-bit Optimizers via Block-wise
 //! Quantization" (Dettmers et al. 2022): each block of [`STATE_BLOCK`] values keeps one `f32`
-//! scale (its largest magnitude) and one byte per value, the index of the nearest entry of a
-//! 256-entry *dynamic* codebook applied to `value / scale`.
-//!
-//! The dynamic codebook spends its codes on a logarithmic-like grid (a decimal exponent, then
-//! a linear fraction, finer in the higher decades), so values from about 1e-6 of the block's
-//! largest up to it stay non-zero (within 4% in the top decade, 8% in the next, coarser
-//! below); a linear code would round most of Adam's second moment,
-//! which spans many orders of magnitude within a block, to zero. The first moment and SGD's
-//! velocity take the signed codebook, Adam's second moment (never negative) the unsigned one,
-//! which spends the sign bit on a finer fraction.
+//! scale (its largest magnitude) and one byte per value, the code of `value / scale` in a
+//! 256-entry dynamic codebook ([`super::codebook`]).
 //!
 //! Blocks are independent and counted from the optimizer's range start, so an update of
 //! whole blocks is the same whether a step covers them at once or piece by piece.
 
-use std::sync::LazyLock;
-
 use dp_mem::{Pool, PoolBuf, Tag};
 
+use super::codebook::Codebook;
+#[cfg(target_arch = "x86_64")]
+use super::quantized_avx2;
+#[cfg(target_arch = "x86_64")]
+use super::quantized_avx512;
 use super::{QuantizedState, QuantizedStateMut};
 use crate::error::{Error, Result};
 
@@ -62,112 +57,6 @@ impl StatePrecision {
     }
 }
 
-/// A sorted 256-entry codebook over `[-1, 1]` (or `[0, 1]`), the midpoints between its
-/// neighbouring entries, and a table that makes the nearest-code search one load and one
-/// compare.
-#[derive(Debug)]
-pub(crate) struct Codebook {
-    values: [f32; 256],
-    /// `bounds[k]` is halfway between `values[k]` and `values[k + 1]`; the last is NaN.
-    bounds: [f32; 256],
-    /// For each run of floats sharing their top [`LOOKUP_BITS`] bits (sign, exponent and 8
-    /// bits of mantissa), the code of its lowest value. No run holds two bounds (the
-    /// codebook's entries are at least 0.35% apart, a run is under 0.4% of its values wide,
-    /// and `Codebook::dynamic` checks it), so a value's code is that one or the next.
-    lookup: Box<[u8]>,
-}
-
-/// Bits of a float's representation that index [`Codebook::lookup`].
-const LOOKUP_BITS: u32 = 17;
-
-/// The code of `y` in the codebook of `bounds`: the number of bounds at or below it, by a
-/// binary search (used to build the lookup table).
-fn search(bounds: &[f32; 256], y: f32) -> u8 {
-    bounds.partition_point(|&b| b <= y) as u8
-}
-
-/// The codebook of signed state (Adam's first moment, SGD's velocity).
-pub(crate) static SIGNED: LazyLock<Codebook> = LazyLock::new(|| Codebook::dynamic(true));
-/// The codebook of non-negative state (Adam's second moment).
-pub(crate) static UNSIGNED: LazyLock<Codebook> = LazyLock::new(|| Codebook::dynamic(false));
-
-impl Codebook {
-    /// The dynamic tree codebook of bitsandbytes' `create_dynamic_map(signed, 7, 8)`: for each
-    /// decimal exponent `e` in `-6..=0`, `2^(e+6)` (signed: each sign) or `2^(e+7)` (unsigned)
-    /// midpoints of an even split of `[0.1, 1]`, times `10^e`; then 0 and 1.
-    fn dynamic(signed: bool) -> Self {
-        let mut values = Vec::with_capacity(256);
-        for i in 0..7 {
-            let items = if signed { 1usize << i } else { 1usize << (i + 1) };
-            let scale = 10f64.powi(i - 6);
-            for k in 0..items {
-                let (lo, hi) = (k as f64 / items as f64, (k + 1) as f64 / items as f64);
-                // The midpoint of the k-th of `items` equal parts of [0.1, 1].
-                let mean = 0.1 + 0.9 * (lo + hi) / 2.0;
-                values.push(scale * mean);
-                if signed {
-                    values.push(-scale * mean);
-                }
-            }
-        }
-        values.extend([0.0, 1.0]);
-        debug_assert_eq!(values.len(), 256);
-        values.sort_by(f64::total_cmp);
-        let values: [f32; 256] = std::array::from_fn(|k| values[k] as f32);
-        let bounds = std::array::from_fn(|k| match k {
-            // NaN compares false: no value, not even infinity, counts past the last code.
-            255 => f32::NAN,
-            // The unsigned codebook rounds no positive value to zero: Adam's second moment
-            // rounded to zero under a first moment that is not would make the step
-            // `m / eps`. Rounded up to the smallest code instead, it only shortens that step.
-            0 if !signed => f32::from_bits(1),
-            _ => ((f64::from(values[k]) + f64::from(values[k + 1])) / 2.0) as f32,
-        });
-        let shift = 32 - LOOKUP_BITS;
-        let lookup = (0..1u32 << LOOKUP_BITS)
-            .map(|run| {
-                // The run's lowest value: its first float if positive, its last if negative.
-                let (first, last) =
-                    (f32::from_bits(run << shift), f32::from_bits(!(!run << shift)));
-                let low = if first.is_sign_negative() { last } else { first };
-                let code = if low.is_nan() { 0 } else { search(&bounds, low) };
-                let high = if first.is_sign_negative() { first } else { last };
-                // The next code's bound past the run too (or the run outside the codebook's
-                // range, where every value takes the end codes).
-                debug_assert!(
-                    high.is_nan()
-                        || high.abs() > 2.0
-                        || code >= 254
-                        || bounds[usize::from(code) + 1] > high,
-                    "run {run:#x} holds two bounds"
-                );
-                code
-            })
-            .collect();
-        Codebook { values, bounds, lookup }
-    }
-
-    /// The value of `code`.
-    #[inline]
-    pub(crate) fn decode(&self, code: u8) -> f32 {
-        self.values[usize::from(code)]
-    }
-
-    /// The code nearest `y` (ties go up; for the unsigned codebook, any positive `y` at least
-    /// its smallest positive code); NaN maps to code 0.
-    #[inline]
-    pub(crate) fn encode(&self, y: f32) -> u8 {
-        let code = self.lookup[(y.to_bits() >> (32 - LOOKUP_BITS)) as usize];
-        code + u8::from(self.bounds[usize::from(code)] <= y)
-    }
-
-    /// The codebook's entries, in ascending order.
-    #[cfg(test)]
-    pub(crate) fn values(&self) -> &[f32; 256] {
-        &self.values
-    }
-}
-
 /// One quantised state buffer: a code per value and a scale per block.
 #[derive(Debug)]
 pub(crate) struct QuantizedBuf {
@@ -207,10 +96,32 @@ impl QuantizedBuf {
     }
 }
 
+/// The instructions that quantise and dequantise 8-bit optimizer state on this CPU, for
+/// benchmarks to say what they measured: `AVX-512`, `AVX2` (quantising; dequantising is
+/// portable) or `portable`. All give the same results.
+pub fn state_kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if quantized_avx512::available() {
+        return "AVX-512";
+    } else if quantized_avx2::available() {
+        return "AVX2";
+    }
+    "portable"
+}
+
 /// Writes the values of `codes` at `scale` to `out` (as long as `codes`).
 #[inline]
 pub(crate) fn dequantize(book: &Codebook, codes: &[u8], scale: f32, out: &mut [f32]) {
     debug_assert_eq!(codes.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if quantized_avx512::available() {
+        // SAFETY: the CPU has the kernel's features.
+        return unsafe { quantized_avx512::dequantize(book, codes, scale, out) };
+    }
+    dequantize_portable(book, codes, scale, out);
+}
+
+fn dequantize_portable(book: &Codebook, codes: &[u8], scale: f32, out: &mut [f32]) {
     for (o, &c) in out.iter_mut().zip(codes) {
         *o = book.decode(c) * scale;
     }
@@ -220,6 +131,18 @@ pub(crate) fn dequantize(book: &Codebook, codes: &[u8], scale: f32, out: &mut [f
 #[inline]
 pub(crate) fn quantize(book: &Codebook, values: &[f32], codes: &mut [u8]) -> f32 {
     debug_assert_eq!(codes.len(), values.len());
+    #[cfg(target_arch = "x86_64")]
+    if quantized_avx512::available() {
+        // SAFETY: the CPU has the kernel's features.
+        return unsafe { quantized_avx512::quantize(book, values, codes) };
+    } else if quantized_avx2::available() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { quantized_avx2::quantize(book, values, codes) };
+    }
+    quantize_portable(book, values, codes)
+}
+
+fn quantize_portable(book: &Codebook, values: &[f32], codes: &mut [u8]) -> f32 {
     let absmax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
     // An all-zero block keeps scale 0: every code then decodes to 0.
     let inverse = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
@@ -248,6 +171,7 @@ pub(crate) fn check_aligned(kind: &str, total: usize, offset: usize, len: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::optim::codebook::{SIGNED, UNSIGNED};
 
     /// Largest error of a round trip of `values` through `book`, relative to their absmax.
     fn round_trip(book: &Codebook, values: &[f32]) -> (f32, Vec<f32>) {
@@ -261,45 +185,6 @@ mod tests {
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    #[test]
-    fn codebooks_are_sorted_span_the_unit_range_and_hold_zero() {
-        for (book, low) in [(&*SIGNED, -1.0f32), (&*UNSIGNED, 0.0)] {
-            let v = book.values();
-            assert!(v.windows(2).all(|w| w[0] < w[1]), "strictly ascending");
-            assert_eq!(v[255], 1.0);
-            assert!(v[0] >= low && v[0] < low + 0.01, "lowest {}", v[0]);
-            assert!(v.contains(&0.0));
-            // Out of range, values take the end codes; NaN takes code 0.
-            assert_eq!((book.encode(f32::INFINITY), book.encode(5.0)), (255, 255));
-            assert_eq!((book.encode(f32::NEG_INFINITY), book.encode(f32::NAN)), (0, 0));
-            // Every code decodes to a value that encodes back to it.
-            for code in 0..=255u8 {
-                assert_eq!(book.encode(book.decode(code)), code);
-            }
-        }
-        // The finest non-zero magnitude is below a millionth.
-        let smallest = SIGNED.values().iter().filter(|v| **v > 0.0).fold(1f32, |a, &b| a.min(b));
-        assert!(smallest < 1e-6 && smallest > 1e-7, "{smallest}");
-    }
-
-    #[test]
-    fn encode_finds_the_nearest_code() {
-        let mut seed = 7;
-        for book in [&*SIGNED, &*UNSIGNED] {
-            for _ in 0..20_000 {
-                let y = lcg(&mut seed) * 1.01;
-                if y > 0.0 && y < book.values()[1] {
-                    // (The unsigned codebook's floor, tested below.)
-                    continue;
-                }
-                let code = book.encode(y);
-                let best =
-                    (0..=255u8).map(|c| (book.decode(c) - y).abs()).fold(f32::INFINITY, f32::min);
-                assert_eq!((book.decode(code) - y).abs(), best, "y = {y}");
-            }
-        }
     }
 
     #[test]
@@ -393,5 +278,72 @@ mod tests {
         assert_eq!(StatePrecision::Int8.buffer_bytes(0, 4), 0);
         assert_eq!(StatePrecision::from_bits(8), Some(StatePrecision::Int8));
         assert_eq!(StatePrecision::from_bits(16), None);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_cpu_gets_the_same_codes_and_values() {
+        let (avx2, avx512) = (quantized_avx2::available(), quantized_avx512::available());
+        if !avx2 {
+            eprintln!("skipped the AVX2 kernel: this CPU has no AVX2");
+        }
+        if !avx512 {
+            eprintln!("skipped the AVX-512 kernels: this CPU lacks AVX-512 F, BW or VBMI");
+        }
+        let mut seed = 5;
+        for book in [&*SIGNED, &*UNSIGNED] {
+            // Where codes change and beside it (at scale 1), then blocks of values spread over
+            // many magnitudes with the odd ones among them, of lengths that leave remainders
+            // past the kernels' 32 and 64 values.
+            let bounds = book.bounds().iter().filter(|b| !b.is_nan());
+            let edges: Vec<f32> = [1.0]
+                .into_iter()
+                .chain(bounds.flat_map(|b| {
+                    [-1, 0, 1].map(|d| f32::from_bits(b.to_bits().wrapping_add_signed(d)))
+                }))
+                .collect();
+            for len in [edges.len(), STATE_BLOCK, 1000, 31, 1] {
+                let mut values: Vec<f32> = (0..len)
+                    .map(|_| lcg(&mut seed) * 10f32.powf(lcg(&mut seed) * 8.0 - 6.0))
+                    .collect();
+                if len == edges.len() {
+                    values = edges.clone();
+                } else {
+                    let odd = [0.0, -0.0, f32::NAN, f32::from_bits(1), -1e-38, 7.5e-9];
+                    for (v, odd) in values.iter_mut().step_by(37).zip(odd) {
+                        *v = odd;
+                    }
+                }
+                let mut portable = vec![0u8; len];
+                let scale = quantize_portable(book, &values, &mut portable);
+                if avx2 {
+                    let mut kernel = vec![0u8; len];
+                    // SAFETY: the CPU has AVX2.
+                    assert_eq!(scale, unsafe {
+                        quantized_avx2::quantize(book, &values, &mut kernel)
+                    });
+                    assert_eq!(kernel, portable, "AVX2 codes of {len} values");
+                }
+                if avx512 {
+                    let mut kernel = vec![0u8; len];
+                    // SAFETY: the CPU has the kernel's features.
+                    assert_eq!(scale, unsafe {
+                        quantized_avx512::quantize(book, &values, &mut kernel)
+                    });
+                    assert_eq!(kernel, portable, "AVX-512 codes of {len} values");
+                }
+                // Every code, in every position of a 64-code group.
+                let codes: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+                let mut expected = vec![0f32; len];
+                dequantize_portable(book, &codes, 3.5, &mut expected);
+                if avx512 {
+                    let mut decoded = vec![0f32; len];
+                    // SAFETY: the CPU has the kernel's features.
+                    unsafe { quantized_avx512::dequantize(book, &codes, 3.5, &mut decoded) };
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&decoded), bits(&expected), "values of {len} codes");
+                }
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@ use dp_mem::{Pool, PoolBuf, Tag};
 
 use std::ops::Range;
 
+use super::codebook;
 use super::quantized::{self, QuantizedBuf, STATE_BLOCK, StatePrecision};
 use super::{Optimizer, check_piece, check_range, decay_runs};
 use crate::error::Result;
@@ -183,7 +184,7 @@ fn step_int8<T: Float>(
     offset: usize,
 ) {
     let (lr, mu) = (T::of(lr), T::of(mu));
-    let book = &*quantized::SIGNED;
+    let book = &*codebook::SIGNED;
     let mut block_vals = [0f32; STATE_BLOCK];
     for (i, (params, grads)) in
         params.chunks_mut(STATE_BLOCK).zip(grads.chunks(STATE_BLOCK)).enumerate()
