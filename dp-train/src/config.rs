@@ -79,9 +79,10 @@ pub struct TrainConfig {
     /// `lr`).
     pub schedule: Option<Schedule>,
     /// Peak learning rate of the default schedule (default: for SGD 0.1 per 256 samples of
-    /// global batch, the linear scaling rule of Goyal et al., and half that for a
-    /// convolutional network without batch norm, such as LeNet; 0.001 for Adam; [`SPARSE_LR`]
-    /// for the optimizer a sparse input's run chooses when none is given).
+    /// global batch, the linear scaling rule of Goyal et al.; without batch norm, no more than
+    /// at a global batch of 512, and half that for a convolutional network such as LeNet;
+    /// 0.001 for Adam; [`SPARSE_LR`] for the optimizer a sparse input's run chooses when none
+    /// is given).
     pub lr: Option<f64>,
     /// Seed of the initial parameters, the data order, augmentation and dropout.
     pub seed: u64,

@@ -12,7 +12,7 @@ use dp_comm::{Communicator, Hierarchical, LocalConfig, LocalGroup, MpiComm, MpiC
 use dp_mem::{Pool, Tracker};
 use dp_model::{CheckpointHeader, CheckpointReader, NormSync, SharedParams};
 
-use crate::chance::first_epoch_warning;
+use crate::chance::{first_epoch_warning, judged_at};
 use crate::config::{Device, TrainConfig};
 use crate::emergency::Board;
 use crate::error::{Error, Result};
@@ -377,7 +377,7 @@ impl Followed {
                 let metrics = step_metrics(&s, plan.config.global_batch);
                 observer.step(&metrics);
                 if plan.start_step() == 0
-                    && s.step == plan.batching.steps_per_epoch
+                    && s.step == judged_at(plan.batching.steps_per_epoch, plan.batching.total_steps)
                     && let Some(text) = first_epoch_warning(&self.losses, plan.classes)
                 {
                     observer.warning(&text);

@@ -329,7 +329,7 @@ fn a_run_at_the_loss_of_guessing_after_its_first_epoch_says_so() {
     let summary = train(stuck, &RunOptions::new(out.0.join("stuck")), &mut ()).unwrap();
     assert_eq!(summary.warnings.len(), 1, "{:?}", summary.warnings);
     assert!(summary.warnings[0].contains("the level of guessing among 10 classes"));
-    assert!(summary.to_string().contains("warning        after the first epoch"));
+    assert!(summary.to_string().contains("warning        after 32 steps the loss"));
     let learning = TrainConfig { eval_data: None, ..config(1, 40) };
     let summary = train(learning, &RunOptions::new(out.0.join("learning")), &mut ()).unwrap();
     assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
