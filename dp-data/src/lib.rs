@@ -113,7 +113,8 @@ pub use pipeline::{
 pub use remote::{CacheSampler, LocalS3, cache_disk_use, object_read_rate};
 pub use remote::{
     ObjectOptions, ObjectStats, UploadSummary, fetch_ahead_limit, fetched_ahead_memory,
-    is_object_url, object_stats, set_object_options, upload_dataset, upload_file,
+    is_object_url, object_stats, set_object_options, upload_dataset, upload_file, upload_manifest,
+    upload_sink,
 };
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
 pub use text::{
@@ -121,7 +122,7 @@ pub use text::{
     TokenPipeline, TokenWidth, Tokenizer, TokenizerKind, Tokens,
 };
 pub use value::Value;
-pub use writer::{DatasetWriter, WriterOptions};
+pub use writer::{DatasetWriter, ShardSink, WriterOptions};
 
 // Importers, exporters and the synthetic dataset.
 mod synthetic;

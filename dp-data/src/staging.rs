@@ -157,6 +157,11 @@ impl Staging {
         &self.partial
     }
 
+    /// The directory the dataset is bound for.
+    pub(crate) fn target(&self) -> &Path {
+        &self.target
+    }
+
     /// Moves the finished dataset (its manifest written) to the target path, replacing an
     /// empty directory or a never-finished write's files there, and makes the rename durable.
     pub(crate) fn publish(&mut self) -> Result<()> {

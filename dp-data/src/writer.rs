@@ -37,6 +37,42 @@ pub struct WriterOptions {
     /// is refused at [`DatasetWriter::finish`] with [`Error::NonFinite`] (their count and
     /// the first one's place).
     pub allow_nonfinite: bool,
+    /// Where each shard goes once complete, instead of staying in the dataset's directory
+    /// (default: it stays): object storage, for a dataset larger than the local disk.
+    pub shard_sink: Option<ShardSink>,
+}
+
+/// Takes each shard a [`DatasetWriter`] completes, as [`WriterOptions::shard_sink`]: called
+/// with the dataset's directory (as the writer was given it), the shard's file
+/// (in the directory the dataset is staged in) and its manifest entry, it takes the file away
+/// (the writer does not touch it again) and returns the ETag to record for it, if any. An
+/// error stops the write, which then leaves nothing behind on disk.
+#[derive(Clone)]
+pub struct ShardSink(Arc<SinkFn>);
+
+type SinkFn = dyn Fn(&Path, &Path, &ShardInfo) -> Result<Option<String>> + Send + Sync;
+
+impl ShardSink {
+    /// The sink that calls `take` for each shard.
+    pub fn new(
+        take: impl Fn(&Path, &Path, &ShardInfo) -> Result<Option<String>> + Send + Sync + 'static,
+    ) -> Self {
+        ShardSink(Arc::new(take))
+    }
+}
+
+impl PartialEq for ShardSink {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ShardSink {}
+
+impl std::fmt::Debug for ShardSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardSink")
+    }
 }
 
 impl Default for WriterOptions {
@@ -47,6 +83,7 @@ impl Default for WriterOptions {
             level: 3,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             allow_nonfinite: false,
+            shard_sink: None,
         }
     }
 }
@@ -454,7 +491,7 @@ impl DatasetWriter {
         let Some(shard) = self.shard.take() else { return Ok(()) };
         let file = self.shard_name();
         let summary = shard.finish()?;
-        self.shards.push(ShardInfo {
+        let mut info = ShardInfo {
             file,
             records: summary.records,
             blocks: summary.blocks,
@@ -463,7 +500,11 @@ impl DatasetWriter {
             crc32c: summary.crc32c,
             index_crc32c: Some(summary.index_crc32c),
             etag: None,
-        });
+        };
+        if let Some(ShardSink(take)) = &self.options.shard_sink {
+            info.etag = take(self.staging.target(), &self.dir.join(&info.file), &info)?;
+        }
+        self.shards.push(info);
         Ok(())
     }
 }

@@ -181,6 +181,9 @@ pub(crate) struct WriteArgs {
     /// their count and the first one's record).
     #[arg(long)]
     allow_nonfinite: bool,
+    /// Where completed shards go instead of staying on disk (set for `--out s3://...`).
+    #[arg(skip)]
+    shard_sink: Option<dp_data::ShardSink>,
 }
 
 impl WriteArgs {
@@ -193,6 +196,7 @@ impl WriteArgs {
             options.threads = threads;
         }
         options.allow_nonfinite = self.allow_nonfinite;
+        options.shard_sink = self.shard_sink.clone();
         options
     }
 }
@@ -335,12 +339,23 @@ fn parse_sides(text: &str) -> std::result::Result<(u32, u32), String> {
 pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
     match cmd {
         DataCmd::Import(mut args) if dp_data::is_object_url(&args.out) => {
-            // Written whole on local disk first (the importers' atomic writes), then uploaded.
-            let url = args.out.to_string_lossy().into_owned();
+            // Each shard is uploaded once written and removed from the disk, which holds one
+            // at a time; each dataset's manifest goes up last.
+            let url = args.out.to_string_lossy().trim_end_matches('/').to_string();
             let staging = tempfile::Builder::new().prefix("dp-import-").tempdir()?;
-            args.out = staging.path().join("dataset");
+            let root = staging.path().join("dataset");
+            args.write.shard_sink = Some(dp_data::upload_sink(&root, &url)?);
+            args.out = root.clone();
             let code = import(*args)?;
-            upload(&staging.path().join("dataset"), &url)?;
+            for (dir, url) in datasets_in(&root, &url)? {
+                let summary = dp_data::upload_manifest(&root, &dir, &url)?;
+                println!(
+                    "{url}: {} records in {} shards ({})",
+                    summary.records,
+                    summary.shards,
+                    ByteSize(summary.bytes)
+                );
+            }
             Ok(code)
         }
         DataCmd::Import(args) => import(*args),
@@ -524,6 +539,21 @@ fn upload(dir: &Path, url: &str) -> Result<()> {
     if !dp_data::is_object_url(Path::new(url)) {
         bail!("`{url}` is not an object storage URL (s3://bucket/prefix, gs://, az://)");
     }
+    for (dir, url) in datasets_in(dir, url)? {
+        let summary = dp_data::upload_dataset(&dir, &url)?;
+        println!(
+            "{} -> {url}: {} records in {} shards ({})",
+            dir.display(),
+            summary.records,
+            summary.shards,
+            ByteSize(summary.bytes)
+        );
+    }
+    Ok(())
+}
+
+/// The dataset in `dir`, or each dataset in its subdirectories, and where it goes under `url`.
+fn datasets_in(dir: &Path, url: &str) -> Result<Vec<(PathBuf, String)>> {
     let mut datasets = Vec::new();
     if dir.join(dp_data::MANIFEST_FILE).is_file() {
         datasets.push((dir.to_path_buf(), url.to_string()));
@@ -545,17 +575,7 @@ fn upload(dir: &Path, url: &str) -> Result<()> {
             dir.display()
         );
     }
-    for (dir, url) in datasets {
-        let summary = dp_data::upload_dataset(&dir, &url)?;
-        println!(
-            "{} -> {url}: {} records in {} shards ({})",
-            dir.display(),
-            summary.records,
-            summary.shards,
-            ByteSize(summary.bytes)
-        );
-    }
-    Ok(())
+    Ok(datasets)
 }
 
 fn import(args: ImportArgs) -> Result<ExitCode> {

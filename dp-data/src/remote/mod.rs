@@ -37,7 +37,7 @@ pub use options::{ObjectOptions, set_object_options};
 #[cfg(feature = "bench")]
 pub use server::{LocalS3, object_read_rate};
 pub use stats::{ObjectStats, object_stats};
-pub use upload::{UploadSummary, upload_dataset, upload_file};
+pub use upload::{UploadSummary, upload_dataset, upload_file, upload_manifest, upload_sink};
 
 use std::path::Path;
 

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use dp_data::{DType, DatasetWriter, Feature, LocalS3, Schema, Value, WriterOptions};
+use dp_data::{DType, DatasetWriter, Feature, LocalS3, Schema, ShardSink, Value, WriterOptions};
 
 /// A server for `test` over a fresh directory (held by the returned guard); `None` (after
 /// saying why) when s3s-fs is not installed and DP_REQUIRE_S3 is not set.
@@ -24,6 +24,11 @@ pub(crate) fn start(test: &str) -> Option<(LocalS3, tempfile::TempDir)> {
 /// A dataset of `records` 8x8 u8 images of hashed (incompressible) pixels, labelled by their
 /// index, in blocks of about 4 KiB and shards of about 32 KiB.
 pub(crate) fn dataset(dir: &Path, records: u64) {
+    writer(dir, records, None).finish().unwrap();
+}
+
+/// The writer of [`dataset`], its records appended, not finished, its shards handed to `sink`.
+pub(crate) fn writer(dir: &Path, records: u64, sink: Option<ShardSink>) -> DatasetWriter {
     let schema = Schema::new(vec![
         Feature::dense("image", DType::U8, &[8, 8]),
         Feature::dense("label", DType::I64, &[]),
@@ -33,6 +38,7 @@ pub(crate) fn dataset(dir: &Path, records: u64) {
     options.block_size = 4 << 10;
     options.shard_size = 32 << 10;
     options.threads = 1;
+    options.shard_sink = sink;
     let mut writer = DatasetWriter::create(dir, schema, options).unwrap();
     for i in 0..records {
         let image: [u8; 64] = std::array::from_fn(|k| {
@@ -42,5 +48,5 @@ pub(crate) fn dataset(dir: &Path, records: u64) {
         });
         writer.append(&[Value::dense(&image), Value::dense(&[i as i64])]).unwrap();
     }
-    writer.finish().unwrap();
+    writer
 }
