@@ -123,7 +123,8 @@ impl RunPlan {
         };
         let samples = text.as_ref().map_or(train.len(), |text| text.windows);
         let context = text.as_ref().map(|text| text.context);
-        let (config, sparse_defaults) = choose_defaults(config, &input, task, samples)?;
+        let (config, sparse_defaults, unnormalized_sgd) =
+            choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
         let spec = model_spec(&config.model, &input, task.outputs())?;
         check_augmentations(&config, &input)?;
@@ -136,8 +137,12 @@ impl RunPlan {
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
         }
-        let (batching, config) =
+        let (batching, mut config) =
             Batching::resolve(config, samples, context, processes, sparse_defaults)?;
+        if unnormalized_sgd {
+            // Known only now that the global batch is.
+            config.lr = Some(unnormalized_sgd_lr(&spec, config.global_batch));
+        }
         let schedule = config.schedule_or_default(batching.total_steps);
         let resume = match resumed {
             Some(Resumed { dir, checkpoint: Some(checkpoint), longer }) => {
@@ -211,6 +216,10 @@ impl RunPlan {
     }
 }
 
+/// The largest side of images the default model is [`ModelSpec::cnn`] for (CIFAR's 32 to
+/// downsampled ImageNet's 64).
+const SMALL_IMAGE: usize = 64;
+
 /// Fills in the model and optimizer a config leaves to the run, and says whether they are a
 /// sparse input's defaults. On a sparse input the default model is linear (logistic
 /// regression, as one starts with on wide sparse data), not an MLP whose first layer would
@@ -219,17 +228,14 @@ impl RunPlan {
 /// ~800 steps without a penalty stop far short of it on bag-of-words data, whose evidence is
 /// in rare words (see `sparse_optimizer`). With a learning rate or schedule given, the
 /// optimizer chosen is SGD: those were chosen for it. An optimizer given is always the one
-/// used; the run and the config it saves hold the one chosen.
-/// The largest side of images the default model is [`ModelSpec::cnn`] for (CIFAR's 32 to
-/// downsampled ImageNet's 64).
-const SMALL_IMAGE: usize = 64;
-
+/// used; the run and the config it saves hold the one chosen. Last, whether SGD's rate is
+/// left to [`unnormalized_sgd_lr`], once the global batch is known.
 fn choose_defaults(
     mut config: TrainConfig,
     input: &Input,
     task: Task,
     records: u64,
-) -> Result<(TrainConfig, bool)> {
+) -> Result<(TrainConfig, bool, bool)> {
     let default_model = input.sparse && config.model == TrainConfig::default().model;
     if default_model {
         config.model = "linear".into();
@@ -273,13 +279,12 @@ fn choose_defaults(
     } else if image_defaults {
         config.optimizer = Some(OptimizerConfig::preset("adam")?);
     }
+    let mut unnormalized_sgd = false;
     if config.optimizer.is_none() {
         config.optimizer = Some(OptimizerConfig::preset("sgd")?);
-        if !norms && config.lr.is_none() && config.schedule.is_none() {
-            config.lr = Some(unnormalized_sgd_lr(&spec, config.global_batch));
-        }
+        unnormalized_sgd = !norms && config.lr.is_none() && config.schedule.is_none();
     }
-    Ok((config, sparse_defaults))
+    Ok((config, sparse_defaults, unnormalized_sgd))
 }
 
 /// Default SGD's peak rate for a network without batch norm: the linear scaling rule's 0.1 per
@@ -461,5 +466,18 @@ mod tests {
         };
         assert_eq!(rates(&mlp), [0.05, 0.1, 0.2, 0.2, 0.2]);
         assert_eq!(rates(&lenet), [0.025, 0.05, 0.1, 0.1, 0.1]);
+    }
+
+    #[test]
+    fn default_sgd_rate_follows_the_global_batch_the_run_chooses() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, config) = test_digits(dir.path());
+        // 200 records: a global batch of 16 chosen from the data, after the defaults.
+        for (model, per_256) in [("mlp", 0.1), ("lenet", 0.05)] {
+            let config = TrainConfig { model: model.into(), replicas: 1, ..config.clone() };
+            let plan = RunPlan::new(config, None, 1).unwrap();
+            assert_eq!(plan.config.global_batch, 16);
+            assert_eq!(plan.config.lr, Some(per_256 * 16.0 / 256.0), "{model}");
+        }
     }
 }
