@@ -186,6 +186,21 @@ pub(crate) struct WriteArgs {
     shard_sink: Option<dp_data::ShardSink>,
 }
 
+impl ImportArgs {
+    /// Where `path` (under `--out`) is for the user: the URL it is uploaded to, with
+    /// `--out s3://...`.
+    fn shown(&self, path: &Path) -> String {
+        match &self.written_for {
+            Some((root, url)) => match path.strip_prefix(root) {
+                Ok(rest) if rest.as_os_str().is_empty() => url.clone(),
+                Ok(rest) => format!("{url}/{}", rest.display()),
+                Err(_) => path.display().to_string(),
+            },
+            None => path.display().to_string(),
+        }
+    }
+}
+
 impl WriteArgs {
     pub(crate) fn options(&self) -> WriterOptions {
         let mut options = WriterOptions::default();
@@ -255,6 +270,9 @@ pub(crate) struct ImportArgs {
     /// Output dataset directory (with --split, the directory of the splits' datasets).
     #[arg(long)]
     out: PathBuf,
+    /// With `--out s3://...`: the local directory written instead, and the URL it stands for.
+    #[arg(skip)]
+    written_for: Option<(PathBuf, String)>,
     /// svmlight: a split and its file, `NAME=PATH` (repeatable; a NAME given again takes
     /// more files): each split becomes the dataset OUT/NAME, and all get one width, as
     /// scikit-learn's load_svmlight_files gives them (`--split train=a.svm --split
@@ -346,15 +364,17 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             let root = staging.path().join("dataset");
             args.write.shard_sink = Some(dp_data::upload_sink(&root, &url)?);
             args.out = root.clone();
+            args.written_for = Some((root.clone(), url.clone()));
             let code = import(*args)?;
-            for (dir, url) in datasets_in(&root, &url)? {
-                let summary = dp_data::upload_manifest(&root, &dir, &url)?;
-                println!(
-                    "{url}: {} records in {} shards ({})",
-                    summary.records,
-                    summary.shards,
-                    ByteSize(summary.bytes)
-                );
+            for (dir, _) in datasets_in(&root, &url)? {
+                dp_data::upload_manifest(&root, &dir, &url)?;
+            }
+            // Files beside the datasets (a BPE's tokenizer.json) go too.
+            for entry in std::fs::read_dir(&root)? {
+                let path = entry?.path();
+                if let (true, Some(name)) = (path.is_file(), path.file_name()) {
+                    dp_data::upload_file(&path, &format!("{url}/{}", name.to_string_lossy()))?;
+                }
             }
             Ok(code)
         }
@@ -587,6 +607,7 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
     }
     let options = args.write.options();
     let out = &args.out;
+    let shown = args.shown(out);
     let manifest = match args.format {
         ImportFormat::Npy => {
             let mut features = Vec::new();
@@ -675,8 +696,7 @@ fn import(args: ImportArgs) -> Result<ExitCode> {
         ImportFormat::Text => unreachable!("imported by import_text"),
     };
     println!(
-        "{}: {} records, schema {}, {} shards, {} on disk",
-        out.display(),
+        "{shown}: {} records, schema {}, {} shards, {}",
         manifest.records,
         manifest.schema,
         manifest.shards.len(),
@@ -713,8 +733,8 @@ fn import_splits(args: &ImportArgs) -> Result<ExitCode> {
     let manifests = dp_data::import_svmlight_splits(&pairs, &svm, args.write.options())?;
     for (out, manifest) in outs.iter().zip(&manifests) {
         println!(
-            "{}: {} records, schema {}, {} shards, {} on disk",
-            out.display(),
+            "{}: {} records, schema {}, {} shards, {}",
+            args.shown(out),
             manifest.records,
             manifest.schema,
             manifest.shards.len(),
@@ -739,7 +759,7 @@ fn import_text(args: &ImportArgs) -> Result<ExitCode> {
     println!(
         "{}: {} file(s), {} bytes of text -> {} tokens ({}, vocabulary {}, stored as {}), {:.3} \
          bytes per token",
-        out.display(),
+        args.shown(out),
         r.files,
         r.text_bytes,
         r.tokens,
@@ -752,13 +772,13 @@ fn import_text(args: &ImportArgs) -> Result<ExitCode> {
         [("train", r.train_tokens, &r.train), ("eval", r.eval_tokens, &r.eval)]
     {
         println!(
-            "  {name:<5} {tokens} tokens -> {} ({} on disk)",
-            out.join(name).display(),
+            "  {name:<5} {tokens} tokens -> {} ({})",
+            args.shown(&out.join(name)),
             ByteSize(manifest.bytes())
         );
     }
     if let Some(path) = &r.tokenizer_json {
-        println!("  vocabulary -> {}", path.display());
+        println!("  vocabulary -> {}", args.shown(path));
     }
     let rate = r.text_bytes as f64 / r.seconds.max(1e-9) / 1e6;
     let training = if r.train_seconds > 0.0 {
