@@ -2,13 +2,14 @@
 //! manifest whose shards are not all there.
 
 use std::collections::HashSet;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 
 use super::object::RemoteDir;
-use crate::checksum::crc32c;
+use crate::checksum::Crc32c;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::manifest::{MANIFEST_FILE, Manifest, ShardInfo};
@@ -63,9 +64,9 @@ pub fn upload_sink(root: &Path, url: &str) -> Result<ShardSink> {
         if first {
             remote.object(MANIFEST_FILE).delete()?;
         }
-        // The bytes sent are the bytes written: the file's CRC32C is the manifest's.
-        let bytes = std::fs::read(file).map_err(|e| Error::io(file, "read", e))?;
-        if crc32c(&bytes) != shard.crc32c {
+        // The bytes sent are the bytes written: the file's CRC32C is the manifest's (read in
+        // pieces: a shard may be larger than the memory one should take for it).
+        if file_crc32c(file)? != shard.crc32c {
             return Err(Error::Corrupt {
                 path: file.to_path_buf(),
                 offset: 0,
@@ -107,11 +108,21 @@ fn remote_url(root: &Path, dataset: &Path, url: &str) -> Result<String> {
             root.display()
         ),
     })?;
-    let parts: Vec<&str> = relative.iter().map(|p| p.to_str().unwrap_or_default()).collect();
-    Ok(std::iter::once(url)
-        .chain(parts.iter().copied().filter(|p| !p.is_empty()))
-        .collect::<Vec<_>>()
-        .join("/"))
+    Ok(relative
+        .iter()
+        .fold(url.to_string(), |url, part| format!("{url}/{}", part.to_string_lossy())))
+}
+
+/// The CRC32C of the file at `path`.
+fn file_crc32c(path: &Path) -> Result<u32> {
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let (mut crc, mut piece) = (Crc32c::new(), vec![0u8; 1 << 20]);
+    loop {
+        match file.read(&mut piece).map_err(|e| Error::io(path, "read", e))? {
+            0 => return Ok(crc.value()),
+            n => crc.update(&piece[..n]),
+        }
+    }
 }
 
 /// Uploads the shard at `path` and checks the object's size; returns its ETag.
