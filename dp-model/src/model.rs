@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::init::{initialize, initialize_buffers};
 use crate::layout::ParamLayout;
-use crate::memory_plan::{ActivationPlan, GradientPlan};
+use crate::memory_plan::{ActivationPlan, GradientPlan, reads_input, reads_output};
 use crate::ops::Op;
 use crate::ops::add::Add;
 use crate::ops::batch_norm::{NormPass, SumAcross};
@@ -229,21 +229,13 @@ pub struct Model<T: Float = f32> {
     options: ModelOptions,
     params: Params<T>,
     grads: PoolBuf<T>,
-    /// Saved activations: one buffer per kept node output, then the recomputation slots.
+    /// Saved activations: one buffer per kept node output, then the recomputation slots,
+    /// then the transient buffers (see [`ActivationPlan`]).
     acts: Vec<PoolBuf<T>>,
-    /// For each node, the buffer in `acts` its output goes to.
-    out_buf: Vec<usize>,
     /// With bf16 saved activations: the stores kept outputs are rounded into.
     stores: Vec<PoolBuf<u16>>,
-    /// For each node, its store in `stores`, if it has one.
-    store_of: Vec<Option<usize>>,
-    /// For each node, the buffer in `acts` backward and recomputation read its output from
-    /// (a stored output's staging buffer; else `out_buf`).
-    back_buf: Vec<usize>,
-    /// For each node, the stored outputs widened before its recomputation and backward.
-    widen_at: Vec<Vec<usize>>,
-    /// For each node that ends a recomputation segment, the segment's first node.
-    recompute_from: Vec<Option<usize>>,
+    /// Which buffer of `acts` and `stores` each node's output goes to and is read from.
+    act_plan: ActivationPlan,
     /// The batch norms' running statistics (see [`Model::buffers`]).
     buffers: PoolBuf<T>,
     /// The batch norms' statistics of the last training forward: mean and `1/std`.
@@ -281,6 +273,13 @@ pub struct SparseGrads<'a, T> {
     /// A bit per table row (row `r` is bit `r % 64` of word `r / 64`): set for the rows
     /// written since the last overwriting backward; every other row's gradient is zero.
     pub touched: &'a mut [u64],
+}
+
+/// The samples of a batch one pass runs: `len` of them from `first`.
+#[derive(Clone, Copy, Debug)]
+struct Samples {
+    first: usize,
+    len: usize,
 }
 
 /// What the first node reads: a dense batch, or a sparse one for a sparse first layer.
@@ -350,7 +349,6 @@ impl<T: Float> Model<T> {
             .iter()
             .map(|&len| pool.alloc_zeroed(len, Tag::Activation))
             .collect::<Result<Vec<_>, _>>()?;
-        let ActivationPlan { out_buf, recompute_from, store_of, back_buf, widen_at, .. } = plan;
 
         let params = match shared {
             Some(shared) => Params::Shared(shared),
@@ -367,12 +365,8 @@ impl<T: Float> Model<T> {
             grads: pool.alloc_zeroed(tape.layout.len(), Tag::Grad)?,
             params,
             acts,
-            out_buf,
             stores,
-            store_of,
-            back_buf,
-            widen_at,
-            recompute_from,
+            act_plan: plan,
             buffers,
             norm_stats: pool.alloc_zeroed(tape.stats_len, Tag::Activation)?,
             norm_sync: None,
@@ -620,11 +614,15 @@ impl<T: Float> Model<T> {
         let (outputs, rows) = (self.outputs(), batch * self.tape.out_rows);
         targets.check(rows, outputs)?;
         let nodes = self.tape.nodes.len();
-        for i in 0..nodes {
-            self.forward_node(i, batch, x, NormPass::Train, options.step);
-            if let Some(store) = self.store_of[i] {
-                let len = batch * self.tape.nodes[i].out_len;
-                round_into(&self.acts[self.out_buf[i]][..len], &mut self.stores[store][..len]);
+        for samples in self.chunks(batch) {
+            for i in 0..nodes {
+                self.forward_node(i, samples, x, NormPass::Train, options.step);
+                if let Some(store) = self.act_plan.store_of[i] {
+                    let (len, at) = (self.tape.nodes[i].out_len * samples.len, self.at(i, samples));
+                    let first = samples.first * self.tape.nodes[i].out_len;
+                    let output = &self.acts[self.act_plan.out_buf[i]][at..at + len];
+                    round_into(output, &mut self.stores[store][first..first + len]);
+                }
             }
         }
 
@@ -634,21 +632,23 @@ impl<T: Float> Model<T> {
         };
         let denominator = options.denominator.map(|d| d * self.tape.out_rows);
         let denominator = T::of(denominator.unwrap_or(counted).max(1) as f64);
-        let logits = &self.acts[self.out_buf[nodes - 1]];
+        let logits = &self.acts[self.act_plan.out_buf[nodes - 1]];
         let dlogits = &mut self.dacts[self.plan.grad_buf[nodes - 1]];
         let smoothing = self.options.label_smoothing;
         let totals =
             smoothed_loss(logits, rows, outputs, &targets, denominator, smoothing, Some(dlogits));
 
         for i in (0..nodes).rev() {
-            for &j in &self.widen_at[i] {
+            let plan = &self.act_plan;
+            for &j in &plan.widen_at[i] {
                 let (store, len) =
-                    (self.store_of[j].expect("planned"), batch * self.tape.nodes[j].out_len);
-                widen_into(&self.stores[store][..len], &mut self.acts[self.back_buf[j]][..len]);
+                    (plan.store_of[j].expect("planned"), batch * self.tape.nodes[j].out_len);
+                widen_into(&self.stores[store][..len], &mut self.acts[plan.back_buf[j]][..len]);
             }
-            if let Some(start) = self.recompute_from[i] {
+            if let Some(start) = plan.recompute_from[i] {
                 for j in start..i {
-                    self.forward_node(j, batch, x, NormPass::Recompute, options.step);
+                    let all = Samples { first: 0, len: batch };
+                    self.forward_node(j, all, x, NormPass::Recompute, options.step);
                 }
             }
             let node = &self.tape.nodes[i];
@@ -668,7 +668,9 @@ impl<T: Float> Model<T> {
                 continue;
             }
             let params = node.params.clone();
-            self.backward_node(i, batch, x, options);
+            for samples in self.chunks(batch) {
+                self.backward_node(i, samples, x, options);
+            }
             if !params.is_empty() {
                 ready(&self.grads[..params.end]);
             }
@@ -679,48 +681,111 @@ impl<T: Float> Model<T> {
         Ok(totals)
     }
 
-    /// Node `i`'s backward: parameter gradients, and the gradient of each input that needs
-    /// one (written, or added to another consumer's).
-    fn backward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, options: &StepOptions) {
+    /// The chunks of samples a step on `batch` samples runs forward and backward over, in
+    /// order: the whole batch, unless the plan has chunks.
+    fn chunks(&self, batch: usize) -> impl Iterator<Item = Samples> + use<T> {
+        let chunk = self.act_plan.chunk;
+        (0..batch).step_by(chunk).map(move |first| Samples { first, len: chunk.min(batch - first) })
+    }
+
+    /// Where in its buffer node `j`'s output for `samples` starts: at the start of a buffer
+    /// holding only the chunk being run, else at the first sample's row.
+    fn at(&self, j: usize, samples: Samples) -> usize {
+        match self.act_plan.per_chunk(j) {
+            true => 0,
+            false => samples.first * self.tape.nodes[j].out_len,
+        }
+    }
+
+    /// With chunks: widens `samples` of the stored outputs node `i`'s backward reads (its
+    /// input's, its own) into the two staging buffers.
+    fn widen_chunk(&mut self, i: usize, samples: Samples) {
+        let Some(staging) = self.act_plan.staging else { return };
         let node = &self.tape.nodes[i];
+        let reads = [
+            node.input.filter(|_| reads_input(&node.op)),
+            Some(i).filter(|_| reads_output(&node.op)),
+        ];
+        for (j, buf) in reads.into_iter().zip(staging) {
+            let Some((j, store)) = j.and_then(|j| Some((j, self.act_plan.store_of[j]?))) else {
+                continue;
+            };
+            let n = self.tape.nodes[j].out_len;
+            let (at, len) = (samples.first * n, samples.len * n);
+            widen_into(&self.stores[store][at..at + len], &mut self.acts[buf][..len]);
+        }
+    }
+
+    /// The buffer and position backward reads node `j`'s output for `samples` from: with
+    /// chunks, the staging buffer `staging` where backward `reads` it widened; else where
+    /// forward (or the widening before the node) left it.
+    fn back_read(&self, j: usize, samples: Samples, reads: bool, staging: usize) -> (usize, usize) {
+        let plan = &self.act_plan;
+        match (plan.staging, plan.store_of[j]) {
+            (Some(_), Some(_)) if reads => (staging, 0),
+            _ => (plan.back_buf[j], self.at(j, samples)),
+        }
+    }
+
+    /// Node `i`'s backward over `samples`: parameter gradients (added to those of the
+    /// chunks before), and the gradient of each input that needs one (written, or added to
+    /// another consumer's).
+    fn backward_node(
+        &mut self,
+        i: usize,
+        samples: Samples,
+        x: Input<'_, T>,
+        options: &StepOptions,
+    ) {
+        self.widen_chunk(i, samples);
+        let node = &self.tape.nodes[i];
+        let (first, batch) = (samples.first, samples.len);
+        let (in_len, out_len) = (batch * node.in_len, batch * node.out_len);
+        let [staging_in, staging_out] = self.act_plan.staging.unwrap_or([usize::MAX; 2]);
         let input = match node.input {
-            Some(j) => &self.acts[self.back_buf[j]][..batch * node.in_len],
+            Some(j) => {
+                let (b, at) = self.back_read(j, samples, reads_input(&node.op), staging_in);
+                &self.acts[b][at..at + in_len]
+            }
             None => match x {
-                Input::Dense(x) => x,
+                Input::Dense(x) => &x[first * node.in_len..][..in_len],
                 Input::Sparse(_) => unreachable!("only the first node reads a sparse input"),
             },
         };
-        let output = &self.acts[self.back_buf[i]][..batch * node.out_len];
+        let (b, at) = self.back_read(i, samples, reads_output(&node.op), staging_out);
+        let output = &self.acts[b][at..at + out_len];
+        let (dy_at, dx_at) = (first * node.out_len, first * node.in_len);
         let dy_buf = self.plan.grad_buf[i];
         if let Op::Add(Add { skip }) = node.op {
             for (k, source) in [node.input, skip].into_iter().enumerate() {
                 let Some(j) = source else { continue };
                 let (dy, dx) = read_write(&mut self.dacts, dy_buf, self.plan.grad_buf[j]);
-                let n = batch * node.out_len;
-                Add::backward(&dy[..n], &mut dx[..n], self.plan.adds[i][k]);
+                let (dy, dx) = (&dy[dy_at..dy_at + out_len], &mut dx[dy_at..dy_at + out_len]);
+                Add::backward(dy, dx, self.plan.adds[i][k]);
             }
             return;
         }
         let dropout = (self.dropout, options.step);
         let (params, grads) = (&self.params, &mut self.grads);
-        let ctx =
-            Backward { params, stats: &self.norm_stats, dropout, accumulate: options.accumulate };
+        // The chunks after the first add their parameter gradients to the first's.
+        let accumulate = options.accumulate || first > 0;
+        let ctx = Backward { params, stats: &self.norm_stats, dropout, accumulate, first };
         let sync = sync_of(&mut self.norm_sync);
         let Some(j) = node.input else {
             let (dy, _) = read_write(&mut self.dacts, dy_buf, usize::MAX);
-            let io = Io { x: input, y: output, dy, dx: None };
+            let io = Io { x: input, y: output, dy: &dy[dy_at..], dx: None };
             return backward_op(node, batch, ctx, grads, io, &mut self.work, sync);
         };
         let add = self.plan.adds[i][0];
         let (dy, dx) = read_write(&mut self.dacts, dy_buf, self.plan.grad_buf[j]);
-        let dx_len = batch * node.in_len;
+        let (dy, dx) = (&dy[dy_at..], &mut dx[dx_at..dx_at + in_len]);
         if add && !matches!(node.op, Op::Conv2d(_)) {
-            let spill = &mut self.spill[..dx_len];
+            let spill = &mut self.spill[dx_at..dx_at + in_len];
             let io = Io { x: input, y: output, dy, dx: Some((spill, false)) };
             backward_op(node, batch, ctx, grads, io, &mut self.work, sync);
-            dx[..dx_len].iter_mut().zip(&self.spill[..dx_len]).for_each(|(d, &g)| *d += g);
+            dx.iter_mut().zip(&self.spill[dx_at..dx_at + in_len]).for_each(|(d, &g)| *d += g);
         } else {
-            let io = Io { x: input, y: output, dy, dx: Some((&mut dx[..dx_len], add)) };
+            let io = Io { x: input, y: output, dy, dx: Some((dx, add)) };
             backward_op(node, batch, ctx, grads, io, &mut self.work, sync);
         }
     }
@@ -730,7 +795,7 @@ impl<T: Float> Model<T> {
     pub fn gemm_shapes(&self, batch: usize) -> Vec<GemmShape> {
         let g =
             |m, k, n, a_transposed, b_transposed| GemmShape { m, k, n, a_transposed, b_transposed };
-        let forward = |node: &Node| match &node.op {
+        let forward = |node: &Node, batch: usize| match &node.op {
             Op::Linear(l) => Some(g(batch * node.rows, l.inputs, l.outputs, false, true)),
             Op::TiedHead(h) => Some(g(batch * node.rows, h.dim, h.vocab, false, true)),
             Op::Conv2d(c) => Some(g(
@@ -743,31 +808,36 @@ impl<T: Float> Model<T> {
             _ => None,
         };
         let nodes = &self.tape.nodes;
-        let mut shapes: Vec<GemmShape> = nodes.iter().filter_map(forward).collect();
+        let mut shapes: Vec<GemmShape> = self
+            .chunks(batch)
+            .flat_map(|s| nodes.iter().filter_map(move |node| forward(node, s.len)))
+            .collect();
         for (i, node) in nodes.iter().enumerate().rev() {
-            if let Some(start) = self.recompute_from[i] {
-                shapes.extend(nodes[start..i].iter().filter_map(forward));
+            if let Some(start) = self.act_plan.recompute_from[i] {
+                shapes.extend(nodes[start..i].iter().filter_map(|node| forward(node, batch)));
             }
-            let rows = batch * node.rows;
-            match &node.op {
-                Op::Linear(l) => {
-                    shapes.push(g(l.outputs, rows, l.inputs, true, false));
-                    if i > 0 {
-                        shapes.push(g(rows, l.outputs, l.inputs, false, false));
+            for Samples { len: batch, .. } in self.chunks(batch) {
+                let rows = batch * node.rows;
+                match &node.op {
+                    Op::Linear(l) => {
+                        shapes.push(g(l.outputs, rows, l.inputs, true, false));
+                        if i > 0 {
+                            shapes.push(g(rows, l.outputs, l.inputs, false, false));
+                        }
                     }
-                }
-                Op::TiedHead(h) => {
-                    shapes.push(g(h.vocab, rows, h.dim, true, false));
-                    shapes.push(g(rows, h.vocab, h.dim, false, false));
-                }
-                Op::Conv2d(c) => {
-                    let n = batch * c.out_height * c.out_width;
-                    shapes.push(g(c.out_channels, n, c.patch_len(), false, true));
-                    if i > 0 {
-                        shapes.push(g(c.patch_len(), c.out_channels, n, true, false));
+                    Op::TiedHead(h) => {
+                        shapes.push(g(h.vocab, rows, h.dim, true, false));
+                        shapes.push(g(rows, h.vocab, h.dim, false, false));
                     }
+                    Op::Conv2d(c) => {
+                        let n = batch * c.out_height * c.out_width;
+                        shapes.push(g(c.out_channels, n, c.patch_len(), false, true));
+                        if i > 0 {
+                            shapes.push(g(c.patch_len(), c.out_channels, n, true, false));
+                        }
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
         }
         shapes
@@ -794,11 +864,13 @@ impl<T: Float> Model<T> {
 
     fn eval(&mut self, batch: usize, x: Input<'_, T>) -> Result<ArrayView2<'_, T>> {
         let nodes = self.tape.nodes.len();
-        for i in 0..nodes {
-            self.forward_node(i, batch, x, NormPass::Eval, 0);
+        for samples in self.chunks(batch) {
+            for i in 0..nodes {
+                self.forward_node(i, samples, x, NormPass::Eval, 0);
+            }
         }
         let (rows, outputs) = (batch * self.tape.out_rows, self.outputs());
-        let out = &self.acts[self.out_buf[nodes - 1]][..rows * outputs];
+        let out = &self.acts[self.act_plan.out_buf[nodes - 1]][..rows * outputs];
         Ok(ArrayView2::from_shape((rows, outputs), out).expect("sized at build"))
     }
 
@@ -881,25 +953,40 @@ impl<T: Float> Model<T> {
         Ok((batch, data))
     }
 
-    /// Runs node `i` from its saved inputs to its saved output: in training (first, or
-    /// again to recompute) or evaluation.
-    fn forward_node(&mut self, i: usize, batch: usize, x: Input<'_, T>, pass: NormPass, step: u64) {
+    /// Runs node `i` over `samples` from its saved inputs to its saved output: in training
+    /// (first, or again to recompute) or evaluation.
+    fn forward_node(
+        &mut self,
+        i: usize,
+        samples: Samples,
+        x: Input<'_, T>,
+        pass: NormPass,
+        step: u64,
+    ) {
+        let (first, batch) = (samples.first, samples.len);
         let node = &self.tape.nodes[i];
-        let (output, others) = split_out(&mut self.acts, self.out_buf[i]);
+        // Where each source's values for `samples` start (the input's at the first's row).
+        let at =
+            |source: Option<usize>| source.map_or(first * node.in_len, |j| self.at(j, samples));
+        let (input_at, skip_at, output_at) =
+            (at(node.input), node.op.skip().map(at), self.at(i, samples));
+        let plan = &self.act_plan;
+        let (output, others) = split_out(&mut self.acts, plan.out_buf[i]);
+        let output = &mut output[output_at..];
         // A recomputation runs in backward, where stored outputs are read widened.
-        let sources = if pass == NormPass::Recompute { &self.back_buf } else { &self.out_buf };
-        let read = |source: Option<usize>| -> &[T] {
+        let sources = if pass == NormPass::Recompute { &plan.back_buf } else { &plan.out_buf };
+        let read = |source: Option<usize>, at: usize| -> &[T] {
             match (source, x) {
-                (Some(j), _) => others.get(sources[j]),
-                (None, Input::Dense(x)) => x,
+                (Some(j), _) => &others.get(sources[j])[at..],
+                (None, Input::Dense(x)) => &x[at..],
                 (None, Input::Sparse(_)) => unreachable!("the sparse input is read below"),
             }
         };
         if let (None, Input::Sparse(x)) = (node.input, x) {
             return sparse_forward(node, &x, &self.params, output);
         }
-        let input = read(node.input);
-        let skip = node.op.skip().map(read);
+        let input = read(node.input, input_at);
+        let skip = node.op.skip().zip(skip_at).map(|(j, at)| read(j, at));
         let ctx = Forward {
             params: &self.params,
             buffers: &mut self.buffers,
@@ -907,6 +994,7 @@ impl<T: Float> Model<T> {
             dropout: (pass != NormPass::Eval).then_some((self.dropout, step)),
             pass,
             sync: sync_of(&mut self.norm_sync),
+            first,
         };
         forward_op(node, batch, ctx, input, skip, output, &mut self.work);
     }
@@ -975,6 +1063,8 @@ pub(crate) struct Forward<'a, T> {
     pub(crate) dropout: Option<(DropoutStream, u64)>,
     pub(crate) pass: NormPass,
     pub(crate) sync: Option<&'a mut dyn SumAcross>,
+    /// The first sample of the chunk run (where its dropout mask and statistics start).
+    pub(crate) first: usize,
 }
 
 /// What a backward reads besides activations.
@@ -984,6 +1074,8 @@ struct Backward<'a, T> {
     dropout: (DropoutStream, u64),
     /// Add to the parameter gradients instead of overwriting them.
     accumulate: bool,
+    /// The first sample of the chunk run.
+    first: usize,
 }
 
 pub(crate) fn forward_op<T: Float>(
@@ -1005,7 +1097,8 @@ pub(crate) fn forward_op<T: Float>(
         Op::Embedding(e) => e.forward(batch, params, x, y),
         Op::TiedHead(h) => h.forward(rows, params, x, y, &mut work.gemm),
         Op::Attention(a) => {
-            let lse = &mut ctx.stats[a.stats_offset..a.stats_offset + batch * a.stats_len()];
+            let at = a.stats_offset + ctx.first * a.stats_len();
+            let lse = &mut ctx.stats[at..at + batch * a.stats_len()];
             a.forward(batch, x, y, lse, &mut work.attention, &mut work.gemm)
         }
         Op::Conv2d(c) => c.forward(batch, params, x, y, &mut work.cols, &mut work.gemm),
@@ -1014,7 +1107,7 @@ pub(crate) fn forward_op<T: Float>(
         Op::Transpose(t) => t.forward(batch, x, y),
         Op::Activation(a) => a.forward(x, y),
         Op::Dropout(d) => match ctx.dropout {
-            Some((stream, step)) => d.forward(stream, step, x, y),
+            Some((stream, step)) => d.forward(stream, step, ctx.first * node.out_len, x, y),
             None => y.copy_from_slice(x),
         },
         Op::BatchNorm(n) => {
@@ -1064,9 +1157,13 @@ fn backward_op<T: Float>(
                 Op::GlobalAvgPool(p) => p.backward(batch, dy, dx),
                 Op::Transpose(t) => t.backward(batch, dy, dx),
                 Op::Activation(a) => a.backward(x, y, dy, dx),
-                Op::Dropout(d) => d.backward(ctx.dropout.0, ctx.dropout.1, dy, dx),
+                Op::Dropout(d) => {
+                    let (stream, step) = ctx.dropout;
+                    d.backward(stream, step, ctx.first * node.out_len, dy, dx)
+                }
                 Op::Attention(a) => {
-                    let lse = &ctx.stats[a.stats_offset..a.stats_offset + batch * a.stats_len()];
+                    let at = a.stats_offset + ctx.first * a.stats_len();
+                    let lse = &ctx.stats[at..at + batch * a.stats_len()];
                     a.backward(batch, x, y, dy, lse, dx, &mut work.attention, &mut work.gemm)
                 }
                 Op::Linear(_)

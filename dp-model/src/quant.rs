@@ -208,5 +208,6 @@ fn eval(params: &[f32]) -> Forward<'_, f32> {
         dropout: None,
         pass: NormPass::Eval,
         sync: None,
+        first: 0,
     }
 }

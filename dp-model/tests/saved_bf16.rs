@@ -1,6 +1,7 @@
-//! Activations kept for backward in bfloat16 ([`SavedPrecision::Bf16`]): forward is bitwise
-//! the f32-storage forward, gradients are the exact gradients of the rounded activations
-//! (checked by hand on a small network), close to f32 storage's, and half the bytes are kept.
+//! Activations kept for backward in bfloat16 ([`SavedPrecision::Bf16`]): forward computes
+//! what the f32-storage forward does (run in chunks of samples, its products may sum in
+//! another order), gradients are the exact gradients of the rounded activations (checked by
+//! hand on a small network), close to f32 storage's, and half the bytes are kept.
 
 mod support;
 
@@ -46,6 +47,8 @@ fn zoo() -> Vec<(ModelSpec, usize)> {
     let gpt = dp_model::GptShape { layers: 2, heads: 2, dim: 32, dropout: 0.1 };
     vec![
         (ModelSpec::mlp(20, &[32, 16], 10), 8),
+        // Chunks of 8 samples, whose products run other kernels than the whole batch's.
+        (ModelSpec::mlp(784, &[512, 256], 10), 64),
         (ModelSpec::lenet([1, 28, 28], 10), 4),
         (ModelSpec::cnn([3, 12, 12], 10), 4),
         (ModelSpec::resnet_cifar(20, [3, 16, 16], 10).unwrap(), 16),
@@ -69,7 +72,7 @@ fn tolerance(name: &str, recompute: &Recompute) -> f64 {
 }
 
 #[test]
-fn forward_is_bitwise_and_gradients_are_close_to_f32_storage() {
+fn forward_is_f32_storage_forward_and_gradients_are_close() {
     for (spec, batch) in zoo() {
         for recompute in [Recompute::Off, Recompute::Auto] {
             let (loss, grads, eval, bytes) =
@@ -82,8 +85,11 @@ fn forward_is_bitwise_and_gradients_are_close_to_f32_storage() {
                 "{case}: gradient error {error:.2e}, saved activations {bytes} -> {bytes16} ({:.3}x)",
                 bytes16 as f64 / bytes as f64
             );
-            assert_eq!(loss.to_bits(), loss16.to_bits(), "{case}: the forward differs");
-            assert!(eval == eval16, "{case}: evaluation differs");
+            // Only the order of a product's sums may differ (at f32's rounding, 6e-8).
+            let loss_error = ((loss16 - loss) / loss).abs();
+            assert!(loss_error < 1e-6, "{case}: the loss differs by {loss_error:e}");
+            let eval_error = relative_error(&eval16, &eval);
+            assert!(eval_error < 1e-6, "{case}: evaluation differs by {eval_error:e}");
             assert!(error > 0.0, "{case}: nothing was rounded");
             assert!(error < tolerance(&spec.name, &recompute), "{case}: gradient error {error}");
         }
@@ -150,7 +156,8 @@ fn gradients_are_exactly_those_of_the_rounded_activations() {
     let spec = ModelSpec::mlp(3, &[4], 2);
     let pool = Pool::new(&Tracker::new());
     let mut rng = Rng::new(5);
-    let batch = 5;
+    // Chunks of 3 samples (an eighth, rounded up), the last of 1.
+    let batch = 19;
     let x = rng.array::<f64>(batch, 3);
     let y = rng.labels(batch, 2);
     for recompute in [Recompute::Off, Recompute::Auto] {

@@ -185,7 +185,7 @@ fn dropout(k: &Kernels, grid: (u32, u32), n: usize, rng: &mut Xoshiro256PlusPlus
         // SAFETY: `x` and `y` hold `n` values.
         unsafe { kernel(x.as_ptr(), y.as_mut_ptr(), n as i64, key, threshold, scale) }
     });
-    layer.forward(stream, step, &x, &mut want);
+    layer.forward(stream, step, 0, &x, &mut want);
     close(&y, &want, &format!("dropout of {n} values, grid {grid:?}"));
 }
 

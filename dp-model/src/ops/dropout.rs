@@ -1,8 +1,9 @@
 //! Inverted dropout with a counter-based mask.
 //!
-//! Whether element `i` is kept is a hash of (seed, replica stream, step, layer, i), so the
-//! mask costs no memory: backward and activation recomputation regenerate exactly the mask
-//! forward used, and a resumed run draws the same masks as an uninterrupted one.
+//! Whether element `i` of a batch is kept is a hash of (seed, replica stream, step, layer,
+//! i), so the mask costs no memory: backward and activation recomputation regenerate exactly
+//! the mask forward used, a resumed run draws the same masks as an uninterrupted one, and a
+//! chunk of the batch (from element `first`) draws the batch's mask for its elements.
 
 use crate::float::Float;
 
@@ -46,8 +47,16 @@ impl Dropout {
         (self.p * 2f64.powi(64)).min(u64::MAX as f64) as u64
     }
 
-    pub(crate) fn forward<T: Float>(&self, stream: DropoutStream, step: u64, x: &[T], y: &mut [T]) {
-        self.apply(stream, step, x, y);
+    /// `x` and `y` hold the batch's elements from `first` on.
+    pub(crate) fn forward<T: Float>(
+        &self,
+        stream: DropoutStream,
+        step: u64,
+        first: usize,
+        x: &[T],
+        y: &mut [T],
+    ) {
+        self.apply(stream, step, first, x, y);
     }
 
     /// The mask is linear, so the input gradient is the output gradient through the same mask.
@@ -55,17 +64,25 @@ impl Dropout {
         &self,
         stream: DropoutStream,
         step: u64,
+        first: usize,
         dy: &[T],
         dx: &mut [T],
     ) {
-        self.apply(stream, step, dy, dx);
+        self.apply(stream, step, first, dy, dx);
     }
 
-    fn apply<T: Float>(&self, stream: DropoutStream, step: u64, src: &[T], dst: &mut [T]) {
+    fn apply<T: Float>(
+        &self,
+        stream: DropoutStream,
+        step: u64,
+        first: usize,
+        src: &[T],
+        dst: &mut [T],
+    ) {
         let key = self.key(stream, step);
         let threshold = self.threshold();
         let scale = T::of(self.scale());
-        for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
+        for (i, (d, &s)) in (first..).zip(dst.iter_mut().zip(src)) {
             let keep = mix(key ^ i as u64) >= threshold;
             *d = if keep { s * scale } else { T::zero() };
         }
@@ -82,17 +99,17 @@ mod tests {
         let x = vec![1.0f64; 100_000];
         let mut y = vec![0.0; x.len()];
         let stream = DropoutStream { seed: 7, stream: 1 };
-        layer.forward(stream, 5, &x, &mut y);
+        layer.forward(stream, 5, 0, &x, &mut y);
         let dropped = y.iter().filter(|&&v| v == 0.0).count() as f64 / x.len() as f64;
         assert!((dropped - 0.3).abs() < 0.01, "dropped {dropped}");
         assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.7).abs() < 1e-12));
 
         let mut other = vec![0.0; x.len()];
         for (s, step) in [(DropoutStream { seed: 7, stream: 2 }, 5), (stream, 6)] {
-            layer.forward(s, step, &x, &mut other);
+            layer.forward(s, step, 0, &x, &mut other);
             assert_ne!(y, other);
         }
-        layer.forward(stream, 5, &x, &mut other);
+        layer.forward(stream, 5, 0, &x, &mut other);
         assert_eq!(y, other);
     }
 }
