@@ -139,6 +139,34 @@ fn a_budget_is_met_with_the_cheapest_settings_and_one_too_small_fails_before_the
 }
 
 #[test]
+fn activations_are_rounded_to_bf16_before_they_are_recomputed() {
+    let data = common::digits();
+    // Every cheaper saver already on, and micro-batches of 511 samples that cannot be
+    // halved: what is left to turn on is bf16 storage, recomputation or fewer replicas.
+    let config = TrainConfig {
+        model: "mlp:8192".into(),
+        global_batch: 2 * 511,
+        share_params: true,
+        zero_stage: 1,
+        data_prefetch: 0,
+        optimizer_bits: 8,
+        ..base(data)
+    };
+    let given = plan_memory(&config, 1).unwrap();
+    let bf16 = TrainConfig { activations: dp_model::SavedPrecision::Bf16, ..config.clone() };
+    let rounded = plan_memory(&bf16, 1).unwrap();
+    // Half of each replica's 8192-wide activations, less the chunks' buffers: tens of MiB.
+    assert!(rounded.predicted_peak + (24 << 20) < given.predicted_peak, "{rounded}\n{given}");
+    // With room for this process's baseline to move between the plans.
+    let budget = rounded.predicted_peak + (8 << 20);
+    let planned =
+        plan_memory(&TrainConfig { memory_budget: Some(MemorySize(budget)), ..config }, 1);
+    let planned = planned.unwrap();
+    assert_eq!(planned.turned_on, ["bf16 saved activations (activations = \"bf16\")"]);
+    assert!(!planned.config.recompute && planned.config.replicas == 2, "{planned}");
+}
+
+#[test]
 fn the_largest_model_for_a_budget_fits_and_the_next_size_does_not() {
     let data = common::digits();
     let config = TrainConfig { memory_budget: Some(MemorySize(400 << 20)), ..base(data) };

@@ -134,7 +134,8 @@ enum UserCmd {
     /// Print the memory a training run would take, predicted by tag before anything starts,
     /// and with --memory-budget the settings it would turn on to fit, cheapest in speed
     /// first: shared parameters, ZeRO-1, no input prefetch, smaller micro-batches
-    /// accumulated, 8-bit optimizer state, recomputation, fewer replicas.
+    /// accumulated, 8-bit optimizer state, bf16 saved activations, recomputation, fewer
+    /// replicas.
     Plan(Box<PlanArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {

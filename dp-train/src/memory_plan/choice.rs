@@ -13,26 +13,30 @@
 //! 4. **Smaller micro-batches**, accumulated to the same global batch: the products run on
 //!    fewer rows, less efficiently, and each micro-batch pays its fixed costs again.
 //! 5. **8-bit optimizer state**: the update dequantizes and requantizes each state value;
-//!    1.13-1.20x the step time measured on the digits MLP and LeNet (`cargo xtask bench train
+//!    1.00-1.08x the step time measured on the digits MLP and LeNet (`cargo xtask bench train
 //!    --filter optim8`), and the state is no longer exact.
-//! 6. **Recomputation**: backward runs the forward of each segment again, about a third more
+//! 6. **bf16 saved activations**: each kept value rounded in forward and widened in
+//!    backward, and the step run in chunks of the batch where it can be; 1.01-1.12x the step
+//!    time, and backward sees rounded activations (accuracy within 0.01 points on the digits
+//!    MLP and LeNet, `cargo xtask bench train --filter bf16act`).
+//! 7. **Recomputation**: backward runs the forward of each segment again, about a third more
 //!    arithmetic.
-//! 7. **Fewer replicas** per process: each one given up is a core not computing.
+//! 8. **Fewer replicas** per process: each one given up is a core not computing.
 //!
-//! The estimates below follow this order; they rank plans, and are not a measurement.
-//!
-//! bf16 saved activations (`activations = "bf16"`) are not among them: they save memory only
-//! on deep models (0.57x on a ResNet-20, more than f32 on the digits MLP and LeNet, whose
-//! largest activation the rounding needs a wide copy of), and cost LeNet 0.9 points of
-//! accuracy; a plan should not trade accuracy unasked. Set it, and the plan counts it.
+//! The estimates below follow this order; they rank plans, and are not a measurement. On the
+//! GPU, which has none of ZeRO-1, shared parameters, 8-bit state, bf16 saved activations and
+//! recomputation yet, only micro-batches and prefetch change.
 
-use crate::config::TrainConfig;
+use dp_model::SavedPrecision;
+
+use crate::config::{Device, TrainConfig};
 use crate::plan::RunPlan;
 
 /// Estimated step-time factors of each setting (see the module docs).
 const ZERO1: f64 = 1.02;
 const NO_PREFETCH: f64 = 1.03;
 const EIGHT_BIT_STATE: f64 = 1.15;
+const BF16_ACTIVATIONS: f64 = 1.1;
 const PER_ACCUMULATION_DOUBLING: f64 = 1.06;
 const RECOMPUTE: f64 = 1.33;
 
@@ -45,7 +49,10 @@ pub(crate) struct Settings {
     pub(crate) zero_stage: u8,
     pub(crate) data_prefetch: usize,
     pub(crate) optimizer_bits: u8,
+    pub(crate) activations: SavedPrecision,
     pub(crate) recompute: bool,
+    /// Where the replicas compute (what the savers above can be turned on on).
+    pub(crate) device: Device,
 }
 
 impl Settings {
@@ -57,7 +64,9 @@ impl Settings {
             zero_stage: config.zero_stage,
             data_prefetch: config.data_prefetch,
             optimizer_bits: config.optimizer_bits,
+            activations: config.activations,
             recompute: config.recompute,
+            device: config.device,
         }
     }
 
@@ -71,6 +80,7 @@ impl Settings {
         config.zero_stage = self.zero_stage;
         config.data_prefetch = self.data_prefetch;
         config.optimizer_bits = self.optimizer_bits;
+        config.activations = self.activations;
         config.recompute = self.recompute;
         let mut batching = plan.batching;
         batching.replicas = self.replicas;
@@ -89,11 +99,13 @@ impl Settings {
         keep_replicas: bool,
     ) -> Vec<Settings> {
         let fewest = if keep_replicas { self.replicas } else { 1 };
+        // Bits of the savers this device has (the GPU: only no prefetch).
+        let savers: u8 = if self.device == Device::Cuda { 1 << 2 } else { 0b11_1111 };
         let mut all = Vec::new();
         for replicas in (fewest..=self.replicas).rev() {
             let mut accum = self.grad_accum;
             while global_batch.is_multiple_of(replicas * processes * accum) {
-                for bits in 0..32u8 {
+                for bits in (0..64u8).filter(|bits| bits & !savers == 0) {
                     let on = |i: u8| bits & (1 << i) != 0;
                     let settings = Settings {
                         replicas,
@@ -103,6 +115,8 @@ impl Settings {
                         data_prefetch: if on(2) { 0 } else { self.data_prefetch },
                         recompute: self.recompute || on(3),
                         optimizer_bits: if on(4) { 8 } else { self.optimizer_bits },
+                        activations: if on(5) { SavedPrecision::Bf16 } else { self.activations },
+                        device: self.device,
                     };
                     if !all.contains(&settings) {
                         all.push(settings);
@@ -117,6 +131,7 @@ impl Settings {
     /// The estimated step time of these settings against `base`'s.
     pub(crate) fn slowdown(&self, base: &Settings) -> f64 {
         let turned = |on: bool, was: bool, factor: f64| if on && !was { factor } else { 1.0 };
+        let bf16 = |s: &Settings| s.activations == SavedPrecision::Bf16;
         let doublings = (self.grad_accum as f64 / base.grad_accum as f64).log2();
         base.replicas as f64 / self.replicas as f64
             * PER_ACCUMULATION_DOUBLING.powf(doublings)
@@ -124,6 +139,7 @@ impl Settings {
             * turned(self.data_prefetch == 0, base.data_prefetch == 0, NO_PREFETCH)
             * turned(self.recompute, base.recompute, RECOMPUTE)
             * turned(self.optimizer_bits == 8, base.optimizer_bits == 8, EIGHT_BIT_STATE)
+            * turned(bf16(self), bf16(base), BF16_ACTIVATIONS)
     }
 
     /// What these settings turn on against `base`, in words.
@@ -153,6 +169,9 @@ impl Settings {
                 self.grad_accum, self.grad_accum
             ));
         }
+        if self.activations == SavedPrecision::Bf16 && base.activations != SavedPrecision::Bf16 {
+            changes.push("bf16 saved activations (activations = \"bf16\")".to_string());
+        }
         if self.recompute && !base.recompute {
             changes.push("activation recomputation (recompute)".to_string());
         }
@@ -163,5 +182,34 @@ impl Settings {
             ));
         }
         changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gpu_is_offered_only_the_savers_it_has() {
+        let cpu = Settings {
+            replicas: 1,
+            grad_accum: 1,
+            share_params: false,
+            zero_stage: 0,
+            data_prefetch: 2,
+            optimizer_bits: 32,
+            activations: SavedPrecision::F32,
+            recompute: false,
+            device: Device::Cpu,
+        };
+        let gpu = Settings { device: Device::Cuda, ..cpu };
+        let offered = |base: &Settings| base.candidates(64, 1, true);
+        // Each saver alone, and accumulation up to micro-batches of one sample.
+        assert_eq!(offered(&cpu).len(), 64 * 7);
+        let on_gpu = offered(&gpu);
+        assert_eq!(on_gpu.len(), 2 * 7);
+        for s in on_gpu {
+            assert_eq!(Settings { data_prefetch: gpu.data_prefetch, grad_accum: 1, ..s }, gpu);
+        }
     }
 }
