@@ -1,13 +1,17 @@
-"""PyTorch DDP's memory for an MLP: the peer of `cargo xtask bench train --filter largest`.
+"""PyTorch DDP's memory for an MLP or a GPT: the peer of `cargo xtask bench train --filter
+largest`.
 
 Trains `mlp:2W,W` (784 inputs, two hidden layers of 2W and W with ReLU, 10 classes, as dp's
-built-in `mlp:2W,W`) with Adam under DistributedDataParallel on `--procs` CPU processes (gloo),
-`--batch` random samples per process per step, for `--steps` steps, and reports what the
-processes held at their peaks. DDP holds in every process the whole model, its gradients,
-Adam's two moments, and its gradient buckets (a copy of the gradients, unless
-`gradient_as_bucket_view`, which is off by default and here too: the setup users run).
+built-in `mlp:2W,W`), or with `--family gpt` dp's `gpt:W,W,64W` (W layers and heads, width 64W;
+`gpt_model.py`, dropout 0) on `--vocab` tokens at `--context`, with Adam under
+DistributedDataParallel on `--procs` CPU processes (gloo), `--batch` random samples per process
+per step, for `--steps` steps, and reports what the processes held at their peaks. DDP holds in
+every process the whole model, its gradients, Adam's two moments, and its gradient buckets (a
+copy of the gradients, unless `gradient_as_bucket_view`, which is off by default and here too:
+the setup users run).
 
     python3 scripts/torch_ddp_memory.py --width 4096 --procs 2 --steps 2
+    python3 scripts/torch_ddp_memory.py --family gpt --width 8 --vocab 256 --context 64
 
 Prints one JSON object: {"torch": version, "params": count, "procs": n, "peak_rss": [each
 process's peak resident bytes], "total_peak_rss": their sum, "seconds": wall time of the
@@ -26,6 +30,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_model import Gpt, GptConfig  # noqa: E402
+
 
 def mlp(width):
     return nn.Sequential(
@@ -39,15 +46,27 @@ def worker(rank, args, port, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.procs)
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(mlp(args.width))
+    if args.family == "gpt":
+        n = args.width
+        config = GptConfig(vocab=args.vocab, context=args.context, layers=n, heads=n,
+                           dim=64 * n, dropout=0.0)
+        model = nn.parallel.DistributedDataParallel(Gpt(config))
+    else:
+        model = nn.parallel.DistributedDataParallel(mlp(args.width))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     started = time.perf_counter()
     for step in range(args.steps):
-        x = torch.randn(args.batch, 784)
-        y = torch.randint(0, 10, (args.batch,))
         optimizer.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
+        if args.family == "gpt":
+            shape = (args.batch, args.context)
+            x, y = torch.randint(0, args.vocab, shape), torch.randint(0, args.vocab, shape)
+            loss = model(x, y)
+        else:
+            x = torch.randn(args.batch, 784)
+            y = torch.randint(0, 10, (args.batch,))
+            loss = loss_fn(model(x), y)
+        loss.backward()
         optimizer.step()
     dist.barrier()
     seconds = time.perf_counter() - started
@@ -60,7 +79,10 @@ def worker(rank, args, port, results):
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--family", choices=["mlp", "gpt"], default="mlp")
     parser.add_argument("--width", type=int, required=True)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4)
