@@ -106,6 +106,7 @@ pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
     PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+    partition_records,
 };
 /// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks, the
 /// rate a server serves a dataset at, and what a block cache takes on disk.

@@ -76,6 +76,32 @@ fn datasets_in_object_storage_read_as_on_disk_within_the_cache_limit() {
     let read = object_stats();
     assert!(read.cache_hits > before.cache_hits, "{read:?}");
 
+    // With partitions, a rank fetches its share: rank 0 of 2 over an epoch, from an empty
+    // cache, against the same rank without them.
+    let fetched_by_rank_0 = |partitions: Option<usize>| {
+        let cache = tempfile::tempdir().unwrap();
+        let mut options = options.clone();
+        options.cache_dir = cache.path().to_path_buf();
+        set_object_options(options);
+        let mut c = config();
+        (c.batch_size, c.world_size, c.partitions) = (16, 2, partitions);
+        let before = object_stats().bytes;
+        let mut pipeline = Pipeline::new(&url, c, vec![]).unwrap();
+        for _ in 0..pipeline.batches_per_epoch() {
+            pipeline.next_batch().unwrap();
+        }
+        drop(pipeline);
+        (object_stats().bytes - before) as f64 / dataset_bytes as f64
+    };
+    let (share, whole) = (fetched_by_rank_0(Some(2)), fetched_by_rank_0(None));
+    println!(
+        "rank 0 of 2 fetched {share:.3} of the dataset's bytes with 2 partitions, {whole:.3} without"
+    );
+    assert!(
+        share < 0.6 && whole > 0.9,
+        "fetched {share:.2} of the dataset with partitions, {whole:.2} without"
+    );
+
     // A cache limit of a quarter of the dataset: three epochs, never above it.
     let small = tempfile::tempdir().unwrap();
     let limit = dataset_bytes / 4;

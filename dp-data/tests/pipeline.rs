@@ -20,13 +20,18 @@ fn temp_dir(name: &str) -> tempfile::TempDir {
 /// A dataset of `records` 4x4 u8 images whose pixels and label encode the record index, in
 /// blocks of a few dozen records.
 fn dataset(dir: &Path, records: u64) {
+    dataset_in_blocks(dir, records, 4 << 10);
+}
+
+/// [`dataset`] in blocks of `block_size` bytes.
+fn dataset_in_blocks(dir: &Path, records: u64, block_size: usize) {
     let schema = Schema::new(vec![
         Feature::dense("image", DType::U8, &[4, 4]),
         Feature::dense("label", DType::I64, &[]),
     ])
     .unwrap();
     let mut options = WriterOptions::default();
-    options.block_size = 4 << 10;
+    options.block_size = block_size;
     options.shard_size = 64 << 10;
     options.threads = 1;
     let mut writer = DatasetWriter::create(dir, schema, options).unwrap();
@@ -470,11 +475,13 @@ proptest! {
     /// Whatever the budget, a pipeline is either refused at construction or never holds more
     /// than the budget, cache included.
     #[test]
-    fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>(), helps in any::<bool>()) {
-        let dir_tmp = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}"));
+    fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>(), helps in any::<bool>(), partitions in 0usize..3) {
+        let dir_tmp = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}-{partitions}"));
         let dir = dir_tmp.path();
         dataset(dir, 1500);
         let mut c = config(batch, 0, 1, 2, prefetch);
+        // None, or 1 or 2 partitions where they divide the batch.
+        c.partitions = (partitions > 0 && batch.is_multiple_of(partitions)).then_some(partitions);
         c.consumer_helps = helps;
         c.memory_budget = budget_kib << 10;
         c.shuffle_window = Some(window);
@@ -622,5 +629,173 @@ fn batches_for_a_gpu_are_the_same_batches_or_refused_without_one() {
             let error = Pipeline::new(dir, for_gpu, augment()).unwrap_err().to_string();
             assert!(error.contains("CUDA") || error.contains("cuda"), "{error} ({reason})");
         }
+    }
+}
+
+/// A rank's first `batches` batches with `partitions`.
+fn parted(
+    dir: &Path,
+    batch: usize,
+    (rank, world): (usize, usize),
+    partitions: usize,
+    tail: TailPolicy,
+    batches: u64,
+) -> Vec<Seen> {
+    let mut c = config(batch, rank, world, 2, 1);
+    c.partitions = Some(partitions);
+    c.tail = tail;
+    take(&mut Pipeline::new(dir, c, vec![]).unwrap(), batches)
+}
+
+/// The first record of each block of the dataset in `dir`.
+fn block_starts(dir: &Path) -> Vec<u64> {
+    let dataset = dp_data::Dataset::open(dir).unwrap();
+    dataset.blocks().map(|b| b.unwrap().first_record()).collect()
+}
+
+/// The smallest blocks, and the most records one holds: 24 bytes each (16 of image, 8 of
+/// label) and the block's own header.
+const SMALL_BLOCK: usize = 4 << 10;
+const MOST_PER_SMALL_BLOCK: u64 = 4096 / 24;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// With partitions, an epoch is each record once over the ranks (all but the partitions'
+    /// tails with `Drop`; every record, some twice, with `Pad`), every rank gets the same
+    /// batches, and the records of a block are read by one rank only.
+    #[test]
+    fn partitions_cover_each_epoch_once_and_give_each_rank_its_own_blocks(records in 1500u64..5000, world in 1usize..4, share in 1usize..3, per in 1usize..6, pad in any::<bool>()) {
+        let dir_tmp = temp_dir(&format!("parts-{records}-{world}-{share}-{per}-{pad}"));
+        let dir = dir_tmp.path();
+        dataset_in_blocks(dir, records, SMALL_BLOCK);
+        let (partitions, batch) = (world * share, share * per);
+        let tail = if pad { TailPolicy::Pad } else { TailPolicy::Drop };
+        let starts = block_starts(dir);
+        prop_assume!(partitions <= starts.len());
+        let mut c = config(batch, 0, world, 1, 0);
+        (c.partitions, c.tail) = (Some(partitions), tail);
+        let per_epoch = Pipeline::new(dir, c, vec![]).unwrap().batches_per_epoch();
+        let (mut seen, mut reader) = (HashMap::new(), HashMap::new());
+        for rank in 0..world {
+            for b in &parted(dir, batch, (rank, world), partitions, tail, per_epoch) {
+                prop_assert_eq!(b.0, 0);
+                for &id in &b.2 {
+                    *seen.entry(id).or_insert(0usize) += 1;
+                    let block = starts.partition_point(|&s| s <= id) - 1;
+                    let first = *reader.entry(block).or_insert(rank);
+                    prop_assert_eq!(first, rank, "block {} read by ranks {} and {}", block, first, rank);
+                }
+            }
+        }
+        let global = (world * batch) as u64;
+        prop_assert_eq!(seen.values().sum::<usize>() as u64, per_epoch * global);
+        if pad {
+            prop_assert_eq!(seen.len() as u64, records, "every record at least once");
+        } else {
+            prop_assert!(seen.values().all(|&n| n == 1), "a record was seen twice");
+            // Partitions differ by less than a block: each drops less than a block and a
+            // partition's share of a batch.
+            let most = partitions as u64 * (MOST_PER_SMALL_BLOCK + (batch / share) as u64);
+            prop_assert!(records - seen.len() as u64 <= most, "{} of {records} dropped", records - seen.len() as u64);
+        }
+    }
+}
+
+/// The global batches are the same for every world size that divides the partitions (each
+/// rank's slice is its partitions' records), and a run resumed with another world size
+/// continues exactly.
+#[test]
+fn partitions_keep_the_order_across_world_sizes_and_resumes() {
+    let dir_tmp = temp_dir("parts-worlds");
+    let dir = dir_tmp.path();
+    dataset_in_blocks(dir, 4000, SMALL_BLOCK);
+    let (partitions, global) = (4, 24);
+    let batches = 40;
+    let global_batches = |world: usize| -> Vec<Vec<u64>> {
+        let ranks: Vec<Vec<Seen>> = (0..world)
+            .map(|rank| {
+                parted(dir, global / world, (rank, world), partitions, TailPolicy::Drop, batches)
+            })
+            .collect();
+        (0..batches as usize)
+            .map(|i| ranks.iter().flat_map(|r| r[i].2.iter().copied()).collect())
+            .collect()
+    };
+    let one = global_batches(1);
+    assert_eq!(one, global_batches(2));
+    assert_eq!(one, global_batches(4));
+    let per_epoch = one.len().min(batches as usize);
+    assert!(one[0] != one[1] && per_epoch == 40);
+
+    // Two ranks for 15 batches, then four from their state.
+    let mut c = config(global / 2, 0, 2, 2, 1);
+    c.partitions = Some(partitions);
+    let mut p = Pipeline::new(dir, c, vec![]).unwrap();
+    take(&mut p, 15);
+    let state = p.state();
+    let resumed: Vec<Vec<Seen>> = (0..4)
+        .map(|rank| {
+            let mut c = config(global / 4, rank, 4, 2, 1);
+            c.partitions = Some(partitions);
+            take(&mut Pipeline::resume(dir, c, vec![], &state).unwrap(), 25)
+        })
+        .collect();
+    for (i, expected) in one[15..].iter().enumerate() {
+        let got: Vec<u64> = resumed.iter().flat_map(|r| r[i].2.iter().copied()).collect();
+        assert_eq!(&got, expected, "batch {} after the resume", 15 + i);
+    }
+}
+
+#[test]
+fn partitions_that_cannot_be_served_are_refused() {
+    let dir_tmp = temp_dir("parts-refused");
+    let dir = dir_tmp.path();
+    dataset_in_blocks(dir, 1000, SMALL_BLOCK);
+    let blocks = dp_data::Dataset::open(dir).unwrap().block_count();
+    for (partitions, world, batch, what) in [
+        (3, 2, 6, "a multiple of the world size"),
+        (4, 2, 3, "divide the global batch"),
+        (0, 1, 8, "a multiple"),
+        (2 * blocks, 1, 2 * blocks, "each needs a block"),
+    ] {
+        let mut c = config(batch, 0, world, 1, 0);
+        c.partitions = Some(partitions);
+        let err = Pipeline::new(dir, c, vec![]).unwrap_err();
+        assert!(
+            matches!(err, Error::Config { field: "partitions", .. })
+                && err.to_string().contains(what),
+            "{partitions} partitions, world {world}, batch {batch}: {err}"
+        );
+    }
+}
+
+/// A rank decompresses (and so fetches, from object storage) the blocks of its partitions
+/// only: its reading ahead stays within them too.
+#[test]
+fn each_rank_loads_only_its_partitions_blocks() {
+    let dir_tmp = temp_dir("parts-loads");
+    let dir = dir_tmp.path();
+    dataset_in_blocks(dir, 4000, SMALL_BLOCK);
+    let starts = block_starts(dir);
+    let world = 4;
+    for rank in 0..world {
+        // Made on this thread (no prefetch), so that no batch of the next epoch is begun.
+        let mut c = config(6, rank, world, 1, 0);
+        (c.partitions, c.cache, c.share_blocks) = (Some(4), false, false);
+        let mut p = Pipeline::new(dir, c, vec![]).unwrap();
+        let n = p.batches_per_epoch();
+        let read: std::collections::HashSet<usize> = take(&mut p, n)
+            .iter()
+            .flat_map(|b| b.2.iter().map(|&id| starts.partition_point(|&s| s <= id) - 1))
+            .collect();
+        let loaded = p.stats().blocks_loaded as usize;
+        // Again only a block two windows share, released between them: a few.
+        assert!(
+            (read.len()..=read.len() + 3).contains(&loaded),
+            "rank {rank} read {} of {} blocks and loaded {loaded}",
+            read.len(),
+            starts.len()
+        );
     }
 }

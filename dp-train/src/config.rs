@@ -164,6 +164,13 @@ pub struct TrainConfig {
     pub data_cache: bool,
     /// Blocks shuffled together (0: no shuffle).
     pub shuffle_window: usize,
+    /// Fixed partitions of the training data's blocks (see dp-data's
+    /// `PipelineConfig::partitions`): each replica reads, fetches from object storage and
+    /// caches only its own partitions' blocks, and the order stays the same for any number of
+    /// replicas that divides it. A multiple of replicas x processes that divides their micro-
+    /// batches' sum; a record dataset's. Absent (the default): every replica draws on every
+    /// block of a shuffle window.
+    pub data_partitions: Option<usize>,
     /// Gradient bucket size for the all-reduce, in MiB.
     pub bucket_mib: f64,
     /// Gradient compression: `none`, `bf16` or `int8`.
@@ -570,6 +577,7 @@ impl Default for TrainConfig {
             data_prefetch: 2,
             data_cache: false,
             shuffle_window: 8,
+            data_partitions: None,
             bucket_mib: 25.0,
             compression: GradCompression::None,
             checkpoint_every: 0,

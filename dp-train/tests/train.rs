@@ -516,3 +516,41 @@ fn an_eval_set_that_leaves_a_replica_only_repeats_is_evaluated_once_each() {
     let eval = dp_train::SavedRun::open(&dir).unwrap().evaluate(&data.0.join("eval"), false);
     assert_eq!(eval.unwrap().model.accuracy, summary.eval_accuracy);
 }
+
+#[test]
+fn partitioned_data_trains_alike_on_any_replicas_that_divide_it() {
+    let mut finals = Vec::new();
+    for replicas in [1, 2, 4] {
+        let out = TempDir::new(&format!("partitions-{replicas}"));
+        let c = TrainConfig { data_partitions: Some(4), eval_data: None, ..config(replicas, 6) };
+        let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+        assert_eq!(summary.steps, 6);
+        finals.push(final_params(&run_dir(&out.0)));
+    }
+    for (i, replicas) in [2, 4].iter().enumerate() {
+        let diff = max_relative_difference(&finals[i + 1], &finals[0]);
+        assert!(diff <= 1e-5, "{replicas} replicas differ from 1 by {diff}");
+    }
+    // An epoch is as many steps as the pipelines make batches: the shortest partition's.
+    let out = TempDir::new("partitions-epoch");
+    let mut info = Info::default();
+    let c = TrainConfig { data_partitions: Some(4), eval_data: None, ..config(2, 2) };
+    train(c.clone(), &RunOptions::new(&out.0), &mut info).unwrap();
+    let mut pipeline = dp_data::PipelineConfig::default();
+    (pipeline.batch_size, pipeline.world_size, pipeline.partitions) = (32, 2, Some(4));
+    let run = info.0.expect("the run started");
+    (pipeline.input, pipeline.label) = ("image".into(), "label".into());
+    let batches =
+        dp_data::Pipeline::new(&c.train_data, pipeline, vec![]).unwrap().batches_per_epoch();
+    assert_eq!(run.steps_per_epoch, batches);
+    assert_eq!(run.dropped_per_epoch, 2048 - batches * 64);
+
+    let out = TempDir::new("partitions-refused");
+    let c = TrainConfig { data_partitions: Some(3), eval_data: None, ..config(2, 2) };
+    let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+    assert!(
+        error.contains("data_partitions") && error.contains("multiple of processes x replicas"),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_dir(&out.0).map_or(0, |d| d.count()), 0, "no run directory");
+}

@@ -52,6 +52,16 @@ pub struct PipelineConfig {
     pub shuffle_window: Option<usize>,
     /// The last, partial global batch of an epoch.
     pub tail: TailPolicy,
+    /// `None`: one order of every block, whose records each rank's batches draw on (every
+    /// rank reads every block of a window). `Some(p)`: the blocks dealt once to `p` fixed
+    /// partitions, each shuffled on its own and giving every global batch `1/p` of its
+    /// records, and each rank reading only its own partitions' blocks: a rank fetches only its
+    /// share of a dataset in object storage, and caches only that. `p` must be a multiple of
+    /// the world size and divide the global batch; the order then stays the same for any
+    /// world size that divides `p`. An epoch is as many batches as the shortest partition
+    /// fills (`TailPolicy::Drop`; the others' last records wait for a later epoch) or the
+    /// longest needs (`Pad`).
+    pub partitions: Option<usize>,
     /// Worker threads, each making whole batches.
     pub workers: usize,
     /// Batches that may be made ahead of the consumer beyond one per worker. 0: no worker
@@ -106,6 +116,7 @@ impl Default for PipelineConfig {
             seed: 0,
             shuffle_window: Some(8),
             tail: TailPolicy::Drop,
+            partitions: None,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             prefetch: 2,
             consumer_helps: false,
@@ -140,6 +151,20 @@ impl PipelineConfig {
             return fail(
                 "shuffle_window",
                 "must be at least 1 block (or None for no shuffle)".into(),
+            );
+        }
+        if let Some(p) = self.partitions
+            && (p == 0
+                || !p.is_multiple_of(self.world_size)
+                || !self.global_batch().is_multiple_of(p))
+        {
+            return fail(
+                "partitions",
+                format!(
+                    "{p} must be a multiple of the world size {} and divide the global batch {}",
+                    self.world_size,
+                    self.global_batch()
+                ),
             );
         }
         if !(1..=256).contains(&self.workers) {

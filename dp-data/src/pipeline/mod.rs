@@ -17,12 +17,16 @@
 //! While a window is batched, the next one is decoded a share per batch, so decoding never
 //! comes in a burst that holds up one rank of a lockstep job. Every rank's slices draw on every
 //! block of a window; the ranks of one process (a trainer's replica threads) share what they
-//! decode, so each block is decompressed once for all of them (`shared_blocks.rs`).
+//! decode, so each block is decompressed once for all of them (`shared_blocks.rs`). With
+//! `partitions`, the order is one over fixed partitions of the blocks instead, and each rank
+//! reads only its own partitions' blocks (`partitions.rs`).
 
 mod batch;
 mod blocks;
 mod config;
 mod disk_cache;
+mod order;
+mod partitions;
 pub(crate) mod permutation;
 mod plan;
 mod producer;
@@ -50,6 +54,7 @@ use crate::dataset::{Dataset, ReadOptions};
 use crate::error::{Error, Result};
 use crate::schema::{DType, Feature, Kind};
 use blocks::BlockTable;
+use partitions::Partitions;
 use permutation::hash;
 use plan::BlockSizes;
 use producer::{Columns, Producer, Shared, SparseColumn};
@@ -157,7 +162,23 @@ impl Pipeline {
         let transforms: Arc<[Box<dyn Transform>]> = transforms.into();
         let config_hash = stream_hash(&dataset, &config, &transforms);
         let global_batch = config.global_batch() as u64;
-        let batches_per_epoch = Producer::batches_per_epoch(dataset.len(), &config);
+        let sizes = Arc::new(BlockSizes::new(dataset.block_records()));
+        let partitions = match config.partitions {
+            Some(p) if p > sizes.count() => {
+                return Err(Error::Config {
+                    field: "partitions",
+                    what: format!(
+                        "{p} partitions of the {} blocks of {}: each needs a block at least",
+                        sizes.count(),
+                        dir.display()
+                    ),
+                });
+            }
+            Some(p) => Some(Arc::new(Partitions::new(&sizes, p))),
+            None => None,
+        };
+        let batches_per_epoch =
+            Producer::batches_per_epoch(dataset.len(), partitions.as_deref(), &config);
         let next = match state {
             None => (0, 0),
             Some(s) => {
@@ -203,7 +224,8 @@ impl Pipeline {
         let blocks =
             BlockTable::new(dataset.block_count(), cached, config.on_corruption, disk, share);
         let shared = Arc::new(Shared {
-            sizes: Arc::new(BlockSizes::new(dataset.block_records())),
+            sizes,
+            partitions,
             dataset,
             config: config.clone(),
             transforms,
@@ -602,13 +624,29 @@ fn plan_memory(
     // Decoded blocks are kept from the window the latest finished batch's successor starts in
     // to the one read ahead of the furthest batch being made, at most `makers + prefetch`
     // batches on; a worker that fell behind still holds its own batch's blocks.
-    let ahead = (makers + config.prefetch as u64 + 1).saturating_mul(config.global_batch() as u64);
-    let window_records = window.saturating_mul(min_records);
-    let spans = ahead.div_ceil(window_records)
-        + 3
-        + (config.batch_size as u64).div_ceil(window_records)
-        + 1;
-    let held = spans.saturating_mul(window).min(blocks.max(1));
+    let sizes = BlockSizes::new(sizes);
+    let (cursors, window_blocks, table) = producer::cursors_for(&sizes, config);
+    let (held, window) = match config.partitions {
+        None => {
+            let ahead =
+                (makers + config.prefetch as u64 + 1).saturating_mul(config.global_batch() as u64);
+            let window_records = window.saturating_mul(min_records);
+            let spans = ahead.div_ceil(window_records)
+                + 3
+                + (config.batch_size as u64).div_ceil(window_records)
+                + 1;
+            (spans.saturating_mul(window).min(blocks.max(1)), window)
+        }
+        // The same for each partition this rank reads, a window of it `table` records over at
+        // most `window_blocks` blocks.
+        Some(count) => {
+            let per_batch = (config.global_batch() / count) as u64;
+            let ahead = (makers + config.prefetch as u64 + 1).saturating_mul(per_batch);
+            let spans = ahead.div_ceil(table.max(1) as u64) + 3 + 1;
+            let window = ((cursors - 1) * window_blocks) as u64;
+            (spans.saturating_mul(window).min(blocks.max(1)), window)
+        }
+    };
     // Every buffer is at least one 64-byte block.
     let buffer = |bytes: u64| bytes.max(64);
     let targets = match columns.label_dtype.is_float() {
@@ -632,10 +670,8 @@ fn plan_memory(
         + sparse;
     // Batches being made, made ahead, held by the consumer, and being dropped.
     let batches = (makers + config.prefetch as u64 + 2) * batch_bytes;
-    let sizes = BlockSizes::new(sizes);
-    let table = plan::EpochPlan::max_window_records(&sizes, config.shuffle_window) as u64;
-    // Each maker's window table.
-    let tables = makers * buffer(table.max(1) * 8);
+    // Each maker's window tables.
+    let tables = makers * cursors as u64 * buffer(table.max(1) as u64 * 8);
     // Size classes round up by at most ~3%, and a buffer may take a cached block one class up.
     let rounding = |bytes: u64| bytes + bytes / 14;
     let working = rounding(
@@ -676,6 +712,12 @@ fn plan_memory(
     Ok((minimum, if cached { everything } else { working }, cached))
 }
 
+/// The records of each of the `count` partitions that [`PipelineConfig::partitions`] deals
+/// `dataset`'s blocks into: a trainer's epoch is as many global batches as the shortest fills.
+pub fn partition_records(dataset: &Dataset, count: usize) -> Vec<u64> {
+    Partitions::new(&BlockSizes::new(dataset.block_records()), count.max(1)).records().to_vec()
+}
+
 /// A hash of the dataset's identity: its records and its shards' checksums.
 fn config_hash_of_dataset(dataset: &Dataset) -> u64 {
     let mut words = vec![dataset.len()];
@@ -700,6 +742,10 @@ fn stream_hash(
         TailPolicy::Drop => 1,
         TailPolicy::Pad => 2,
     });
+    // Only where set, so that the streams without partitions keep their hashes.
+    if let Some(p) = config.partitions {
+        words.push(0x9A27 ^ p as u64);
+    }
     words.extend(dataset.manifest().shards.iter().map(|s| u64::from(s.crc32c)));
     words.push(text(&config.input));
     words.push(text(&config.label));

@@ -32,6 +32,16 @@ impl BlockSizes {
     pub(crate) fn count(&self) -> usize {
         self.records.len()
     }
+
+    /// Records of block `b`.
+    pub(crate) fn records(&self, b: usize) -> u64 {
+        self.records[b]
+    }
+
+    /// Records of all blocks.
+    pub(crate) fn total(&self) -> u64 {
+        self.records.iter().sum()
+    }
 }
 
 /// The layout of one epoch.
@@ -56,13 +66,14 @@ struct Shuffled {
 /// first used and reused from window to window: a lookup is then one table read.
 #[derive(Debug)]
 pub(crate) struct WindowCursor {
-    window: Option<usize>,
-    /// Epoch positions of the window: `start..end`.
-    start: u64,
-    end: u64,
-    blocks: Vec<usize>,
+    /// The window laid out: (partition, window), the partition 0 without partitions.
+    pub(super) window: Option<(usize, usize)>,
+    /// Positions of the window (in the epoch, or in its partition): `start..end`.
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) blocks: Vec<usize>,
     /// The window's records in stream order, each `index into blocks << 32 | row`.
-    order: PoolBuf<u64>,
+    pub(super) order: PoolBuf<u64>,
 }
 
 impl WindowCursor {
@@ -160,7 +171,7 @@ impl EpochPlan {
     /// Lays out window `w`'s records in `cursor`: in block order, then (when shuffling)
     /// permuted by a Fisher-Yates shuffle seeded from (seed, epoch, window).
     fn lay_out(&self, w: usize, cursor: &mut WindowCursor) {
-        cursor.window = Some(w);
+        cursor.window = Some((0, w));
         (cursor.start, cursor.end) = (self.window_starts[w], self.window_starts[w + 1]);
         cursor.blocks.clear();
         cursor.blocks.extend(self.blocks_of(w));

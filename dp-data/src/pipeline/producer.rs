@@ -10,6 +10,8 @@ use dp_mem::{PinnedBackend, Pool, Reservation, Tag};
 use super::batch::{Batch, CsrBatch, Inputs};
 use super::blocks::{BlockTable, Needed, WindowTag};
 use super::config::{CorruptionPolicy, PipelineConfig, TailPolicy};
+use super::order::Order;
+use super::partitions::{Geometry, PartitionedPlan, Partitions};
 use super::permutation::hash;
 use super::plan::{BlockSizes, EpochPlan, WindowCursor};
 use super::stats::PipelineStats;
@@ -50,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) transforms: Arc<[Box<dyn Transform>]>,
     pub(crate) columns: Columns,
     pub(crate) sizes: Arc<BlockSizes>,
+    /// With `partitions`: the blocks of each partition.
+    pub(crate) partitions: Option<Arc<Partitions>>,
     pub(crate) pool: Pool,
     /// Where batch inputs are made when they feed a GPU (accounted with `pool`'s).
     pub(crate) page_locked: Option<Pool<PinnedBackend>>,
@@ -57,7 +61,7 @@ pub(crate) struct Shared {
     pub(crate) stats: Mutex<PipelineStats>,
     pub(crate) batches_per_epoch: u64,
     /// The plan of the latest epoch a worker has started, laid out once for all of them.
-    pub(crate) plan: Mutex<Option<(u64, Arc<EpochPlan>)>>,
+    pub(crate) plan: Mutex<Option<(u64, Arc<Order>)>>,
 }
 
 /// One record of the batch being made.
@@ -74,8 +78,10 @@ struct Slot {
 /// One worker's batch maker.
 pub(crate) struct Producer {
     shared: Arc<Shared>,
-    plan: Option<(u64, Arc<EpochPlan>)>,
-    cursor: WindowCursor,
+    plan: Option<(u64, Arc<Order>)>,
+    /// The windows laid out: one without partitions; with them, one per partition this rank
+    /// reads and a spare for another's (a record replacing one of an unreadable block).
+    cursors: Vec<WindowCursor>,
     slots: Vec<Slot>,
     /// The batch's blocks, sorted and distinct, and what the table found for each (`None`
     /// for an unreadable block once all are found).
@@ -105,12 +111,14 @@ pub(crate) struct Producer {
 
 impl Producer {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<Self> {
-        let window_records =
-            EpochPlan::max_window_records(&shared.sizes, shared.config.shuffle_window);
+        let (cursors, window_blocks, window_records) = cursors_for(&shared.sizes, &shared.config);
+        let cursors = (0..cursors)
+            .map(|_| WindowCursor::new(&shared.pool, window_blocks, window_records))
+            .collect::<Result<Vec<_>>>()?;
         let b = shared.config.batch_size;
-        let window_blocks = shared.config.shuffle_window.unwrap_or(1).min(shared.sizes.count());
+        let window_blocks = window_blocks * cursors.len();
         Ok(Producer {
-            cursor: WindowCursor::new(&shared.pool, window_blocks, window_records)?,
+            cursors,
             plan: None,
             slots: Vec::with_capacity(b),
             needed: Vec::with_capacity(b),
@@ -129,24 +137,42 @@ impl Producer {
     }
 
     /// Batches per epoch for every rank.
-    pub(crate) fn batches_per_epoch(records: u64, config: &PipelineConfig) -> u64 {
+    pub(crate) fn batches_per_epoch(
+        records: u64,
+        partitions: Option<&Partitions>,
+        config: &PipelineConfig,
+    ) -> u64 {
         let global = config.global_batch() as u64;
-        match config.tail {
-            TailPolicy::Drop => records / global,
-            TailPolicy::Pad => records.div_ceil(global),
+        match (partitions, config.tail) {
+            (Some(parts), tail) => parts.batches_per_epoch(global / parts.count() as u64, tail),
+            (None, TailPolicy::Drop) => records / global,
+            (None, TailPolicy::Pad) => records.div_ceil(global),
         }
     }
 
-    fn plan(&mut self, epoch: u64) -> &EpochPlan {
+    fn plan(&mut self, epoch: u64) -> &Order {
         if self.plan.as_ref().is_none_or(|(e, _)| *e != epoch) {
             let mut latest = self.shared.plan.lock().unwrap_or_else(PoisonError::into_inner);
             let plan = match &*latest {
                 Some((e, plan)) if *e == epoch => Arc::clone(plan),
                 _ => {
-                    let config = &self.shared.config;
-                    let sizes = Arc::clone(&self.shared.sizes);
-                    let plan =
-                        Arc::new(EpochPlan::new(sizes, config.seed, epoch, config.shuffle_window));
+                    let shared = &self.shared;
+                    let (config, sizes) = (&shared.config, Arc::clone(&shared.sizes));
+                    let plan = Arc::new(match &shared.partitions {
+                        None => Order::Whole(EpochPlan::new(
+                            sizes,
+                            config.seed,
+                            epoch,
+                            config.shuffle_window,
+                        )),
+                        Some(partitions) => Order::Parted(PartitionedPlan::new(
+                            partitions,
+                            Arc::clone(&sizes),
+                            Geometry::new(&sizes, config, partitions.count()),
+                            (config.seed, epoch, config.shuffle_window.is_some()),
+                            shared.batches_per_epoch,
+                        )),
+                    });
                     // A worker that fell behind into an earlier epoch keeps its plan to itself.
                     if latest.as_ref().is_none_or(|(e, _)| *e < epoch) {
                         *latest = Some((epoch, Arc::clone(&plan)));
@@ -156,7 +182,7 @@ impl Producer {
             };
             drop(latest);
             self.plan = Some((epoch, plan));
-            self.cursor.reset();
+            self.cursors.iter_mut().for_each(WindowCursor::reset);
         }
         &self.plan.as_ref().unwrap_or_else(|| unreachable!("set above")).1
     }
@@ -278,7 +304,7 @@ impl Producer {
     fn locate_one(&mut self, epoch: u64, position: u64) -> (usize, usize) {
         self.plan(epoch);
         let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by plan()")).1;
-        plan.locate(position, &mut self.cursor)
+        plan.locate(position, &mut self.cursors)
     }
 
     /// Sets what to read ahead of a batch whose records end at epoch position `last`: the
@@ -291,11 +317,11 @@ impl Producer {
         let (rank, world, global) = (config.rank, config.world_size, config.global_batch());
         let tag: WindowTag = (epoch, plan.window_of(last));
         let next = tag.1 + 1;
-        let batches = plan.window_records(tag.1).div_ceil(global as u64).max(1);
+        let batches = plan.batches_in(tag.1, global as u64);
         self.ahead.clear();
         self.ahead_tag = (epoch, next);
         if next < plan.windows() {
-            self.ahead.extend(plan.blocks_of(next));
+            plan.blocks_of(next, &mut self.ahead);
             // Each rank starts on its own part of the window, so that ranks sharing decoded
             // blocks (see `shared_blocks`) decode different ones at the same time.
             let turn = rank * self.ahead.len() / world.max(1);
@@ -310,7 +336,11 @@ impl Producer {
             };
             // Only a head start: a block whose fetch fails is fetched again when it is read,
             // which reports the failure.
-            let windows = (tag.1..plan.windows()).map(|w| plan.blocks_of(w).collect());
+            let windows = (tag.1..plan.windows()).map(|w| {
+                let mut blocks = Vec::new();
+                plan.blocks_of(w, &mut blocks);
+                blocks
+            });
             if let Ok(covered) = self.shared.dataset.prefetch_windows(windows, skip) {
                 self.fetched_until = (tag.0, tag.1 + covered);
             }
@@ -444,9 +474,9 @@ impl Producer {
             }
         }
         let config = &shared.config;
-        let records = shared.dataset.len();
         let global_start = index * config.global_batch() as u64 + config.rank as u64 * b as u64;
-        let padded = (global_start + b as u64).saturating_sub(records.max(global_start)) as usize;
+        let plan = &self.plan.as_ref().unwrap_or_else(|| unreachable!("set by locate")).1;
+        let padded = (global_start..global_start + b as u64).filter(|&q| plan.padding(q)).count();
         Ok(Batch {
             epoch,
             index,
@@ -455,7 +485,7 @@ impl Producer {
             targets,
             ids,
             shape: Arc::clone(&columns.shape),
-            padded: padded.min(b),
+            padded,
             // This batch's own counter: stats are published per batch.
             replaced: stats.replaced_records as usize,
             sparse,
@@ -644,6 +674,25 @@ impl ImageJob<'_> {
             stats.undecodable_images += 1;
             stats.last_skipped = Some(error.to_string());
             *rng = Rng::new(hash(&[config.seed, self.epoch, block.first_record() + at as u64]));
+        }
+    }
+}
+
+/// The window cursors a batch maker needs for `config`, and the blocks and records of each.
+pub(crate) fn cursors_for(sizes: &BlockSizes, config: &PipelineConfig) -> (usize, usize, usize) {
+    match config.partitions {
+        None => (
+            1,
+            config.shuffle_window.unwrap_or(1).min(sizes.count()),
+            EpochPlan::max_window_records(sizes, config.shuffle_window),
+        ),
+        Some(count) => {
+            let window = Geometry::new(sizes, config, count).window;
+            (
+                count / config.world_size + 1,
+                Partitions::window_blocks(sizes, window),
+                window as usize,
+            )
         }
     }
 }

@@ -47,6 +47,7 @@ impl TokenPipeline {
         context: usize,
         train: bool,
     ) -> Result<Self> {
+        refuse_partitions(config)?;
         let tracker = Tracker::new();
         tracker.set_budget(Some(config.memory_budget));
         let pool = Pool::new(&tracker);
@@ -166,6 +167,7 @@ impl TokenPipeline {
         config: &PipelineConfig,
         context: usize,
     ) -> Result<u64> {
+        refuse_partitions(config)?;
         let dataset = TokenDataset::open(dir.as_ref())?;
         let tokens_bytes = dataset.len() * dataset.width().bytes() as u64;
         Ok(held_bytes(tokens_bytes, config.batch_size, context))
@@ -203,4 +205,16 @@ impl TokenPipeline {
 fn held_bytes(tokens_bytes: u64, batch: usize, context: usize) -> u64 {
     let per_batch = batch * context * (4 + 8) + batch * 8;
     tokens_bytes + (batch * (context + 1) * 4 + 2 * per_batch) as u64
+}
+
+/// A token dataset is read whole into every rank's memory: there is no share of its blocks
+/// for partitions to give a rank.
+fn refuse_partitions(config: &PipelineConfig) -> Result<()> {
+    match config.partitions {
+        None => Ok(()),
+        Some(_) => Err(crate::Error::Config {
+            field: "partitions",
+            what: "apply to record datasets; a token dataset is held whole by every rank".into(),
+        }),
+    }
 }

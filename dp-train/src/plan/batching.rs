@@ -77,6 +77,45 @@ impl Batching {
     }
 }
 
+impl Batching {
+    /// The batching of `config` (resolved) when its training data is dealt to
+    /// `data_partitions` partitions of `partition_records` records each: every global batch
+    /// takes an equal share of each, so an epoch is as many steps as the shortest fills.
+    pub(crate) fn partitioned(
+        mut self,
+        config: &TrainConfig,
+        partition_records: &[u64],
+    ) -> Result<Self> {
+        let count = partition_records.len();
+        let (world, micro_global) =
+            (self.replicas * self.processes, self.micro * self.replicas * self.processes);
+        if count == 0 || !count.is_multiple_of(world) || !micro_global.is_multiple_of(count) {
+            return Err(Error::config(
+                "data_partitions",
+                format!(
+                    "{count} must be a multiple of processes x replicas = {world} and divide their micro-batches' {micro_global} samples"
+                ),
+            ));
+        }
+        let per_batch = (micro_global / count) as u64;
+        let batches = partition_records.iter().map(|&l| l / per_batch).min().unwrap_or(0);
+        self.steps_per_epoch = batches / config.grad_accum as u64;
+        if self.steps_per_epoch == 0 {
+            return Err(Error::config(
+                "data_partitions",
+                format!(
+                    "{count} partitions of the training records leave none a global batch's share"
+                ),
+            ));
+        }
+        let records: u64 = partition_records.iter().sum();
+        self.dropped_per_epoch = records - self.steps_per_epoch * config.global_batch as u64;
+        self.total_steps =
+            config.steps.unwrap_or(config.epochs.saturating_mul(self.steps_per_epoch));
+        Ok(self)
+    }
+}
+
 /// Tokens per step of a language model's run when the config leaves the global batch to it.
 /// The records' rule counts samples, and a window is `context` samples' worth of work: it
 /// would take 256 windows of 256 tokens (65,536 tokens a step) on a 1 MB corpus, far too much

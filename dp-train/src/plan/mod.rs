@@ -139,6 +139,18 @@ impl RunPlan {
         }
         let (batching, mut config) =
             Batching::resolve(config, samples, context, processes, sparse_defaults)?;
+        let batching = match (config.data_partitions, &text) {
+            (None, _) => batching,
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    "data_partitions",
+                    "apply to record datasets; a token dataset is held whole by every replica",
+                ));
+            }
+            (Some(count), None) => {
+                batching.partitioned(&config, &dp_data::partition_records(&train, count))?
+            }
+        };
         if unnormalized_sgd {
             // Known only now that the global batch is.
             config.lr = Some(unnormalized_sgd_lr(&spec, config.global_batch));
@@ -446,6 +458,7 @@ pub(crate) fn pipeline_config(
     if train {
         p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
         p.tail = TailPolicy::Drop;
+        p.partitions = config.data_partitions;
     } else {
         p.shuffle_window = None;
         p.tail = TailPolicy::Pad;
