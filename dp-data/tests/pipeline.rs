@@ -768,6 +768,10 @@ fn partitions_that_cannot_be_served_are_refused() {
             "{partitions} partitions, world {world}, batch {batch}: {err}"
         );
     }
+    // A window larger than the dataset is a whole partition's shuffle, not an overflow.
+    let mut full = config(8, 0, 1, 1, 0);
+    (full.partitions, full.shuffle_window) = (Some(2), Some(usize::MAX));
+    assert_eq!(Pipeline::new(dir, full, vec![]).unwrap().next_batch().unwrap().len(), 8);
 }
 
 /// A rank decompresses (and so fetches, from object storage) the blocks of its partitions

@@ -3,7 +3,8 @@
 //! nodes do.
 //!
 //! The blocks are dealt once, in dataset order, to `P` partitions, each block to the one with
-//! the fewest records so far: the same partitions every epoch, a few records apart in length.
+//! the fewest records so far: the same partitions every epoch, less than a block apart in
+//! length.
 //! Each epoch, a partition's blocks come in a random order, and its records (their
 //! concatenation in that order) are shuffled within windows of `M` records. Global batch `i`
 //! is records `i c .. (i + 1) c` of every partition in turn, `c = G / P` of each for a global
@@ -69,11 +70,13 @@ impl Partitions {
         }
     }
 
-    /// The records a partition's window holds: at least `window` blocks' worth on average,
-    /// rounded up to whole batches of `per_batch` records.
+    /// The records a partition's window holds: at least `window` blocks' worth on average
+    /// (a window larger than the dataset is the dataset), rounded up to whole batches of
+    /// `per_batch` records.
     pub(crate) fn window_records(sizes: &BlockSizes, window: usize, per_batch: u64) -> u64 {
         let mean = sizes.total().div_ceil(sizes.count().max(1) as u64).max(1);
-        (window as u64 * mean).div_ceil(per_batch.max(1)).max(1) * per_batch.max(1)
+        let records = (window.min(sizes.count()) as u64).max(1) * mean;
+        records.div_ceil(per_batch.max(1)) * per_batch.max(1)
     }
 
     /// The most blocks a partition's window overlaps: records of `window_records` from its
