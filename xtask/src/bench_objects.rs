@@ -50,7 +50,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         Ok(path)
     };
     let remote = PathBuf::from(&url);
-    let (mut pipeline, mut training) = (vec![], vec![]);
+    let (mut pipeline, mut training, mut server_cores) = (vec![], vec![], vec![]);
     for round in 0..ROUNDS {
         let disk = epoch_rate(&local, workers)?;
         cache(&format!("cache-{round}"), 10 << 30)?;
@@ -59,7 +59,12 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         pipeline.push((disk, cold, warm));
         let disk = train_rate(&local, &scratch.join(format!("runs-{round}")))?;
         cache(&format!("train-cache-{round}"), 10 << 30)?;
+        let cpu = server.cpu_seconds();
         let cold = train_rate(&remote, &scratch.join(format!("runs-cold-{round}")))?;
+        // The cores the server took while the run trained, over the run's time.
+        if let (Some(before), Some(after)) = (cpu, server.cpu_seconds()) {
+            server_cores.push((after - before) * cold / (TRAIN_STEPS as f64 * BATCH as f64));
+        }
         let warm = train_rate(&remote, &scratch.join(format!("runs-warm-{round}")))?;
         training.push((disk, cold, warm));
     }
@@ -81,6 +86,12 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         let warm = median(rows.iter().map(|r| r.2 / r.0));
         println!(
             "  {name:<15} local {disk:>10.0} {unit}   s3 cold cache {cold:.3}x (target 0.8x)   warm cache {warm:.3}x (target 0.95x)"
+        );
+    }
+    if !server_cores.is_empty() {
+        println!(
+            "  the server on this machine took {:.2} of its {workers} cores while the cold runs trained (their time counts the training's wait for fetches too)",
+            median(server_cores.into_iter())
         );
     }
 

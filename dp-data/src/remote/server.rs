@@ -94,6 +94,21 @@ impl LocalS3 {
         }
     }
 
+    /// The CPU time the running server has taken, in seconds (what its threads' scheduler
+    /// statistics say, on Linux; `None` elsewhere, or when it is not running): on a machine
+    /// whose cores also train, the server's share of them bounds what a cold read reaches.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let nanos: u64 = tasks
+            .filter_map(|task| {
+                let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+                stat.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .sum();
+        Some(nanos as f64 * 1e-9)
+    }
+
     /// The URL of `prefix` in the bucket.
     pub fn url(&self, prefix: &str) -> String {
         format!("s3://bucket/{prefix}")
