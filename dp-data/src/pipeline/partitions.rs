@@ -79,11 +79,18 @@ impl Partitions {
         records.div_ceil(per_batch.max(1)) * per_batch.max(1)
     }
 
-    /// The most blocks a partition's window overlaps: records of `window_records` from its
-    /// smallest blocks, and one more cut at each end.
+    /// The most blocks a partition's window overlaps: as many of the dataset's smallest blocks
+    /// as it takes to hold `window_records` records, and one more cut at the start (a shard's
+    /// last block is small; the others are about equal).
     pub(crate) fn window_blocks(sizes: &BlockSizes, window_records: u64) -> usize {
-        let smallest = (0..sizes.count()).map(|b| sizes.records(b)).min().unwrap_or(1).max(1);
-        (window_records.div_ceil(smallest) as usize + 2).min(sizes.count().max(1))
+        let mut records: Vec<u64> = (0..sizes.count()).map(|b| sizes.records(b)).collect();
+        records.sort_unstable();
+        let mut held = 0;
+        let whole = records.iter().take_while(|&&r| {
+            held += r;
+            held < window_records
+        });
+        (whole.count() + 2).min(sizes.count().max(1))
     }
 }
 
