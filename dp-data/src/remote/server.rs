@@ -109,6 +109,13 @@ impl LocalS3 {
         Some(nanos as f64 * 1e-9)
     }
 
+    /// How the server binary was built (`"release"` or `"dev"`), as `cargo install` recorded
+    /// it; `None` when cargo did not install it. A benchmark says it: on a machine whose cores
+    /// also train, a debug build's cost is counted against the client.
+    pub fn build_profile(&self) -> Option<String> {
+        cargo_install_profile(&self.binary)
+    }
+
     /// The URL of `prefix` in the bucket.
     pub fn url(&self, prefix: &str) -> String {
         format!("s3://bucket/{prefix}")
@@ -120,6 +127,19 @@ impl LocalS3 {
     }
 }
 
+/// The profile `cargo install` built `binary` with, from the record it keeps beside its `bin`
+/// directory (`.crates2.json`).
+fn cargo_install_profile(binary: &Path) -> Option<String> {
+    let name = binary.file_name()?.to_str()?;
+    let home = binary.parent()?.parent()?;
+    let text = std::fs::read_to_string(home.join(".crates2.json")).ok()?;
+    let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+    record.get("installs")?.as_object()?.values().find_map(|install| {
+        let ours = install.get("bins")?.as_array()?.iter().any(|b| b == name);
+        ours.then(|| install.get("profile")?.as_str().map(str::to_string)).flatten()
+    })
+}
+
 impl Drop for LocalS3 {
     fn drop(&mut self) {
         self.kill();
@@ -127,25 +147,43 @@ impl Drop for LocalS3 {
 }
 
 /// The rate, in bytes per second, at which the server at `url` (a dataset's prefix) serves
-/// the dataset's shards whole, on `threads` threads at once: the most any reader of it can
-/// fetch, the reference a cold read is measured against.
-pub fn object_read_rate(url: &str, threads: usize) -> Result<f64> {
+/// the dataset's shards, whole (`piece` `None`) or in ranged GETs of `piece` bytes, `threads`
+/// requests at a time: the most any reader fetching such pieces can reach, the reference a
+/// cold read is measured against.
+pub fn object_read_rate(url: &str, threads: usize, piece: Option<u64>) -> Result<f64> {
     use super::object::RemoteDir;
     let dir = RemoteDir::new(url)?;
     let manifest = crate::manifest::Manifest::parse(
         &dir.object(crate::manifest::MANIFEST_FILE).get(None)?,
         Path::new(url),
     )?;
-    let names: Vec<&str> = manifest.shards.iter().map(|s| s.file.as_str()).collect();
+    let mut requests: Vec<(&str, Option<std::ops::Range<u64>>)> = Vec::new();
+    for shard in &manifest.shards {
+        match piece {
+            None => requests.push((&shard.file, None)),
+            Some(piece) => requests.extend(
+                (0..shard.bytes)
+                    .step_by(piece.max(1) as usize)
+                    .map(|at| (shard.file.as_str(), Some(at..(at + piece).min(shard.bytes)))),
+            ),
+        }
+    }
+    let threads = threads.clamp(1, requests.len().max(1));
     let started = Instant::now();
-    let chunk = names.len().div_ceil(threads.max(1)).max(1);
     let bytes = std::thread::scope(|scope| {
-        let handles: Vec<_> = names
-            .chunks(chunk)
-            .map(|part| {
-                let dir = &dir;
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let (dir, requests) = (&dir, &requests);
                 scope.spawn(move || -> Result<u64> {
-                    part.iter().map(|name| Ok(dir.object(name).get(None)?.len() as u64)).sum()
+                    let mut bytes = 0;
+                    for (name, range) in requests.iter().skip(thread).step_by(threads) {
+                        let object = dir.object(name);
+                        bytes += match range {
+                            None => object.get(None)?.len(),
+                            Some(range) => object.get_range(range.clone(), None)?.len(),
+                        } as u64;
+                    }
+                    Ok(bytes)
                 })
             })
             .collect();
@@ -155,4 +193,23 @@ pub fn object_read_rate(url: &str, threads: usize) -> Result<f64> {
             .sum::<Result<u64>>()
     })?;
     Ok(bytes as f64 / started.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_is_the_one_cargo_recorded_for_the_binary() {
+        let home = tempfile::tempdir().unwrap();
+        let binary = home.path().join("bin/s3s-fs");
+        assert_eq!(cargo_install_profile(&binary), None, "no record");
+        let record = r#"{"installs":{
+            "other 1.0.0 (registry+x)":{"bins":["other"],"profile":"dev"},
+            "s3s-fs 0.14.1 (registry+x)":{"bins":["s3s-fs"],"profile":"release"}}}"#;
+        std::fs::write(home.path().join(".crates2.json"), record).unwrap();
+        assert_eq!(cargo_install_profile(&binary).as_deref(), Some("release"));
+        assert_eq!(cargo_install_profile(&home.path().join("bin/other")).as_deref(), Some("dev"));
+        assert_eq!(cargo_install_profile(&home.path().join("bin/third")), None);
+    }
 }
