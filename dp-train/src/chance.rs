@@ -10,12 +10,17 @@ pub(crate) fn judged_at(steps_per_epoch: u64, total_steps: u64) -> u64 {
 }
 
 /// The warning for a start of training whose last quarter's mean loss is within 5% of
-/// guessing among `classes`, if it is.
+/// guessing among `classes` and has not fallen below the first quarter's by 5% of guessing
+/// either, if it is. A loss near guessing that is falling is a slow start, not a failure:
+/// small pictures of ten classes with random colours spend an epoch there on their way to 98%.
 pub(crate) fn first_epoch_warning(losses: &[f64], classes: usize) -> Option<String> {
-    let quarter = &losses[losses.len() - losses.len().div_ceil(4)..];
-    let mean = quarter.iter().sum::<f64>() / quarter.len().max(1) as f64;
+    let quarter = losses.len().div_ceil(4);
+    let mean = |part: &[f64]| part.iter().sum::<f64>() / part.len().max(1) as f64;
+    let (first, last) = (mean(&losses[..quarter]), mean(&losses[losses.len() - quarter..]));
     let chance = (classes as f64).ln();
-    (classes >= 2 && !quarter.is_empty() && mean >= 0.95 * chance).then(|| {
+    let falling = last < first - 0.05 * chance;
+    (classes >= 2 && quarter > 0 && last >= 0.95 * chance && !falling).then(|| {
+        let mean = last;
         format!(
             "after {} steps the loss is {mean:.3}, the level of guessing among {classes} classes ({chance:.3}): the model is not learning; check the inputs' scale (normalize), the learning rate (lr) and the labels",
             losses.len()
@@ -33,6 +38,12 @@ mod tests {
         assert!(first_epoch_warning(&guessing, 10).unwrap().contains("not learning"));
         let learning: Vec<f64> = (0..40).map(|i| 2.3 - 0.05 * f64::from(i)).collect();
         assert_eq!(first_epoch_warning(&learning, 10), None);
+        // Still near guessing, but on its way down from above it: a slow start.
+        let starting: Vec<f64> = (0..40).map(|i| 2.45 - 0.007 * f64::from(i)).collect();
+        assert_eq!(first_epoch_warning(&starting, 10), None);
+        // Flat, or rising from guessing (a rate too high): a warning.
+        let rising: Vec<f64> = (0..40).map(|i| 2.2 + 0.005 * f64::from(i)).collect();
+        assert!(first_epoch_warning(&rising, 10).is_some());
         assert_eq!(first_epoch_warning(&[], 10), None);
     }
 
