@@ -98,6 +98,7 @@ pub use element::Element;
 pub use error::{Error, Result};
 pub use feature_stats::FeatureStats;
 pub use image::crop::ImageCrop;
+pub use image::recipe::CropPolicy;
 pub use image::{
     ImageCounts, ImageFormat, ImageInfo, ImageInput, ImageSampler, MAX_PIXELS, stored_image,
 };

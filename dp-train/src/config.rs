@@ -3,10 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use dp_data::CropPolicy;
 use dp_mem::ByteSize;
 use dp_model::{Precision, STATE_BLOCK, SavedPrecision, Schedule, StatePrecision};
 use serde::{Deserialize, Serialize};
 
+use crate::augment::Augmentation;
 use crate::error::{Error, Result};
 
 /// A training run's configuration. Every field has a default, so an empty file is a valid
@@ -41,15 +43,24 @@ pub struct TrainConfig {
     /// `LogisticRegression` optimum (see `optimizer`); on an encoded-image input, it means
     /// `cnn` for samples of at most 64x64, `lenet` for larger ones.
     pub model: String,
-    /// The side of the square samples made of an encoded-image input (JPEG, PNG): training
-    /// samples are random resized crops (torchvision's `RandomResizedCrop`), flipped at
-    /// random; evaluation samples the centre (224 of 256). Default: from the images' sizes,
-    /// the typical shorter side rounded down to a power of two, at most 224.
+    /// The side of the square samples made of an encoded-image input (JPEG, PNG). Default:
+    /// from the images' sizes, the typical shorter side rounded down to a power of two, at
+    /// most 224.
     pub image_size: Option<usize>,
+    /// How samples are cut from an encoded-image input: `resized[:MIN_SCALE]` (random resized
+    /// crops, torchvision's `RandomResizedCrop`; the centre at evaluation), `pad:N` (the whole
+    /// image shifted by up to N pixels; whole at evaluation), `center` or `none` (the whole
+    /// image). Default: by the samples' size, as the standard recipes do: `pad` of an eighth
+    /// of the side for samples of at most 64x64 (CIFAR's 4 pixels at 32), `resized:0.08`
+    /// for larger ones (ImageNet's). The run saves the policy it chose.
+    pub crop: Option<CropPolicy>,
     /// Augmentations of the training inputs, applied after scaling, each from the record's
     /// own random stream: `flip-h`, `flip-v` (each with probability 1/2) and `crop:PAD` (pad
-    /// with zeros, crop a random window of the original size), for image inputs.
-    pub augment: Vec<Augmentation>,
+    /// with zeros, crop a random window of the original size), for image inputs; `[]` for
+    /// none. Default: `flip-h` for photographs (encoded images sampled over 64x64), none for
+    /// small pictures (a mirror turns digits and letters into other shapes) and arrays. The
+    /// run saves the list it chose.
+    pub augment: Option<Vec<Augmentation>>,
     /// Replicas (threads) per process; 0 means one per available core, shared among the
     /// run's processes on the host.
     pub replicas: usize,
@@ -357,77 +368,6 @@ impl std::str::FromStr for GradCompression {
     }
 }
 
-/// A random change to the training inputs (images), drawn per record from the run's seed:
-/// `flip-h`, `flip-v` (each with probability 1/2) or `crop:PAD` (pad with zeros, crop a
-/// random window of the original size), as configs and the command line spell them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Augmentation {
-    /// Mirror left to right.
-    FlipH,
-    /// Mirror top to bottom.
-    FlipV,
-    /// Pad by this many pixels and crop back.
-    Crop(usize),
-}
-
-impl Augmentation {
-    /// The pipeline transform that applies it.
-    fn transform(self) -> Box<dyn dp_data::Transform> {
-        let flip = |horizontal| dp_data::RandomFlip { horizontal, vertical: !horizontal, p: 0.5 };
-        match self {
-            Augmentation::FlipH => Box::new(flip(true)),
-            Augmentation::FlipV => Box::new(flip(false)),
-            Augmentation::Crop(padding) => Box::new(dp_data::RandomCrop { padding }),
-        }
-    }
-}
-
-impl std::fmt::Display for Augmentation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Augmentation::FlipH => write!(f, "flip-h"),
-            Augmentation::FlipV => write!(f, "flip-v"),
-            Augmentation::Crop(padding) => write!(f, "crop:{padding}"),
-        }
-    }
-}
-
-impl std::str::FromStr for Augmentation {
-    type Err = Error;
-
-    fn from_str(name: &str) -> Result<Self> {
-        match name.split_once(':') {
-            None if name == "flip-h" => Ok(Augmentation::FlipH),
-            None if name == "flip-v" => Ok(Augmentation::FlipV),
-            Some(("crop", padding)) => match padding.parse() {
-                Ok(padding) if padding > 0 => Ok(Augmentation::Crop(padding)),
-                _ => Err(Error::config(
-                    "augment",
-                    format!("`{name}`: the padding must be a positive number of pixels"),
-                )),
-            },
-            _ => {
-                Err(Error::config("augment", format!("`{name}` is not flip-h, flip-v or crop:PAD")))
-            }
-        }
-    }
-}
-
-impl TryFrom<String> for Augmentation {
-    type Error = Error;
-
-    fn try_from(name: String) -> Result<Self> {
-        name.parse()
-    }
-}
-
-impl From<Augmentation> for String {
-    fn from(augmentation: Augmentation) -> String {
-        augmentation.to_string()
-    }
-}
-
 /// The optimizer and its settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -543,7 +483,8 @@ impl Default for TrainConfig {
             normalize: Normalization::Auto,
             normalize_mean: None,
             normalize_std: None,
-            augment: Vec::new(),
+            augment: None,
+            crop: None,
             model: "mlp".into(),
             image_size: None,
             replicas: 0,
@@ -1064,9 +1005,16 @@ impl TrainConfig {
         Ok(bucket)
     }
 
-    /// The training inputs' augmentations, as pipeline transforms.
+    /// What the training samples are made with, in words: the crop policy and the
+    /// augmentations.
+    pub fn augmentation(&self) -> String {
+        crate::augment::describe(self)
+    }
+
+    /// The training inputs' augmentations, as pipeline transforms: the crop policy's padded
+    /// crop, then the listed augmentations.
     pub fn augmentations(&self) -> Vec<Box<dyn dp_data::Transform>> {
-        self.augment.iter().map(|a| a.transform()).collect()
+        crate::augment::transforms(self)
     }
 
     /// The schedule, or the default: 2% warmup, then cosine to 0 over `total_steps`, peaking

@@ -320,10 +320,10 @@ impl SavedRun {
             let given = SavedInput { dtype: feature.dtype, shape, sparse, image };
             trained.check(data, input, &given)?;
         }
-        // Images are sampled as evaluation samples them in training: the centre, at the run's
-        // size and channels.
+        // Images are sampled as evaluation samples them in training: by the run's crop policy,
+        // at its size and channels.
         let image = (feature.kind == dp_data::Kind::Image)
-            .then(|| ImageInput::eval(self.spec.input[1], self.spec.input[0]));
+            .then(|| crate::augment::image_input(&self.config, &self.spec.input, false));
         let shape = match &feature.kind {
             dp_data::Kind::Dense { shape } | dp_data::Kind::Sparse { shape }
                 if shape.iter().product::<usize>() == input_len =>

@@ -5,9 +5,7 @@
 
 use std::path::Path;
 
-use dp_data::{
-    DType, Dataset, FeatureScaling, FeatureStats, ImageInput, Pipeline, PipelineConfig, TailPolicy,
-};
+use dp_data::{DType, Dataset, FeatureScaling, FeatureStats, Pipeline, PipelineConfig, TailPolicy};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Normalization, TrainConfig};
@@ -114,14 +112,14 @@ impl Scalings {
 const STATS_IMAGES: u64 = 1024;
 
 /// Each channel of an image input to zero mean and unit variance, over the evaluation
-/// samples (the centre crops) of the first [`STATS_IMAGES`] training images: the pixel
+/// samples (as the run's crop policy cuts them) of the first [`STATS_IMAGES`] training images: the pixel
 /// statistics torchvision's `Normalize(mean, std)` is given for ImageNet, adapted to the data.
 fn image_scaling(config: &TrainConfig, input: &SavedInput) -> Result<FeatureScaling> {
     let (channels, size) = (input.shape[0], input.shape[1]);
     let mut pipeline_config = PipelineConfig::default();
     pipeline_config.input = config.input_feature.clone();
     pipeline_config.label = config.label_feature.clone();
-    pipeline_config.image = Some(ImageInput::eval(size, channels));
+    pipeline_config.image = Some(crate::augment::image_input(config, &input.shape, false));
     pipeline_config.shuffle_window = None;
     pipeline_config.tail = TailPolicy::Pad;
     pipeline_config.prefetch = 0;

@@ -128,6 +128,9 @@ pub struct RunInfo {
     /// The run's memory as predicted before it started, and what it turned on to fit its
     /// `memory_budget`.
     pub memory: MemoryPlan,
+    /// An encoded-image input's samples, in words: their size, crop policy and augmentations
+    /// (`None` for other inputs).
+    pub images: Option<String>,
 }
 
 /// Follows a run as it goes (a progress bar, a log). Every method has an empty default.
@@ -222,6 +225,10 @@ pub fn train(
                 dropped_per_epoch: plan.batching.dropped_per_epoch,
                 context: plan.context,
                 memory: memory.clone(),
+                images: plan.image.map(|image| {
+                    let side = image.height;
+                    format!("{side}x{side} samples, {}", plan.config.augmentation())
+                }),
             });
         }
         let mut metrics = match &mut opened {

@@ -1,7 +1,9 @@
 //! A folder of JPEG photographs trains with no option but the data: the sample size, the
 //! channels, the model and the per-channel scaling come from the images; evaluation and
-//! prediction name the classes, and data naming other classes is refused. An image that does
-//! not decode stops the run, or, with `skip_corrupt`, is replaced and counted.
+//! prediction name the classes, and data naming other classes is refused. Small pictures and
+//! photographs are cut and augmented by the standard recipe for their size, saved with the run.
+//! An image that does not decode stops the run, or, with `skip_corrupt`, is replaced and
+//! counted.
 
 mod common;
 
@@ -125,4 +127,122 @@ fn an_image_that_does_not_decode_stops_the_run_unless_skipped() {
     // Every cut image was met once per epoch and replaced; the run took all its steps.
     assert_eq!(summary.steps, 2 * 48 / 8);
     assert_eq!(summary.skipped_records, 2 * cut);
+}
+
+/// `root/{train,eval}`: pictures of digits whose class is their shape alone: each 24 to 40
+/// pixels a side (width and height drawn apart), its ink and paper of random colours, JPEG at
+/// quality 70-95, as small pictures from someone else's pipeline come.
+fn tinted_digits(root: &Path, per_class: [usize; 2]) {
+    let schema = dp_data::Schema::new(vec![
+        dp_data::Feature::image("image"),
+        dp_data::Feature::dense("label", dp_data::DType::I64, &[]),
+    ])
+    .unwrap();
+    for (split, per_class, stream) in [("train", per_class[0], 0), ("eval", per_class[1], 1)] {
+        let dir = root.join(split);
+        let mut writer =
+            DatasetWriter::create(&dir, schema.clone(), WriterOptions::default()).unwrap();
+        let mut rng = dp_data::Rng::new(stream);
+        for n in 0..per_class * 10 {
+            let label = (n % 10) as u8;
+            let seed = rng.next_u64();
+            let digit = image::GrayImage::from_raw(
+                28,
+                28,
+                dp_data::render_digit(label, seed).unwrap().to_vec(),
+            )
+            .unwrap();
+            let (width, height) = (24 + rng.below(17) as u32, 24 + rng.below(17) as u32);
+            let digit = image::imageops::resize(
+                &digit,
+                width,
+                height,
+                image::imageops::FilterType::Triangle,
+            );
+            let colour = |rng: &mut dp_data::Rng| [0; 3].map(|_| rng.below(256) as f32);
+            let (mut ink, mut paper) = (colour(&mut rng), colour(&mut rng));
+            // The ink stands out from the paper in brightness, as a digit on a page does.
+            while (ink.iter().sum::<f32>() - paper.iter().sum::<f32>()).abs() < 180.0 {
+                (ink, paper) = (colour(&mut rng), colour(&mut rng));
+            }
+            let picture = image::RgbImage::from_fn(width, height, |x, y| {
+                let a = f32::from(digit.get_pixel(x, y)[0]) / 255.0;
+                image::Rgb([0, 1, 2].map(|c| (paper[c] * (1.0 - a) + ink[c] * a) as u8))
+            });
+            let mut jpeg = Vec::new();
+            let quality = 70 + rng.below(26) as u8;
+            image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
+                .encode_image(&picture)
+                .unwrap();
+            let stored = dp_data::stored_image(&jpeg).unwrap();
+            writer.append(&[Value::Bytes(&stored), Value::dense(&[i64::from(label)])]).unwrap();
+        }
+        writer.finish().unwrap();
+    }
+}
+
+#[test]
+fn small_pictures_train_on_the_whole_image_shifted_and_the_choice_is_saved() {
+    let data = TempDir::new("small-pictures");
+    tinted_digits(&data.0, [8, 4]);
+    let out = TempDir::new("small-pictures-run");
+    let small = TrainConfig { steps: Some(2), ..config(&data.0) };
+    let summary = train(small.clone(), &RunOptions::new(out.0.join("default")), &mut ()).unwrap();
+    // 24-40 pixel pictures are sampled at 16x16 (their typical shorter side, rounded down to
+    // a power of two): CIFAR's recipe, a shift of an eighth of the side, no flips (a mirror
+    // makes another shape of a digit), and He et al.'s CIFAR rate for the batch-norm `cnn`.
+    let dir = run_dir(&out.0.join("default"));
+    let saved = TrainConfig::load(&dir.join(dp_train::CONFIG)).unwrap();
+    assert_eq!(saved.crop, Some(dp_train::CropPolicy::Pad(2)));
+    assert_eq!(saved.augment, Some(Vec::new()));
+    assert_eq!((saved.model.as_str(), saved.lr), ("cnn", Some(0.1 * 32.0 / 128.0)));
+    // Evaluation from the run's directory samples as the run evaluated: the whole picture.
+    let eval = SavedRun::open(&dir).unwrap().evaluate(&data.0.join("eval"), false).unwrap();
+    assert_eq!(eval.model.accuracy, summary.eval_accuracy);
+    // A policy given is kept, and evaluation follows it (the centre, here).
+    let centre = TrainConfig { crop: Some("center".parse().unwrap()), ..small.clone() };
+    let summary = train(centre, &RunOptions::new(out.0.join("centre")), &mut ()).unwrap();
+    let dir = run_dir(&out.0.join("centre"));
+    let saved = TrainConfig::load(&dir.join(dp_train::CONFIG)).unwrap();
+    assert_eq!(saved.crop, Some(dp_train::CropPolicy::Center));
+    let eval = SavedRun::open(&dir).unwrap().evaluate(&data.0.join("eval"), false).unwrap();
+    assert_eq!(eval.model.accuracy, summary.eval_accuracy);
+
+    // What does not fit the samples, or is not an image, is refused naming the key.
+    for (crop, train_data, says) in [
+        ("pad:16", data.0.join("train"), "pad:16: the shift must be 1 to 15 pixels for 16x16"),
+        (
+            "center",
+            common::digits().join("train"),
+            "cuts encoded images (JPEG, PNG); `image` is an array",
+        ),
+    ] {
+        let c = TrainConfig {
+            crop: Some(crop.parse().unwrap()),
+            train_data,
+            eval_data: None,
+            ..small.clone()
+        };
+        let error = train(c, &RunOptions::new(out.0.join("refused")), &mut ()).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("`crop`") && text.contains(says), "{text}");
+    }
+    assert!(!out.0.join("refused").exists());
+}
+
+#[test]
+fn photographs_train_on_flipped_random_resized_crops() {
+    let data = TempDir::new("large-photos");
+    let folder = data.0.join("folder");
+    let spec = SyntheticPhotos { per_class: 4, sides: (130, 160), ..Default::default() };
+    generate_photo_folder(&folder, &spec).unwrap();
+    let options = ImageFolderOptions::default();
+    import_image_folder(&folder, &data.0.join("train"), &options, WriterOptions::default())
+        .unwrap();
+    let out = TempDir::new("large-photos-run");
+    let c = TrainConfig { eval_data: None, steps: Some(1), global_batch: 4, ..config(&data.0) };
+    train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
+    let saved = TrainConfig::load(&run_dir(&out.0).join(dp_train::CONFIG)).unwrap();
+    assert_eq!(saved.crop, Some(dp_train::CropPolicy::Resized { min_scale: 0.08 }));
+    assert_eq!(saved.augment, Some(vec![dp_train::Augmentation::FlipH]));
 }

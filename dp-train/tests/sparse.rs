@@ -148,7 +148,7 @@ fn what_a_sparse_input_cannot_take_is_refused_by_name() {
         ),
         (
             "a sparse input takes no augmentations",
-            TrainConfig { augment: vec![dp_train::Augmentation::FlipH], ..config(&dir.0) },
+            TrainConfig { augment: Some(vec![dp_train::Augmentation::FlipH]), ..config(&dir.0) },
         ),
     ];
     for (what, c) in cases {

@@ -341,14 +341,14 @@ fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
     let plain = TrainConfig { eval_data: None, ..config(1, 6) };
     train(plain.clone(), &RunOptions::new(out.0.join("plain")), &mut ()).unwrap();
     let augment = vec![dp_train::Augmentation::FlipH, dp_train::Augmentation::Crop(2)];
-    let augmented = TrainConfig { augment: augment.clone(), ..config(1, 6) };
+    let augmented = TrainConfig { augment: Some(augment.clone()), ..config(1, 6) };
     let summary = train(augmented, &RunOptions::new(out.0.join("augmented")), &mut ()).unwrap();
     let (plain, augmented) = (run_dir(&out.0.join("plain")), run_dir(&out.0.join("augmented")));
     let (a, b) = (train_losses(&plain), train_losses(&augmented));
     assert_eq!(a.len(), b.len());
     assert!(a.iter().zip(&b).all(|(a, b)| a.1 != b.1), "{a:?} {b:?}");
     let saved = TrainConfig::load(&augmented.join(dp_train::CONFIG)).unwrap();
-    assert_eq!(saved.augment, augment);
+    assert_eq!(saved.augment, Some(augment));
     // The run's evaluation saw the inputs as they are, as evaluation from its directory does.
     let eval = dp_train::SavedRun::open(&augmented).unwrap();
     let eval = eval.evaluate(&common::digits().join("eval"), false).unwrap();
@@ -372,7 +372,7 @@ fn augmentation_changes_the_training_inputs_only_and_is_recorded() {
             train_data,
             input_feature: if augment == "flip-v" { "x".into() } else { "image".into() },
             eval_data: None,
-            augment: vec![augment.parse().unwrap()],
+            augment: Some(vec![augment.parse().unwrap()]),
             ..config(1, 2)
         };
         let error = train(c, &RunOptions::new(out.0.join("refused")), &mut ()).unwrap_err();

@@ -91,7 +91,14 @@ pub(crate) enum DataCmd {
         /// Samples in the grid, 8 to a row.
         #[arg(long, default_value_t = 32)]
         count: usize,
-        /// Show evaluation's samples (the centre crop) instead of training's.
+        /// How samples are cut, as `train --crop` says (default: the trainer's, by the
+        /// samples' size).
+        #[arg(long, value_name = "POLICY")]
+        crop: Option<dp_train::CropPolicy>,
+        /// Augmentations, as `train --augment` says (default: the trainer's for the size).
+        #[arg(long, value_parser = crate::train::parse_augment, value_name = "LIST")]
+        augment: Option<crate::train::AugmentList>,
+        /// Show evaluation's samples instead of training's.
         #[arg(long)]
         eval: bool,
         /// Seed of the crops and flips (a run's `seed` shows its first samples).
@@ -429,8 +436,9 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             println!("{}: {written} photographs in {classes} class folders", out.display());
             Ok(ExitCode::SUCCESS)
         }
-        DataCmd::Preview { dir, out, image_size, count, eval, seed } => {
-            let preview = Preview { dir: &dir, out: &out, size: image_size, count, eval, seed };
+        DataCmd::Preview { dir, out, image_size, crop, augment, count, eval, seed } => {
+            let size = image_size;
+            let preview = Preview { dir: &dir, out: &out, size, crop, augment, count, eval, seed };
             crate::preview::preview(&preview).map(|()| ExitCode::SUCCESS)
         }
         DataCmd::Bench {

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use dp_data::{Dataset, ImageInput, Kind, Pipeline, PipelineConfig};
+use dp_data::{Dataset, Kind, Pipeline, PipelineConfig};
 use image::{ImageEncoder, RgbImage};
 
 /// What `data preview` is asked for.
@@ -16,7 +16,11 @@ pub(crate) struct Preview<'a> {
     pub(crate) size: Option<usize>,
     /// Samples in the grid.
     pub(crate) count: usize,
-    /// Evaluation's samples (the centre) instead of training's.
+    /// How samples are cut (default: the trainer's, by the samples' size).
+    pub(crate) crop: Option<dp_train::CropPolicy>,
+    /// Training's augmentations (default: the trainer's for encoded images).
+    pub(crate) augment: Option<Vec<dp_train::Augmentation>>,
+    /// Evaluation's samples instead of training's.
     pub(crate) eval: bool,
     pub(crate) seed: u64,
 }
@@ -54,11 +58,31 @@ pub(crate) fn preview(p: &Preview<'_>) -> Result<()> {
     config.label = label.name.clone();
     config.batch_size = p.count.min(dataset.len() as usize).max(1);
     config.seed = p.seed;
+    // The trainer's own choices and transforms, so the grid is what a run would train on
+    // (but for the padded crop's gap, black here and the mean after a run's scaling).
+    let crop = p.crop.unwrap_or_else(|| dp_train::CropPolicy::for_side(size));
+    crop.check(size).map_err(|why| anyhow::anyhow!("--crop {crop}: {why}"))?;
+    let augment =
+        p.augment.clone().unwrap_or_else(|| dp_train::Augmentation::defaults_for_images(size));
+    let run = dp_train::TrainConfig {
+        crop: Some(crop),
+        augment: Some(augment),
+        ..dp_train::TrainConfig::default()
+    };
+    let transforms = match p.eval {
+        true => Vec::new(),
+        false => run.augmentations(),
+    };
+    for transform in &transforms {
+        transform
+            .check(&[channels, size, size])
+            .map_err(|why| anyhow::anyhow!("{}: {why}", transform.describe()))?;
+    }
     config.image = Some(match p.eval {
-        true => ImageInput::eval(size, channels),
-        false => ImageInput::train(size, channels),
+        true => crop.eval(size, channels),
+        false => crop.train(size, channels),
     });
-    let mut pipeline = Pipeline::new(p.dir, config, Vec::new())
+    let mut pipeline = Pipeline::new(p.dir, config, transforms)
         .with_context(|| format!("sample {}", p.dir.display()))?;
     let batch = pipeline.next_batch()?;
     let samples = batch.len();
@@ -80,10 +104,12 @@ pub(crate) fn preview(p: &Preview<'_>) -> Result<()> {
         .write_image(&grid, grid.width(), grid.height(), image::ExtendedColorType::Rgb8)
         .context("encode the grid")?;
     dp_data::write_file(p.out, &png)?;
-    let what =
-        if p.eval { "evaluation (centre crop)" } else { "training (random resized crop, flip)" };
+    let what = match p.eval {
+        true => format!("evaluation samples (crop {crop})"),
+        false => format!("training samples ({})", run.augmentation()),
+    };
     println!(
-        "wrote {} ({samples} {what} samples of `{}`, {size}x{size}, seed {})",
+        "wrote {} ({samples} {what} of `{}`, {size}x{size}, seed {})",
         p.out.display(),
         feature.name,
         p.seed

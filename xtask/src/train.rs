@@ -177,9 +177,16 @@ struct ConfigFlags {
     /// next readable one, and count it in the summary, instead of stopping the run.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     skip_corrupt: Option<bool>,
-    /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated.
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    augment: Option<Vec<dp_train::Augmentation>>,
+    /// How samples are cut from JPEG/PNG images: resized[:MIN_SCALE] (random resized crops;
+    /// the centre at evaluation), pad:N (the whole image shifted by up to N pixels), center
+    /// or none (default: pad:SIZE/8 for samples of at most 64x64, resized:0.08 above).
+    #[arg(long, value_name = "POLICY")]
+    crop: Option<dp_train::CropPolicy>,
+    /// Augment the training inputs (images): flip-h, flip-v, crop:PAD, comma-separated, or
+    /// none (default: flip-h for JPEG/PNG photographs, samples over 64x64; none for small
+    /// pictures and arrays).
+    #[arg(long, value_parser = parse_augment, value_name = "LIST")]
+    augment: Option<AugmentList>,
     /// Checkpoints to keep: the latest N as checkpoint-STEP.ckpt (best.ckpt is always kept).
     #[arg(long, allow_negative_numbers = true, value_name = "N")]
     keep: Option<usize>,
@@ -192,6 +199,17 @@ struct ConfigFlags {
     /// Run name (the directory under --out).
     #[arg(long)]
     name: Option<String>,
+}
+
+/// `--augment`'s value: one list, so that `none` can say it is empty. (A `Vec` field would
+/// make clap read each comma-separated item on its own.)
+pub(crate) type AugmentList = Vec<dp_train::Augmentation>;
+
+pub(crate) fn parse_augment(text: &str) -> std::result::Result<AugmentList, dp_train::Error> {
+    match text {
+        "none" => Ok(Vec::new()),
+        _ => text.split(',').map(str::parse).collect(),
+    }
 }
 
 /// `--epochs`: a positive count, or `auto` (stored as the config's 0, which means the same).
@@ -488,6 +506,9 @@ impl Observer for Progress {
             run.total_steps - run.start_step,
             run.run_dir.display()
         );
+        if let Some(images) = &run.images {
+            println!("images: {images}");
+        }
         if run.dropped_per_epoch > 0 {
             println!(
                 "each epoch leaves out {} {} that do not fill a last global batch (which ones changes with the shuffle)",
@@ -969,7 +990,7 @@ mod tests {
         assert_eq!(config.optimizer_bits, 8);
         assert_eq!(config.normalize_mean, Some(vec![0.5]));
         assert_eq!(config.normalize_std, Some(vec![2.0, 3.0]));
-        assert_eq!(config.augment.len(), 2);
+        assert_eq!(config.augment.as_ref().map(Vec::len), Some(2));
         assert_eq!(config.compression, dp_train::GradCompression::Int8);
         assert_eq!(config.activations, dp_model::SavedPrecision::Bf16);
         // Another width is refused at validation, naming the key; so is 8 on the GPU path.

@@ -1,6 +1,5 @@
-//! Which part of an image a sample is made from: torchvision's `RandomResizedCrop` for
-//! training (Inception's augmentation) and a centred crop for evaluation, planned from the
-//! stored size alone.
+//! Which part of an image a sample is made from: torchvision's `RandomResizedCrop` (Inception's
+//! augmentation), a centred crop, or the whole image, planned from the stored size alone.
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +33,10 @@ pub enum ImageCrop {
         /// The crop's side over the shorter side.
         fraction: f32,
     },
+    /// The whole image (resampled to the output size whatever its aspect, as torchvision's
+    /// `Resize((h, w))`): what small pictures train and evaluate on, where a crop would cut
+    /// away the subject.
+    Whole,
 }
 
 impl ImageCrop {
@@ -58,7 +61,7 @@ impl ImageCrop {
             ImageCrop::Center { fraction } if !in_unit(fraction) => {
                 return Err(format!("centre crop fraction {fraction} must be in (0, 1]"));
             }
-            ImageCrop::Center { .. } => {}
+            ImageCrop::Center { .. } | ImageCrop::Whole => {}
         }
         Ok(())
     }
@@ -73,6 +76,7 @@ impl ImageCrop {
                 let side = ((width.min(height) as f32 * fraction).round() as u32).max(1);
                 Region { x: (width - side) / 2, y: (height - side) / 2, width: side, height: side }
             }
+            ImageCrop::Whole => Region { x: 0, y: 0, width, height },
         }
     }
 }
@@ -149,5 +153,9 @@ mod tests {
         assert!(ImageCrop::Center { fraction: 0.0 }.check().is_err());
         assert!(ImageCrop::RandomResized { scale: (0.5, 0.1), ratio: (1.0, 1.0) }.check().is_err());
         assert!(ImageCrop::TRAIN.check().is_ok());
+        assert_eq!(
+            ImageCrop::Whole.region(40, 24, &mut rng),
+            Region { x: 0, y: 0, width: 40, height: 24 }
+        );
     }
 }

@@ -1,10 +1,12 @@
 //! Encoded images (JPEG and PNG) as a feature kind: each record's bytes kept as they were
 //! encoded, behind a small header with the image's format, size and channels recorded at
 //! import, so that crops are planned without decoding. The pipeline's workers decode them
-//! ([`decode`]), crop them ([`crop`]) and resample them to the training size ([`resample`]).
+//! ([`decode`]), crop them ([`crop`], as a [`recipe`] chooses) and resample them to the training
+//! size ([`resample`]).
 
 pub(crate) mod crop;
 pub(crate) mod decode;
+pub(crate) mod recipe;
 pub(crate) mod resample;
 
 use serde::{Deserialize, Serialize};

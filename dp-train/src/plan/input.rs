@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use dp_data::{DType, Dataset, ImageInput, Kind};
+use dp_data::{DType, Dataset, Kind};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
@@ -38,10 +38,14 @@ impl Input {
         Ok(Input { feature, shape, dtype, sparse, image })
     }
 
-    /// How the training pipeline samples an image input (evaluation takes the centre at the
-    /// same size: see `pipeline_config`).
-    pub(crate) fn image_input(&self) -> Option<ImageInput> {
-        self.image.then(|| ImageInput::train(self.shape[1], self.shape[0]))
+    /// What augmentation is resolved for.
+    pub(crate) fn kind(&self) -> crate::augment::InputKind<'_> {
+        crate::augment::InputKind {
+            feature: &self.feature,
+            shape: &self.shape,
+            image: self.image,
+            sparse: self.sparse,
+        }
     }
 
     /// Elements per record.

@@ -123,11 +123,10 @@ impl RunPlan {
         };
         let samples = text.as_ref().map_or(train.len(), |text| text.windows);
         let context = text.as_ref().map(|text| text.context);
-        let (config, sparse_defaults, unnormalized_sgd) =
-            choose_defaults(config, &input, task, samples)?;
+        let (config, sparse_defaults, sgd_rate) = choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
         let spec = model_spec(&config.model, &input, task.outputs())?;
-        check_augmentations(&config, &input)?;
+        let config = crate::augment::resolve(config, input.kind())?;
         let scalings = match text {
             // Token ids are used as they are.
             Some(_) => Scalings::default(),
@@ -151,9 +150,9 @@ impl RunPlan {
                 batching.partitioned(&config, &dp_data::partition_records(&train, count))?
             }
         };
-        if unnormalized_sgd {
+        if let Some(rate) = sgd_rate {
             // Known only now that the global batch is.
-            config.lr = Some(unnormalized_sgd_lr(&spec, config.global_batch));
+            config.lr = Some(rate.lr(&spec, config.global_batch));
         }
         let schedule = config.schedule_or_default(batching.total_steps);
         let resume = match resumed {
@@ -162,13 +161,14 @@ impl RunPlan {
             }
             _ => None,
         };
+        let image = input.image.then(|| crate::augment::image_input(&config, &input.shape, true));
         Ok(Self {
             config,
             optimizer,
             resumed_dir: run_dir,
             spec,
             input_len: input.len(),
-            image: input.image_input(),
+            image,
             classes: task.outputs(),
             batching,
             schedule,
@@ -229,8 +229,8 @@ impl RunPlan {
 }
 
 /// The largest side of images the default model is [`ModelSpec::cnn`] for (CIFAR's 32 to
-/// downsampled ImageNet's 64).
-const SMALL_IMAGE: usize = 64;
+/// downsampled ImageNet's 64), and that train on the small pictures' recipe.
+const SMALL_IMAGE: usize = dp_data::CropPolicy::SMALL_SIDE;
 
 /// Fills in the model and optimizer a config leaves to the run, and says whether they are a
 /// sparse input's defaults. On a sparse input the default model is linear (logistic
@@ -241,22 +241,23 @@ const SMALL_IMAGE: usize = 64;
 /// in rare words (see `sparse_optimizer`). With a learning rate or schedule given, the
 /// optimizer chosen is SGD: those were chosen for it. An optimizer given is always the one
 /// used; the run and the config it saves hold the one chosen. Last, whether SGD's rate is
-/// left to [`unnormalized_sgd_lr`], once the global batch is known.
+/// left to a [`SgdRate`], once the global batch is known.
 fn choose_defaults(
     mut config: TrainConfig,
     input: &Input,
     task: Task,
     records: u64,
-) -> Result<(TrainConfig, bool, bool)> {
+) -> Result<(TrainConfig, bool, Option<SgdRate>)> {
     let default_model = input.sparse && config.model == TrainConfig::default().model;
     if default_model {
         config.model = "linear".into();
     }
     // An MLP's first layer would hold every pixel of a sample times 512 weights. Small
     // images get a network with batch norm; LeNet keeps larger ones fast on a CPU.
+    let side = input.shape.iter().skip(1).copied().max().unwrap_or(0);
+    let small_pictures = input.image && side <= SMALL_IMAGE;
     if input.image && config.model == TrainConfig::default().model {
-        let side = input.shape.iter().skip(1).copied().max().unwrap_or(0);
-        config.model = if side <= SMALL_IMAGE { "cnn" } else { "lenet" }.into();
+        config.model = if small_pictures { "cnn" } else { "lenet" }.into();
     }
     let spec = model_spec(&config.model, input, task.outputs())?;
     let norms = spec.has_batch_norm();
@@ -283,20 +284,46 @@ fn choose_defaults(
         && config.optimizer.is_none()
         && config.lr.is_none()
         && config.schedule.is_none();
+    let mut sgd_rate = None;
     if image_defaults && norms {
         // The recipe of He et al. for residual networks: SGD with momentum 0.9 and weight
-        // decay 5e-4 (kept off biases and norms), at the linear scaling rule's rate.
+        // decay 5e-4 (kept off biases and norms), at the linear scaling rule's rate: on small
+        // pictures their CIFAR rate, on photographs Goyal et al.'s ImageNet rate (the
+        // schedule's default).
         config.optimizer =
             Some(OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 });
+        sgd_rate = small_pictures.then_some(SgdRate::SmallPictures);
     } else if image_defaults {
         config.optimizer = Some(OptimizerConfig::preset("adam")?);
     }
-    let mut unnormalized_sgd = false;
     if config.optimizer.is_none() {
         config.optimizer = Some(OptimizerConfig::preset("sgd")?);
-        unnormalized_sgd = !norms && config.lr.is_none() && config.schedule.is_none();
+        let unnormalized = !norms && config.lr.is_none() && config.schedule.is_none();
+        sgd_rate = unnormalized.then_some(SgdRate::Unnormalized);
     }
-    Ok((config, sparse_defaults, unnormalized_sgd))
+    Ok((config, sparse_defaults, sgd_rate))
+}
+
+/// A default SGD peak rate that follows the global batch, where the run leaves the rate to
+/// the defaults and the schedule's 0.1 per 256 samples does not fit the network.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SgdRate {
+    /// A network without batch norm: [`unnormalized_sgd_lr`].
+    Unnormalized,
+    /// A network with batch norm on small pictures: He et al.'s CIFAR rate, 0.1 per 128
+    /// samples. At the ImageNet rule's half of it, the default `cnn` on tinted digits of
+    /// 24-40 pixels reached 93.0% in 9 epochs where this rate reaches 97.7%.
+    SmallPictures,
+}
+
+impl SgdRate {
+    /// The peak rate for `spec` at `global_batch`.
+    fn lr(self, spec: &ModelSpec, global_batch: usize) -> f64 {
+        match self {
+            SgdRate::Unnormalized => unnormalized_sgd_lr(spec, global_batch),
+            SgdRate::SmallPictures => 0.1 * global_batch as f64 / 128.0,
+        }
+    }
 }
 
 /// Default SGD's peak rate for a network without batch norm: the linear scaling rule's 0.1 per
@@ -339,23 +366,6 @@ fn model_spec(model: &str, input: &Input, outputs: usize) -> Result<ModelSpec> {
         ));
     }
     Ok(spec)
-}
-
-/// Refuses augmentations the input cannot take.
-fn check_augmentations(config: &TrainConfig, input: &Input) -> Result<()> {
-    let augmentations = config.augmentations();
-    if input.sparse && !augmentations.is_empty() {
-        return Err(Error::config(
-            "augment",
-            "a sparse input takes no augmentations (they transform dense images)",
-        ));
-    }
-    for augmentation in augmentations {
-        augmentation.check(&input.shape).map_err(|why| {
-            Error::config("augment", format!("{}: {why}", augmentation.describe()))
-        })?;
-    }
-    Ok(())
 }
 
 /// The inputs' and targets' scaling: a resumed run's own (checked against its data), a new
@@ -453,7 +463,7 @@ pub(crate) fn pipeline_config(
     p.on_corruption = config.corruption_policy();
     p.image = plan.image.map(|image| match train {
         true => image,
-        false => ImageInput::eval(image.height, image.channels),
+        false => crate::augment::image_input(config, &[image.channels, image.height], false),
     });
     if train {
         p.shuffle_window = (config.shuffle_window > 0).then_some(config.shuffle_window);
