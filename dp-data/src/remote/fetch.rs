@@ -164,11 +164,14 @@ impl Fetcher {
     }
 
     /// The block fetched ahead under `key`, waiting while the request fetching it is on its
-    /// way, but not past `deadline`.
-    fn take(&self, key: &Key, deadline: Instant) -> Found {
+    /// way, but not past `deadline`, nor once `object`'s reads are halted.
+    fn take(&self, key: &Key, deadline: Instant, object: &RemoteObject) -> Found {
         let mut ahead = self.lock();
         let mut waiting_for = None;
         loop {
+            if object.is_halted() {
+                return Found::Missing;
+            }
             match ahead.slots.get(key) {
                 Some(Slot::Fetching { id, .. }) if waiting_for.is_none_or(|w| w == *id) => {
                     waiting_for = Some(*id);
@@ -303,6 +306,14 @@ impl Request {
     }
 }
 
+/// Wakes the readers waiting for blocks fetched ahead, to look again (their reads were halted).
+pub(crate) fn wake_readers() {
+    let fetcher = fetcher();
+    // Taken, so that a reader between its look and its wait does not miss the wake-up.
+    drop(fetcher.lock());
+    fetcher.changed.notify_all();
+}
+
 /// The cache directory of each (directory, limit) this process opened, shared.
 pub(crate) fn open_cache() -> Result<Option<Arc<BlockCache>>> {
     static CACHES: Mutex<Vec<(PathBuf, u64, Arc<BlockCache>)>> = Mutex::new(Vec::new());
@@ -356,12 +367,15 @@ impl RemoteBlocks {
         let key = (Arc::clone(&self.key), index);
         let retry_for = self.object.retry_for();
         let mut deadline = Instant::now() + retry_for;
-        match fetcher().take(&key, deadline) {
+        match fetcher().take(&key, deadline, &self.object) {
             Found::Bytes(bytes) => return Ok(bytes),
             // Another read retried it for a whole window lately: one more try tells whether
             // the server is back, without waiting out a window again.
             Found::Failed => deadline = Instant::now(),
             Found::Missing => {}
+        }
+        if self.object.is_halted() {
+            return Err(self.object.halted());
         }
         if let Some(cache) = &self.cache
             && let Some(bytes) = cache.get(&self.cache_name(index), entry.crc)
@@ -379,6 +393,8 @@ impl RemoteBlocks {
                 drop(ahead);
                 self.split(index, entry, &bytes)
             }
+            // A halted read says nothing of the server.
+            Err(error @ Error::Stopped(_)) => Err(error),
             Err(error) => {
                 ahead.fail(key, Instant::now() + retry_for);
                 Err(error)

@@ -16,6 +16,7 @@ use object_store::{
 };
 use url::Url;
 
+use super::halt::Halt;
 use super::options::object_options;
 use super::runtime::block_on;
 use super::stats::{COUNTERS, add};
@@ -29,6 +30,8 @@ pub(crate) struct RemoteDir {
     /// The URL as given, without a trailing `/`, for messages and cache keys.
     url: String,
     retry_for: Duration,
+    /// The reads of the dataset opened here, halted when its pipeline is dropped.
+    halt: Arc<Halt>,
 }
 
 impl std::fmt::Debug for RemoteDir {
@@ -68,7 +71,14 @@ impl RemoteDir {
             }
         };
         let prefix = ObjectPath::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?;
-        Ok(RemoteDir { store, prefix, url, retry_for: options.retry_for })
+        Ok(RemoteDir { store, prefix, url, retry_for: options.retry_for, halt: Arc::default() })
+    }
+
+    /// Halts the reads of this directory's objects, those under way and every later one:
+    /// they fail with [`Error::Stopped`].
+    pub(crate) fn halt(&self) {
+        self.halt.halt();
+        super::fetch::wake_readers();
     }
 
     /// The object `name` in this directory.
@@ -341,14 +351,26 @@ impl RemoteObject {
         block_on(self.get_async(Some(range), etag, self.dir.read_from_now()))?
     }
 
-    /// [`RemoteObject::get_range`], retried only until `deadline` (at least one attempt).
+    /// [`RemoteObject::get_range`], retried only until `deadline` (at least one attempt), or
+    /// until the reads are halted.
     pub(crate) fn get_range_until(
         &self,
         range: Range<u64>,
         etag: Option<&str>,
         deadline: Instant,
     ) -> Result<Bytes> {
-        block_on(self.get_async(Some(range), etag, Patience::ReadUntil(deadline)))?
+        let read = self.get_async(Some(range), etag, Patience::ReadUntil(deadline));
+        block_on(self.dir.halt.unless_halted(read))?.unwrap_or_else(|| Err(self.halted()))
+    }
+
+    /// Whether the reads of its dataset are halted.
+    pub(crate) fn is_halted(&self) -> bool {
+        self.dir.halt.is_halted()
+    }
+
+    /// The error of a read halted.
+    pub(crate) fn halted(&self) -> Error {
+        Error::Stopped(format!("its reads were halted while reading {}", self.url))
     }
 
     /// [`RemoteObject::get_range`] (or the whole object), on the runtime, with `patience`.
