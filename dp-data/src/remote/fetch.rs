@@ -496,6 +496,78 @@ impl RemoteBlocks {
 mod tests {
     use super::*;
 
+    /// Makes `Fetching` slots for blocks 0 and 1 of `shard`, held by the request returned.
+    fn request_of_two(shard: &Arc<RemoteBlocks>) -> Request {
+        let entry = BlockEntry {
+            offset: 0,
+            compressed: 100,
+            raw: 100,
+            first_record: 0,
+            records: 1,
+            crc: 0,
+        };
+        let mut ahead = fetcher().lock();
+        ahead.requests += 1;
+        let id = ahead.requests;
+        for index in 0..2 {
+            let accounted = fetched_ahead_memory().reserve(Tag::Data, entry.compressed).unwrap();
+            ahead.held += entry.compressed;
+            ahead.slots.insert(
+                (Arc::clone(&shard.key), index),
+                Slot::Fetching { id, _accounted: accounted },
+            );
+        }
+        Request {
+            shard: Arc::clone(shard),
+            blocks: vec![(0, entry), (1, entry)],
+            id,
+            outcome: Outcome::Abandoned,
+        }
+    }
+
+    /// What a reader of block 1 finds, waiting up to a minute, and how long it waited.
+    fn reader_of_block_1(
+        shard: &Arc<RemoteBlocks>,
+    ) -> std::thread::JoinHandle<(&'static str, f64)> {
+        let shard = Arc::clone(shard);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let key = (Arc::clone(&shard.key), 1);
+            let deadline = started + std::time::Duration::from_secs(60);
+            let found = match fetcher().take(&key, deadline, &shard.object) {
+                Found::Bytes(_) => "bytes",
+                Found::Failed => "failed",
+                Found::Missing => "missing",
+            };
+            (found, started.elapsed().as_secs_f64())
+        })
+    }
+
+    #[test]
+    fn a_request_that_ends_without_bytes_resolves_its_slots_and_wakes_their_readers() {
+        let dir = super::super::RemoteDir::new("s3://bucket/unit").unwrap();
+        let object = dir.object("shard-0");
+        let shard = Arc::new(RemoteBlocks::new(object, None, "request-ends".into(), None));
+        // Dropped without an answer: its task panicked, or was dropped with the runtime.
+        let request = request_of_two(&shard);
+        let reader = reader_of_block_1(&shard);
+        drop(request);
+        let (found, waited) = reader.join().unwrap();
+        assert_eq!(found, "missing", "the reader fetches it itself");
+        assert!(waited < 30.0, "waited {waited} s for a request that was gone");
+        assert!(!fetcher().lock().slots.contains_key(&(Arc::clone(&shard.key), 0)));
+        // Failed by the server after retrying: its readers try once more, and fetching ahead
+        // leaves the blocks alone until a server answers again.
+        let mut request = request_of_two(&shard);
+        let reader = reader_of_block_1(&shard);
+        request.outcome = Outcome::Failed;
+        drop(request);
+        let (found, waited) = reader.join().unwrap();
+        assert_eq!(found, "failed");
+        assert!(waited < 30.0, "waited {waited} s for a request that had failed");
+        assert!(fetcher().lock().failed_lately(&(Arc::clone(&shard.key), 0)));
+    }
+
     #[test]
     fn the_queue_of_landed_blocks_forgets_those_taken() {
         let mut ahead = Ahead::default();
