@@ -20,7 +20,7 @@ use bytes::Bytes;
 use dp_mem::{Reservation, Tag, Tracker};
 
 use super::cache::BlockCache;
-use super::object::{Patience, RemoteObject};
+use super::object::{Patience, RemoteObject, in_window};
 use super::options::object_options;
 use super::runtime::runtime;
 use super::stats::{COUNTERS, add};
@@ -217,7 +217,7 @@ impl Fetcher {
     /// fetch; then wakes the readers.
     fn resolve(&self, request: &mut Request) {
         let outcome = std::mem::replace(&mut request.outcome, Outcome::Abandoned);
-        let failed_until = Instant::now() + request.shard.object.retry_for();
+        let failed_until = in_window(Instant::now(), request.shard.object.retry_for());
         let none = || vec![None; request.blocks.len()];
         let (mut fetched, failed) = match outcome {
             Outcome::Fetched(blocks) => (blocks, false),
@@ -366,7 +366,7 @@ impl RemoteBlocks {
     pub(crate) fn payload(&self, index: usize, entry: &BlockEntry) -> Result<Bytes> {
         let key = (Arc::clone(&self.key), index);
         let retry_for = self.object.retry_for();
-        let mut deadline = Instant::now() + retry_for;
+        let mut deadline = in_window(Instant::now(), retry_for);
         match fetcher().take(&key, deadline, &self.object) {
             Found::Bytes(bytes) => return Ok(bytes),
             // Another read retried it for a whole window lately: one more try tells whether
@@ -396,7 +396,7 @@ impl RemoteBlocks {
             // A halted read says nothing of the server.
             Err(error @ Error::Stopped(_)) => Err(error),
             Err(error) => {
-                ahead.fail(key, Instant::now() + retry_for);
+                ahead.fail(key, in_window(Instant::now(), retry_for));
                 Err(error)
             }
         }
@@ -435,7 +435,7 @@ impl RemoteBlocks {
             .filter(|(i, _)| self.cache.as_ref().is_none_or(|c| !c.contains(&self.cache_name(*i))))
             .copied()
             .collect();
-        let deadline = Instant::now() + self.object.retry_for();
+        let deadline = in_window(Instant::now(), self.object.retry_for());
         let mut refused = None;
         // Declared before the lock is taken, so that on any early exit the requests, which
         // take it to resolve their slots, are dropped after it is released.

@@ -115,7 +115,7 @@ impl RemoteDir {
 
     /// A read's patience: retried for the retry window from now.
     fn read_from_now(&self) -> Patience {
-        Patience::ReadUntil(Instant::now() + self.retry_for)
+        Patience::ReadUntil(in_window(Instant::now(), self.retry_for))
     }
 
     /// Runs `op` until it succeeds, fails in a way a retry cannot mend, or `patience` runs
@@ -133,7 +133,7 @@ impl RemoteDir {
     {
         let started = Instant::now();
         let deadline = match patience {
-            Patience::Write => started + self.retry_for,
+            Patience::Write => in_window(started, self.retry_for),
             Patience::ReadUntil(deadline) => deadline,
         };
         let mut wait = Duration::from_millis(100);
@@ -189,6 +189,15 @@ impl RemoteDir {
             wait = (wait * 2).min(Duration::from_secs(5));
         }
     }
+}
+
+/// The end of a window of `length` from `start`: far in the future for a window too long to
+/// add (a retry window set to `Duration::MAX` through the API, meaning "for ever").
+pub(crate) fn in_window(start: Instant, length: Duration) -> Instant {
+    start
+        .checked_add(length)
+        .or_else(|| start.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(start)
 }
 
 /// The least time a read's attempt is given, even when its deadline is nearer (or past): one
@@ -503,5 +512,17 @@ impl RemoteObject {
             Err(Error::Object { what, .. }) if what == "no such object" => Ok(()),
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_too_long_to_add_ends_far_in_the_future_without_a_panic() {
+        let now = Instant::now();
+        assert_eq!(in_window(now, Duration::from_secs(2)), now + Duration::from_secs(2));
+        assert!(in_window(now, Duration::MAX) > now + Duration::from_secs(10 * 365 * 86_400));
     }
 }
