@@ -212,6 +212,15 @@ impl Dataset {
         self.remote.is_some()
     }
 
+    /// Halts this dataset's reads from object storage, those under way and every later one:
+    /// they fail with [`Error::Stopped`](crate::Error::Stopped) instead of retrying for their
+    /// window (a pipeline being dropped, whose workers must not wait on a server that is gone).
+    pub(crate) fn halt_reads(&self) {
+        if let Some(remote) = &self.remote {
+            remote.halt();
+        }
+    }
+
     /// Starts fetching the blocks of `windows` (lists of global block indices, in the order
     /// they will be read) ahead of use, when the dataset is in object storage: whole windows
     /// while their compressed bytes stay within half the memory for blocks fetched ahead

@@ -2,6 +2,9 @@
 //! One type, so that training, evaluation and the memory report take both alike.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use dp_data::{Batch, Pipeline, PipelineConfig, PipelineState, TokenPipeline};
 use dp_mem::Tracker;
@@ -27,6 +30,16 @@ impl Batches {
             Some(state) => TokenPipeline::resume(dir, config, context, train, state)?,
             None => TokenPipeline::new(dir, config, context, train)?,
         }))
+    }
+
+    /// Gives up waiting for a batch once `stop` is set and `grace` has passed (see
+    /// [`Pipeline::give_up_when`]). The token pipeline makes its windows on the calling
+    /// thread, which no flag can interrupt.
+    pub(crate) fn give_up_when(&mut self, stop: Arc<AtomicBool>, grace: Duration) {
+        match self {
+            Batches::Records(p) => p.give_up_when(stop, grace),
+            Batches::Tokens(_) => {}
+        }
     }
 
     pub(crate) fn next_batch(&mut self) -> dp_data::Result<Batch> {

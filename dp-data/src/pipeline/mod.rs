@@ -38,9 +38,10 @@ mod tuning;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dp_mem::{PinnedBackend, Pool, PoolConfig, Tracker};
 
@@ -58,7 +59,7 @@ use partitions::Partitions;
 use permutation::hash;
 use plan::BlockSizes;
 use producer::{Columns, Producer, Shared, SparseColumn};
-use queue::{Next, Queue};
+use queue::{GiveUp, Next, Queue};
 use shared_blocks::SharedBlocks;
 use tuning::{Tuner, Waits};
 
@@ -83,6 +84,8 @@ pub struct Pipeline {
     cached: bool,
     /// The autotuner (`None` without autotuning).
     tuner: Option<Tuner>,
+    /// When the consumer stops waiting for its batch ([`Pipeline::give_up_when`]).
+    give_up: Option<GiveUp>,
 }
 
 enum Mode {
@@ -276,7 +279,17 @@ impl Pipeline {
             working_bytes,
             cached,
             tuner,
+            give_up: None,
         })
+    }
+
+    /// Makes [`Pipeline::next_batch`] stop waiting for a batch once `stop` is set (a program
+    /// asked to stop, by a signal say) and the batch has not come within `grace` since: it
+    /// returns [`Error::Stopped`] then, instead of waiting on workers that may be stuck (on a
+    /// server that is gone, for as long as the retry window). A batch this pipeline's own
+    /// thread is making (without workers, or when it helps them) is made first.
+    pub fn give_up_when(&mut self, stop: Arc<AtomicBool>, grace: Duration) {
+        self.give_up = Some(GiveUp { stop, grace });
     }
 
     /// The next batch of this rank. Batches run through epoch after epoch: see
@@ -299,7 +312,7 @@ impl Pipeline {
                 batch
             }
             Mode::Background { queue, helper, .. } => loop {
-                match queue.take_or_claim(helper.is_some())? {
+                match queue.take_or_claim(helper.is_some(), self.give_up.as_ref())? {
                     Next::Batch(batch) => break batch?,
                     Next::Make(sequence) => {
                         let helper = helper.as_deref_mut().expect("claims only for a helper");
@@ -401,6 +414,9 @@ impl Drop for Pipeline {
     fn drop(&mut self) {
         if let Mode::Background { queue, workers, .. } = &mut self.mode {
             queue.close();
+            // Nothing will take what the workers make now: a worker waiting on a server that
+            // is gone ends at once instead of after the retry window.
+            self.shared.dataset.halt_reads();
             for worker in workers.drain(..) {
                 let _ = worker.join();
             }

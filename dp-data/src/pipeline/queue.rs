@@ -4,8 +4,9 @@
 //! depth` batches are made ahead of the consumer: that bound is the prefetch back-pressure. A
 //! consumer that helps claims batches within the same bound when its next one is not ready.
 
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::batch::Batch;
 use crate::error::{Error, Result};
@@ -20,6 +21,17 @@ pub(crate) enum Next {
     /// Make this batch and hand it in: the next is not ready, and this one may be made ahead.
     Make(u64),
 }
+
+/// When a waiting consumer gives up on its batch: once `stop` is set (a stop the program was
+/// asked for) and the batch has not come within `grace` of the consumer noticing it.
+#[derive(Debug, Clone)]
+pub(crate) struct GiveUp {
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) grace: Duration,
+}
+
+/// How often a consumer that may give up looks at its stop flag while it waits.
+const STOP_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 struct State {
@@ -151,9 +163,10 @@ impl Queue {
 
     /// The consumer: the next batch in order once it is made; or, when `may_claim` and it is
     /// not made yet, the number of another batch for the consumer to make and hand in itself,
-    /// if one may be made ahead. Waits only when neither.
-    pub(crate) fn take_or_claim(&self, may_claim: bool) -> Result<Next> {
+    /// if one may be made ahead. Waits only when neither, and with `give_up`, not past it.
+    pub(crate) fn take_or_claim(&self, may_claim: bool, give_up: Option<&GiveUp>) -> Result<Next> {
         let mut state = self.lock();
+        let mut stop_seen: Option<Instant> = None;
         loop {
             if state.closed {
                 return Err(Error::Stopped("it returned an error earlier".into()));
@@ -179,8 +192,30 @@ impl Queue {
                 state.closed = true;
                 return Err(Error::Stopped("its workers are gone".into()));
             }
+            if let Some(give_up) = give_up
+                && give_up.stop.load(Ordering::Relaxed)
+            {
+                let seen = *stop_seen.get_or_insert_with(Instant::now);
+                if seen.elapsed() >= give_up.grace {
+                    return Err(Error::Stopped(format!(
+                        "asked to stop while waiting for batch {} (of the run's sequence), \
+                         which did not come within {:.0} s: its workers are stuck",
+                        state.next_take,
+                        give_up.grace.as_secs_f64()
+                    )));
+                }
+            }
             state.consumer_waits = true;
-            state = self.made.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state = match give_up {
+                None => self.made.wait(state).unwrap_or_else(PoisonError::into_inner),
+                // Nobody wakes a consumer for a stop: it looks at the flag now and then.
+                Some(_) => {
+                    self.made
+                        .wait_timeout(state, STOP_POLL)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
             state.consumer_waits = false;
         }
     }
@@ -237,7 +272,7 @@ mod tests {
 
         /// The consumer's next batch, without helping.
         fn take(&self) -> Result<Batch> {
-            match self.take_or_claim(false)? {
+            match self.take_or_claim(false, None)? {
                 Next::Batch(batch) => batch,
                 Next::Make(sequence) => panic!("claimed {sequence} without being asked to"),
             }
@@ -299,23 +334,25 @@ mod tests {
         let queue = std::sync::Arc::new(Queue::new(0, 1, 1, 1));
         assert_eq!(queue.claim(0).map(|c| c.0), Some(0));
         // Batch 0 is being made: the consumer gets batch 1 to make.
-        assert!(matches!(queue.take_or_claim(true), Ok(Next::Make(1))));
+        assert!(matches!(queue.take_or_claim(true, None), Ok(Next::Make(1))));
         queue.hand_in(1, batch(1));
         // Nothing more may be made ahead: it waits for batch 0, and takes both in order.
         let consumer = {
             let queue = std::sync::Arc::clone(&queue);
-            std::thread::spawn(move || queue.take_or_claim(true))
+            std::thread::spawn(move || queue.take_or_claim(true, None))
         };
         queue.until("the consumer waits", |s| s.consumer_waits);
         assert!(!consumer.is_finished(), "claimed beyond the depth");
         queue.hand_in(0, batch(0));
         assert!(matches!(consumer.join().unwrap(), Ok(Next::Batch(Ok(b))) if b.index() == 0));
-        assert!(matches!(queue.take_or_claim(true), Ok(Next::Batch(Ok(b))) if b.index() == 1));
+        assert!(
+            matches!(queue.take_or_claim(true, None), Ok(Next::Batch(Ok(b))) if b.index() == 1)
+        );
         // After a failure it claims nothing more: it gets the error in its turn.
-        assert!(matches!(queue.take_or_claim(true), Ok(Next::Make(2))));
+        assert!(matches!(queue.take_or_claim(true, None), Ok(Next::Make(2))));
         queue.hand_in(2, Err(Error::Stopped("two".into())));
-        assert!(matches!(queue.take_or_claim(true), Ok(Next::Batch(Err(_)))));
-        assert!(queue.take_or_claim(true).is_err(), "closed after the error");
+        assert!(matches!(queue.take_or_claim(true, None), Ok(Next::Batch(Err(_)))));
+        assert!(queue.take_or_claim(true, None).is_err(), "closed after the error");
     }
 
     #[test]
@@ -363,6 +400,30 @@ mod tests {
         // The autotuner takes the queue down to one batch ahead: the one ready is a run.
         queue.set_knobs(1, 0);
         assert_eq!(consumer.join().unwrap().unwrap().index(), 0);
+    }
+
+    #[test]
+    fn a_waiting_consumer_gives_up_once_a_stop_is_asked_for_and_the_grace_has_passed() {
+        let queue = std::sync::Arc::new(Queue::new(0, 1, 1, 1));
+        // Batch 0 is being made, and never comes (its worker is stuck).
+        assert_eq!(queue.claim(0).map(|c| c.0), Some(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let grace = Duration::from_millis(200);
+        let give_up = GiveUp { stop: Arc::clone(&stop), grace };
+        let consumer = {
+            let queue = std::sync::Arc::clone(&queue);
+            std::thread::spawn(move || queue.take_or_claim(false, Some(&give_up)).map(|_| ()))
+        };
+        queue.until("the consumer waits", |s| s.consumer_waits);
+        stop.store(true, Ordering::Relaxed);
+        let asked = Instant::now();
+        while !consumer.is_finished() {
+            assert!(asked.elapsed().as_secs() < 10, "never gave up");
+            std::thread::yield_now();
+        }
+        let error = consumer.join().unwrap().unwrap_err().to_string();
+        assert!(error.contains("asked to stop") && error.contains("batch 0"), "{error}");
+        assert!(asked.elapsed() >= grace, "gave up before the grace");
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod cache;
 #[cfg(feature = "bench")]
 mod cache_use;
 mod fetch;
+mod halt;
 mod object;
 mod options;
 mod runtime;

@@ -16,6 +16,7 @@ use object_store::{
 };
 use url::Url;
 
+use super::halt::Halt;
 use super::options::object_options;
 use super::runtime::block_on;
 use super::stats::{COUNTERS, add};
@@ -29,6 +30,8 @@ pub(crate) struct RemoteDir {
     /// The URL as given, without a trailing `/`, for messages and cache keys.
     url: String,
     retry_for: Duration,
+    /// The reads of the dataset opened here, halted when its pipeline is dropped.
+    halt: Arc<Halt>,
 }
 
 impl std::fmt::Debug for RemoteDir {
@@ -68,7 +71,14 @@ impl RemoteDir {
             }
         };
         let prefix = ObjectPath::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?;
-        Ok(RemoteDir { store, prefix, url, retry_for: options.retry_for })
+        Ok(RemoteDir { store, prefix, url, retry_for: options.retry_for, halt: Arc::default() })
+    }
+
+    /// Halts the reads of this directory's objects, those under way and every later one:
+    /// they fail with [`Error::Stopped`].
+    pub(crate) fn halt(&self) {
+        self.halt.halt();
+        super::fetch::wake_readers();
     }
 
     /// The object `name` in this directory.
@@ -82,7 +92,7 @@ impl RemoteDir {
 
     /// The names of the objects directly under the prefix (no deeper), sorted.
     pub(crate) fn list(&self) -> Result<Vec<String>> {
-        let listed = block_on(self.retrying("list", &self.url, || async {
+        let listed = block_on(self.retrying("list", &self.url, self.read_from_now(), || async {
             self.store.list_with_delimiter(Some(&self.prefix)).await
         }))??;
         let mut names: Vec<String> = listed
@@ -97,13 +107,24 @@ impl RemoteDir {
         Ok(names)
     }
 
-    /// Runs `op` until it succeeds, fails in a way a retry cannot mend, or
-    /// [`ObjectOptions::retry_for`](super::ObjectOptions) has passed; waits between tries
-    /// from 100 ms, doubling up to 5 s.
+    /// How long a request of this directory's objects is retried
+    /// ([`ObjectOptions::retry_for`](super::ObjectOptions)).
+    pub(crate) fn retry_for(&self) -> Duration {
+        self.retry_for
+    }
+
+    /// A read's patience: retried for the retry window from now.
+    fn read_from_now(&self) -> Patience {
+        Patience::ReadUntil(in_window(Instant::now(), self.retry_for))
+    }
+
+    /// Runs `op` until it succeeds, fails in a way a retry cannot mend, or `patience` runs
+    /// out; waits between tries from 100 ms, doubling up to 5 s. At least one attempt is made.
     pub(crate) async fn retrying<T, F, Fut>(
         &self,
         op: &'static str,
         url: &str,
+        patience: Patience,
         mut attempt: F,
     ) -> Result<T>
     where
@@ -111,29 +132,102 @@ impl RemoteDir {
         Fut: Future<Output = object_store::Result<T>>,
     {
         let started = Instant::now();
+        let deadline = match patience {
+            Patience::Write => in_window(started, self.retry_for),
+            Patience::ReadUntil(deadline) => deadline,
+        };
         let mut wait = Duration::from_millis(100);
+        let mut tries = 0;
         loop {
             add(&COUNTERS.requests, 1);
-            let error = match attempt().await {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
+            tries += 1;
+            // A read's attempt ends at the deadline (or after LEAST_ATTEMPT): a server that
+            // accepted the connection and then went silent must not hold a reader past its
+            // window for as long as the client's own timeout.
+            let limit = match patience {
+                Patience::Write => None,
+                Patience::ReadUntil(_) => {
+                    Some(deadline.saturating_duration_since(Instant::now()).max(LEAST_ATTEMPT))
+                }
             };
-            let transient = transient(&error);
-            if !transient || started.elapsed() + wait > self.retry_for {
-                let what = match &error {
-                    object_store::Error::NotFound { .. } => "no such object".to_string(),
+            let failure = match limit {
+                None => attempt().await.map_err(Failure::Client),
+                Some(limit) => match tokio::time::timeout(limit, attempt()).await {
+                    Ok(answer) => answer.map_err(Failure::Client),
+                    Err(_) => Err(Failure::NoAnswer(limit)),
+                },
+            };
+            let failure = match failure {
+                Ok(value) => return Ok(value),
+                Err(failure) => failure,
+            };
+            let transient = match &failure {
+                Failure::Client(error) => transient(error),
+                Failure::NoAnswer(_) => true,
+            };
+            if !transient || Instant::now() + wait > deadline {
+                let what = match &failure {
+                    Failure::Client(object_store::Error::NotFound { .. }) => {
+                        "no such object".to_string()
+                    }
+                    _ if transient && tries == 1 => format!(
+                        "{failure} (not retrying again: the retry window was spent already, by this \
+                         read or an earlier one of the same bytes; DP_OBJECT_RETRY_SECONDS \
+                         sets how long)"
+                    ),
                     _ if transient => format!(
                         "{} (after retrying for {:.0} s; DP_OBJECT_RETRY_SECONDS sets how long)",
-                        chain(&error),
+                        failure,
                         started.elapsed().as_secs_f64()
                     ),
-                    _ => chain(&error),
+                    _ => failure.to_string(),
                 };
                 return Err(Error::Object { url: url.to_string(), op, what });
             }
             add(&COUNTERS.retries, 1);
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// The end of a window of `length` from `start`: far in the future for a window too long to
+/// add (a retry window set to `Duration::MAX` through the API, meaning "for ever").
+pub(crate) fn in_window(start: Instant, length: Duration) -> Instant {
+    start
+        .checked_add(length)
+        .or_else(|| start.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(start)
+}
+
+/// The least time a read's attempt is given, even when its deadline is nearer (or past): one
+/// try of a block-sized range, on a busy machine.
+const LEAST_ATTEMPT: Duration = Duration::from_secs(10);
+
+/// How long a request is retried, and how long each attempt may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// For the retry window from the first attempt, each attempt as long as the client
+    /// allows: an upload's part may take minutes, and a write has no reader waiting on it.
+    Write,
+    /// Until this deadline, each attempt cut there (or after [`LEAST_ATTEMPT`], whichever is
+    /// later): a reader waits on it.
+    ReadUntil(Instant),
+}
+
+/// Why an attempt failed.
+enum Failure {
+    Client(object_store::Error),
+    NoAnswer(Duration),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Client(error) => f.write_str(&chain(error)),
+            Failure::NoAnswer(limit) => {
+                write!(f, "no answer within {:.0} s", limit.as_secs_f64())
+            }
         }
     }
 }
@@ -245,29 +339,60 @@ impl RemoteObject {
 
     /// Its size and ETag.
     pub(crate) fn head(&self) -> Result<ObjectMeta> {
-        block_on(self.dir.retrying("head", &self.url, || self.dir.store.head(&self.path)))?
+        let patience = self.dir.read_from_now();
+        block_on(
+            self.dir.retrying("head", &self.url, patience, || self.dir.store.head(&self.path)),
+        )?
+    }
+
+    /// How long a read of it is retried.
+    pub(crate) fn retry_for(&self) -> Duration {
+        self.dir.retry_for()
     }
 
     /// The whole object, checked against `etag` when given.
     pub(crate) fn get(&self, etag: Option<&str>) -> Result<Bytes> {
-        block_on(self.get_async(None, etag))?
+        block_on(self.get_async(None, etag, self.dir.read_from_now()))?
     }
 
     /// Bytes `range` of the object, whose ETag must be `etag` when given.
     pub(crate) fn get_range(&self, range: Range<u64>, etag: Option<&str>) -> Result<Bytes> {
-        block_on(self.get_async(Some(range), etag))?
+        block_on(self.get_async(Some(range), etag, self.dir.read_from_now()))?
     }
 
-    /// [`RemoteObject::get_range`] (or the whole object), on the runtime.
+    /// [`RemoteObject::get_range`], retried only until `deadline` (at least one attempt), or
+    /// until the reads are halted.
+    pub(crate) fn get_range_until(
+        &self,
+        range: Range<u64>,
+        etag: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Bytes> {
+        let read = self.get_async(Some(range), etag, Patience::ReadUntil(deadline));
+        block_on(self.dir.halt.unless_halted(read))?.unwrap_or_else(|| Err(self.halted()))
+    }
+
+    /// Whether the reads of its dataset are halted.
+    pub(crate) fn is_halted(&self) -> bool {
+        self.dir.halt.is_halted()
+    }
+
+    /// The error of a read halted.
+    pub(crate) fn halted(&self) -> Error {
+        Error::Stopped(format!("its reads were halted while reading {}", self.url))
+    }
+
+    /// [`RemoteObject::get_range`] (or the whole object), on the runtime, with `patience`.
     pub(crate) async fn get_async(
         &self,
         range: Option<Range<u64>>,
         etag: Option<&str>,
+        patience: Patience,
     ) -> Result<Bytes> {
         let want = range.as_ref().map(|r| r.end - r.start);
         let bytes = self
             .dir
-            .retrying("get", &self.url, || async {
+            .retrying("get", &self.url, patience, || async {
                 let options = GetOptions {
                     range: range.clone().map(GetRange::Bounded),
                     ..GetOptions::default()
@@ -297,8 +422,11 @@ impl RemoteObject {
     /// The whole object, whose ETag must be `etag` when given, in the pieces it arrives in.
     pub(crate) fn stream(&self, etag: Option<&str>, each: &mut dyn FnMut(&[u8])) -> Result<()> {
         block_on(async {
-            let result =
-                self.dir.retrying("get", &self.url, || self.dir.store.get(&self.path)).await?;
+            let patience = self.dir.read_from_now();
+            let result = self
+                .dir
+                .retrying("get", &self.url, patience, || self.dir.store.get(&self.path))
+                .await?;
             self.check_etag(etag, result.meta.e_tag.as_deref())?;
             let mut stream = result.into_stream();
             while let Some(chunk) = stream.next().await {
@@ -329,7 +457,7 @@ impl RemoteObject {
 
     /// Writes `bytes` as the object, replacing it.
     pub(crate) fn put(&self, bytes: Bytes) -> Result<()> {
-        block_on(self.dir.retrying("put", &self.url, || {
+        block_on(self.dir.retrying("put", &self.url, Patience::Write, || {
             self.dir.store.put(&self.path, PutPayload::from_bytes(bytes.clone()))
         }))?
         .map(|_| ())
@@ -351,7 +479,7 @@ impl RemoteObject {
         }
         // Parts are read inside the request's future: a local read error ends the upload
         // (as a non-transient error, not retried) rather than being sent.
-        block_on(self.dir.retrying("put", &self.url, || async {
+        block_on(self.dir.retrying("put", &self.url, Patience::Write, || async {
             let mut upload = self.dir.store.put_multipart(&self.path).await?;
             let mut offset = 0;
             while offset < len {
@@ -377,10 +505,24 @@ impl RemoteObject {
     /// Removes the object (none there is not an error).
     pub(crate) fn delete(&self) -> Result<()> {
         match block_on(
-            self.dir.retrying("delete", &self.url, || self.dir.store.delete(&self.path)),
+            self.dir.retrying("delete", &self.url, Patience::Write, || {
+                self.dir.store.delete(&self.path)
+            }),
         )? {
             Err(Error::Object { what, .. }) if what == "no such object" => Ok(()),
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_too_long_to_add_ends_far_in_the_future_without_a_panic() {
+        let now = Instant::now();
+        assert_eq!(in_window(now, Duration::from_secs(2)), now + Duration::from_secs(2));
+        assert!(in_window(now, Duration::MAX) > now + Duration::from_secs(10 * 365 * 86_400));
     }
 }

@@ -76,6 +76,13 @@ const PROCESS_SCRATCH: u64 = 32 << 20;
 /// buffers it allocates on each call, up to a few MiB.
 const STEP_SCRATCH: u64 = 4 << 20;
 
+/// How long a replica waits for its next batch once the run is asked to stop (SIGTERM,
+/// Ctrl-C) before it gives up: its data workers may be stuck on a server that is gone, and its
+/// peers wait for it in the all-reduce. Ending then with an error (the last consistent step is
+/// saved on the way out) beats waiting out the retry window, or being killed by the scheduler
+/// with nothing saved. A batch that flows takes far less.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(crate) struct Replica<C: Communicator> {
     plan: Arc<RunPlan>,
     rank: usize,
@@ -202,7 +209,7 @@ impl<C: Communicator> Replica<C> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
         let training = || scaling().into_iter().chain(config.augmentations()).collect();
-        let train = match (&plan.resume, plan.resume_checkpoint()) {
+        let mut train = match (&plan.resume, plan.resume_checkpoint()) {
             (Some((_, state)), Some(path)) => {
                 // Whatever number of replicas saved the optimizer state, this one reads its
                 // own shard of it.
@@ -245,6 +252,7 @@ impl<C: Communicator> Replica<C> {
                 }
             }
         };
+        train.give_up_when(Arc::clone(&stop), STOP_GRACE);
         // Shared parameters are pruned once, by the process's first replica.
         let pruner = match &config.prune {
             Some(_) if params == Params::Shared && local_rank != 0 => None,
@@ -488,7 +496,13 @@ impl<C: Communicator> Replica<C> {
         let plan = Arc::clone(&self.plan);
         let config = &plan.config;
         let waiting = Instant::now();
-        let batch = self.train.next_batch()?;
+        let batch = self.train.next_batch().map_err(|e| match e {
+            dp_data::Error::Stopped(what) if self.stop.load(Ordering::Relaxed) => Error::run(
+                &config.train_data,
+                format!("stopped as asked (SIGTERM or Ctrl-C) while waiting for data: {what}"),
+            ),
+            e => e.into(),
+        })?;
         times.data_wait += waiting.elapsed().as_secs_f64();
         self.report.skipped_records += batch.replaced() as u64;
         let epoch = batch.epoch();
