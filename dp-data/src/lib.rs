@@ -117,7 +117,7 @@ pub use remote::{
     is_object_url, object_stats, set_object_options, upload_dataset, upload_file, upload_manifest,
     upload_sink,
 };
-pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
+pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, SOURCE_FEATURE, Schema};
 pub use text::{
     SequenceBatch, SequenceConfig, SequenceSampler, SequenceState, TokenDataset, TokenInfo,
     TokenPipeline, TokenWidth, Tokenizer, TokenizerKind, Tokens,
