@@ -264,7 +264,13 @@ fn text_is_imported_only_into_a_new_or_empty_directory() {
     assert!(error.contains("first/train") && error.contains("is a dataset"), "{error}");
     assert_eq!(names(&dataset), before);
     assert!(Dataset::open(&dataset).unwrap().verify().is_empty());
-    // Into a directory of someone's files: refused, naming one.
+    // Into a directory of someone's files: refused, naming one; the text itself may lie there.
+    let beside = dir.path("beside");
+    std::fs::create_dir(&beside).unwrap();
+    let corpus = beside.join("corpus.txt");
+    std::fs::copy(&text, &corpus).unwrap();
+    import(&[corpus], &beside, TextTokenizer::Bytes, 0.1);
+    assert_eq!(names(&beside), ["corpus.txt", "eval", "train"]);
     let busy = dir.path("busy");
     std::fs::create_dir(&busy).unwrap();
     std::fs::write(busy.join("notes.txt"), "mine").unwrap();

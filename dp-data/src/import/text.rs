@@ -167,7 +167,8 @@ const TOKENIZER_FILE: &str = "tokenizer.json";
 /// bytes need none (their count is the files' length). An import that fails leaves nothing:
 /// no split, no temporary file, and no `out` if it did not exist before. `out` must be
 /// missing or an empty directory (what a killed import left there aside: its temporary file
-/// is removed); a dataset, a file or a directory holding anything else is refused, naming it.
+/// is removed; and the input files themselves may lie there); a dataset, a file or a
+/// directory holding anything else is refused, naming it.
 ///
 /// ```no_run
 /// use std::path::Path;
@@ -209,7 +210,7 @@ pub fn import_text_with_progress(
         });
     }
     // `out` itself first: never a dataset, nor a directory of someone else's files.
-    super::text_out::prepare(out, TOKENIZER_FILE)?;
+    super::text_out::prepare(out, TOKENIZER_FILE, files)?;
     for split in [Split::Train, Split::Eval] {
         crate::staging::check_target(&out.join(split.name()))?;
     }

@@ -4,9 +4,10 @@
 //!
 //! `OUT` is a user's path like any dataset's: it may be missing, an empty directory, or hold
 //! only what a text import that never finished left there (its splits' `*.partial`
-//! directories, which the dataset writer reclaims, and spill files). A dataset, a file, or a
-//! directory holding anything else is refused by name before any work, as the image importer
-//! refuses it, instead of growing `train/` and `eval/` inside someone's dataset.
+//! directories, which the dataset writer reclaims, and spill files) and the import's own
+//! input files (a corpus imported where it lies). A dataset, a file, or a directory holding
+//! anything else is refused by name before any work, as the image importer refuses it,
+//! instead of growing `train/` and `eval/` inside someone's dataset.
 //!
 //! A spill file is locked while its import runs (the operating system drops the lock when the
 //! process dies), so the next import into `OUT` tells a killed import's spill, which it
@@ -25,9 +26,10 @@ use crate::synthetic::Split;
 /// What a spill file is called before its random part: `.tokens.XXXXXX.tmp`.
 const SPILL_TARGET: &str = "tokens";
 
-/// Checks that a text import may write into `out` (see the module docs) and removes the
-/// spill files of imports that were killed; refuses while another import is running there.
-pub(super) fn prepare(out: &Path, tokenizer_file: &str) -> Result<()> {
+/// Checks that a text import of `inputs` may write into `out` (see the module docs) and
+/// removes the spill files of imports that were killed; refuses while another import is
+/// running there.
+pub(super) fn prepare(out: &Path, tokenizer_file: &str, inputs: &[&Path]) -> Result<()> {
     let refuse = |what: String| Err(Error::Config { field: "out", what });
     let meta = match fs::metadata(out) {
         Ok(meta) => meta,
@@ -48,6 +50,8 @@ pub(super) fn prepare(out: &Path, tokenizer_file: &str) -> Result<()> {
             out.display()
         ));
     }
+    let inputs: Vec<PathBuf> = inputs.iter().filter_map(|p| fs::canonicalize(p).ok()).collect();
+    let is_input = |path: &Path| fs::canonicalize(path).is_ok_and(|p| inputs.contains(&p));
     let mut spills = Vec::new();
     let mut foreign = Vec::new();
     for entry in fs::read_dir(out).map_err(|e| Error::io(out, "list", e))? {
@@ -63,6 +67,8 @@ pub(super) fn prepare(out: &Path, tokenizer_file: &str) -> Result<()> {
             spills.push(entry.path());
         } else if (is_file && temporary == Some(tokenizer_file)) || (is_dir && partial) {
             // An unfinished write's, which its own writer's next run replaces.
+        } else if is_input(&entry.path()) {
+            // The text being imported, kept beside what is made of it.
         } else {
             foreign.push(name);
         }
@@ -137,12 +143,16 @@ mod tests {
         let dead = out.join(".tokens.Ab12Cd.tmp");
         fs::write(&dead, b"tokens of a killed import").unwrap();
         fs::create_dir(out.join("train.partial")).unwrap();
-        prepare(out, "tokenizer.json").unwrap();
+        fs::write(out.join("corpus.txt"), b"text").unwrap();
+        prepare(out, "tokenizer.json", &[&out.join("corpus.txt")]).unwrap();
         assert!(!dead.exists());
         assert!(out.join("train.partial").exists(), "the dataset writer's to reclaim");
 
         let (_file, _temp, live) = spill_file(out).unwrap();
-        let error = prepare(out, "tokenizer.json").unwrap_err().to_string();
+        let error = prepare(out, "tokenizer.json", &[]).unwrap_err().to_string();
+        assert!(error.contains("not empty") && error.contains("corpus.txt"), "{error}");
+        fs::remove_file(out.join("corpus.txt")).unwrap();
+        let error = prepare(out, "tokenizer.json", &[]).unwrap_err().to_string();
         assert!(error.contains("another text import") && error.contains(".tokens."), "{error}");
         assert!(live.exists());
     }
