@@ -16,8 +16,11 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 use crate::error::{Error, Result};
 
 /// The most bytes of text one word (and so one token) of a trained BPE spans: see
-/// [`Tokenizer::train_bpe`]. Far longer than the tokens a BPE of ordinary text learns.
-pub(crate) const MAX_WORD_BYTES: usize = 256;
+/// [`Tokenizer::train_bpe`]. Far longer than the tokens a BPE of ordinary text learns, and
+/// short enough that every word, at most 2 bytes a character after ByteLevel's mapping, is
+/// kept in the BPE's cache of encoded words (which takes words below 256 bytes): at 256, a
+/// long run of one byte was encoded from scratch word by word, about 3 times slower.
+pub(crate) const MAX_WORD_BYTES: usize = 127;
 
 /// How text became tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
