@@ -463,6 +463,16 @@ impl Block {
         }
     }
 
+    /// Where record `row` came from, when the dataset keeps it (a bytes feature
+    /// [`SOURCE_FEATURE`](crate::SOURCE_FEATURE), as the image-folder importer writes): for
+    /// an error about the record to name the file, not a record number after the import's
+    /// shuffle. `None` otherwise.
+    pub fn source(&self, row: usize) -> Option<String> {
+        self.bytes(crate::schema::SOURCE_FEATURE, row)
+            .ok()
+            .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+    }
+
     /// One record's image: what its header records, and its encoded bytes as they were.
     pub fn image(&self, name: &str, row: usize) -> Result<(ImageInfo, &[u8])> {
         let (feature, _) = self.lookup(name)?;

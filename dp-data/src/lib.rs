@@ -118,7 +118,7 @@ pub use remote::{
     is_object_url, object_stats, set_object_options, upload_dataset, upload_file, upload_manifest,
     upload_sink,
 };
-pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, Schema};
+pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, SOURCE_FEATURE, Schema};
 pub use text::{
     SequenceBatch, SequenceConfig, SequenceSampler, SequenceState, TokenDataset, TokenInfo,
     TokenPipeline, TokenWidth, Tokenizer, TokenizerKind, Tokens,
@@ -138,7 +138,7 @@ pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32, write_
 pub use export_sparse::{SparseExport, export_npz, export_svmlight};
 pub use import::{
     CsvOptions, ImageFolderOptions, ImageFolderReport, SparseFeature, SvmlightOptions, TextOptions,
-    TextReport, TextTokenizer, TfRecordCompression, TfRecordOptions, VarLenFeature, import_csv,
-    import_idx, import_image_folder, import_npy, import_svmlight, import_svmlight_splits,
-    import_text, import_tfrecord,
+    TextProgress, TextReport, TextStage, TextTokenizer, TfRecordCompression, TfRecordOptions,
+    VarLenFeature, import_csv, import_idx, import_image_folder, import_npy, import_svmlight,
+    import_svmlight_splits, import_text, import_text_with_progress, import_tfrecord,
 };

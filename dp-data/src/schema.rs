@@ -103,6 +103,12 @@ pub enum Kind {
     },
 }
 
+/// The name of a bytes feature that says where each record came from (an image folder's
+/// file, relative to its root): an error about a record, as an image that does not decode in
+/// a pipeline's worker, quotes it, because a record number after an import's shuffle leads
+/// nowhere.
+pub const SOURCE_FEATURE: &str = "source";
+
 /// One named feature of a schema.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Feature {

@@ -9,7 +9,8 @@ mod tfrecord;
 
 use dp_data::{
     Dataset, DatasetWriter, Feature, ImageFolderOptions, ImageInput, Kind, Pipeline,
-    PipelineConfig, Schema, Value, WriterOptions, import_image_folder, stored_image,
+    PipelineConfig, SOURCE_FEATURE, Schema, Value, WriterOptions, import_image_folder,
+    stored_image,
 };
 use image::{ImageEncoder, RgbImage};
 
@@ -59,9 +60,8 @@ fn folder(root: &Path) {
             std::fs::write(dir.join(file), bytes).unwrap();
         }
     }
-    // Not an image: ignored for its name; an empty class folder: no class.
+    // Not an image: ignored for its name.
     std::fs::write(root.join("red/notes.txt"), "x").unwrap();
-    std::fs::create_dir_all(root.join("zebra")).unwrap();
 }
 
 fn pipeline(dir: &Path, image: ImageInput, workers: usize) -> Pipeline {
@@ -146,9 +146,11 @@ fn an_image_folder_trains_as_decoded_crops_of_its_images() {
 fn an_image_that_does_not_decode_is_named_and_nothing_panics() {
     let tmp = tempfile::tempdir().unwrap();
     let good = jpeg(&photo(0, 48, 32));
+    // With the file each record came from, as the image-folder importer keeps it.
     let schema = Schema::new(vec![
         Feature::image("image"),
         Feature::dense("label", dp_data::DType::I64, &[]),
+        Feature::bytes(SOURCE_FEATURE),
     ])
     .unwrap();
     let dir = tmp.path().join("data");
@@ -160,10 +162,13 @@ fn an_image_that_does_not_decode_is_named_and_nothing_panics() {
     let n = garbled.len();
     garbled[n - 400..n - 100].iter_mut().for_each(|b| *b = b.wrapping_mul(37).wrapping_add(11));
     for (i, stored) in [stored_image(&good).unwrap(), cut, garbled].iter().enumerate() {
-        writer.append(&[Value::Bytes(stored), Value::dense(&[i as i64])]).unwrap();
+        let (label, source) = ([i as i64], format!("cats/{i}.jpg"));
+        let values = [Value::Bytes(stored), Value::dense(&label), Value::Bytes(source.as_bytes())];
+        writer.append(&values).unwrap();
     }
     // Bytes that are no image are refused at the write, naming the record.
-    let error = writer.append(&[Value::Bytes(b"GIF89a..."), Value::dense(&[0i64])]).unwrap_err();
+    let values = [Value::Bytes(b"GIF89a..."), Value::dense(&[0i64]), Value::Bytes(b"")];
+    let error = writer.append(&values).unwrap_err();
     assert!(error.to_string().contains("record 3, feature `image`"), "{error}");
     assert!(stored_image(b"GIF89a").unwrap_err().contains("not a JPEG or PNG"));
     writer.finish().unwrap();
@@ -174,7 +179,10 @@ fn an_image_that_does_not_decode_is_named_and_nothing_panics() {
     let mut pipeline = Pipeline::new(&dir, config, Vec::new()).unwrap();
     pipeline.next_batch().unwrap();
     let error = pipeline.next_batch().unwrap_err().to_string();
-    assert!(error.contains("record 1, feature `image`: the image does not decode"), "{error}");
+    assert!(
+        error.contains("record 1, feature `image`: the image from cats/1.jpg does not decode"),
+        "{error}"
+    );
     assert!(error.contains(&dir.display().to_string()), "{error}");
 
     // Skipped: each bad record's place taken by the next of its block that decodes (record 0,
@@ -210,6 +218,49 @@ fn unreadable_files_stop_an_import_unless_skipped() {
     let report = import_image_folder(&root, &out, &options, WriterOptions::default()).unwrap();
     assert_eq!(report.skipped.len(), 1);
     assert_eq!(report.manifest.records, 24);
+}
+
+#[test]
+fn an_image_cut_short_stops_the_import_and_each_record_keeps_its_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("photos");
+    folder(&root);
+    // Its header (and so its size) reads as before; its scans end early.
+    let whole = jpeg(&photo(1, 48, 32));
+    std::fs::write(root.join("green/cut.jpg"), &whole[..whole.len() - 600]).unwrap();
+    let out = tmp.path().join("data");
+    let error =
+        import_image_folder(&root, &out, &ImageFolderOptions::default(), WriterOptions::default())
+            .unwrap_err()
+            .to_string();
+    assert!(error.contains("green/cut.jpg") && error.contains("does not decode"), "{error}");
+    assert!(!out.exists(), "nothing is left of a failed import");
+    let options = ImageFolderOptions { skip_corrupt: true, ..ImageFolderOptions::default() };
+    let report = import_image_folder(&root, &out, &options, WriterOptions::default()).unwrap();
+    let skipped: Vec<&Path> = report.skipped.iter().map(|(path, _)| path.as_path()).collect();
+    assert_eq!(skipped, [root.join("green/cut.jpg")]);
+    // Each record says which file it is, under the root, whatever the shuffle did.
+    let dataset = Dataset::open(&out).unwrap();
+    let mut sources: Vec<String> = (0..dataset.len())
+        .map(|i| String::from_utf8(dataset.get(i).unwrap().bytes(SOURCE_FEATURE).unwrap().to_vec()))
+        .map(Result::unwrap)
+        .collect();
+    sources.sort();
+    assert_eq!((sources.len(), &sources[0][..]), (24, "blue/0.JPG"));
+    let record = dataset.get(0).unwrap();
+    let label = *record.dense::<i64>("label").unwrap().first().unwrap() as usize;
+    let source = String::from_utf8(record.bytes(SOURCE_FEATURE).unwrap().to_vec()).unwrap();
+    assert!(source.starts_with(CLASSES[label]), "{source} has label {label}");
+
+    // A class folder without images is refused, naming it: dropped, it would renumber the
+    // classes after it.
+    std::fs::create_dir_all(root.join("aardvark")).unwrap();
+    std::fs::write(root.join("aardvark/readme.txt"), "x").unwrap();
+    let error =
+        import_image_folder(&root, &tmp.path().join("more"), &options, WriterOptions::default())
+            .unwrap_err()
+            .to_string();
+    assert!(error.contains("aardvark") && error.contains("hold no .jpg"), "{error}");
 }
 
 #[test]
@@ -332,6 +383,23 @@ fn tfrecord_jpeg_bytes_import_as_images_by_content_or_by_name() {
     .unwrap_err()
     .to_string();
     assert!(error.contains("the image key `photo` is not in the first Example"), "{error}");
+
+    // A JPEG cut short (its header whole) is refused at the import, naming file and record.
+    let cut = file("cut.tfrecord", &|i| {
+        let whole = jpeg(&photo(i % 3, 48, 32));
+        if i == 4 { whole[..whole.len() - 600].to_vec() } else { whole }
+    });
+    let error = dp_data::import_tfrecord(
+        &[cut],
+        &tmp.path().join("cut"),
+        &dp_data::TfRecordOptions::default(),
+        WriterOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("cut.tfrecord") && error.contains("record 4 of this file"), "{error}");
+    assert!(error.contains("does not decode"), "{error}");
+    assert!(!tmp.path().join("cut").exists());
 }
 
 /// Displayed 16x8: the left half red, the right half blue.

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use dp_data::{
     Dataset, DatasetWriter, Error, Feature, Rng, Schema, SequenceConfig, SequenceSampler,
-    SequenceState, TextOptions, TextReport, TextTokenizer, TokenDataset, TokenWidth, TokenizerKind,
-    Tokens, Value, WriterOptions, import_text,
+    SequenceState, TextOptions, TextProgress, TextReport, TextStage, TextTokenizer, TokenDataset,
+    TokenWidth, TokenizerKind, Tokens, Value, WriterOptions, import_text,
+    import_text_with_progress,
 };
 use dp_mem::{CountingAlloc, Pool, Tracker};
 use temp_dir::{TempDir, gzip};
@@ -186,6 +187,106 @@ fn import_settings_and_inputs_that_cannot_work_are_refused_by_name() {
     assert!(matches!(error, Error::Corrupt { offset: 3000, .. }));
     // Nothing is left: no split, no temporary file, not even the directory it made.
     assert!(!out.exists());
+}
+
+#[test]
+fn one_repeated_byte_trains_a_bpe_of_bounded_words_and_the_import_reports_progress() {
+    let dir = TempDir::new("tokens-run");
+    // 300 KB of one byte was one 300 KB word: 29 s of merges, then one token for the whole.
+    let bytes = 300_000;
+    let file = dir.write("a.txt", &vec![b'a'; bytes]);
+    let out = dir.out();
+    let options = TextOptions { tokenizer: "bpe:512".parse().unwrap(), ..TextOptions::default() };
+    let seen = std::sync::Mutex::new(Vec::new());
+    let report =
+        import_text_with_progress(&[file.as_path()], &out, &options, small_blocks(), &|p| {
+            seen.lock().unwrap().push(p)
+        })
+        .unwrap();
+    // No token spans more than 127 bytes.
+    assert!(report.tokens >= (bytes / 127) as u64, "{} tokens", report.tokens);
+    let (train, head, _, tail) = read_splits(&out);
+    let all: Vec<u32> = head.iter().chain(&tail).copied().collect();
+    assert_eq!(train.tokenizer().decode(&all).unwrap(), "a".repeat(bytes));
+
+    // Progress: the stages in order, each counting up to its whole.
+    let seen = seen.into_inner().unwrap();
+    let stages: Vec<TextStage> = seen.iter().map(|p| p.stage).collect();
+    assert!(stages.is_sorted(), "{stages:?}");
+    for (stage, total) in [
+        (TextStage::TrainBpe, bytes as u64),
+        (TextStage::Encode, bytes as u64),
+        (TextStage::Write, report.tokens),
+    ] {
+        let of: Vec<&TextProgress> = seen.iter().filter(|p| p.stage == stage).collect();
+        assert!(!of.is_empty(), "no {stage:?} in {seen:?}");
+        assert!(of.iter().all(|p| p.total == total && p.done <= total), "{of:?}");
+        assert_eq!(of.iter().map(|p| p.done).max(), Some(total), "{of:?}");
+    }
+
+    // A text too short for the split whatever the vocabulary is refused before training.
+    let tiny = dir.write("tiny.txt", b"a");
+    let options = TextOptions { eval_fraction: 0.5, ..options };
+    let seen = std::sync::Mutex::new(Vec::new());
+    let error =
+        import_text_with_progress(&[tiny.as_path()], &dir.out(), &options, small_blocks(), &|p| {
+            seen.lock().unwrap().push(p)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("at most 1 tokens") && error.contains("none of them"), "{error}");
+    assert_eq!(seen.into_inner().unwrap(), []);
+}
+
+#[test]
+fn text_is_imported_only_into_a_new_or_empty_directory() {
+    let dir = TempDir::new("tokens-out");
+    let text = dir.write("t.txt", corpus(5, 3_000).as_bytes());
+    let files = [text.clone()];
+    let attempt = |out: &Path| {
+        import_text(&[text.as_path()], out, &TextOptions::default(), small_blocks())
+            .unwrap_err()
+            .to_string()
+    };
+    let names = |out: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // Into a dataset: refused, and the dataset keeps its files alone.
+    import(&files, &dir.path("first"), TextTokenizer::Bytes, 0.1);
+    let dataset = dir.path("first/train");
+    let before = names(&dataset);
+    let error = attempt(&dataset);
+    assert!(error.contains("first/train") && error.contains("is a dataset"), "{error}");
+    assert_eq!(names(&dataset), before);
+    assert!(Dataset::open(&dataset).unwrap().verify().is_empty());
+    // Into a directory of someone's files: refused, naming one; the text itself may lie there.
+    let beside = dir.path("beside");
+    std::fs::create_dir(&beside).unwrap();
+    let corpus = beside.join("corpus.txt");
+    std::fs::copy(&text, &corpus).unwrap();
+    import(&[corpus], &beside, TextTokenizer::Bytes, 0.1);
+    assert_eq!(names(&beside), ["corpus.txt", "eval", "train"]);
+    let busy = dir.path("busy");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("notes.txt"), "mine").unwrap();
+    let error = attempt(&busy);
+    assert!(error.contains("not empty") && error.contains("notes.txt"), "{error}");
+    assert_eq!(names(&busy), ["notes.txt"]);
+    // A file.
+    let error = attempt(&text);
+    assert!(error.contains("is a file"), "{error}");
+
+    // A killed import's spill file is removed by the next import, not kept beside the splits.
+    let again = dir.path("again");
+    std::fs::create_dir(&again).unwrap();
+    std::fs::write(again.join(".tokens.Xy12Zw.tmp"), [0u8; 64]).unwrap();
+    import(&files, &again, "bpe:300".parse().unwrap(), 0.1);
+    assert_eq!(names(&again), ["eval", "tokenizer.json", "train"]);
 }
 
 #[test]

@@ -746,6 +746,9 @@ impl TrainConfig {
 
     /// Checks every setting and their combinations.
     pub fn validate(&self) -> Result<()> {
+        if let Some(name) = &self.name {
+            crate::run_dir::check_name(name)?;
+        }
         if let Some(size) = self.image_size
             && !(8..=4096).contains(&size)
         {

@@ -431,7 +431,10 @@ fn image_inputs(
             dp_data::Error::Record {
                 record: block.first_record() + row as u64,
                 feature: name.to_string(),
-                what: format!("the image {what}"),
+                what: format!(
+                    "the image{} {what}",
+                    block.source(row).map_or(String::new(), |file| format!(" from {file}"))
+                ),
             }
         })?;
     }

@@ -82,7 +82,7 @@ pub(crate) enum DataCmd {
     Preview {
         /// The dataset directory.
         dir: PathBuf,
-        /// The PNG to write.
+        /// The PNG to write; `-` for standard output.
         #[arg(long)]
         out: PathBuf,
         /// The samples' side (default: the trainer's, from the images' sizes).
@@ -338,7 +338,8 @@ pub(crate) struct ImportArgs {
     /// images: with --decoded, the side every image is resized to.
     #[arg(long, value_name = "S", requires = "decoded")]
     image_size: Option<usize>,
-    /// images: skip files that are not readable images (and list them) instead of failing.
+    /// images: skip files that are not readable images (and list them) instead of failing
+    /// (refused with other formats, whose imports stop at the first bad record).
     #[arg(long)]
     skip_corrupt: bool,
     /// text: `bytes` (each byte a token, any bytes), `bpe:VOCAB_SIZE` (train a GPT-2-style
@@ -607,6 +608,16 @@ fn datasets_in(dir: &Path, url: &str) -> Result<Vec<(PathBuf, String)>> {
 }
 
 fn import(args: ImportArgs) -> Result<ExitCode> {
+    // Only the image-folder importer can skip an input and go on; elsewhere the flag would
+    // promise what the import does not do (a bad record stops it, naming it).
+    if args.skip_corrupt && !matches!(args.format, ImportFormat::Images) {
+        bail!(
+            "--skip-corrupt is for --format images (image folders); a {} import stops at the \
+             first bad record, naming its file and offset: remove that record from the input, \
+             or leave out --skip-corrupt",
+            args.format.to_possible_value().map_or("other".into(), |v| v.get_name().to_string())
+        );
+    }
     if !args.splits.is_empty() {
         return import_splits(&args);
     }
@@ -763,7 +774,10 @@ fn import_text(args: &ImportArgs) -> Result<ExitCode> {
         eval_fraction: args.eval_fraction,
     };
     let out = &args.out;
-    let r = dp_data::import_text(&paths, out, &options, args.write.options())?;
+    let progress = ImportProgress::new();
+    let report = |p: dp_data::TextProgress| progress.show(p);
+    let r =
+        dp_data::import_text_with_progress(&paths, out, &options, args.write.options(), &report)?;
     println!(
         "{}: {} file(s), {} bytes of text -> {} tokens ({}, vocabulary {}, stored as {}), {:.3} \
          bytes per token",
@@ -796,6 +810,44 @@ fn import_text(args: &ImportArgs) -> Result<ExitCode> {
     };
     println!("  {:.2} s, {rate:.1} MB/s of text{training}", r.seconds);
     Ok(ExitCode::SUCCESS)
+}
+
+/// A long text import's progress on standard error: a line every few seconds once it has
+/// run that long (a short import prints none), so that a BPE's training is seen to move.
+struct ImportProgress {
+    started: std::time::Instant,
+    /// When a line was last printed (the start until then).
+    last: std::sync::Mutex<std::time::Instant>,
+}
+
+impl ImportProgress {
+    /// Seconds between lines.
+    const EVERY_S: f64 = 3.0;
+
+    fn new() -> Self {
+        let now = std::time::Instant::now();
+        ImportProgress { started: now, last: std::sync::Mutex::new(now) }
+    }
+
+    fn show(&self, p: dp_data::TextProgress) {
+        let Ok(mut last) = self.last.lock() else { return };
+        if last.elapsed().as_secs_f64() < Self::EVERY_S {
+            return;
+        }
+        *last = std::time::Instant::now();
+        let (what, unit) = match p.stage {
+            dp_data::TextStage::TrainBpe => ("training the BPE", "bytes of text"),
+            dp_data::TextStage::Encode => ("encoding", "bytes of text"),
+            _ => ("writing", "tokens"),
+        };
+        let percent = 100.0 * p.done as f64 / p.total.max(1) as f64;
+        eprintln!(
+            "{:>6.0} s  {what}: {} of {} {unit} ({percent:.0}%)",
+            self.started.elapsed().as_secs_f64(),
+            p.done,
+            p.total
+        );
+    }
 }
 
 /// `--split NAME=PATH` options as splits in order of first mention, each with its files.

@@ -115,6 +115,11 @@ pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path)
 
 /// Writes `options.tokens` tokens of a language model's run after `prompt` to standard
 /// output as they come (the prompt first), and how fast to standard error.
+///
+/// Nothing goes out before the first generated text: by then the options, the run (a
+/// language model), its checkpoint, tokenizer and the prompt's tokens have all been checked,
+/// so a refusal leaves standard output empty rather than holding a prompt that reads like
+/// the start of an answer.
 pub(crate) fn sample(
     run_dir: &Path,
     checkpoint: &str,
@@ -124,14 +129,23 @@ pub(crate) fn sample(
     use std::io::Write;
     let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
     let mut stdout = std::io::stdout().lock();
+    let mut prompt_written = false;
     let mut write = |text: &str| -> dp_train::Result<()> {
+        let prompt = if prompt_written { "" } else { prompt };
+        prompt_written = true;
         // A closed pipe (`| head`) ends the writing, as it ends any command's.
-        stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(|e| {
-            dp_train::Error::Io { path: "standard output".into(), op: "write", source: e }
-        })
+        stdout
+            .write_all(prompt.as_bytes())
+            .and_then(|()| stdout.write_all(text.as_bytes()))
+            .and_then(|()| stdout.flush())
+            .map_err(|e| dp_train::Error::Io {
+                path: "standard output".into(),
+                op: "write",
+                source: e,
+            })
     };
-    write(prompt)?;
     let generated = run.sample(prompt, options, &mut write)?;
+    // With no text generated (`--tokens 0`) the prompt still opens the output.
     write("\n")?;
     eprintln!(
         "{} tokens after a prompt of {} in {:.2} s ({:.0} tokens/s)",

@@ -26,10 +26,14 @@ pub(crate) struct Preview<'a> {
 }
 
 /// Writes `count` samples of the image feature of the dataset at `dir` to `out` (PNG), in
-/// rows of up to 8, 2 pixels apart; prints what it wrote.
+/// rows of up to 8, 2 pixels apart; prints what it wrote. `out` `-` is standard output (as
+/// for `predict --out -`), and what was written is then said on standard error.
 pub(crate) fn preview(p: &Preview<'_>) -> Result<()> {
+    let to_stdout = p.out == Path::new("-");
     // Before the work: the path may hold something that must not be replaced.
-    dp_data::check_output_file(p.out)?;
+    if !to_stdout {
+        dp_data::check_output_file(p.out)?;
+    }
     if !(1..=256).contains(&p.count) {
         bail!("--count {}: a grid holds 1 to 256 samples", p.count);
     }
@@ -103,16 +107,22 @@ pub(crate) fn preview(p: &Preview<'_>) -> Result<()> {
     image::codecs::png::PngEncoder::new(&mut png)
         .write_image(&grid, grid.width(), grid.height(), image::ExtendedColorType::Rgb8)
         .context("encode the grid")?;
-    dp_data::write_file(p.out, &png)?;
     let what = match p.eval {
         true => format!("evaluation samples (crop {crop})"),
         false => format!("training samples ({})", run.augmentation()),
     };
-    println!(
-        "wrote {} ({samples} {what} of `{}`, {size}x{size}, seed {})",
-        p.out.display(),
-        feature.name,
-        p.seed
-    );
+    let said = format!("{samples} {what} of `{}`, {size}x{size}, seed {}", feature.name, p.seed);
+    if to_stdout {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(&png)
+            .and_then(|()| stdout.flush())
+            .context("write the grid to standard output")?;
+        eprintln!("wrote a PNG to standard output ({said})");
+        return Ok(());
+    }
+    dp_data::write_file(p.out, &png)?;
+    println!("wrote {} ({said})", p.out.display());
     Ok(())
 }

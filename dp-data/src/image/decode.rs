@@ -36,6 +36,16 @@ impl Decoder {
         (self.pixels.capacity() + self.scratch.capacity()) as u64
     }
 
+    /// Reads `encoded` (a JPEG or PNG file's bytes) as an importer takes it: its header, and
+    /// then every pixel, at its own channel count (gray stays gray), so that what an import
+    /// accepts is what training can decode. Returns the header an image feature stores.
+    pub(crate) fn check(&mut self, encoded: &[u8]) -> Result<ImageInfo, String> {
+        let info = ImageInfo::probe(encoded)?;
+        let channels = if info.channels >= 3 { 3 } else { 1 };
+        self.decode(&info, encoded, channels)?;
+        Ok(info)
+    }
+
     /// Decodes `encoded`, whose stored header is `info`, into `channels` (1 or 3) per pixel.
     /// An error says what is wrong: it does not decode, or decodes to another size than its
     /// header says. Nothing a decoder does on any bytes panics out of here.

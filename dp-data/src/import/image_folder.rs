@@ -5,9 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::image::decode::Decoder;
 use crate::image::{ImageFormat, ImageInfo};
 use crate::pipeline::Rng;
-use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
+use crate::{
+    DType, DatasetWriter, Error, Feature, Manifest, Result, SOURCE_FEATURE, Schema, Value,
+    WriterOptions,
+};
 
 /// How an image folder is imported.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,9 +42,17 @@ pub struct ImageFolderReport {
 }
 
 /// Imports the image folder `root` into a dataset at `out` with features `image` (an
-/// `image`, or `u8[C, S, S]` with [`ImageFolderOptions::decoded`]) and `label` (`i64`). The
-/// records are written in an order shuffled once (seed 0), so that the blocks a pipeline
-/// shuffles among hold every class, not one class each.
+/// `image`, or `u8[C, S, S]` with [`ImageFolderOptions::decoded`]), `label` (`i64`) and
+/// [`SOURCE_FEATURE`] (bytes: the file's path under `root`, which a pipeline's error about
+/// the record names). The records are written in an order shuffled once (seed 0), so that the
+/// blocks a pipeline shuffles among hold every class, not one class each.
+///
+/// Every image is decoded here, by the decoder the pipeline's workers use: a file that is cut
+/// short or damaged past its header stops the import naming it (or is skipped and listed with
+/// `skip_corrupt`) instead of failing a training run hours later. Decoding once costs little
+/// next to the decoding every epoch does. A class folder without a single image is refused,
+/// naming it, as torchvision's `ImageFolder` refuses it: dropped, it would shift every later
+/// class's label.
 pub fn import_image_folder(
     root: &Path,
     out: &Path,
@@ -66,25 +78,34 @@ pub fn import_image_folder(
         }
         None => Feature::image("image"),
     };
-    let schema = Schema::new(vec![image, Feature::dense("label", DType::I64, &[])])?;
+    let schema = Schema::new(vec![
+        image,
+        Feature::dense("label", DType::I64, &[]),
+        Feature::bytes(SOURCE_FEATURE),
+    ])?;
     let mut writer = DatasetWriter::create(out, schema, writer_options)?;
     writer.name_classes("label", classes.clone())?;
     let (mut skipped, mut resized) = (Vec::new(), 0);
     let mut stored = Vec::new();
+    let mut decoder = Decoder::default();
     for (path, label) in &files {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
-        let made = match options.decoded {
+        let made = decoder.check(&bytes).and_then(|_| match options.decoded {
             Some(size) => decoded(&bytes, size, channels, &mut stored),
             None => encoded(&bytes, options.max_side, &mut stored).map(|was_resized| {
                 resized += u64::from(was_resized);
             }),
-        };
+        });
         let image = match options.decoded {
             Some(_) => Value::Dense(&stored),
             None => Value::Bytes(&stored),
         };
+        let source = path.strip_prefix(root).unwrap_or(path).to_string_lossy();
         match made {
-            Ok(()) => writer.append(&[image, Value::dense(&[*label])])?,
+            Ok(()) => {
+                let source = Value::Bytes(source.as_bytes());
+                writer.append(&[image, Value::dense(&[*label]), source])?;
+            }
             Err(why) if options.skip_corrupt => skipped.push((path.clone(), why)),
             Err(why) => {
                 return Err(Error::Config {
@@ -119,16 +140,30 @@ fn list(root: &Path) -> Result<(Vec<String>, Labelled)> {
     let folders: Vec<PathBuf> = entries(root)?.into_iter().filter(|p| p.is_dir()).collect();
     let mut classes = Vec::new();
     let mut files = Vec::new();
+    let mut empty = Vec::new();
     for folder in folders {
         let images: Vec<PathBuf> =
             entries(&folder)?.into_iter().filter(|p| p.is_file() && is_image_name(p)).collect();
+        let name = folder.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
         if images.is_empty() {
+            empty.push(name);
             continue;
         }
         let label = classes.len() as i64;
-        classes
-            .push(folder.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()));
+        classes.push(name);
         files.extend(images.into_iter().map(|p| (p, label)));
+    }
+    if !files.is_empty() && !empty.is_empty() {
+        return Err(Error::Config {
+            field: "input",
+            what: format!(
+                "{}: the class folder(s) {} hold no .jpg, .jpeg or .png file; every folder \
+                 of the root is a class (as torchvision's ImageFolder takes them), so add its \
+                 images or move it out",
+                root.display(),
+                empty.join(", ")
+            ),
+        });
     }
     if files.is_empty() {
         return Err(Error::Config {

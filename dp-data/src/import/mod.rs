@@ -25,6 +25,7 @@ mod image_folder;
 mod npy;
 mod svmlight;
 mod text;
+mod text_out;
 mod tfrecord;
 mod tfrecord_sparse;
 
@@ -43,7 +44,10 @@ pub use self::image_folder::{ImageFolderOptions, ImageFolderReport, import_image
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
-pub use self::text::{TextOptions, TextReport, TextTokenizer, import_text};
+pub use self::text::{
+    TextOptions, TextProgress, TextReport, TextStage, TextTokenizer, import_text,
+    import_text_with_progress,
+};
 pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
 pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
 

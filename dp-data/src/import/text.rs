@@ -103,6 +103,34 @@ pub struct TextReport {
     pub seconds: f64,
 }
 
+/// Where a text import has got to: what [`import_text_with_progress`] hands its `progress`
+/// now and then (after each piece of text, a few times a megabyte), so that a long import can
+/// say how far it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TextProgress {
+    /// What the import is doing.
+    pub stage: TextStage,
+    /// How much of it is done: bytes of text read by [`TextStage::TrainBpe`] and
+    /// [`TextStage::Encode`], tokens written by [`TextStage::Write`].
+    pub done: u64,
+    /// How much there is: the files' bytes of text, or the tokens to write.
+    pub total: u64,
+}
+
+/// The stages of a text import, in order (a bytes import has no training and no encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum TextStage {
+    /// Counting the words a BPE is trained on (the merges that follow report nothing, and
+    /// are bounded by the distinct words).
+    TrainBpe,
+    /// Encoding the text into tokens.
+    Encode,
+    /// Writing the splits.
+    Write,
+}
+
 /// Bytes of text read at a time, and the least a piece to encode holds.
 const CHUNK: usize = 256 << 10;
 
@@ -137,7 +165,10 @@ const TOKENIZER_FILE: &str = "tokenizer.json";
 /// Memory stays bounded: a few pieces of text, and the writer's blocks. A BPE's tokens are
 /// kept in a temporary file in `out` until the stream's length (and so the split) is known;
 /// bytes need none (their count is the files' length). An import that fails leaves nothing:
-/// no split, no temporary file, and no `out` if it did not exist before.
+/// no split, no temporary file, and no `out` if it did not exist before. `out` must be
+/// missing or an empty directory (what a killed import left there aside: its temporary file
+/// is removed; and the input files themselves may lie there); a dataset, a file or a
+/// directory holding anything else is refused, naming it.
 ///
 /// ```no_run
 /// use std::path::Path;
@@ -155,6 +186,18 @@ pub fn import_text(
     options: &TextOptions,
     writer: WriterOptions,
 ) -> Result<TextReport> {
+    import_text_with_progress(files, out, options, writer, &|_| {})
+}
+
+/// [`import_text`], telling `progress` how far it is (see [`TextProgress`]); `progress` may
+/// be called from the threads of the `tokenizers` crate while a BPE trains.
+pub fn import_text_with_progress(
+    files: &[&Path],
+    out: &Path,
+    options: &TextOptions,
+    writer: WriterOptions,
+    progress: &(dyn Fn(TextProgress) + Sync),
+) -> Result<TextReport> {
     let started = Instant::now();
     if files.is_empty() {
         return Err(Error::Config { field: "files", what: "no input files".into() });
@@ -166,6 +209,8 @@ pub fn import_text(
             what: format!("{fraction} is outside 0 to below 1"),
         });
     }
+    // `out` itself first: never a dataset, nor a directory of someone else's files.
+    super::text_out::prepare(out, TOKENIZER_FILE, files)?;
     for split in [Split::Train, Split::Eval] {
         crate::staging::check_target(&out.join(split.name()))?;
     }
@@ -173,9 +218,12 @@ pub fn import_text(
     if options.tokenizer != TextTokenizer::Bytes {
         crate::check_output_file(&tokenizer_path)?;
     }
-    // Every file opens before any work.
+    // Every file opens before any work, and its text's length is known (what a gzip file
+    // holds costs a pass of decompression, little next to tokenizing it).
+    let mut total = 0u64;
     for path in files {
         Source::open(path, None)?;
+        total += file_length(path)?;
     }
 
     // What this call makes in `out`, removed if it fails: `out` itself when it is new, and a
@@ -195,8 +243,29 @@ pub fn import_text(
                     ),
                 });
             }
+            // A byte-level BPE's tokens are a byte or more each, so the text has at most
+            // `total` tokens: when even that leaves none for training, say so before the
+            // training rather than after it.
+            if train_share(total, fraction) == 0 {
+                return Err(Error::Config {
+                    field: "files",
+                    what: format!(
+                        "the {} file(s) hold {total} bytes of text, at most {total} tokens, and \
+                         an eval_fraction of {fraction} leaves none of them for training",
+                        files.len()
+                    ),
+                });
+            }
             let start = Instant::now();
-            let trained = with_pieces(files, |pieces| Tokenizer::train_bpe(*vocab_size, pieces))?;
+            let read = std::sync::atomic::AtomicU64::new(0);
+            let trained = with_pieces(files, |pieces| {
+                let counted = pieces.inspect(|piece| {
+                    let len = piece.len() as u64;
+                    let done = read.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
+                    progress(TextProgress { stage: TextStage::TrainBpe, done, total });
+                });
+                Tokenizer::train_bpe(*vocab_size, counted)
+            })?;
             train_seconds = start.elapsed().as_secs_f64();
             trained
         }
@@ -205,16 +274,11 @@ pub fn import_text(
     let width = TokenWidth::for_vocab(vocab_size);
 
     let (text_bytes, mut stream) = match tokenizer.kind() {
-        TokenizerKind::Bytes => {
-            let mut total = 0u64;
-            for path in files {
-                total += file_length(path)?;
-            }
-            (total, TokenStream::bytes(files, total))
-        }
+        TokenizerKind::Bytes => (total, TokenStream::bytes(files, total)),
         TokenizerKind::Bpe => {
             std::fs::create_dir_all(out).map_err(|e| Error::io(out, "create", e))?;
-            spill(files, &tokenizer, width, out)?
+            let report = |done| progress(TextProgress { stage: TextStage::Encode, done, total });
+            spill(files, &tokenizer, width, out, &report)?
         }
     };
     let tokens = stream.tokens;
@@ -224,11 +288,19 @@ pub fn import_text(
             what: format!("the {} file(s) hold no text", files.len()),
         });
     }
-    let train_tokens = (tokens as f64 * (1.0 - fraction)).floor() as u64;
+    let train_tokens = train_share(tokens, fraction);
     if train_tokens == 0 {
+        let smaller = match &options.tokenizer {
+            TextTokenizer::TrainBpe { .. } => {
+                format!(
+                    " (the BPE packed {text_bytes} bytes into them: a smaller vocabulary packs less)"
+                )
+            }
+            _ => String::new(),
+        };
         return Err(Error::Config {
             field: "eval_fraction",
-            what: format!("{fraction} of {tokens} tokens leaves none for training"),
+            what: format!("{fraction} of {tokens} tokens leaves none for training{smaller}"),
         });
     }
     let eval_tokens = tokens - train_tokens;
@@ -255,10 +327,14 @@ pub fn import_text(
     let mut eval_info = info(Split::Eval, eval_tokens);
     eval_info.tokenizer_json.clone_from(&json);
     let train_dir = out.join(Split::Train.name());
-    let train = write_split(&train_dir, &train_info, &mut stream, writer.clone())?;
+    let report = |done| progress(TextProgress { stage: TextStage::Write, done, total: tokens });
+    let train =
+        write_split(&train_dir, &train_info, &mut stream, writer.clone(), &|done| report(done))?;
     cleanup.written.push(train_dir);
     let eval_dir = out.join(Split::Eval.name());
-    let eval = write_split(&eval_dir, &eval_info, &mut stream, writer)?;
+    let eval = write_split(&eval_dir, &eval_info, &mut stream, writer, &|done| {
+        report(train_tokens + done)
+    })?;
     cleanup.written.push(eval_dir);
     stream.expect_end()?;
     let tokenizer_json = match json {
@@ -313,12 +389,22 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-/// Writes the next `info.tokens` tokens of `stream` as a token dataset at `dir`.
+/// The tokens of `tokens` that a split holding out `fraction` keeps for training.
+fn train_share(tokens: u64, fraction: f64) -> u64 {
+    (tokens as f64 * (1.0 - fraction)).floor() as u64
+}
+
+/// Tokens written between two calls of a split writer's `progress`.
+const WRITE_REPORT_TOKENS: u64 = 1 << 20;
+
+/// Writes the next `info.tokens` tokens of `stream` as a token dataset at `dir`, telling
+/// `progress` the tokens written now and then.
 fn write_split(
     dir: &Path,
     info: &TokenInfo,
     stream: &mut TokenStream<'_>,
     options: WriterOptions,
+    progress: &dyn Fn(u64),
 ) -> Result<Manifest> {
     let info_json = serde_json::to_vec(info)
         .map_err(|e| Error::Schema(format!("cannot serialize the token info: {e}")))?;
@@ -335,6 +421,10 @@ fn write_split(
         writer.append(&[Value::Bytes(&*bytes), Value::Bytes(meta)])?;
         left -= count as u64;
         first = false;
+        let done = info.tokens - left;
+        if done % WRITE_REPORT_TOKENS < count as u64 || left == 0 {
+            progress(done);
+        }
     }
     writer.finish()
 }
@@ -441,14 +531,9 @@ fn spill<'a>(
     tokenizer: &Tokenizer,
     width: TokenWidth,
     dir: &Path,
+    progress: &dyn Fn(u64),
 ) -> Result<(u64, TokenStream<'a>)> {
-    let temp = tempfile::Builder::new()
-        .prefix(".tokens.")
-        .suffix(crate::atomic::TEMP_SUFFIX)
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(dir, "create a file in", e))?;
-    let (file, temp) = temp.into_parts();
-    let path = temp.to_path_buf();
+    let (file, temp, path) = super::text_out::spill_file(dir)?;
     let mut writer = BufWriter::with_capacity(1 << 20, file);
     let batch = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
     let (text_bytes, tokens) = with_pieces(files, |mut pieces| {
@@ -468,6 +553,7 @@ fn spill<'a>(
                 width.encode(&ids, &mut encoded);
                 writer.write_all(&encoded).map_err(|e| Error::io(&path, "write", e))?;
             }
+            progress(text_bytes);
         }
     })?;
     let file = writer.into_inner().map_err(|e| Error::io(&path, "write", e.into_error()))?;

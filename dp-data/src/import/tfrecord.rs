@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use super::tfrecord_sparse::{SparseFeature, SparseRow, VarLenFeature};
 use super::{Source, list_names, quote, quote_name};
-use crate::image::{ImageFormat, ImageInfo};
+use crate::image::{ImageFormat, decode::Decoder};
 use crate::{DType, DatasetWriter, Error, Feature, Manifest, Result, Schema, Value, WriterOptions};
 
 /// How [`import_tfrecord`] reads TFRecord files: their compression, and the keys to read as
@@ -663,8 +663,9 @@ pub fn import_tfrecord(
     // dataset's) would otherwise import as a feature that is empty in every record.
     let declared = tf.declared_keys();
     let mut seen = vec![false; declared.len()];
-    // Each image column's value as stored (its header, then its bytes), reused record to record.
-    let mut stored: Vec<Vec<u8>> = Vec::new();
+    // Each image column's value as stored (its header, then its bytes), reused record to record,
+    // once the pipeline's decoder has read it whole (a record cut short fails here, named).
+    let (mut stored, mut decoder): (Vec<Vec<u8>>, _) = (Vec::new(), Decoder::default());
     for path in paths {
         let mut source = open(path, compression)?;
         let mut index = 0u64;
@@ -711,7 +712,7 @@ pub fn import_tfrecord(
             stored.resize_with(columns.len(), Vec::new);
             for (column, stored) in columns.iter().zip(&mut stored).filter(|(c, _)| c.image) {
                 let (a, b) = example[column.key.as_slice()].bytes[0];
-                let info = ImageInfo::probe(&data[a..b]).map_err(|what| {
+                let info = decoder.check(&data[a..b]).map_err(|what| {
                     in_record(format!("feature {}: the image {what}", quote_name(&column.key)))
                 })?;
                 info.store(&data[a..b], stored);

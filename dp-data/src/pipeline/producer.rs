@@ -662,7 +662,11 @@ impl ImageJob<'_> {
             let error = Error::Record {
                 record: block.first_record() + at as u64,
                 feature: block.schema().features()[self.columns.input].name.clone(),
-                what: format!("the image {what} (dataset {})", self.shared.dataset.dir().display()),
+                what: format!(
+                    "the image{} {what} (dataset {})",
+                    block.source(at).map_or(String::new(), |file| format!(" from {file}")),
+                    self.shared.dataset.dir().display()
+                ),
             };
             at = (at + 1) % block.len();
             if config.on_corruption == CorruptionPolicy::Fail || at == row {

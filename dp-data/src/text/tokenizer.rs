@@ -9,8 +9,18 @@ use serde::{Deserialize, Serialize};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use crate::error::{Error, Result};
+
+/// The most bytes of text one word (and so one token) of a trained BPE spans: see
+/// [`Tokenizer::train_bpe`]. Far longer than the tokens a BPE of ordinary text learns, and
+/// short enough that every word, at most 2 bytes a character after ByteLevel's mapping, is
+/// kept in the BPE's cache of encoded words (which takes words below 256 bytes): at 256, a
+/// long run of one byte was encoded from scratch word by word, about 3 times slower.
+pub(crate) const MAX_WORD_BYTES: usize = 127;
 
 /// How text became tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -91,13 +101,32 @@ impl Tokenizer {
     /// give fewer merges) on `texts`: the ByteLevel pre-tokenizer (GPT-2's split pattern, no
     /// prefix space) and decoder, the 256 byte symbols as the initial alphabet, so that every
     /// text encodes. Pieces of text cut where a pre-token ends train exactly as the whole.
+    ///
+    /// A pre-token is then cut into pieces of at most [`MAX_WORD_BYTES`] bytes. GPT-2's
+    /// pattern makes a whole run of letters, digits, punctuation or spaces one word (a file of
+    /// one repeated byte is one word as long as the file), and the trainer's merge rewrites a
+    /// word by inserting and removing in a vector, quadratic in the word's length on each
+    /// merge: 300 KB of one byte took 29 s and 600 KB 141 s, and then every piece was one
+    /// token. Cut, such a run becomes many equal words that the trainer counts once, and no
+    /// token is longer than the cap, so a text of `n` bytes has at least `n / MAX_WORD_BYTES`
+    /// tokens. The cut is part of the saved tokenizer (a `Split` after the `ByteLevel`
+    /// pre-tokenizer, which Python's `tokenizers` loads too), so encoding cuts the same way.
     pub(crate) fn train_bpe<I>(vocab_size: usize, texts: I) -> Result<Self>
     where
         I: Iterator<Item = String> + Send,
     {
         let byte_level = ByteLevel::default().add_prefix_space(false).trim_offsets(false);
+        // After ByteLevel every byte is one character, none of them a line break, so `.`
+        // takes any byte and a match is at most MAX_WORD_BYTES bytes of the text.
+        let pattern = SplitPattern::Regex(format!(".{{1,{MAX_WORD_BYTES}}}"));
+        let cut = Split::new(pattern, SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| tokenizer_error("cannot build the word cap", e))?;
+        let pre_tokenizer = Sequence::new(vec![
+            PreTokenizerWrapper::ByteLevel(byte_level),
+            PreTokenizerWrapper::Split(cut),
+        ]);
         let mut tokenizer = tokenizers::Tokenizer::new(BPE::default());
-        tokenizer.with_pre_tokenizer(Some(byte_level));
+        tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
         tokenizer.with_decoder(Some(byte_level));
         let trainer = BpeTrainerBuilder::new()
             .vocab_size(vocab_size)

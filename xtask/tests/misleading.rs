@@ -1,0 +1,84 @@
+//! Commands that used to exit 0 with something other than what was asked: a run named out of
+//! `--out`, `--skip-corrupt` on an import that cannot skip, a preview "to standard output"
+//! written to a file named `-`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{small_digits, xtask};
+
+fn failed(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn succeeded(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_run_name_is_one_directory_under_out() {
+    let scratch = tempfile::Builder::new().prefix("dp-xtask-names-").tempdir().unwrap();
+    let dir = scratch.path();
+    small_digits(&dir.join("data"));
+    let runs = dir.join("nest/runs");
+    let absolute = dir.join("elsewhere");
+    for name in ["../escape", absolute.to_str().unwrap(), "", ".", ".."] {
+        let mut train = xtask();
+        train.args(["train", "--steps", "1", "--replicas", "1", "--no-plot", "--name", name]);
+        train.arg("--data").arg(dir.join("data/train")).arg("--out").arg(&runs);
+        let stderr = failed(&train.output().unwrap());
+        assert!(stderr.contains("one directory name under --out"), "{name:?}: {stderr}");
+    }
+    // Nothing was made, in --out or beside it.
+    assert_eq!(names(dir), ["data"]);
+}
+
+#[test]
+fn skip_corrupt_is_refused_where_the_import_cannot_skip() {
+    let scratch = tempfile::Builder::new().prefix("dp-xtask-skip-").tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("in.tfrecord"), b"").unwrap();
+    let mut import = xtask();
+    import.args(["data", "import", "--format", "tfrecord", "--skip-corrupt", "--out"]);
+    import.arg(dir.join("out")).arg(dir.join("in.tfrecord"));
+    let stderr = failed(&import.output().unwrap());
+    assert!(stderr.contains("--skip-corrupt is for --format images"), "{stderr}");
+    assert!(stderr.contains("tfrecord import stops"), "{stderr}");
+    assert!(!dir.join("out").exists());
+}
+
+#[test]
+fn a_preview_to_dash_goes_to_standard_output() {
+    let scratch = tempfile::Builder::new().prefix("dp-xtask-preview-").tempdir().unwrap();
+    let dir = scratch.path();
+    let mut photos = xtask();
+    photos.args(["data", "photos", "--classes", "2", "--per-class", "3", "--sides", "40,60"]);
+    succeeded(&photos.arg("--out").arg(dir.join("photos")).output().unwrap());
+    let mut import = xtask();
+    import.args(["data", "import", "--format", "images", "--out"]).arg(dir.join("data"));
+    succeeded(&import.arg(dir.join("photos")).output().unwrap());
+    let mut preview = xtask();
+    preview.current_dir(dir).args(["data", "preview", "data", "--count", "4", "--out", "-"]);
+    let output = preview.output().unwrap();
+    succeeded(&output);
+    assert!(output.stdout.starts_with(b"\x89PNG\r\n"), "{:?}", &output.stdout[..16]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("standard output"), "{stderr}");
+    assert_eq!(names(dir), ["data", "photos"], "no file named `-`");
+}
