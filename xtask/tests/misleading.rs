@@ -81,4 +81,13 @@ fn a_preview_to_dash_goes_to_standard_output() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("standard output"), "{stderr}");
     assert_eq!(names(dir), ["data", "photos"], "no file named `-`");
+    // The grid says how its samples were made: the trainer's recipe for 32-pixel samples,
+    // or the policy asked for.
+    assert!(stderr.contains("crop pad:4 (the whole image shifted by up to 4 px"), "{stderr}");
+    preview.args(["--crop", "resized:0.5", "--augment", "flip-h"]);
+    let output = preview.output().unwrap();
+    succeeded(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("crop resized:0.5 (random resized crops of 50-100%"), "{stderr}");
+    assert!(stderr.contains("; flip-h)"), "{stderr}");
 }
