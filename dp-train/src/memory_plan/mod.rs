@@ -81,16 +81,26 @@ pub(crate) fn baseline_rss() -> u64 {
 /// the fitting one with the least estimated slowdown (among equals, the fewest changes, then
 /// the lowest peak).
 pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(RunPlan, Planned)> {
+    fit_with(plan, baseline, keep_replicas, &mut DataNeeds::default())
+}
+
+/// [`fit`], with the pipelines' working sets measured so far (a search over models of the
+/// same data measures them once).
+fn fit_with(
+    plan: RunPlan,
+    baseline: u64,
+    keep_replicas: bool,
+    data: &mut DataNeeds,
+) -> Result<(RunPlan, Planned)> {
     let Some(budget) = plan.config.memory_budget.map(|b| b.0) else {
         return Ok((plan, Planned { slowdown: 1.0, ..Planned::default() }));
     };
     let base = Settings::of(&plan.config);
     let (global, processes) = (plan.config.global_batch, plan.batching.processes);
-    let mut data = DataNeeds::default();
     let mut best: Option<((f64, usize, u64), Settings)> = None;
     let mut least: Option<(u64, Settings)> = None;
     for settings in base.candidates(global, processes, keep_replicas) {
-        let peak = predict(&settings.apply(&plan), baseline, &mut data)
+        let peak = predict(&settings.apply(&plan), baseline, data)
             .map_err(|e| plan.config.explain(e))?
             .peak;
         if least.is_none_or(|(p, _)| peak < p) {
