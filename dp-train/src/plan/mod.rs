@@ -126,6 +126,7 @@ impl RunPlan {
         let (config, sparse_defaults, unnormalized_sgd) =
             choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
+        crate::optimizer::check_optimizer(&optimizer)?;
         let spec = model_spec(&config.model, &input, task.outputs())?;
         check_augmentations(&config, &input)?;
         let scalings = match text {
@@ -136,6 +137,7 @@ impl RunPlan {
         scalings.check_classes(&train, &config.label_feature, &config.train_data)?;
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
+            crate::normalization::check_eval_images(&config, path, &input.saved())?;
         }
         let (batching, mut config) =
             Batching::resolve(config, samples, context, processes, sparse_defaults)?;
@@ -154,6 +156,9 @@ impl RunPlan {
         if unnormalized_sgd {
             // Known only now that the global batch is.
             config.lr = Some(unnormalized_sgd_lr(&spec, config.global_batch));
+        }
+        if let Some(prune) = &config.prune {
+            crate::prune::schedule(prune, batching.total_steps)?;
         }
         let schedule = config.schedule_or_default(batching.total_steps);
         let resume = match resumed {
@@ -479,6 +484,16 @@ mod tests {
         };
         assert_eq!(rates(&mlp), [0.05, 0.1, 0.2, 0.2, 0.2]);
         assert_eq!(rates(&lenet), [0.025, 0.05, 0.1, 0.1, 0.1]);
+    }
+
+    #[test]
+    fn optimizer_settings_are_checked_when_the_run_is_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, config) = test_digits(dir.path());
+        let mut config = TrainConfig { replicas: 1, ..config };
+        config.set("optimizer.momentum", "0").unwrap();
+        let error = RunPlan::new(config, None, 1).unwrap_err().to_string();
+        assert!(error.contains("`optimizer.nesterov`: needs momentum > 0"), "{error}");
     }
 
     #[test]
