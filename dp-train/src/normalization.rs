@@ -360,3 +360,32 @@ pub(crate) fn parse(
     }
     Ok(Scalings { input: saved.input, inputs, targets, class_names: saved.class_names })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statistics_pass_takes_the_runs_data_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("folder");
+        let spec = dp_data::SyntheticPhotos { per_class: 1, sides: (24, 32), ..Default::default() };
+        dp_data::generate_photo_folder(&folder, &spec).unwrap();
+        let train_data = dir.path().join("train");
+        let options = dp_data::ImageFolderOptions::default();
+        dp_data::import_image_folder(&folder, &train_data, &options, Default::default()).unwrap();
+        // One sample of 1024x1024 RGB is 12 MiB as f32: more than a budget of 1 MiB allows,
+        // however small the pass's batches.
+        let input = SavedInput { dtype: DType::U8, shape: vec![3, 1024, 1024], sparse: false, image: true };
+        let config = TrainConfig { train_data, data_budget_mib: 1, ..TrainConfig::default() };
+        let error = image_scaling(&config, &input).unwrap_err().to_string();
+        assert!(
+            error.contains("`data_budget_mib`") && error.contains("1.00 MiB per replica"),
+            "{error}"
+        );
+        // Within a budget that holds one sample, the pass fits by taking smaller batches.
+        let config = TrainConfig { data_budget_mib: 64, ..config };
+        let scaling = image_scaling(&config, &input).unwrap();
+        assert_eq!(scaling.scale.len(), 3);
+    }
+}
