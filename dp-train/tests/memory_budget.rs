@@ -38,6 +38,16 @@ fn a_run_past_its_memory_budget_ends_in_an_error_naming_budget_and_peak() {
     let base = TrainConfig { replicas: 1, eval_data: None, ..config(1, 4) };
     // Room for the plan, and far less than the spike.
     let predicted = plan_memory(&base, 1).unwrap().predicted_peak;
+    // A plan keeps 8 MiB under its budget for what no prediction sees (mapped shard pages,
+    // the allocator's arenas): 4 MiB over the config's prediction is not room enough as given.
+    let tight = TrainConfig { memory_budget: Some(MemorySize(predicted + (4 << 20))), ..base.clone() };
+    match plan_memory(&tight, 1) {
+        Ok(plan) => {
+            assert!(!plan.turned_on.is_empty(), "{plan}");
+            assert!(plan.predicted_peak + (8 << 20) <= predicted + (4 << 20), "{plan}");
+        }
+        Err(error) => assert!(error.to_string().contains("memory_budget"), "{error}"),
+    }
     let budget = predicted + (32 << 20);
     let limited = TrainConfig { memory_budget: Some(MemorySize(budget)), ..base };
 
