@@ -49,9 +49,21 @@ pub(crate) struct Prediction {
 pub(crate) struct DataNeeds {
     pipelines: HashMap<(usize, usize, bool), u64>,
     models: HashMap<(String, usize, bool, bool), ModelMemory>,
+    /// Parameters by model: counting them builds the model's tape.
+    params: HashMap<String, usize>,
 }
 
 impl DataNeeds {
+    /// The number of `plan`'s model's parameters.
+    fn params(&mut self, plan: &RunPlan) -> Result<usize> {
+        if let Some(&len) = self.params.get(&plan.spec.name) {
+            return Ok(len);
+        }
+        let len = plan.spec.layout()?.len();
+        self.params.insert(plan.spec.name.clone(), len);
+        Ok(len)
+    }
+
     /// The model's memory for `plan`'s micro-batch and savers.
     fn model(&mut self, plan: &RunPlan) -> Result<ModelMemory> {
         let config = &plan.config;
@@ -112,7 +124,7 @@ pub(crate) fn reads_object_storage(plan: &RunPlan) -> bool {
 pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Result<Prediction> {
     let config = &plan.config;
     let model = data.model(plan)?;
-    let len = plan.spec.layout()?.len();
+    let len = data.params(plan)?;
     let f32s = |n: usize| n as u64 * 4;
     let buckets = config.buckets()?;
     let comm = match reduces_in_place(len, &buckets, plan) {
