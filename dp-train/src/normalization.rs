@@ -160,7 +160,11 @@ fn decode_images(
 /// first evaluation, after checkpoints were written. Every image is decoded once: what one
 /// evaluation costs. Under `skip_corrupt` there is nothing to refuse: evaluation leaves such
 /// records out and counts them.
-pub(crate) fn check_eval_images(config: &TrainConfig, dir: &Path, input: &SavedInput) -> Result<()> {
+pub(crate) fn check_eval_images(
+    config: &TrainConfig,
+    dir: &Path,
+    input: &SavedInput,
+) -> Result<()> {
     if !input.image || config.skip_corrupt {
         return Ok(());
     }
@@ -376,7 +380,8 @@ mod tests {
         dp_data::import_image_folder(&folder, &train_data, &options, Default::default()).unwrap();
         // One sample of 1024x1024 RGB is 12 MiB as f32: more than a budget of 1 MiB allows,
         // however small the pass's batches.
-        let input = SavedInput { dtype: DType::U8, shape: vec![3, 1024, 1024], sparse: false, image: true };
+        let input =
+            SavedInput { dtype: DType::U8, shape: vec![3, 1024, 1024], sparse: false, image: true };
         let config = TrainConfig { train_data, data_budget_mib: 1, ..TrainConfig::default() };
         let error = image_scaling(&config, &input).unwrap_err().to_string();
         assert!(

@@ -28,12 +28,12 @@ use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
 use crate::input::Input;
+use crate::optimizer::build_optimizer;
 use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
 use crate::processes::GpuPeers;
 use crate::record::{Event, Events, StepSample};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
-use crate::optimizer::build_optimizer;
 use crate::zero::zero_shard;
 
 mod checkpoint;
