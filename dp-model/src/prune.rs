@@ -30,7 +30,9 @@ impl Sparsity {
 }
 
 /// When sparsity rises: from 0 at step `start` to the target at step `end`, recomputing the
-/// mask every `every` steps, along `target * (1 - (1 - progress)^3)`.
+/// mask every `every` steps and at `end` itself, along `target * (1 - (1 - progress)^3)`. The
+/// mask is always recomputed at `end`, so the target is reached there even when `every` does
+/// not divide `end - start` (or exceeds it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PruneSchedule {
     /// First pruning step.
@@ -122,9 +124,9 @@ impl Pruner {
     /// At a scheduled step, grows the mask to the sparsity the schedule asks for, then
     /// applies it. Returns whether the mask changed. Call after the optimizer step.
     pub fn update<T: Float>(&mut self, step: u64, params: &mut [T]) -> bool {
-        let due = step >= self.schedule.start
-            && (step - self.schedule.start).is_multiple_of(self.schedule.every)
-            && step <= self.schedule.end.max(self.schedule.start);
+        let (start, end) = (self.schedule.start, self.schedule.end.max(self.schedule.start));
+        let due = (start..=end).contains(&step)
+            && ((step - start).is_multiple_of(self.schedule.every) || step == end);
         let fraction = self.schedule.sparsity_at(step, self.target.fraction());
         // The optimizer may have moved pruned weights off zero (their gradients and momentum
         // are not masked); zero them first so they rank first and the count stays exact.

@@ -271,7 +271,20 @@ impl ModelSpec {
             }
             "lenet" if args.is_empty() => Ok(Self::lenet(image(name, input)?, classes)),
             "cnn" if args.is_empty() => Ok(Self::cnn(image(name, input)?, classes)),
-            "resnet18" if args.is_empty() => Ok(Self::resnet18(image(name, input)?, classes)),
+            "resnet18" if args.is_empty() => {
+                // Its stem and four stages shrink an image 32 times: a smaller one would be
+                // a pixel of padding and zeros long before the last stage.
+                let [c, h, w] = image(name, input)?;
+                if h.min(w) < 32 {
+                    return Err(Error::spec(
+                        "model",
+                        format!(
+                            "`resnet18` takes images of at least 32x32 (it shrinks them 32 times), got {c}x{h}x{w}: use cnn or a CIFAR ResNet (resnet20), or a larger image_size"
+                        ),
+                    ));
+                }
+                Ok(Self::resnet18([c, h, w], classes))
+            }
             "gpt-mini" | "gpt2-small" | "gpt" => {
                 let shape = match (base, args) {
                     ("gpt-mini", "") => GptShape::MINI,

@@ -192,6 +192,11 @@ fn built_in_residual_networks_have_the_published_sizes() {
     assert_eq!(resnet18.layout().unwrap().len(), 11_689_512, "torchvision's resnet18");
     // Any size from 32 up: the pooling takes what the last stage has.
     assert_eq!(ModelSpec::builtin("resnet18", &[3, 32, 32], 10).unwrap().outputs().unwrap(), 10);
+    // Smaller ones are refused, naming the least.
+    for input in [[3, 8, 8], [1, 31, 64]] {
+        let err = ModelSpec::builtin("resnet18", &input, 10).unwrap_err().to_string();
+        assert!(err.contains("at least 32x32"), "{input:?}: {err}");
+    }
     let err = ModelSpec::builtin("resnet21", &[3, 32, 32], 10).unwrap_err().to_string();
     assert!(err.contains("6n + 2"), "{err}");
     assert!(ModelSpec::builtin("cnn", &[3, 32, 32], 10).is_ok());

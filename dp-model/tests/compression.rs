@@ -440,3 +440,30 @@ fn quantized_lenet_runs_the_convolution_path() {
     assert!(worst < 0.03 * scale, "{worst} vs {scale}");
     assert!(q.forward(Rng::new(2).array::<f32>(5, 784).view()).is_err());
 }
+
+#[test]
+fn the_target_is_reached_at_the_end_step_whatever_the_interval() {
+    let pool = Pool::new(&Tracker::new());
+    let mut model =
+        Model::<f32>::new(&ModelSpec::mlp(20, &[30], 5), &pool, ModelOptions::new(8, 2)).unwrap();
+    // An interval longer than the schedule (a short run with the default 50): only steps 0
+    // and 20 update the mask, and step 20 is the end.
+    let schedule = PruneSchedule { start: 0, end: 20, every: 50 };
+    let mut pruner = Pruner::new(model.layout(), Sparsity::Global(0.9), schedule).unwrap();
+    let mut sparsities = Vec::new();
+    for step in 0..30 {
+        pruner.update(step, model.params_mut());
+        sparsities.push(pruner.sparsity());
+    }
+    assert_eq!(sparsities[19], 0.0, "no update between the start and the end");
+    let total: usize = model.layout().weights().map(|t| t.len()).sum();
+    assert_eq!(pruner.sparsity(), (0.9 * total as f64).round() / total as f64);
+    assert_eq!(sparsities[20], sparsities[29], "nothing after the end");
+    // An end the interval does not divide is an update too.
+    let schedule = PruneSchedule { start: 5, end: 17, every: 5 };
+    let mut pruner = Pruner::new(model.layout(), Sparsity::Global(0.5), schedule).unwrap();
+    for step in 0..=17 {
+        pruner.update(step, model.params_mut());
+    }
+    assert_eq!(pruner.sparsity(), 0.5);
+}

@@ -95,6 +95,24 @@ pub enum Error {
         baseline: f64,
     },
 
+    /// The process's peak resident memory went past its `memory_budget`: a promise broken,
+    /// though the run itself finished (its checkpoint and summary are written and usable).
+    #[error(
+        "the process's peak resident memory, {}, exceeded its memory_budget of {} by {}; the run in {} finished and its checkpoint is usable, but the budget was not kept: raise memory_budget, or lower global_batch or the model's size",
+        dp_mem::ByteSize(*peak),
+        dp_mem::ByteSize(*budget),
+        dp_mem::ByteSize(peak - budget),
+        run_dir.display()
+    )]
+    OverBudget {
+        /// The budget, in bytes.
+        budget: u64,
+        /// The peak resident memory measured, in bytes.
+        peak: u64,
+        /// The run directory.
+        run_dir: PathBuf,
+    },
+
     /// A run directory or one of its files is missing or damaged.
     #[error("{}: {what}", path.display())]
     Run {

@@ -51,10 +51,12 @@ mod memory_plan;
 mod metrics;
 mod norm_sync;
 mod normalization;
+mod optimizer;
 mod plan;
 #[cfg(feature = "plot")]
 mod plot;
 mod processes;
+mod prune;
 mod record;
 mod replica;
 mod run_dir;

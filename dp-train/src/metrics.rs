@@ -83,6 +83,14 @@ pub struct EvalMetrics {
     /// its bytes per token (the same for byte-level data).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bits_per_byte: Option<f64>,
+    /// Records that could not be read (`skip_corrupt`), over all replicas: left out of the
+    /// figures above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_records: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Appends records to a `metrics.jsonl`, one flushed line each.

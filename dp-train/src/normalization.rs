@@ -111,11 +111,18 @@ impl Scalings {
 /// How many images the channel statistics of an image input are taken over.
 const STATS_IMAGES: u64 = 1024;
 
-/// Each channel of an image input to zero mean and unit variance, over the evaluation
-/// samples (as the run's crop policy cuts them) of the first [`STATS_IMAGES`] training images: the pixel
-/// statistics torchvision's `Normalize(mean, std)` is given for ImageNet, adapted to the data.
-fn image_scaling(config: &TrainConfig, input: &SavedInput) -> Result<FeatureScaling> {
-    let (channels, size) = (input.shape[0], input.shape[1]);
+/// Decodes the images of the first `records` records of the dataset at `dir` as evaluation
+/// samples of `input` (as the run's crop policy cuts them), in batches handed to `each` with the number of
+/// samples of each that count, through a pipeline under the run's `data_budget_mib` and
+/// `skip_corrupt`. An image that does not decode is an error naming its record and the
+/// dataset (unless skipped), found here, at setup, rather than mid-run.
+fn decode_images(
+    config: &TrainConfig,
+    dir: &Path,
+    input: &SavedInput,
+    records: u64,
+    mut each: impl FnMut(&[f32], usize),
+) -> Result<()> {
     let mut pipeline_config = PipelineConfig::default();
     pipeline_config.input = config.input_feature.clone();
     pipeline_config.label = config.label_feature.clone();
@@ -123,22 +130,61 @@ fn image_scaling(config: &TrainConfig, input: &SavedInput) -> Result<FeatureScal
     pipeline_config.shuffle_window = None;
     pipeline_config.tail = TailPolicy::Pad;
     pipeline_config.prefetch = 0;
+    pipeline_config.memory_budget = config.data_budget_mib << 20;
     pipeline_config.on_corruption = config.corruption_policy();
-    let records = Dataset::open(&config.train_data)?.len().min(STATS_IMAGES);
-    pipeline_config.batch_size = records.clamp(1, 64) as usize;
-    let mut pipeline = Pipeline::new(&config.train_data, pipeline_config, Vec::new())?;
-    let (mut sum, mut squares, mut count) = (vec![0f64; channels], vec![0f64; channels], 0u64);
+    // Batches of up to 64, halved until the pipeline fits the budget: the pass must not ask
+    // for more than the run's own pipelines, whose micro-batches may be smaller.
+    let mut batch = records.clamp(1, 64) as usize;
+    let mut pipeline = loop {
+        pipeline_config.batch_size = batch;
+        match Pipeline::new(dir, pipeline_config.clone(), Vec::new()) {
+            Err(dp_data::Error::Budget { .. }) if batch > 1 => batch /= 2,
+            made => break made.map_err(|e| config.explain(e.into()))?,
+        }
+    };
+    let mut count = 0u64;
     while count < records {
         let batch = pipeline.next_batch()?;
         let take = (batch.len() as u64).min(records - count) as usize;
-        for sample in batch.x_flat().chunks_exact(channels * size * size).take(take) {
+        each(batch.x_flat(), take);
+        count += take as u64;
+    }
+    Ok(())
+}
+
+/// Refuses evaluation data at `dir` with an image that does not decode, at setup as the
+/// training data's are found by the statistics pass ([`image_scaling`]), instead of at the
+/// first evaluation, after checkpoints were written. Every image is decoded once: what one
+/// evaluation costs. Under `skip_corrupt` there is nothing to refuse: evaluation leaves such
+/// records out and counts them.
+pub(crate) fn check_eval_images(
+    config: &TrainConfig,
+    dir: &Path,
+    input: &SavedInput,
+) -> Result<()> {
+    if !input.image || config.skip_corrupt {
+        return Ok(());
+    }
+    let records = Dataset::open(dir)?.len();
+    decode_images(config, dir, input, records, |_, _| {})
+}
+
+/// Each channel of an image input to zero mean and unit variance, over the evaluation
+/// samples (as the run's crop policy cuts them) of the first [`STATS_IMAGES`] training images: the pixel
+/// statistics torchvision's `Normalize(mean, std)` is given for ImageNet, adapted to the data.
+fn image_scaling(config: &TrainConfig, input: &SavedInput) -> Result<FeatureScaling> {
+    let (channels, size) = (input.shape[0], input.shape[1]);
+    let records = Dataset::open(&config.train_data)?.len().min(STATS_IMAGES);
+    let (mut sum, mut squares, mut count) = (vec![0f64; channels], vec![0f64; channels], 0u64);
+    decode_images(config, &config.train_data, input, records, |x, take| {
+        for sample in x.chunks_exact(channels * size * size).take(take) {
             for (c, plane) in sample.chunks_exact(size * size).enumerate() {
                 sum[c] += plane.iter().map(|&v| f64::from(v)).sum::<f64>();
                 squares[c] += plane.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
             }
         }
         count += take as u64;
-    }
+    })?;
     let n = (count * (size * size) as u64).max(1) as f64;
     let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
     let std = squares.iter().zip(&mean).map(|(q, m)| (q / n - m * m).max(0.0).sqrt());
@@ -314,4 +360,34 @@ pub(crate) fn parse(
         )));
     }
     Ok(Scalings { input: saved.input, inputs, targets, class_names: saved.class_names })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statistics_pass_takes_the_runs_data_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("folder");
+        let spec = dp_data::SyntheticPhotos { per_class: 1, sides: (24, 32), ..Default::default() };
+        dp_data::generate_photo_folder(&folder, &spec).unwrap();
+        let train_data = dir.path().join("train");
+        let options = dp_data::ImageFolderOptions::default();
+        dp_data::import_image_folder(&folder, &train_data, &options, Default::default()).unwrap();
+        // One sample of 1024x1024 RGB is 12 MiB as f32: more than a budget of 1 MiB allows,
+        // however small the pass's batches.
+        let input =
+            SavedInput { dtype: DType::U8, shape: vec![3, 1024, 1024], sparse: false, image: true };
+        let config = TrainConfig { train_data, data_budget_mib: 1, ..TrainConfig::default() };
+        let error = image_scaling(&config, &input).unwrap_err().to_string();
+        assert!(
+            error.contains("`data_budget_mib`") && error.contains("1.00 MiB per replica"),
+            "{error}"
+        );
+        // Within a budget that holds one sample, the pass fits by taking smaller batches.
+        let config = TrainConfig { data_budget_mib: 64, ..config };
+        let scaling = image_scaling(&config, &input).unwrap();
+        assert_eq!(scaling.scale.len(), 3);
+    }
 }

@@ -118,6 +118,13 @@ pub struct Summary {
     /// unreadable block, an image that does not decode), over this process's replicas.
     #[serde(default)]
     pub skipped_records: u64,
+    /// Evaluation records that could not be read (`skip_corrupt`) in the last evaluation,
+    /// over all replicas: left out of its figures, not scored in another record's place.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_eval_records: u64,
+    /// The fraction of weights pruned at the end of the run, when it prunes (`prune`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sparsity: Option<f64>,
     /// What looked wrong without stopping the run (a loss at the level of guessing after the
     /// first epoch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -252,6 +259,16 @@ impl fmt::Display for Summary {
                 self.skipped_records
             )?;
         }
+        if self.skipped_eval_records > 0 {
+            writeln!(
+                f,
+                "skipped        {} unreadable evaluation records, left out of the evaluation",
+                self.skipped_eval_records
+            )?;
+        }
+        if let Some(sparsity) = self.sparsity {
+            writeln!(f, "pruned         {} of the weights", pct(sparsity))?;
+        }
         for warning in &self.warnings {
             writeln!(f, "warning        {warning}")?;
         }
@@ -265,6 +282,10 @@ impl fmt::Display for Summary {
         }
         Ok(())
     }
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ pub(crate) struct Totals {
     pub(crate) absolute_error: f64,
     /// Whether some replica was asked to stop (a step).
     pub(crate) stop: f64,
+    /// Records left out because they could not be read (evaluation, `skip_corrupt`).
+    pub(crate) skipped: f64,
 }
 
 impl Totals {
@@ -44,10 +46,11 @@ impl Totals {
             self.squared_error,
             self.absolute_error,
             self.stop,
+            self.skipped,
         ];
         comm.all_reduce(&mut values, ReduceOp::Sum)?;
-        let [loss_sum, correct, samples, squared_error, absolute_error, stop] = values;
-        *self = Totals { loss_sum, correct, samples, squared_error, absolute_error, stop };
+        let [loss_sum, correct, samples, squared_error, absolute_error, stop, skipped] = values;
+        *self = Totals { loss_sum, correct, samples, squared_error, absolute_error, stop, skipped };
         Ok(())
     }
 }

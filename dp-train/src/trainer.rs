@@ -159,6 +159,10 @@ pub fn train(
     observer: &mut dyn Observer,
 ) -> Result<Summary> {
     let started = Instant::now();
+    if config.memory_budget.is_some() {
+        // The budget is this run's: its peak, not an earlier one's in the same process.
+        dp_mem::reset_peak_rss();
+    }
     let mut baseline_rss = dp_mem::process_memory().map(|m| m.rss);
     let mut processes = Processes::new(options.mpi.as_ref())?;
     let set = set_up(config, options, &mut processes, baseline_rss.unwrap_or(0));
@@ -283,6 +287,13 @@ pub fn train(
         dp_data::write_file(&run_dir.join(SUMMARY), json.as_bytes())?;
     }
     drop(lock);
+    // The budget is a promise about the process: a run that broke it ends in an error, with
+    // its checkpoint and summary written, never as a success.
+    if let (Some(budget), Some(peak)) = (plan.config.memory_budget, summary.process_peak_rss)
+        && peak > budget.0
+    {
+        return Err(Error::OverBudget { budget: budget.0, peak, run_dir });
+    }
     Ok(summary)
 }
 
@@ -625,6 +636,7 @@ fn recorded_summary(
         eval_rmse: eval.and_then(|e| e.eval_rmse),
         eval_mae: eval.and_then(|e| e.eval_mae),
         eval_loss: eval.map(|e| e.eval_loss),
+        skipped_eval_records: eval.map_or(0, |e| e.skipped_records),
         eval_bits_per_token: eval.and_then(|e| plan.bits_per_token(e.eval_loss)),
         eval_bits_per_byte: eval.and_then(|e| plan.eval_bits_per_byte(e.eval_loss)),
         train_loss,
@@ -774,6 +786,7 @@ fn summarize(
         best: r0.best.best,
         stopped_early: r0.best.stopped_early,
         skipped_records: reports.iter().map(|r| r.skipped_records).sum(),
+        sparsity: reports.iter().find_map(|r| r.sparsity),
         ..recorded_summary(plan, run_dir, params, r0.final_step, losses, eval, wall_s)
     }
 }

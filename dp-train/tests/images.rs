@@ -81,21 +81,16 @@ fn a_photo_folder_trains_with_defaults_and_evaluation_names_its_classes() {
     assert!(error.contains("the same label would mean another class"), "{error}");
 }
 
-#[test]
-fn an_image_that_does_not_decode_stops_the_run_unless_skipped() {
-    let data = TempDir::new("images-corrupt");
-    let folder = data.0.join("folder");
-    let spec = SyntheticPhotos { per_class: 16, sides: (24, 40), ..Default::default() };
-    generate_photo_folder(&folder, &spec).unwrap();
-    // The folder's photographs, every tenth cut short past its headers (so that it imports,
-    // as a file damaged after it was checked would, and fails when decoded).
-    let dir = data.0.join("train");
+/// The photographs of `folder` (16 per class, 3 classes) as a dataset at `dir`, every tenth
+/// cut short past its headers (so that it imports, as a file damaged after it was checked
+/// would, and fails when decoded); returns how many were cut.
+fn with_cut_images(folder: &Path, dir: &Path) -> u64 {
     let schema = dp_data::Schema::new(vec![
         dp_data::Feature::image("image"),
         dp_data::Feature::dense("label", dp_data::DType::I64, &[]),
     ])
     .unwrap();
-    let mut writer = DatasetWriter::create(&dir, schema, WriterOptions::default()).unwrap();
+    let mut writer = DatasetWriter::create(dir, schema, WriterOptions::default()).unwrap();
     let mut cut = 0;
     for (k, label) in (0..16).flat_map(|n| (0..3).map(move |c| (n, c))).enumerate() {
         let bytes = std::fs::read(folder.join(format!("class-{}/{}.jpg", label.1, label.0)));
@@ -107,6 +102,17 @@ fn an_image_that_does_not_decode_stops_the_run_unless_skipped() {
         writer.append(&[Value::Bytes(&stored), Value::dense(&[label.1 as i64])]).unwrap();
     }
     writer.finish().unwrap();
+    cut
+}
+
+#[test]
+fn an_image_that_does_not_decode_stops_the_run_unless_skipped() {
+    let data = TempDir::new("images-corrupt");
+    let folder = data.0.join("folder");
+    let spec = SyntheticPhotos { per_class: 16, sides: (24, 40), ..Default::default() };
+    generate_photo_folder(&folder, &spec).unwrap();
+    let dir = data.0.join("train");
+    let cut = with_cut_images(&folder, &dir);
     let config = TrainConfig {
         train_data: dir.clone(),
         replicas: 2,
@@ -127,6 +133,49 @@ fn an_image_that_does_not_decode_stops_the_run_unless_skipped() {
     // Every cut image was met once per epoch and replaced; the run took all its steps.
     assert_eq!(summary.steps, 2 * 48 / 8);
     assert_eq!(summary.skipped_records, 2 * cut);
+    assert_eq!(summary.skipped_eval_records, 0);
+}
+
+#[test]
+fn an_evaluation_image_that_does_not_decode_is_found_at_setup_or_left_out_and_counted() {
+    let data = TempDir::new("images-corrupt-eval");
+    let folder = data.0.join("folder");
+    let spec = SyntheticPhotos { per_class: 16, sides: (24, 40), ..Default::default() };
+    generate_photo_folder(&folder, &spec).unwrap();
+    import_image_folder(
+        &folder,
+        &data.0.join("train"),
+        &ImageFolderOptions::default(),
+        WriterOptions::default(),
+    )
+    .unwrap();
+    let eval = data.0.join("eval");
+    let cut = with_cut_images(&folder, &eval);
+    let config = TrainConfig {
+        train_data: data.0.join("train"),
+        eval_data: Some(eval.clone()),
+        replicas: 2,
+        global_batch: 8,
+        epochs: 1,
+        timeout_s: 30.0,
+        ..TrainConfig::default()
+    };
+    // Found before the run starts, as a training image's would be: no run directory.
+    let out = TempDir::new("images-eval-fail");
+    let error = train(config.clone(), &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+    assert!(error.contains("feature `image`: the image does not decode"), "{error}");
+    assert!(error.contains(&eval.display().to_string()), "{error}");
+    assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 0, "no run directory");
+
+    // Skipped: each evaluation leaves the cut images out and says how many.
+    let skipping = TrainConfig { skip_corrupt: true, ..config };
+    let out = TempDir::new("images-eval-skip");
+    let summary = train(skipping, &RunOptions::new(&out.0), &mut ()).unwrap();
+    assert_eq!(summary.skipped_records, 0, "the training data is whole");
+    assert_eq!(summary.skipped_eval_records, cut);
+    assert!(summary.to_string().contains(&format!("skipped        {cut} unreadable evaluation")));
+    let metrics = std::fs::read_to_string(run_dir(&out.0).join(dp_train::METRICS)).unwrap();
+    assert!(metrics.contains(&format!("\"skipped_records\":{cut}")), "{metrics}");
 }
 
 /// `root/{train,eval}`: pictures of digits whose class is their shape alone: each 24 to 40

@@ -252,6 +252,38 @@ fn memory_techniques_and_compression_train_too() {
 }
 
 #[test]
+fn a_run_shorter_than_its_pruning_interval_still_reaches_its_sparsity_or_is_refused() {
+    // 12 steps, the command line's interval of 50: the target is reached at step 8 (two
+    // thirds of the run), where the schedule ends, and the summary says so.
+    let out = TempDir::new("prune-short");
+    let mut c = config(2, 12);
+    c.prune =
+        Some(dp_train::PruneConfig { sparsity: 0.9, global: true, start: 0, end: None, every: 50 });
+    let summary = train(c.clone(), &RunOptions::new(&out.0), &mut ()).unwrap();
+    let params = final_params(&run_dir(&out.0));
+    let spec = ModelSpec::mlp(784, &[32], 10);
+    let pool = Pool::new(&Tracker::new());
+    let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
+    let weights: Vec<_> = model.layout().weights().map(|t| t.range()).collect();
+    let total: usize = weights.iter().map(|r| r.len()).sum();
+    let zeros = weights.iter().flat_map(|r| r.clone()).filter(|&i| params[i] == 0.0).count();
+    assert_eq!(zeros, (0.9 * total as f64).round() as usize, "pruned to 90%");
+    let sparsity = summary.sparsity.unwrap();
+    assert!((sparsity - 0.9).abs() < 1e-4, "{sparsity}");
+    assert!(summary.to_string().contains("pruned         90.0% of the weights"), "{summary}");
+
+    // An end the run never reaches is refused before the run starts.
+    let late = TrainConfig {
+        prune: Some(dp_train::PruneConfig { end: Some(12), ..c.prune.clone().unwrap() }),
+        ..c
+    };
+    let out = TempDir::new("prune-late");
+    let error = train(late, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
+    assert!(error.contains("`prune.end`") && error.contains("(11 of 12)"), "{error}");
+    assert_eq!(std::fs::read_dir(&out.0).unwrap().count(), 0, "no run directory");
+}
+
+#[test]
 fn plain_sgd_under_zero1_without_eval_resumes() {
     let out = TempDir::new("zero1-plain");
     let mut c = config(2, 10);

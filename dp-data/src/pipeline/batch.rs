@@ -23,6 +23,8 @@ pub struct Batch {
     pub(crate) shape: std::sync::Arc<[usize]>,
     pub(crate) padded: usize,
     pub(crate) replaced: usize,
+    /// The rows holding a record that stands in for an unreadable one, in increasing order.
+    pub(crate) replaced_rows: Vec<usize>,
     /// A sparse input, in place of `x` (which is then empty).
     pub(crate) sparse: Option<CsrBatch>,
 }
@@ -135,6 +137,13 @@ impl Batch {
     /// readable record each, counted where they replace one.
     pub fn replaced(&self) -> usize {
         self.replaced
+    }
+
+    /// The rows (in `0..len()`, increasing) whose record stands in for an unreadable one
+    /// (`CorruptionPolicy::Skip`): what an evaluation leaves out, since the record it holds
+    /// is another's, scored in its own place too.
+    pub fn replaced_rows(&self) -> &[usize] {
+        &self.replaced_rows
     }
 
     /// A sparse input feature's values, in CSR; `None` for a dense one (see [`Batch::x`]).

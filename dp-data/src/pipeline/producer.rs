@@ -429,6 +429,8 @@ impl Producer {
             (block, input, cell(block, columns.label, label_size, slot.row))
         };
         let (images, stats) = (&mut self.images, &mut self.stats);
+        // Allocates only for a batch that has a replaced record (`CorruptionPolicy::Skip`).
+        let mut replaced_rows = Vec::new();
         let mut next = self.slots.first().map(record);
         for (k, ((slot, x), (y, id))) in self
             .slots
@@ -450,6 +452,8 @@ impl Producer {
             *id = block.first_record() + slot.row as u64;
             let mut rng = Rng::new(hash(&[shared.config.seed, epoch, *id]));
             let mut label = label;
+            // A record of an unreadable block stands in for this slot's.
+            let mut replaced = slot.position != slot.located;
             match (&mut sparse, &columns.image) {
                 (Some(csr), _) => append_row(csr, k, block, columns, slot.row, *id)?,
                 (None, Some(image)) => {
@@ -458,9 +462,13 @@ impl Producer {
                     if row != slot.row {
                         *id = block.first_record() + row as u64;
                         label = cell(block, columns.label, label_size, row);
+                        replaced = true;
                     }
                 }
                 (None, None) => convert_input(input, columns.input_dtype, affine, x),
+            }
+            if replaced {
+                replaced_rows.push(k);
             }
             *y = read_label(label, columns.label_dtype);
             if let Some(targets) = &mut targets {
@@ -488,6 +496,7 @@ impl Producer {
             padded,
             // This batch's own counter: stats are published per batch.
             replaced: stats.replaced_records as usize,
+            replaced_rows,
             sparse,
         })
     }

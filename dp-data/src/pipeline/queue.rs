@@ -315,6 +315,7 @@ mod tests {
             shape: std::sync::Arc::from([1usize, 1]),
             padded: 0,
             replaced: 0,
+            replaced_rows: Vec::new(),
             sparse: None,
         })
     }

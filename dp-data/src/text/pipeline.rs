@@ -126,6 +126,7 @@ impl TokenPipeline {
             shape: Arc::clone(&self.shape),
             padded: batch - made.windows,
             replaced: 0,
+            replaced_rows: Vec::new(),
             sparse: None,
         })
     }

@@ -55,6 +55,17 @@ pub struct AdamConfig {
     pub decoupled: bool,
 }
 
+impl AdamConfig {
+    /// Checks the settings as [`Adam::new`] does, without allocating: for a caller that
+    /// validates a config before building anything.
+    pub fn check(&self) -> Result<()> {
+        check_range("beta1", self.betas.0, 0.0..1.0)?;
+        check_range("beta2", self.betas.1, 0.0..1.0)?;
+        check_range("eps", self.eps, f64::MIN_POSITIVE..f64::INFINITY)?;
+        check_range("weight_decay", self.weight_decay, 0.0..f64::INFINITY)
+    }
+}
+
 impl Default for AdamConfig {
     fn default() -> Self {
         AdamConfig { betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, decoupled: false }
@@ -76,11 +87,8 @@ impl<T: Float> Adam<T> {
         precision: StatePrecision,
         pool: &Pool,
     ) -> Result<Self> {
+        config.check()?;
         let AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled } = config;
-        check_range("beta1", beta1, 0.0..1.0)?;
-        check_range("beta2", beta2, 0.0..1.0)?;
-        check_range("eps", eps, f64::MIN_POSITIVE..f64::INFINITY)?;
-        check_range("weight_decay", weight_decay, 0.0..f64::INFINITY)?;
         Ok(Self {
             beta1,
             beta2,

@@ -41,6 +41,22 @@ pub struct SgdConfig {
     pub weight_decay: f64,
 }
 
+impl SgdConfig {
+    /// Checks the settings as [`Sgd::new`] does, without allocating: for a caller that
+    /// validates a config before building anything.
+    pub fn check(&self) -> Result<()> {
+        check_range("momentum", self.momentum, 0.0..1.0)?;
+        check_range("weight_decay", self.weight_decay, 0.0..f64::INFINITY)?;
+        if self.nesterov && self.momentum == 0.0 {
+            return Err(crate::Error::Optimizer {
+                field: "nesterov",
+                what: "needs momentum > 0".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl<T: Float> Sgd<T> {
     /// SGD for `len` parameters. The velocity buffer (tag `OptState`) exists only with
     /// momentum.
@@ -57,15 +73,8 @@ impl<T: Float> Sgd<T> {
         precision: StatePrecision,
         pool: &Pool,
     ) -> Result<Self> {
+        config.check()?;
         let SgdConfig { momentum, nesterov, weight_decay } = config;
-        check_range("momentum", momentum, 0.0..1.0)?;
-        check_range("weight_decay", weight_decay, 0.0..f64::INFINITY)?;
-        if nesterov && momentum == 0.0 {
-            return Err(crate::Error::Optimizer {
-                field: "nesterov",
-                what: "needs momentum > 0".into(),
-            });
-        }
         let state_len = if momentum > 0.0 && precision == StatePrecision::F32 { len } else { 0 };
         let quantized = (momentum > 0.0 && precision == StatePrecision::Int8)
             .then(|| QuantizedBuf::zeros(len, pool))

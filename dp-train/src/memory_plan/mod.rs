@@ -59,6 +59,14 @@ pub(crate) struct Planned {
     pub(crate) slowdown: f64,
 }
 
+/// Room a plan keeps under its budget for what the prediction does not see: the pages of a
+/// mapped shard that the blocks in flight keep resident, and the allocator's per-thread
+/// arenas. Measured (release `dp train --optimizer adam`, summary's peak RSS against
+/// `predicted_peak_rss`): `mlp:1024,512` planned into 48 MiB peaked 7.9 MiB above its
+/// prediction, into 60 MiB 5.4 MiB above; unplanned runs of the digits MLPs and LeNet within
+/// -7.6 to +4.2 MiB of theirs. A budget is a promise, so a plan fits only with this room left.
+pub(crate) const HEADROOM: u64 = 8 << 20;
+
 /// The memory plan of `config` in one of `processes` processes on this host: its predicted
 /// peak, and with `memory_budget` set, the settings it turns on to fit (an error naming the
 /// least budget that would do when nothing fits). What `train` runs with the same config.
@@ -81,16 +89,26 @@ pub(crate) fn baseline_rss() -> u64 {
 /// the fitting one with the least estimated slowdown (among equals, the fewest changes, then
 /// the lowest peak).
 pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(RunPlan, Planned)> {
+    fit_with(plan, baseline, keep_replicas, &mut DataNeeds::default())
+}
+
+/// [`fit`], with the pipelines' working sets measured so far (a search over models of the
+/// same data measures them once).
+fn fit_with(
+    plan: RunPlan,
+    baseline: u64,
+    keep_replicas: bool,
+    data: &mut DataNeeds,
+) -> Result<(RunPlan, Planned)> {
     let Some(budget) = plan.config.memory_budget.map(|b| b.0) else {
         return Ok((plan, Planned { slowdown: 1.0, ..Planned::default() }));
     };
     let base = Settings::of(&plan.config);
     let (global, processes) = (plan.config.global_batch, plan.batching.processes);
-    let mut data = DataNeeds::default();
     let mut best: Option<((f64, usize, u64), Settings)> = None;
     let mut least: Option<(u64, Settings)> = None;
     for settings in base.candidates(global, processes, keep_replicas) {
-        let peak = predict(&settings.apply(&plan), baseline, &mut data)
+        let peak = predict(&settings.apply(&plan), baseline, data)
             .map_err(|e| plan.config.explain(e))?
             .peak;
         if least.is_none_or(|(p, _)| peak < p) {
@@ -99,7 +117,7 @@ pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(
         // The fastest; among equals, the fewest changes, then the lowest peak.
         let changes = settings.changes(&base, global, processes).len();
         let rank = (settings.slowdown(&base), changes, peak);
-        if peak <= budget && best.is_none_or(|(best, _)| rank < best) {
+        if peak + HEADROOM <= budget && best.is_none_or(|(best, _)| rank < best) {
             best = Some((rank, settings));
         }
     }
@@ -117,7 +135,7 @@ pub(crate) fn fit(plan: RunPlan, baseline: u64, keep_replicas: bool) -> Result<(
                     "no plan of `{}` fits {}: the least it can take is {} ({}); raise the budget to that, or lower global_batch or the model's size",
                     plan.config.model,
                     ByteSize(budget),
-                    ByteSize(peak),
+                    ByteSize(peak + HEADROOM),
                     match changes.is_empty() {
                         true => "as given".to_string(),
                         false => format!("with {}", changes.join(", ")),

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use dp_data::{Pipeline, TokenPipeline};
 use dp_mem::{ByTag, Tag};
-use dp_model::{Adam, Model, ModelOptions, Recompute, Sgd, StatePrecision};
+use dp_model::{
+    Adam, Model, ModelMemory, ModelOptions, Recompute, SavedPrecision, Sgd, StatePrecision,
+};
 
 use crate::config::OptimizerConfig;
 use crate::error::Result;
@@ -39,15 +41,50 @@ pub(crate) struct Prediction {
     pub(crate) peak: u64,
 }
 
-/// The pipelines' working sets by (micro-batch, prefetch, training), opened once each: the
-/// planner predicts many settings over the same data.
+/// The pipelines' working sets by (micro-batch, prefetch, training), opened once each, and
+/// the model's buffers by (model, micro-batch, recomputation, bf16 saved activations), sized
+/// once each: the planner predicts many settings (hundreds a plan) over the same data and
+/// model, and sizing a deep model walks every layer.
 #[derive(Default)]
-pub(crate) struct DataNeeds(HashMap<(usize, usize, bool), u64>);
+pub(crate) struct DataNeeds {
+    pipelines: HashMap<(usize, usize, bool), u64>,
+    models: HashMap<(String, usize, bool, bool), ModelMemory>,
+    /// Parameters by model: counting them builds the model's tape.
+    params: HashMap<String, usize>,
+}
 
 impl DataNeeds {
+    /// The number of `plan`'s model's parameters.
+    fn params(&mut self, plan: &RunPlan) -> Result<usize> {
+        if let Some(&len) = self.params.get(&plan.spec.name) {
+            return Ok(len);
+        }
+        let len = plan.spec.layout()?.len();
+        self.params.insert(plan.spec.name.clone(), len);
+        Ok(len)
+    }
+
+    /// The model's memory for `plan`'s micro-batch and savers.
+    fn model(&mut self, plan: &RunPlan) -> Result<ModelMemory> {
+        let config = &plan.config;
+        let bf16 = config.activations == SavedPrecision::Bf16;
+        let key = (plan.spec.name.clone(), plan.batching.micro, config.recompute, bf16);
+        if let Some(&memory) = self.models.get(&key) {
+            return Ok(memory);
+        }
+        let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+        let options = ModelOptions::new(plan.batching.micro, config.seed)
+            .recompute(recompute)
+            .precision(config.precision)
+            .saved(config.activations);
+        let memory = Model::<f32>::memory_for(&plan.spec, &options)?;
+        self.models.insert(key, memory);
+        Ok(memory)
+    }
+
     fn bytes(&mut self, plan: &RunPlan, train: bool) -> Result<u64> {
         let key = (plan.batching.micro, plan.config.data_prefetch, train);
-        if let Some(&bytes) = self.0.get(&key) {
+        if let Some(&bytes) = self.pipelines.get(&key) {
             return Ok(bytes);
         }
         let config = pipeline_config(plan, 0, plan.world(), train);
@@ -62,7 +99,7 @@ impl DataNeeds {
             Some(context) => TokenPipeline::memory_needs(dir, &config, context)?,
             None => Pipeline::memory_needs(dir, &config)?.1,
         };
-        self.0.insert(key, bytes);
+        self.pipelines.insert(key, bytes);
         Ok(bytes)
     }
 }
@@ -86,13 +123,8 @@ pub(crate) fn reads_object_storage(plan: &RunPlan) -> bool {
 /// Predicts `plan`'s memory in a process that holds `baseline` bytes before it starts.
 pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Result<Prediction> {
     let config = &plan.config;
-    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
-    let options = ModelOptions::new(plan.batching.micro, config.seed)
-        .recompute(recompute)
-        .precision(config.precision)
-        .saved(config.activations);
-    let model = Model::<f32>::memory_for(&plan.spec, &options)?;
-    let len = plan.spec.layout()?.len();
+    let model = data.model(plan)?;
+    let len = data.params(plan)?;
     let f32s = |n: usize| n as u64 * 4;
     let buckets = config.buckets()?;
     let comm = match reduces_in_place(len, &buckets, plan) {

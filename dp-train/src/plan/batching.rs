@@ -52,10 +52,21 @@ impl Batching {
         let micro = config.global_batch / (world * accum);
         let steps_per_epoch = records / (micro * world) as u64 / accum as u64;
         if steps_per_epoch == 0 {
-            return Err(Error::config(
-                "global_batch",
-                format!("{} exceeds the {records} training records", config.global_batch),
-            ));
+            // A language model's samples are windows of `context` tokens: the longer the
+            // context, the fewer of them the same tokens make.
+            return Err(match context {
+                Some(context) => Error::config(
+                    "context",
+                    format!(
+                        "the training data makes {records} windows of {context} tokens an epoch, fewer than the global batch of {} (one step): lower the context (--context) or global_batch, or give more text",
+                        config.global_batch
+                    ),
+                ),
+                None => Error::config(
+                    "global_batch",
+                    format!("{} exceeds the {records} training records", config.global_batch),
+                ),
+            });
         }
         let dropped_per_epoch = records - steps_per_epoch * config.global_batch as u64;
         if config.epochs == 0 {
@@ -175,6 +186,20 @@ mod tests {
         ] {
             let error = Batching::resolve(config, records, None, 1, false).unwrap_err().to_string();
             assert!(error.contains("`global_batch`") && error.contains(says), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_context_whose_windows_do_not_fill_a_step_is_refused_naming_the_context() {
+        for (global_batch, windows) in [(64, 10), (0, 3), (0, 0)] {
+            let c = config(4, global_batch, 1);
+            let error = Batching::resolve(c, windows, Some(4096), 1, false).unwrap_err();
+            let error = error.to_string();
+            assert!(
+                error.contains("`context`")
+                    && error.contains(&format!("makes {windows} windows of 4096 tokens")),
+                "{error}"
+            );
         }
     }
 

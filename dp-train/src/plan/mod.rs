@@ -125,6 +125,7 @@ impl RunPlan {
         let context = text.as_ref().map(|text| text.context);
         let (config, sparse_defaults, sgd_rate) = choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
+        crate::optimizer::check_optimizer(&optimizer)?;
         let spec = model_spec(&config.model, &input, task.outputs())?;
         let config = crate::augment::resolve(config, input.kind())?;
         let scalings = match text {
@@ -135,6 +136,7 @@ impl RunPlan {
         scalings.check_classes(&train, &config.label_feature, &config.train_data)?;
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
+            crate::normalization::check_eval_images(&config, path, &input.saved())?;
         }
         let (batching, mut config) =
             Batching::resolve(config, samples, context, processes, sparse_defaults)?;
@@ -153,6 +155,9 @@ impl RunPlan {
         if let Some(rate) = sgd_rate {
             // Known only now that the global batch is.
             config.lr = Some(rate.lr(&spec, config.global_batch));
+        }
+        if let Some(prune) = &config.prune {
+            crate::prune::schedule(prune, batching.total_steps)?;
         }
         let schedule = config.schedule_or_default(batching.total_steps);
         let resume = match resumed {
@@ -489,6 +494,16 @@ mod tests {
         };
         assert_eq!(rates(&mlp), [0.05, 0.1, 0.2, 0.2, 0.2]);
         assert_eq!(rates(&lenet), [0.025, 0.05, 0.1, 0.1, 0.1]);
+    }
+
+    #[test]
+    fn optimizer_settings_are_checked_when_the_run_is_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, config) = test_digits(dir.path());
+        let mut config = TrainConfig { replicas: 1, ..config };
+        config.set("optimizer.momentum", "0").unwrap();
+        let error = RunPlan::new(config, None, 1).unwrap_err().to_string();
+        assert!(error.contains("`optimizer.nesterov`: needs momentum > 0"), "{error}");
     }
 
     #[test]

@@ -37,6 +37,11 @@ impl<C: Communicator> Replica<C> {
             if n == 0 {
                 continue;
             }
+            // A record standing in for an unreadable one (`skip_corrupt`) is another record
+            // of the set, scored in its own place: it is counted as skipped, not scored twice.
+            let replaced = batch.replaced_rows();
+            let replaced = &replaced[..replaced.partition_point(|&row| row < n)];
+            totals.skipped += replaced.len() as f64;
             let x = Input::of(&batch, plan.input_len)
                 .map_err(|what| {
                     Error::run(
@@ -52,7 +57,11 @@ impl<C: Communicator> Replica<C> {
                 let outputs = x.forward_eval(&mut self.model)?;
                 let values = batch.targets().expect("a regression's batches have targets");
                 let mut loss = LossTotals { samples: n, ..LossTotals::default() };
-                for (z, &t) in outputs.iter().zip(values.iter()) {
+                for (row, (z, &t)) in outputs.iter().zip(values.iter()).enumerate() {
+                    if replaced.binary_search(&row).is_ok() {
+                        loss.samples -= 1;
+                        continue;
+                    }
                     let standardized = f64::from(z - (t - offset) / scale);
                     loss.loss_sum += standardized * standardized;
                     let error = f64::from(z * scale + offset - t);
@@ -64,6 +73,11 @@ impl<C: Communicator> Replica<C> {
                 let (y, rows) = (batch.y(), n * plan.rows_per_sample());
                 labels[..rows].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
                 check_labels(&labels[..rows], &batch.record_ids()[..n], plan.classes)?;
+                // A negative label is a sample the loss ignores.
+                let per_sample = plan.rows_per_sample();
+                for &row in replaced {
+                    labels[row * per_sample..(row + 1) * per_sample].fill(-1);
+                }
                 x.evaluate(&mut self.model, Targets::Classes(&labels[..rows]))?
             };
             totals.add(&loss);
@@ -82,6 +96,7 @@ impl<C: Communicator> Replica<C> {
                 eval_mae: regression.then(|| totals.absolute_error / samples),
                 bits_per_token: self.plan.bits_per_token(eval_loss),
                 bits_per_byte: self.plan.eval_bits_per_byte(eval_loss),
+                skipped_records: totals.skipped as u64,
             };
             events.send(Event::Eval(eval));
         }

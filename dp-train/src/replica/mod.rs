@@ -16,19 +16,19 @@ use dp_data::{Pipeline, Transform};
 use crate::batches::Batches;
 use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    Adam, CheckpointReader, LossTotals, Model, ModelOptions, NormSync, Optimizer, PruneSchedule,
-    Pruner, Recompute, Sgd, SharedParams, Sparsity, StatePrecision, StepOptions, Targets,
-    clip_grad_norm,
+    CheckpointReader, LossTotals, Model, ModelOptions, NormSync, Optimizer, Pruner, Recompute,
+    SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
 };
 use ndarray::ArrayView2;
 
 use crate::checksum::check_in_sync;
-use crate::config::{Device, OptimizerConfig, PruneConfig};
+use crate::config::{Device, PruneConfig};
 use crate::divergence::LossWatch;
 use crate::emergency::{Board, Emergency, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
 use crate::input::Input;
+use crate::optimizer::build_optimizer;
 use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
 use crate::processes::GpuPeers;
 use crate::record::{Event, Events, StepSample};
@@ -700,26 +700,6 @@ fn decayed_in(ranges: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>
         .collect()
 }
 
-/// The optimizer of `len` parameters, its state fresh and stored at `precision`.
-fn build_optimizer(
-    config: &OptimizerConfig,
-    len: usize,
-    precision: StatePrecision,
-    pool: &Pool,
-) -> Result<Box<dyn Optimizer<f32>>> {
-    Ok(match *config {
-        OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
-            let config = dp_model::SgdConfig { momentum, nesterov, weight_decay };
-            Box::new(Sgd::with_precision(len, config, precision, pool)?)
-        }
-        OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
-            let config =
-                dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled };
-            Box::new(Adam::with_precision(len, config, precision, pool)?)
-        }
-    })
-}
-
 /// The pruner `prune` describes, over a run of `total_steps`, caught up with the
 /// parameters' sparsity (a resumed run's are already pruned).
 fn build_pruner(prune: &PruneConfig, model: &Model<f32>, total_steps: u64) -> Result<Pruner> {
@@ -728,8 +708,7 @@ fn build_pruner(prune: &PruneConfig, model: &Model<f32>, total_steps: u64) -> Re
     } else {
         Sparsity::PerLayer(prune.sparsity)
     };
-    let end = prune.end.unwrap_or(total_steps * 2 / 3).max(prune.start);
-    let schedule = PruneSchedule { start: prune.start, end, every: prune.every.max(1) };
+    let schedule = crate::prune::schedule(prune, total_steps)?;
     let mut pruner = Pruner::new(model.layout(), scope, schedule)?;
     pruner.resume(model.params());
     Ok(pruner)

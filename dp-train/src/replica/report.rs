@@ -38,6 +38,9 @@ pub(crate) struct ReplicaReport {
     pub(crate) device_peak: Option<ByTag<u64>>,
     /// Training records it was given in place of ones that could not be read.
     pub(crate) skipped_records: u64,
+    /// The fraction of weights its pruner pruned (the process's first replica's, when the
+    /// run prunes).
+    pub(crate) sparsity: Option<f64>,
 }
 
 impl<C: Communicator> Replica<C> {
@@ -92,6 +95,7 @@ impl<C: Communicator> Replica<C> {
         self.report.minimum = self.minimum_memory();
         self.report.best = self.consistent.best.clone();
         self.report.device_peak = self.gpu.as_ref().map(GpuStep::peak);
+        self.report.sparsity = self.pruner.as_ref().map(dp_model::Pruner::sparsity);
         self.report
     }
 }
