@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::xtask;
+use common::{entries, xtask};
 
 /// Shard files in `dir` (none while it does not exist).
 fn shards(dir: &Path) -> usize {
@@ -51,16 +51,6 @@ fn succeeded(output: Output) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     stdout
-}
-
-/// The entries of `dir`, sorted.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Checks that `dir` is a sound dataset holding exactly its manifest and shards.

@@ -4,32 +4,7 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Output;
-
-use common::{small_digits, xtask};
-
-fn failed(output: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
-
-fn succeeded(output: &Output) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-}
-
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
+use common::{entries, failed, small_digits, succeeded, xtask};
 
 #[test]
 fn a_run_name_is_one_directory_under_out() {
@@ -46,7 +21,7 @@ fn a_run_name_is_one_directory_under_out() {
         assert!(stderr.contains("one directory name under --out"), "{name:?}: {stderr}");
     }
     // Nothing was made, in --out or beside it.
-    assert_eq!(names(dir), ["data"]);
+    assert_eq!(entries(dir), ["data"]);
 }
 
 #[test]
@@ -80,7 +55,7 @@ fn a_preview_to_dash_goes_to_standard_output() {
     assert!(output.stdout.starts_with(b"\x89PNG\r\n"), "{:?}", &output.stdout[..16]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("standard output"), "{stderr}");
-    assert_eq!(names(dir), ["data", "photos"], "no file named `-`");
+    assert_eq!(entries(dir), ["data", "photos"], "no file named `-`");
     // The grid says how its samples were made: the trainer's recipe for 32-pixel samples,
     // or the policy asked for.
     assert!(stderr.contains("crop pad:4 (the whole image shifted by up to 4 px"), "{stderr}");

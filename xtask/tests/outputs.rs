@@ -6,21 +6,8 @@ mod common;
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::process::Output;
 
-use common::{small_digits, xtask};
-
-fn failed(output: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
-
-fn succeeded(output: &Output) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-}
+use common::{failed, small_digits, succeeded, xtask};
 
 /// A FIFO at `path`.
 fn fifo(path: &Path) {

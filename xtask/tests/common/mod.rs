@@ -4,7 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use dp_train::{METRICS, MetricsRecord, read_metrics};
 
@@ -46,4 +46,28 @@ pub fn checkpoint(run: &Path) -> Option<(u64, Vec<u8>)> {
     let checkpoint = dp_model::CheckpointReader::open(&path).expect("a checkpoint is never torn");
     let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
     Some((state["step"].as_u64().unwrap(), bytes))
+}
+
+/// The standard error of a command that failed without a panic.
+pub fn failed(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+/// Checks that a command succeeded, showing its standard error when not.
+pub fn succeeded(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+}
+
+/// The names of the entries of `dir`, sorted.
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
