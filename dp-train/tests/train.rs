@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -241,14 +242,21 @@ fn memory_techniques_and_compression_train_too() {
     let accuracy = summary.eval_accuracy.unwrap();
     assert!(accuracy > 0.5, "{accuracy}");
     // The checkpoint holds the pruned weights as zeros: half of every weight tensor's total.
-    let params = final_params(&run_dir(&out.0));
+    let (zeros, total) = zero_weights(&run_dir(&out.0));
+    assert_eq!(zeros, total / 2, "pruned to 50%");
+}
+
+/// The weights (not biases) at zero in the final parameters of the `mlp:32` digits run at
+/// `run`, and all the weights.
+fn zero_weights(run: &Path) -> (usize, usize) {
+    let params = final_params(run);
     let spec = ModelSpec::mlp(784, &[32], 10);
     let pool = Pool::new(&Tracker::new());
     let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
     let weights: Vec<_> = model.layout().weights().map(|t| t.range()).collect();
     let total: usize = weights.iter().map(|r| r.len()).sum();
     let zeros = weights.iter().flat_map(|r| r.clone()).filter(|&i| params[i] == 0.0).count();
-    assert_eq!(zeros, total / 2, "pruned to 50%");
+    (zeros, total)
 }
 
 #[test]
@@ -260,13 +268,7 @@ fn a_run_shorter_than_its_pruning_interval_still_reaches_its_sparsity_or_is_refu
     c.prune =
         Some(dp_train::PruneConfig { sparsity: 0.9, global: true, start: 0, end: None, every: 50 });
     let summary = train(c.clone(), &RunOptions::new(&out.0), &mut ()).unwrap();
-    let params = final_params(&run_dir(&out.0));
-    let spec = ModelSpec::mlp(784, &[32], 10);
-    let pool = Pool::new(&Tracker::new());
-    let model = Model::<f32>::new(&spec, &pool, ModelOptions::new(1, 0)).unwrap();
-    let weights: Vec<_> = model.layout().weights().map(|t| t.range()).collect();
-    let total: usize = weights.iter().map(|r| r.len()).sum();
-    let zeros = weights.iter().flat_map(|r| r.clone()).filter(|&i| params[i] == 0.0).count();
+    let (zeros, total) = zero_weights(&run_dir(&out.0));
     assert_eq!(zeros, (0.9 * total as f64).round() as usize, "pruned to 90%");
     let sparsity = summary.sparsity.unwrap();
     assert!((sparsity - 0.9).abs() < 1e-4, "{sparsity}");
