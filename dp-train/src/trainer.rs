@@ -577,6 +577,11 @@ fn set_up(
     // Opening the data can meet the same shortage as the replicas later (a shard the system
     // will not map under `ulimit -v`): explained in the config's words alike.
     let plan = RunPlan::new(effective.clone(), resumed, count).map_err(|e| effective.explain(e))?;
+    // Once, for the plan the run takes (not for each plan a memory budget or `plan --largest`
+    // tries): decoding every evaluation image costs an evaluation.
+    if let (Some(path), Some(input)) = (&plan.config.eval_data, &plan.scalings.input) {
+        crate::normalization::check_eval_images(&plan.config, path, input)?;
+    }
     // Here, before the processes agree, so that they all end alike.
     if let Some(dir) = &plan.resumed_dir {
         if plan.start_step() == plan.batching.total_steps || plan.stopped_early() {

@@ -136,7 +136,6 @@ impl RunPlan {
         scalings.check_classes(&train, &config.label_feature, &config.train_data)?;
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
-            crate::normalization::check_eval_images(&config, path, &input.saved())?;
         }
         let (batching, mut config) =
             Batching::resolve(config, samples, context, processes, sparse_defaults)?;
