@@ -145,14 +145,24 @@ class Crate:
             child = self.child_file(path, modpath, name, is_root_like)
             if child:
                 self.load(child, modpath + (name,))
+        inline = []  # (start, end, name) of inline modules: `super::` inside one is this file
         for m in re.finditer(r"\bmod\s+(\w+)\s*\{", text):
             self.children[modpath].add(m.group(1))
+            inline.append((m.end() - 1, matching_brace(text, m.end() - 1), m.group(1)))
+
+        def scope(at):
+            return modpath + tuple(name for a, b, name in inline if a < at < b)
+
         refs = []
         for m in re.finditer(r"(^|[;{}\]]\s*)(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", text, re.M):
             is_pub = bool(m.group(2))
             for p in expand_use_tree(clean_alias(m.group(3))):
-                absolute = self.absolute(modpath, p)
+                absolute = self.absolute(scope(m.start(3)), p)
                 if absolute is None:
+                    if is_pub and p[-1] != "*":
+                        # A re-export of another crate's item: naming it is no arrow.
+                        alias = re.search(r"\b" + re.escape(p[-1]) + r"\s+as\s+(\w+)", m.group(3))
+                        self.reexports[(modpath, alias.group(1) if alias else p[-1])] = None
                     continue
                 if is_pub:
                     if p[-1] == "*":
@@ -162,10 +172,11 @@ class Crate:
                         self.reexports[(modpath, alias.group(1) if alias else p[-1])] = absolute
                 else:
                     refs.append(absolute if p[-1] != "*" else absolute[:-1])
-        body = re.sub(r"(^|[;{}\]]\s*)(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", r"\1", text, flags=re.M)
+        body = re.sub(r"(^|[;{}\]]\s*)(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);",
+                      lambda u: u.group(1) + " " * (len(u.group(0)) - len(u.group(1))), text, flags=re.M)
         for m in re.finditer(r"(?<![\w:])((?:crate|super|self)(?:\s*::\s*\w+)+)", body):
             p = re.sub(r"\s+", "", m.group(1)).split("::")
-            absolute = self.absolute(modpath, p)
+            absolute = self.absolute(scope(m.start()), p)
             if absolute:
                 refs.append(absolute)
         self.refs[modpath] = refs
@@ -184,8 +195,11 @@ class Crate:
                     base.pop()
                 i += 1
             return base + list(p[i:])
-        if p[0] in self.children.get(modpath, ()):
-            return list(modpath) + list(p)
+        for depth in range(len(modpath), -1, -1):
+            if p[0] in self.children.get(modpath[:depth], ()):
+                return list(modpath[:depth]) + list(p)
+            if modpath[:depth] in self.modules:
+                break
         return None
 
     def resolve(self, path, depth=0):
@@ -197,8 +211,10 @@ class Crate:
                 rest = path[i:]
                 break
         if rest and depth < 16:
-            target = self.reexports.get((best, rest[0]))
-            if target is not None:
+            if (best, rest[0]) in self.reexports:
+                target = self.reexports[(best, rest[0])]
+                if target is None:
+                    return None
                 return self.resolve(list(target) + rest[1:], depth + 1)
             for glob in self.globs.get(best, ()):
                 candidate = tuple(glob) + (rest[0],)
@@ -212,7 +228,7 @@ class Crate:
             targets = set()
             for r in refs:
                 t = self.resolve(r)
-                if t != mod:
+                if t is not None and t != mod:
                     targets.add(t)
             out[mod] = targets
         return out

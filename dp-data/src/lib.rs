@@ -31,7 +31,7 @@
 //!   limit ([`ObjectOptions`]); [`upload_dataset`] writes one there.
 //! * Measurement, in the `measure` and `measure_images` modules behind the `bench` feature
 //!   (not needed to use the crate): read, pipeline and image throughput against their
-//!   references, used by the benchmarks and `cargo xtask data bench-read|bench`; and
+//!   references, used by the benchmarks and `cargo xtask bench-read|bench-pipeline`; and
 //!   `LocalS3`, an S3-compatible server on 127.0.0.1 for tests and benchmarks.
 //!
 //! ```

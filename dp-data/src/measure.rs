@@ -1,6 +1,6 @@
 //! Read throughput measured against its references in the same run: raw zstd decompression of
 //! the same blocks, and the cost of checksumming them. Used by the benchmark and by
-//! `cargo xtask data bench-read`.
+//! `cargo xtask bench-read`.
 
 use std::time::Instant;
 

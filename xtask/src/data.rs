@@ -1,4 +1,4 @@
-//! `cargo xtask data`: import, inspect, verify, export, generate and benchmark datasets. The
+//! `dp data`: import, inspect, preview, verify, export, upload and generate datasets. The
 //! logic lives in dp-data; this parses arguments and prints.
 
 use std::path::{Path, PathBuf};
@@ -118,54 +118,6 @@ pub(crate) enum DataCmd {
     Verify {
         /// The dataset directory.
         dir: PathBuf,
-    },
-    /// Measure the input pipeline against raw zstd (rounds of: the reference, two uncached
-    /// epochs, two cached epochs, the second of each timed; medians); prints one JSON line.
-    Bench {
-        /// The dataset directory.
-        dir: PathBuf,
-        /// Records per batch.
-        #[arg(long, default_value_t = 256)]
-        batch: usize,
-        /// Worker threads (default: all cores, or one fewer with --consumer-helps).
-        #[arg(long)]
-        workers: Option<usize>,
-        /// The consumer makes batches too when the next one is not ready (the zstd reference
-        /// then runs on one more thread).
-        #[arg(long)]
-        consumer_helps: bool,
-        /// Blocks whose records are shuffled together (0: no shuffle).
-        #[arg(long, default_value_t = 8)]
-        shuffle_window: usize,
-        /// Batches prepared ahead.
-        #[arg(long, default_value_t = 4)]
-        prefetch: usize,
-        /// Do not cache decoded blocks after the first epoch.
-        #[arg(long)]
-        no_cache: bool,
-        /// Keep the worker count and prefetch depth fixed.
-        #[arg(long)]
-        no_autotune: bool,
-        /// Keep decompressed blocks in this file when they are not cached in memory.
-        #[arg(long)]
-        cache_file: Option<PathBuf>,
-        /// Memory budget in MiB.
-        #[arg(long, default_value_t = 512)]
-        budget_mib: u64,
-        /// Rounds to take medians over (at least 3).
-        #[arg(long, default_value_t = 7)]
-        rounds: usize,
-    },
-    /// Measure sequential and random reads against raw zstd; prints one JSON line.
-    BenchRead {
-        /// The dataset directory.
-        dir: PathBuf,
-        /// Sequential passes (the median is reported).
-        #[arg(long, default_value_t = 5)]
-        passes: usize,
-        /// Random `get` samples.
-        #[arg(long, default_value_t = 2000)]
-        samples: usize,
     },
 }
 
@@ -441,46 +393,6 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             let size = image_size;
             let preview = Preview { dir: &dir, out: &out, size, crop, augment, count, eval, seed };
             crate::preview::preview(&preview).map(|()| ExitCode::SUCCESS)
-        }
-        DataCmd::Bench {
-            dir,
-            batch,
-            workers,
-            consumer_helps,
-            shuffle_window,
-            prefetch,
-            no_cache,
-            no_autotune,
-            cache_file,
-            budget_mib,
-            rounds,
-        } => {
-            let mut config = dp_data::PipelineConfig::default();
-            config.batch_size = batch;
-            config.consumer_helps = consumer_helps;
-            config.workers = match workers {
-                Some(workers) => workers,
-                // The consumer takes a core of its own.
-                None if consumer_helps => config.workers.saturating_sub(1).max(1),
-                None => config.workers,
-            };
-            config.shuffle_window = (shuffle_window > 0).then_some(shuffle_window);
-            config.prefetch = prefetch;
-            config.cache = !no_cache;
-            config.autotune = !no_autotune;
-            config.cache_file = cache_file;
-            config.memory_budget = budget_mib
-                .checked_mul(1 << 20)
-                .with_context(|| format!("--budget-mib {budget_mib} is too large"))?;
-            let report = dp_data::measure::measure_pipeline(&dir, config, rounds)?;
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(ExitCode::SUCCESS)
-        }
-        DataCmd::BenchRead { dir, passes, samples } => {
-            let dataset = open(&dir)?;
-            let report = dp_data::measure::measure_read(&dataset, passes, samples, 0)?;
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(ExitCode::SUCCESS)
         }
     }
 }

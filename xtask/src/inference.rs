@@ -1,4 +1,4 @@
-//! `cargo xtask eval`, `cargo xtask predict` and `cargo xtask sample`: a run's model on
+//! `dp eval`, `dp predict` and `dp sample`: a run's model on
 //! another dataset, or a language model's text.
 
 use std::path::Path;

@@ -1,24 +1,20 @@
-//! The command line of dp, as two binaries over this library: `dp`, the commands users run
-//! and ship to clusters (`train`, `eval`, `predict`, `sample`, `data`, `plot`), whose defaults (the
-//! built-in digits under `data/digits`, runs under `runs/`) are relative to the working
-//! directory, and `cargo xtask`, the development entry point, which adds `ci` and `bench` and
-//! takes its defaults from the workspace. It parses, calls and prints; the logic lives in the
-//! library crates and in `.ci/run`.
+//! The command line of dp: the commands users run and ship to clusters (`train`, `plan`,
+//! `eval`, `predict`, `sample`, `data`, `plot`). Two binaries run them: `dp`, the product,
+//! whose defaults (the built-in digits under `data/digits`, runs under `runs/`) are relative to
+//! the working directory, and `cargo xtask`, the development entry point (`src/main.rs`), which
+//! adds `ci` and the benchmarks and takes its defaults from the workspace. This library is the
+//! product alone: no benchmark code, no `bench` or `testing` feature of the libraries. It
+//! parses, calls and prints; the logic lives in the library crates.
 
-mod bench;
-mod bench_bf16act;
-mod bench_images;
-mod bench_largest;
-mod bench_lm;
-mod bench_objects;
-mod bench_optim8;
-mod corpus;
 mod data;
 mod inference;
 mod preview;
 mod procs;
 mod stop;
 mod train;
+
+pub use procs::mpi_build;
+pub use train::ensure_digits;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -32,15 +28,6 @@ use dp_mem::CountingAlloc;
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::system();
 
-/// Which of the two binaries runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Binary {
-    /// `dp`: the user commands, defaults relative to the working directory.
-    Dp,
-    /// `cargo xtask`: the user commands and the development ones, defaults in the workspace.
-    Xtask,
-}
-
 #[derive(Parser)]
 #[command(name = "dp", about = "Data-parallel training with first-class memory efficiency")]
 struct DpCli {
@@ -50,20 +37,11 @@ struct DpCli {
     objects: ObjectArgs,
 }
 
-#[derive(Parser)]
-#[command(name = "cargo xtask", about = "Automation for the dp workspace")]
-struct XtaskCli {
-    #[command(subcommand)]
-    command: XtaskCmd,
-    #[command(flatten)]
-    objects: ObjectArgs,
-}
-
 /// Where datasets read from object storage (`--data s3://bucket/prefix`) are cached, for any
 /// command; by default `DP_CACHE_DIR` and `DP_CACHE_LIMIT`, or `~/.cache/dp/objects` and
 /// 10 GiB.
 #[derive(clap::Args)]
-struct ObjectArgs {
+pub struct ObjectArgs {
     /// The local cache of blocks fetched from object storage, shared by the processes of
     /// the host that name it.
     #[arg(long, global = true, value_name = "DIR")]
@@ -76,7 +54,7 @@ struct ObjectArgs {
 
 impl ObjectArgs {
     /// Makes the options given this process's object storage settings.
-    fn apply(&self) -> Result<()> {
+    pub fn apply(&self) -> Result<()> {
         if self.cache_dir.is_none() && self.cache_limit.is_none() {
             return Ok(());
         }
@@ -92,40 +70,6 @@ impl ObjectArgs {
     }
 }
 
-/// The development commands, and the user commands beside them.
-#[derive(Subcommand)]
-enum XtaskCmd {
-    #[command(flatten)]
-    User(Box<UserCmd>),
-    /// Run exactly what CI runs (`.ci/run`): format check, clippy, tests, bench build.
-    Ci,
-    /// Run criterion benchmarks (of one crate, or all) and print a summary of their medians;
-    /// `bench comm` prints the all-reduce table (nccl-tests style) against memcpy instead;
-    /// `bench data` ends with the image pipeline against its decoder, PyTorch and tf.data
-    /// (`bench data --filter images` for that alone) and reading from S3-compatible object
-    /// storage against local disk (`--filter objects`); `bench train` ends with a language model
-    /// against PyTorch's training of the same (`bench train --filter lm` for that alone), then
-    /// f32 against 8-bit Adam state (`bench train --filter optim8` for that alone).
-    Bench {
-        /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
-        /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling and a
-        /// language model's loss against PyTorch's.
-        #[arg(value_name = "CRATE")]
-        krate: Option<String>,
-        /// Only benchmarks whose name contains this text (passed to criterion).
-        #[arg(long)]
-        filter: Option<String>,
-    },
-    /// One MPI rank of `bench comm` (started by it under mpirun).
-    #[command(hide = true)]
-    BenchRank {
-        /// Milliseconds to time each size for.
-        budget_ms: u64,
-        /// Buffer sizes in bytes.
-        sizes: Vec<usize>,
-    },
-}
-
 /// The commands users run.
 #[derive(Subcommand)]
 enum UserCmd {
@@ -139,6 +83,7 @@ enum UserCmd {
     Plan(Box<PlanArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {
+        /// The run's model and the dataset.
         #[command(flatten)]
         model: SavedModel,
         /// Also evaluate the model with int8 weights and compare.
@@ -148,6 +93,7 @@ enum UserCmd {
     /// Write a run's class probabilities for every record of a dataset as an npy file (the
     /// dataset's labels are not needed).
     Predict {
+        /// The run's model and the dataset.
         #[command(flatten)]
         model: SavedModel,
         /// The npy file to write: f32 `[records, classes]`, in dataset order; `-` for standard
@@ -158,8 +104,9 @@ enum UserCmd {
     /// Write text with a language model's run: the prompt, continued token by token (with a
     /// KV cache, so each token costs the same), streamed to standard output.
     Sample(SampleArgs),
-    /// Work with datasets: import, inspect, verify, export, gen, bench-read.
+    /// Work with datasets: import, inspect, preview, verify, export, upload, gen, photos.
     Data {
+        /// What to do with a dataset.
         #[command(subcommand)]
         command: data::DataCmd,
     },
@@ -172,110 +119,101 @@ enum UserCmd {
     },
 }
 
-/// Runs `binary` on this process's arguments and returns its exit status.
-pub fn main(binary: Binary) -> ExitCode {
-    limit_malloc_arenas();
-    match dispatch(binary) {
-        Ok(code) => code,
-        Err(error) => {
-            // The causes, on one line, without a backtrace: they are for the user to act on, and
-            // resolving a backtrace allocates, which after running out of memory fails or hangs.
-            eprintln!("Error: {error:#}");
-            ExitCode::FAILURE
-        }
+/// The user commands, to flatten into another command line (`cargo xtask`'s); what they are is
+/// this crate's business.
+pub struct UserCommand(UserCmd);
+
+impl FromArgMatches for UserCommand {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        UserCmd::from_arg_matches(matches).map(Self)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
     }
 }
 
-/// Under an address-space limit (`ulimit -v`), one malloc arena for all threads. glibc gives
-/// threads arenas of their own as they contend, each reserving 64 MiB of address space: such a
-/// limit runs out on those reservations, at a moment that depends on thread timing, long
-/// before memory is used; with one arena, what a run can do under a limit is what it needs.
-/// Without a limit nothing changes. Before any thread starts, as `mallopt` asks.
-fn limit_malloc_arenas() {
+impl Subcommand for UserCommand {
+    fn augment_subcommands(command: clap::Command) -> clap::Command {
+        UserCmd::augment_subcommands(command)
+    }
+
+    fn augment_subcommands_for_update(command: clap::Command) -> clap::Command {
+        UserCmd::augment_subcommands_for_update(command)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        UserCmd::has_subcommand(name)
+    }
+}
+
+/// `dp`: runs the user command this process's arguments name and returns its exit status.
+pub fn dp_main() -> ExitCode {
+    prepare_process();
+    let matches = DpCli::command().get_matches();
+    let cli = DpCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let result = cli.objects.apply().and_then(|()| {
+        let base = std::env::current_dir().context("the working directory")?;
+        let home = Home { base, workspace: None, program: "dp" };
+        run_user(UserCommand(cli.command), &home, &DpCli::command(), &matches)
+    });
+    exit_status(result)
+}
+
+/// The exit status of a command's result; an error is printed first, its causes on one line,
+/// without a backtrace: they are for the user to act on, and resolving a backtrace allocates,
+/// which after running out of memory fails or hangs.
+pub fn exit_status(result: Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|error| {
+        eprintln!("Error: {error:#}");
+        ExitCode::FAILURE
+    })
+}
+
+/// What both binaries do before anything else: under an address-space limit (`ulimit -v`), one
+/// malloc arena for all threads. glibc gives threads arenas of their own as they contend, each
+/// reserving 64 MiB of address space: such a limit runs out on those reservations, at a moment
+/// that depends on thread timing, long before memory is used; with one arena, what a run can
+/// do under a limit is what it needs. Without a limit nothing changes. Before any thread
+/// starts, as `mallopt` asks.
+pub fn prepare_process() {
     if dp_mem::address_space_limit().is_some() {
         // SAFETY: `mallopt` takes any value, and no other thread exists yet.
         unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     }
 }
 
-/// Where the defaults of the user commands lie, and what `train --procs` runs under mpirun.
+/// Where the defaults of the user commands lie, what `train --procs` runs under mpirun, and
+/// how messages name the program.
 #[derive(Clone, Debug)]
-pub(crate) struct Home {
+pub struct Home {
     /// The built-in digits are `base/data/digits`, runs go to `base/runs`.
-    pub(crate) base: PathBuf,
+    pub base: PathBuf,
     /// The workspace, for `cargo xtask`: `--procs` builds its MPI-enabled binary there. `None`
     /// for `dp`, which runs itself under mpirun and so must have been built with MPI.
-    pub(crate) workspace: Option<PathBuf>,
+    pub workspace: Option<PathBuf>,
+    /// How the user runs this program (`dp`, `cargo xtask`), for the commands messages suggest.
+    pub program: &'static str,
 }
 
-/// Runs the command the arguments name.
-fn dispatch(binary: Binary) -> Result<ExitCode> {
-    let (matches, command) = match binary {
-        Binary::Dp => {
-            let matches = DpCli::command().get_matches();
-            let cli = DpCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-            cli.objects.apply()?;
-            (matches, cli.command)
-        }
-        Binary::Xtask => {
-            let matches = XtaskCli::command().get_matches();
-            let cli = XtaskCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-            cli.objects.apply()?;
-            let root = workspace_root();
-            match cli.command {
-                XtaskCmd::User(command) => (matches, *command),
-                XtaskCmd::Ci => {
-                    run(Command::new("bash").arg(root.join(".ci/run")).current_dir(&root))?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                XtaskCmd::Bench { krate, .. } if krate.as_deref() == Some("comm") => {
-                    bench::comm(&root)?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                XtaskCmd::BenchRank { budget_ms, sizes } => {
-                    bench::mpi_rank(budget_ms, &sizes)?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                XtaskCmd::Bench { krate, filter } if krate.as_deref() == Some("train") => {
-                    train::bench(&root, filter.as_deref())?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                XtaskCmd::Bench { krate, filter } => {
-                    bench::run(&root, krate.as_deref(), filter.as_deref())?;
-                    // Data's benchmarks end with the image section, measured in this run.
-                    let data = matches!(krate.as_deref(), Some("data" | "dp-data"));
-                    if data && filter.as_deref().is_none_or(|f| f == "images") {
-                        bench_images::run(&root)?;
-                    }
-                    if data && filter.as_deref().is_none_or(|f| f == "objects") {
-                        bench_objects::run(&root)?;
-                    }
-                    return Ok(ExitCode::SUCCESS);
-                }
-            }
-        }
-    };
-    let home = match binary {
-        Binary::Dp => Home {
-            base: std::env::current_dir().context("the working directory")?,
-            workspace: None,
-        },
-        Binary::Xtask => Home { base: workspace_root(), workspace: Some(workspace_root()) },
-    };
+/// Runs a user command. `cli` is the command line it was parsed with (`matches`), to tell the
+/// options given from those defaulted.
+pub fn run_user(
+    UserCommand(command): UserCommand,
+    home: &Home,
+    cli: &clap::Command,
+    matches: &clap::ArgMatches,
+) -> Result<ExitCode> {
     match command {
         UserCmd::Data { command } => return data::run(command),
         UserCmd::Train(args) => {
             let given = matches.subcommand_matches("train").map(|m| {
-                let command = match binary {
-                    Binary::Dp => DpCli::command(),
-                    Binary::Xtask => XtaskCli::command(),
-                };
-                let train = command.find_subcommand("train").expect("a train command").clone();
-                given_options(&train, m)
+                let train = cli.find_subcommand("train").expect("a train command");
+                given_options(train, m)
             });
-            return train::run(&home, *args, &given.unwrap_or_default());
+            return train::run(home, *args, &given.unwrap_or_default());
         }
-        UserCmd::Plan(args) => train::plan(&home, &args.train, args.largest.as_deref()),
+        UserCmd::Plan(args) => train::plan(home, &args.train, args.largest.as_deref()),
         UserCmd::Plot { run_dir } => plot(&run_dir),
         UserCmd::Eval { model, int8 } => {
             inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
@@ -376,13 +314,8 @@ fn plot(run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The workspace root: the parent of this crate's manifest directory.
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").into()
-}
-
 /// Runs a command with inherited output and fails if it fails.
-fn run(command: &mut Command) -> Result<()> {
+pub fn run_command(command: &mut Command) -> Result<()> {
     let status = command.status().with_context(|| format!("cannot start {command:?}"))?;
     if !status.success() {
         bail!("{command:?} failed: {status}");

@@ -1,4 +1,4 @@
-//! `cargo xtask train --procs N`: starts N training processes on this host under `mpirun`,
+//! `dp train --procs N`: starts N training processes on this host under `mpirun`,
 //! from one MPI-enabled build of this binary, so that no rank builds anything.
 
 use std::sync::Arc;
@@ -102,7 +102,7 @@ pub(crate) fn launch(home: &Home, processes: usize) -> Result<ExitCode> {
 
 /// This binary when it was built with MPI; otherwise an MPI-enabled build of it, made once
 /// in its own target directory (so it does not replace the running binary).
-pub(crate) fn mpi_build(root: &Path) -> Result<PathBuf> {
+pub fn mpi_build(root: &Path) -> Result<PathBuf> {
     if cfg!(feature = "mpi") {
         return std::env::current_exe().context("find this binary");
     }
@@ -113,7 +113,8 @@ pub(crate) fn mpi_build(root: &Path) -> Result<PathBuf> {
         println!("building xtask with MPI into {} (once) ...", target.display());
     }
     let status = Command::new(cargo)
-        .args(["build", "--release", "--quiet", "--package", "xtask", "--features", "mpi"])
+        .args(["build", "--release", "--quiet", "--package", "xtask", "--bin", "xtask"])
+        .args(["--features", "mpi,dev"])
         .arg("--target-dir")
         .arg(&target)
         .current_dir(root)

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::xtask;
+use common::dp;
 
 /// `records` rows of `a,b,c,label`: a = z0 / 1000, b = 5000 + 1000 z1, c = 8 + 4 z2, the label
 /// the largest of three linear scores of the z (z uniform in [-1, 1), from a fixed stream).
@@ -44,7 +44,7 @@ fn scratch(name: &str) -> tempfile::TempDir {
 
 /// Imports `dir/<split>.csv` as the dataset `dir/<split>` with `label` as its label.
 fn import(dir: &Path, split: &str, label: &str) {
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["data", "import", "--format", "csv", "--label", label, "--out"]);
     succeeded(command.arg(dir.join(split)).arg(dir.join(format!("{split}.csv"))).output().unwrap());
 }
@@ -52,17 +52,16 @@ fn import(dir: &Path, split: &str, label: &str) {
 /// Trains on `dir/train`, evaluating on `dir/eval`, as the run `dir/runs/<name>`, with the
 /// defaults but for two replicas (on any machine, so that the batch chosen is the same).
 fn train(dir: &Path, name: &str) -> String {
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["train", "--replicas", "2", "--no-plot", "--name", name, "--data"]);
     command.arg(dir.join("train")).arg("--eval-data").arg(dir.join("eval"));
     succeeded(command.arg("--out").arg(dir.join("runs")).output().unwrap())
 }
 
-/// `cargo xtask <command> RUN --data dir/eval [args]`.
+/// `dp <command> RUN --data dir/eval [args]`.
 fn on_eval(command: &str, run: &Path, dir: &Path, args: &[&std::ffi::OsStr]) -> String {
-    let mut xtask = xtask();
-    xtask.arg(command).arg(run).arg("--data").arg(dir.join("eval")).args(args);
-    succeeded(xtask.output().unwrap())
+    let output = dp().arg(command).arg(run).arg("--data").arg(dir.join("eval")).args(args).output();
+    succeeded(output.unwrap())
 }
 
 #[test]
@@ -91,8 +90,7 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
     // Read back as a dataset: one probability row per record, each summing to 1.
     let imported = dir.join("predictions");
     succeeded(
-        xtask()
-            .args(["data", "import", "--format", "npy", "--out"])
+        dp().args(["data", "import", "--format", "npy", "--out"])
             .arg(&imported)
             .arg(format!("p={}", npy.display()))
             .output()
@@ -112,7 +110,7 @@ fn a_csv_table_imports_trains_evaluates_and_predicts_from_the_command_line() {
     // A resumed run takes more epochs (and replicas); an option that would make it another
     // run is refused, not ignored.
     let resume = || {
-        let mut command = xtask();
+        let mut command = dp();
         command.args(["train", "--no-plot", "--resume"]).arg(&run);
         command
     };

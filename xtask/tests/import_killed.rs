@@ -1,4 +1,4 @@
-//! `cargo xtask data import` and `data gen` killed with SIGKILL while writing shards: the
+//! `dp data import` and `data gen` killed with SIGKILL while writing shards: the
 //! output path holds no dataset (only `OUT.partial` is left), `data verify` says so, and the
 //! same command run again replaces the killed write's leftovers and gives a sound dataset
 //! with nothing in its directory that its manifest does not name.
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{entries, xtask};
+use common::{dp, entries};
 
 /// Shard files in `dir` (none while it does not exist).
 fn shards(dir: &Path) -> usize {
@@ -44,7 +44,7 @@ fn kill_while_writing(mut command: Command, dir: &Path, at_least: usize) {
 }
 
 fn verify(dir: &Path) -> Output {
-    xtask().args(["data", "verify"]).arg(dir).output().unwrap()
+    dp().args(["data", "verify"]).arg(dir).output().unwrap()
 }
 
 fn succeeded(output: Output) -> String {
@@ -85,7 +85,7 @@ fn a_killed_import_leaves_no_dataset_and_the_next_import_replaces_its_leftovers(
     std::fs::write(&input, text).unwrap();
     let out = dir.join("data");
     let import = |small_shards: bool| {
-        let mut command = xtask();
+        let mut command = dp();
         command.args(["data", "import", "--format", "svmlight", "--threads", "1"]);
         if small_shards {
             command.args(["--block-size", "4096", "--shard-size", "4096"]);
@@ -122,7 +122,7 @@ fn a_killed_import_leaves_no_dataset_and_the_next_import_replaces_its_leftovers(
     let mine = dir.join("mine");
     std::fs::create_dir(&mine).unwrap();
     std::fs::write(mine.join("notes.txt"), b"mine").unwrap();
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["data", "import", "--format", "svmlight", "--out"]).arg(&mine).arg(&input);
     let refused = command.output().unwrap();
     let message = String::from_utf8_lossy(&refused.stderr);
@@ -139,7 +139,7 @@ fn a_killed_gen_is_replaced_by_the_next_one() {
     let scratch = tempfile::Builder::new().prefix("xtask-gen-killed-").tempdir().unwrap();
     let out = scratch.path().join("digits");
     let generate = |records: &str| {
-        let mut command = xtask();
+        let mut command = dp();
         command.args(["data", "gen", "--threads", "1", "--records", records]);
         command.args(["--eval-records", "64", "--block-size", "4096", "--shard-size", "4096"]);
         command.arg("--out").arg(&out);

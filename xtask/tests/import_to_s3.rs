@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::xtask;
+use common::dp;
 use dp_data::LocalS3;
 
 fn succeeded(output: Output) -> String {
@@ -58,7 +58,7 @@ fn imports_land_in_object_storage_dataset_by_dataset() {
     let rows: String =
         (0..3000).map(|i| format!("{:.6},{:.6},{}\n", next(), next(), i % 2)).collect();
     std::fs::write(&csv, format!("a,b,label\n{rows}")).unwrap();
-    let mut import = xtask();
+    let mut import = dp();
     import.args(["data", "import", "--format", "csv", "--label", "label"]);
     import.args(["--block-size", "4096", "--shard-size", "8192", "--out", "s3://bucket/table"]);
     let report = succeeded(import.arg(&csv).output().unwrap());
@@ -69,7 +69,7 @@ fn imports_land_in_object_storage_dataset_by_dataset() {
     let text: String =
         (0..20_000).map(|i| words[i * 7 % 11 % words.len()].to_string() + " ").collect();
     std::fs::write(&corpus, text).unwrap();
-    let mut import = xtask();
+    let mut import = dp();
     import.args(["data", "import", "--format", "text", "--tokenizer", "bpe:300"]);
     let report =
         succeeded(import.args(["--out", "s3://bucket/text"]).arg(&corpus).output().unwrap());
@@ -89,7 +89,7 @@ fn imports_land_in_object_storage_dataset_by_dataset() {
         assert!(written.iter().any(|f| f == expected), "no {expected} in {written:?}");
     }
     for url in ["s3://bucket/table", "s3://bucket/text/train", "s3://bucket/text/eval"] {
-        let report = succeeded(xtask().args(["data", "verify", url]).output().unwrap());
+        let report = succeeded(dp().args(["data", "verify", url]).output().unwrap());
         assert!(report.contains("sound"), "{report}");
     }
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask train` killed with SIGKILL again and again, at steps drawn from a fixed seed
+//! `dp train` killed with SIGKILL again and again, at steps drawn from a fixed seed
 //! and with a checkpoint written after every step (so a kill may land inside a write; the
 //! test counts those it sees), and resumed each time: the checkpoint is never torn, and the
 //! finished run's losses and parameters are bitwise the uninterrupted run's, every step
@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{checkpoint, losses, small_digits, xtask};
+use common::{checkpoint, dp, losses, small_digits};
 
 /// Temporary files in a run directory.
 fn temporaries(run: &Path) -> usize {
@@ -21,7 +21,7 @@ fn temporaries(run: &Path) -> usize {
 }
 
 fn spawn(args: &[&str], extra: &[&Path]) -> Child {
-    xtask().args(args).args(extra).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+    dp().args(args).args(extra).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{small_digits, xtask};
+use common::{dp, small_digits};
 
 /// `command` limited to `limit_mib` of address space.
 fn limited(command: &mut Command, limit_mib: u64) {
@@ -34,7 +34,7 @@ fn least_to_start() -> u64 {
     (10..=1000)
         .step_by(10)
         .find(|&mib| {
-            let mut help = xtask();
+            let mut help = dp();
             help.arg("--help").stdout(Stdio::null()).stderr(Stdio::null());
             limited(&mut help, mib);
             help.status().unwrap().success()
@@ -44,7 +44,7 @@ fn least_to_start() -> u64 {
 
 /// How a run under `limit_mib` of address space ended: its exit code and standard error.
 fn train_under(limit_mib: u64, data: &Path, out: &Path) -> (i32, String) {
-    let mut train = xtask();
+    let mut train = dp();
     train.args(["train", "--steps", "12", "--replicas", "2", "--no-plot", "--name", "run"]);
     train.args(["--set", "checkpoint_every=6", "--set", "eval_every=6"]);
     train.arg("--data").arg(data.join("train")).arg("--eval-data").arg(data.join("eval"));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{entries, failed, small_digits, succeeded, xtask};
+use common::{dp, entries, failed, small_digits, succeeded};
 
 #[test]
 fn a_run_name_is_one_directory_under_out() {
@@ -14,7 +14,7 @@ fn a_run_name_is_one_directory_under_out() {
     let runs = dir.join("nest/runs");
     let absolute = dir.join("elsewhere");
     for name in ["../escape", absolute.to_str().unwrap(), "", ".", ".."] {
-        let mut train = xtask();
+        let mut train = dp();
         train.args(["train", "--steps", "1", "--replicas", "1", "--no-plot", "--name", name]);
         train.arg("--data").arg(dir.join("data/train")).arg("--out").arg(&runs);
         let stderr = failed(&train.output().unwrap());
@@ -29,7 +29,7 @@ fn skip_corrupt_is_refused_where_the_import_cannot_skip() {
     let scratch = tempfile::Builder::new().prefix("dp-xtask-skip-").tempdir().unwrap();
     let dir = scratch.path();
     std::fs::write(dir.join("in.tfrecord"), b"").unwrap();
-    let mut import = xtask();
+    let mut import = dp();
     import.args(["data", "import", "--format", "tfrecord", "--skip-corrupt", "--out"]);
     import.arg(dir.join("out")).arg(dir.join("in.tfrecord"));
     let stderr = failed(&import.output().unwrap());
@@ -42,13 +42,13 @@ fn skip_corrupt_is_refused_where_the_import_cannot_skip() {
 fn a_preview_to_dash_goes_to_standard_output() {
     let scratch = tempfile::Builder::new().prefix("dp-xtask-preview-").tempdir().unwrap();
     let dir = scratch.path();
-    let mut photos = xtask();
+    let mut photos = dp();
     photos.args(["data", "photos", "--classes", "2", "--per-class", "3", "--sides", "40,60"]);
     succeeded(&photos.arg("--out").arg(dir.join("photos")).output().unwrap());
-    let mut import = xtask();
+    let mut import = dp();
     import.args(["data", "import", "--format", "images", "--out"]).arg(dir.join("data"));
     succeeded(&import.arg(dir.join("photos")).output().unwrap());
-    let mut preview = xtask();
+    let mut preview = dp();
     preview.current_dir(dir).args(["data", "preview", "data", "--count", "4", "--out", "-"]);
     let output = preview.output().unwrap();
     succeeded(&output);

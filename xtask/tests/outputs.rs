@@ -7,7 +7,7 @@ mod common;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
-use common::{failed, small_digits, succeeded, xtask};
+use common::{dp, failed, small_digits, succeeded};
 
 /// A FIFO at `path`.
 fn fifo(path: &Path) {
@@ -21,7 +21,7 @@ fn outputs_replace_only_regular_files() {
     let scratch = tempfile::Builder::new().prefix("dp-xtask-outputs-").tempdir().unwrap();
     let dir = scratch.path();
     small_digits(&dir.join("data"));
-    let mut train = xtask();
+    let mut train = dp();
     train.args(["train", "--steps", "4", "--replicas", "1", "--no-plot", "--name", "run"]);
     train.arg("--data").arg(dir.join("data/train")).arg("--out").arg(dir.join("runs"));
     succeeded(&train.output().unwrap());
@@ -43,14 +43,14 @@ fn outputs_replace_only_regular_files() {
     for (name, make, says) in cases {
         let out = dir.join(format!("{name}.npy"));
         make(&out);
-        let mut predict = xtask();
+        let mut predict = dp();
         predict.arg("predict").arg(&run).arg("--data").arg(&eval).arg("--out").arg(&out);
         let stderr = failed(&predict.output().unwrap());
         assert!(stderr.contains(says) && stderr.contains(out.to_str().unwrap()), "{stderr}");
         let exported = dir.join(format!("export-{name}"));
         std::fs::create_dir(&exported).unwrap();
         make(&exported.join("label.npy"));
-        let mut export = xtask();
+        let mut export = dp();
         export.args(["data", "export", "--format", "npy", "--features", "label", "--out"]);
         let stderr = failed(&export.arg(&exported).arg(&eval).output().unwrap());
         assert!(stderr.contains("label.npy") && stderr.contains(says), "{stderr}");
@@ -65,12 +65,12 @@ fn outputs_replace_only_regular_files() {
     let plot = run.join("loss.png");
     let _ = std::fs::remove_file(&plot);
     std::os::unix::fs::symlink(&precious, &plot).unwrap();
-    let stderr = failed(&xtask().arg("plot").arg(&run).output().unwrap());
+    let stderr = failed(&dp().arg("plot").arg(&run).output().unwrap());
     assert!(stderr.contains("loss.png") && stderr.contains("symbolic link"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
 
     // `-` is standard output: the npy bytes, 256 records of 10 probabilities.
-    let mut predict = xtask();
+    let mut predict = dp();
     predict.arg("predict").arg(&run).arg("--data").arg(&eval).args(["--out", "-"]);
     let output = predict.output().unwrap();
     succeeded(&output);
@@ -80,7 +80,7 @@ fn outputs_replace_only_regular_files() {
     // A regular file is replaced, as asked.
     let file = dir.join("predictions.npy");
     std::fs::write(&file, "old").unwrap();
-    let mut predict = xtask();
+    let mut predict = dp();
     predict.arg("predict").arg(&run).arg("--data").arg(&eval).arg("--out").arg(&file);
     succeeded(&predict.output().unwrap());
     assert_eq!(std::fs::read(&file).unwrap()[..], output.stdout[..]);
@@ -91,12 +91,11 @@ fn absurd_counts_are_refused_before_anything_starts() {
     let scratch = tempfile::Builder::new().prefix("dp-xtask-counts-").tempdir().unwrap();
     let out = scratch.path().join("runs");
     let stderr =
-        failed(&xtask().args(["train", "--epochs", "0"]).arg("--out").arg(&out).output().unwrap());
+        failed(&dp().args(["train", "--epochs", "0"]).arg("--out").arg(&out).output().unwrap());
     assert!(stderr.contains("give a positive number, or auto"), "{stderr}");
     // More processes than the per-core bound allows: refused before mpirun or any build.
-    let stderr = failed(
-        &xtask().args(["train", "--procs", "100000"]).arg("--out").arg(&out).output().unwrap(),
-    );
+    let stderr =
+        failed(&dp().args(["train", "--procs", "100000"]).arg("--out").arg(&out).output().unwrap());
     assert!(stderr.contains("--oversubscribe") && stderr.contains("per-core"), "{stderr}");
     assert!(!out.exists());
 }

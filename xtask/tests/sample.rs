@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{small_digits, xtask};
+use common::{dp, small_digits};
 
 fn succeeded(output: &Output) {
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -24,7 +24,7 @@ fn refused(output: &Output, says: &str) {
 }
 
 fn train(dir: &Path, data: &Path, name: &str, extra: &[&str]) {
-    let mut train = xtask();
+    let mut train = dp();
     train.args(["train", "--steps", "2", "--replicas", "1", "--no-plot", "--name", name]);
     train.arg("--data").arg(data).arg("--out").arg(dir.join("runs")).args(extra);
     succeeded(&train.output().unwrap());
@@ -37,7 +37,7 @@ fn sample_refuses_before_the_prompt_goes_out() {
     let corpus = dir.join("corpus.txt");
     std::fs::write(&corpus, "the model reads tokens and predicts the next one. ".repeat(80))
         .unwrap();
-    let mut import = xtask();
+    let mut import = dp();
     import.args(["data", "import", "--format", "text", "--out"]).arg(dir.join("text"));
     succeeded(&import.arg(&corpus).output().unwrap());
     train(dir, &dir.join("text/train"), "lm", &["--model", "gpt:1,1,16", "--context", "8"]);
@@ -45,7 +45,7 @@ fn sample_refuses_before_the_prompt_goes_out() {
     train(dir, &dir.join("digits/train"), "mlp", &[]);
     let (lm, mlp) = (dir.join("runs/lm"), dir.join("runs/mlp"));
     let sample = |run: &Path, extra: &[&str]| {
-        let mut sample = xtask();
+        let mut sample = dp();
         sample.arg("sample").arg(run).args(["--prompt", "PROMPT"]).args(extra);
         if !extra.contains(&"--tokens") {
             sample.args(["--tokens", "4"]);

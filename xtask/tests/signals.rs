@@ -1,4 +1,4 @@
-//! `cargo xtask train` stopped by a scheduler's SIGTERM and by Ctrl-C's SIGINT: each finishes
+//! `dp train` stopped by a scheduler's SIGTERM and by Ctrl-C's SIGINT: each finishes
 //! its step, saves a checkpoint at that step, and exits with a status that says why; the run
 //! then resumes from it without repeating a step.
 
@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{checkpoint, losses, small_digits, xtask};
+use common::{checkpoint, dp, losses, small_digits};
 
 /// The training steps recorded in a run's metrics.
 fn steps(run: &Path) -> Vec<u64> {
@@ -50,7 +50,7 @@ fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
     small_digits(&data);
 
     let run = dir.join("runs/run");
-    let child = xtask()
+    let child = dp()
         .args(["train", "--model", "mlp:32", "--global-batch", "64", "--steps", "1000000"])
         .args(["--replicas", "2", "--no-plot", "--name", "run", "--data"])
         .arg(data.join("train"))
@@ -63,10 +63,13 @@ fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
     let (code, text) = signal_after(child, &run, 0, 5, libc::SIGTERM);
     assert_eq!(code, 75, "preempted runs exit 75:\n{text}");
     let at = checkpoint_step(&run);
-    assert!(text.contains(&format!("preempted at step {at}; continue with")), "{text}");
+    // The command to continue with is the one this binary is run as.
+    let resume =
+        format!("preempted at step {at}; continue with: dp train --resume {}", run.display());
+    assert!(text.contains(&resume), "{text}");
     assert_eq!(steps(&run), (1..=at).collect::<Vec<_>>());
 
-    let child = xtask()
+    let child = dp()
         .args(["train", "--no-plot", "--resume"])
         .arg(&run)
         .stdout(Stdio::piped())

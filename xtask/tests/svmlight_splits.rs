@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::xtask;
+use common::dp;
 
 /// `records` lines over indices 1..=`largest` (the last line holds `largest`), labelled -1/+1
 /// by whether index 1 or 2 comes first, from a fixed stream.
@@ -34,9 +34,9 @@ fn succeeded(output: Output) -> String {
     stdout
 }
 
-/// `cargo xtask train` for a few steps on `dir/train`, evaluating on `dir/eval`.
+/// `dp train` for a few steps on `dir/train`, evaluating on `dir/eval`.
 fn train(data: &Path, runs: &Path) -> Output {
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["train", "--no-plot", "--replicas", "1", "--steps", "4", "--global-batch"]);
     command.args(["16", "--data"]).arg(data.join("train")).arg("--eval-data");
     command.arg(data.join("eval")).arg("--out").arg(runs).output().unwrap()
@@ -53,7 +53,7 @@ fn splits_imported_together_share_a_width_and_the_trainer_says_how_when_they_do_
     // One at a time: 500 and 499 wide, and the trainer refuses them with the way out.
     let alone = dir.join("alone");
     for (split, file) in [("train", &train_svm), ("eval", &eval_svm)] {
-        let mut command = xtask();
+        let mut command = dp();
         command.args(["data", "import", "--format", "svmlight", "--out"]).arg(alone.join(split));
         succeeded(command.arg(file).output().unwrap());
     }
@@ -69,7 +69,7 @@ fn splits_imported_together_share_a_width_and_the_trainer_says_how_when_they_do_
 
     // Together: one width, and training runs.
     let together = dir.join("together");
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["data", "import", "--format", "svmlight", "--out"]).arg(&together);
     command.arg(format!("--split=train={}", train_svm.display()));
     command.arg(format!("--split=eval={}", eval_svm.display()));
@@ -94,12 +94,12 @@ fn an_optimizer_given_on_sparse_data_is_the_one_used() {
     let dir = scratch.path();
     let file = dir.join("train.svm");
     write_svmlight(&file, 200, 500, 3);
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["data", "import", "--format", "svmlight", "--out"]).arg(dir.join("train"));
     succeeded(command.arg(&file).output().unwrap());
     let runs = dir.join("runs");
     let saved = |name: &str, optimizer: &[&str]| {
-        let mut command = xtask();
+        let mut command = dp();
         command.args(["train", "--no-plot", "--replicas", "1", "--steps", "2", "--name", name]);
         command.args(optimizer).arg("--data").arg(dir.join("train")).arg("--out").arg(&runs);
         succeeded(command.output().unwrap());

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::xtask;
+use common::dp;
 use dp_data::{TokenDataset, TokenWidth, TokenizerKind};
 
 /// About `bytes` bytes of lines of words (some multi-byte) from a fixed stream.
@@ -46,7 +46,7 @@ fn succeeded(output: Output) -> String {
 }
 
 fn import(files: &[&Path], out: &Path, extra: &[&str]) -> String {
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["data", "import", "--format", "text", "--out"]).arg(out);
     command.args(files).args(extra);
     succeeded(command.output().unwrap())
@@ -75,7 +75,7 @@ fn text_files_import_as_train_and_eval_token_datasets() {
         assert!(report.contains(&expected), "`{expected}` not in:\n{report}");
     }
     for split in ["train", "eval"] {
-        let mut verify = xtask();
+        let mut verify = dp();
         succeeded(verify.args(["data", "verify"]).arg(bytes.join(split)).output().unwrap());
     }
 
@@ -91,7 +91,7 @@ fn text_files_import_as_train_and_eval_token_datasets() {
 
     // A bad setting is refused with the knob's name, and nothing is written.
     let refused = dir.join("refused");
-    let mut command = xtask();
+    let mut command = dp();
     command.args(["data", "import", "--format", "text", "--eval-fraction", "1.5", "--out"]);
     let output = command.arg(&refused).arg(&a).output().unwrap();
     assert!(!output.status.success());

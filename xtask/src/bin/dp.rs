@@ -1,5 +1,5 @@
 //! `dp`: the commands users run and ship to clusters (see the library's documentation).
 
 fn main() -> std::process::ExitCode {
-    xtask::main(xtask::Binary::Dp)
+    xtask::dp_main()
 }

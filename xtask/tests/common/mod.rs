@@ -8,14 +8,14 @@ use std::process::{Command, Output};
 
 use dp_train::{METRICS, MetricsRecord, read_metrics};
 
-/// The `xtask` binary this test run built.
-pub fn xtask() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
+/// The `dp` binary this test run built: the user commands, as users run them.
+pub fn dp() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dp"))
 }
 
 /// 4,096 training and 256 evaluation digits in `dir` (`dir/train`, `dir/eval`).
 pub fn small_digits(dir: &Path) {
-    let made = xtask()
+    let made = dp()
         .args(["data", "gen", "--records", "4096", "--eval-records", "256", "--out"])
         .arg(dir)
         .output()

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, bail};
 use dp_train::{RunOptions, TrainConfig};
 use serde_json::Value;
 
-use crate::corpus::{CorpusSpec, generate};
+use super::corpus::{CorpusSpec, generate};
+use super::support::{process_cpu_seconds, python_peer, verdict};
 
 /// The run compared: `gpt:2,4,128` (0.44M parameters) at context 64, 32 windows a step, 300
 /// steps (614,400 tokens, a sixth of the training text: less than an epoch). That size keeps
@@ -35,23 +36,14 @@ const TOLERANCE: f64 = 0.05;
 
 /// Trains both sides on `replicas` replicas (ours) and as many threads (PyTorch's) and prints
 /// the figures against their targets.
-pub(crate) fn run(
-    root: &Path,
-    replicas: usize,
-    verdict: impl Fn(bool) -> &'static str,
-) -> Result<()> {
+pub(crate) fn run(root: &Path, replicas: usize) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("dp-bench-lm-{}", std::process::id()));
-    let result = measure(root, &dir, replicas, verdict);
+    let result = measure(root, &dir, replicas);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn measure(
-    root: &Path,
-    dir: &Path,
-    replicas: usize,
-    verdict: impl Fn(bool) -> &'static str,
-) -> Result<()> {
+fn measure(root: &Path, dir: &Path, replicas: usize) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let spec = CorpusSpec::default();
@@ -80,9 +72,9 @@ fn measure(
         name: Some("lm".into()),
         ..TrainConfig::default()
     };
-    let (started, cpu) = (Instant::now(), process_cpu());
+    let (started, cpu) = (Instant::now(), process_cpu_seconds());
     let ours = dp_train::train(config, &RunOptions::new(dir.join("runs")), &mut ())?;
-    let (ours_wall, ours_cpu) = (started.elapsed().as_secs_f64(), process_cpu() - cpu);
+    let (ours_wall, ours_cpu) = (started.elapsed().as_secs_f64(), process_cpu_seconds() - cpu);
     let ours_loss = ours.eval_loss.context("our run reported no held-out loss")?;
     let ours_rate = ours.samples_per_s * CONTEXT as f64;
 
@@ -146,21 +138,9 @@ fn measure(
     Ok(())
 }
 
-/// Seconds of CPU time all of this process's threads have run.
-fn process_cpu() -> f64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `now` is a valid timespec for the call to write.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
-    if rc != 0 {
-        return f64::NAN;
-    }
-    now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
-}
-
 /// `scripts/torch_gpt_train.py` on the same text and configuration; its JSON line.
 fn torch_run(root: &Path, text: &Path, eval_fraction: f64, threads: usize) -> Result<Value> {
-    let mut command = std::process::Command::new("python3");
-    command.arg(root.join("scripts/torch_gpt_train.py")).arg("--text").arg(text);
+    let mut args = vec!["--text".to_string(), text.display().to_string()];
     for (flag, value) in [
         ("--eval-fraction", eval_fraction.to_string()),
         ("--layers", LAYERS.to_string()),
@@ -171,14 +151,7 @@ fn torch_run(root: &Path, text: &Path, eval_fraction: f64, threads: usize) -> Re
         ("--steps", STEPS.to_string()),
         ("--threads", threads.to_string()),
     ] {
-        command.args([flag, &value]);
+        args.extend([flag.to_string(), value]);
     }
-    let output = command.output().context("cannot start python3")?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        bail!("{}", stderr.lines().last().unwrap_or("the PyTorch script failed"));
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().last().context("the PyTorch script printed nothing")?;
-    Ok(serde_json::from_str(line)?)
+    python_peer(root, "torch_gpt_train.py", args)
 }

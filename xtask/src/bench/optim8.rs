@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
+use super::support::{median, verdict};
 use anyhow::Result;
 use dp_mem::{Pool, Tracker};
 use dp_model::{Adam, AdamConfig, Optimizer, StatePrecision};
@@ -22,15 +23,15 @@ const ACCURACY_POINTS: f64 = 0.3;
 const TIME_RATIO: f64 = 1.1;
 
 /// Runs the section and prints its figures against their targets.
-pub(crate) fn run(root: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
-    crate::train::ensure_digits(&root.join("data/digits"))?;
+pub(crate) fn run(root: &Path) -> Result<()> {
+    xtask::ensure_digits(&root.join("data/digits"))?;
     let out = std::env::temp_dir().join(format!("dp-bench-optim8-{}", std::process::id()));
-    let result = measure(root, &out, &verdict);
+    let result = measure(root, &out);
     let _ = std::fs::remove_dir_all(&out);
     result
 }
 
-fn measure(root: &Path, out: &Path, verdict: &impl Fn(bool) -> &'static str) -> Result<()> {
+fn measure(root: &Path, out: &Path) -> Result<()> {
     println!(
         "\n8-bit optimizer state: Adam (lr 1e-3) with f32 vs blockwise 8-bit state ({} kernels), 1 replica, global batch 256, same seed; medians of {ROUNDS} alternating runs",
         dp_model::state_kernels()
@@ -67,7 +68,7 @@ fn measure(root: &Path, out: &Path, verdict: &impl Fn(bool) -> &'static str) -> 
         // Same seed and data: each precision's accuracy is the same in every round.
         let accuracy = |runs: &[Summary]| runs[0].eval_accuracy.unwrap_or(f64::NAN) * 100.0;
         let points = accuracy(int8_runs) - accuracy(f32_runs);
-        let time = |runs: &[Summary]| median(runs.iter().map(|s| 1.0 / s.samples_per_s).collect());
+        let time = |runs: &[Summary]| median(runs.iter().map(|s| 1.0 / s.samples_per_s));
         let time_ratio = time(int8_runs) / time(f32_runs);
         println!(
             "{name:<26} {:>14} {:>14} {state_ratio:>7.3}x {:>9.2}% {:>9.2}% {time_ratio:>9.3}x",
@@ -114,9 +115,4 @@ fn update_alone() {
         b / a,
         (b - a) / LEN as f64 * 1e9,
     );
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }

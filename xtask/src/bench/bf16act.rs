@@ -11,6 +11,7 @@
 
 use std::path::Path;
 
+use super::support::{median, verdict};
 use anyhow::{Context, Result};
 use dp_model::{Model, ModelOptions, ModelSpec, SavedPrecision};
 use dp_train::{Observer, RunOptions, StepMetrics, TrainConfig};
@@ -46,12 +47,6 @@ struct Run {
     curve: Curve,
     accuracy: f64,
     activation_bytes: u64,
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The largest relative difference between two loss curves, step by step and over the
@@ -99,15 +94,15 @@ fn train(
 }
 
 /// Runs the section and prints each figure against its target.
-pub(crate) fn run(root: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
-    crate::train::ensure_digits(&root.join("data/digits"))?;
+pub(crate) fn run(root: &Path) -> Result<()> {
+    xtask::ensure_digits(&root.join("data/digits"))?;
     let out = std::env::temp_dir().join(format!("dp-bench-bf16act-{}", std::process::id()));
-    let result = measure(root, &out, verdict);
+    let result = measure(root, &out);
     let _ = std::fs::remove_dir_all(&out);
     result
 }
 
-fn measure(root: &Path, out: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
+fn measure(root: &Path, out: &Path) -> Result<()> {
     println!(
         "\nbf16 saved activations: f32 vs bf16 storage, 1 replica, batch {BATCH}, {STEPS} steps, seeds 0..{SEEDS}, the digits"
     );
@@ -129,7 +124,8 @@ fn measure(root: &Path, out: &Path, verdict: impl Fn(bool) -> &'static str) -> R
         let points = (bf16_accuracy - f32_accuracy) * 100.0;
         let (loss, windowed) = curves_apart(&f32.curve.losses, &bf16.curve.losses);
         let (floor, windowed_floor) = curves_apart(&f32.curve.losses, &resummed.curve.losses);
-        let time = median(&bf16.curve.step_s) / median(&f32.curve.step_s);
+        let time =
+            median(bf16.curve.step_s.iter().copied()) / median(f32.curve.step_s.iter().copied());
         println!(
             "{model}: activation bytes {} -> {} = {bytes:.3}x  <= {BYTES_TARGET} {}",
             f32.activation_bytes,
@@ -164,8 +160,8 @@ fn measure(root: &Path, out: &Path, verdict: impl Fn(bool) -> &'static str) -> R
         );
         println!(
             "{model}: median step time {:.2} ms -> {:.2} ms = {time:.3}x (no target)",
-            median(&f32.curve.step_s) * 1e3,
-            median(&bf16.curve.step_s) * 1e3
+            median(f32.curve.step_s.iter().copied()) * 1e3,
+            median(bf16.curve.step_s.iter().copied()) * 1e3
         );
     }
     Ok(())

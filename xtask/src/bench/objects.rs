@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::support::median;
 use anyhow::{Context, Result};
 use dp_data::{LocalS3, ObjectOptions, Pipeline, PipelineConfig, SyntheticDigits, WriterOptions};
 use dp_mem::ByteSize;
@@ -87,7 +88,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         let rates: Vec<f64> = (0..ROUNDS)
             .map(|_| dp_data::object_read_rate(&url, 16, piece))
             .collect::<dp_data::Result<_>>()?;
-        Ok(median(rates.into_iter()))
+        Ok(median(rates))
     };
     let (whole, pieces) = (served(None)?, served(Some(block))?);
     let cold_bytes =
@@ -116,7 +117,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     if !server_cores.is_empty() {
         println!(
             "  the server on this machine took {:.2} of its {workers} cores while the cold runs trained (their time counts the training's wait for fetches too)",
-            median(server_cores.into_iter())
+            median(server_cores)
         );
     }
 
@@ -180,10 +181,4 @@ fn train_rate(data: &Path, steps: u64, out: &Path) -> Result<f64> {
         ..TrainConfig::default()
     };
     Ok(dp_train::train(config, &RunOptions::new(out), &mut ())?.samples_per_s)
-}
-
-fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut sorted: Vec<f64> = values.collect();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }

@@ -3,9 +3,9 @@
 //! small images stored decoded, all measured in this run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use super::support::python_peer;
+use anyhow::{Context, Result};
 use dp_data::{ImageFolderOptions, ImageInput, SyntheticPhotos, WriterOptions};
 use serde_json::Value;
 
@@ -130,20 +130,12 @@ fn prepared(path: &Path, make: impl FnOnce() -> dp_data::Result<()>) -> Result<P
 
 /// Runs `scripts/SCRIPT` on the photographs; its last line of output is a JSON object.
 fn peer(root: &Path, script: &str, photos: &Path) -> Result<Value> {
-    let output = Command::new("python3")
-        .arg(root.join("scripts").join(script))
-        .arg(photos)
-        .args(["--size", &SIZE.to_string(), "--batch", &BATCH.to_string()])
-        .args(["--workers", &WORKERS.to_string(), "--rounds", &ROUNDS.to_string()])
-        .output()
-        .context("cannot start python3")?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        bail!("{}", stderr.lines().last().unwrap_or("the script failed"));
-    }
-    let last = stdout.lines().last().context("the script printed nothing")?;
-    serde_json::from_str(last).with_context(|| format!("the output of {script}"))
+    let args = [photos.display().to_string()].into_iter().chain(
+        [("--size", SIZE), ("--batch", BATCH), ("--workers", WORKERS), ("--rounds", ROUNDS)]
+            .into_iter()
+            .flat_map(|(flag, value)| [flag.to_string(), value.to_string()]),
+    );
+    python_peer(root, script, args)
 }
 
 /// The vector extensions the decoders and the resampler can use here.

@@ -14,7 +14,8 @@ use dp_mem::ByteSize;
 use dp_train::{MemorySize, TrainConfig};
 use serde_json::Value;
 
-use crate::corpus::{CorpusSpec, generate};
+use super::corpus::{CorpusSpec, generate};
+use super::support::{python_peer, verdict};
 
 const BUDGET: u64 = 20 << 30;
 const REPLICAS: usize = 2;
@@ -99,17 +100,17 @@ impl Family {
 }
 
 /// Runs the section and prints its figures against the target.
-pub(crate) fn run(root: &Path, verdict: impl Fn(bool) -> &'static str) -> Result<()> {
-    crate::train::ensure_digits(&root.join("data/digits"))?;
+pub(crate) fn run(root: &Path) -> Result<()> {
+    xtask::ensure_digits(&root.join("data/digits"))?;
     let out = std::env::temp_dir().join(format!("dp-bench-largest-{}", std::process::id()));
-    let result = measure_both(root, &out, &verdict);
+    let result = measure_both(root, &out);
     let _ = std::fs::remove_dir_all(&out);
     result
 }
 
-fn measure_both(root: &Path, out: &Path, verdict: &impl Fn(bool) -> &'static str) -> Result<()> {
+fn measure_both(root: &Path, out: &Path) -> Result<()> {
     let mlp = Family::Mlp { data: root.join("data/digits/train") };
-    measure(root, &out.join("mlp"), &mlp, verdict)?;
+    measure(root, &out.join("mlp"), &mlp)?;
     let text_dir = out.join("text");
     std::fs::create_dir_all(&text_dir)?;
     let text = text_dir.join("corpus.txt");
@@ -122,15 +123,10 @@ fn measure_both(root: &Path, out: &Path, verdict: &impl Fn(bool) -> &'static str
         dp_data::WriterOptions::default(),
     )?;
     let gpt = Family::Gpt { data: text_dir.join("train"), vocab: import.vocab_size as u64 };
-    measure(root, &out.join("gpt"), &gpt, verdict)
+    measure(root, &out.join("gpt"), &gpt)
 }
 
-fn measure(
-    root: &Path,
-    out: &Path,
-    family: &Family,
-    verdict: &impl Fn(bool) -> &'static str,
-) -> Result<()> {
+fn measure(root: &Path, out: &Path, family: &Family) -> Result<()> {
     let name = family.name();
     println!(
         "\nThe largest {name} ({}) in {} with {REPLICAS} replicas and Adam, {BATCH} samples per replica{}, against PyTorch DDP with {REPLICAS} processes",
@@ -249,21 +245,13 @@ fn train_alone(family: &Family, out: &Path, model: &str) -> Result<u64> {
 /// `scripts/torch_ddp_memory.py` at `width`: its parameters and its processes' summed peak
 /// resident memory.
 fn ddp(root: &Path, family: &Family, width: u64) -> Result<(u64, u64)> {
-    let mut command = Command::new("python3");
-    command
-        .arg(root.join("scripts/torch_ddp_memory.py"))
-        .args(["--family", family.name(), "--width", &width.to_string()])
-        .args(["--procs", &REPLICAS.to_string(), "--batch", &BATCH.to_string(), "--steps", "2"]);
+    let mut args = vec!["--family".to_string(), family.name().to_string()];
+    args.extend(["--width".into(), width.to_string(), "--procs".into(), REPLICAS.to_string()]);
+    args.extend(["--batch".into(), BATCH.to_string(), "--steps".into(), "2".into()]);
     if let Family::Gpt { vocab, .. } = family {
-        command.args(["--vocab", &vocab.to_string(), "--context", &CONTEXT.to_string()]);
+        args.extend(["--vocab".into(), vocab.to_string(), "--context".into(), CONTEXT.to_string()]);
     }
-    let output = command.output().context("cannot start python3")?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().last().unwrap_or("");
-    if !output.status.success() {
-        bail!("the DDP script failed: {line}");
-    }
-    let value: Value = serde_json::from_str(line)?;
+    let value = python_peer(root, "torch_ddp_memory.py", args)?;
     let field =
         |name: &str| value[name].as_u64().with_context(|| format!("the DDP script's {name}"));
     Ok((field("params")?, field("total_peak_rss")?))
