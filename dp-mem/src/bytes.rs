@@ -34,6 +34,36 @@ impl FromStr for ByteSize {
     }
 }
 
+/// Written exactly, in the largest unit that divides it (`"512MiB"`), as configs spell it.
+impl serde::Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let unit = ["TiB", "GiB", "MiB", "KiB"]
+            .into_iter()
+            .zip([40, 30, 20, 10])
+            .find(|&(_, shift)| self.0 > 0 && self.0.is_multiple_of(1 << shift));
+        match unit {
+            Some((unit, shift)) => serializer.serialize_str(&format!("{}{unit}", self.0 >> shift)),
+            None => serializer.serialize_str(&self.0.to_string()),
+        }
+    }
+}
+
+/// Read as text with a unit (`"12GiB"`, `"1.5 GiB"`) or as a plain number of bytes.
+impl<'de> serde::Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bytes(u64),
+            Text(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Bytes(bytes) => Ok(ByteSize(bytes)),
+            Written::Text(text) => text.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -64,6 +94,22 @@ mod tests {
         assert_eq!(ByteSize(1536).to_string(), "1.50 KiB");
         assert_eq!(ByteSize(8 << 20).to_string(), "8.00 MiB");
         assert_eq!(ByteSize(u64::MAX).to_string(), "16.00 EiB");
+    }
+
+    #[test]
+    fn configs_write_sizes_exactly_and_read_text_or_bytes() {
+        let json = |size: u64| serde_json::to_string(&ByteSize(size)).unwrap();
+        assert_eq!(json(512 << 20), "\"512MiB\"");
+        assert_eq!(json(3 << 29), "\"1536MiB\"");
+        assert_eq!(json(1000), "\"1000\"");
+        assert_eq!(json(0), "\"0\"");
+        let read = |text: &str| serde_json::from_str::<ByteSize>(text).map(|b| b.0);
+        assert_eq!(read("\"12GiB\"").unwrap(), 12 << 30);
+        assert_eq!(read("4096").unwrap(), 4096);
+        assert!(read("\"12 parsecs\"").unwrap_err().to_string().contains("unknown unit"));
+        for size in [0, 1, 1023, 1 << 10, 25 << 20, 5 << 40] {
+            assert_eq!(read(&json(size)).unwrap(), size);
+        }
     }
 
     #[test]

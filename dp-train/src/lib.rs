@@ -66,13 +66,13 @@ mod touched_rows;
 mod trainer;
 mod zero;
 
-pub use augment::Augmentation;
 pub use config::{
-    Device, GradCompression, MAX_REPLICAS_PER_CORE, MemorySize, Normalization, OptimizerConfig,
+    Augmentation, Device, GradCompression, MAX_REPLICAS_PER_CORE, Normalization, OptimizerConfig,
     PruneConfig, SPARSE_C, SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch,
     sparse_auto_epochs, sparse_optimizer,
 };
 pub use dp_data::CropPolicy;
+pub use dp_mem::ByteSize;
 pub use error::{Error, Result};
 pub use generate::{Generated, SampleOptions};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};

@@ -113,7 +113,7 @@ const STATS_IMAGES: u64 = 1024;
 
 /// Decodes the images of the first `records` records of the dataset at `dir` as evaluation
 /// samples of `input` (as the run's crop policy cuts them), in batches handed to `each` with the number of
-/// samples of each that count, through a pipeline under the run's `data_budget_mib` and
+/// samples of each that count, through a pipeline under the run's `data_budget` and
 /// `skip_corrupt`. An image that does not decode is an error naming its record and the
 /// dataset (unless skipped), found here, at setup, rather than mid-run.
 fn decode_images(
@@ -130,7 +130,7 @@ fn decode_images(
     pipeline_config.shuffle_window = None;
     pipeline_config.tail = TailPolicy::Pad;
     pipeline_config.prefetch = 0;
-    pipeline_config.memory_budget = config.data_budget_mib << 20;
+    pipeline_config.memory_budget = config.data_budget.0;
     pipeline_config.on_corruption = config.corruption_policy();
     // Batches of up to 64, halved until the pipeline fits the budget: the pass must not ask
     // for more than the run's own pipelines, whose micro-batches may be smaller.
@@ -365,6 +365,7 @@ pub(crate) fn parse(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dp_mem::ByteSize;
 
     #[test]
     fn the_statistics_pass_takes_the_runs_data_budget() {
@@ -379,14 +380,15 @@ mod tests {
         // however small the pass's batches.
         let input =
             SavedInput { dtype: DType::U8, shape: vec![3, 1024, 1024], sparse: false, image: true };
-        let config = TrainConfig { train_data, data_budget_mib: 1, ..TrainConfig::default() };
+        let config =
+            TrainConfig { train_data, data_budget: ByteSize(1 << 20), ..TrainConfig::default() };
         let error = image_scaling(&config, &input).unwrap_err().to_string();
         assert!(
-            error.contains("`data_budget_mib`") && error.contains("1.00 MiB per replica"),
+            error.contains("`data_budget`") && error.contains("1.00 MiB per replica"),
             "{error}"
         );
         // Within a budget that holds one sample, the pass fits by taking smaller batches.
-        let config = TrainConfig { data_budget_mib: 64, ..config };
+        let config = TrainConfig { data_budget: ByteSize(64 << 20), ..config };
         let scaling = image_scaling(&config, &input).unwrap();
         assert_eq!(scaling.scale.len(), 3);
     }

@@ -104,33 +104,6 @@ fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         .collect())
 }
 
-/// Checks that `name` is one ordinary path component, so that the run directory
-/// `out/<name>` is inside `out`: not empty, not `.` or `..`, no separator (which also makes an
-/// absolute path impossible) and no NUL. A name like `../x` would otherwise put the run, and
-/// the files it replaces, outside the directory the user gave.
-pub(crate) fn check_name(name: &str) -> Result<()> {
-    let why = if name.is_empty() {
-        Some("is empty")
-    } else if name == "." || name == ".." {
-        Some("names a directory itself, not a new one in --out")
-    } else if name.contains('/') || name.contains('\\') {
-        Some("holds a path separator")
-    } else if name.contains('\0') {
-        Some("holds a NUL byte")
-    } else {
-        None
-    };
-    match why {
-        Some(why) => Err(Error::config(
-            "name",
-            format!(
-                "`{name}` {why}: a run's name is one directory name under --out (as `mlp-digits`)"
-            ),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Creates a new run directory under `out`: `out/<name>`, or `out/<name>-2`, `-3` ... if
 /// taken, so no run overwrites another. Writes the model's spec, the scalings and then
 /// the effective config into it (a directory with a config is a run that can be resumed);
@@ -143,7 +116,7 @@ pub(crate) fn create(
     scalings: &Scalings,
     tokens: Option<&TokenInfo>,
 ) -> Result<PathBuf> {
-    check_name(name)?;
+    crate::config::check_name(name)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, "create", e))?;
     let mut dir = out.join(name);
     let mut n = 1;
@@ -261,11 +234,11 @@ mod tests {
     #[test]
     fn a_run_name_is_one_directory_name_under_out() {
         for bad in ["../escape", "/tmp/abs", "", ".", "..", "a/b", "a\\b", "a\0b"] {
-            let error = check_name(bad).unwrap_err().to_string();
+            let error = crate::config::check_name(bad).unwrap_err().to_string();
             assert!(error.contains("`name`") && error.contains("one directory name"), "{error}");
         }
         for good in ["mlp-digits", "run.2", "..a", "a..", "日本"] {
-            check_name(good).unwrap();
+            crate::config::check_name(good).unwrap();
         }
         // And the directory is never made outside `out`.
         let root = tempfile::tempdir().unwrap();

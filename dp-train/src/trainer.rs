@@ -430,7 +430,7 @@ fn shared_params(plan: &RunPlan) -> Result<Option<(SharedParams<f32>, Tracker)>>
         return Ok(None);
     }
     let tracker = Tracker::new();
-    tracker.set_budget(plan.config.memory_budget_mib.map(|m| m << 20));
+    tracker.set_budget(plan.config.model_budget.map(|b| b.0));
     let built = SharedParams::new(&plan.spec, plan.config.seed, &Pool::new(&tracker));
     let mut params = built.map_err(|e| plan.config.explain(Error::from(e)))?;
     if let Some(path) = plan.resume_checkpoint() {

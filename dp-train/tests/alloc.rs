@@ -19,11 +19,11 @@ static ALLOC: CountingAlloc = CountingAlloc::system();
 #[test]
 fn a_steady_step_allocates_nothing_of_the_workspace() {
     let out = TempDir::new("alloc");
-    let one_bucket = TrainConfig::default().bucket_mib;
-    for (name, bucket_mib, zero_stage) in
-        [("in-place", one_bucket, 0), ("buckets", 0.01, 0), ("zero1", 0.01, 1)]
+    let (small, one_bucket) = (dp_train::ByteSize(10 << 10), TrainConfig::default().bucket_size);
+    for (name, bucket_size, zero_stage) in
+        [("in-place", one_bucket, 0), ("buckets", small, 0), ("zero1", small, 1)]
     {
-        let c = TrainConfig { bucket_mib, zero_stage, eval_data: None, ..config(2, 12) };
+        let c = TrainConfig { bucket_size, zero_stage, eval_data: None, ..config(2, 12) };
         let summary = train(c, &RunOptions::new(out.0.join(name)), &mut ()).unwrap();
         let allocs = summary.allocs_per_step.expect("counted with the allocator installed");
         let workspace = allocs - summary.gemm_allocs_per_step;

@@ -15,7 +15,7 @@ use common::{
     StopAfter, TempDir, checkpoint_step, config, digits, final_params, run_dir, train_losses,
 };
 use dp_train::{
-    CHECKPOINT, CONFIG, Error, Fault, FaultKind, METRICS, Observer, RunInfo, RunOptions,
+    ByteSize, CHECKPOINT, CONFIG, Error, Fault, FaultKind, METRICS, Observer, RunInfo, RunOptions,
     StepMetrics, TrainConfig, train,
 };
 
@@ -274,9 +274,10 @@ fn budgets_too_small_name_their_key_and_leave_no_run_directory() {
     // The default MLP's parameters alone are 2 MiB; 64 shuffled blocks of digits are more
     // than 1 MiB.
     let model = "mlp".to_string();
-    let small_model = TrainConfig { memory_budget_mib: Some(1), model, ..config(2, 4) };
-    let small_data = TrainConfig { data_budget_mib: 1, shuffle_window: 64, ..config(2, 4) };
-    for (key, c) in [("memory_budget_mib", small_model), ("data_budget_mib", small_data)] {
+    let small_model = TrainConfig { model_budget: Some(ByteSize(1 << 20)), model, ..config(2, 4) };
+    let small_data =
+        TrainConfig { data_budget: ByteSize(1 << 20), shuffle_window: 64, ..config(2, 4) };
+    for (key, c) in [("model_budget", small_model), ("data_budget", small_data)] {
         let error = train(c, &RunOptions::new(&out.0), &mut ()).unwrap_err();
         let text = error.to_string();
         assert!(matches!(&error, Error::Config { field, .. } if field == key), "{text}");

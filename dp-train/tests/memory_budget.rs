@@ -8,7 +8,7 @@ mod common;
 
 use common::{TempDir, config, run_dir};
 use dp_train::{
-    Error, MemorySize, Observer, RunOptions, SavedRun, StepMetrics, TrainConfig, plan_memory, train,
+    ByteSize, Error, Observer, RunOptions, SavedRun, StepMetrics, TrainConfig, plan_memory, train,
 };
 
 /// Touches `bytes` of fresh memory once, at the first step, and lets it go: resident memory
@@ -40,7 +40,7 @@ fn a_run_past_its_memory_budget_ends_in_an_error_naming_budget_and_peak() {
     // A plan keeps 8 MiB under its budget for what no prediction sees (mapped shard pages,
     // the allocator's arenas): 4 MiB over the config's prediction is not room enough as given.
     let tight =
-        TrainConfig { memory_budget: Some(MemorySize(predicted + (4 << 20))), ..base.clone() };
+        TrainConfig { memory_budget: Some(ByteSize(predicted + (4 << 20))), ..base.clone() };
     match plan_memory(&tight, 1) {
         Ok(plan) => {
             assert!(!plan.turned_on.is_empty(), "{plan}");
@@ -49,7 +49,7 @@ fn a_run_past_its_memory_budget_ends_in_an_error_naming_budget_and_peak() {
         Err(error) => assert!(error.to_string().contains("memory_budget"), "{error}"),
     }
     let budget = predicted + (32 << 20);
-    let limited = TrainConfig { memory_budget: Some(MemorySize(budget)), ..base };
+    let limited = TrainConfig { memory_budget: Some(ByteSize(budget)), ..base };
 
     // Kept: the run's own peak, measured from its start, is within the budget.
     let out = TempDir::new("budget-kept");

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{TempDir, config};
-use dp_train::{MemorySize, RunOptions, TrainConfig, largest_model, plan_memory, train};
+use dp_train::{ByteSize, RunOptions, TrainConfig, largest_model, plan_memory, train};
 
 /// Set in a child process: the case it runs, its data and where its run goes.
 const CASE: &str = "DP_MEMORY_PLAN_CASE";
@@ -26,7 +26,7 @@ fn base(data: &Path) -> TrainConfig {
         optimizer: Some(common::adam()),
         share_params: false,
         global_batch: 128,
-        bucket_mib: 25.0,
+        bucket_size: ByteSize(25 << 20),
         ..config(2, 3)
     }
 }
@@ -41,7 +41,7 @@ fn one_planned_run() {
     // A share of this process's own prediction as given, whose baseline is this process's.
     let given = plan_memory(&base(Path::new(data)), 1).unwrap().predicted_peak;
     let budget = share.map(|s| (given as f64 * s.parse::<f64>().unwrap()) as u64);
-    let config = TrainConfig { memory_budget: budget.map(MemorySize), ..base(Path::new(data)) };
+    let config = TrainConfig { memory_budget: budget.map(ByteSize), ..base(Path::new(data)) };
     let summary = train(config, &RunOptions::new(out), &mut ()).unwrap();
     let saved = std::fs::read_to_string(common::run_dir(Path::new(out)).join(dp_train::CONFIG));
     let saved: TrainConfig = toml::from_str(&saved.unwrap()).unwrap();
@@ -116,12 +116,12 @@ fn a_budget_is_met_with_the_cheapest_settings_and_one_too_small_fails_before_the
     assert!(given.turned_on.is_empty() && given.budget.is_none());
     // With room to spare: other tests in this process move its baseline.
     let roomy = given.predicted_peak * 5 / 4;
-    let config = TrainConfig { memory_budget: Some(MemorySize(roomy)), ..base(data) };
+    let config = TrainConfig { memory_budget: Some(ByteSize(roomy)), ..base(data) };
     let fits = plan_memory(&config, 1).unwrap();
     assert!(fits.turned_on.is_empty(), "the config fits as given: {:?}", fits.turned_on);
     // A plan keeps 8 MiB of headroom under its budget for what the prediction cannot see.
     let budget = given.predicted_peak * 8 / 10 + (8 << 20);
-    let config = TrainConfig { memory_budget: Some(MemorySize(budget)), ..base(data) };
+    let config = TrainConfig { memory_budget: Some(ByteSize(budget)), ..base(data) };
     let shared = plan_memory(&config, 1).unwrap();
     assert!(shared.predicted_peak <= budget);
     assert_eq!(shared.turned_on, ["shared parameters (share_params)"]);
@@ -129,7 +129,7 @@ fn a_budget_is_met_with_the_cheapest_settings_and_one_too_small_fails_before_the
     assert_eq!((shared.config.replicas, shared.config.grad_accum), (2, 1));
 
     let out = TempDir::new("memory-plan-too-small");
-    let tiny = TrainConfig { memory_budget: Some(MemorySize(16 << 20)), ..base(data) };
+    let tiny = TrainConfig { memory_budget: Some(ByteSize(16 << 20)), ..base(data) };
     let error = train(tiny, &RunOptions::new(&out.0), &mut ()).unwrap_err().to_string();
     assert!(
         error.contains("memory_budget") && error.contains("the least it can take is"),
@@ -161,8 +161,7 @@ fn activations_are_rounded_to_bf16_before_they_are_recomputed() {
     // With room for this process's baseline to move between the plans, and the 8 MiB of
     // headroom a plan keeps under its budget.
     let budget = rounded.predicted_peak + (16 << 20);
-    let planned =
-        plan_memory(&TrainConfig { memory_budget: Some(MemorySize(budget)), ..config }, 1);
+    let planned = plan_memory(&TrainConfig { memory_budget: Some(ByteSize(budget)), ..config }, 1);
     let planned = planned.unwrap();
     assert_eq!(planned.turned_on, ["bf16 saved activations (activations = \"bf16\")"]);
     assert!(!planned.config.recompute && planned.config.replicas == 2, "{planned}");
@@ -171,7 +170,7 @@ fn activations_are_rounded_to_bf16_before_they_are_recomputed() {
 #[test]
 fn the_largest_model_for_a_budget_fits_and_the_next_size_does_not() {
     let data = common::digits();
-    let config = TrainConfig { memory_budget: Some(MemorySize(400 << 20)), ..base(data) };
+    let config = TrainConfig { memory_budget: Some(ByteSize(400 << 20)), ..base(data) };
     let largest = largest_model("mlp", &config, 1).unwrap();
     assert!(largest.predicted_peak <= 400 << 20);
     let width: usize = largest.config.model.rsplit(',').next().unwrap().parse().unwrap();

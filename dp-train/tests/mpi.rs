@@ -30,7 +30,7 @@ fn config(dir: &Path, name: &str, replicas: usize, steps: u64) -> TrainConfig {
         shuffle_window: 2,
         timeout_s: 30.0,
         // About ten buckets for this model, so reductions overlap with backward.
-        bucket_mib: 0.01,
+        bucket_size: dp_mem::ByteSize(10 << 10),
         ..TrainConfig::default()
     }
 }

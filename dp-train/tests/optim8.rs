@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{StopAfter, TempDir, config, final_params, run_dir, train_losses};
 use dp_model::{Adam, StatePrecision};
-use dp_train::{Device, RunOptions, TrainConfig, train};
+use dp_train::{ByteSize, Device, RunOptions, TrainConfig, train};
 
 /// A run of Adam with 8-bit state on 2 replicas (whose gradient sums are the same in any
 /// order), without evaluation.
@@ -24,20 +24,20 @@ fn eight_bit(steps: u64) -> TrainConfig {
 
 #[test]
 fn eight_bit_updates_split_any_way_give_the_same_parameters() {
-    let one_bucket = TrainConfig::default().bucket_mib;
+    let (small, one_bucket) = (ByteSize(10 << 10), TrainConfig::default().bucket_size);
     let mut finals = Vec::new();
-    // (name, zero_stage, share_params, bucket_mib): per-bucket updates of small buckets
+    // (name, zero_stage, share_params, bucket_size): per-bucket updates of small buckets
     // (not whole blocks unless rounded), one whole step after an in-place reduction, ZeRO-1
     // shards broadcast after their updates, and shared parameters updated a shard per replica.
-    for (name, zero, share, bucket_mib) in [
-        ("buckets", 0, false, 0.01),
+    for (name, zero, share, bucket_size) in [
+        ("buckets", 0, false, small),
         ("one-bucket", 0, false, one_bucket),
-        ("zero1", 1, false, 0.01),
-        ("shared", 0, true, 0.01),
+        ("zero1", 1, false, small),
+        ("shared", 0, true, small),
         ("zero1-one-bucket", 1, false, one_bucket),
     ] {
         let out = TempDir::new(&format!("optim8-{name}"));
-        let c = TrainConfig { zero_stage: zero, share_params: share, bucket_mib, ..eight_bit(6) };
+        let c = TrainConfig { zero_stage: zero, share_params: share, bucket_size, ..eight_bit(6) };
         let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
         assert_eq!(summary.steps, 6);
         finals.push((name, final_params(&run_dir(&out.0)), summary.opt_state_per_replica));

@@ -12,7 +12,9 @@ use common::{
 };
 use dp_mem::{Pool, Tracker};
 use dp_model::{Model, ModelOptions, ModelSpec};
-use dp_train::{Device, Error, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train};
+use dp_train::{
+    ByteSize, Device, Error, FaultKind, OptimizerConfig, RunOptions, TrainConfig, train,
+};
 
 #[test]
 fn n_replicas_match_one_replica_with_the_same_global_batch() {
@@ -20,10 +22,10 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
     let sgd = OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
     // Small buckets reduced while backward goes on, and one bucket (the default size) reduced
     // in place after it.
-    let (small, one) = (config(1, 1).bucket_mib, TrainConfig::default().bucket_mib);
+    let (small, one) = (config(1, 1).bucket_size, TrainConfig::default().bucket_size);
     // A limit well below the gradients' norm, so that clipping acts at every step.
     let clip = Some(0.05);
-    for (name, optimizer, zero, bucket_mib, clip) in [
+    for (name, optimizer, zero, bucket_size, clip) in [
         ("sgd", sgd.clone(), 0, small, None),
         ("adam", adam.clone(), 0, small, None),
         ("sgd-zero1", sgd.clone(), 1, small, None),
@@ -40,7 +42,7 @@ fn n_replicas_match_one_replica_with_the_same_global_batch() {
             let mut c = config(replicas, 6);
             c.optimizer = Some(optimizer.clone());
             c.zero_stage = zero;
-            c.bucket_mib = bucket_mib;
+            c.bucket_size = bucket_size;
             c.clip_grad_norm = clip;
             c.eval_data = None;
             let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
@@ -151,11 +153,9 @@ fn bad_configs_fail_before_anything_starts() {
         ("input_feature", TrainConfig { input_feature: "pixels".into(), ..config(1, 1) }),
         ("model", TrainConfig { model: "resnet".into(), ..config(1, 1) }),
         ("global_batch", TrainConfig { global_batch: 4096, ..config(1, 1) }),
-        ("data_budget_mib", TrainConfig { data_budget_mib: u64::MAX, ..config(1, 1) }),
-        (
-            "memory_budget_mib",
-            TrainConfig { memory_budget_mib: Some(u64::MAX / 2), ..config(1, 1) },
-        ),
+        ("data_budget", TrainConfig { data_budget: ByteSize(1000), ..config(1, 1) }),
+        ("model_budget", TrainConfig { model_budget: Some(ByteSize(1)), ..config(1, 1) }),
+        ("bucket_size", TrainConfig { bucket_size: ByteSize(0), ..config(1, 1) }),
         ("timeout_s", TrainConfig { timeout_s: 1e300, ..config(1, 1) }),
         ("replicas", TrainConfig { replicas: 1 << 20, ..config(1, 1) }),
         ("per core", TrainConfig { replicas: 8 * cores() + 1, ..config(1, 1) }),
@@ -527,7 +527,7 @@ fn one_replica_holds_no_communication_buffer() {
     for (replicas, comm) in [(1, false), (2, true)] {
         let c = TrainConfig {
             eval_data: None,
-            bucket_mib: 0.01,
+            bucket_size: ByteSize(10 << 10),
             compression: dp_train::GradCompression::Bf16,
             ..config(replicas, 2)
         };

@@ -173,7 +173,7 @@ mod tests {
     #[test]
     fn the_input_is_the_configured_feature_and_evaluation_data_must_match_it() {
         let dir = tempfile::tempdir().unwrap();
-        let (train, config) = crate::plan::test_digits(dir.path());
+        let (train, config) = crate::plan::test_data::digits(dir.path());
         let input = Input::resolve(&train, &config).unwrap();
         assert_eq!(
             (&input.feature[..], &input.shape[..], input.sparse),

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 mod batching;
 mod input;
 mod task;
+#[cfg(test)]
+mod test_data;
 mod text;
 
 use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy, TokenInfo};
@@ -434,16 +436,6 @@ fn resume_state(
     Ok((checkpoint, state))
 }
 
-/// A small digits dataset made in `dir` (200 training and 50 evaluation records), and the
-/// default config on it.
-#[cfg(test)]
-fn test_digits(dir: &Path) -> (Dataset, TrainConfig) {
-    let digits = dp_data::SyntheticDigits { records: 200, eval_records: 50, seed: 3 };
-    dp_data::generate_digits(dir, &digits, Default::default()).unwrap();
-    let train = Dataset::open(dir.join("train")).unwrap();
-    (train, TrainConfig { train_data: dir.join("train"), ..TrainConfig::default() })
-}
-
 /// The data pipeline of one replica: training (shuffled, full batches only) or evaluation
 /// (in order, the last batch padded so every record counts once).
 pub(crate) fn pipeline_config(
@@ -462,7 +454,7 @@ pub(crate) fn pipeline_config(
     p.seed = config.seed;
     p.workers = config.data_workers;
     p.prefetch = config.data_prefetch;
-    p.memory_budget = config.data_budget_mib << 20;
+    p.memory_budget = config.data_budget.0;
     p.cache = config.data_cache;
     p.on_corruption = config.corruption_policy();
     p.image = plan.image.map(|image| match train {
@@ -498,7 +490,7 @@ mod tests {
     #[test]
     fn optimizer_settings_are_checked_when_the_run_is_planned() {
         let dir = tempfile::tempdir().unwrap();
-        let (_, config) = test_digits(dir.path());
+        let (_, config) = test_data::digits(dir.path());
         let mut config = TrainConfig { replicas: 1, ..config };
         config.set("optimizer.momentum", "0").unwrap();
         let error = RunPlan::new(config, None, 1).unwrap_err().to_string();
@@ -508,7 +500,7 @@ mod tests {
     #[test]
     fn default_sgd_rate_follows_the_global_batch_the_run_chooses() {
         let dir = tempfile::tempdir().unwrap();
-        let (_, config) = test_digits(dir.path());
+        let (_, config) = test_data::digits(dir.path());
         // 200 records: a global batch of 16 chosen from the data, after the defaults.
         for (model, per_256) in [("mlp", 0.1), ("lenet", 0.05)] {
             let config = TrainConfig { model: model.into(), replicas: 1, ..config.clone() };

@@ -175,7 +175,7 @@ mod tests {
     #[test]
     fn integer_labels_are_classes_each_checked_and_a_float_label_is_a_value() {
         let dir = tempfile::tempdir().unwrap();
-        let (train, config) = crate::plan::test_digits(dir.path());
+        let (train, config) = crate::plan::test_data::digits(dir.path());
         let task = Task::resolve(&train, &config).unwrap();
         assert_eq!(
             (task, task.outputs(), task.is_regression()),

@@ -177,7 +177,7 @@ impl<C: Communicator> Replica<C> {
             None => (None, None, None),
         };
         let tracker = tracker.unwrap_or_default();
-        tracker.set_budget(config.memory_budget_mib.map(|m| m << 20));
+        tracker.set_budget(config.model_budget.map(|b| b.0));
         let pool = Pool::new(&tracker);
         let params = match (&shared, config.zero_stage) {
             (Some(_), _) => Params::Shared,

@@ -94,7 +94,7 @@ pub fn config(replicas: usize, steps: u64) -> TrainConfig {
         shuffle_window: 2,
         timeout_s: 10.0,
         // About ten buckets for this model, so reductions and per-bucket updates interleave.
-        bucket_mib: 0.01,
+        bucket_size: dp_mem::ByteSize(10 << 10),
         ..TrainConfig::default()
     }
 }

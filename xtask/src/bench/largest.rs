@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use dp_mem::ByteSize;
-use dp_train::{MemorySize, TrainConfig};
+use dp_train::TrainConfig;
 use serde_json::Value;
 
 use super::corpus::{CorpusSpec, generate};
@@ -142,7 +142,7 @@ fn measure(root: &Path, out: &Path, family: &Family) -> Result<()> {
         context: (name == "gpt").then_some(CONTEXT),
         steps: Some(2),
         optimizer: Some(dp_train::OptimizerConfig::preset("adam")?),
-        memory_budget: Some(MemorySize(BUDGET)),
+        memory_budget: Some(ByteSize(BUDGET)),
         ..TrainConfig::default()
     };
     let plan = dp_train::largest_model(name, &config, 1)?;
