@@ -133,7 +133,20 @@ pub struct Summary {
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pct = |v: f64| format!("{:.1}%", v * 100.0);
+        self.fmt_run(f)?;
+        self.fmt_memory(f)?;
+        self.fmt_notes(f)
+    }
+}
+
+/// A fraction as a percentage, to a tenth.
+fn pct(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+impl Summary {
+    /// The run, its evaluation and its speed.
+    fn fmt_run(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "run            {}", self.name)?;
         writeln!(f, "model          {} ({} parameters)", self.model, self.params)?;
         writeln!(
@@ -207,6 +220,11 @@ impl fmt::Display for Summary {
             pct(self.data_wait_share),
             pct(self.comm_exposed_share)
         )?;
+        Ok(())
+    }
+
+    /// Memory by tag against the least the step needs, on the device, and the process's.
+    fn fmt_memory(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "memory (replica 0)         peak      minimum  peak/minimum")?;
         let line = |f: &mut fmt::Formatter<'_>, name: &str, peak: u64, minimum: u64| {
             let ratio = match (peak, minimum) {
@@ -252,6 +270,11 @@ impl fmt::Display for Summary {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// What was skipped, pruned or looked wrong, and the allocations per step.
+    fn fmt_notes(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.skipped_records > 0 {
             writeln!(
                 f,

@@ -202,12 +202,7 @@ pub fn train(
                         .then(|| Events::new(sender.clone(), Arc::clone(&recorded))),
                     stop: Arc::clone(&options.stop),
                     fault: options.fault(),
-                    shared: shared.as_ref().map(|(params, tracker)| SharedState {
-                        params: params.clone(),
-                        // The first replica accounts the shared parameters.
-                        tracker: (local_rank == 0).then(|| tracker.clone()),
-                        board: Arc::clone(&board),
-                    }),
+                    shared: shared.as_ref().map(|shared| shared_state(shared, local_rank, &board)),
                     gpu_peers: gpu_peers.clone(),
                     norm_sync: norm.map(|n| Box::new(CommNormSync(n)) as Box<dyn NormSync>),
                 };
@@ -217,23 +212,7 @@ pub fn train(
         drop(sender);
         let mut opened = start(opener, &plan, options, &mut processes, &mut lock);
         if let Ok(Some((run_dir, _))) = &opened {
-            observer.started(&RunInfo {
-                run_dir: run_dir.clone(),
-                replicas: plan.world(),
-                processes: plan.batching.processes,
-                model: plan.spec.name.clone(),
-                params,
-                start_step: plan.start_step(),
-                total_steps: plan.batching.total_steps,
-                steps_per_epoch: plan.batching.steps_per_epoch,
-                dropped_per_epoch: plan.batching.dropped_per_epoch,
-                context: plan.context,
-                memory: memory.clone(),
-                images: plan.image.map(|image| {
-                    let side = image.height;
-                    format!("{side}x{side} samples, {}", plan.config.augmentation())
-                }),
-            });
+            observer.started(&run_info(&plan, run_dir, params, &memory));
         }
         let mut metrics = match &mut opened {
             Ok(Some((_, metrics))) => metrics.as_mut(),
@@ -253,17 +232,10 @@ pub fn train(
     let (run_dir, recording) = opened?.map_or((PathBuf::new(), false), |(d, m)| (d, m.is_some()));
 
     let reports = match outcome(endings, first_rank) {
-        Err(error @ (Error::NonFinite { .. } | Error::Exploded { .. })) => {
-            // A non-finite step was not taken; a finite divergence's last step was.
-            let (done, at) = match error {
-                Error::NonFinite { step, .. } => (step - 1, step),
-                Error::Exploded { step, .. } => (step, step),
-                _ => unreachable!("matched above"),
-            };
-            if processes.is_first() {
-                let wall_s = started.elapsed().as_secs_f64();
-                write_diverged_summary(&plan, &run_dir, params, (done, at), wall_s)?;
-            }
+        // A diverged run's summary says where, written by the first process.
+        Err(error) if processes.is_first() => {
+            let wall_s = started.elapsed().as_secs_f64();
+            diverged_summary(&error, &plan, &run_dir, params, wall_s)?;
             return Err(error);
         }
         reports => reports?,
@@ -295,6 +267,57 @@ pub fn train(
         return Err(Error::OverBudget { budget: budget.0, peak, run_dir });
     }
     Ok(summary)
+}
+
+/// What the observer learns as the run starts.
+fn run_info(plan: &RunPlan, run_dir: &Path, params: usize, memory: &MemoryPlan) -> RunInfo {
+    RunInfo {
+        run_dir: run_dir.to_path_buf(),
+        replicas: plan.world(),
+        processes: plan.batching.processes,
+        model: plan.spec.name.clone(),
+        params,
+        start_step: plan.start_step(),
+        total_steps: plan.batching.total_steps,
+        steps_per_epoch: plan.batching.steps_per_epoch,
+        dropped_per_epoch: plan.batching.dropped_per_epoch,
+        context: plan.context,
+        memory: memory.clone(),
+        images: plan.image.map(|image| {
+            let side = image.height;
+            format!("{side}x{side} samples, {}", plan.config.augmentation())
+        }),
+    }
+}
+
+/// A replica's part in the process's shared parameters: the first replica accounts them.
+fn shared_state(
+    (params, tracker): &(SharedParams<f32>, Tracker),
+    local_rank: usize,
+    board: &Arc<Board>,
+) -> SharedState {
+    SharedState {
+        params: params.clone(),
+        tracker: (local_rank == 0).then(|| tracker.clone()),
+        board: Arc::clone(board),
+    }
+}
+
+/// When `error` is a divergence, writes the summary of the run up to it: a non-finite step
+/// was not taken; a finite divergence's last step was.
+fn diverged_summary(
+    error: &Error,
+    plan: &RunPlan,
+    run_dir: &Path,
+    params: usize,
+    wall_s: f64,
+) -> Result<()> {
+    let (done, at) = match *error {
+        Error::NonFinite { step, .. } => (step - 1, step),
+        Error::Exploded { step, .. } => (step, step),
+        _ => return Ok(()),
+    };
+    write_diverged_summary(plan, run_dir, params, (done, at), wall_s)
 }
 
 /// A communicator over this process's replica threads and, under MPI, the other processes'.

@@ -3,7 +3,7 @@
 
 use std::ptr::NonNull;
 
-use super::PoolStats;
+use super::stats::PoolStats;
 use crate::ledger::Ledger;
 use crate::size_class::SizeClass;
 use crate::tag::Tag;

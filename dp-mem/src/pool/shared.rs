@@ -4,8 +4,8 @@
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
-use super::PoolConfig;
 use super::cache::{Block, PoolCache, Returned};
+use super::config::PoolConfig;
 use crate::backend::{BLOCK_ALIGN, Backend};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use dp_model::Model;
 
-use super::Params;
+use super::params::Params;
 #[cfg(feature = "testing")]
 use crate::error::Error;
 use crate::error::Result;

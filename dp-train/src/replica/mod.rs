@@ -1,8 +1,8 @@
 //! One replica: its data shard, its copy of the model, its share of the optimizer, and the
 //! step loop that keeps it in lockstep with the others. Generic over the communicator, so the
-//! same loop carries CPU threads and GPU replicas. The loop is here; what it calls lives with
-//! its concern: gradient averaging (`sync.rs`), checkpoints (`checkpoint.rs`), evaluation
-//! (`evaluation.rs`), the end-of-run report (`report.rs`) and injected faults (`fault.rs`).
+//! same loop carries CPU threads and GPU replicas. The loop is a step, then each recurring
+//! task that is due (evaluation, the replicas' checksum check, a checkpoint), each a component
+//! of its own beside the gradient averaging (`sync.rs`); `build.rs` makes the parts.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -11,77 +11,53 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use dp_comm::Communicator;
-use dp_data::{Pipeline, Transform};
-
-use crate::batches::Batches;
+use dp_data::Transform;
 use dp_mem::{ByTag, CountingAlloc, Pool, Tag, Tracker};
 use dp_model::{
-    CheckpointReader, LossTotals, Model, ModelOptions, NormSync, Optimizer, Pruner, Recompute,
-    SharedParams, Sparsity, StepOptions, Targets, clip_grad_norm,
+    LossTotals, Model, NormSync, Optimizer, Pruner, SharedParams, StepOptions, clip_grad_norm,
 };
-use ndarray::ArrayView2;
 
-use crate::checksum::check_in_sync;
-use crate::config::{Device, PruneConfig};
+use crate::batches::Batches;
 use crate::divergence::LossWatch;
-use crate::emergency::{Board, Emergency, Vote};
+use crate::emergency::{Board, Vote};
 use crate::error::{Error, Result};
 use crate::gpu::GpuStep;
 use crate::input::Input;
 use crate::optimizer::build_optimizer;
-use crate::plan::{ResumeState, RunPlan, label_error, pipeline_config};
+use crate::plan::{ResumeState, RunPlan};
 use crate::processes::GpuPeers;
 use crate::record::{Event, Events, StepSample};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
 use crate::zero::zero_shard;
 
-mod checkpoint;
-mod evaluation;
+mod build;
+mod cadence;
+mod checkpointer;
+mod checksums;
+mod evaluator;
 mod fault;
+mod params;
 mod report;
 mod sync;
+mod targets;
 
+use cadence::Cadence;
+use checkpointer::{Boundary, Checkpointer};
+use checksums::ChecksumCheck;
+use evaluator::Evaluator;
 #[cfg(not(feature = "testing"))]
 pub(crate) use fault::Fault;
 #[cfg(feature = "testing")]
 pub use fault::{Fault, FaultKind};
+use params::Params;
 pub(crate) use report::ReplicaReport;
-use sync::GradSync;
 pub(crate) use sync::reduces_in_place;
-
-/// Whose parameters a replica updates, and how the others learn of the update.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Params {
-    /// Its own copy, all of it, with the whole optimizer state.
-    Own,
-    /// Its own copy, updating one shard of it with that shard's optimizer state (ZeRO stage
-    /// 1); each replica then broadcasts its shard to the others.
-    ZeroShard,
-    /// The process's [`SharedParams`], of which it updates one shard between the step's last
-    /// collective and a barrier.
-    Shared,
-}
+use sync::{GradSync, Reducing};
 
 /// Steps excluded from the allocation count while everything warms up (first batches,
 /// pipeline cache fill, GEMM packing sizes).
 const WARMUP_STEPS: u64 = 3;
-
-/// What a process takes outside its pools once it trains: a checkpoint's zstd context and
-/// streaming buffers (`dp-model`'s `checkpoint_memory` test holds them to 16 MiB), the record
-/// of metrics and the summary, with room to spare.
-const PROCESS_SCRATCH: u64 = 32 << 20;
-
-/// What a replica's step takes outside the pools: the GEMM library packs its operands into
-/// buffers it allocates on each call, up to a few MiB.
-const STEP_SCRATCH: u64 = 4 << 20;
-
-/// How long a replica waits for its next batch once the run is asked to stop (SIGTERM,
-/// Ctrl-C) before it gives up: its data workers may be stuck on a server that is gone, and its
-/// peers wait for it in the all-reduce. Ending then with an error (the last consistent step is
-/// saved on the way out) beats waiting out the retry window, or being killed by the scheduler
-/// with nothing saved. A batch that flows takes far less.
-const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) struct Replica<C: Communicator> {
     plan: Arc<RunPlan>,
@@ -101,20 +77,20 @@ pub(crate) struct Replica<C: Communicator> {
     gpu: Option<GpuStep>,
     /// With a sparse first layer reduced in place: its touched rows only, when few are.
     touched_rows: Option<TouchedRows>,
-    /// Every replica's parameter checksum, at each check.
-    checksums: Vec<u64>,
-    /// The training loss held against what knowing nothing costs.
+    /// The training loss held against what knowing nothing costs, on evaluation's cadence
+    /// (with or without evaluation data).
     watch: LossWatch,
+    watch_cadence: Cadence,
     pruner: Option<Pruner>,
     train: Batches,
-    eval: Option<(Batches, Vec<i64>)>,
+    evaluator: Option<Evaluator>,
+    checksums: ChecksumCheck,
+    checkpointer: Checkpointer,
     /// A regression's standardized targets of the current batch (empty when classifying).
     values: Vec<f32>,
     events: Option<Events>,
     stop: Arc<AtomicBool>,
     fault: Option<Fault>,
-    /// The run directory, handed over as the replica starts (see [`crate::gate`]).
-    run_dir: PathBuf,
     /// The last step boundary at which parameters, optimizer state and data position agree:
     /// what an emergency checkpoint saves.
     consistent: ResumeState,
@@ -122,11 +98,6 @@ pub(crate) struct Replica<C: Communicator> {
     /// shared parameters, not every replica's is known to be done), so they match no step
     /// boundary.
     updating: bool,
-    /// The step of the last checkpoint this replica knows to be written whole (or resumed
-    /// from).
-    checkpointed: u64,
-    /// With shared parameters: this replica's say in an emergency checkpoint.
-    vote: Option<Vote>,
     report: ReplicaReport,
 }
 
@@ -169,7 +140,6 @@ impl<C: Communicator> Replica<C> {
         let ReplicaContext { events, stop, fault, shared, gpu_peers, norm_sync } = context;
         let config = &plan.config;
         let (rank, world) = (ctl.rank(), ctl.world_size());
-        let local_rank = rank % plan.batching.replicas;
         let (shared, tracker, vote) = match shared {
             Some(SharedState { params, tracker, board }) => {
                 (Some(params), tracker, Some(Vote::new(board)))
@@ -179,100 +149,41 @@ impl<C: Communicator> Replica<C> {
         let tracker = tracker.unwrap_or_default();
         tracker.set_budget(config.model_budget.map(|b| b.0));
         let pool = Pool::new(&tracker);
-        let params = match (&shared, config.zero_stage) {
-            (Some(_), _) => Params::Shared,
-            (None, 1) => Params::ZeroShard,
-            (None, _) => Params::Own,
-        };
-        let mut model = build_model(&plan, rank, shared, &pool)?;
+        let params = build::whose_params(shared.is_some(), config.zero_stage);
+        let mut model = build::model(&plan, rank, shared, &pool)?;
         model.set_norm_sync(norm_sync);
         let len = model.params().len();
-        let shard = match params {
-            Params::Shared => {
-                zero_shard(len, plan.batching.replicas, local_rank, config.piece_align())
-            }
-            Params::ZeroShard => zero_shard(len, world, rank, config.piece_align()),
-            Params::Own => 0..len,
-        };
+        let shard = build::shard_of(params, len, &plan, (rank, world));
         let precision = config.state_precision();
         let mut optimizer = build_optimizer(&plan.optimizer, shard.len(), precision, &pool)?;
         if config.decay_bias_and_norm == Some(false) {
-            optimizer.decay_only(decayed_in(&model.layout().decayed_ranges(), &shard));
+            optimizer.decay_only(build::decayed_in(&model.layout().decayed_ranges(), &shard));
         }
-        // Identical parameters everywhere: from the checkpoint, or broadcast from replica 0
-        // (shared parameters were initialized or restored once for all, before the replicas).
-        let mut train_config = pipeline_config(&plan, rank, world, true);
-        // Batches for a GPU are made where it copies them from without staging.
-        train_config.page_locked_for = (config.device == Device::Cuda)
-            .then(|| gpu_peers.as_ref().map_or(0, |peers| peers.device));
         let scaling = || -> Vec<Box<dyn Transform>> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
         };
         let training = || scaling().into_iter().chain(config.augmentations()).collect();
-        let mut train = match (&plan.resume, plan.resume_checkpoint()) {
-            (Some((_, state)), Some(path)) => {
-                // Whatever number of replicas saved the optimizer state, this one reads its
-                // own shard of it.
-                let mut reader = CheckpointReader::open(&path)?;
-                if params != Params::Shared {
-                    reader.restore_params(&mut model)?;
-                } else {
-                    reader.restore_buffers(&mut model)?;
-                }
-                reader.restore_optimizer(optimizer.as_mut(), shard.clone())?;
-                match plan.context {
-                    Some(context) => Batches::tokens(
-                        &config.train_data,
-                        &train_config,
-                        context,
-                        true,
-                        Some(&state.pipeline),
-                    )?,
-                    None => Batches::Records(Pipeline::resume(
-                        &config.train_data,
-                        train_config,
-                        training(),
-                        &state.pipeline,
-                    )?),
-                }
-            }
-            _ => {
-                if params != Params::Shared {
-                    ctl.broadcast(model.params_mut(), 0)?;
-                }
-                match plan.context {
-                    Some(context) => {
-                        Batches::tokens(&config.train_data, &train_config, context, true, None)?
-                    }
-                    None => Batches::Records(Pipeline::new(
-                        &config.train_data,
-                        train_config,
-                        training(),
-                    )?),
-                }
-            }
+        let start = build::Start {
+            plan: &plan,
+            ctl: &mut ctl,
+            model: &mut model,
+            optimizer: optimizer.as_mut(),
+            params,
+            shard: shard.clone(),
+            gpu_peers: gpu_peers.as_ref(),
+            stop: &stop,
         };
-        train.give_up_when(Arc::clone(&stop), STOP_GRACE);
+        let train = build::train_batches(start, training)?;
         // Shared parameters are pruned once, by the process's first replica.
         let pruner = match &config.prune {
-            Some(_) if params == Params::Shared && local_rank != 0 => None,
-            Some(prune) => Some(build_pruner(prune, &model, plan.batching.total_steps)?),
+            Some(_) if params == Params::Shared && rank % plan.batching.replicas != 0 => None,
+            Some(prune) => Some(build::pruner(prune, &model, plan.batching.total_steps)?),
             None => None,
         };
-        let eval = match &config.eval_data {
-            None => None,
-            Some(dir) => {
-                let eval_config = pipeline_config(&plan, rank, world, false);
-                let pipeline = match plan.context {
-                    Some(context) => Batches::tokens(dir, &eval_config, context, false, None)?,
-                    None => Batches::Records(Pipeline::new(dir, eval_config, scaling())?),
-                };
-                Some((pipeline, vec![0i64; plan.batching.micro * plan.rows_per_sample()]))
-            }
-        };
+        let evaluator = Evaluator::new(&plan, rank, world, scaling())?;
         let gpu = match config.device {
-            Device::Cpu => None,
-            Device::Cuda => {
+            crate::config::Device::Cpu => None,
+            crate::config::Device::Cuda => {
                 Some(GpuStep::new(&model, optimizer.as_ref(), &plan, gpu_peers.as_ref(), &tracker)?)
             }
         };
@@ -284,12 +195,12 @@ impl<C: Communicator> Replica<C> {
             (GradSync::InPlace, 2..) => TouchedRows::new(&mut model, world, &pool)?,
             _ => None,
         };
-        check_headroom(&plan, &train, eval.as_ref().map(|(e, _)| e))?;
+        build::check_headroom(&plan, &train, evaluator.as_ref().map(Evaluator::batches))?;
         let best = plan.resume.as_ref().map(|(_, state)| state.best.clone()).unwrap_or_default();
         let start = plan.start_step();
         let consistent = ResumeState { step: start, pipeline: train.state(), best };
-        let mut checksums = vec![0u64; world];
-        check_in_sync(&mut ctl, model.params(), (start, start), &mut checksums)?;
+        let checksums =
+            ChecksumCheck::start(&mut ctl, model.params(), config.checksum_every, start)?;
         Ok(Self {
             rank,
             ctl,
@@ -301,20 +212,19 @@ impl<C: Communicator> Replica<C> {
             params,
             gpu,
             touched_rows,
-            checksums,
             watch: LossWatch::new(plan.classes, start),
+            watch_cadence: Cadence::of_setting(config.eval_every, &plan.batching),
             pruner,
             train,
-            eval,
+            evaluator,
+            checksums,
+            checkpointer: Checkpointer::new(&plan, params, (len, world), vote, start),
             values: vec![0.0; if plan.regression { plan.batching.micro } else { 0 }],
             events,
             stop,
             fault,
-            run_dir: PathBuf::new(),
             consistent,
             updating: false,
-            checkpointed: start,
-            vote,
             report: ReplicaReport::default(),
             plan,
         })
@@ -322,12 +232,10 @@ impl<C: Communicator> Replica<C> {
 
     /// Runs in `run_dir` to the last step (or until stopped), then reports.
     pub(crate) fn run(mut self, run_dir: PathBuf) -> Result<ReplicaReport> {
-        self.run_dir = run_dir;
+        self.checkpointer.open(run_dir);
         match self.steps() {
             Ok(()) => Ok(self.finish()),
             Err(error) => {
-                // Leave the groups first, so the peers learn of it now (`PeerLost`) instead
-                // of waiting out their timeout while the checkpoint is written.
                 // The CPU copies of a GPU replica's last consistent step, if the device still
                 // answers; otherwise nothing is saved.
                 let synced = self.sync_host().is_ok();
@@ -336,18 +244,17 @@ impl<C: Communicator> Replica<C> {
                     grad_sync,
                     rank,
                     plan,
-                    run_dir,
                     model,
                     optimizer,
                     shard,
-                    params,
                     consistent,
                     updating,
-                    checkpointed,
-                    mut vote,
+                    checkpointer,
                     events,
                     ..
                 } = self;
+                // Leave the groups first, so the peers learn of it now (`PeerLost`) instead
+                // of waiting out their timeout while the checkpoint is written.
                 drop(grad_sync);
                 drop(ctl);
                 // Only a step boundary past the last checkpoint is worth saving, and never a
@@ -356,26 +263,22 @@ impl<C: Communicator> Replica<C> {
                     error,
                     Error::Diverged { .. } | Error::NonFinite { .. } | Error::Exploded { .. }
                 );
-                if synced && !diverged && !updating && consistent.step > checkpointed {
-                    let save = Emergency {
-                        plan: &plan,
-                        run_dir: &run_dir,
+                if synced && !diverged && !updating {
+                    let at = Boundary {
+                        rank,
                         model: &model,
                         optimizer: optimizer.as_ref(),
+                        shard,
                         consistent: &consistent,
-                        events: events.as_ref(),
                     };
-                    if let Some(vote) = &mut vote {
-                        save.shard(rank, shard, vote);
-                    } else if rank == 0 && params != Params::ZeroShard {
-                        save.whole();
-                    }
+                    checkpointer.save_emergency(&at, events.as_ref(), &plan);
                 }
                 Err(error)
             }
         }
     }
 
+    /// Each step, then each task that is due after it.
     fn steps(&mut self) -> Result<()> {
         let counting = CountingAlloc::is_installed();
         let (mut allocs, mut library, mut counted) = (0u64, 0u64, 0u64);
@@ -383,7 +286,8 @@ impl<C: Communicator> Replica<C> {
         let start = plan.start_step();
         for step in start..plan.batching.total_steps {
             let (fault, rank, params) = (self.fault, self.rank, self.params);
-            fault::strike(fault, rank, step, &self.run_dir, params, &mut self.model)?;
+            let run_dir = self.checkpointer.run_dir();
+            fault::strike(fault, rank, step, run_dir, params, &mut self.model)?;
             let before = CountingAlloc::thread_counts();
             let (stop, loss) = self.step(step)?;
             self.watch.add(loss);
@@ -393,36 +297,12 @@ impl<C: Communicator> Replica<C> {
                 counted += 1;
             }
             let done = step + 1;
-            let epoch_end = done.is_multiple_of(plan.batching.steps_per_epoch);
-            let last = done == plan.batching.total_steps;
-            let eval_due = match plan.config.eval_every {
-                0 => epoch_end || last,
-                every => done.is_multiple_of(every) || last,
-            };
-            // Before the evaluation: a model whose training loss has blown up is not kept as
-            // the best, however its evaluation loss compares.
-            let blown_up = eval_due && self.watch.check(done, last)?;
-            let mut stop_early = false;
-            if eval_due && let Some(eval_loss) = self.evaluate(done)? {
-                if !blown_up && self.consistent.best.record(done, eval_loss) && self.rank == 0 {
-                    self.save_best(done, eval_loss)?;
-                }
-                stop_early = self.consistent.best.out_of_patience(plan.config.early_stop);
-                self.consistent.best.stopped_early = stop_early;
-            }
-            let every = plan.config.checksum_every;
-            if done.is_multiple_of(every) {
+            let stop_early = self.watch_and_evaluate(done)?;
+            if self.checksums.due(done) {
                 self.sync_host()?;
-                // Checked at the start, and at every multiple of `every` since.
-                let agreed = done.saturating_sub(every).max(start);
-                let params = self.model.params();
-                check_in_sync(&mut self.ctl, params, (done, agreed), &mut self.checksums)?;
+                self.checksums.check(&mut self.ctl, self.model.params(), done)?;
             }
-            let checkpoint_due = match plan.config.checkpoint_every {
-                0 => epoch_end || last,
-                every => done.is_multiple_of(every) || last,
-            };
-            if checkpoint_due || stop || stop_early {
+            if self.checkpointer.due(done) || stop || stop_early {
                 self.checkpoint(done)?;
             }
             if stop || stop_early {
@@ -435,6 +315,53 @@ impl<C: Communicator> Replica<C> {
             self.report.gemm_allocs_per_step = library as f64 / counted as f64;
         }
         Ok(())
+    }
+
+    /// On evaluation's cadence after `done` steps: the training loss checked, then the
+    /// evaluation, keeping the best model; whether the run is out of patience.
+    fn watch_and_evaluate(&mut self, done: u64) -> Result<bool> {
+        if !self.watch_cadence.due(done) {
+            return Ok(false);
+        }
+        // Before the evaluation: a model whose training loss has blown up is not kept as
+        // the best, however its evaluation loss compares.
+        let last = done == self.plan.batching.total_steps;
+        let blown_up = self.watch.check(done, last)?;
+        if self.evaluator.is_none() {
+            return Ok(false);
+        }
+        self.sync_host()?;
+        let Some(evaluator) = &mut self.evaluator else { return Ok(false) };
+        let plan = &*self.plan;
+        let eval_loss =
+            evaluator.evaluate(&mut self.model, &mut self.ctl, plan, self.events.as_mut(), done)?;
+        let best = &mut self.consistent.best;
+        if !blown_up && best.record(done, eval_loss) && self.rank == 0 {
+            evaluator::save_best(&self.model, self.checkpointer.run_dir(), done, eval_loss)?;
+        }
+        best.stopped_early = best.out_of_patience(plan.config.early_stop);
+        Ok(best.stopped_early)
+    }
+
+    /// Saves the boundary `step`, the GPU's state brought to the CPU first.
+    fn checkpoint(&mut self, step: u64) -> Result<()> {
+        self.sync_host()?;
+        let at = Boundary {
+            rank: self.rank,
+            model: &self.model,
+            optimizer: self.optimizer.as_ref(),
+            shard: self.shard.clone(),
+            consistent: &self.consistent,
+        };
+        self.checkpointer.save(step, &at, &mut self.ctl, self.events.as_mut(), &self.plan)
+    }
+
+    /// Brings the CPU model and optimizer up to the GPU's, before anything reads them.
+    fn sync_host(&mut self) -> Result<()> {
+        match &mut self.gpu {
+            Some(gpu) => gpu.sync_host(&mut self.model, self.optimizer.as_mut()),
+            None => Ok(()),
+        }
     }
 
     /// Runs optimizer step `step`: whether the run is asked to stop, and the step's mean
@@ -522,7 +449,7 @@ impl<C: Communicator> Replica<C> {
         let x = Input::of(&batch, plan.input_len)
             .map_err(|what| Error::run(&config.train_data, what))?;
         let mut values = std::mem::take(&mut self.values);
-        let targets = targets(&batch, &plan, &mut values)?;
+        let targets = targets::targets(&batch, &plan, &mut values)?;
         let loss = if let Some(gpu) = &mut self.gpu {
             let Input::Dense(x) = x else {
                 unreachable!("the GPU path refuses a sparse first layer when it is built")
@@ -530,7 +457,15 @@ impl<C: Communicator> Replica<C> {
             // The GPUs of other processes reduce with this one's on the device.
             gpu.forward_backward(x, targets, options, last)?
         } else if last {
-            let (loss, exposed) = self.backward_and_reduce(x, targets, options, update)?;
+            let on = Reducing {
+                model: &mut self.model,
+                ctl: &mut self.ctl,
+                touched_rows: self.touched_rows.as_mut(),
+                optimizer: self.optimizer.as_mut(),
+                updating: &mut self.updating,
+            };
+            let (loss, exposed) =
+                self.grad_sync.backward_and_reduce(on, x, targets, options, update)?;
             times.comm_exposed += exposed;
             loss
         } else {
@@ -627,6 +562,61 @@ impl<C: Communicator> Replica<C> {
             events.send(Event::Step(sample));
         }
     }
+
+    /// Bytes the training and evaluation pipelines hold now, and the sum of their peaks.
+    fn data_held(&self) -> (u64, u64) {
+        let (mut now, mut peak) = self.train.tracker().held();
+        if let Some(evaluator) = &self.evaluator {
+            let (eval_now, eval_peak) = evaluator.batches().tracker().held();
+            now += eval_now;
+            peak += eval_peak;
+        }
+        (now, peak)
+    }
+
+    /// See [`ReplicaReport::minimum`].
+    fn minimum_memory(&self) -> ByTag<u64> {
+        let memory = self.model.memory();
+        let f32s = |n: usize| n as u64 * 4;
+        let comm = match &self.grad_sync {
+            GradSync::Buckets { reducer, .. } => {
+                f32s(self.model.params().len()) + reducer.scratch_bytes() as u64
+            }
+            GradSync::InPlace => 0,
+        };
+        let eval = self.evaluator.as_ref().map_or(0, |e| e.batches().minimum_bytes());
+        ByTag::from_fn(|tag| {
+            match tag {
+                // Shared parameters are the first replica's to account.
+                Tag::Param
+                    if self.params == Params::Shared
+                        && self.rank.is_multiple_of(self.plan.batching.replicas) =>
+                {
+                    f32s(self.model.params().len())
+                }
+                Tag::Param => memory.params,
+                Tag::Grad => memory.grads,
+                Tag::OptState => self.optimizer.state_bytes(),
+                Tag::Activation => memory.saved_activations + memory.workspace,
+                Tag::Data => self.train.minimum_bytes() + eval,
+                Tag::Comm => comm,
+                Tag::Temp => memory.packing,
+                // Any tag added later: nothing is needed for certain.
+                _ => 0,
+            }
+        })
+    }
+
+    fn finish(mut self) -> ReplicaReport {
+        self.report.peak = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).1);
+        self.report.peak[Tag::Data] = self.data_held().1;
+        self.report.opt_state = self.optimizer.state_bytes();
+        self.report.minimum = self.minimum_memory();
+        self.report.best = self.consistent.best.clone();
+        self.report.device_peak = self.gpu.as_ref().map(GpuStep::peak);
+        self.report.sparsity = self.pruner.as_ref().map(dp_model::Pruner::sparsity);
+        self.report
+    }
 }
 
 /// Seconds of a step spent waiting: for the data, and on communication backward did not hide.
@@ -634,132 +624,4 @@ impl<C: Communicator> Replica<C> {
 struct StepTimes {
     data_wait: f64,
     comm_exposed: f64,
-}
-
-/// Every label must be a class: the model would take a negative one for "ignore this
-/// sample" and fail on one past its outputs without naming the record.
-/// What `batch` trains towards: its class labels (checked), or for a regression its float
-/// label's values standardized into `values`.
-fn targets<'a>(
-    batch: &'a dp_data::Batch,
-    plan: &RunPlan,
-    values: &'a mut [f32],
-) -> Result<Targets<'a, f32>> {
-    let n = batch.len();
-    match batch.targets() {
-        Some(targets) if let Some((offset, scale)) = plan.scalings.target() => {
-            for (dst, &t) in values[..n].iter_mut().zip(targets.iter()) {
-                *dst = (t - offset) / scale;
-            }
-            let view = ArrayView2::from_shape((n, 1), &values[..n]).expect("one value a record");
-            Ok(Targets::Values(view))
-        }
-        _ => {
-            let labels = batch
-                .y()
-                .to_slice()
-                .ok_or_else(|| Error::run(&plan.config.train_data, "labels are not contiguous"))?;
-            check_labels(labels, batch.record_ids(), plan.classes)?;
-            Ok(Targets::Classes(labels))
-        }
-    }
-}
-
-/// The replica's model: on the process's `shared` parameters, or on its own.
-fn build_model(
-    plan: &RunPlan,
-    rank: usize,
-    shared: Option<SharedParams<f32>>,
-    pool: &Pool,
-) -> Result<Model<f32>> {
-    let config = &plan.config;
-    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
-    let options = ModelOptions::new(plan.batching.micro, config.seed)
-        .replica(rank as u64)
-        .recompute(recompute)
-        .precision(config.precision)
-        .saved(config.activations)
-        .label_smoothing(config.label_smoothing);
-    Ok(match shared {
-        // SAFETY: the replicas sharing these parameters only read them, except in
-        // `Replica::step`'s update, where each writes its own `shard` between the step's last
-        // collective (every replica is past backward) and a barrier (none reads before every
-        // update is done), and in pruning, which the first replica does alone between two
-        // barriers.
-        Some(params) => unsafe { Model::with_shared_params(&plan.spec, pool, options, params)? },
-        None => Model::<f32>::new(&plan.spec, pool, options)?,
-    })
-}
-
-/// The parts of `ranges` (of the whole parameter buffer) inside `shard`, relative to it.
-fn decayed_in(ranges: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>> {
-    (ranges.iter())
-        .map(|r| r.start.max(shard.start)..r.end.min(shard.end))
-        .filter(|r| r.start < r.end)
-        .map(|r| r.start - shard.start..r.end - shard.start)
-        .collect()
-}
-
-/// The pruner `prune` describes, over a run of `total_steps`, caught up with the
-/// parameters' sparsity (a resumed run's are already pruned).
-fn build_pruner(prune: &PruneConfig, model: &Model<f32>, total_steps: u64) -> Result<Pruner> {
-    let scope = if prune.global {
-        Sparsity::Global(prune.sparsity)
-    } else {
-        Sparsity::PerLayer(prune.sparsity)
-    };
-    let schedule = crate::prune::schedule(prune, total_steps)?;
-    let mut pruner = Pruner::new(model.layout(), scope, schedule)?;
-    pruner.resume(model.params());
-    Ok(pruner)
-}
-
-/// The pipelines grow to their working sets as they read, and steps and checkpoints take
-/// scratch outside the pools: that this process can still get all of it for all of its
-/// replicas is checked while building, before the run directory exists, rather than found
-/// by an allocation that fails steps in.
-fn check_headroom(plan: &RunPlan, train: &Batches, eval: Option<&Batches>) -> Result<()> {
-    let eval_bytes = eval.map_or(0, Batches::working_bytes);
-    let per_replica = train.working_bytes() + eval_bytes + STEP_SCRATCH;
-    let later = plan.batching.replicas as u64 * per_replica + PROCESS_SCRATCH;
-    dp_mem::check_headroom(later, Tag::Data).map_err(|_| {
-        Error::config(
-            "replicas",
-            format!(
-                "this process cannot get the {} the run takes as it goes ({} replicas x {} of data pipelines and step scratch, and {} for checkpoints and records){}: lower replicas, global_batch, data_workers, data_prefetch or shuffle_window, or raise the limit",
-                dp_mem::ByteSize(later),
-                plan.batching.replicas,
-                dp_mem::ByteSize(per_replica),
-                dp_mem::ByteSize(PROCESS_SCRATCH),
-                dp_mem::address_space_limit()
-                    .map_or(String::new(), |b| format!(" under ulimit -v of {} MiB", b >> 20)),
-            ),
-        )
-    })
-}
-
-fn check_labels(labels: &[i64], records: &[u64], classes: usize) -> Result<()> {
-    // A token dataset's windows have a label per position (`-1`: nothing to predict).
-    let per_record = (labels.len() / records.len().max(1)).max(1);
-    let ignored = |l: i64| per_record > 1 && l == -1;
-    let bad = |&l: &i64| !((0..classes as i64).contains(&l) || ignored(l));
-    match labels.iter().position(bad) {
-        None => Ok(()),
-        Some(i) => {
-            Err(label_error(labels[i], records.get(i / per_record).copied().unwrap_or(0), classes))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::decayed_in;
-
-    #[test]
-    fn decayed_ranges_are_cut_to_a_shard_and_made_relative_to_it() {
-        let ranges = [0..4, 6..10, 12..20];
-        assert_eq!(decayed_in(&ranges, &(3..14)), [0..1, 3..7, 9..11]);
-        assert_eq!(decayed_in(&ranges, &(4..6)), Vec::<std::ops::Range<usize>>::new());
-        assert_eq!(decayed_in(&ranges, &(0..20)), ranges);
-    }
 }

@@ -1,13 +1,9 @@
 //! What a replica reports when it ends: its memory (peak and the least its step needs),
 //! time and allocations per step, how it ended.
 
-use dp_comm::Communicator;
-use dp_mem::{ByTag, Tag};
+use dp_mem::ByTag;
 
-use super::sync::GradSync;
-use super::{Params, Replica};
 use crate::best::BestSoFar;
-use crate::gpu::GpuStep;
 
 /// What a replica reports when it ends.
 #[derive(Clone, Debug, Default)]
@@ -41,61 +37,4 @@ pub(crate) struct ReplicaReport {
     /// The fraction of weights its pruner pruned (the process's first replica's, when the
     /// run prunes).
     pub(crate) sparsity: Option<f64>,
-}
-
-impl<C: Communicator> Replica<C> {
-    /// Bytes the training and evaluation pipelines hold now, and the sum of their peaks.
-    pub(super) fn data_held(&self) -> (u64, u64) {
-        let (mut now, mut peak) = self.train.tracker().held();
-        if let Some((eval, _)) = &self.eval {
-            let (eval_now, eval_peak) = eval.tracker().held();
-            now += eval_now;
-            peak += eval_peak;
-        }
-        (now, peak)
-    }
-
-    /// See [`ReplicaReport::minimum`].
-    pub(super) fn minimum_memory(&self) -> ByTag<u64> {
-        let memory = self.model.memory();
-        let f32s = |n: usize| n as u64 * 4;
-        let comm = match &self.grad_sync {
-            GradSync::Buckets { reducer, .. } => {
-                f32s(self.model.params().len()) + reducer.scratch_bytes() as u64
-            }
-            GradSync::InPlace => 0,
-        };
-        let eval = self.eval.as_ref().map_or(0, |(eval, _)| eval.minimum_bytes());
-        ByTag::from_fn(|tag| {
-            match tag {
-                // Shared parameters are the first replica's to account.
-                Tag::Param
-                    if self.params == Params::Shared
-                        && self.rank.is_multiple_of(self.plan.batching.replicas) =>
-                {
-                    f32s(self.model.params().len())
-                }
-                Tag::Param => memory.params,
-                Tag::Grad => memory.grads,
-                Tag::OptState => self.optimizer.state_bytes(),
-                Tag::Activation => memory.saved_activations + memory.workspace,
-                Tag::Data => self.train.minimum_bytes() + eval,
-                Tag::Comm => comm,
-                Tag::Temp => memory.packing,
-                // Any tag added later: nothing is needed for certain.
-                _ => 0,
-            }
-        })
-    }
-
-    pub(super) fn finish(mut self) -> ReplicaReport {
-        self.report.peak = ByTag::from_fn(|tag| self.tracker.tag_in_use(tag).1);
-        self.report.peak[Tag::Data] = self.data_held().1;
-        self.report.opt_state = self.optimizer.state_bytes();
-        self.report.minimum = self.minimum_memory();
-        self.report.best = self.consistent.best.clone();
-        self.report.device_peak = self.gpu.as_ref().map(GpuStep::peak);
-        self.report.sparsity = self.pruner.as_ref().map(dp_model::Pruner::sparsity);
-        self.report
-    }
 }

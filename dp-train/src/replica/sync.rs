@@ -5,13 +5,13 @@ use std::time::Instant;
 
 use dp_comm::{BucketConfig, BucketReducer, Communicator, Compression, ReduceOp};
 use dp_mem::{Pool, PoolBuf, Tag, Tracker};
-use dp_model::{LossTotals, StepOptions, Targets};
+use dp_model::{LossTotals, Model, Optimizer, StepOptions, Targets};
 
-use super::Replica;
 use crate::config::Device;
 use crate::error::Result;
 use crate::input::Input;
 use crate::plan::RunPlan;
+use crate::touched_rows::TouchedRows;
 
 /// The gradient buffer the all-reduce works on, from the replica's pool (tag `Comm`).
 pub(super) struct CommBuffer(pub(super) PoolBuf<f32>);
@@ -82,32 +82,45 @@ pub(crate) fn reduces_in_place(params: usize, bucket: &BucketConfig, plan: &RunP
     plan.world() == 1 || on_gpus || (uncompressed && (one_bucket || plan.shares_params()))
 }
 
-impl<C: Communicator> Replica<C> {
+/// What a step's reduction works on, borrowed from the replica.
+pub(super) struct Reducing<'a, C> {
+    pub(super) model: &'a mut Model<f32>,
+    pub(super) ctl: &'a mut C,
+    /// With a sparse first layer reduced in place: its touched rows only, when few are.
+    pub(super) touched_rows: Option<&'a mut TouchedRows>,
+    pub(super) optimizer: &'a mut dyn Optimizer<f32>,
+    /// Set once an update has begun: the parameters then match no step boundary.
+    pub(super) updating: &'a mut bool,
+}
+
+impl GradSync {
     /// The last micro-batch of a step: forward and backward, then the gradients' all-reduce.
     /// With buckets, each finished bucket goes to the communication thread while backward
     /// goes on, and (given `update`, the learning rate) each bucket's parameters are updated
     /// as soon as it is reduced; otherwise the gradients are reduced in place once backward is done.
     /// Returns the loss and the seconds spent waiting for reductions.
-    pub(super) fn backward_and_reduce(
+    pub(super) fn backward_and_reduce<C: Communicator>(
         &mut self,
+        on: Reducing<'_, C>,
         x: Input<'_>,
         targets: Targets<'_, f32>,
         options: &StepOptions,
         update: Option<f64>,
     ) -> Result<(LossTotals, f64)> {
-        let (reducer, bucket_ends) = match &mut self.grad_sync {
+        let Reducing { model, ctl, touched_rows, optimizer, updating } = on;
+        let (reducer, bucket_ends) = match self {
             GradSync::Buckets { reducer, ends, .. } => (reducer, ends),
             GradSync::InPlace => {
-                let loss = x.forward_backward(&mut self.model, targets, options)?;
+                let loss = x.forward_backward(model, targets, options)?;
                 let reducing = Instant::now();
-                match &mut self.touched_rows {
+                match touched_rows {
                     Some(rows) => {
-                        rows.all_reduce(&mut self.model, &mut self.ctl)?;
+                        rows.all_reduce(model, ctl)?;
                     }
                     // Alone, there is nothing to sum (and lending the gradients out would make
                     // a sparse first layer clear its whole table next step).
-                    None if self.ctl.world_size() == 1 => {}
-                    None => self.ctl.all_reduce(self.model.grads_mut(), ReduceOp::Sum)?,
+                    None if ctl.world_size() == 1 => {}
+                    None => ctl.all_reduce(model.grads_mut(), ReduceOp::Sum)?,
                 }
                 return Ok((loss, reducing.elapsed().as_secs_f64()));
             }
@@ -131,14 +144,14 @@ impl<C: Communicator> Replica<C> {
             });
             failed = result.err();
         };
-        let loss = x.forward_backward_with(&mut self.model, targets, options, &mut hand_over);
+        let loss = x.forward_backward_with(model, targets, options, &mut hand_over);
         if let Some(error) = failed {
             return Err(error.into());
         }
         let loss = loss?;
         let mut waited = 0.0;
         if let Some(lr) = update {
-            let params = self.model.params_mut();
+            let params = model.params_mut();
             let mut start = 0;
             for (b, &end) in bucket_ends.iter().enumerate() {
                 let waiting = Instant::now();
@@ -146,8 +159,8 @@ impl<C: Communicator> Replica<C> {
                 waited += waiting.elapsed().as_secs_f64();
                 // From the first update until the step ends, the parameters match no step
                 // boundary: no emergency checkpoint may save them.
-                self.updating = true;
-                self.optimizer.step_part(&mut params[start..end], grads, start, lr, b == 0)?;
+                *updating = true;
+                optimizer.step_part(&mut params[start..end], grads, start, lr, b == 0)?;
                 start = end;
             }
         }

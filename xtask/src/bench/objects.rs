@@ -48,15 +48,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     // Training runs an epoch, so that the cold runs use every block they fetch.
     let steps = uploaded.records / BATCH as u64;
 
-    let cache = |name: &str, limit: u64| -> Result<PathBuf> {
-        let path = scratch.join(name);
-        let _ = std::fs::remove_dir_all(&path);
-        let mut options = ObjectOptions::from_env()?;
-        options.cache_dir = path.clone();
-        options.cache_limit = limit;
-        dp_data::set_object_options(options);
-        Ok(path)
-    };
+    let cache = |name: &str, limit: u64| fresh_cache(&scratch.join(name), limit);
     let remote = PathBuf::from(&url);
     let (mut pipeline, mut training, mut server_cores) = (vec![], vec![], vec![]);
     for round in 0..ROUNDS {
@@ -121,12 +113,30 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         );
     }
 
-    // A quarter of the dataset, three epochs: the cache's files sampled every 100 ms.
-    let limit = uploaded.bytes / 4;
-    let cached = cache("quarter", limit)?;
+    bounded_cache(&remote, uploaded.bytes, workers, &scratch.join("quarter"))?;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// Fetches go to a new, empty cache at `path` of at most `limit` bytes from now on.
+fn fresh_cache(path: &Path, limit: u64) -> Result<PathBuf> {
+    let _ = std::fs::remove_dir_all(path);
+    let mut options = ObjectOptions::from_env()?;
+    options.cache_dir = path.to_path_buf();
+    options.cache_limit = limit;
+    dp_data::set_object_options(options);
+    Ok(path.to_path_buf())
+}
+
+/// Three epochs of the dataset at `remote` (of `bytes`) through a cache a quarter its size,
+/// the cache's files sampled every 100 ms: its peak against the limit.
+fn bounded_cache(remote: &Path, bytes: u64, workers: usize, cache_dir: &Path) -> Result<()> {
+    let limit = bytes / 4;
+    let cached = fresh_cache(cache_dir, limit)?;
     let sampler = dp_data::CacheSampler::start(&cached);
     let before = dp_data::object_stats();
-    let mut reader = Pipeline::new(&remote, pipeline_config(workers), vec![])?;
+    let mut reader = Pipeline::new(remote, pipeline_config(workers), vec![])?;
     for _ in 0..3 * reader.batches_per_epoch() {
         reader.next_batch()?;
     }
@@ -143,8 +153,6 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         after.requests - before.requests,
         after.retries - before.retries
     );
-    drop(server);
-    let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
 
