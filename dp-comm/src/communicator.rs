@@ -43,3 +43,60 @@ pub trait Communicator {
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<()>;
 }
+
+/// Implements [`Communicator`] for a backend's type that has no value in a build without its
+/// feature (a newtype of `Infallible`): no method can be called, as nothing exists to call it
+/// on, and code that uses the type builds everywhere.
+#[cfg(not(all(feature = "mpi", feature = "cuda")))]
+macro_rules! uninhabited_communicator {
+    ($ty:ty) => {
+        impl $crate::communicator::Communicator for $ty {
+            fn rank(&self) -> usize {
+                match self.0 {}
+            }
+
+            fn world_size(&self) -> usize {
+                match self.0 {}
+            }
+
+            fn all_reduce<T: $crate::element::Element>(
+                &mut self,
+                _buf: &mut [T],
+                _op: $crate::element::ReduceOp,
+            ) -> $crate::error::Result<()> {
+                match self.0 {}
+            }
+
+            fn broadcast<T: $crate::element::Element>(
+                &mut self,
+                _buf: &mut [T],
+                _root: usize,
+            ) -> $crate::error::Result<()> {
+                match self.0 {}
+            }
+
+            fn all_gather<T: $crate::element::Element>(
+                &mut self,
+                _input: &[T],
+                _output: &mut [T],
+            ) -> $crate::error::Result<()> {
+                match self.0 {}
+            }
+
+            fn reduce_scatter<T: $crate::element::Element>(
+                &mut self,
+                _input: &[T],
+                _output: &mut [T],
+                _op: $crate::element::ReduceOp,
+            ) -> $crate::error::Result<()> {
+                match self.0 {}
+            }
+
+            fn barrier(&mut self) -> $crate::error::Result<()> {
+                match self.0 {}
+            }
+        }
+    };
+}
+#[cfg(not(all(feature = "mpi", feature = "cuda")))]
+pub(crate) use uninhabited_communicator;

@@ -4,8 +4,6 @@
 
 use std::convert::Infallible;
 
-use crate::communicator::Communicator;
-use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::mpi::MpiConfig;
 
@@ -76,37 +74,4 @@ impl MpiComm {
     }
 }
 
-impl Communicator for MpiComm {
-    fn rank(&self) -> usize {
-        match self.0 {}
-    }
-
-    fn world_size(&self) -> usize {
-        match self.0 {}
-    }
-
-    fn all_reduce<T: Element>(&mut self, _buf: &mut [T], _op: ReduceOp) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn broadcast<T: Element>(&mut self, _buf: &mut [T], _root: usize) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn all_gather<T: Element>(&mut self, _input: &[T], _output: &mut [T]) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn reduce_scatter<T: Element>(
-        &mut self,
-        _input: &[T],
-        _output: &mut [T],
-        _op: ReduceOp,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn barrier(&mut self) -> Result<()> {
-        match self.0 {}
-    }
-}
+crate::communicator::uninhabited_communicator!(MpiComm);

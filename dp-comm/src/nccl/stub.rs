@@ -3,8 +3,6 @@
 
 use std::convert::Infallible;
 
-use crate::communicator::Communicator;
-use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::nccl::NcclConfig;
 
@@ -70,37 +68,4 @@ impl NcclGroup {
     }
 }
 
-impl Communicator for NcclComm {
-    fn rank(&self) -> usize {
-        match self.0 {}
-    }
-
-    fn world_size(&self) -> usize {
-        match self.0 {}
-    }
-
-    fn all_reduce<T: Element>(&mut self, _buf: &mut [T], _op: ReduceOp) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn broadcast<T: Element>(&mut self, _buf: &mut [T], _root: usize) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn all_gather<T: Element>(&mut self, _input: &[T], _output: &mut [T]) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn reduce_scatter<T: Element>(
-        &mut self,
-        _input: &[T],
-        _output: &mut [T],
-        _op: ReduceOp,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-
-    fn barrier(&mut self) -> Result<()> {
-        match self.0 {}
-    }
-}
+crate::communicator::uninhabited_communicator!(NcclComm);
