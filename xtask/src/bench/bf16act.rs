@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use super::support::{median, verdict};
+use super::support::{median, verdict, with_scratch};
 use anyhow::{Context, Result};
 use dp_model::{Model, ModelOptions, ModelSpec, SavedPrecision};
 use dp_train::{Observer, RunOptions, StepMetrics, TrainConfig};
@@ -96,10 +96,7 @@ fn train(
 /// Runs the section and prints each figure against its target.
 pub(crate) fn run(root: &Path) -> Result<()> {
     xtask::ensure_digits(&root.join("data/digits"))?;
-    let out = std::env::temp_dir().join(format!("dp-bench-bf16act-{}", std::process::id()));
-    let result = measure(root, &out);
-    let _ = std::fs::remove_dir_all(&out);
-    result
+    with_scratch("bf16act", |out| measure(root, out))
 }
 
 fn measure(root: &Path, out: &Path) -> Result<()> {

@@ -15,7 +15,7 @@ use dp_train::TrainConfig;
 use serde_json::Value;
 
 use super::corpus::{CorpusSpec, generate};
-use super::support::{python_peer, verdict};
+use super::support::{python_peer, verdict, with_scratch};
 
 const BUDGET: u64 = 20 << 30;
 const REPLICAS: usize = 2;
@@ -102,10 +102,7 @@ impl Family {
 /// Runs the section and prints its figures against the target.
 pub(crate) fn run(root: &Path) -> Result<()> {
     xtask::ensure_digits(&root.join("data/digits"))?;
-    let out = std::env::temp_dir().join(format!("dp-bench-largest-{}", std::process::id()));
-    let result = measure_both(root, &out);
-    let _ = std::fs::remove_dir_all(&out);
-    result
+    with_scratch("largest", |out| measure_both(root, out))
 }
 
 fn measure_both(root: &Path, out: &Path) -> Result<()> {

@@ -11,7 +11,7 @@ use dp_train::{RunOptions, TrainConfig};
 use serde_json::Value;
 
 use super::corpus::{CorpusSpec, generate};
-use super::support::{process_cpu_seconds, python_peer, verdict};
+use super::support::{process_cpu_seconds, python_peer, verdict, with_scratch};
 
 /// The run compared: `gpt:2,4,128` (0.44M parameters) at context 64, 32 windows a step, 300
 /// steps (614,400 tokens, a sixth of the training text: less than an epoch). That size keeps
@@ -37,15 +37,10 @@ const TOLERANCE: f64 = 0.05;
 /// Trains both sides on `replicas` replicas (ours) and as many threads (PyTorch's) and prints
 /// the figures against their targets.
 pub(crate) fn run(root: &Path, replicas: usize) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("dp-bench-lm-{}", std::process::id()));
-    let result = measure(root, &dir, replicas);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    with_scratch("lm", |dir| measure(root, dir, replicas))
 }
 
 fn measure(root: &Path, dir: &Path, replicas: usize) -> Result<()> {
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let spec = CorpusSpec::default();
     let text = dir.join("corpus.txt");
     std::fs::write(&text, generate(&spec)).with_context(|| format!("write {}", text.display()))?;

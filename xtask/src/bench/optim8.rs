@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use super::support::{median, verdict};
+use super::support::{median, verdict, with_scratch};
 use anyhow::Result;
 use dp_mem::{Pool, Tracker};
 use dp_model::{Adam, AdamConfig, Optimizer, StatePrecision};
@@ -25,10 +25,7 @@ const TIME_RATIO: f64 = 1.1;
 /// Runs the section and prints its figures against their targets.
 pub(crate) fn run(root: &Path) -> Result<()> {
     xtask::ensure_digits(&root.join("data/digits"))?;
-    let out = std::env::temp_dir().join(format!("dp-bench-optim8-{}", std::process::id()));
-    let result = measure(root, &out);
-    let _ = std::fs::remove_dir_all(&out);
-    result
+    with_scratch("optim8", |out| measure(root, out))
 }
 
 fn measure(root: &Path, out: &Path) -> Result<()> {

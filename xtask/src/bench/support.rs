@@ -42,6 +42,13 @@ where
     serde_json::from_str(line).with_context(|| format!("the output of {script}"))
 }
 
+/// Runs a bench `section` in a scratch directory of its own, removed after it whatever the
+/// outcome.
+pub(crate) fn with_scratch<T>(name: &str, section: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let scratch = tempfile::Builder::new().prefix(&format!("dp-bench-{name}-")).tempdir()?;
+    section(scratch.path())
+}
+
 /// Seconds of CPU time all of this process's threads have run.
 pub(crate) fn process_cpu_seconds() -> f64 {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
