@@ -6,12 +6,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use common::{
-    StopAfter, TempDir, eval_losses, final_params_of, max_relative_difference, run_dir,
-    train_losses,
-};
+use common::{TempDir, final_params_of, max_relative_difference, run_dir, train_losses};
 use dp_data::{TextOptions, TokenDataset, WriterOptions, import_text};
 use dp_model::ModelSpec;
 use dp_train::{
@@ -134,22 +131,9 @@ fn two_replicas_equal_one_with_the_global_batch_and_resume_continues_exactly() {
     let difference = max_relative_difference(&run(2), &one);
     assert!(difference < 1e-5, "two replicas: {difference:e} from one");
 
-    let whole = TempDir::new("gpt-whole");
     let c = TrainConfig { eval_every: 3, ..config(2, 8) };
-    train(c.clone(), &RunOptions::new(&whole.0), &mut ()).unwrap();
-    let parts = TempDir::new("gpt-parts");
-    let options = RunOptions::new(&parts.0);
-    let mut stopper = StopAfter { step: 3, stop: Arc::clone(&options.stop) };
-    assert!(train(c, &options, &mut stopper).unwrap().interrupted);
-    let dir = run_dir(&parts.0);
-    let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(&parts.0) };
-    assert_eq!(train(TrainConfig::default(), &resume, &mut ()).unwrap().steps, 8);
-    let whole = run_dir(&whole.0);
-    let bits =
-        |v: Vec<(u64, f64)>| v.into_iter().map(|(s, l)| (s, l.to_bits())).collect::<Vec<_>>();
-    assert_eq!(bits(train_losses(&dir)), bits(train_losses(&whole)));
-    assert_eq!(bits(eval_losses(&dir)), bits(eval_losses(&whole)));
-    assert_eq!(final_params_of(&dir, &spec()), final_params_of(&whole, &spec()));
+    let (whole, resumed, _out) = common::assert_resumes_exactly(c, 3);
+    assert_eq!(final_params_of(&resumed, &spec()), final_params_of(&whole, &spec()));
 }
 
 #[test]

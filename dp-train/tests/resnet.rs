@@ -4,12 +4,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{
-    StopAfter, TempDir, digits, eval_losses, final_params_of, max_relative_difference, run_dir,
-    train_losses,
-};
+use common::{TempDir, digits, final_params_of, max_relative_difference, run_dir};
 use dp_model::ModelSpec;
 use dp_train::{OptimizerConfig, RunOptions, TrainConfig, train};
 
@@ -60,25 +55,10 @@ fn synchronized_batch_norms_across_replicas_equal_one_replica_with_the_global_ba
 
 #[test]
 fn a_resumed_residual_network_continues_exactly() {
-    let whole = TempDir::new("resnet-whole");
+    // Evaluation normalizes by the running statistics: they come back with the checkpoint.
     let c = TrainConfig { eval_every: 3, ..config(2, 8) };
-    train(c.clone(), &RunOptions::new(&whole.0), &mut ()).unwrap();
-
-    let parts = TempDir::new("resnet-parts");
-    let options = RunOptions::new(&parts.0);
-    let mut stopper = StopAfter { step: 3, stop: Arc::clone(&options.stop) };
-    assert!(train(c, &options, &mut stopper).unwrap().interrupted);
-    let dir = run_dir(&parts.0);
-    let resume = RunOptions { resume: Some(dir.clone()), ..RunOptions::new(&parts.0) };
-    assert_eq!(train(TrainConfig::default(), &resume, &mut ()).unwrap().steps, 8);
-
-    let whole = run_dir(&whole.0);
-    let bits =
-        |v: Vec<(u64, f64)>| v.into_iter().map(|(s, l)| (s, l.to_bits())).collect::<Vec<_>>();
-    assert_eq!(bits(train_losses(&dir)), bits(train_losses(&whole)));
-    // Evaluation normalizes by the running statistics: they came back with the checkpoint.
-    assert_eq!(bits(eval_losses(&dir)), bits(eval_losses(&whole)));
-    assert_eq!(final_params_of(&dir, &spec()), final_params_of(&whole, &spec()));
+    let (whole, resumed, _out) = common::assert_resumes_exactly(c, 3);
+    assert_eq!(final_params_of(&resumed, &spec()), final_params_of(&whole, &spec()));
 }
 
 #[test]

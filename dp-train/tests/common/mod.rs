@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use dp_mem::{Pool, Tracker};
 use dp_model::{CheckpointReader, Model, ModelOptions, ModelSpec};
-use dp_train::{MetricsRecord, Observer, StepMetrics, TrainConfig, read_metrics};
+use dp_train::{MetricsRecord, Observer, RunOptions, StepMetrics, TrainConfig, read_metrics};
 
 /// A scratch directory (`.0` is its path), removed when dropped, also when the test fails.
 /// The second field is held for its drop.
@@ -187,4 +187,30 @@ pub fn checkpoint_step(dir: &Path) -> u64 {
     let checkpoint = CheckpointReader::open(&dir.join(dp_train::CHECKPOINT)).unwrap();
     let state: serde_json::Value = serde_json::from_str(checkpoint.header().extra()).unwrap();
     state["step"].as_u64().unwrap()
+}
+
+/// The same run twice: whole, and stopped after `stop_at` steps then resumed; asserts that
+/// both record the same training and evaluation losses, bit for bit, each step once, and
+/// returns their run directories (whole, resumed) with the scratch holding them, for the
+/// caller to compare what else its model keeps.
+pub fn assert_resumes_exactly(config: TrainConfig, stop_at: u64) -> (PathBuf, PathBuf, TempDir) {
+    let out = TempDir::new("resume");
+    let (whole, parts) = (out.0.join("whole"), out.0.join("parts"));
+    let steps = dp_train::train(config.clone(), &RunOptions::new(&whole), &mut ()).unwrap().steps;
+    let options = RunOptions::new(&parts);
+    let mut stopper = StopAfter { step: stop_at, stop: Arc::clone(&options.stop) };
+    let stopped = dp_train::train(config, &options, &mut stopper).unwrap();
+    assert!(stopped.interrupted && stopped.steps < steps, "stopped after {}", stopped.steps);
+    let resumed = run_dir(&parts);
+    let resume = RunOptions { resume: Some(resumed.clone()), ..RunOptions::new(&parts) };
+    let finished = dp_train::train(TrainConfig::default(), &resume, &mut ()).unwrap();
+    assert_eq!(finished.steps, steps);
+    let whole = run_dir(&whole);
+    let bits =
+        |v: Vec<(u64, f64)>| v.into_iter().map(|(s, l)| (s, l.to_bits())).collect::<Vec<_>>();
+    let losses = bits(train_losses(&resumed));
+    assert_eq!(losses.len() as u64, steps, "every step once: {losses:?}");
+    assert_eq!(losses, bits(train_losses(&whole)), "training losses after the resume");
+    assert_eq!(bits(eval_losses(&resumed)), bits(eval_losses(&whole)), "evaluation losses");
+    (whole, resumed, out)
 }
