@@ -419,7 +419,7 @@ impl Followed {
                 observer.step(&metrics);
                 if plan.start_step() == 0
                     && s.step == judged_at(plan.batching.steps_per_epoch, plan.batching.total_steps)
-                    && let Some(text) = first_epoch_warning(&self.losses, plan.classes)
+                    && let Some(text) = first_epoch_warning(&self.losses, plan.task.outputs())
                 {
                     observer.warning(&text);
                     self.warnings.push(text);

@@ -1,6 +1,7 @@
 //! How a run's records become steps: the global batch, each replica's micro-batch, steps per
 //! epoch and in all.
 
+use super::defaults::Chosen;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 
@@ -22,14 +23,15 @@ pub(crate) struct Batching {
 impl Batching {
     /// The batching of `config` over `records` training records (a language model's windows
     /// of `context` tokens) on `processes` processes. Fills in what the config left to the
-    /// run (`global_batch` 0, `epochs` 0; `sparse_auto` picks the epochs of a sparse linear
-    /// model's defaults) and returns the config so completed.
+    /// run (`global_batch` 0, `epochs` 0, and default SGD's rate, which follows the global
+    /// batch; `chosen.sparse` picks the epochs of a sparse linear model's defaults) and returns
+    /// the config so completed.
     pub(crate) fn resolve(
         mut config: TrainConfig,
         records: u64,
         context: Option<usize>,
         processes: usize,
-        sparse_auto: bool,
+        chosen: Chosen,
     ) -> Result<(Self, TrainConfig)> {
         let replicas = config.replica_count();
         let world = replicas * processes;
@@ -48,6 +50,9 @@ impl Batching {
                     config.global_batch
                 ),
             ));
+        }
+        if let Some(rate) = chosen.sgd_rate {
+            config.lr = Some(rate.lr(config.global_batch));
         }
         let micro = config.global_batch / (world * accum);
         let steps_per_epoch = records / (micro * world) as u64 / accum as u64;
@@ -70,7 +75,7 @@ impl Batching {
         }
         let dropped_per_epoch = records - steps_per_epoch * config.global_batch as u64;
         if config.epochs == 0 {
-            config.epochs = match sparse_auto {
+            config.epochs = match chosen.sparse {
                 true => crate::config::sparse_auto_epochs(steps_per_epoch),
                 false => crate::config::auto_epochs(steps_per_epoch),
             };
@@ -159,22 +164,27 @@ mod tests {
     fn a_global_batch_splits_into_equal_micro_batches_and_whole_steps() {
         // 1,000 records, 2 processes x 2 replicas, batches of 64 in 2 micro-batches: each
         // replica runs micro-batches of 8; 15 steps of 64 records an epoch, 40 records left.
-        let (b, config) = Batching::resolve(config(2, 64, 2), 1000, None, 2, false).unwrap();
+        let (b, config) =
+            Batching::resolve(config(2, 64, 2), 1000, None, 2, Chosen::default()).unwrap();
         let world = b.replicas * b.processes;
         assert_eq!((world, b.micro, b.steps_per_epoch, b.dropped_per_epoch), (4, 8, 15, 40));
         assert_eq!((b.total_steps, config.global_batch), (30, 64));
         // A fixed step count wins over the epochs.
         let fixed = TrainConfig { steps: Some(7), ..config };
-        assert_eq!(Batching::resolve(fixed, 1000, None, 2, false).unwrap().0.total_steps, 7);
+        assert_eq!(
+            Batching::resolve(fixed, 1000, None, 2, Chosen::default()).unwrap().0.total_steps,
+            7
+        );
     }
 
     #[test]
     fn what_the_config_leaves_to_the_run_is_chosen_and_filled_in() {
-        let (b, config) = Batching::resolve(config(2, 0, 1), 60_000, None, 1, false).unwrap();
+        let (b, config) =
+            Batching::resolve(config(2, 0, 1), 60_000, None, 1, Chosen::default()).unwrap();
         assert!(config.global_batch > 0 && config.global_batch.is_multiple_of(2), "{config:?}");
         assert_eq!(b.micro * 2, config.global_batch);
         let auto = TrainConfig { epochs: 0, ..config.clone() };
-        let (b, chosen) = Batching::resolve(auto, 60_000, None, 1, false).unwrap();
+        let (b, chosen) = Batching::resolve(auto, 60_000, None, 1, Chosen::default()).unwrap();
         assert_eq!(chosen.epochs, crate::config::auto_epochs(b.steps_per_epoch));
     }
 
@@ -184,7 +194,9 @@ mod tests {
             (config(2, 63, 1), 1000, "must be a multiple of processes x replicas x grad_accum"),
             (config(1, 2048, 1), 1000, "exceeds the 1000 training records"),
         ] {
-            let error = Batching::resolve(config, records, None, 1, false).unwrap_err().to_string();
+            let error = Batching::resolve(config, records, None, 1, Chosen::default())
+                .unwrap_err()
+                .to_string();
             assert!(error.contains("`global_batch`") && error.contains(says), "{error}");
         }
     }
@@ -193,7 +205,8 @@ mod tests {
     fn a_context_whose_windows_do_not_fill_a_step_is_refused_naming_the_context() {
         for (global_batch, windows) in [(64, 10), (0, 3), (0, 0)] {
             let c = config(4, global_batch, 1);
-            let error = Batching::resolve(c, windows, Some(4096), 1, false).unwrap_err();
+            let error =
+                Batching::resolve(c, windows, Some(4096), 1, Chosen::default()).unwrap_err();
             let error = error.to_string();
             assert!(
                 error.contains("`context`")
@@ -219,7 +232,7 @@ mod tests {
         ] {
             let c = config(replicas, 0, accum);
             let (b, chosen) =
-                Batching::resolve(c, windows, Some(context), processes, false).unwrap();
+                Batching::resolve(c, windows, Some(context), processes, Chosen::default()).unwrap();
             assert_eq!(chosen.global_batch, batch, "context {context}, {replicas} x {processes}");
             assert_eq!(b.micro * replicas * processes * accum, batch);
         }
@@ -228,7 +241,8 @@ mod tests {
         assert_eq!(language_model_batch(64, 50, 4), 48);
         assert_eq!(language_model_batch(64, 3, 4), 4);
         // Records keep their own rule.
-        let (_, records) = Batching::resolve(config(1, 0, 1), windows, None, 1, false).unwrap();
+        let (_, records) =
+            Batching::resolve(config(1, 0, 1), windows, None, 1, Chosen::default()).unwrap();
         assert_eq!(records.global_batch, crate::config::auto_global_batch(windows, 1));
     }
 }

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 mod batching;
+mod defaults;
 mod input;
 mod task;
 #[cfg(test)]
@@ -12,7 +13,7 @@ mod test_data;
 mod text;
 
 use dp_data::{Dataset, ImageInput, PipelineConfig, PipelineState, TailPolicy, TokenInfo};
-use dp_model::{CheckpointHeader, LayerSpec, ModelSpec, Schedule};
+use dp_model::{CheckpointHeader, ModelSpec, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::best::BestSoFar;
@@ -21,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::normalization::Scalings;
 pub(crate) use batching::Batching;
 use input::Input;
-use task::Task;
+pub(crate) use task::Task;
 pub(crate) use task::{class_labels, label_error};
 use text::Text;
 pub(crate) use text::check_tokens;
@@ -53,13 +54,11 @@ pub(crate) struct RunPlan {
     /// With an encoded-image input: how the training pipeline samples it (evaluation takes
     /// the centre at the same size).
     pub(crate) image: Option<ImageInput>,
-    /// Classes: labels are in `0..classes` (1, the output, for a regression).
-    pub(crate) classes: usize,
+    /// Classes to tell apart, or a value to regress.
+    pub(crate) task: Task,
     /// Replicas, processes, micro-batches and steps.
     pub(crate) batching: Batching,
     pub(crate) schedule: Schedule,
-    /// Whether the run regresses a float label (one output) instead of classifying.
-    pub(crate) regression: bool,
     /// The inputs' and targets' scaling (see [`crate::normalization`]).
     pub(crate) scalings: Scalings,
     /// The checkpoint to resume from, and where it was.
@@ -125,7 +124,7 @@ impl RunPlan {
         };
         let samples = text.as_ref().map_or(train.len(), |text| text.windows);
         let context = text.as_ref().map(|text| text.context);
-        let (config, sparse_defaults, sgd_rate) = choose_defaults(config, &input, task, samples)?;
+        let (config, chosen) = defaults::choose_defaults(config, &input, task, samples)?;
         let optimizer = config.optimizer.clone().expect("chosen above");
         crate::optimizer::check_optimizer(&optimizer)?;
         let spec = model_spec(&config.model, &input, task.outputs())?;
@@ -139,8 +138,7 @@ impl RunPlan {
         if let Some((eval, path)) = &eval {
             scalings.check_classes(eval, &config.label_feature, path)?;
         }
-        let (batching, mut config) =
-            Batching::resolve(config, samples, context, processes, sparse_defaults)?;
+        let (batching, config) = Batching::resolve(config, samples, context, processes, chosen)?;
         let batching = match (config.data_partitions, &text) {
             (None, _) => batching,
             (Some(_), Some(_)) => {
@@ -153,10 +151,6 @@ impl RunPlan {
                 batching.partitioned(&config, &dp_data::partition_records(&train, count))?
             }
         };
-        if let Some(rate) = sgd_rate {
-            // Known only now that the global batch is.
-            config.lr = Some(rate.lr(&spec, config.global_batch));
-        }
         if let Some(prune) = &config.prune {
             crate::prune::schedule(prune, batching.total_steps)?;
         }
@@ -175,10 +169,9 @@ impl RunPlan {
             spec,
             input_len: input.len(),
             image,
-            classes: task.outputs(),
+            task,
             batching,
             schedule,
-            regression: task.is_regression(),
             scalings,
             resume,
             tokens: text.map(|text| text.info),
@@ -233,122 +226,6 @@ impl RunPlan {
         dir.map(|dir| dir.join(crate::run_dir::CHECKPOINT))
     }
 }
-
-/// The largest side of images the default model is [`ModelSpec::cnn`] for (CIFAR's 32 to
-/// downsampled ImageNet's 64), and that train on the small pictures' recipe.
-const SMALL_IMAGE: usize = dp_data::CropPolicy::SMALL_SIDE;
-
-/// Fills in the model and optimizer a config leaves to the run, and says whether they are a
-/// sparse input's defaults. On a sparse input the default model is linear (logistic
-/// regression, as one starts with on wide sparse data), not an MLP whose first layer would
-/// hold the input's width times 512 weights; and that logistic regression is trained as
-/// scikit-learn's `LogisticRegression` is by default, to its L2-regularized optimum: SGD's
-/// ~800 steps without a penalty stop far short of it on bag-of-words data, whose evidence is
-/// in rare words (see `sparse_optimizer`). With a learning rate or schedule given, the
-/// optimizer chosen is SGD: those were chosen for it. An optimizer given is always the one
-/// used; the run and the config it saves hold the one chosen. Last, whether SGD's rate is
-/// left to a [`SgdRate`], once the global batch is known.
-fn choose_defaults(
-    mut config: TrainConfig,
-    input: &Input,
-    task: Task,
-    records: u64,
-) -> Result<(TrainConfig, bool, Option<SgdRate>)> {
-    let default_model = input.sparse && config.model == TrainConfig::default().model;
-    if default_model {
-        config.model = "linear".into();
-    }
-    // An MLP's first layer would hold every pixel of a sample times 512 weights. Small
-    // images get a network with batch norm; LeNet keeps larger ones fast on a CPU.
-    let side = input.shape.iter().skip(1).copied().max().unwrap_or(0);
-    let small_pictures = input.image && side <= SMALL_IMAGE;
-    if input.image && config.model == TrainConfig::default().model {
-        config.model = if small_pictures { "cnn" } else { "lenet" }.into();
-    }
-    let spec = model_spec(&config.model, input, task.outputs())?;
-    let norms = spec.has_batch_norm();
-    if config.sync_bn && !norms {
-        return Err(Error::config("sync_bn", format!("`{}` has no batch norm", config.model)));
-    }
-    if config.label_smoothing > 0.0 && task.is_regression() {
-        return Err(Error::config("label_smoothing", "smooths class targets; this run regresses"));
-    }
-    config.decay_bias_and_norm.get_or_insert(!norms);
-    let sparse_defaults = default_model
-        && !task.is_regression()
-        && config.optimizer.is_none()
-        && config.lr.is_none()
-        && config.schedule.is_none();
-    if sparse_defaults {
-        config.optimizer = Some(crate::config::sparse_optimizer(records, task.outputs()));
-        config.lr = Some(crate::config::SPARSE_LR);
-    }
-    // On photographs LeNet's first linear layer reads tens of thousands of values, whose
-    // gradients SGD at the digits' rate blows up on (it diverges in a few steps at 224x224);
-    // Adam scales each weight's step to its gradients.
-    let image_defaults = input.image
-        && config.optimizer.is_none()
-        && config.lr.is_none()
-        && config.schedule.is_none();
-    let mut sgd_rate = None;
-    if image_defaults && norms {
-        // The recipe of He et al. for residual networks: SGD with momentum 0.9 and weight
-        // decay 5e-4 (kept off biases and norms), at the linear scaling rule's rate: on small
-        // pictures their CIFAR rate, on photographs Goyal et al.'s ImageNet rate (the
-        // schedule's default).
-        config.optimizer =
-            Some(OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 });
-        sgd_rate = small_pictures.then_some(SgdRate::SmallPictures);
-    } else if image_defaults {
-        config.optimizer = Some(OptimizerConfig::preset("adam")?);
-    }
-    if config.optimizer.is_none() {
-        config.optimizer = Some(OptimizerConfig::preset("sgd")?);
-        let unnormalized = !norms && config.lr.is_none() && config.schedule.is_none();
-        sgd_rate = unnormalized.then_some(SgdRate::Unnormalized);
-    }
-    Ok((config, sparse_defaults, sgd_rate))
-}
-
-/// A default SGD peak rate that follows the global batch, where the run leaves the rate to
-/// the defaults and the schedule's 0.1 per 256 samples does not fit the network.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum SgdRate {
-    /// A network without batch norm: [`unnormalized_sgd_lr`].
-    Unnormalized,
-    /// A network with batch norm on small pictures: He et al.'s CIFAR rate, 0.1 per 128
-    /// samples. At the ImageNet rule's half of it, the default `cnn` on tinted digits of
-    /// 24-40 pixels reached 93.0% in 9 epochs where this rate reaches 97.7%.
-    SmallPictures,
-}
-
-impl SgdRate {
-    /// The peak rate for `spec` at `global_batch`.
-    fn lr(self, spec: &ModelSpec, global_batch: usize) -> f64 {
-        match self {
-            SgdRate::Unnormalized => unnormalized_sgd_lr(spec, global_batch),
-            SgdRate::SmallPictures => 0.1 * global_batch as f64 / 128.0,
-        }
-    }
-}
-
-/// Default SGD's peak rate for a network without batch norm: the linear scaling rule's 0.1 per
-/// 256 samples (Goyal et al.) up to a global batch of [`SCALED_UP_TO`], and no higher beyond.
-/// Without normalization the rule's rate outgrows what the network tolerates after the
-/// default's short warmup: on the digits the MLP's loss stays at chance at 1.6 (batch 4096)
-/// and 0.8, spikes above it for tens of steps at 0.4 (batch 2048 and 4096, ending 0.5 points
-/// lower), and trains steadily at 0.2 from batch 512 to 16384 (98.9-99.2%). Batch norm keeps
-/// the rule (He et al.'s ResNet recipe). A convolutional network (LeNet) takes half: at the
-/// full rate it falls back to chance for tens of steps on every seed and can stay there (its
-/// ReLUs dead); at half it reaches 99.1-99.5% on the digits in 300 steps, against 98.2-98.8%.
-fn unnormalized_sgd_lr(spec: &ModelSpec, global_batch: usize) -> f64 {
-    let convolutional = spec.layers.iter().any(|l| matches!(l, LayerSpec::Conv2d { .. }));
-    let per_256 = if convolutional { 0.05 } else { 0.1 };
-    per_256 * global_batch.min(SCALED_UP_TO) as f64 / 256.0
-}
-
-/// The global batch above which default SGD's rate stops growing (without batch norm).
-const SCALED_UP_TO: usize = 512;
 
 /// The model: built in or from a file, for `input` and `outputs`; for a sparse input, its
 /// first linear layer reads the sparse batches.
@@ -475,17 +352,6 @@ pub(crate) fn pipeline_config(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_sgd_rate_without_batch_norm_stops_growing_past_a_batch_of_512() {
-        let mlp = ModelSpec::builtin("mlp", &[784], 10).unwrap();
-        let lenet = ModelSpec::builtin("lenet", &[1, 28, 28], 10).unwrap();
-        let rates = |spec: &ModelSpec| {
-            [128, 256, 512, 1024, 16384].map(|batch| unnormalized_sgd_lr(spec, batch))
-        };
-        assert_eq!(rates(&mlp), [0.05, 0.1, 0.2, 0.2, 0.2]);
-        assert_eq!(rates(&lenet), [0.025, 0.05, 0.1, 0.1, 0.1]);
-    }
 
     #[test]
     fn optimizer_settings_are_checked_when_the_run_is_planned() {

@@ -80,7 +80,7 @@ impl Evaluator {
                     )
                 })?
                 .first(n);
-            let loss = if plan.regression {
+            let loss = if plan.task.is_regression() {
                 // One forward gives both the loss the model trains on (the squared error of
                 // standardized values) and the errors in the label's units.
                 let (offset, scale) = plan.scalings.target().expect("a regression's");
@@ -103,7 +103,7 @@ impl Evaluator {
                 let (y, rows) = (batch.y(), n * plan.rows_per_sample());
                 let labels = &mut self.labels;
                 labels[..rows].iter_mut().zip(y.iter()).for_each(|(dst, &src)| *dst = src);
-                check_labels(&labels[..rows], &batch.record_ids()[..n], plan.classes)?;
+                check_labels(&labels[..rows], &batch.record_ids()[..n], plan.task.outputs())?;
                 // A negative label is a sample the loss ignores.
                 let per_sample = plan.rows_per_sample();
                 for &row in replaced {
@@ -125,7 +125,7 @@ impl Evaluator {
 /// What an evaluation's `totals` (summed over the replicas) say after `step` steps.
 fn metrics(plan: &RunPlan, step: u64, totals: &Totals) -> EvalMetrics {
     let samples = totals.samples.max(1.0);
-    let (eval_loss, regression) = (totals.mean_loss(), plan.regression);
+    let (eval_loss, regression) = (totals.mean_loss(), plan.task.is_regression());
     EvalMetrics {
         step,
         epoch: step / plan.batching.steps_per_epoch,

@@ -28,7 +28,7 @@ pub(super) fn targets<'a>(
                 .y()
                 .to_slice()
                 .ok_or_else(|| Error::run(&plan.config.train_data, "labels are not contiguous"))?;
-            check_labels(labels, batch.record_ids(), plan.classes)?;
+            check_labels(labels, batch.record_ids(), plan.task.outputs())?;
             Ok(Targets::Classes(labels))
         }
     }
