@@ -86,7 +86,7 @@ impl Input {
         let hint = match (&eval_shape[..], &self.shape[..]) {
             ([a], [b]) if self.sparse && eval_sparse => format!(
                 "; a width not given at import is the largest index of the files imported \
-                 together: import both splits in one command, `cargo xtask data import --format \
+                 together: import both splits in one command, `dp data import --format \
                  svmlight --split train=TRAIN.svm --split eval=EVAL.svm --out DIR`, or give each \
                  import `--width {}`",
                 a.max(b)
