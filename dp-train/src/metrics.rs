@@ -180,17 +180,16 @@ mod tests {
         serde_json::to_string(&record).unwrap() + "\n"
     }
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("dp-train-metrics-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("metrics.jsonl")
+    /// A metrics file's path in a scratch directory removed when the test ends.
+    fn scratch() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        (dir, path)
     }
 
     #[test]
     fn resuming_drops_later_steps_and_a_torn_line_then_appends() {
-        let path = scratch("resume");
+        let (_dir, path) = scratch();
         let eval = serde_json::to_string(&MetricsRecord::Eval(EvalMetrics {
             step: 2,
             ..EvalMetrics::default()
@@ -217,7 +216,7 @@ mod tests {
 
     #[test]
     fn a_damaged_line_before_the_last_is_an_error_that_changes_nothing() {
-        let path = scratch("damaged");
+        let (_dir, path) = scratch();
         let text = format!("{}not json\n{}", line(1), line(2));
         std::fs::write(&path, &text).unwrap();
         let error = MetricsWriter::resume(&path, 1).unwrap_err();

@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+mod common;
+
+use common::TempDir;
 use dp_train::{Error, EvalMetrics, MetricsRecord, MetricsWriter, StepMetrics, plot_run};
 
 const PNGS: [&str; 4] = ["loss.png", "accuracy.png", "throughput.png", "memory.png"];
-
-/// A fresh directory for one test, removed when dropped (also when the test fails).
-fn temp_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("dp-train-plot-{name}-")).tempdir().unwrap()
-}
 
 /// A plausible run: the loss falls and the accuracy rises with noise, throughput has a slow
 /// first step and occasional dips, memory grows during warm-up and then stays, and there is an
@@ -92,8 +90,8 @@ fn leftovers(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_run_with_eval_gets_four_pngs_of_the_expected_size() {
-    let dir_tmp = temp_dir("full");
-    let dir = dir_tmp.path();
+    let dir_tmp = TempDir::new("plot-full");
+    let dir = dir_tmp.0.as_path();
     write_run(dir, 400, 50);
     let written = plot_run(dir).unwrap();
     let expected: Vec<PathBuf> = PNGS.iter().map(|name| dir.join(name)).collect();
@@ -111,10 +109,10 @@ fn a_run_with_eval_gets_four_pngs_of_the_expected_size() {
 
 #[test]
 fn a_run_with_only_train_records_still_plots_and_the_eval_series_shows_when_present() {
-    let with_eval_tmp = temp_dir("with-eval");
-    let with_eval = with_eval_tmp.path();
-    let without_eval_tmp = temp_dir("train-only");
-    let without_eval = without_eval_tmp.path();
+    let with_eval_tmp = TempDir::new("plot-with-eval");
+    let with_eval = with_eval_tmp.0.as_path();
+    let without_eval_tmp = TempDir::new("plot-train-only");
+    let without_eval = without_eval_tmp.0.as_path();
     write_run(with_eval, 120, 40);
     write_run(without_eval, 120, 0);
     plot_run(with_eval).unwrap();
@@ -134,8 +132,8 @@ fn a_run_with_only_train_records_still_plots_and_the_eval_series_shows_when_pres
 
 #[test]
 fn a_resumed_run_with_repeated_steps_plots() {
-    let dir_tmp = temp_dir("resumed");
-    let dir = dir_tmp.path();
+    let dir_tmp = TempDir::new("plot-resumed");
+    let dir = dir_tmp.0.as_path();
     write_run(dir, 80, 20);
     // A resume from step 40 appends steps 41.. again.
     let mut writer = MetricsWriter::append(&dir.join("metrics.jsonl")).unwrap();
@@ -167,8 +165,8 @@ fn assert_names_file(err: &Error, file: &Path, also: &str) {
 
 #[test]
 fn a_missing_metrics_file_is_an_error_naming_it() {
-    let dir_tmp = temp_dir("missing");
-    let dir = dir_tmp.path();
+    let dir_tmp = TempDir::new("plot-missing");
+    let dir = dir_tmp.0.as_path();
     let err = plot_run(dir).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert_names_file(&err, &dir.join("metrics.jsonl"), "open");
@@ -177,8 +175,8 @@ fn a_missing_metrics_file_is_an_error_naming_it() {
 
 #[test]
 fn an_empty_metrics_file_is_an_error_naming_it() {
-    let dir_tmp = temp_dir("empty");
-    let dir = dir_tmp.path();
+    let dir_tmp = TempDir::new("plot-empty");
+    let dir = dir_tmp.0.as_path();
     let metrics = dir.join("metrics.jsonl");
     for content in ["", "\n\n", "{\"kind\":\"train\",\"st"] {
         fs::write(&metrics, content).unwrap();
@@ -196,8 +194,8 @@ fn an_empty_metrics_file_is_an_error_naming_it() {
 
 #[test]
 fn a_corrupt_line_is_an_error_naming_the_file_and_line_but_a_torn_last_line_is_not() {
-    let dir_tmp = temp_dir("corrupt");
-    let dir = dir_tmp.path();
+    let dir_tmp = TempDir::new("plot-corrupt");
+    let dir = dir_tmp.0.as_path();
     write_run(dir, 30, 0);
     let metrics = dir.join("metrics.jsonl");
     let text = fs::read_to_string(&metrics).unwrap();
@@ -217,8 +215,8 @@ fn a_corrupt_line_is_an_error_naming_the_file_and_line_but_a_torn_last_line_is_n
 
 #[test]
 fn a_failed_write_leaves_no_temporary_file() {
-    let dir_tmp = temp_dir("blocked");
-    let dir = dir_tmp.path();
+    let dir_tmp = TempDir::new("plot-blocked");
+    let dir = dir_tmp.0.as_path();
     write_run(dir, 20, 10);
     // A directory where the image should go is refused, not replaced.
     fs::create_dir(dir.join("accuracy.png")).unwrap();
