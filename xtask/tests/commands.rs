@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::dp;
+use common::{dp, scratch};
 
 /// `records` rows of `a,b,c,label`: a = z0 / 1000, b = 5000 + 1000 z1, c = 8 + 4 z2, the label
 /// the largest of three linear scores of the z (z uniform in [-1, 1), from a fixed stream).
@@ -35,11 +35,6 @@ fn figure(text: &str, line: &str, key: &str) -> f64 {
     let found = text.lines().find(|l| l.starts_with(line)).unwrap_or_else(|| panic!("{text}"));
     let after = found.split(key).nth(1).unwrap_or_else(|| panic!("{found}"));
     after.split_whitespace().next().unwrap().trim_end_matches('%').parse().unwrap()
-}
-
-/// A fresh scratch directory, removed when dropped (also when the test fails).
-fn scratch(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("xtask-{name}-")).tempdir().unwrap()
 }
 
 /// Imports `dir/<split>.csv` as the dataset `dir/<split>` with `label` as its label.

@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+mod common;
+
 /// `dp`, run in `dir`.
 fn dp(dir: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_dp"));
@@ -12,7 +14,7 @@ fn dp(dir: &std::path::Path) -> Command {
 
 #[test]
 fn dp_trains_the_digits_of_its_working_directory_into_its_runs() {
-    let dir = tempfile::Builder::new().prefix("dp-binary-").tempdir().unwrap();
+    let dir = common::scratch("binary");
     // The built-in digits where `dp train` looks for them by default, relative to here.
     let made = dp(dir.path())
         .args(["data", "gen", "--records", "512", "--eval-records", "64", "--out", "data/digits"])

@@ -67,7 +67,7 @@ fn sound_and_alone(dir: &Path) {
 
 #[test]
 fn a_killed_import_leaves_no_dataset_and_the_next_import_replaces_its_leftovers() {
-    let scratch = tempfile::Builder::new().prefix("xtask-import-killed-").tempdir().unwrap();
+    let scratch = common::scratch("import-killed");
     let dir = scratch.path();
     // 100,000 lines of ten non-zeros (about 7 MB), from a fixed stream.
     let input = dir.join("big.svm");
@@ -136,7 +136,7 @@ fn a_killed_import_leaves_no_dataset_and_the_next_import_replaces_its_leftovers(
 
 #[test]
 fn a_killed_gen_is_replaced_by_the_next_one() {
-    let scratch = tempfile::Builder::new().prefix("xtask-gen-killed-").tempdir().unwrap();
+    let scratch = common::scratch("gen-killed");
     let out = scratch.path().join("digits");
     let generate = |records: &str| {
         let mut command = dp();

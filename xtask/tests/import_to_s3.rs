@@ -43,10 +43,10 @@ fn imports_land_in_object_storage_dataset_by_dataset() {
         eprintln!("skipped: s3s-fs is not installed (bash scripts/setup-s3.sh)");
         return;
     }
-    let objects = tempfile::Builder::new().prefix("xtask-s3-").tempdir().unwrap();
+    let objects = common::scratch("s3");
     // Sets the AWS_* variables the commands below inherit.
     let _server = LocalS3::start(objects.path()).unwrap();
-    let scratch = tempfile::Builder::new().prefix("xtask-s3-in-").tempdir().unwrap();
+    let scratch = common::scratch("s3-in");
 
     let csv = scratch.path().join("table.csv");
     // Hashed values, which do not compress away: several shards of 8 KiB.

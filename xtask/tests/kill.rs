@@ -26,7 +26,7 @@ fn spawn(args: &[&str], extra: &[&Path]) -> Child {
 
 #[test]
 fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-kill-").tempdir().unwrap();
+    let scratch = common::scratch("kill");
     let dir = scratch.path();
     let data = dir.join("data");
     small_digits(&data);

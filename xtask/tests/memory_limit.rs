@@ -73,7 +73,7 @@ fn train_under(limit_mib: u64, data: &Path, out: &Path) -> (i32, String) {
 
 #[test]
 fn too_little_memory_is_refused_at_setup_and_enough_trains() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-ulimit-").tempdir().unwrap();
+    let scratch = common::scratch("ulimit");
     let data = scratch.path().join("data");
     small_digits(&data);
     let (mut refused, mut trained, mut named_limit) = (Vec::new(), Vec::new(), 0);

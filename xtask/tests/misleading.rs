@@ -8,7 +8,7 @@ use common::{dp, entries, failed, small_digits, succeeded};
 
 #[test]
 fn a_run_name_is_one_directory_under_out() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-names-").tempdir().unwrap();
+    let scratch = common::scratch("names");
     let dir = scratch.path();
     small_digits(&dir.join("data"));
     let runs = dir.join("nest/runs");
@@ -26,7 +26,7 @@ fn a_run_name_is_one_directory_under_out() {
 
 #[test]
 fn skip_corrupt_is_refused_where_the_import_cannot_skip() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-skip-").tempdir().unwrap();
+    let scratch = common::scratch("skip");
     let dir = scratch.path();
     std::fs::write(dir.join("in.tfrecord"), b"").unwrap();
     let mut import = dp();
@@ -40,7 +40,7 @@ fn skip_corrupt_is_refused_where_the_import_cannot_skip() {
 
 #[test]
 fn a_preview_to_dash_goes_to_standard_output() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-preview-").tempdir().unwrap();
+    let scratch = common::scratch("preview");
     let dir = scratch.path();
     let mut photos = dp();
     photos.args(["data", "photos", "--classes", "2", "--per-class", "3", "--sides", "40,60"]);

@@ -18,7 +18,7 @@ fn fifo(path: &Path) {
 
 #[test]
 fn outputs_replace_only_regular_files() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-outputs-").tempdir().unwrap();
+    let scratch = common::scratch("outputs");
     let dir = scratch.path();
     small_digits(&dir.join("data"));
     let mut train = dp();
@@ -88,7 +88,7 @@ fn outputs_replace_only_regular_files() {
 
 #[test]
 fn absurd_counts_are_refused_before_anything_starts() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-counts-").tempdir().unwrap();
+    let scratch = common::scratch("counts");
     let out = scratch.path().join("runs");
     let stderr =
         failed(&dp().args(["train", "--epochs", "0"]).arg("--out").arg(&out).output().unwrap());

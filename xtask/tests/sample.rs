@@ -32,7 +32,7 @@ fn train(dir: &Path, data: &Path, name: &str, extra: &[&str]) {
 
 #[test]
 fn sample_refuses_before_the_prompt_goes_out() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-sample-").tempdir().unwrap();
+    let scratch = common::scratch("sample");
     let dir = scratch.path();
     let corpus = dir.join("corpus.txt");
     std::fs::write(&corpus, "the model reads tokens and predicts the next one. ".repeat(80))

@@ -44,7 +44,7 @@ fn checkpoint_step(run: &Path) -> u64 {
 
 #[test]
 fn sigterm_and_ctrl_c_stop_after_the_step_with_a_checkpoint_and_resume() {
-    let scratch = tempfile::Builder::new().prefix("dp-xtask-signals-").tempdir().unwrap();
+    let scratch = common::scratch("signals");
     let dir = scratch.path();
     let data = dir.join("data");
     small_digits(&data);

@@ -44,7 +44,7 @@ fn train(data: &Path, runs: &Path) -> Output {
 
 #[test]
 fn splits_imported_together_share_a_width_and_the_trainer_says_how_when_they_do_not() {
-    let scratch = tempfile::Builder::new().prefix("xtask-svm-splits-").tempdir().unwrap();
+    let scratch = common::scratch("svm-splits");
     let dir = scratch.path();
     let (train_svm, eval_svm) = (dir.join("train.svm"), dir.join("eval.svm"));
     write_svmlight(&train_svm, 200, 500, 1);
@@ -90,7 +90,7 @@ fn splits_imported_together_share_a_width_and_the_trainer_says_how_when_they_do_
 /// config says so); without `--optimizer` the run chooses Adam with the sparse L2 penalty.
 #[test]
 fn an_optimizer_given_on_sparse_data_is_the_one_used() {
-    let scratch = tempfile::Builder::new().prefix("xtask-svm-optimizer-").tempdir().unwrap();
+    let scratch = common::scratch("svm-optimizer");
     let dir = scratch.path();
     let file = dir.join("train.svm");
     write_svmlight(&file, 200, 500, 3);

@@ -54,7 +54,7 @@ fn import(files: &[&Path], out: &Path, extra: &[&str]) -> String {
 
 #[test]
 fn text_files_import_as_train_and_eval_token_datasets() {
-    let scratch = tempfile::Builder::new().prefix("xtask-text-").tempdir().unwrap();
+    let scratch = common::scratch("text");
     let dir = scratch.path();
     let (a, b) = (dir.join("a.txt"), dir.join("b.txt"));
     let (first, second) = (text(1, 20_000), text(2, 10_000));

@@ -13,6 +13,12 @@ pub fn dp() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dp"))
 }
 
+/// A scratch directory for one test, named after it, removed when dropped (also when the test
+/// fails).
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("dp-xtask-{name}-")).tempdir().unwrap()
+}
+
 /// 4,096 training and 256 evaluation digits in `dir` (`dir/train`, `dir/eval`).
 pub fn small_digits(dir: &Path) {
     let made = dp()
