@@ -217,7 +217,7 @@ impl Dataset {
     /// window (a pipeline being dropped, whose workers must not wait on a server that is gone).
     pub(crate) fn halt_reads(&self) {
         if let Some(remote) = &self.remote {
-            remote.halt();
+            crate::remote::halt_reads(remote);
         }
     }
 

@@ -82,7 +82,9 @@ pub mod measure;
 #[cfg(feature = "bench")]
 pub mod measure_images;
 mod pipeline;
+mod read_at;
 mod remote;
+mod rng;
 mod schema;
 mod shard;
 mod staging;
@@ -106,7 +108,7 @@ pub use int_range::IntRange;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
-    PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+    PipelineState, PipelineStats, RandomCrop, RandomFlip, Sample, TailPolicy, Transform,
     partition_records,
 };
 /// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks, the
@@ -118,6 +120,7 @@ pub use remote::{
     is_object_url, object_stats, set_object_options, upload_dataset, upload_file, upload_manifest,
     upload_sink,
 };
+pub use rng::Rng;
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, SOURCE_FEATURE, Schema};
 pub use text::{
     SequenceBatch, SequenceConfig, SequenceSampler, SequenceState, TokenDataset, TokenInfo,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::image::decode::Decoder;
 use crate::image::{ImageFormat, ImageInfo};
-use crate::pipeline::Rng;
+use crate::rng::Rng;
 use crate::{
     DType, DatasetWriter, Error, Feature, Manifest, Result, SOURCE_FEATURE, Schema, Value,
     WriterOptions,

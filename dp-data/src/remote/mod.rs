@@ -31,7 +31,7 @@ mod upload;
 
 #[cfg(feature = "bench")]
 pub use cache_use::{CacheSampler, cache_disk_use};
-pub(crate) use fetch::{RemoteBlocks, open_cache};
+pub(crate) use fetch::{RemoteBlocks, halt_reads, open_cache};
 pub use fetch::{fetch_ahead_limit, fetched_ahead_memory};
 pub(crate) use object::RemoteDir;
 pub use options::{ObjectOptions, set_object_options};

@@ -1,0 +1,10 @@
+//! Shard files: a header, independently compressed blocks each with a CRC32C, a footer index
+//! and a trailer. See FORMAT.md for the byte layout.
+
+mod layout;
+mod reader;
+mod writer;
+
+pub(crate) use layout::{BLOCK_HEADER_LEN, BlockEntry, schema_fingerprint};
+pub(crate) use reader::ShardReader;
+pub(crate) use writer::ShardWriter;
