@@ -27,7 +27,6 @@ mod svmlight;
 mod text;
 mod text_out;
 mod tfrecord;
-mod tfrecord_sparse;
 
 use std::fmt;
 use std::fs::File;
@@ -48,8 +47,9 @@ pub use self::text::{
     TextOptions, TextProgress, TextReport, TextStage, TextTokenizer, import_text,
     import_text_with_progress,
 };
-pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
-pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
+pub use self::tfrecord::{
+    SparseFeature, TfRecordCompression, TfRecordOptions, VarLenFeature, import_tfrecord,
+};
 
 /// A zeroed buffer for one record of `path`, or an out-of-memory error instead of an abort
 /// when the machine (or an address-space limit) cannot hold it: a record may be as large as
