@@ -12,9 +12,9 @@ use crate::checksum::Crc32c;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::manifest::{MANIFEST_FILE, Manifest, ShardInfo};
-use crate::remote::{RemoteBlocks, RemoteDir, is_object_url};
+use crate::remote::{RemoteDir, is_object_url};
 use crate::schema::Schema;
-use crate::shard::{ShardReader, schema_fingerprint};
+use crate::shard::{ShardReader, check_listed, schema_fingerprint, stale};
 
 /// How a [`Dataset`] reads.
 #[derive(Debug, Clone)]
@@ -73,116 +73,21 @@ impl Dataset {
     /// manifest, and blocks are fetched as they are read, through the local cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let remote = match is_object_url(&dir) {
-            true => Some(RemoteDir::new(&dir.to_string_lossy())?),
-            false => None,
-        };
-        let manifest = match &remote {
-            Some(remote) => {
-                let object = remote.object(MANIFEST_FILE);
-                let bytes = object.get(None).map_err(|e| match e {
-                    Error::Object { what, .. } if what == "no such object" => Error::Incomplete {
-                        path: dir.clone(),
-                        what: format!(
-                            "no {MANIFEST_FILE} (a dataset whose upload did not finish has none)"
-                        ),
-                    },
-                    other => other,
-                })?;
-                Manifest::parse(&bytes, Path::new(object.url()))?
+        let (remote, manifest, shards) = match is_object_url(&dir) {
+            true => {
+                let (remote, manifest, shards) = crate::object_dataset::open(&dir)?;
+                (Some(remote), manifest, shards)
             }
-            None => Manifest::read(&dir)?,
-        };
-        let fingerprint = schema_fingerprint(&manifest.schema);
-        let cache = match &remote {
-            Some(_) => crate::remote::open_cache()?,
-            None => None,
-        };
-        let open_shard = |info: &ShardInfo| -> Result<ShardReader> {
-            let stale = |what: String| Error::Incomplete {
-                path: dir.clone(),
-                what: format!(
-                    "{}: {what}; the manifest is stale or the shard was replaced",
-                    info.file
-                ),
-            };
-            let shard = match &remote {
-                Some(remote) => {
-                    let object = remote.object(&info.file);
-                    let meta = object.head().map_err(|e| match e {
-                        Error::Object { what, .. } if what == "no such object" => {
-                            stale("missing".into())
-                        }
-                        other => other,
-                    })?;
-                    if meta.size != info.bytes {
-                        return Err(stale(format!(
-                            "{} bytes, the manifest says {}",
-                            meta.size, info.bytes
-                        )));
-                    }
-                    if let (Some(want), Some(got)) = (&info.etag, &meta.e_tag)
-                        && want != got
-                    {
-                        return Err(stale(format!(
-                            "its ETag is {got}, the manifest says {want}: the object changed after the upload"
-                        )));
-                    }
-                    // The blocks' names in the cache: the object's URL and whole-file CRC32C.
-                    let key = format!(
-                        "{:08x}{:08x}",
-                        crate::checksum::crc32c(object.url().as_bytes()),
-                        info.crc32c
-                    );
-                    let blocks = RemoteBlocks::new(object, info.etag.clone(), key, cache.clone());
-                    ShardReader::open_remote(blocks, info.bytes, info.blocks, fingerprint)?
-                }
-                None => {
-                    let path = dir.join(&info.file);
-                    let len = match std::fs::metadata(&path) {
-                        Ok(meta) => meta.len(),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                            return Err(stale("missing".into()));
-                        }
-                        Err(e) => return Err(Error::io(&path, "stat", e)),
-                    };
-                    if len != info.bytes {
-                        return Err(stale(format!(
-                            "{len} bytes, the manifest says {}",
-                            info.bytes
-                        )));
-                    }
-                    ShardReader::open(path, fingerprint)?
-                }
-            };
-            if let Some(want) = info.index_crc32c
-                && shard.index_crc32c() != want
-            {
-                return Err(stale(format!(
-                    "its blocks are not the ones the manifest lists (block index CRC32C {:08x}, the manifest says {want:08x}): another shard, of this dataset or another, is in its place",
-                    shard.index_crc32c()
-                )));
+            false => {
+                let manifest = Manifest::read(&dir)?;
+                let fingerprint = schema_fingerprint(&manifest.schema);
+                let shards = manifest
+                    .shards
+                    .iter()
+                    .map(|info| open_local_shard(&dir, info, fingerprint))
+                    .collect::<Result<Vec<_>>>()?;
+                (None, manifest, shards)
             }
-            let raw: u64 = shard.entries().iter().map(|e| e.raw).sum();
-            if shard.records() != info.records
-                || shard.entries().len() as u64 != info.blocks
-                || raw != info.raw_bytes
-            {
-                return Err(stale(format!(
-                    "{} records in {} blocks of {raw} bytes, the manifest says {} in {} of {}",
-                    shard.records(),
-                    shard.entries().len(),
-                    info.records,
-                    info.blocks,
-                    info.raw_bytes
-                )));
-            }
-            Ok(shard)
-        };
-        let shards = match &remote {
-            // A few requests per shard, each a round trip: many shards are opened at once.
-            Some(_) => open_in_parallel(&manifest.shards, &open_shard)?,
-            None => manifest.shards.iter().map(&open_shard).collect::<Result<Vec<_>>>()?,
         };
         let mut shard_starts = Vec::with_capacity(manifest.shards.len());
         let mut start = 0;
@@ -499,28 +404,22 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
-/// Opens each of `shards` with `open` on a few threads, in the order given; the first error
-/// in that order is returned.
-fn open_in_parallel(
-    shards: &[ShardInfo],
-    open: &(dyn Fn(&ShardInfo) -> Result<ShardReader> + Sync),
-) -> Result<Vec<ShardReader>> {
-    const THREADS: usize = 16;
-    let chunk = shards.len().div_ceil(THREADS).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = shards
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(open).collect::<Vec<_>>()))
-            .collect();
-        let mut opened = Vec::with_capacity(shards.len());
-        for handle in handles {
-            let part = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for shard in part {
-                opened.push(shard?);
-            }
+/// Opens the shard `info` of the local dataset in `dir`, checked against the manifest.
+fn open_local_shard(dir: &Path, info: &ShardInfo, fingerprint: u64) -> Result<ShardReader> {
+    let path = dir.join(&info.file);
+    let len = match std::fs::metadata(&path) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(stale(dir, info, "missing".into()));
         }
-        Ok(opened)
-    })
+        Err(e) => return Err(Error::io(&path, "stat", e)),
+    };
+    if len != info.bytes {
+        return Err(stale(dir, info, format!("{len} bytes, the manifest says {}", info.bytes)));
+    }
+    let shard = ShardReader::open(path, fingerprint)?;
+    check_listed(dir, info, &shard)?;
+    Ok(shard)
 }
 
 /// One record, holding its decompressed block alive.

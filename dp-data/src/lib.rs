@@ -81,6 +81,7 @@ mod manifest;
 pub mod measure;
 #[cfg(feature = "bench")]
 pub mod measure_images;
+mod object_dataset;
 mod pipeline;
 mod read_at;
 mod remote;

@@ -29,6 +29,7 @@ mod server;
 mod stats;
 mod upload;
 
+pub(crate) use cache::BlockCache;
 #[cfg(feature = "bench")]
 pub use cache_use::{CacheSampler, cache_disk_use};
 pub(crate) use fetch::{RemoteBlocks, halt_reads, open_cache};

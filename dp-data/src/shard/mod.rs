@@ -2,9 +2,11 @@
 //! and a trailer. See FORMAT.md for the byte layout.
 
 mod layout;
+mod listing;
 mod reader;
 mod writer;
 
 pub(crate) use layout::{BLOCK_HEADER_LEN, BlockEntry, schema_fingerprint};
+pub(crate) use listing::{check_listed, stale};
 pub(crate) use reader::ShardReader;
 pub(crate) use writer::ShardWriter;
