@@ -12,7 +12,9 @@ use crate::checksum::Crc32c;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::manifest::{MANIFEST_FILE, Manifest, ShardInfo};
-use crate::remote::{RemoteDir, is_object_url};
+#[cfg(feature = "objects")]
+use crate::remote::RemoteDir;
+use crate::remote::is_object_url;
 use crate::schema::Schema;
 use crate::shard::{ShardReader, check_listed, schema_fingerprint, stale};
 
@@ -39,8 +41,8 @@ impl Default for ReadOptions {
 /// An open dataset.
 pub struct Dataset {
     dir: PathBuf,
-    /// The object storage prefix the dataset is read from, when it is not on local disk.
-    remote: Option<RemoteDir>,
+    /// Where the shards are read from.
+    origin: Origin,
     manifest: Manifest,
     schema: Arc<Schema>,
     shards: Vec<ShardReader>,
@@ -49,6 +51,15 @@ pub struct Dataset {
     pool: Pool,
     cache: Mutex<BlockCache>,
     verify_checksums: bool,
+}
+
+/// Where a dataset's shards are read from.
+enum Origin {
+    /// Files on local disk.
+    Local,
+    /// Objects under a prefix in object storage.
+    #[cfg(feature = "objects")]
+    Object(RemoteDir),
 }
 
 /// The most recently used blocks, most recent last.
@@ -73,11 +84,14 @@ impl Dataset {
     /// manifest, and blocks are fetched as they are read, through the local cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let (remote, manifest, shards) = match is_object_url(&dir) {
+        let (origin, manifest, shards) = match is_object_url(&dir) {
+            #[cfg(feature = "objects")]
             true => {
                 let (remote, manifest, shards) = crate::object_dataset::open(&dir)?;
-                (Some(remote), manifest, shards)
+                (Origin::Object(remote), manifest, shards)
             }
+            #[cfg(not(feature = "objects"))]
+            true => return Err(crate::remote::objects_left_out(&dir)),
             false => {
                 let manifest = Manifest::read(&dir)?;
                 let fingerprint = schema_fingerprint(&manifest.schema);
@@ -86,7 +100,7 @@ impl Dataset {
                     .iter()
                     .map(|info| open_local_shard(&dir, info, fingerprint))
                     .collect::<Result<Vec<_>>>()?;
-                (None, manifest, shards)
+                (Origin::Local, manifest, shards)
             }
         };
         let mut shard_starts = Vec::with_capacity(manifest.shards.len());
@@ -98,7 +112,7 @@ impl Dataset {
         let pool = options.pool.unwrap_or_else(|| Pool::new(Tracker::global()));
         Ok(Dataset {
             dir,
-            remote,
+            origin,
             schema: Arc::new(manifest.schema.clone()),
             manifest,
             shards,
@@ -114,14 +128,15 @@ impl Dataset {
 
     /// Whether the dataset is read from object storage.
     pub fn is_remote(&self) -> bool {
-        self.remote.is_some()
+        !matches!(self.origin, Origin::Local)
     }
 
     /// Halts this dataset's reads from object storage, those under way and every later one:
     /// they fail with [`Error::Stopped`](crate::Error::Stopped) instead of retrying for their
     /// window (a pipeline being dropped, whose workers must not wait on a server that is gone).
     pub(crate) fn halt_reads(&self) {
-        if let Some(remote) = &self.remote {
+        #[cfg(feature = "objects")]
+        if let Origin::Object(remote) = &self.origin {
             crate::remote::halt_reads(remote);
         }
     }
@@ -138,10 +153,14 @@ impl Dataset {
         windows: impl IntoIterator<Item = Vec<usize>>,
         skip: usize,
     ) -> Result<usize> {
-        if self.remote.is_none() {
+        if !self.is_remote() {
             return Ok(0);
         }
+        #[cfg(feature = "objects")]
         let reach = crate::remote::fetch_ahead_limit() / 2;
+        // Unreached: without object storage every dataset is local.
+        #[cfg(not(feature = "objects"))]
+        let reach = 0;
         let (mut planned, mut covered) = (0, 0);
         for mut blocks in windows {
             let bytes: u64 = blocks
@@ -165,7 +184,7 @@ impl Dataset {
     /// Starts fetching blocks `blocks` (global indices, ascending) ahead of use, when the
     /// dataset is in object storage.
     pub fn prefetch(&self, blocks: &[usize]) -> Result<()> {
-        if self.remote.is_none() {
+        if !self.is_remote() {
             return Ok(());
         }
         let mut by_shard: Vec<usize> = Vec::new();
@@ -358,7 +377,8 @@ impl Dataset {
     /// An [`Error::Unlisted`] for each entry of the directory that is neither the manifest nor
     /// a shard it names, in name order.
     fn unlisted(&self) -> Vec<Error> {
-        if let Some(remote) = &self.remote {
+        #[cfg(feature = "objects")]
+        if let Origin::Object(remote) = &self.origin {
             return match remote.list() {
                 Ok(names) => names
                     .into_iter()

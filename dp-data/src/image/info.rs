@@ -21,6 +21,8 @@ pub enum ImageFormat {
 }
 
 impl ImageFormat {
+    // Only images probed by their headers are stored, which the `images` feature does.
+    #[cfg_attr(not(feature = "images"), allow(dead_code))]
     fn code(self) -> u8 {
         match self {
             ImageFormat::Jpeg => 1,
@@ -84,6 +86,7 @@ impl ImageInfo {
     }
 
     /// The image as a dataset stores it: this header, then `encoded` as it is.
+    #[cfg_attr(not(feature = "images"), allow(dead_code))]
     pub(crate) fn store(&self, encoded: &[u8], out: &mut Vec<u8>) {
         out.clear();
         out.reserve(HEADER_LEN + encoded.len());

@@ -6,16 +6,24 @@
 
 pub(crate) mod counts;
 pub(crate) mod crop;
+#[cfg(feature = "images")]
 pub(crate) mod decode;
+#[cfg(feature = "images")]
 pub(crate) mod headers;
 pub(crate) mod info;
 pub(crate) mod input;
 pub(crate) mod recipe;
+#[cfg(feature = "images")]
 pub(crate) mod resample;
 pub(crate) mod sampler;
 
 pub use counts::ImageCounts;
+#[cfg(feature = "images")]
 pub use headers::stored_image;
 pub use info::{ImageFormat, ImageInfo, MAX_PIXELS};
 pub use input::ImageInput;
 pub use sampler::ImageSampler;
+
+/// Why an image is not decoded in a build without the `images` feature.
+#[cfg(not(feature = "images"))]
+pub(crate) const IMAGES_LEFT_OUT: &str = "cannot be decoded: this build of dp-data leaves out its `images` feature, which decodes JPEG and PNG";

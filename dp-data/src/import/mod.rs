@@ -21,10 +21,13 @@
 
 mod csv;
 mod idx;
+#[cfg(feature = "images")]
 mod image_folder;
 mod npy;
 mod svmlight;
+#[cfg(feature = "text")]
 mod text;
+#[cfg(feature = "text")]
 mod text_out;
 mod tfrecord;
 
@@ -39,10 +42,12 @@ use crate::{Error, Result};
 
 pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
+#[cfg(feature = "images")]
 pub use self::image_folder::{ImageFolderOptions, ImageFolderReport, import_image_folder};
 pub use self::npy::import_npy;
 pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
+#[cfg(feature = "text")]
 pub use self::text::{
     TextOptions, TextProgress, TextReport, TextStage, TextTokenizer, import_text,
     import_text_with_progress,

@@ -17,10 +17,19 @@ pub(super) fn resolve(dataset: &Dataset, config: &PipelineConfig) -> Result<Colu
     };
     let (input, label) = (find(&config.input, "input")?, find(&config.label, "label")?);
     let (fi, fl) = (&schema.features()[input], &schema.features()[label]);
+    #[cfg(feature = "images")]
     let image_shape;
     let (shape, sparse) = match (&fi.kind, &config.image) {
         (Kind::Dense { shape }, None) => (&shape[..], None),
         (Kind::Sparse { .. }, None) => (&[0][..], Some(sparse_column(dataset, fi, config)?)),
+        #[cfg(not(feature = "images"))]
+        (Kind::Image, Some(_)) => {
+            return Err(Error::Config {
+                field: "image",
+                what: format!("{fi}: its images {}", crate::image::IMAGES_LEFT_OUT),
+            });
+        }
+        #[cfg(feature = "images")]
         (Kind::Image, Some(image)) => {
             image_shape = [image.channels, image.height, image.width];
             (&image_shape[..], None)

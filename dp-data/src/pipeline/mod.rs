@@ -42,6 +42,7 @@ mod transform;
 mod tuning;
 mod workers;
 
+#[cfg(feature = "text")]
 pub(crate) use batch::Inputs;
 pub use batch::{Batch, CsrBatch};
 pub use config::{CorruptionPolicy, PipelineConfig, PipelineState, TailPolicy};

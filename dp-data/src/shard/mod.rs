@@ -6,7 +6,9 @@ mod listing;
 mod reader;
 mod writer;
 
-pub(crate) use layout::{BLOCK_HEADER_LEN, BlockEntry, schema_fingerprint};
+pub(crate) use layout::schema_fingerprint;
+#[cfg(feature = "objects")]
+pub(crate) use layout::{BLOCK_HEADER_LEN, BlockEntry};
 pub(crate) use listing::{check_listed, stale};
 pub(crate) use reader::ShardReader;
 pub(crate) use writer::ShardWriter;

@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use dp_mem::{Pool, Tag};
 
-use super::layout::{
-    BLOCK_HEADER_LEN, BlockEntry, HEADER_LEN, INDEX_ENTRY_LEN, Layout, TRAILER_LEN,
-};
+use super::layout::{BLOCK_HEADER_LEN, BlockEntry, Layout};
+#[cfg(feature = "objects")]
+use super::layout::{HEADER_LEN, INDEX_ENTRY_LEN, TRAILER_LEN};
 use crate::block::Block;
 use crate::checksum;
 use crate::error::{Error, Result};
 use crate::read_at::read_at;
+#[cfg(feature = "objects")]
 use crate::remote::RemoteBlocks;
 use crate::schema::Schema;
 
@@ -42,12 +43,14 @@ enum Source {
     /// they lie in the page cache, without a copy through `read`.
     Mapped(memmap2::Mmap),
     /// An object in object storage, read a block at a time through the local cache.
+    #[cfg(feature = "objects")]
     Remote(Arc<RemoteBlocks>),
 }
 
 /// A block's compressed bytes: where they lie in a mapped shard, or as fetched.
 pub(crate) enum Payload<'a> {
     Mapped(&'a [u8]),
+    #[cfg(feature = "objects")]
     Fetched(bytes::Bytes),
 }
 
@@ -57,6 +60,7 @@ impl std::ops::Deref for Payload<'_> {
     fn deref(&self) -> &[u8] {
         match self {
             Payload::Mapped(bytes) => bytes,
+            #[cfg(feature = "objects")]
             Payload::Fetched(bytes) => bytes,
         }
     }
@@ -93,6 +97,7 @@ impl ShardReader {
     /// Opens the remote shard `blocks` of `len` bytes, which the manifest says holds
     /// `blocks_listed` blocks: its header and its index with the trailer are fetched with one
     /// ranged GET each, and checked as a local shard's are.
+    #[cfg(feature = "objects")]
     pub(crate) fn open_remote(
         blocks: RemoteBlocks,
         len: u64,
@@ -146,10 +151,12 @@ impl ShardReader {
 
     /// Block `index`'s compressed bytes (after its header), checking the header against the
     /// index (the CRC32C is [`ShardReader::check`]'s).
+    #[cfg_attr(not(feature = "objects"), allow(clippy::infallible_destructuring_match))]
     pub(crate) fn compressed(&self, index: usize) -> Result<Payload<'_>> {
         let entry = &self.entries[index];
         let map = match &self.source {
             Source::Mapped(map) => map,
+            #[cfg(feature = "objects")]
             Source::Remote(blocks) => return blocks.payload(index, entry).map(Payload::Fetched),
         };
         // Within the file: checked against its size when it was opened.
@@ -168,9 +175,11 @@ impl ShardReader {
 
     /// Starts fetching blocks `blocks` (ascending) of a remote shard ahead of use; nothing
     /// for a local one, whose blocks the page cache reads ahead.
+    #[cfg_attr(not(feature = "objects"), allow(unused_variables))]
     pub(crate) fn prefetch(&self, blocks: &[usize]) -> Result<()> {
         match &self.source {
             Source::Mapped(_) => Ok(()),
+            #[cfg(feature = "objects")]
             Source::Remote(remote) => {
                 let listed: Vec<_> = blocks.iter().map(|&b| (b, self.entries[b])).collect();
                 remote.prefetch(&listed)
@@ -194,6 +203,7 @@ impl ShardReader {
                     each(&buf[..n]);
                 }
             }
+            #[cfg(feature = "objects")]
             Source::Remote(remote) => remote.stream(each),
         }
     }
@@ -250,9 +260,14 @@ impl ShardReader {
     /// asked for that the page cache holds (Linux's fault-around, 64 KiB by default), so the
     /// range released reaches to the 64 KiB boundaries around the block, neighbours' pages
     /// included: those read back from the page cache just the same when touched.
+    #[cfg_attr(not(feature = "objects"), allow(clippy::infallible_destructuring_match))]
     fn release(&self, index: usize) {
         const AROUND: usize = 64 << 10;
-        let Source::Mapped(map) = &self.source else { return };
+        let map = match &self.source {
+            Source::Mapped(map) => map,
+            #[cfg(feature = "objects")]
+            Source::Remote(_) => return,
+        };
         let entry = &self.entries[index];
         // The mapping rounds the start down to a page boundary itself.
         let start = entry.offset as usize / AROUND * AROUND;

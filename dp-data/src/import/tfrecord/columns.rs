@@ -68,6 +68,16 @@ pub(super) fn infer_schema(
             let (a, b) = parsed.bytes[0];
             named || ImageFormat::sniff(&data[a..b]).is_some()
         };
+        #[cfg(not(feature = "images"))]
+        if image {
+            return Err(Error::Config {
+                field: "images",
+                what: format!(
+                    "the first Example's feature {shown} holds an image, which {}",
+                    crate::image::IMAGES_LEFT_OUT
+                ),
+            });
+        }
         let column = Column { key: key.to_vec(), list, count: parsed.count(), image };
         columns.push((name, column));
     }

@@ -9,6 +9,7 @@ use super::frame::{next_record, open};
 use super::options::TfRecordOptions;
 use super::sparse::SparseRow;
 use crate::error::{Error, Result};
+#[cfg(feature = "images")]
 use crate::image::decode::Decoder;
 use crate::import::{list_names, quote_name};
 use crate::manifest::Manifest;
@@ -66,7 +67,9 @@ pub fn import_tfrecord(
     let mut seen = vec![false; declared.len()];
     // Each image column's value as stored (its header, then its bytes), reused record to record,
     // once the pipeline's decoder has read it whole (a record cut short fails here, named).
-    let (mut stored, mut decoder): (Vec<Vec<u8>>, _) = (Vec::new(), Decoder::default());
+    let mut stored: Vec<Vec<u8>> = Vec::new();
+    #[cfg(feature = "images")]
+    let mut decoder = Decoder::default();
     for path in paths {
         let mut source = open(path, compression)?;
         let mut index = 0u64;
@@ -98,6 +101,7 @@ pub fn import_tfrecord(
                 |what: String| source.corrupt(at, format!("record {index} of this file: {what}"));
             read_sparse_rows(&example, tf, &mut rows).map_err(in_record)?;
             stored.resize_with(columns.len(), Vec::new);
+            #[cfg(feature = "images")]
             for (column, stored) in columns.iter().zip(&mut stored).filter(|(c, _)| c.image) {
                 let (a, b) = example[column.key.as_slice()].bytes[0];
                 let info = decoder.check(&data[a..b]).map_err(|what| {
