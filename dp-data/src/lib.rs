@@ -81,6 +81,7 @@ mod manifest;
 pub mod measure;
 #[cfg(all(feature = "bench", feature = "images"))]
 pub mod measure_images;
+mod npy_format;
 #[cfg(feature = "objects")]
 mod object_dataset;
 mod pipeline;

@@ -45,7 +45,6 @@ pub use self::idx::import_idx;
 #[cfg(feature = "images")]
 pub use self::image_folder::{ImageFolderOptions, ImageFolderReport, import_image_folder};
 pub use self::npy::import_npy;
-pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
 #[cfg(feature = "text")]
 pub use self::text::{
