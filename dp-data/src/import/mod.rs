@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 
 use flate2::bufread::MultiGzDecoder;
 
-use crate::{Error, Result};
+use crate::{DatasetWriter, Error, Manifest, Result, Value};
 
 pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
@@ -54,6 +54,37 @@ pub use self::text::{
 pub use self::tfrecord::{
     SparseFeature, TfRecordCompression, TfRecordOptions, VarLenFeature, import_tfrecord,
 };
+
+/// One input file of an importer that reads a record from each of its files in turn (the
+/// `.npy` and IDX importers).
+pub(crate) trait RecordInput {
+    /// The file being read.
+    fn source(&mut self) -> &mut Source;
+    /// Reads record `record` (the next one) into the input's buffer.
+    fn read_record(&mut self, record: u64) -> Result<()>;
+    /// The record last read, as the writer takes it.
+    fn value(&self) -> Value<'_>;
+}
+
+/// Writes `records` records, each made of one record of every input, then checks that every
+/// input ends there, and finishes the dataset.
+pub(crate) fn write_records(
+    mut writer: DatasetWriter,
+    inputs: &mut [impl RecordInput],
+    records: u64,
+) -> Result<Manifest> {
+    for record in 0..records {
+        for input in inputs.iter_mut() {
+            input.read_record(record)?;
+        }
+        let values: Vec<Value<'_>> = inputs.iter().map(RecordInput::value).collect();
+        writer.append(&values)?;
+    }
+    for input in inputs.iter_mut() {
+        input.source().expect_end(&format!("{records} records"))?;
+    }
+    writer.finish()
+}
 
 /// A zeroed buffer for one record of `path`, or an out-of-memory error instead of an abort
 /// when the machine (or an address-space limit) cannot hold it: a record may be as large as

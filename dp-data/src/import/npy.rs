@@ -9,7 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Source, checked_bytes, quote_name, record_buffer, show_dims};
+use super::{
+    RecordInput, Source, checked_bytes, quote_name, record_buffer, show_dims, write_records,
+};
 use crate::npy_format::MAGIC;
 #[cfg(test)]
 use crate::npy_format::{npy_descr, npy_header};
@@ -365,7 +367,11 @@ struct Input {
     narrowed: Vec<u8>,
 }
 
-impl Input {
+impl RecordInput for Input {
+    fn source(&mut self) -> &mut Source {
+        &mut self.source
+    }
+
     fn read_record(&mut self, record: u64) -> Result<()> {
         self.source.read_exact(&mut self.buf, format_args!("record {record}"))?;
         if self.narrow {
@@ -461,18 +467,7 @@ pub fn import_npy(
             input.buf = record_buffer(input.record_bytes, input.source.path())?;
         }
     }
-    let mut writer = DatasetWriter::create(out, schema, options)?;
-    for record in 0..records {
-        for input in &mut inputs {
-            input.read_record(record)?;
-        }
-        let values: Vec<Value<'_>> = inputs.iter().map(Input::value).collect();
-        writer.append(&values)?;
-    }
-    for input in &mut inputs {
-        input.source.expect_end(&format!("{records} records"))?;
-    }
-    writer.finish()
+    write_records(DatasetWriter::create(out, schema, options)?, &mut inputs, records)
 }
 
 #[cfg(test)]
