@@ -4,6 +4,10 @@
 //! features, the same calls get past these checks (covered by the object_store and images
 //! tests).
 
+#[path = "support/temp_dir.rs"]
+#[allow(dead_code)]
+mod temp_dir;
+
 #[cfg(not(feature = "objects"))]
 #[test]
 fn an_object_storage_location_names_the_objects_feature() {
@@ -19,7 +23,7 @@ fn an_image_input_names_the_images_feature() {
         WriterOptions,
     };
 
-    let dir = tempfile::Builder::new().prefix("dp-data-no-images-").tempdir().unwrap();
+    let dir = temp_dir::scratch_dir("no-images");
     let schema =
         Schema::new(vec![Feature::image("image"), Feature::dense("label", DType::I64, &[])])
             .unwrap();
