@@ -10,7 +10,7 @@ use super::info::{ImageFormat, ImageInfo};
 
 impl ImageInfo {
     /// Reads an encoded image's headers. An error says what is wrong: not a JPEG or PNG,
-    /// truncated headers, a zero size, more pixels than [`MAX_PIXELS`].
+    /// truncated headers, a zero size, more pixels than [`MAX_PIXELS`](crate::MAX_PIXELS).
     pub fn probe(bytes: &[u8]) -> Result<Self, String> {
         let info = match ImageFormat::sniff(bytes) {
             Some(ImageFormat::Jpeg) => jpeg_info(bytes)?,

@@ -23,15 +23,15 @@ use crate::writer::{DatasetWriter, WriterOptions};
 /// `image/encoded`) become `_`. Every later Example must have the same features with the same
 /// lists and lengths, or the import fails naming the file, the record's offset and the feature.
 ///
-/// Keys declared in `tf` as variable-length or sparse (see [`VarLenFeature`] and
-/// [`SparseFeature`]) become sparse `f32` features after the inferred ones, and may be
+/// Keys declared in `tf` as variable-length or sparse (see [`VarLenFeature`](crate::VarLenFeature) and
+/// [`SparseFeature`](crate::SparseFeature)) become sparse `f32` features after the inferred ones, and may be
 /// missing from an Example (an empty row), though not from every one (a declared key that no
 /// record has is refused, naming it and the keys the records have); an id or index outside
 /// the declared width, a repeated index, or index and value lists of different lengths fail
 /// naming the file, the record's offset and the key.
 ///
 /// Every record's length and data CRC32C are checked. `tf.compression` says whether the files
-/// are GZIP-compressed; [`TfRecordCompression::Auto`] decides per file.
+/// are GZIP-compressed; [`TfRecordCompression::Auto`](crate::TfRecordCompression::Auto) decides per file.
 ///
 /// ```no_run
 /// use std::path::{Path, PathBuf};

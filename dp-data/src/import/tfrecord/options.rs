@@ -5,7 +5,7 @@ use super::feature_name::feature_name;
 use super::sparse::{SparseFeature, VarLenFeature};
 use crate::error::{Error, Result};
 
-/// How [`import_tfrecord`] reads TFRecord files: their compression, and the keys to read as
+/// How [`import_tfrecord`](crate::import_tfrecord) reads TFRecord files: their compression, and the keys to read as
 /// sparse features, which the first Example alone cannot tell (TensorFlow's feature specs).
 ///
 /// ```
@@ -76,7 +76,7 @@ impl TfRecordOptions {
     }
 }
 
-/// How the TFRecord files given to [`import_tfrecord`] are compressed.
+/// How the TFRecord files given to [`import_tfrecord`](crate::import_tfrecord) are compressed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TfRecordCompression {
     /// Decide per file: a file whose first 12 bytes are a valid record frame is uncompressed,
