@@ -12,9 +12,11 @@ use crate::checksum::Crc32c;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::manifest::{MANIFEST_FILE, Manifest, ShardInfo};
-use crate::remote::{RemoteBlocks, RemoteDir, is_object_url};
+#[cfg(feature = "objects")]
+use crate::remote::RemoteDir;
+use crate::remote::is_object_url;
 use crate::schema::Schema;
-use crate::shard::{ShardReader, schema_fingerprint};
+use crate::shard::{ShardReader, check_listed, schema_fingerprint, stale};
 
 /// How a [`Dataset`] reads.
 #[derive(Debug, Clone)]
@@ -39,8 +41,8 @@ impl Default for ReadOptions {
 /// An open dataset.
 pub struct Dataset {
     dir: PathBuf,
-    /// The object storage prefix the dataset is read from, when it is not on local disk.
-    remote: Option<RemoteDir>,
+    /// Where the shards are read from.
+    origin: Origin,
     manifest: Manifest,
     schema: Arc<Schema>,
     shards: Vec<ShardReader>,
@@ -49,6 +51,15 @@ pub struct Dataset {
     pool: Pool,
     cache: Mutex<BlockCache>,
     verify_checksums: bool,
+}
+
+/// Where a dataset's shards are read from.
+enum Origin {
+    /// Files on local disk.
+    Local,
+    /// Objects under a prefix in object storage.
+    #[cfg(feature = "objects")]
+    Object(RemoteDir),
 }
 
 /// The most recently used blocks, most recent last.
@@ -73,116 +84,24 @@ impl Dataset {
     /// manifest, and blocks are fetched as they are read, through the local cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let remote = match is_object_url(&dir) {
-            true => Some(RemoteDir::new(&dir.to_string_lossy())?),
-            false => None,
-        };
-        let manifest = match &remote {
-            Some(remote) => {
-                let object = remote.object(MANIFEST_FILE);
-                let bytes = object.get(None).map_err(|e| match e {
-                    Error::Object { what, .. } if what == "no such object" => Error::Incomplete {
-                        path: dir.clone(),
-                        what: format!(
-                            "no {MANIFEST_FILE} (a dataset whose upload did not finish has none)"
-                        ),
-                    },
-                    other => other,
-                })?;
-                Manifest::parse(&bytes, Path::new(object.url()))?
+        let (origin, manifest, shards) = match is_object_url(&dir) {
+            #[cfg(feature = "objects")]
+            true => {
+                let (remote, manifest, shards) = crate::object_dataset::open(&dir)?;
+                (Origin::Object(remote), manifest, shards)
             }
-            None => Manifest::read(&dir)?,
-        };
-        let fingerprint = schema_fingerprint(&manifest.schema);
-        let cache = match &remote {
-            Some(_) => crate::remote::open_cache()?,
-            None => None,
-        };
-        let open_shard = |info: &ShardInfo| -> Result<ShardReader> {
-            let stale = |what: String| Error::Incomplete {
-                path: dir.clone(),
-                what: format!(
-                    "{}: {what}; the manifest is stale or the shard was replaced",
-                    info.file
-                ),
-            };
-            let shard = match &remote {
-                Some(remote) => {
-                    let object = remote.object(&info.file);
-                    let meta = object.head().map_err(|e| match e {
-                        Error::Object { what, .. } if what == "no such object" => {
-                            stale("missing".into())
-                        }
-                        other => other,
-                    })?;
-                    if meta.size != info.bytes {
-                        return Err(stale(format!(
-                            "{} bytes, the manifest says {}",
-                            meta.size, info.bytes
-                        )));
-                    }
-                    if let (Some(want), Some(got)) = (&info.etag, &meta.e_tag)
-                        && want != got
-                    {
-                        return Err(stale(format!(
-                            "its ETag is {got}, the manifest says {want}: the object changed after the upload"
-                        )));
-                    }
-                    // The blocks' names in the cache: the object's URL and whole-file CRC32C.
-                    let key = format!(
-                        "{:08x}{:08x}",
-                        crate::checksum::crc32c(object.url().as_bytes()),
-                        info.crc32c
-                    );
-                    let blocks = RemoteBlocks::new(object, info.etag.clone(), key, cache.clone());
-                    ShardReader::open_remote(blocks, info.bytes, info.blocks, fingerprint)?
-                }
-                None => {
-                    let path = dir.join(&info.file);
-                    let len = match std::fs::metadata(&path) {
-                        Ok(meta) => meta.len(),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                            return Err(stale("missing".into()));
-                        }
-                        Err(e) => return Err(Error::io(&path, "stat", e)),
-                    };
-                    if len != info.bytes {
-                        return Err(stale(format!(
-                            "{len} bytes, the manifest says {}",
-                            info.bytes
-                        )));
-                    }
-                    ShardReader::open(path, fingerprint)?
-                }
-            };
-            if let Some(want) = info.index_crc32c
-                && shard.index_crc32c() != want
-            {
-                return Err(stale(format!(
-                    "its blocks are not the ones the manifest lists (block index CRC32C {:08x}, the manifest says {want:08x}): another shard, of this dataset or another, is in its place",
-                    shard.index_crc32c()
-                )));
+            #[cfg(not(feature = "objects"))]
+            true => return Err(crate::remote::objects_left_out(&dir)),
+            false => {
+                let manifest = Manifest::read(&dir)?;
+                let fingerprint = schema_fingerprint(&manifest.schema);
+                let shards = manifest
+                    .shards
+                    .iter()
+                    .map(|info| open_local_shard(&dir, info, fingerprint))
+                    .collect::<Result<Vec<_>>>()?;
+                (Origin::Local, manifest, shards)
             }
-            let raw: u64 = shard.entries().iter().map(|e| e.raw).sum();
-            if shard.records() != info.records
-                || shard.entries().len() as u64 != info.blocks
-                || raw != info.raw_bytes
-            {
-                return Err(stale(format!(
-                    "{} records in {} blocks of {raw} bytes, the manifest says {} in {} of {}",
-                    shard.records(),
-                    shard.entries().len(),
-                    info.records,
-                    info.blocks,
-                    info.raw_bytes
-                )));
-            }
-            Ok(shard)
-        };
-        let shards = match &remote {
-            // A few requests per shard, each a round trip: many shards are opened at once.
-            Some(_) => open_in_parallel(&manifest.shards, &open_shard)?,
-            None => manifest.shards.iter().map(&open_shard).collect::<Result<Vec<_>>>()?,
         };
         let mut shard_starts = Vec::with_capacity(manifest.shards.len());
         let mut start = 0;
@@ -193,7 +112,7 @@ impl Dataset {
         let pool = options.pool.unwrap_or_else(|| Pool::new(Tracker::global()));
         Ok(Dataset {
             dir,
-            remote,
+            origin,
             schema: Arc::new(manifest.schema.clone()),
             manifest,
             shards,
@@ -209,15 +128,16 @@ impl Dataset {
 
     /// Whether the dataset is read from object storage.
     pub fn is_remote(&self) -> bool {
-        self.remote.is_some()
+        !matches!(self.origin, Origin::Local)
     }
 
     /// Halts this dataset's reads from object storage, those under way and every later one:
     /// they fail with [`Error::Stopped`](crate::Error::Stopped) instead of retrying for their
     /// window (a pipeline being dropped, whose workers must not wait on a server that is gone).
     pub(crate) fn halt_reads(&self) {
-        if let Some(remote) = &self.remote {
-            remote.halt();
+        #[cfg(feature = "objects")]
+        if let Origin::Object(remote) = &self.origin {
+            crate::remote::halt_reads(remote);
         }
     }
 
@@ -233,10 +153,14 @@ impl Dataset {
         windows: impl IntoIterator<Item = Vec<usize>>,
         skip: usize,
     ) -> Result<usize> {
-        if self.remote.is_none() {
+        if !self.is_remote() {
             return Ok(0);
         }
+        #[cfg(feature = "objects")]
         let reach = crate::remote::fetch_ahead_limit() / 2;
+        // Unreached: without object storage every dataset is local.
+        #[cfg(not(feature = "objects"))]
+        let reach = 0;
         let (mut planned, mut covered) = (0, 0);
         for mut blocks in windows {
             let bytes: u64 = blocks
@@ -260,7 +184,7 @@ impl Dataset {
     /// Starts fetching blocks `blocks` (global indices, ascending) ahead of use, when the
     /// dataset is in object storage.
     pub fn prefetch(&self, blocks: &[usize]) -> Result<()> {
-        if self.remote.is_none() {
+        if !self.is_remote() {
             return Ok(());
         }
         let mut by_shard: Vec<usize> = Vec::new();
@@ -453,7 +377,8 @@ impl Dataset {
     /// An [`Error::Unlisted`] for each entry of the directory that is neither the manifest nor
     /// a shard it names, in name order.
     fn unlisted(&self) -> Vec<Error> {
-        if let Some(remote) = &self.remote {
+        #[cfg(feature = "objects")]
+        if let Origin::Object(remote) = &self.origin {
             return match remote.list() {
                 Ok(names) => names
                     .into_iter()
@@ -499,28 +424,22 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
-/// Opens each of `shards` with `open` on a few threads, in the order given; the first error
-/// in that order is returned.
-fn open_in_parallel(
-    shards: &[ShardInfo],
-    open: &(dyn Fn(&ShardInfo) -> Result<ShardReader> + Sync),
-) -> Result<Vec<ShardReader>> {
-    const THREADS: usize = 16;
-    let chunk = shards.len().div_ceil(THREADS).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = shards
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(open).collect::<Vec<_>>()))
-            .collect();
-        let mut opened = Vec::with_capacity(shards.len());
-        for handle in handles {
-            let part = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for shard in part {
-                opened.push(shard?);
-            }
+/// Opens the shard `info` of the local dataset in `dir`, checked against the manifest.
+fn open_local_shard(dir: &Path, info: &ShardInfo, fingerprint: u64) -> Result<ShardReader> {
+    let path = dir.join(&info.file);
+    let len = match std::fs::metadata(&path) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(stale(dir, info, "missing".into()));
         }
-        Ok(opened)
-    })
+        Err(e) => return Err(Error::io(&path, "stat", e)),
+    };
+    if len != info.bytes {
+        return Err(stale(dir, info, format!("{len} bytes, the manifest says {}", info.bytes)));
+    }
+    let shard = ShardReader::open(path, fingerprint)?;
+    check_listed(dir, info, &shard)?;
+    Ok(shard)
 }
 
 /// One record, holding its decompressed block alive.

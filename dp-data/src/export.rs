@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::atomic::AtomicFile;
-use crate::import::{npy_descr, npy_header};
+use crate::npy_format::{npy_descr, npy_header};
 use crate::{Dataset, Error, Kind, Result};
 
 /// What [`export_npy`] exports.

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::atomic::AtomicFile;
-use crate::import::npy_header;
+use crate::npy_format::{npy_descr, npy_header};
 use crate::{DType, Dataset, Error, Feature, Kind, Result};
 
 /// What [`export_svmlight`] and [`export_npz`] write.
@@ -171,7 +171,7 @@ pub fn export_npz(dataset: &Path, out: &Path, options: &SparseExport) -> Result<
         true => out.extend_from_slice(&v.to_le_bytes()),
         false => out.extend_from_slice(&(v as i32).to_le_bytes()),
     };
-    let descr = crate::import::npy_descr(feature.dtype).unwrap_or("<f4");
+    let descr = npy_descr(feature.dtype).unwrap_or("<f4");
     let int_descr = if wide { "<i8" } else { "<i4" };
     write_atomically(out, |file| {
         let mut zip = zip::ZipWriter::new(&mut *file);

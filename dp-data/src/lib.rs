@@ -63,6 +63,13 @@
 //! # Ok::<(), dp_data::Error>(())
 //! ```
 
+// The docs name what the default features add (images, token datasets, object storage);
+// a build without one of them leaves those links without a target.
+#![cfg_attr(
+    not(all(feature = "images", feature = "text", feature = "objects")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
+
 #[cfg(not(target_endian = "little"))]
 compile_error!("dp-data stores little-endian data and supports little-endian hosts only");
 
@@ -79,13 +86,19 @@ mod int_range;
 mod manifest;
 #[cfg(feature = "bench")]
 pub mod measure;
-#[cfg(feature = "bench")]
+#[cfg(all(feature = "bench", feature = "images"))]
 pub mod measure_images;
+mod npy_format;
+#[cfg(feature = "objects")]
+mod object_dataset;
 mod pipeline;
+mod read_at;
 mod remote;
+mod rng;
 mod schema;
 mod shard;
 mod staging;
+#[cfg(feature = "text")]
 mod text;
 mod value;
 mod writer;
@@ -99,26 +112,29 @@ pub use error::{Error, Result};
 pub use feature_stats::FeatureStats;
 pub use image::crop::ImageCrop;
 pub use image::recipe::CropPolicy;
-pub use image::{
-    ImageCounts, ImageFormat, ImageInfo, ImageInput, ImageSampler, MAX_PIXELS, stored_image,
-};
+#[cfg(feature = "images")]
+pub use image::stored_image;
+pub use image::{ImageCounts, ImageFormat, ImageInfo, ImageInput, ImageSampler, MAX_PIXELS};
 pub use int_range::IntRange;
 pub use manifest::{MANIFEST_FILE, Manifest, ShardInfo, SparseCounts};
 pub use pipeline::{
     Batch, CorruptionPolicy, CsrBatch, FeatureScaling, Normalize, Pipeline, PipelineConfig,
-    PipelineState, PipelineStats, RandomCrop, RandomFlip, Rng, Sample, TailPolicy, Transform,
+    PipelineState, PipelineStats, RandomCrop, RandomFlip, Sample, TailPolicy, Transform,
     partition_records,
 };
+pub use remote::is_object_url;
 /// A local S3-compatible server (`s3s-fs`) for the object storage tests and benchmarks, the
 /// rate a server serves a dataset at, and what a block cache takes on disk.
-#[cfg(feature = "bench")]
+#[cfg(all(feature = "bench", feature = "objects"))]
 pub use remote::{CacheSampler, LocalS3, cache_disk_use, object_read_rate};
+#[cfg(feature = "objects")]
 pub use remote::{
     ObjectOptions, ObjectStats, UploadSummary, fetch_ahead_limit, fetched_ahead_memory,
-    is_object_url, object_stats, set_object_options, upload_dataset, upload_file, upload_manifest,
-    upload_sink,
+    object_stats, set_object_options, upload_dataset, upload_file, upload_manifest, upload_sink,
 };
+pub use rng::Rng;
 pub use schema::{DType, Feature, Kind, MAX_FEATURE_BYTES, SOURCE_FEATURE, Schema};
+#[cfg(feature = "text")]
 pub use text::{
     SequenceBatch, SequenceConfig, SequenceSampler, SequenceState, TokenDataset, TokenInfo,
     TokenPipeline, TokenWidth, Tokenizer, TokenizerKind, Tokens,
@@ -129,7 +145,9 @@ pub use writer::{DatasetWriter, ShardSink, WriterOptions};
 // Importers, exporters and the synthetic dataset.
 mod synthetic;
 pub use synthetic::{Split, SyntheticDigits, generate_digits, render_digit};
+#[cfg(feature = "images")]
 mod synthetic_photos;
+#[cfg(feature = "images")]
 pub use synthetic_photos::{SyntheticPhotos, generate_photo_folder};
 mod export;
 mod export_sparse;
@@ -137,8 +155,14 @@ mod import;
 pub use export::{ExportOptions, ExportSummary, export_npy, write_npy_f32, write_npy_f32_to};
 pub use export_sparse::{SparseExport, export_npz, export_svmlight};
 pub use import::{
-    CsvOptions, ImageFolderOptions, ImageFolderReport, SparseFeature, SvmlightOptions, TextOptions,
-    TextProgress, TextReport, TextStage, TextTokenizer, TfRecordCompression, TfRecordOptions,
-    VarLenFeature, import_csv, import_idx, import_image_folder, import_npy, import_svmlight,
-    import_svmlight_splits, import_text, import_text_with_progress, import_tfrecord,
+    CsvOptions, SparseFeature, SvmlightOptions, TfRecordCompression, TfRecordOptions,
+    VarLenFeature, import_csv, import_idx, import_npy, import_svmlight, import_svmlight_splits,
+    import_tfrecord,
+};
+#[cfg(feature = "images")]
+pub use import::{ImageFolderOptions, ImageFolderReport, import_image_folder};
+#[cfg(feature = "text")]
+pub use import::{
+    TextOptions, TextProgress, TextReport, TextStage, TextTokenizer, import_text,
+    import_text_with_progress,
 };

@@ -277,64 +277,9 @@ pub fn measure_pipeline(
         0 => 1,
         _ => config.workers.max(1) + usize::from(config.consumer_helps),
     };
-    let mut contexts = (0..threads)
-        .map(|_| {
-            Ok((crate::zstd_context::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest]))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    // New threads can start out on one core, until the scheduler moves one (after several
-    // milliseconds, more often when the spawning thread was busy just before): the threads
-    // warm up, untimed, until every one of them has run a while, and the clock starts then.
-    let mut reference = || -> Result<f64> {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        let (next, warm, go) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
-        /// Lets the warm threads go however the scope ends (a thread that fails to start
-        /// included), so that none spins forever while the scope waits for it.
-        struct Release<'a>(&'a AtomicBool);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
-            }
-        }
-        std::thread::scope(|scope| {
-            let release = Release(&go);
-            let handles: Vec<_> = contexts
-                .iter_mut()
-                .map(|(decompressor, out)| {
-                    let (next, warm, go, compressed) = (&next, &warm, &go, &compressed);
-                    scope.spawn(move || -> Result<()> {
-                        let warming = Instant::now();
-                        for block in compressed.iter().cycle() {
-                            decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
-                            if warming.elapsed() >= REFERENCE_WARM_UP {
-                                break;
-                            }
-                        }
-                        warm.fetch_add(1, Ordering::Release);
-                        while !go.load(Ordering::Acquire) {
-                            std::hint::spin_loop();
-                        }
-                        while let Some(block) = compressed.get(next.fetch_add(1, Ordering::Relaxed))
-                        {
-                            decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            // A thread that failed while warming up never counts itself: stop waiting for it.
-            while warm.load(Ordering::Acquire) < threads && handles.iter().all(|h| !h.is_finished())
-            {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            let start = Instant::now();
-            drop(release);
-            handles.into_iter().try_for_each(|t| {
-                t.join().unwrap_or_else(|_| Err(Error::Stopped("a zstd thread panicked".into())))
-            })?;
-            Ok(prefix_raw as f64 / start.elapsed().as_secs_f64())
-        })
-    };
+    let mut contexts = reference_contexts(threads, largest, &zstd_error)?;
+    let mut reference =
+        || zstd_reference(&mut contexts, &compressed, prefix_raw, threads, &zstd_error);
 
     let transforms = || vec![Box::new(crate::Normalize::pixels(0.1307, 0.3081)) as _];
     // Each pipeline decodes its own blocks: the uncached one would otherwise find them in the
@@ -351,44 +296,10 @@ pub fn measure_pipeline(
     let per_epoch = uncached.batches_per_epoch();
     let (global_batch, rank) = (config.global_batch() as u64, config.rank as u64);
     let n = dataset.len().max(1) as f64;
-    // One epoch: its records per second.
-    let epoch = |pipeline: &mut crate::Pipeline| -> Result<(f64, u64)> {
-        let (start, mut records) = (Instant::now(), 0u64);
-        for _ in 0..per_epoch {
-            records += pipeline.next_batch()?.len() as u64;
-        }
-        Ok((records as f64 / start.elapsed().as_secs_f64(), records))
-    };
-    // The first record of each block, and the end: a record's block is where its id falls.
+    let epoch = |pipeline: &mut crate::Pipeline| epoch_rate(pipeline, per_epoch);
     let block_records = dataset.block_records();
-    let block_starts: Vec<u64> = std::iter::once(0)
-        .chain(block_records.iter().copied())
-        .scan(0, |start, records| {
-            *start += records;
-            Some(*start)
-        })
-        .collect();
-    // One untimed epoch, for the order's quality (the consumer's work would slow the workers
-    // on a busy machine): the records' mean displacement, and the distinct blocks per batch.
-    let quality = |pipeline: &mut crate::Pipeline| -> Result<(f64, f64)> {
-        let (mut records, mut moved, mut blocks) = (0u64, 0.0f64, 0usize);
-        let mut seen = Vec::new();
-        for _ in 0..per_epoch {
-            let batch = pipeline.next_batch()?;
-            records += batch.len() as u64;
-            // This rank's slice of the global batch starts at index * global + rank * batch.
-            let first = batch.index() * global_batch + rank * batch.len() as u64;
-            seen.clear();
-            for (k, &id) in batch.record_ids().iter().enumerate() {
-                moved += ((first + k as u64) as f64 - id as f64).abs() / n;
-                seen.push(block_starts.partition_point(|&s| s <= id));
-            }
-            seen.sort_unstable();
-            seen.dedup();
-            blocks += seen.len();
-        }
-        let records = records.max(1) as f64;
-        Ok((moved / records * 3.0, blocks as f64 / per_epoch.max(1) as f64))
+    let quality = |pipeline: &mut crate::Pipeline| {
+        order_quality(pipeline, per_epoch, (global_batch, rank), &block_records, dataset.len())
     };
 
     let (mut zstd, mut first, mut ratios, mut warm) = (vec![], vec![], vec![], vec![]);
@@ -429,8 +340,11 @@ pub fn measure_pipeline(
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let (displacement, batch_blocks) = quality(&mut uncached)?;
-    let batch_blocks_uniform =
-        uniform_batch_blocks(block_records.into_iter(), dataset.len(), config.batch_size as u64);
+    let batch_blocks_uniform = uniform_batch_blocks(
+        block_records.iter().copied(),
+        dataset.len(),
+        config.batch_size as u64,
+    );
     let cached = caching.as_ref().is_some_and(crate::Pipeline::caches_everything);
     // Without a cache, later epochs are first epochs again.
     let warm = if warm.is_empty() { median(first.clone()) } else { median(warm) };
@@ -461,6 +375,129 @@ pub fn measure_pipeline(
         shuffle_displacement: displacement,
         batch_blocks,
         batch_blocks_uniform,
+    })
+}
+
+/// One epoch of `pipeline` (`per_epoch` batches): its records per second, and its records.
+fn epoch_rate(pipeline: &mut crate::Pipeline, per_epoch: u64) -> Result<(f64, u64)> {
+    let (start, mut records) = (Instant::now(), 0u64);
+    for _ in 0..per_epoch {
+        records += pipeline.next_batch()?.len() as u64;
+    }
+    Ok((records as f64 / start.elapsed().as_secs_f64(), records))
+}
+
+/// The quality of one untimed epoch's order (the consumer's work would slow the workers on
+/// a busy machine): the records' mean displacement, and the distinct blocks per batch, for
+/// the rank `rank` of batches `global_batch` records apart, over blocks of `block_records`.
+fn order_quality(
+    pipeline: &mut crate::Pipeline,
+    per_epoch: u64,
+    (global_batch, rank): (u64, u64),
+    block_records: &[u64],
+    records_in_dataset: u64,
+) -> Result<(f64, f64)> {
+    let n = records_in_dataset.max(1) as f64;
+    // The first record of each block, and the end: a record's block is where its id falls.
+    let block_starts: Vec<u64> = std::iter::once(0)
+        .chain(block_records.iter().copied())
+        .scan(0, |start, records| {
+            *start += records;
+            Some(*start)
+        })
+        .collect();
+    let (mut records, mut moved, mut blocks) = (0u64, 0.0f64, 0usize);
+    let mut seen = Vec::new();
+    for _ in 0..per_epoch {
+        let batch = pipeline.next_batch()?;
+        records += batch.len() as u64;
+        // This rank's slice of the global batch starts at index * global + rank * batch.
+        let first = batch.index() * global_batch + rank * batch.len() as u64;
+        seen.clear();
+        for (k, &id) in batch.record_ids().iter().enumerate() {
+            moved += ((first + k as u64) as f64 - id as f64).abs() / n;
+            seen.push(block_starts.partition_point(|&s| s <= id));
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        blocks += seen.len();
+    }
+    let records = records.max(1) as f64;
+    Ok((moved / records * 3.0, blocks as f64 / per_epoch.max(1) as f64))
+}
+
+/// One decompression context and one output buffer of `largest` bytes for each of the
+/// reference's `threads`, kept for all its rounds.
+fn reference_contexts(
+    threads: usize,
+    largest: usize,
+    zstd_error: &dyn Fn(std::io::Error) -> Error,
+) -> Result<Vec<(crate::zstd_context::Decompressor, Vec<u8>)>> {
+    (0..threads)
+        .map(|_| {
+            Ok((crate::zstd_context::Decompressor::new().map_err(zstd_error)?, vec![0u8; largest]))
+        })
+        .collect()
+}
+
+/// The reference rate: the bytes per second that `contexts.len()` threads decompress the
+/// blocks `compressed` (`prefix_raw` bytes decompressed) at, each taking the next block as it
+/// finishes one.
+// New threads can start out on one core, until the scheduler moves one (after several
+// milliseconds, more often when the spawning thread was busy just before): the threads
+// warm up, untimed, until every one of them has run a while, and the clock starts then.
+fn zstd_reference(
+    contexts: &mut [(crate::zstd_context::Decompressor, Vec<u8>)],
+    compressed: &[Vec<u8>],
+    prefix_raw: u64,
+    threads: usize,
+    zstd_error: &(dyn Fn(std::io::Error) -> Error + Sync),
+) -> Result<f64> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let (next, warm, go) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+    /// Lets the warm threads go however the scope ends (a thread that fails to start
+    /// included), so that none spins forever while the scope waits for it.
+    struct Release<'a>(&'a AtomicBool);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    std::thread::scope(|scope| {
+        let release = Release(&go);
+        let handles: Vec<_> = contexts
+            .iter_mut()
+            .map(|(decompressor, out)| {
+                let (next, warm, go, compressed) = (&next, &warm, &go, &compressed);
+                scope.spawn(move || -> Result<()> {
+                    let warming = Instant::now();
+                    for block in compressed.iter().cycle() {
+                        decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
+                        if warming.elapsed() >= REFERENCE_WARM_UP {
+                            break;
+                        }
+                    }
+                    warm.fetch_add(1, Ordering::Release);
+                    while !go.load(Ordering::Acquire) {
+                        std::hint::spin_loop();
+                    }
+                    while let Some(block) = compressed.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        decompressor.decompress_to_buffer(block, out).map_err(zstd_error)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        // A thread that failed while warming up never counts itself: stop waiting for it.
+        while warm.load(Ordering::Acquire) < threads && handles.iter().all(|h| !h.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let start = Instant::now();
+        drop(release);
+        handles.into_iter().try_for_each(|t| {
+            t.join().unwrap_or_else(|_| Err(Error::Stopped("a zstd thread panicked".into())))
+        })?;
+        Ok(prefix_raw as f64 / start.elapsed().as_secs_f64())
     })
 }
 

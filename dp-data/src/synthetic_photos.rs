@@ -8,7 +8,7 @@ use std::path::Path;
 use image::{ImageEncoder, RgbImage};
 
 use crate::error::{Error, Result};
-use crate::pipeline::Rng;
+use crate::rng::Rng;
 
 /// What [`generate_photo_folder`] writes.
 #[derive(Debug, Clone, PartialEq, Eq)]

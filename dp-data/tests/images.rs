@@ -8,8 +8,8 @@ use std::path::Path;
 mod tfrecord;
 
 use dp_data::{
-    Dataset, DatasetWriter, Feature, ImageFolderOptions, ImageInput, Kind, Pipeline,
-    PipelineConfig, SOURCE_FEATURE, Schema, Value, WriterOptions, import_image_folder,
+    Dataset, DatasetWriter, Feature, ImageCrop, ImageFolderOptions, ImageInput, ImageSampler, Kind,
+    Pipeline, PipelineConfig, SOURCE_FEATURE, Schema, Value, WriterOptions, import_image_folder,
     stored_image,
 };
 use image::{ImageEncoder, RgbImage};
@@ -289,6 +289,30 @@ fn small_images_store_decoded_and_large_ones_shrink_once() {
             .unwrap();
     let counts = &report.manifest.images["image"];
     assert!(report.resized > 0 && counts.width.1 <= 50 && counts.height.1 <= 50, "{counts:?}");
+}
+
+#[test]
+fn an_image_stored_decoded_is_what_the_workers_make_of_the_whole_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("photos");
+    folder(&root);
+    let decoded = ImageFolderOptions { decoded: Some(12), ..ImageFolderOptions::default() };
+    import_image_folder(&root, &tmp.path().join("small"), &decoded, WriterOptions::default())
+        .unwrap();
+    let dataset = Dataset::open(tmp.path().join("small")).unwrap();
+    let whole = ImageInput { crop: ImageCrop::Whole, flip: false, ..ImageInput::eval(12, 3) };
+    let mut sampler = ImageSampler::new();
+    let mut sample = vec![0.0f32; whole.elements()];
+    for index in 0..dataset.len() {
+        let record = dataset.get(index).unwrap();
+        let source = String::from_utf8(record.bytes(SOURCE_FEATURE).unwrap().to_vec()).unwrap();
+        let stored = stored_image(&std::fs::read(root.join(&source)).unwrap()).unwrap();
+        let mut rng = dp_data::Rng::new(index);
+        sampler.sample(&stored, &whole, (1.0, 0.0), &mut rng, &mut sample).unwrap();
+        let pixels: Vec<f32> =
+            record.dense::<u8>("image").unwrap().iter().map(|&v| f32::from(v)).collect();
+        assert_eq!(pixels, sample, "{source}");
+    }
 }
 
 #[test]

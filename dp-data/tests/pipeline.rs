@@ -2,6 +2,10 @@
 //! output independent of workers and prefetch, exact resume (also with another world size),
 //! the memory budget, and the corruption policies.
 
+#[path = "support/temp_dir.rs"]
+#[allow(dead_code)]
+mod temp_dir;
+
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,11 +15,7 @@ use dp_data::{
     PipelineState, RandomCrop, RandomFlip, Schema, TailPolicy, Transform, Value, WriterOptions,
 };
 use proptest::prelude::*;
-
-/// A fresh directory for one test, removed when dropped (also when the test fails).
-fn temp_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("dp-data-pipeline-{name}-")).tempdir().unwrap()
-}
+use temp_dir::scratch_dir;
 
 /// A dataset of `records` 4x4 u8 images whose pixels and label encode the record index, in
 /// blocks of a few dozen records.
@@ -85,7 +85,7 @@ fn take(p: &mut Pipeline, n: u64) -> Vec<Seen> {
 
 #[test]
 fn labels_follow_their_records_and_inputs_are_transformed() {
-    let dir_tmp = temp_dir("labels");
+    let dir_tmp = scratch_dir("pipeline-labels");
     let dir = dir_tmp.path();
     dataset(dir, 500);
     let mut p =
@@ -105,7 +105,7 @@ fn labels_follow_their_records_and_inputs_are_transformed() {
 
 #[test]
 fn shuffled_epochs_differ_and_are_not_in_dataset_order() {
-    let dir_tmp = temp_dir("shuffle");
+    let dir_tmp = scratch_dir("pipeline-shuffle");
     let dir = dir_tmp.path();
     dataset(dir, 600);
     let mut p = Pipeline::new(dir, config(50, 0, 1, 1, 0), vec![]).unwrap();
@@ -123,7 +123,7 @@ fn shuffled_epochs_differ_and_are_not_in_dataset_order() {
 
 #[test]
 fn the_budget_is_checked_at_construction_and_never_exceeded() {
-    let dir_tmp = temp_dir("budget");
+    let dir_tmp = scratch_dir("pipeline-budget");
     let dir = dir_tmp.path();
     dataset(dir, 2000);
     let mut tight = config(64, 0, 1, 2, 2);
@@ -161,7 +161,7 @@ fn the_budget_is_checked_at_construction_and_never_exceeded() {
 
 #[test]
 fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
-    let dir_tmp = temp_dir("skip");
+    let dir_tmp = scratch_dir("pipeline-skip");
     let dir = dir_tmp.path();
     dataset(dir, 1000);
     // Damage one block in the middle of the first shard.
@@ -238,7 +238,7 @@ fn skip_replaces_a_corrupt_blocks_records_and_keeps_ranks_in_lockstep() {
 /// each block once per epoch, and each yields what it yields alone.
 #[test]
 fn ranks_in_one_process_decode_each_block_once() {
-    let dir_tmp = temp_dir("shared");
+    let dir_tmp = scratch_dir("pipeline-shared");
     let dir = dir_tmp.path();
     dataset(dir, 3000);
     let blocks = dp_data::Dataset::open(dir).unwrap().block_count() as u64;
@@ -276,7 +276,7 @@ fn ranks_in_one_process_decode_each_block_once() {
 /// first batch is made (which would hold up this rank while the others wait for it).
 #[test]
 fn the_next_window_is_decoded_a_share_per_batch() {
-    let dir_tmp = temp_dir("paced");
+    let dir_tmp = scratch_dir("pipeline-paced");
     let dir = dir_tmp.path();
     dataset(dir, 3000);
     let mut c = config(8, 0, 1, 1, 0);
@@ -298,7 +298,7 @@ fn the_next_window_is_decoded_a_share_per_batch() {
 
 #[test]
 fn states_and_shapes_that_cannot_be_served_are_refused() {
-    let dir_tmp = temp_dir("bad-state");
+    let dir_tmp = scratch_dir("pipeline-bad-state");
     let dir = dir_tmp.path();
     dataset(dir, 300);
     let p = Pipeline::new(dir, config(10, 0, 1, 1, 0), vec![]).unwrap();
@@ -312,7 +312,7 @@ fn states_and_shapes_that_cannot_be_served_are_refused() {
     let mut p = Pipeline::new(dir, full, vec![]).unwrap();
     assert_eq!(p.next_batch().unwrap().len(), 10);
     // An input with no elements cannot be batched.
-    let empty_tmp = temp_dir("empty-input");
+    let empty_tmp = scratch_dir("pipeline-empty-input");
     let empty = empty_tmp.path();
     let schema = Schema::new(vec![
         Feature::dense("image", DType::U8, &[3, 0]),
@@ -342,7 +342,7 @@ fn a_panicking_transform_stops_the_pipeline_with_its_message() {
             panic!("transform exploded");
         }
     }
-    let dir_tmp = temp_dir("panic");
+    let dir_tmp = scratch_dir("pipeline-panic");
     let dir = dir_tmp.path();
     dataset(dir, 100);
     // On a worker, or on the consumer that helps make the batches.
@@ -358,7 +358,7 @@ fn a_panicking_transform_stops_the_pipeline_with_its_message() {
 
 #[test]
 fn the_disk_cache_is_written_once_and_changes_nothing() {
-    let dir_tmp = temp_dir("disk-cache");
+    let dir_tmp = scratch_dir("pipeline-disk-cache");
     let dir = dir_tmp.path();
     dataset(dir, 1200);
     let cache = std::env::temp_dir()
@@ -410,7 +410,7 @@ fn temporary_files(dir: &Path) -> Vec<String> {
 
 #[test]
 fn absurd_configurations_are_refused() {
-    let dir_tmp = temp_dir("config");
+    let dir_tmp = scratch_dir("pipeline-config");
     let dir = dir_tmp.path();
     dataset(dir, 100);
     for change in [
@@ -439,7 +439,7 @@ proptest! {
     /// same number of batches.
     #[test]
     fn ranks_cover_each_epoch_exactly_once(records in 60u64..700, world in 1usize..4, batch in 1usize..40, pad in any::<bool>()) {
-        let dir_tmp = temp_dir(&format!("cover-{records}-{world}-{batch}-{pad}"));
+        let dir_tmp = scratch_dir(&format!("pipeline-cover-{records}-{world}-{batch}-{pad}"));
         let dir = dir_tmp.path();
         dataset(dir, records);
         let global = (world * batch) as u64;
@@ -476,7 +476,7 @@ proptest! {
     /// than the budget, cache included.
     #[test]
     fn memory_never_exceeds_the_budget(budget_kib in 16u64..2048, batch in 1usize..64, window in 1usize..6, prefetch in 0usize..4, cache in any::<bool>(), helps in any::<bool>(), partitions in 0usize..3) {
-        let dir_tmp = temp_dir(&format!("budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}-{partitions}"));
+        let dir_tmp = scratch_dir(&format!("pipeline-budget-{budget_kib}-{batch}-{window}-{prefetch}-{cache}-{helps}-{partitions}"));
         let dir = dir_tmp.path();
         dataset(dir, 1500);
         let mut c = config(batch, 0, 1, 2, prefetch);
@@ -502,7 +502,7 @@ proptest! {
     /// batches ahead and decode blocks ahead of them.
     #[test]
     fn each_block_is_decoded_once_per_epoch(records in 2000u64..4000, batch in 4usize..40, workers in 1usize..5, prefetch in 0usize..3, window in 1usize..4, helps in any::<bool>()) {
-        let dir_tmp = temp_dir(&format!("once-{records}-{batch}-{workers}-{prefetch}-{window}-{helps}"));
+        let dir_tmp = scratch_dir(&format!("pipeline-once-{records}-{batch}-{workers}-{prefetch}-{window}-{helps}"));
         let dir = dir_tmp.path();
         dataset(dir, records);
         let blocks = dp_data::Dataset::open(dir).unwrap().block_count() as u64;
@@ -532,7 +532,7 @@ proptest! {
     /// included.
     #[test]
     fn output_does_not_depend_on_workers_or_prefetch(records in 100u64..500, batch in 4usize..40, workers in 1usize..5, prefetch in 1usize..4, helps in any::<bool>()) {
-        let dir_tmp = temp_dir(&format!("workers-{records}-{batch}-{workers}-{prefetch}-{helps}"));
+        let dir_tmp = scratch_dir(&format!("pipeline-workers-{records}-{batch}-{workers}-{prefetch}-{helps}"));
         let dir = dir_tmp.path();
         dataset(dir, records);
         let mut a = Pipeline::new(dir, config(batch, 0, 1, 1, 0), augment()).unwrap();
@@ -547,7 +547,7 @@ proptest! {
     /// also on another world size with the same global batch.
     #[test]
     fn resume_equals_an_uninterrupted_run(records in 100u64..500, stop in 0u64..25, half in any::<bool>()) {
-        let dir_tmp = temp_dir(&format!("resume-{records}-{stop}-{half}"));
+        let dir_tmp = scratch_dir(&format!("pipeline-resume-{records}-{stop}-{half}"));
         let dir = dir_tmp.path();
         dataset(dir, records);
         // World 2 x batch 8, resumed as world 1 x batch 16 (or the same world).
@@ -584,7 +584,7 @@ proptest! {
 
 #[test]
 fn the_bench_reports_how_many_blocks_a_batch_mixes() {
-    let dir_tmp = temp_dir("mixing");
+    let dir_tmp = scratch_dir("pipeline-mixing");
     let dir = dir_tmp.path();
     dataset(dir, 3000);
     let blocks = dp_data::Dataset::open(dir).unwrap().block_count() as f64;
@@ -613,7 +613,7 @@ fn the_bench_reports_how_many_blocks_a_batch_mixes() {
 
 #[test]
 fn batches_for_a_gpu_are_the_same_batches_or_refused_without_one() {
-    let dir_tmp = temp_dir("page-locked");
+    let dir_tmp = scratch_dir("pipeline-page-locked");
     let dir = dir_tmp.path();
     dataset(dir, 300);
     let mut for_gpu = config(32, 0, 1, 2, 2);
@@ -666,7 +666,7 @@ proptest! {
     /// batches, and the records of a block are read by one rank only.
     #[test]
     fn partitions_cover_each_epoch_once_and_give_each_rank_its_own_blocks(records in 1500u64..5000, world in 1usize..4, share in 1usize..3, per in 1usize..6, pad in any::<bool>()) {
-        let dir_tmp = temp_dir(&format!("parts-{records}-{world}-{share}-{per}-{pad}"));
+        let dir_tmp = scratch_dir(&format!("pipeline-parts-{records}-{world}-{share}-{per}-{pad}"));
         let dir = dir_tmp.path();
         dataset_in_blocks(dir, records, SMALL_BLOCK);
         let (partitions, batch) = (world * share, share * per);
@@ -707,7 +707,7 @@ proptest! {
 /// continues exactly.
 #[test]
 fn partitions_keep_the_order_across_world_sizes_and_resumes() {
-    let dir_tmp = temp_dir("parts-worlds");
+    let dir_tmp = scratch_dir("pipeline-parts-worlds");
     let dir = dir_tmp.path();
     dataset_in_blocks(dir, 4000, SMALL_BLOCK);
     let (partitions, global) = (4, 24);
@@ -749,7 +749,7 @@ fn partitions_keep_the_order_across_world_sizes_and_resumes() {
 
 #[test]
 fn partitions_that_cannot_be_served_are_refused() {
-    let dir_tmp = temp_dir("parts-refused");
+    let dir_tmp = scratch_dir("pipeline-parts-refused");
     let dir = dir_tmp.path();
     dataset_in_blocks(dir, 1000, SMALL_BLOCK);
     let blocks = dp_data::Dataset::open(dir).unwrap().block_count();
@@ -778,7 +778,7 @@ fn partitions_that_cannot_be_served_are_refused() {
 /// only: its reading ahead stays within them too.
 #[test]
 fn each_rank_loads_only_its_partitions_blocks() {
-    let dir_tmp = temp_dir("parts-loads");
+    let dir_tmp = scratch_dir("pipeline-parts-loads");
     let dir = dir_tmp.path();
     dataset_in_blocks(dir, 4000, SMALL_BLOCK);
     let starts = block_starts(dir);

@@ -3,8 +3,14 @@
 //! every record once per epoch over the ranks, no allocation in steady state), and what
 //! cannot be served is refused.
 
+#[path = "support/temp_dir.rs"]
+#[allow(dead_code)]
+mod temp_dir;
+
 use std::collections::BTreeSet;
 use std::path::Path;
+
+use temp_dir::scratch_dir;
 
 use dp_data::{
     DType, Dataset, DatasetWriter, Feature, Normalize, Pipeline, PipelineConfig, Schema, Value,
@@ -15,11 +21,6 @@ use dp_data::{
 static ALLOC: dp_mem::CountingAlloc = dp_mem::CountingAlloc::system();
 
 const WIDTH: u64 = 1000;
-
-/// A fresh directory for one test, removed when dropped (also when the test fails).
-fn temp_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("dp-data-sparse-{name}-")).tempdir().unwrap()
-}
 
 /// Record `i`'s positions: 0 to 4 of them, distinct and increasing, from `i`.
 fn positions(i: u64) -> Vec<u64> {
@@ -77,7 +78,7 @@ fn take(pipeline: &mut Pipeline, n: u64) -> Vec<Seen> {
 
 #[test]
 fn csr_batches_hold_the_records_rows() {
-    let dir_tmp = temp_dir("rows");
+    let dir_tmp = scratch_dir("sparse-rows");
     let dir = dir_tmp.path();
     dataset(dir, 300);
     let counts = Dataset::open(dir).unwrap().manifest().sparse["x"];
@@ -104,7 +105,7 @@ fn csr_batches_hold_the_records_rows() {
 
 #[test]
 fn workers_ranks_and_resume_change_nothing() {
-    let dir_tmp = temp_dir("determinism");
+    let dir_tmp = scratch_dir("sparse-determinism");
     let dir = dir_tmp.path();
     dataset(dir, 400);
     let n = 2 * Pipeline::new(dir, config(0, 2, 1, 0), vec![]).unwrap().batches_per_epoch();
@@ -131,7 +132,7 @@ fn workers_ranks_and_resume_change_nothing() {
 
 #[test]
 fn steady_sparse_batches_allocate_nothing_on_the_calling_thread() {
-    let dir_tmp = temp_dir("alloc");
+    let dir_tmp = scratch_dir("sparse-alloc");
     let dir = dir_tmp.path();
     dataset(dir, 500);
     let mut c = config(0, 1, 1, 0);
@@ -153,7 +154,7 @@ fn steady_sparse_batches_allocate_nothing_on_the_calling_thread() {
 
 #[test]
 fn transforms_and_a_lying_manifest_are_refused() {
-    let dir_tmp = temp_dir("refused");
+    let dir_tmp = scratch_dir("sparse-refused");
     let dir = dir_tmp.path();
     dataset(dir, 100);
     let transforms = vec![Box::new(Normalize::pixels(0.5, 0.5)) as _];

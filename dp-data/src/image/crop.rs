@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::Rng;
+use crate::rng::Rng;
 
 /// A region of an image, in pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

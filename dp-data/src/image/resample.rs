@@ -34,26 +34,14 @@ impl Resampler {
     pub(crate) fn resample(
         &mut self,
         pixels: &Pixels<'_>,
-        region: super::crop::Region,
+        region: Region,
         (height, width): (usize, usize),
         flip: bool,
         (a, b): (f32, f32),
         out: &mut [f32],
     ) -> Result<(), String> {
         let channels = pixels.channels;
-        let pixel_type = if channels == 1 { PixelType::U8 } else { PixelType::U8x3 };
-        let fail = |e: &dyn std::fmt::Display| format!("cannot be resampled: {e}");
-        let source = ImageRef::new(pixels.width, pixels.height, pixels.data, pixel_type)
-            .map_err(|e| fail(&e))?;
-        self.resized.resize(width * height * channels, 0);
-        let mut resized =
-            Image::from_slice_u8(width as u32, height as u32, &mut self.resized, pixel_type)
-                .map_err(|e| fail(&e))?;
-        let Region { x, y, width: w, height: h } = region;
-        let options = ResizeOptions::new()
-            .crop(f64::from(x), f64::from(y), f64::from(w), f64::from(h))
-            .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-        self.resizer.resize(&source, &mut resized, &options).map_err(|e| fail(&e))?;
+        self.resize(pixels, region, (height, width))?;
         let plane = width * height;
         for (c, plane_out) in out[..channels * plane].chunks_exact_mut(plane).enumerate() {
             for (row_out, row) in
@@ -72,6 +60,32 @@ impl Resampler {
             }
         }
         Ok(())
+    }
+
+    /// Resamples `region` of `pixels` to `height x width`: the resampled pixels, row-major
+    /// with channels interleaved, which [`Resampler::resample`] lays out and the image
+    /// importer stores or encodes.
+    pub(crate) fn resize(
+        &mut self,
+        pixels: &Pixels<'_>,
+        region: Region,
+        (height, width): (usize, usize),
+    ) -> Result<&[u8], String> {
+        let channels = pixels.channels;
+        let pixel_type = if channels == 1 { PixelType::U8 } else { PixelType::U8x3 };
+        let fail = |e: &dyn std::fmt::Display| format!("cannot be resampled: {e}");
+        let source = ImageRef::new(pixels.width, pixels.height, pixels.data, pixel_type)
+            .map_err(|e| fail(&e))?;
+        self.resized.resize(width * height * channels, 0);
+        let mut resized =
+            Image::from_slice_u8(width as u32, height as u32, &mut self.resized, pixel_type)
+                .map_err(|e| fail(&e))?;
+        let Region { x, y, width: w, height: h } = region;
+        let options = ResizeOptions::new()
+            .crop(f64::from(x), f64::from(y), f64::from(w), f64::from(h))
+            .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+        self.resizer.resize(&source, &mut resized, &options).map_err(|e| fail(&e))?;
+        Ok(&self.resized)
     }
 }
 

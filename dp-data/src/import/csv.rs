@@ -295,32 +295,7 @@ pub fn import_csv(
         Some(name) => Some(find_column(&names, name, "label", path)?),
         None => None,
     };
-    let columns: Vec<usize> = match &csv.columns {
-        Some(chosen) => {
-            let mut columns = Vec::with_capacity(chosen.len());
-            for name in chosen {
-                let column = find_column(&names, name, "columns", path)?;
-                if Some(column) == label {
-                    return Err(Error::Config {
-                        field: "columns",
-                        what: format!("column `{name}` is the label and cannot also be a feature"),
-                    });
-                }
-                columns.push(column);
-            }
-            columns
-        }
-        None => (0..names.len()).filter(|&i| Some(i) != label).collect(),
-    };
-    if label.is_none() && columns.is_empty() {
-        return Err(Error::Config {
-            field: "columns",
-            what: format!(
-                "nothing to import from {}: no label and no feature columns",
-                path.display()
-            ),
-        });
-    }
+    let columns = feature_columns(&names, csv, label, path)?;
     let mut label = label.map(|column| Label {
         column,
         name: names[column].clone(),
@@ -384,6 +359,43 @@ pub fn import_csv(
         writer.append(&values[..n])?;
     }
     writer.finish()
+}
+
+/// The feature columns `csv` chooses (by default every column but the label's), checked
+/// to leave something to import.
+fn feature_columns(
+    names: &[String],
+    csv: &CsvOptions,
+    label: Option<usize>,
+    path: &Path,
+) -> Result<Vec<usize>> {
+    let columns: Vec<usize> = match &csv.columns {
+        Some(chosen) => {
+            let mut columns = Vec::with_capacity(chosen.len());
+            for name in chosen {
+                let column = find_column(names, name, "columns", path)?;
+                if Some(column) == label {
+                    return Err(Error::Config {
+                        field: "columns",
+                        what: format!("column `{name}` is the label and cannot also be a feature"),
+                    });
+                }
+                columns.push(column);
+            }
+            columns
+        }
+        None => (0..names.len()).filter(|&i| Some(i) != label).collect(),
+    };
+    if label.is_none() && columns.is_empty() {
+        return Err(Error::Config {
+            field: "columns",
+            what: format!(
+                "nothing to import from {}: no label and no feature columns",
+                path.display()
+            ),
+        });
+    }
+    Ok(columns)
 }
 
 /// Checks that the current row has as many fields as the header.

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::{Source, checked_bytes, record_buffer, show_dims};
+use super::{RecordInput, Source, checked_bytes, record_buffer, show_dims, write_records};
 use crate::{
     DType, DatasetWriter, Feature, MAX_FEATURE_BYTES, Manifest, Result, Schema, Value,
     WriterOptions,
@@ -176,18 +176,28 @@ struct Input {
     converted: Vec<u8>,
 }
 
-impl Input {
-    fn open(path: &Path) -> Result<Input> {
-        let mut source = Source::open(path, None)?;
-        let header = read_header(&mut source)?;
-        let dtype = header.kind.dtype();
-        Ok(Input { source, header, dtype, raw: Vec::new(), converted: Vec::new() })
+impl RecordInput for Input {
+    fn source(&mut self) -> &mut Source {
+        &mut self.source
     }
 
     fn read_record(&mut self, record: u64) -> Result<()> {
         self.source.read_exact(&mut self.raw, format_args!("record {record}"))?;
         self.header.kind.convert(&self.raw, self.dtype, &mut self.converted);
         Ok(())
+    }
+
+    fn value(&self) -> Value<'_> {
+        Value::Dense(&self.converted)
+    }
+}
+
+impl Input {
+    fn open(path: &Path) -> Result<Input> {
+        let mut source = Source::open(path, None)?;
+        let header = read_header(&mut source)?;
+        let dtype = header.kind.dtype();
+        Ok(Input { source, header, dtype, raw: Vec::new(), converted: Vec::new() })
     }
 }
 
@@ -262,18 +272,7 @@ pub fn import_idx(
             input.raw = record_buffer(input.header.record_bytes(), input.source.path())?;
         }
     }
-    let mut writer = DatasetWriter::create(out, schema, options)?;
-    for record in 0..records {
-        for input in &mut inputs {
-            input.read_record(record)?;
-        }
-        let values: Vec<Value<'_>> = inputs.iter().map(|i| Value::Dense(&i.converted)).collect();
-        writer.append(&values)?;
-    }
-    for input in &mut inputs {
-        input.source.expect_end(&format!("{records} records"))?;
-    }
-    writer.finish()
+    write_records(DatasetWriter::create(out, schema, options)?, &mut inputs, records)
 }
 
 #[cfg(test)]

@@ -5,9 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::image::decode::Decoder;
+use image::ImageEncoder;
+
+use crate::image::crop::Region;
+use crate::image::decode::{Decoder, Pixels};
+use crate::image::resample::Resampler;
 use crate::image::{ImageFormat, ImageInfo};
-use crate::pipeline::Rng;
+use crate::rng::Rng;
 use crate::{
     DType, DatasetWriter, Error, Feature, Manifest, Result, SOURCE_FEATURE, Schema, Value,
     WriterOptions,
@@ -18,11 +22,13 @@ use crate::{
 pub struct ImageFolderOptions {
     /// Images with a side longer than this are resized once, here, to that longest side and
     /// encoded again (JPEG at quality 90, PNG as PNG), as FFCV's `max_resolution` does: the
-    /// dataset's size and the decoding it costs each epoch are then bounded.
+    /// dataset's size and the decoding it costs each epoch are then bounded. The resizing is
+    /// the pipeline's decoder and resampler, as for [`ImageFolderOptions::decoded`].
     pub max_side: Option<u32>,
     /// Store the images decoded, resized to `size x size` (squashed), as a dense `u8`
     /// feature `[channels, size, size]`: for CIFAR-sized data, where reading pixels costs
-    /// less than decoding them.
+    /// less than decoding them. Decoded and resampled by the pipeline's own decoder and
+    /// resampler, so that the pixels stored are those the workers make of the whole image.
     pub decoded: Option<usize>,
     /// Skip a file that is not a readable image (saying which) instead of failing.
     pub skip_corrupt: bool,
@@ -87,14 +93,20 @@ pub fn import_image_folder(
     writer.name_classes("label", classes.clone())?;
     let (mut skipped, mut resized) = (Vec::new(), 0);
     let mut stored = Vec::new();
-    let mut decoder = Decoder::default();
+    let (mut decoder, mut resampler) = (Decoder::default(), Resampler::default());
     for (path, label) in &files {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
-        let made = decoder.check(&bytes).and_then(|_| match options.decoded {
-            Some(size) => decoded(&bytes, size, channels, &mut stored),
-            None => encoded(&bytes, options.max_side, &mut stored).map(|was_resized| {
-                resized += u64::from(was_resized);
-            }),
+        let made = decoder.check(&bytes).and_then(|info| match options.decoded {
+            Some(size) => {
+                let pixels = decoder.decode(&info, &bytes, channels)?;
+                decoded(&pixels, size, &mut resampler, &mut stored)
+            }
+            None => {
+                encoded(&bytes, info, options.max_side, (&mut decoder, &mut resampler), &mut stored)
+                    .map(|was_resized| {
+                        resized += u64::from(was_resized);
+                    })
+            }
         });
         let image = match options.decoded {
             Some(_) => Value::Dense(&stored),
@@ -210,53 +222,56 @@ fn any_color(files: &[(PathBuf, i64)], skip_corrupt: bool) -> Result<bool> {
     Ok(false)
 }
 
-/// `bytes` as an image feature stores them into `stored`, resized first when a side is
-/// longer than `max_side`; returns whether it was resized.
+/// `bytes` (whose header is `info`) as an image feature stores them into `stored`, resized
+/// first when a side is longer than `max_side`: decoded and resampled as the pipeline's
+/// workers do, and encoded again in its own format (JPEG at quality 90); returns whether it
+/// was resized.
 fn encoded(
     bytes: &[u8],
+    info: ImageInfo,
     max_side: Option<u32>,
+    (decoder, resampler): (&mut Decoder, &mut Resampler),
     stored: &mut Vec<u8>,
 ) -> std::result::Result<bool, String> {
-    let info = ImageInfo::probe(bytes)?;
     let Some(side) = max_side.filter(|&side| info.width.max(info.height) > side) else {
         info.store(bytes, stored);
         return Ok(false);
     };
-    let image = load(bytes, &info)?;
+    let channels = if info.channels >= 3 { 3 } else { 1 };
+    let pixels = decoder.decode(&info, bytes, channels)?;
     let scale = f64::from(side) / f64::from(info.width.max(info.height));
     let (w, h) = (
         ((f64::from(info.width) * scale).round() as u32).max(1),
         ((f64::from(info.height) * scale).round() as u32).max(1),
     );
-    let image = image.resize_exact(w, h, image::imageops::FilterType::Triangle);
+    let resized = resampler.resize(&pixels, whole(&pixels), (h as usize, w as usize))?;
+    let color = match channels {
+        1 => image::ExtendedColorType::L8,
+        _ => image::ExtendedColorType::Rgb8,
+    };
     let mut out = Vec::new();
     let written = match info.format {
-        ImageFormat::Jpeg => {
-            let encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90);
-            image.write_with_encoder(encoder)
+        ImageFormat::Jpeg => image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+            .write_image(resized, w, h, color),
+        ImageFormat::Png => {
+            image::codecs::png::PngEncoder::new(&mut out).write_image(resized, w, h, color)
         }
-        ImageFormat::Png => image.write_with_encoder(image::codecs::png::PngEncoder::new(&mut out)),
     };
     written.map_err(|e| format!("cannot be encoded again: {e}"))?;
     ImageInfo::probe(&out)?.store(&out, stored);
     Ok(true)
 }
 
-/// `bytes` decoded and squashed to `size x size`, planar `[channels, size, size]`.
+/// The decoded `pixels` squashed to `size x size` as the pipeline's workers resample a whole
+/// image, planar `[channels, size, size]`.
 fn decoded(
-    bytes: &[u8],
+    pixels: &Pixels<'_>,
     size: usize,
-    channels: usize,
+    resampler: &mut Resampler,
     stored: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
-    let info = ImageInfo::probe(bytes)?;
-    let image = load(bytes, &info)?;
-    let side = size as u32;
-    let image = image.resize_exact(side, side, image::imageops::FilterType::Triangle);
-    let interleaved = match channels {
-        1 => image.into_luma8().into_raw(),
-        _ => image.into_rgb8().into_raw(),
-    };
+    let channels = pixels.channels;
+    let interleaved = resampler.resize(pixels, whole(pixels), (size, size))?;
     let plane = size * size;
     stored.clear();
     stored.resize(channels * plane, 0);
@@ -268,20 +283,7 @@ fn decoded(
     Ok(())
 }
 
-/// `bytes` decoded by the `image` crate, within the pixel limit [`ImageInfo::probe`] checked,
-/// and turned as its EXIF orientation says.
-fn load(bytes: &[u8], info: &ImageInfo) -> std::result::Result<image::DynamicImage, String> {
-    use image::ImageDecoder;
-    let format = match info.format {
-        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
-        ImageFormat::Png => image::ImageFormat::Png,
-    };
-    let fail = |e: image::ImageError| format!("does not decode: {e}");
-    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
-    reader.no_limits();
-    let mut decoder = reader.into_decoder().map_err(fail)?;
-    let orientation = decoder.orientation().map_err(fail)?;
-    let mut image = image::DynamicImage::from_decoder(decoder).map_err(fail)?;
-    image.apply_orientation(orientation);
-    Ok(image)
+/// The region of all of `pixels`.
+fn whole(pixels: &Pixels<'_>) -> Region {
+    Region { x: 0, y: 0, width: pixels.width, height: pixels.height }
 }

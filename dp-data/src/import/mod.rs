@@ -21,13 +21,15 @@
 
 mod csv;
 mod idx;
+#[cfg(feature = "images")]
 mod image_folder;
 mod npy;
 mod svmlight;
+#[cfg(feature = "text")]
 mod text;
+#[cfg(feature = "text")]
 mod text_out;
 mod tfrecord;
-mod tfrecord_sparse;
 
 use std::fmt;
 use std::fs::File;
@@ -36,20 +38,53 @@ use std::path::{Path, PathBuf};
 
 use flate2::bufread::MultiGzDecoder;
 
-use crate::{Error, Result};
+use crate::{DatasetWriter, Error, Manifest, Result, Value};
 
 pub use self::csv::{CsvOptions, import_csv};
 pub use self::idx::import_idx;
+#[cfg(feature = "images")]
 pub use self::image_folder::{ImageFolderOptions, ImageFolderReport, import_image_folder};
 pub use self::npy::import_npy;
-pub(crate) use self::npy::{npy_descr, npy_header};
 pub use self::svmlight::{SvmlightOptions, import_svmlight, import_svmlight_splits};
+#[cfg(feature = "text")]
 pub use self::text::{
     TextOptions, TextProgress, TextReport, TextStage, TextTokenizer, import_text,
     import_text_with_progress,
 };
-pub use self::tfrecord::{TfRecordCompression, TfRecordOptions, import_tfrecord};
-pub use self::tfrecord_sparse::{SparseFeature, VarLenFeature};
+pub use self::tfrecord::{
+    SparseFeature, TfRecordCompression, TfRecordOptions, VarLenFeature, import_tfrecord,
+};
+
+/// One input file of an importer that reads a record from each of its files in turn (the
+/// `.npy` and IDX importers).
+pub(crate) trait RecordInput {
+    /// The file being read.
+    fn source(&mut self) -> &mut Source;
+    /// Reads record `record` (the next one) into the input's buffer.
+    fn read_record(&mut self, record: u64) -> Result<()>;
+    /// The record last read, as the writer takes it.
+    fn value(&self) -> Value<'_>;
+}
+
+/// Writes `records` records, each made of one record of every input, then checks that every
+/// input ends there, and finishes the dataset.
+pub(crate) fn write_records(
+    mut writer: DatasetWriter,
+    inputs: &mut [impl RecordInput],
+    records: u64,
+) -> Result<Manifest> {
+    for record in 0..records {
+        for input in inputs.iter_mut() {
+            input.read_record(record)?;
+        }
+        let values: Vec<Value<'_>> = inputs.iter().map(RecordInput::value).collect();
+        writer.append(&values)?;
+    }
+    for input in inputs.iter_mut() {
+        input.source().expect_end(&format!("{records} records"))?;
+    }
+    writer.finish()
+}
 
 /// A zeroed buffer for one record of `path`, or an out-of-memory error instead of an abort
 /// when the machine (or an address-space limit) cannot hold it: a record may be as large as

@@ -1,5 +1,5 @@
-//! NumPy `.npy` files: the header parser (format versions 1.0, 2.0 and 3.0), the header writer
-//! the exporter shares, and [`import_npy`].
+//! NumPy `.npy` files: the header parser (format versions 1.0, 2.0 and 3.0) and
+//! [`import_npy`]; the header writer the exporters share is `npy_format.rs`.
 //!
 //! A `.npy` file is the magic `\x93NUMPY`, a major and minor version byte, the header length
 //! (`u16` little-endian for version 1, `u32` for versions 2 and 3), a Python dict literal such
@@ -9,13 +9,16 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Source, checked_bytes, quote_name, record_buffer, show_dims};
+use super::{
+    RecordInput, Source, checked_bytes, quote_name, record_buffer, show_dims, write_records,
+};
+use crate::npy_format::MAGIC;
+#[cfg(test)]
+use crate::npy_format::{npy_descr, npy_header};
 use crate::{
     DType, DatasetWriter, Error, Feature, MAX_FEATURE_BYTES, Manifest, Result, Schema, Value,
     WriterOptions,
 };
-
-const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// The largest header this parser reads. NumPy itself refuses headers over 10 000 bytes unless
 /// told otherwise; a megabyte leaves room for any real shape while keeping the allocation small.
@@ -39,19 +42,6 @@ impl NpyHeader {
     /// size), or `None` if it overflows.
     fn record_bytes(&self) -> Option<u64> {
         checked_bytes(&self.shape[1..], self.dtype.size())
-    }
-}
-
-/// The `descr` NumPy writes for `dtype` (`None` for bf16, which NumPy has no type for).
-pub(crate) fn npy_descr(dtype: DType) -> Option<&'static str> {
-    match dtype {
-        DType::U8 => Some("|u1"),
-        DType::I32 => Some("<i4"),
-        DType::I64 => Some("<i8"),
-        DType::F16 => Some("<f2"),
-        DType::F32 => Some("<f4"),
-        DType::F64 => Some("<f8"),
-        _ => None,
     }
 }
 
@@ -83,45 +73,6 @@ fn parse_descr(descr: &str) -> std::result::Result<DType, String> {
         return Err(format!("dtype `{descr}` has no byte order ({supported})"));
     }
     Ok(dtype)
-}
-
-/// The bytes `numpy.save` (NumPy 1.23 and later) writes before the elements of a C-order array
-/// of `descr` and `shape`: the oldest format version that fits, the dict in sorted key order,
-/// 21 digits of room to grow the first axis, and padding to a multiple of 64 bytes.
-pub(crate) fn npy_header(descr: &str, shape: &[u64]) -> Vec<u8> {
-    let dims = match shape {
-        [] => "()".to_string(),
-        [d] => format!("({d},)"),
-        _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
-    };
-    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
-    if let Some(first) = shape.first() {
-        let digits = first.to_string().len();
-        dict.extend(std::iter::repeat_n(' ', 21usize.saturating_sub(digits)));
-    }
-    let wrap = |prefix_len: usize| {
-        let text_len = dict.len() + 1;
-        let pad = 64 - (MAGIC.len() + 2 + prefix_len + text_len) % 64;
-        (text_len + pad, pad)
-    };
-    let (len, pad) = wrap(2);
-    let mut out = MAGIC.to_vec();
-    if let Ok(len16) = u16::try_from(len) {
-        out.extend_from_slice(&[1, 0]);
-        out.extend_from_slice(&len16.to_le_bytes());
-    } else {
-        let (len, pad) = wrap(4);
-        out.extend_from_slice(&[2, 0]);
-        out.extend_from_slice(&(len as u32).to_le_bytes());
-        out.extend_from_slice(dict.as_bytes());
-        out.extend(std::iter::repeat_n(b' ', pad));
-        out.push(b'\n');
-        return out;
-    }
-    out.extend_from_slice(dict.as_bytes());
-    out.extend(std::iter::repeat_n(b' ', pad));
-    out.push(b'\n');
-    out
 }
 
 /// Reads and checks a header from the start of `source`, leaving it at the first element.
@@ -416,7 +367,11 @@ struct Input {
     narrowed: Vec<u8>,
 }
 
-impl Input {
+impl RecordInput for Input {
+    fn source(&mut self) -> &mut Source {
+        &mut self.source
+    }
+
     fn read_record(&mut self, record: u64) -> Result<()> {
         self.source.read_exact(&mut self.buf, format_args!("record {record}"))?;
         if self.narrow {
@@ -512,18 +467,7 @@ pub fn import_npy(
             input.buf = record_buffer(input.record_bytes, input.source.path())?;
         }
     }
-    let mut writer = DatasetWriter::create(out, schema, options)?;
-    for record in 0..records {
-        for input in &mut inputs {
-            input.read_record(record)?;
-        }
-        let values: Vec<Value<'_>> = inputs.iter().map(Input::value).collect();
-        writer.append(&values)?;
-    }
-    for input in &mut inputs {
-        input.source.expect_end(&format!("{records} records"))?;
-    }
-    writer.finish()
+    write_records(DatasetWriter::create(out, schema, options)?, &mut inputs, records)
 }
 
 #[cfg(test)]

@@ -196,6 +196,24 @@ struct Survey {
     some_without_qid: bool,
     /// The labels are the binary -1/+1 convention.
     plus_minus_one: bool,
+    /// A negative integer label, an error unless the labels are -1/+1 (which the whole files
+    /// decide).
+    negative: Option<Error>,
+    /// An index past a given width, for a 0-based and a 1-based file: whether it is past
+    /// depends on the base, which (by default) only the whole files decide.
+    past_width: [Option<Error>; 2],
+}
+
+/// How pass 2 writes each line, from what pass 1 learnt.
+struct Encoding {
+    /// The index of the first feature (0 or 1).
+    base: u64,
+    width: usize,
+    label_dtype: DType,
+    /// Labels -1/+1 become classes 0/1.
+    map_plus_minus: bool,
+    /// Whether the records have a query id.
+    qid: bool,
 }
 
 /// Imports svmlight / libsvm files (in order, as one dataset) at `out`, with the features
@@ -256,6 +274,49 @@ pub fn import_svmlight_splits(
     svm: &SvmlightOptions,
     options: WriterOptions,
 ) -> Result<Vec<Manifest>> {
+    check_splits(splits, svm)?;
+    let mut survey = survey_splits(splits, svm)?;
+    let label_dtype =
+        svm.label_dtype.unwrap_or(if survey.integer_labels { DType::I64 } else { DType::F32 });
+    let map_plus_minus = label_dtype == DType::I64 && survey.plus_minus_one;
+    if label_dtype == DType::I64 {
+        if !survey.integer_labels {
+            return Err(Error::Config {
+                field: "label_dtype",
+                what: "is i64, but some labels are not integers".into(),
+            });
+        }
+        if let Some(error) = survey.negative.take().filter(|_| !map_plus_minus) {
+            return Err(error);
+        }
+    }
+    let zero_based = svm.zero_based.unwrap_or(survey.min_index == Some(0));
+    let base = u64::from(!zero_based);
+    if let Some(error) = survey.past_width[base as usize].take() {
+        return Err(error);
+    }
+    let width = match svm.features {
+        Some(n) => n,
+        None => (survey.max_index - base.min(survey.max_index))
+            .checked_add(1)
+            .and_then(|w| usize::try_from(w).ok())
+            .ok_or_else(|| Error::Config {
+                field: "features",
+                what: format!("the largest index, {}, is too large for a width", survey.max_index),
+            })?,
+    };
+    let encoding = Encoding { base, width, label_dtype, map_plus_minus, qid: survey.some_qid };
+    let mut features =
+        vec![Feature::sparse("x", DType::F32, &[width]), Feature::dense("label", label_dtype, &[])];
+    if survey.some_qid {
+        features.push(Feature::dense("qid", DType::I64, &[]));
+    }
+    let schema = Schema::new(features)?;
+    write_splits(splits, &schema, options, &encoding)
+}
+
+/// Refuses splits without files or with the same output, and options that cannot hold.
+fn check_splits(splits: &[(&Path, &[&Path])], svm: &SvmlightOptions) -> Result<()> {
     if splits.is_empty() {
         return Err(Error::Config { field: "inputs", what: "no svmlight file given".into() });
     }
@@ -284,13 +345,13 @@ pub fn import_svmlight_splits(
     if svm.features == Some(0) {
         return Err(Error::Config { field: "features", what: "must be at least 1".into() });
     }
+    Ok(())
+}
 
-    // Pass 1: check every line, find the index range, the labels' kind and the query ids.
+/// Pass 1: checks every line, finds the index range, the labels' kind and the query ids.
+fn survey_splits(splits: &[(&Path, &[&Path])], svm: &SvmlightOptions) -> Result<Survey> {
     let mut survey = Survey { integer_labels: true, plus_minus_one: true, ..Survey::default() };
-    let mut negative = None;
-    // An index past a given width, found in pass 1 so that nothing is written: whether it is
-    // past depends on the base, which (by default) only the whole file decides.
-    let mut past_width: [Option<Error>; 2] = [None, None];
+    // An index past a given width is found in pass 1, so that nothing is written.
     for (out, paths) in splits {
         let before = survey.records;
         for path in *paths {
@@ -303,7 +364,7 @@ pub fn import_svmlight_splits(
                     );
                 }
                 if let (Some(width), Some(&last)) = (svm.features, lines.indices.last()) {
-                    for (base, slot) in past_width.iter_mut().enumerate() {
+                    for (base, slot) in survey.past_width.iter_mut().enumerate() {
                         if slot.is_none() && last >= width as u64 + base as u64 {
                             let k = lines.indices.len() - 1;
                             let largest = width as u64 - 1 + base as u64;
@@ -321,8 +382,8 @@ pub fn import_svmlight_splits(
                 let integer = line.label.fract() == 0.0 && line.label.abs() < 2f64.powi(53);
                 survey.integer_labels &= integer;
                 survey.plus_minus_one &= line.label == 1.0 || line.label == -1.0;
-                if integer && line.label < 0.0 && negative.is_none() {
-                    negative = Some(lines.fail(0, format!(
+                if integer && line.label < 0.0 && survey.negative.is_none() {
+                    survey.negative = Some(lines.fail(0, format!(
                     "label {} is negative: classes are 0, 1, ... (only -1/+1 binary labels are mapped to 0/1)",
                     line.label
                 )));
@@ -343,45 +404,18 @@ pub fn import_svmlight_splits(
             return Err(Error::corrupt(paths[0], 0, what));
         }
     }
-    let label_dtype =
-        svm.label_dtype.unwrap_or(if survey.integer_labels { DType::I64 } else { DType::F32 });
-    let map_plus_minus = label_dtype == DType::I64 && survey.plus_minus_one;
-    if label_dtype == DType::I64 {
-        if !survey.integer_labels {
-            return Err(Error::Config {
-                field: "label_dtype",
-                what: "is i64, but some labels are not integers".into(),
-            });
-        }
-        if let Some(error) = negative.filter(|_| !map_plus_minus) {
-            return Err(error);
-        }
-    }
-    let zero_based = svm.zero_based.unwrap_or(survey.min_index == Some(0));
-    let base = u64::from(!zero_based);
-    if let Some(error) = past_width[base as usize].take() {
-        return Err(error);
-    }
-    let width = match svm.features {
-        Some(n) => n,
-        None => (survey.max_index - base.min(survey.max_index))
-            .checked_add(1)
-            .and_then(|w| usize::try_from(w).ok())
-            .ok_or_else(|| Error::Config {
-                field: "features",
-                what: format!("the largest index, {}, is too large for a width", survey.max_index),
-            })?,
-    };
+    Ok(survey)
+}
 
-    let mut features =
-        vec![Feature::sparse("x", DType::F32, &[width]), Feature::dense("label", label_dtype, &[])];
-    if survey.some_qid {
-        features.push(Feature::dense("qid", DType::I64, &[]));
-    }
-    let schema = Schema::new(features)?;
-
-    // Pass 2: write. The checks of pass 1 hold unless the file changed meanwhile. Every
-    // output is claimed first, so that one that cannot be written is refused before any is.
+/// Pass 2: writes each split as `encoding` says. The checks of pass 1 hold unless a file
+/// changed meanwhile. Every output is claimed first, so that one that cannot be written is
+/// refused before any is.
+fn write_splits(
+    splits: &[(&Path, &[&Path])],
+    schema: &Schema,
+    options: WriterOptions,
+    encoding: &Encoding,
+) -> Result<Vec<Manifest>> {
     let mut writers = Vec::with_capacity(splits.len());
     for (out, _) in splits {
         writers.push(DatasetWriter::create(out, schema.clone(), options.clone())?);
@@ -393,24 +427,25 @@ pub fn import_svmlight_splits(
             while let Some(line) = lines.next()? {
                 positions.clear();
                 for (k, &index) in lines.indices.iter().enumerate() {
-                    let position = index.checked_sub(base).ok_or_else(|| {
+                    let position = index.checked_sub(encoding.base).ok_or_else(|| {
                         lines.fail_index(k, "index 0 in a file read as 1-based (set zero_based)")
                     })?;
-                    if position >= width as u64 {
+                    if position >= encoding.width as u64 {
                         return Err(lines.fail_index(
                             k,
                             format!(
-                                "index {index} is past the {width} features (the largest is {})",
-                                width as u64 - 1 + base
+                                "index {index} is past the {} features (the largest is {})",
+                                encoding.width,
+                                encoding.width as u64 - 1 + encoding.base
                             ),
                         ));
                     }
                     positions.push(position);
                 }
                 let mut label = [0u8; 8];
-                let label_len = match label_dtype {
+                let label_len = match encoding.label_dtype {
                     DType::I64 => {
-                        let class = if map_plus_minus {
+                        let class = if encoding.map_plus_minus {
                             i64::from(line.label > 0.0)
                         } else {
                             line.label as i64
@@ -429,7 +464,7 @@ pub fn import_svmlight_splits(
                     Value::Dense(&label[..label_len]),
                     Value::Dense(&qid),
                 ];
-                writer.append(&record[..if survey.some_qid { 3 } else { 2 }])?;
+                writer.append(&record[..if encoding.qid { 3 } else { 2 }])?;
             }
         }
     }

@@ -199,77 +199,13 @@ pub fn import_text_with_progress(
     progress: &(dyn Fn(TextProgress) + Sync),
 ) -> Result<TextReport> {
     let started = Instant::now();
-    if files.is_empty() {
-        return Err(Error::Config { field: "files", what: "no input files".into() });
-    }
+    let (tokenizer_path, total) = prepare_import(files, out, options)?;
     let fraction = options.eval_fraction;
-    if !(0.0..1.0).contains(&fraction) {
-        return Err(Error::Config {
-            field: "eval_fraction",
-            what: format!("{fraction} is outside 0 to below 1"),
-        });
-    }
-    // `out` itself first: never a dataset, nor a directory of someone else's files.
-    super::text_out::prepare(out, TOKENIZER_FILE, files)?;
-    for split in [Split::Train, Split::Eval] {
-        crate::staging::check_target(&out.join(split.name()))?;
-    }
-    let tokenizer_path = out.join(TOKENIZER_FILE);
-    if options.tokenizer != TextTokenizer::Bytes {
-        crate::check_output_file(&tokenizer_path)?;
-    }
-    // Every file opens before any work, and its text's length is known (what a gzip file
-    // holds costs a pass of decompression, little next to tokenizing it).
-    let mut total = 0u64;
-    for path in files {
-        Source::open(path, None)?;
-        total += file_length(path)?;
-    }
 
     // What this call makes in `out`, removed if it fails: `out` itself when it is new, and a
     // split written before a later step failed.
     let mut cleanup = Cleanup { out, created: !out.exists(), written: Vec::new() };
-    let mut train_seconds = 0.0;
-    let tokenizer = match &options.tokenizer {
-        TextTokenizer::Bytes => Tokenizer::bytes(),
-        TextTokenizer::File(path) => Tokenizer::from_file(path)?,
-        TextTokenizer::TrainBpe { vocab_size } => {
-            if !(257..=MAX_VOCAB).contains(vocab_size) {
-                return Err(Error::Config {
-                    field: "tokenizer",
-                    what: format!(
-                        "bpe:{vocab_size}: a byte-level BPE has 256 byte tokens and merges \
-                         above them: give 257 to {MAX_VOCAB} (or `bytes` for 256)"
-                    ),
-                });
-            }
-            // A byte-level BPE's tokens are a byte or more each, so the text has at most
-            // `total` tokens: when even that leaves none for training, say so before the
-            // training rather than after it.
-            if train_share(total, fraction) == 0 {
-                return Err(Error::Config {
-                    field: "files",
-                    what: format!(
-                        "the {} file(s) hold {total} bytes of text, at most {total} tokens, and \
-                         an eval_fraction of {fraction} leaves none of them for training",
-                        files.len()
-                    ),
-                });
-            }
-            let start = Instant::now();
-            let read = std::sync::atomic::AtomicU64::new(0);
-            let trained = with_pieces(files, |pieces| {
-                let counted = pieces.inspect(|piece| {
-                    let len = piece.len() as u64;
-                    let done = read.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
-                    progress(TextProgress { stage: TextStage::TrainBpe, done, total });
-                });
-                Tokenizer::train_bpe(*vocab_size, counted)
-            })?;
-            train_seconds = start.elapsed().as_secs_f64();
-            trained
-        }
-    };
+    let (tokenizer, train_seconds) = tokenizer_for(files, options, total, progress)?;
     let vocab_size = tokenizer.vocab_size();
     let width = TokenWidth::for_vocab(vocab_size);
 
@@ -282,27 +218,7 @@ pub fn import_text_with_progress(
         }
     };
     let tokens = stream.tokens;
-    if tokens == 0 {
-        return Err(Error::Config {
-            field: "files",
-            what: format!("the {} file(s) hold no text", files.len()),
-        });
-    }
-    let train_tokens = train_share(tokens, fraction);
-    if train_tokens == 0 {
-        let smaller = match &options.tokenizer {
-            TextTokenizer::TrainBpe { .. } => {
-                format!(
-                    " (the BPE packed {text_bytes} bytes into them: a smaller vocabulary packs less)"
-                )
-            }
-            _ => String::new(),
-        };
-        return Err(Error::Config {
-            field: "eval_fraction",
-            what: format!("{fraction} of {tokens} tokens leaves none for training{smaller}"),
-        });
-    }
+    let train_tokens = train_tokens_of(files, options, tokens, text_bytes)?;
     let eval_tokens = tokens - train_tokens;
     let bytes_per_token = text_bytes as f64 / tokens as f64;
     let info = |split: Split, count: u64| TokenInfo {
@@ -361,6 +277,121 @@ pub fn import_text_with_progress(
         train_seconds,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Checks the options and the inputs, and prepares `out`; returns where a tokenizer is
+/// written and the files' text length.
+fn prepare_import(files: &[&Path], out: &Path, options: &TextOptions) -> Result<(PathBuf, u64)> {
+    if files.is_empty() {
+        return Err(Error::Config { field: "files", what: "no input files".into() });
+    }
+    let fraction = options.eval_fraction;
+    if !(0.0..1.0).contains(&fraction) {
+        return Err(Error::Config {
+            field: "eval_fraction",
+            what: format!("{fraction} is outside 0 to below 1"),
+        });
+    }
+    // `out` itself first: never a dataset, nor a directory of someone else's files.
+    super::text_out::prepare(out, TOKENIZER_FILE, files)?;
+    for split in [Split::Train, Split::Eval] {
+        crate::staging::check_target(&out.join(split.name()))?;
+    }
+    let tokenizer_path = out.join(TOKENIZER_FILE);
+    if options.tokenizer != TextTokenizer::Bytes {
+        crate::check_output_file(&tokenizer_path)?;
+    }
+    // Every file opens before any work, and its text's length is known (what a gzip file
+    // holds costs a pass of decompression, little next to tokenizing it).
+    let mut total = 0u64;
+    for path in files {
+        Source::open(path, None)?;
+        total += file_length(path)?;
+    }
+    Ok((tokenizer_path, total))
+}
+
+/// The tokenizer `options` name: bytes, loaded, or trained on `files` (`total` bytes of
+/// text), and the seconds training took.
+fn tokenizer_for(
+    files: &[&Path],
+    options: &TextOptions,
+    total: u64,
+    progress: &(dyn Fn(TextProgress) + Sync),
+) -> Result<(Tokenizer, f64)> {
+    let fraction = options.eval_fraction;
+    match &options.tokenizer {
+        TextTokenizer::Bytes => Ok((Tokenizer::bytes(), 0.0)),
+        TextTokenizer::File(path) => Ok((Tokenizer::from_file(path)?, 0.0)),
+        TextTokenizer::TrainBpe { vocab_size } => {
+            if !(257..=MAX_VOCAB).contains(vocab_size) {
+                return Err(Error::Config {
+                    field: "tokenizer",
+                    what: format!(
+                        "bpe:{vocab_size}: a byte-level BPE has 256 byte tokens and merges \
+                         above them: give 257 to {MAX_VOCAB} (or `bytes` for 256)"
+                    ),
+                });
+            }
+            // A byte-level BPE's tokens are a byte or more each, so the text has at most
+            // `total` tokens: when even that leaves none for training, say so before the
+            // training rather than after it.
+            if train_share(total, fraction) == 0 {
+                return Err(Error::Config {
+                    field: "files",
+                    what: format!(
+                        "the {} file(s) hold {total} bytes of text, at most {total} tokens, and \
+                         an eval_fraction of {fraction} leaves none of them for training",
+                        files.len()
+                    ),
+                });
+            }
+            let start = Instant::now();
+            let read = std::sync::atomic::AtomicU64::new(0);
+            let trained = with_pieces(files, |pieces| {
+                let counted = pieces.inspect(|piece| {
+                    let len = piece.len() as u64;
+                    let done = read.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
+                    progress(TextProgress { stage: TextStage::TrainBpe, done, total });
+                });
+                Tokenizer::train_bpe(*vocab_size, counted)
+            })?;
+            Ok((trained, start.elapsed().as_secs_f64()))
+        }
+    }
+}
+
+/// The tokens of the train split, of `tokens` in all (encoded from `text_bytes` bytes); an
+/// error when there are none, or none for training.
+fn train_tokens_of(
+    files: &[&Path],
+    options: &TextOptions,
+    tokens: u64,
+    text_bytes: u64,
+) -> Result<u64> {
+    let fraction = options.eval_fraction;
+    if tokens == 0 {
+        return Err(Error::Config {
+            field: "files",
+            what: format!("the {} file(s) hold no text", files.len()),
+        });
+    }
+    let train_tokens = train_share(tokens, fraction);
+    if train_tokens == 0 {
+        let smaller = match &options.tokenizer {
+            TextTokenizer::TrainBpe { .. } => {
+                format!(
+                    " (the BPE packed {text_bytes} bytes into them: a smaller vocabulary packs less)"
+                )
+            }
+            _ => String::new(),
+        };
+        return Err(Error::Config {
+            field: "eval_fraction",
+            what: format!("{fraction} of {tokens} tokens leaves none for training{smaller}"),
+        });
+    }
+    Ok(train_tokens)
 }
 
 /// Removes, when dropped armed (an import that failed), the splits it wrote and the output

@@ -29,8 +29,8 @@ use crate::atomic::AtomicFile;
 use crate::block::Block;
 use crate::checksum::crc32c;
 use crate::error::{Error, Result};
+use crate::read_at::read_at;
 use crate::schema::Schema;
-use crate::shard::read_at;
 
 const MAGIC: [u8; 8] = *b"DPCACHE\0";
 const END: [u8; 8] = *b"DPCEND\0\0";

@@ -28,7 +28,8 @@ use std::ops::Range;
 use super::config::{PipelineConfig, TailPolicy};
 use super::permutation::{Permutation, hash};
 use super::plan::{BlockSizes, WindowCursor};
-use super::transform::Rng;
+use crate::dataset::Dataset;
+use crate::rng::Rng;
 
 /// The fixed partitions of a dataset's blocks.
 #[derive(Debug)]
@@ -284,4 +285,10 @@ impl PartitionedPlan {
             }
         }
     }
+}
+
+/// The records of each of the `count` partitions that [`PipelineConfig::partitions`] deals
+/// `dataset`'s blocks into: a trainer's epoch is as many global batches as the shortest fills.
+pub fn partition_records(dataset: &Dataset, count: usize) -> Vec<u64> {
+    Partitions::new(&BlockSizes::new(dataset.block_records()), count.max(1)).records().to_vec()
 }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use dp_mem::{Pool, PoolBuf, Tag};
 
 use super::permutation::{Permutation, hash};
-use super::transform::Rng;
 use crate::error::Result;
+use crate::rng::Rng;
 
 /// Records per block, in dataset order.
 #[derive(Debug)]

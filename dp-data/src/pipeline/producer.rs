@@ -15,11 +15,12 @@ use super::partitions::{Geometry, PartitionedPlan, Partitions};
 use super::permutation::hash;
 use super::plan::{BlockSizes, EpochPlan, WindowCursor};
 use super::stats::PipelineStats;
-use super::transform::{Rng, Sample, Transform};
+use super::transform::{Sample, Transform};
 use crate::block::Block;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::image::{ImageInput, ImageSampler};
+use crate::rng::Rng;
 use crate::schema::DType;
 
 /// How the input and label features are read out of a block.

@@ -308,7 +308,7 @@ mod tests {
         Ok(Batch {
             epoch: 0,
             index,
-            x: crate::pipeline::Inputs::Host(x),
+            x: crate::pipeline::batch::Inputs::Host(x),
             y,
             targets: None,
             ids,

@@ -1,13 +1,12 @@
 //! Per-record transforms: normalization and augmentation, each drawing its randomness from the
 //! record's own stream so the output does not depend on which worker ran it or when.
 
-use rand_xoshiro::SplitMix64;
-use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use std::fmt::Debug;
 
 use serde::{Deserialize, Serialize};
 
 use crate::FeatureStats;
+use crate::rng::Rng;
 
 /// A record as transforms see it: its input as `f32` in row-major `shape` (`[H, W]` or
 /// `[C, H, W]` for images), and its label.
@@ -19,33 +18,6 @@ pub struct Sample<'a> {
     pub shape: &'a [usize],
     /// The label.
     pub label: &'a mut i64,
-}
-
-/// A record's random stream, seeded from (seed, epoch, record id) by the pipeline: the
-/// SplitMix64 generator of `rand_xoshiro`, which every crate of the workspace draws from.
-#[derive(Debug, Clone)]
-pub struct Rng(SplitMix64);
-
-impl Rng {
-    /// A stream starting from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Rng(SplitMix64::seed_from_u64(seed))
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
 }
 
 /// A per-record transform. Implementations must be pure functions of the sample and the

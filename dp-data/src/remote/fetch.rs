@@ -20,7 +20,7 @@ use bytes::Bytes;
 use dp_mem::{Reservation, Tag, Tracker};
 
 use super::cache::BlockCache;
-use super::object::{Patience, RemoteObject, in_window};
+use super::object::{Patience, RemoteDir, RemoteObject, in_window};
 use super::options::object_options;
 use super::runtime::runtime;
 use super::stats::{COUNTERS, add};
@@ -307,11 +307,18 @@ impl Request {
 }
 
 /// Wakes the readers waiting for blocks fetched ahead, to look again (their reads were halted).
-pub(crate) fn wake_readers() {
+fn wake_readers() {
     let fetcher = fetcher();
     // Taken, so that a reader between its look and its wait does not miss the wake-up.
     drop(fetcher.lock());
     fetcher.changed.notify_all();
+}
+
+/// Halts the reads of `dir`'s objects, those under way and every later one, and wakes the
+/// readers waiting on blocks fetched ahead, so that they fail with [`Error::Stopped`] now.
+pub(crate) fn halt_reads(dir: &RemoteDir) {
+    dir.halt();
+    wake_readers();
 }
 
 /// The cache directory of each (directory, limit) this process opened, shared.

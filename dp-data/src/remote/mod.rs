@@ -16,28 +16,44 @@
 //! up to [`ObjectOptions::retry_for`], and counted ([`object_stats`]); a missing or changed
 //! object is an error naming it at once.
 
+#[cfg(feature = "objects")]
 mod cache;
-#[cfg(feature = "bench")]
+#[cfg(all(feature = "bench", feature = "objects"))]
 mod cache_use;
+#[cfg(feature = "objects")]
 mod fetch;
+#[cfg(feature = "objects")]
 mod halt;
+#[cfg(feature = "objects")]
 mod object;
+#[cfg(feature = "objects")]
 mod options;
+#[cfg(feature = "objects")]
 mod runtime;
-#[cfg(feature = "bench")]
+#[cfg(all(feature = "bench", feature = "objects"))]
 mod server;
+#[cfg(feature = "objects")]
 mod stats;
+#[cfg(feature = "objects")]
 mod upload;
 
-#[cfg(feature = "bench")]
+#[cfg(feature = "objects")]
+pub(crate) use cache::BlockCache;
+#[cfg(all(feature = "bench", feature = "objects"))]
 pub use cache_use::{CacheSampler, cache_disk_use};
-pub(crate) use fetch::{RemoteBlocks, open_cache};
+#[cfg(feature = "objects")]
+pub(crate) use fetch::{RemoteBlocks, halt_reads, open_cache};
+#[cfg(feature = "objects")]
 pub use fetch::{fetch_ahead_limit, fetched_ahead_memory};
+#[cfg(feature = "objects")]
 pub(crate) use object::RemoteDir;
+#[cfg(feature = "objects")]
 pub use options::{ObjectOptions, set_object_options};
-#[cfg(feature = "bench")]
+#[cfg(all(feature = "bench", feature = "objects"))]
 pub use server::{LocalS3, object_read_rate};
+#[cfg(feature = "objects")]
 pub use stats::{ObjectStats, object_stats};
+#[cfg(feature = "objects")]
 pub use upload::{UploadSummary, upload_dataset, upload_file, upload_manifest, upload_sink};
 
 use std::path::Path;
@@ -50,6 +66,18 @@ const SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "azure", "abfs", "http", "h
 pub fn is_object_url(location: &Path) -> bool {
     let Some(text) = location.to_str() else { return false };
     text.split_once("://").is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
+}
+
+/// The error for the object storage `location` in a build without object storage.
+#[cfg(not(feature = "objects"))]
+pub(crate) fn objects_left_out(location: &Path) -> crate::Error {
+    crate::Error::Config {
+        field: "location",
+        what: format!(
+            "{} is in object storage, and this build of dp-data leaves out its `objects` feature, which reads and writes there",
+            location.display()
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -75,10 +75,10 @@ impl RemoteDir {
     }
 
     /// Halts the reads of this directory's objects, those under way and every later one:
-    /// they fail with [`Error::Stopped`].
+    /// they fail with [`Error::Stopped`]. Readers waiting on fetched blocks are woken by
+    /// [`halt_reads`](super::fetch::halt_reads), which calls this.
     pub(crate) fn halt(&self) {
         self.halt.halt();
-        super::fetch::wake_readers();
     }
 
     /// The object `name` in this directory.
@@ -471,7 +471,7 @@ impl RemoteObject {
         let len = file.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
         let read = |offset: u64, len: u64| -> Result<Bytes> {
             let mut buf = vec![0; len as usize];
-            crate::shard::read_at(&file, path, offset, &mut buf)?;
+            crate::read_at::read_at(&file, path, offset, &mut buf)?;
             Ok(Bytes::from(buf))
         };
         if len <= 4 * PART {

@@ -1,5 +1,4 @@
-//! Test scaffolding shared by the importer tests: a directory removed on drop, gzip, and hex
-//! fixtures.
+//! Test scaffolding shared by the tests: a directory removed on drop, gzip, and hex fixtures.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,7 +10,7 @@ pub(crate) struct TempDir(pub(crate) PathBuf, #[allow(dead_code)] tempfile::Temp
 
 impl TempDir {
     pub(crate) fn new(test: &str) -> Self {
-        let dir = tempfile::Builder::new().prefix(&format!("dp-data-{test}-")).tempdir().unwrap();
+        let dir = scratch_dir(test);
         TempDir(dir.path().to_path_buf(), dir)
     }
 
@@ -32,6 +31,11 @@ impl TempDir {
         let _ = std::fs::remove_dir_all(&dir);
         dir
     }
+}
+
+/// A fresh directory for the test `test`, removed when dropped (also when the test fails).
+pub(crate) fn scratch_dir(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("dp-data-{test}-")).tempdir().unwrap()
 }
 
 pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {

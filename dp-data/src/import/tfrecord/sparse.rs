@@ -3,7 +3,7 @@
 //! and `tf.io.SparseFeature` (an index list and a value list of equal length). Each becomes a
 //! sparse `f32` feature of a declared width.
 
-use super::tfrecord::{List, Parsed};
+use super::example::{List, Parsed};
 
 /// A key read as `tf.io.VarLenFeature`: a list of any length per record (none when the key is
 /// missing), stored as the sparse feature named after the key, `width` wide.
