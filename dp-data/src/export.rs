@@ -131,7 +131,8 @@ pub fn write_npy_f32(path: &Path, shape: &[u64], values: &[f32]) -> Result<()> {
     let mut file = AtomicFile::create(path)?;
     write_npy_f32_to(&mut file, shape, values)
         .map_err(|e| Error::io(file.temp_path(), "write", e))?;
-    file.commit().map(|_| ())
+    file.commit()?;
+    Ok(())
 }
 
 /// Writes `values` as [`write_npy_f32`] does, to a stream (standard output, say): a stream

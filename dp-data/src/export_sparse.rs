@@ -235,5 +235,6 @@ fn zip_error(path: &Path, error: zip::result::ZipError) -> Error {
 fn write_atomically(out: &Path, write: impl FnOnce(&mut AtomicFile) -> Result<()>) -> Result<()> {
     let mut file = AtomicFile::create(out)?;
     write(&mut file)?;
-    file.commit().map(|_| ())
+    file.commit()?;
+    Ok(())
 }

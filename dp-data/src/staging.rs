@@ -177,9 +177,9 @@ impl Staging {
             .map_err(|e| Error::io(&self.target, "rename", e))?;
         self.published = true;
         self.lock = None;
-        atomic::sync_dir(
-            self.target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")),
-        )
+        let parent =
+            self.target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Ok(atomic::sync_dir(parent)?)
     }
 }
 

@@ -46,12 +46,14 @@
 //! ```
 
 mod arena;
+mod atomic_file;
 mod backend;
 mod by_tag;
 mod bytes;
 mod counting;
 mod cuda;
 mod error;
+mod file_error;
 mod headroom;
 mod ledger;
 mod lock;
@@ -65,12 +67,16 @@ mod trace;
 mod tracker;
 
 pub use arena::{Arena, ArenaCheckpoint};
+pub use atomic_file::{
+    AtomicFile, TEMP_SUFFIX, check_output_file, sync_dir, temp_target, write_file,
+};
 pub use backend::{BLOCK_ALIGN, Backend, HostMemory, SystemBackend};
 pub use by_tag::ByTag;
 pub use bytes::ByteSize;
 pub use counting::{AllocCounts, CountingAlloc, ProcessAllocStats};
 pub use cuda::{CudaBackend, PinnedBackend, cuda_available};
 pub use error::{Error, Result};
+pub use file_error::FileError;
 pub use headroom::check_headroom;
 pub use oom::{Limit, OutOfMemory};
 pub use pool::{Pool, PoolBuf, PoolConfig, PoolStats};
