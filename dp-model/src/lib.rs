@@ -55,6 +55,7 @@ mod cuda;
 mod decode;
 mod error;
 mod float;
+mod hash;
 mod init;
 mod layout;
 mod memory_plan;
