@@ -44,6 +44,8 @@ use ndarray::{Array2, s};
 mod child_memory;
 use child_memory::memory_of;
 mod peak;
+mod report_parts;
+use report_parts::{mb, median, print_cpu, print_memory, verdict};
 
 /// Sequences per replica (and on one thread).
 const BATCH: usize = 8;
@@ -143,11 +145,6 @@ fn main() {
     report(&spec);
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Seconds of CPU time the calling thread has run.
 fn thread_cpu() -> f64 {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -180,10 +177,6 @@ fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> Times {
     Times { wall: median(&mut wall), cpu: median(&mut cpu) }
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "(met)" } else { "(NOT MET)" }
-}
-
 /// Width and blocks of gpt-mini.
 const DIM: usize = 384;
 const BLOCKS: usize = 6;
@@ -207,18 +200,7 @@ fn attention_flops(batch: usize) -> u64 {
 fn report(spec: &ModelSpec) {
     // 1. The CPU.
     let (width, peak) = peak::peak_f32_gflops();
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flag = |name: &str| {
-        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-        if flags.split_whitespace().any(|f| f == name) { "yes" } else { "no" }
-    };
-    let model_name = cpuinfo.lines().find(|l| l.starts_with("model name"));
-    println!(
-        "\nCPU {}: one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; avx512f {}, amx_tile {}",
-        model_name.and_then(|l| l.split(':').nth(1)).unwrap_or(" ?").trim(),
-        flag("avx512f"),
-        flag("amx_tile"),
-    );
+    print_cpu(width, peak);
 
     // 2. One thread, batch 8.
     let tokens = (BATCH * CONTEXT) as f64;
@@ -255,69 +237,12 @@ fn report(spec: &ModelSpec) {
     }
 
     // 3. The step's GEMMs: each product bare, median of 3 runs after one warm-up.
-    let (mut shapes, mut rows_note) = (one.model.gemm_shapes(BATCH), "");
-    let mut flops: u64 = shapes.iter().map(|s| s.flops()).sum();
-    if flops < linear_flops(BATCH) / 10 {
-        // `gemm_shapes` takes one row per sample, where a GPT's linear layers multiply one row
-        // per token: asked for the step's tokens, it lists the products the step runs.
-        shapes = one.model.gemm_shapes(BATCH * CONTEXT);
-        flops = shapes.iter().map(|s| s.flops()).sum();
-        rows_note = " (gemm_shapes taken at batch x context rows: it counts one row per sequence)";
-    }
-    let attention = attention_flops(BATCH);
-    let bare: f64 = shapes
-        .iter()
-        .map(|&shape| {
-            let mut gemm = BareGemm::<f32>::new(shape);
-            timed(1, 3, || gemm.run()).wall
-        })
-        .sum();
-    let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
-    println!(
-        "  the step's {} GEMMs (linear layers and the tied head){rows_note}: {:.2} GFLOP per step (expected {:.2}); run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s over them ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time)",
-        shapes.len(),
-        flops as f64 / 1e9,
-        linear_flops(BATCH) as f64 / 1e9,
-        bare * 1e3,
-        100.0 * bare_rate / peak,
-        100.0 * step_rate / peak,
-        100.0 * bare / step,
-    );
-    println!(
-        "  not in those GEMMs: attention's score and value products, {:.2} GFLOP counted whole (about half under the causal mask); with attention counted whole the step runs at {:.1} GFLOP/s",
-        attention as f64 / 1e9,
-        (flops + attention) as f64 / step / 1e9,
-    );
+    print_gemms(&one, step, peak);
 
     // 4. Recomputation's step time: Off and Auto alternately, so that the machine's load
     //    changes both alike.
     let mut auto = Bench::new(spec, Recompute::Auto, batch(0..BATCH));
-    (0..WARMUP).for_each(|_| {
-        black_box(auto.step());
-    });
-    let (mut off_times, mut auto_times) = (Vec::new(), Vec::new());
-    for _ in 0..RECOMPUTE_PAIRS {
-        off_times.push(timed(0, 1, || {
-            black_box(one.step());
-        }));
-        auto_times.push(timed(0, 1, || {
-            black_box(auto.step());
-        }));
-    }
-    let medians = |times: &[Times]| {
-        let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) =
-            times.iter().map(|t| (t.wall, t.cpu)).unzip();
-        Times { wall: median(&mut wall), cpu: median(&mut cpu) }
-    };
-    let (off_step, auto_step) = (medians(&off_times), medians(&auto_times));
-    // Each pair's ratio, then their median: the load drifts over the minute the pairs take,
-    // and a pair's two steps see nearly the same.
-    let ratios: Vec<Times> = off_times
-        .iter()
-        .zip(&auto_times)
-        .map(|(off, auto)| Times { wall: auto.wall / off.wall, cpu: auto.cpu / off.cpu })
-        .collect();
-    let time_ratio = medians(&ratios);
+    let (off_step, auto_step, time_ratio) = alternate(&mut one, &mut auto);
     let (off_saved, auto_saved) =
         (one.model.memory().saved_activations, auto.model.memory().saved_activations);
     drop((one, auto));
@@ -344,23 +269,8 @@ fn report(spec: &ModelSpec) {
     }
 
     // 6. Memory, each measured in a clean child process.
-    let mb = |b: u64| b as f64 / 1e6;
     let (off, auto) = (memory_of(MEMORY_CHILD, "off"), memory_of(MEMORY_CHILD, "auto"));
-    println!(
-        "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
-    );
-    for (name, m) in [("Recompute::Off", &off), ("Recompute::Auto", &auto)] {
-        match m {
-            Ok(m) => println!(
-                "  {name}: step peak {:.1} MB (tracker's peak held {:.1} MB), saved activations {:.1} MB, step {:.1} ms",
-                mb(m.step_peak),
-                mb(m.peak_held),
-                mb(m.saved),
-                m.step_seconds * 1e3
-            ),
-            Err(why) => println!("  {name}: not measured ({why})"),
-        }
-    }
+    print_memory(BATCH, &off, &auto);
     match (Peer::measure(1, BATCH, &["--memory"]), &off, &auto) {
         (Ok(p), Ok(off), Ok(auto)) => {
             let (r_off, r_auto) = (
@@ -396,6 +306,77 @@ fn report(spec: &ModelSpec) {
         auto_step.cpu * 1e3,
         time_ratio.cpu,
     );
+}
+
+/// Prints the step's matrix products run bare (each alone, median of 3 runs after one
+/// warm-up) against the core's `peak` and the whole step's `step` seconds.
+fn print_gemms(one: &Bench, step: f64, peak: f64) {
+    let (mut shapes, mut rows_note) = (one.model.gemm_shapes(BATCH), "");
+    let mut flops: u64 = shapes.iter().map(|s| s.flops()).sum();
+    if flops < linear_flops(BATCH) / 10 {
+        // `gemm_shapes` takes one row per sample, where a GPT's linear layers multiply one row
+        // per token: asked for the step's tokens, it lists the products the step runs.
+        shapes = one.model.gemm_shapes(BATCH * CONTEXT);
+        flops = shapes.iter().map(|s| s.flops()).sum();
+        rows_note = " (gemm_shapes taken at batch x context rows: it counts one row per sequence)";
+    }
+    let attention = attention_flops(BATCH);
+    let bare: f64 = shapes
+        .iter()
+        .map(|&shape| {
+            let mut gemm = BareGemm::<f32>::new(shape);
+            timed(1, 3, || gemm.run()).wall
+        })
+        .sum();
+    let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
+    println!(
+        "  the step's {} GEMMs (linear layers and the tied head){rows_note}: {:.2} GFLOP per step (expected {:.2}); run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s over them ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time)",
+        shapes.len(),
+        flops as f64 / 1e9,
+        linear_flops(BATCH) as f64 / 1e9,
+        bare * 1e3,
+        100.0 * bare_rate / peak,
+        100.0 * step_rate / peak,
+        100.0 * bare / step,
+    );
+    println!(
+        "  not in those GEMMs: attention's score and value products, {:.2} GFLOP counted whole (about half under the causal mask); with attention counted whole the step runs at {:.1} GFLOP/s",
+        attention as f64 / 1e9,
+        (flops + attention) as f64 / step / 1e9,
+    );
+}
+
+/// Steps `one` (no recomputation) and `auto` (recomputation) alternately, so that the
+/// machine's load changes both alike: the median times of each and the median of the pairs'
+/// ratios.
+fn alternate(one: &mut Bench, auto: &mut Bench) -> (Times, Times, Times) {
+    (0..WARMUP).for_each(|_| {
+        black_box(auto.step());
+    });
+    let (mut off_times, mut auto_times) = (Vec::new(), Vec::new());
+    for _ in 0..RECOMPUTE_PAIRS {
+        off_times.push(timed(0, 1, || {
+            black_box(one.step());
+        }));
+        auto_times.push(timed(0, 1, || {
+            black_box(auto.step());
+        }));
+    }
+    let medians = |times: &[Times]| {
+        let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) =
+            times.iter().map(|t| (t.wall, t.cpu)).unzip();
+        Times { wall: median(&mut wall), cpu: median(&mut cpu) }
+    };
+    let (off_step, auto_step) = (medians(&off_times), medians(&auto_times));
+    // Each pair's ratio, then their median: the load drifts over the minute the pairs take,
+    // and a pair's two steps see nearly the same.
+    let ratios: Vec<Times> = off_times
+        .iter()
+        .zip(&auto_times)
+        .map(|(off, auto)| Times { wall: auto.wall / off.wall, cpu: auto.cpu / off.cpu })
+        .collect();
+    let time_ratio = medians(&ratios);
+    (off_step, auto_step, time_ratio)
 }
 
 /// Two replicas, each with its own model and optimizer on its own `BATCH` sequences, stepping

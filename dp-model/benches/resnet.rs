@@ -32,6 +32,8 @@ use ndarray::{Array2, s};
 mod child_memory;
 use child_memory::memory_of;
 mod peak;
+mod report_parts;
+use report_parts::{mb, median, print_cpu, print_memory, verdict};
 
 /// The global batch, split in two for the replicas.
 const BATCH: usize = 128;
@@ -109,11 +111,6 @@ fn main() {
     report(&spec);
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Median seconds of `f` over `rounds` after `warmup` untimed calls.
 fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> f64 {
     (0..warmup).for_each(|_| f());
@@ -127,25 +124,10 @@ fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> f64 {
     median(&mut times)
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "(met)" } else { "(NOT MET)" }
-}
-
 fn report(spec: &ModelSpec) {
     // 1. The CPU.
     let (width, peak) = peak::peak_f32_gflops();
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flag = |name: &str| {
-        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-        if flags.split_whitespace().any(|f| f == name) { "yes" } else { "no" }
-    };
-    let model_name = cpuinfo.lines().find(|l| l.starts_with("model name"));
-    println!(
-        "\nCPU {}: one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; avx512f {}, amx_tile {}",
-        model_name.and_then(|l| l.split(':').nth(1)).unwrap_or(" ?").trim(),
-        flag("avx512f"),
-        flag("amx_tile"),
-    );
+    print_cpu(width, peak);
 
     // 2. One thread, batch 128.
     let mut one = Bench::new(spec, Recompute::Off, batch(0..BATCH));
@@ -214,23 +196,8 @@ fn report(spec: &ModelSpec) {
     }
 
     // 5. Memory, each measured in a clean child process.
-    let mb = |b: u64| b as f64 / 1e6;
     let (off, auto) = (memory_of(MEMORY_CHILD, "off"), memory_of(MEMORY_CHILD, "auto"));
-    println!(
-        "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
-    );
-    for (name, m) in [("Recompute::Off", &off), ("Recompute::Auto", &auto)] {
-        match m {
-            Ok(m) => println!(
-                "  {name}: step peak {:.1} MB (tracker's peak held {:.1} MB), saved activations {:.1} MB, step {:.1} ms",
-                mb(m.step_peak),
-                mb(m.peak_held),
-                mb(m.saved),
-                m.step_seconds * 1e3
-            ),
-            Err(why) => println!("  {name}: not measured ({why})"),
-        }
-    }
+    print_memory(BATCH, &off, &auto);
     if let (Ok(p), Ok(off), Ok(auto)) = (&peer1, &off, &auto) {
         let (r_off, r_auto) =
             (off.step_peak as f64 / p.step_peak as f64, auto.step_peak as f64 / p.step_peak as f64);
