@@ -9,6 +9,15 @@ use crate::ops::linear::Linear;
 use crate::ops::transpose::Transpose;
 use crate::spec::LayerSpec;
 
+/// A layer for a family's builder to add: its spec, the top-level layer it belongs to, its
+/// name (`layers.3`) and the path of its spec in errors (`layers[3]`).
+pub(super) struct Layer<'a> {
+    pub(super) layer_spec: &'a LayerSpec,
+    pub(super) layer: usize,
+    pub(super) name: &'a str,
+    pub(super) field: String,
+}
+
 /// Builds nodes layer by layer.
 pub(super) struct Builder {
     pub(super) nodes: Vec<Node>,
@@ -97,8 +106,7 @@ impl Builder {
                 "reads the model's input (ids), so it must be the first layer",
             ));
         }
-        let field = field.to_string();
-        let field = field.to_string();
+        let next = Layer { layer_spec, layer, name, field: field.to_string() };
         match layer_spec {
             LayerSpec::SparseLinear { .. }
             | LayerSpec::EmbeddingBag { .. }
@@ -107,17 +115,15 @@ impl Builder {
             | LayerSpec::Relu
             | LayerSpec::Gelu
             | LayerSpec::Tanh
-            | LayerSpec::Dropout { .. } => self.dense_layer(layer_spec, at, layer, name, field),
+            | LayerSpec::Dropout { .. } => self.dense_layer(at, next),
             LayerSpec::Embedding { .. }
             | LayerSpec::CausalSelfAttention { .. }
-            | LayerSpec::TiedHead => self.sequence_layer(layer_spec, at, layer, name, field),
+            | LayerSpec::TiedHead => self.sequence_layer(at, next),
             LayerSpec::Conv2d { .. } | LayerSpec::MaxPool2d { .. } | LayerSpec::GlobalAvgPool => {
-                self.image_layer(layer_spec, at, layer, name, field)
+                self.image_layer(at, next)
             }
-            LayerSpec::LayerNorm { .. } | LayerSpec::BatchNorm { .. } => {
-                self.norm_layer(layer_spec, at, layer, name, field)
-            }
-            LayerSpec::Residual { .. } => self.residual(layer_spec, at, layer, name, field),
+            LayerSpec::LayerNorm { .. } | LayerSpec::BatchNorm { .. } => self.norm_layer(at, next),
+            LayerSpec::Residual { .. } => self.residual(at, next),
         }
     }
 }

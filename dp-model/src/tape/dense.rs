@@ -1,7 +1,7 @@
 //! Building the dense and elementwise layers: linear (and its sparse first-layer form),
 //! flatten, activations and dropout.
 
-use super::builder::{Builder, positive};
+use super::builder::{Builder, Layer, positive};
 use super::shape::{Cursor, Shape};
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -13,14 +13,8 @@ use crate::spec::{BagMode, LayerSpec};
 
 impl Builder {
     /// A dense or elementwise layer.
-    pub(super) fn dense_layer(
-        &mut self,
-        layer_spec: &LayerSpec,
-        mut at: Cursor,
-        layer: usize,
-        name: &str,
-        field: String,
-    ) -> Result<Cursor> {
+    pub(super) fn dense_layer(&mut self, mut at: Cursor, next: Layer<'_>) -> Result<Cursor> {
+        let Layer { layer_spec, layer, name, field } = next;
         Ok(match *layer_spec {
             LayerSpec::SparseLinear { out } | LayerSpec::EmbeddingBag { dim: out, .. } => {
                 let Shape::Flat(inputs) = at.shape else {

@@ -1,6 +1,6 @@
 //! Building the image layers: convolution, max pooling and global average pooling.
 
-use super::builder::{Builder, positive};
+use super::builder::{Builder, Layer, positive};
 use super::shape::{Cursor, Shape};
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -11,14 +11,8 @@ use crate::spec::LayerSpec;
 
 impl Builder {
     /// An image layer.
-    pub(super) fn image_layer(
-        &mut self,
-        layer_spec: &LayerSpec,
-        mut at: Cursor,
-        layer: usize,
-        name: &str,
-        field: String,
-    ) -> Result<Cursor> {
+    pub(super) fn image_layer(&mut self, mut at: Cursor, next: Layer<'_>) -> Result<Cursor> {
+        let Layer { layer_spec, layer, name, field } = next;
         Ok(match *layer_spec {
             LayerSpec::Conv2d { out, kernel, stride, padding, bias } => {
                 let (c, h, w) = self.channel_major(&mut at, layer, name, &field)?;

@@ -1,7 +1,7 @@
 //! Building the normalization layers: layer norm (per row) and batch norm (per channel, over
 //! the batch).
 
-use super::builder::Builder;
+use super::builder::{Builder, Layer};
 use super::shape::{Cursor, Shape};
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -11,14 +11,8 @@ use crate::spec::LayerSpec;
 
 impl Builder {
     /// A normalization layer.
-    pub(super) fn norm_layer(
-        &mut self,
-        layer_spec: &LayerSpec,
-        mut at: Cursor,
-        layer: usize,
-        name: &str,
-        field: String,
-    ) -> Result<Cursor> {
+    pub(super) fn norm_layer(&mut self, mut at: Cursor, next: Layer<'_>) -> Result<Cursor> {
+        let Layer { layer_spec, layer, name, field } = next;
         Ok(match *layer_spec {
             LayerSpec::LayerNorm { eps } => {
                 if !(eps > 0.0 && eps.is_finite()) {

@@ -1,6 +1,6 @@
 //! Building a residual block: its layers and its shortcut from one input, then their sum.
 
-use super::builder::Builder;
+use super::builder::{Builder, Layer};
 use super::shape::{Cursor, Shape, describe};
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -9,14 +9,8 @@ use crate::spec::LayerSpec;
 
 impl Builder {
     /// A residual block.
-    pub(super) fn residual(
-        &mut self,
-        layer_spec: &LayerSpec,
-        mut at: Cursor,
-        layer: usize,
-        name: &str,
-        field: String,
-    ) -> Result<Cursor> {
+    pub(super) fn residual(&mut self, mut at: Cursor, next: Layer<'_>) -> Result<Cursor> {
+        let Layer { layer_spec, layer, name, field } = next;
         Ok(match *layer_spec {
             LayerSpec::Residual { ref layers, ref shortcut } => {
                 if layers.is_empty() {

@@ -1,7 +1,7 @@
 //! Building a language model's layers: the token embedding, causal self-attention and the
 //! output head tied to the embedding.
 
-use super::builder::{Builder, positive};
+use super::builder::{Builder, Layer, positive};
 use super::shape::{Cursor, Shape};
 use crate::error::{Error, Result};
 use crate::ops::Op;
@@ -11,14 +11,8 @@ use crate::spec::LayerSpec;
 
 impl Builder {
     /// A layer over a sequence of tokens.
-    pub(super) fn sequence_layer(
-        &mut self,
-        layer_spec: &LayerSpec,
-        at: Cursor,
-        layer: usize,
-        name: &str,
-        field: String,
-    ) -> Result<Cursor> {
+    pub(super) fn sequence_layer(&mut self, at: Cursor, next: Layer<'_>) -> Result<Cursor> {
+        let Layer { layer_spec, layer, name, field } = next;
         Ok(match *layer_spec {
             LayerSpec::Embedding { vocab, dim } => {
                 let Shape::Flat(t) = at.shape else {
