@@ -10,6 +10,7 @@ pub(crate) mod conv;
 pub(crate) mod dropout;
 pub(crate) mod embedding;
 pub(crate) mod gemm;
+mod lanes;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod loss;
