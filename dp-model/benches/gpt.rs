@@ -43,6 +43,7 @@ mod peak;
 mod replica;
 use replica::{Bench, two_replicas};
 mod report_parts;
+mod torch_peer;
 use report_parts::{mb, median, print_cpu, print_memory, verdict};
 
 /// Sequences per replica (and on one thread).
@@ -378,15 +379,8 @@ impl Peer {
             args.extend(["--warmup", &warmup, "--steps", &rounds]);
         }
         args.extend(extra);
-        let output =
-            Command::new("python3").args(&args).output().map_err(|e| format!("python3: {e}"))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
-        }
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("its output does not parse: {e}"))?;
-        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        let json = torch_peer::run(Command::new("python3").args(&args))?;
+        let number = |key: &str| torch_peer::number(&json, key);
         Ok(Peer {
             version: json["torch"].as_str().unwrap_or("?").to_string(),
             tokens_per_s: number("tokens_per_s")?,

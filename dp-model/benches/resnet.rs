@@ -31,6 +31,7 @@ mod peak;
 mod replica;
 use replica::{Bench, two_replicas};
 mod report_parts;
+mod torch_peer;
 use report_parts::{mb, median, print_cpu, print_memory, verdict};
 
 /// The global batch, split in two for the replicas.
@@ -209,17 +210,15 @@ impl Peer {
     /// Runs the peer script on `threads` threads, or says why it could not.
     fn measure(threads: usize) -> Result<Peer, String> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_resnet_step.py");
-        let output = Command::new("python3")
-            .args([script, "--threads", &threads.to_string(), "--warmup", "6"])
-            .output()
-            .map_err(|e| format!("python3: {e}"))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
-        }
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("its output does not parse: {e}"))?;
-        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        let mut command = Command::new("python3");
+        let json = torch_peer::run(command.args([
+            script,
+            "--threads",
+            &threads.to_string(),
+            "--warmup",
+            "6",
+        ]))?;
+        let number = |key: &str| torch_peer::number(&json, key);
         Ok(Peer {
             version: json["torch"].as_str().unwrap_or("?").to_string(),
             samples_per_s: number("samples_per_s")?,
