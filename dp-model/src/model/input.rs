@@ -38,6 +38,8 @@ impl<T: Float> Model<T> {
         Ok(batch)
     }
 
+    /// The rows and values of a dense batch, checked against the model (a language model's
+    /// values must be token ids of its vocabulary).
     pub(super) fn check_input<'x>(&self, x: &'x ArrayView2<'_, T>) -> Result<(usize, &'x [T])> {
         if self.tape.sparse_input {
             return Err(Error::shape(
