@@ -31,19 +31,20 @@
 
 use std::hint::black_box;
 use std::process::Command;
-use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
-use dp_mem::{Pool, Tracker};
-use dp_model::{
-    Adam, AdamConfig, BareGemm, Model, ModelOptions, ModelSpec, Optimizer, Recompute, StepOptions,
-    Targets,
-};
+use dp_mem::Pool;
+use dp_model::{Adam, AdamConfig, BareGemm, ModelSpec, Recompute};
 use ndarray::{Array2, s};
 
 mod child_memory;
 use child_memory::memory_of;
 mod peak;
+mod replica;
+use replica::{Bench, two_replicas};
+mod report_parts;
+mod torch_peer;
+use report_parts::{mb, median, print_cpu, print_memory, verdict};
 
 /// Sequences per replica (and on one thread).
 const BATCH: usize = 8;
@@ -59,49 +60,15 @@ const RECOMPUTE_PAIRS: usize = 5;
 /// The environment variable that makes this binary the memory measurement's child.
 const MEMORY_CHILD: &str = "DP_GPT_MEMORY";
 
-/// A model, its optimizer and one fixed batch.
-struct Bench {
-    model: Model<f32>,
-    adam: Adam<f32>,
-    x: Array2<f32>,
-    y: Vec<i64>,
-    step: u64,
-    /// Replicas divide by the global batch so that summed gradients are its mean.
-    denominator: Option<usize>,
-    tracker: Tracker,
-}
+/// gpt-mini with its optimizer and a batch.
+type Gpt = Bench<Adam<f32>>;
 
-impl Bench {
-    /// The model on batch `(x, y)`; the seed is the same everywhere, so replicas start identical.
-    fn new(spec: &ModelSpec, recompute: Recompute, (x, y): (Array2<f32>, Vec<i64>)) -> Self {
-        let tracker = Tracker::new();
-        let pool = Pool::new(&tracker);
-        let options = ModelOptions::new(x.nrows(), 1).recompute(recompute);
-        let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
-        let config =
-            AdamConfig { betas: (0.9, 0.99), eps: 1e-8, weight_decay: 0.1, decoupled: true };
-        let adam = Adam::new(model.params().len(), config, &pool).expect("optimizer");
-        Self { model, adam, x, y, step: 0, denominator: None, tracker }
-    }
-
-    fn forward_backward(&mut self) -> f64 {
-        let opts =
-            StepOptions { step: self.step, denominator: self.denominator, ..Default::default() };
-        let loss = self.model.forward_backward(self.x.view(), Targets::Classes(&self.y), &opts);
-        loss.expect("step").loss_sum
-    }
-
-    fn update(&mut self) {
-        let (params, grads) = self.model.params_and_grads();
-        Optimizer::step(&mut self.adam, params, grads, 1e-3).expect("adamw");
-        self.step += 1;
-    }
-
-    fn step(&mut self) -> f64 {
-        let loss = self.forward_backward();
-        self.update();
-        loss
-    }
+/// gpt-mini's optimizer, AdamW (betas 0.9/0.99, decoupled weight decay 0.1) at 1e-3, on
+/// batch `input`.
+fn bench(spec: &ModelSpec, recompute: Recompute, input: (Array2<f32>, Vec<i64>)) -> Gpt {
+    let config = AdamConfig { betas: (0.9, 0.99), eps: 1e-8, weight_decay: 0.1, decoupled: true };
+    let adam = |len, pool: &Pool| Adam::new(len, config, pool).expect("optimizer");
+    Bench::new(spec, recompute, input, adam, 1e-3)
 }
 
 /// Sequences `rows` of one fixed global batch of `2 * BATCH` random sequences: token ids (as
@@ -134,18 +101,13 @@ fn main() {
     let spec = gpt_mini();
     if !std::env::args().any(|a| a == "--bench") {
         // Smoke check: build the model and run one step.
-        let loss = Bench::new(&spec, Recompute::Off, batch(0..BATCH)).step();
+        let loss = bench(&spec, Recompute::Off, batch(0..BATCH)).step();
         println!(
             "gpt-mini b{BATCH}x{CONTEXT}: one step, loss sum {loss:.3} (`--bench` for the report)"
         );
         return;
     }
     report(&spec);
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Seconds of CPU time the calling thread has run.
@@ -180,10 +142,6 @@ fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> Times {
     Times { wall: median(&mut wall), cpu: median(&mut cpu) }
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "(met)" } else { "(NOT MET)" }
-}
-
 /// Width and blocks of gpt-mini.
 const DIM: usize = 384;
 const BLOCKS: usize = 6;
@@ -207,22 +165,11 @@ fn attention_flops(batch: usize) -> u64 {
 fn report(spec: &ModelSpec) {
     // 1. The CPU.
     let (width, peak) = peak::peak_f32_gflops();
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flag = |name: &str| {
-        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-        if flags.split_whitespace().any(|f| f == name) { "yes" } else { "no" }
-    };
-    let model_name = cpuinfo.lines().find(|l| l.starts_with("model name"));
-    println!(
-        "\nCPU {}: one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; avx512f {}, amx_tile {}",
-        model_name.and_then(|l| l.split(':').nth(1)).unwrap_or(" ?").trim(),
-        flag("avx512f"),
-        flag("amx_tile"),
-    );
+    print_cpu(width, peak);
 
     // 2. One thread, batch 8.
     let tokens = (BATCH * CONTEXT) as f64;
-    let mut one = Bench::new(spec, Recompute::Off, batch(0..BATCH));
+    let mut one = bench(spec, Recompute::Off, batch(0..BATCH));
     let Times { wall: step, cpu: step_cpu } = timed(WARMUP, ROUNDS, || {
         black_box(one.step());
     });
@@ -255,75 +202,23 @@ fn report(spec: &ModelSpec) {
     }
 
     // 3. The step's GEMMs: each product bare, median of 3 runs after one warm-up.
-    let (mut shapes, mut rows_note) = (one.model.gemm_shapes(BATCH), "");
-    let mut flops: u64 = shapes.iter().map(|s| s.flops()).sum();
-    if flops < linear_flops(BATCH) / 10 {
-        // `gemm_shapes` takes one row per sample, where a GPT's linear layers multiply one row
-        // per token: asked for the step's tokens, it lists the products the step runs.
-        shapes = one.model.gemm_shapes(BATCH * CONTEXT);
-        flops = shapes.iter().map(|s| s.flops()).sum();
-        rows_note = " (gemm_shapes taken at batch x context rows: it counts one row per sequence)";
-    }
-    let attention = attention_flops(BATCH);
-    let bare: f64 = shapes
-        .iter()
-        .map(|&shape| {
-            let mut gemm = BareGemm::<f32>::new(shape);
-            timed(1, 3, || gemm.run()).wall
-        })
-        .sum();
-    let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
-    println!(
-        "  the step's {} GEMMs (linear layers and the tied head){rows_note}: {:.2} GFLOP per step (expected {:.2}); run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s over them ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time)",
-        shapes.len(),
-        flops as f64 / 1e9,
-        linear_flops(BATCH) as f64 / 1e9,
-        bare * 1e3,
-        100.0 * bare_rate / peak,
-        100.0 * step_rate / peak,
-        100.0 * bare / step,
-    );
-    println!(
-        "  not in those GEMMs: attention's score and value products, {:.2} GFLOP counted whole (about half under the causal mask); with attention counted whole the step runs at {:.1} GFLOP/s",
-        attention as f64 / 1e9,
-        (flops + attention) as f64 / step / 1e9,
-    );
+    print_gemms(&one, step, peak);
 
     // 4. Recomputation's step time: Off and Auto alternately, so that the machine's load
     //    changes both alike.
-    let mut auto = Bench::new(spec, Recompute::Auto, batch(0..BATCH));
-    (0..WARMUP).for_each(|_| {
-        black_box(auto.step());
-    });
-    let (mut off_times, mut auto_times) = (Vec::new(), Vec::new());
-    for _ in 0..RECOMPUTE_PAIRS {
-        off_times.push(timed(0, 1, || {
-            black_box(one.step());
-        }));
-        auto_times.push(timed(0, 1, || {
-            black_box(auto.step());
-        }));
-    }
-    let medians = |times: &[Times]| {
-        let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) =
-            times.iter().map(|t| (t.wall, t.cpu)).unzip();
-        Times { wall: median(&mut wall), cpu: median(&mut cpu) }
-    };
-    let (off_step, auto_step) = (medians(&off_times), medians(&auto_times));
-    // Each pair's ratio, then their median: the load drifts over the minute the pairs take,
-    // and a pair's two steps see nearly the same.
-    let ratios: Vec<Times> = off_times
-        .iter()
-        .zip(&auto_times)
-        .map(|(off, auto)| Times { wall: auto.wall / off.wall, cpu: auto.cpu / off.cpu })
-        .collect();
-    let time_ratio = medians(&ratios);
+    let mut auto = bench(spec, Recompute::Auto, batch(0..BATCH));
+    let (off_step, auto_step, time_ratio) = alternate(&mut one, &mut auto);
     let (off_saved, auto_saved) =
         (one.model.memory().saved_activations, auto.model.memory().saved_activations);
     drop((one, auto));
 
     // 5. Two replicas on two threads.
-    let (step2, identical) = two_replicas(spec, WARMUP, ROUNDS);
+    let replica = |r: usize| {
+        let mut bench = bench(spec, Recompute::Off, batch(r * BATCH..(r + 1) * BATCH));
+        bench.denominator = Some(2 * BATCH);
+        bench
+    };
+    let (step2, identical) = two_replicas(replica, WARMUP, ROUNDS);
     let ours2 = 2.0 * tokens / step2;
     println!(
         "\nTwo replicas on two threads, b{BATCH} each (global {}), gradients summed, medians of {ROUNDS} steps: {:.1} ms/step, {ours2:.0} tokens/s; params identical after: {}",
@@ -344,23 +239,8 @@ fn report(spec: &ModelSpec) {
     }
 
     // 6. Memory, each measured in a clean child process.
-    let mb = |b: u64| b as f64 / 1e6;
     let (off, auto) = (memory_of(MEMORY_CHILD, "off"), memory_of(MEMORY_CHILD, "auto"));
-    println!(
-        "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
-    );
-    for (name, m) in [("Recompute::Off", &off), ("Recompute::Auto", &auto)] {
-        match m {
-            Ok(m) => println!(
-                "  {name}: step peak {:.1} MB (tracker's peak held {:.1} MB), saved activations {:.1} MB, step {:.1} ms",
-                mb(m.step_peak),
-                mb(m.peak_held),
-                mb(m.saved),
-                m.step_seconds * 1e3
-            ),
-            Err(why) => println!("  {name}: not measured ({why})"),
-        }
-    }
+    print_memory(BATCH, &off, &auto);
     match (Peer::measure(1, BATCH, &["--memory"]), &off, &auto) {
         (Ok(p), Ok(off), Ok(auto)) => {
             let (r_off, r_auto) = (
@@ -398,68 +278,82 @@ fn report(spec: &ModelSpec) {
     );
 }
 
-/// Two replicas, each with its own model and optimizer on its own `BATCH` sequences, stepping
-/// together: both run forward and backward, each puts its gradients in its slot, then each
-/// adds the other's to its own (the same sum on both, so both AdamW steps are identical).
-/// Returns the median seconds per global step (replica 0's clock) and whether the params
-/// ended identical.
-fn two_replicas(spec: &ModelSpec, warmup: usize, rounds: usize) -> (f64, bool) {
-    let barrier = Barrier::new(2);
-    let slots = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
-    let replica = |r: usize| {
-        let mut bench = Bench::new(spec, Recompute::Off, batch(r * BATCH..(r + 1) * BATCH));
-        bench.denominator = Some(2 * BATCH);
-        let mut times = Vec::new();
-        for i in 0..warmup + rounds {
-            // Also keeps a slot from being overwritten before the other replica has read it.
-            barrier.wait();
-            let t = Instant::now();
-            black_box(bench.forward_backward());
-            let mut slot = slots[r].lock().unwrap();
-            slot.clear();
-            slot.extend_from_slice(bench.model.grads());
-            drop(slot);
-            barrier.wait();
-            let other = slots[1 - r].lock().unwrap();
-            bench.model.grads_mut().iter_mut().zip(other.iter()).for_each(|(g, o)| *g += o);
-            drop(other);
-            bench.update();
-            if i >= warmup {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        (median(&mut times), bench.model.params().to_vec())
-    };
-    let [(seconds, a), (_, b)] = std::thread::scope(|scope| {
-        let handles = [scope.spawn(|| replica(0)), scope.spawn(|| replica(1))];
-        handles.map(|h| h.join().expect("replica thread"))
-    });
-    (seconds, a == b)
+/// Prints the step's matrix products run bare (each alone, median of 3 runs after one
+/// warm-up) against the core's `peak` and the whole step's `step` seconds.
+fn print_gemms(one: &Gpt, step: f64, peak: f64) {
+    let (mut shapes, mut rows_note) = (one.model.gemm_shapes(BATCH), "");
+    let mut flops: u64 = shapes.iter().map(|s| s.flops()).sum();
+    if flops < linear_flops(BATCH) / 10 {
+        // `gemm_shapes` takes one row per sample, where a GPT's linear layers multiply one row
+        // per token: asked for the step's tokens, it lists the products the step runs.
+        shapes = one.model.gemm_shapes(BATCH * CONTEXT);
+        flops = shapes.iter().map(|s| s.flops()).sum();
+        rows_note = " (gemm_shapes taken at batch x context rows: it counts one row per sequence)";
+    }
+    let attention = attention_flops(BATCH);
+    let bare: f64 = shapes
+        .iter()
+        .map(|&shape| {
+            let mut gemm = BareGemm::<f32>::new(shape);
+            timed(1, 3, || gemm.run()).wall
+        })
+        .sum();
+    let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
+    println!(
+        "  the step's {} GEMMs (linear layers and the tied head){rows_note}: {:.2} GFLOP per step (expected {:.2}); run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s over them ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time)",
+        shapes.len(),
+        flops as f64 / 1e9,
+        linear_flops(BATCH) as f64 / 1e9,
+        bare * 1e3,
+        100.0 * bare_rate / peak,
+        100.0 * step_rate / peak,
+        100.0 * bare / step,
+    );
+    println!(
+        "  not in those GEMMs: attention's score and value products, {:.2} GFLOP counted whole (about half under the causal mask); with attention counted whole the step runs at {:.1} GFLOP/s",
+        attention as f64 / 1e9,
+        (flops + attention) as f64 / step / 1e9,
+    );
 }
 
-/// The child: resident set before building the model and optimizer, the kernel's high-water
-/// mark reset there, then four steps; prints `step_peak peak_held saved_activations seconds`
-/// (the median of the last three steps' times).
+/// Steps `one` (no recomputation) and `auto` (recomputation) alternately, so that the
+/// machine's load changes both alike: the median times of each and the median of the pairs'
+/// ratios.
+fn alternate(one: &mut Gpt, auto: &mut Gpt) -> (Times, Times, Times) {
+    (0..WARMUP).for_each(|_| {
+        black_box(auto.step());
+    });
+    let (mut off_times, mut auto_times) = (Vec::new(), Vec::new());
+    for _ in 0..RECOMPUTE_PAIRS {
+        off_times.push(timed(0, 1, || {
+            black_box(one.step());
+        }));
+        auto_times.push(timed(0, 1, || {
+            black_box(auto.step());
+        }));
+    }
+    let medians = |times: &[Times]| {
+        let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) =
+            times.iter().map(|t| (t.wall, t.cpu)).unzip();
+        Times { wall: median(&mut wall), cpu: median(&mut cpu) }
+    };
+    let (off_step, auto_step) = (medians(&off_times), medians(&auto_times));
+    // Each pair's ratio, then their median: the load drifts over the minute the pairs take,
+    // and a pair's two steps see nearly the same.
+    let ratios: Vec<Times> = off_times
+        .iter()
+        .zip(&auto_times)
+        .map(|(off, auto)| Times { wall: auto.wall / off.wall, cpu: auto.cpu / off.cpu })
+        .collect();
+    let time_ratio = medians(&ratios);
+    (off_step, auto_step, time_ratio)
+}
+
+/// The memory measurement's child, on one thread without or with recomputation (`mode`).
 fn memory_child(mode: &str) {
     let recompute = if mode == "auto" { Recompute::Auto } else { Recompute::Off };
     let (spec, input) = (gpt_mini(), batch(0..BATCH));
-    let before = dp_mem::process_memory().expect("this system reports resident memory");
-    assert!(
-        dp_mem::reset_peak_rss(),
-        "the kernel refused to reset the peak (/proc/self/clear_refs)"
-    );
-    let mut bench = Bench::new(&spec, recompute, input);
-    let step_seconds = timed(1, 3, || {
-        black_box(bench.step());
-    })
-    .wall;
-    let after = dp_mem::process_memory().expect("resident memory");
-    println!(
-        "{} {} {} {step_seconds}",
-        after.peak_rss.saturating_sub(before.rss),
-        bench.tracker.snapshot().peak_held,
-        bench.model.memory().saved_activations
-    );
+    replica::memory_child(|| bench(&spec, recompute, input));
 }
 
 /// PyTorch's figures, measured in this run by `scripts/torch_gpt_step.py`.
@@ -485,15 +379,8 @@ impl Peer {
             args.extend(["--warmup", &warmup, "--steps", &rounds]);
         }
         args.extend(extra);
-        let output =
-            Command::new("python3").args(&args).output().map_err(|e| format!("python3: {e}"))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
-        }
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("its output does not parse: {e}"))?;
-        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        let json = torch_peer::run(Command::new("python3").args(&args))?;
+        let number = |key: &str| torch_peer::number(&json, key);
         Ok(Peer {
             version: json["torch"].as_str().unwrap_or("?").to_string(),
             tokens_per_s: number("tokens_per_s")?,

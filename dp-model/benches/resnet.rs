@@ -19,67 +19,35 @@
 
 use std::hint::black_box;
 use std::process::Command;
-use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
-use dp_mem::{Pool, Tracker};
-use dp_model::{
-    BareGemm, Model, ModelOptions, ModelSpec, Optimizer, Recompute, Sgd, SgdConfig, StepOptions,
-    Targets,
-};
+use dp_mem::Pool;
+use dp_model::{BareGemm, ModelSpec, Recompute, Sgd, SgdConfig};
 use ndarray::{Array2, s};
 
 mod child_memory;
 use child_memory::memory_of;
 mod peak;
+mod replica;
+use replica::{Bench, two_replicas};
+mod report_parts;
+mod torch_peer;
+use report_parts::{mb, median, print_cpu, print_memory, verdict};
 
 /// The global batch, split in two for the replicas.
 const BATCH: usize = 128;
 /// The environment variable that makes this binary the memory measurement's child.
 const MEMORY_CHILD: &str = "DP_RESNET_MEMORY";
 
-/// A model, its optimizer and one fixed batch.
-struct Bench {
-    model: Model<f32>,
-    sgd: Sgd<f32>,
-    x: Array2<f32>,
-    y: Vec<i64>,
-    step: u64,
-    /// Replicas divide by the global batch so that summed gradients are its mean.
-    denominator: Option<usize>,
-    tracker: Tracker,
-}
+/// ResNet-20 with its optimizer and a batch.
+type ResNet = Bench<Sgd<f32>>;
 
-impl Bench {
-    /// The model on batch `(x, y)`; the seed is the same everywhere, so replicas start identical.
-    fn new(spec: &ModelSpec, recompute: Recompute, (x, y): (Array2<f32>, Vec<i64>)) -> Self {
-        let tracker = Tracker::new();
-        let pool = Pool::new(&tracker);
-        let options = ModelOptions::new(x.nrows(), 1).recompute(recompute);
-        let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
-        let config = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
-        let sgd = Sgd::new(model.params().len(), config, &pool).expect("optimizer");
-        Self { model, sgd, x, y, step: 0, denominator: None, tracker }
-    }
-
-    fn forward_backward(&mut self) -> f64 {
-        let opts =
-            StepOptions { step: self.step, denominator: self.denominator, ..Default::default() };
-        let loss = self.model.forward_backward(self.x.view(), Targets::Classes(&self.y), &opts);
-        loss.expect("step").loss_sum
-    }
-
-    fn update(&mut self) {
-        let (params, grads) = self.model.params_and_grads();
-        self.sgd.step(params, grads, 0.1).expect("sgd");
-        self.step += 1;
-    }
-
-    fn step(&mut self) -> f64 {
-        let loss = self.forward_backward();
-        self.update();
-        loss
-    }
+/// ResNet-20's optimizer, SGD with momentum 0.9 and weight decay 5e-4 at 0.1, on batch
+/// `input`.
+fn bench(spec: &ModelSpec, recompute: Recompute, input: (Array2<f32>, Vec<i64>)) -> ResNet {
+    let config = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
+    let sgd = |len, pool: &Pool| Sgd::new(len, config, pool).expect("optimizer");
+    Bench::new(spec, recompute, input, sgd, 0.1)
 }
 
 /// Rows `rows` of one fixed global batch: inputs in [0, 1], labels cycling over the classes.
@@ -102,16 +70,11 @@ fn main() {
     let spec = resnet20();
     if !std::env::args().any(|a| a == "--bench") {
         // Smoke check: build the model and run one step.
-        let loss = Bench::new(&spec, Recompute::Off, batch(0..BATCH)).step();
+        let loss = bench(&spec, Recompute::Off, batch(0..BATCH)).step();
         println!("resnet20 b{BATCH}: one step, loss sum {loss:.3} (`--bench` for the report)");
         return;
     }
     report(&spec);
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Median seconds of `f` over `rounds` after `warmup` untimed calls.
@@ -127,28 +90,13 @@ fn timed(warmup: usize, rounds: usize, mut f: impl FnMut()) -> f64 {
     median(&mut times)
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met { "(met)" } else { "(NOT MET)" }
-}
-
 fn report(spec: &ModelSpec) {
     // 1. The CPU.
     let (width, peak) = peak::peak_f32_gflops();
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flag = |name: &str| {
-        let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-        if flags.split_whitespace().any(|f| f == name) { "yes" } else { "no" }
-    };
-    let model_name = cpuinfo.lines().find(|l| l.starts_with("model name"));
-    println!(
-        "\nCPU {}: one core's peak f32 rate, {width} FMAs: {peak:.1} GFLOP/s; avx512f {}, amx_tile {}",
-        model_name.and_then(|l| l.split(':').nth(1)).unwrap_or(" ?").trim(),
-        flag("avx512f"),
-        flag("amx_tile"),
-    );
+    print_cpu(width, peak);
 
     // 2. One thread, batch 128.
-    let mut one = Bench::new(spec, Recompute::Off, batch(0..BATCH));
+    let mut one = bench(spec, Recompute::Off, batch(0..BATCH));
     let step = timed(3, 13, || {
         black_box(one.step());
     });
@@ -194,7 +142,13 @@ fn report(spec: &ModelSpec) {
     );
 
     // 4. Two replicas on two threads.
-    let (step2, identical) = two_replicas(spec, 3, 11);
+    let replica = |r: usize| {
+        let half = BATCH / 2;
+        let mut bench = bench(spec, Recompute::Off, batch(r * half..(r + 1) * half));
+        bench.denominator = Some(BATCH);
+        bench
+    };
+    let (step2, identical) = two_replicas(replica, 3, 11);
     let ours2 = BATCH as f64 / step2;
     println!(
         "\nTwo replicas on two threads, b{} each (global {BATCH}), gradients summed, medians of 11 steps: {:.1} ms/step, {ours2:.1} samples/s; params identical after: {}",
@@ -214,23 +168,8 @@ fn report(spec: &ModelSpec) {
     }
 
     // 5. Memory, each measured in a clean child process.
-    let mb = |b: u64| b as f64 / 1e6;
     let (off, auto) = (memory_of(MEMORY_CHILD, "off"), memory_of(MEMORY_CHILD, "auto"));
-    println!(
-        "\nMemory (b{BATCH}, one thread): resident memory a step adds over the pre-model RSS (model, optimizer, 4 steps)"
-    );
-    for (name, m) in [("Recompute::Off", &off), ("Recompute::Auto", &auto)] {
-        match m {
-            Ok(m) => println!(
-                "  {name}: step peak {:.1} MB (tracker's peak held {:.1} MB), saved activations {:.1} MB, step {:.1} ms",
-                mb(m.step_peak),
-                mb(m.peak_held),
-                mb(m.saved),
-                m.step_seconds * 1e3
-            ),
-            Err(why) => println!("  {name}: not measured ({why})"),
-        }
-    }
+    print_memory(BATCH, &off, &auto);
     if let (Ok(p), Ok(off), Ok(auto)) = (&peer1, &off, &auto) {
         let (r_off, r_auto) =
             (off.step_peak as f64 / p.step_peak as f64, auto.step_peak as f64 / p.step_peak as f64);
@@ -252,67 +191,11 @@ fn report(spec: &ModelSpec) {
     }
 }
 
-/// Two replicas, each with its own model and optimizer on half the batch, stepping together:
-/// both run forward and backward, each puts its gradients in its slot, then each adds the
-/// other's to its own (the same sum on both, so both SGD steps are identical). Returns the
-/// median seconds per global step (replica 0's clock) and whether the params ended identical.
-fn two_replicas(spec: &ModelSpec, warmup: usize, rounds: usize) -> (f64, bool) {
-    let barrier = Barrier::new(2);
-    let slots = [Mutex::new(Vec::new()), Mutex::new(Vec::new())];
-    let replica = |r: usize| {
-        let half = BATCH / 2;
-        let mut bench = Bench::new(spec, Recompute::Off, batch(r * half..(r + 1) * half));
-        bench.denominator = Some(BATCH);
-        let mut times = Vec::new();
-        for i in 0..warmup + rounds {
-            // Also keeps a slot from being overwritten before the other replica has read it.
-            barrier.wait();
-            let t = Instant::now();
-            black_box(bench.forward_backward());
-            let mut slot = slots[r].lock().unwrap();
-            slot.clear();
-            slot.extend_from_slice(bench.model.grads());
-            drop(slot);
-            barrier.wait();
-            let other = slots[1 - r].lock().unwrap();
-            bench.model.grads_mut().iter_mut().zip(other.iter()).for_each(|(g, o)| *g += o);
-            drop(other);
-            bench.update();
-            if i >= warmup {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        (median(&mut times), bench.model.params().to_vec())
-    };
-    let [(seconds, a), (_, b)] = std::thread::scope(|scope| {
-        let handles = [scope.spawn(|| replica(0)), scope.spawn(|| replica(1))];
-        handles.map(|h| h.join().expect("replica thread"))
-    });
-    (seconds, a == b)
-}
-
-/// The child: resident set before building the model and optimizer, the kernel's high-water
-/// mark reset there, then four steps; prints `step_peak peak_held saved_activations seconds`
-/// (the median of the last three steps' times).
+/// The memory measurement's child, without or with recomputation (`mode`).
 fn memory_child(mode: &str) {
     let recompute = if mode == "auto" { Recompute::Auto } else { Recompute::Off };
     let (spec, input) = (resnet20(), batch(0..BATCH));
-    let before = dp_mem::process_memory().expect("this system reports resident memory");
-    assert!(
-        dp_mem::reset_peak_rss(),
-        "the kernel refused to reset the peak (/proc/self/clear_refs)"
-    );
-    let mut bench = Bench::new(&spec, recompute, input);
-    let step_seconds = timed(1, 3, || {
-        black_box(bench.step());
-    });
-    let after = dp_mem::process_memory().expect("resident memory");
-    println!(
-        "{} {} {} {step_seconds}",
-        after.peak_rss.saturating_sub(before.rss),
-        bench.tracker.snapshot().peak_held,
-        bench.model.memory().saved_activations
-    );
+    replica::memory_child(|| bench(&spec, recompute, input));
 }
 
 /// PyTorch's figures, measured in this run by `scripts/torch_resnet_step.py`.
@@ -327,17 +210,15 @@ impl Peer {
     /// Runs the peer script on `threads` threads, or says why it could not.
     fn measure(threads: usize) -> Result<Peer, String> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_resnet_step.py");
-        let output = Command::new("python3")
-            .args([script, "--threads", &threads.to_string(), "--warmup", "6"])
-            .output()
-            .map_err(|e| format!("python3: {e}"))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
-        }
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("its output does not parse: {e}"))?;
-        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        let mut command = Command::new("python3");
+        let json = torch_peer::run(command.args([
+            script,
+            "--threads",
+            &threads.to_string(),
+            "--warmup",
+            "6",
+        ]))?;
+        let number = |key: &str| torch_peer::number(&json, key);
         Ok(Peer {
             version: json["torch"].as_str().unwrap_or("?").to_string(),
             samples_per_s: number("samples_per_s")?,

@@ -20,6 +20,7 @@ use ndarray::Array2;
 mod peak;
 #[path = "../tests/support/mod.rs"]
 mod support;
+mod torch_peer;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::system();
@@ -468,14 +469,8 @@ impl Peer {
             let flags = (u8::from(s.a_transposed), u8::from(s.b_transposed));
             command.arg("--gemm").arg(format!("{},{},{},{},{}", s.m, s.k, s.n, flags.0, flags.1));
         }
-        let output = command.output().map_err(|e| format!("python3: {e}"))?;
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(stderr.lines().last().unwrap_or("it failed").to_string());
-        }
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("its output does not parse: {e}"))?;
-        let number = |key: &str| json[key].as_f64().ok_or(format!("no {key} in its output"));
+        let json = torch_peer::run(&mut command)?;
+        let number = |key: &str| torch_peer::number(&json, key);
         let gemm_gflops: Option<Vec<f64>> =
             json["gemm_gflops"].as_array().map(|v| v.iter().filter_map(|g| g.as_f64()).collect());
         Ok(Peer {

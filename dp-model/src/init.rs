@@ -5,6 +5,7 @@ use ndarray_rand::rand::rngs::StdRng;
 use ndarray_rand::rand_distr::{Distribution, Normal, Uniform};
 
 use crate::float::Float;
+use crate::hash::fnv;
 use crate::layout::{ParamLayout, ParamRole};
 use crate::ops::Op;
 use crate::ops::dropout::mix;
@@ -69,13 +70,6 @@ fn ends_residual_branch(tape: &Tape, mut i: usize) -> bool {
             _ => return false,
         }
     }
-}
-
-/// FNV-1a of `bytes`.
-pub(crate) fn fnv(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 /// The running statistics' start: mean 0, variance 1 (as PyTorch's).

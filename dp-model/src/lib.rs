@@ -52,12 +52,13 @@
 mod bare;
 mod checkpoint;
 mod cuda;
-mod decode;
 mod error;
 mod float;
+mod generate;
+mod hash;
 mod init;
 mod layout;
-mod memory_plan;
+mod liveness;
 mod model;
 mod ops;
 mod optim;
@@ -65,7 +66,6 @@ mod prune;
 mod quant;
 mod saved;
 mod shared;
-mod sizing;
 mod spec;
 mod tape;
 mod zoo;
@@ -77,9 +77,9 @@ pub use checkpoint::{
     params_checksum, save_optimizer_shard,
 };
 pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaRuntime, cuda_kernels_ptx};
-pub use decode::Decoder;
 pub use error::{Error, Result};
 pub use float::Float;
+pub use generate::Generator;
 pub use layout::{ParamLayout, ParamRole, ParamTensor};
 pub use model::{
     Model, ModelMemory, ModelOptions, Recompute, SavedPrecision, SparseGrads, StepOptions,

@@ -1,12 +1,12 @@
-//! The serde model description: input shape and a sequence of layers, with built-ins.
+//! The serde model description: input shape and a sequence of layers (the built-in models
+//! are in `zoo.rs`).
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::init::fnv;
-use crate::zoo::GptShape;
+use crate::hash::fnv;
 
 /// A model: the shape of one input sample and the layers applied to it, in order.
 ///
@@ -200,127 +200,6 @@ fn batch_norm_eps() -> f64 {
 }
 
 impl ModelSpec {
-    /// A multilayer perceptron: `inputs -> hidden[0] -> ... -> classes`, ReLU between.
-    pub fn mlp(inputs: usize, hidden: &[usize], classes: usize) -> Self {
-        let mut layers = Vec::new();
-        for &width in hidden {
-            layers.push(LayerSpec::Linear { out: width });
-            layers.push(LayerSpec::Relu);
-        }
-        layers.push(LayerSpec::Linear { out: classes });
-        let widths: Vec<String> = std::iter::once(inputs)
-            .chain(hidden.iter().copied())
-            .chain([classes])
-            .map(|w| w.to_string())
-            .collect();
-        Self { name: format!("mlp-{}", widths.join("-")), input: vec![inputs], layers }
-    }
-
-    /// LeNet-5 as usually written today (ReLU, max pooling) for `[channels, height, width]`
-    /// images of about 28x28: conv 6@5x5 (padding 2), pool, conv 16@5x5, pool, then
-    /// 120-84-classes.
-    pub fn lenet(input: [usize; 3], classes: usize) -> Self {
-        use LayerSpec::*;
-        let layers = vec![
-            Conv2d { out: 6, kernel: 5, stride: 1, padding: 2, bias: true },
-            Relu,
-            MaxPool2d { kernel: 2, stride: None, padding: 0 },
-            Conv2d { out: 16, kernel: 5, stride: 1, padding: 0, bias: true },
-            Relu,
-            MaxPool2d { kernel: 2, stride: None, padding: 0 },
-            Flatten,
-            Linear { out: 120 },
-            Relu,
-            Linear { out: 84 },
-            Relu,
-            Linear { out: classes },
-        ];
-        Self { name: "lenet".into(), input: input.to_vec(), layers }
-    }
-
-    /// A built-in model by name for samples of shape `input`:
-    ///
-    /// * `linear`: one linear layer (logistic or softmax regression, or linear regression).
-    /// * `mlp`: hidden widths 512 and 256; `mlp:W1,W2,...` picks the widths.
-    /// * `lenet`: [`ModelSpec::lenet`]; a `[H, W]` input is taken as one channel, and a flat
-    ///   input of a square size (784) as a square image (so for the image models below).
-    /// * `cnn`: [`ModelSpec::cnn`], a small network with batch norm for small images.
-    /// * `resnet20`, `resnet56` (any `6n + 2`): [`ModelSpec::resnet_cifar`].
-    /// * `resnet18`: [`ModelSpec::resnet18`].
-    /// * `gpt-mini`, `gpt2-small` ([`GptShape`]), or `gpt:LAYERS,HEADS,DIM`: [`ModelSpec::gpt`]
-    ///   over `input = [context]` token ids and a vocabulary of `classes` tokens.
-    pub fn builtin(name: &str, input: &[usize], classes: usize) -> Result<Self> {
-        let features: usize = input.iter().product();
-        let (base, args) = name.split_once(':').unwrap_or((name, ""));
-        match base {
-            "linear" if args.is_empty() => Ok(Self {
-                name: format!("linear-{features}-{classes}"),
-                input: vec![features],
-                layers: vec![LayerSpec::Linear { out: classes }],
-            }),
-            "mlp" => {
-                let hidden = if args.is_empty() {
-                    vec![512, 256]
-                } else {
-                    args.split(',')
-                        .map(|w| w.trim().parse::<usize>())
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| Error::spec("model", format!("`{name}`: widths: {e}")))?
-                };
-                Ok(Self::mlp(features, &hidden, classes))
-            }
-            "lenet" if args.is_empty() => Ok(Self::lenet(image(name, input)?, classes)),
-            "cnn" if args.is_empty() => Ok(Self::cnn(image(name, input)?, classes)),
-            "resnet18" if args.is_empty() => {
-                // Its stem and four stages shrink an image 32 times: a smaller one would be
-                // a pixel of padding and zeros long before the last stage.
-                let [c, h, w] = image(name, input)?;
-                if h.min(w) < 32 {
-                    return Err(Error::spec(
-                        "model",
-                        format!(
-                            "`resnet18` takes images of at least 32x32 (it shrinks them 32 times), got {c}x{h}x{w}: use cnn or a CIFAR ResNet (resnet20), or a larger image_size"
-                        ),
-                    ));
-                }
-                Ok(Self::resnet18([c, h, w], classes))
-            }
-            "gpt-mini" | "gpt2-small" | "gpt" => {
-                let shape = match (base, args) {
-                    ("gpt-mini", "") => GptShape::MINI,
-                    ("gpt2-small", "") => GptShape::GPT2_SMALL,
-                    ("gpt", args) => gpt_shape(name, args)?,
-                    _ => return Err(Error::spec("model", format!("`{name}` takes no arguments"))),
-                };
-                let &[context] = input else {
-                    return Err(Error::spec(
-                        "model",
-                        format!("{name} reads [context] token ids, got samples of {input:?}"),
-                    ));
-                };
-                Ok(Self::gpt(name, classes, context, shape))
-            }
-            _ if base.starts_with("resnet") && args.is_empty() => {
-                let depth = base["resnet".len()..].parse::<usize>().ok();
-                depth.and_then(|d| Self::resnet_cifar(d, image(name, input).ok()?, classes)).map_or_else(
-                    || {
-                        Err(Error::spec(
-                            "model",
-                            format!("`{name}`: a CIFAR ResNet's depth is 6n + 2 (20, 32, 44, 56, 110), on images [C, H, W]; or resnet18"),
-                        ))
-                    },
-                    Ok,
-                )
-            }
-            _ => Err(Error::spec(
-                "model",
-                format!(
-                    "unknown built-in `{name}` (expected linear, mlp, mlp:W1,W2,..., lenet, cnn, resnet20, resnet56, resnet18, gpt-mini, gpt2-small or gpt:LAYERS,HEADS,DIM)"
-                ),
-            )),
-        }
-    }
-
     /// The same model for sparse inputs: a first linear layer becomes a
     /// [`LayerSpec::SparseLinear`] (the same function, stored a row per input); a first layer
     /// that already reads sparse inputs stays. Any other first layer is an error.
@@ -359,30 +238,6 @@ impl ModelSpec {
     /// so loading one into a different model is an error, not silent garbage.
     pub fn fingerprint(&self) -> u64 {
         fnv(&serde_json::to_vec(self).expect("a spec always serializes"))
-    }
-}
-
-/// `gpt:LAYERS,HEADS,DIM`'s shape (no dropout).
-fn gpt_shape(name: &str, args: &str) -> Result<GptShape> {
-    let numbers: Vec<usize> = args.split(',').filter_map(|a| a.trim().parse().ok()).collect();
-    match *numbers.as_slice() {
-        [layers, heads, dim] if args.split(',').count() == 3 => {
-            Ok(GptShape { layers, heads, dim, dropout: 0.0 })
-        }
-        _ => Err(Error::spec("model", format!("`{name}`: expected gpt:LAYERS,HEADS,DIM"))),
-    }
-}
-
-/// A built-in image model's `[channels, height, width]`: a `[H, W]` input is one channel,
-/// a flat input of a square size a square image of one channel.
-fn image(name: &str, input: &[usize]) -> Result<[usize; 3]> {
-    match *input {
-        [c, h, w] => Ok([c, h, w]),
-        [h, w] => Ok([1, h, w]),
-        [n] if n.isqrt() * n.isqrt() == n => Ok([1, n.isqrt(), n.isqrt()]),
-        _ => {
-            Err(Error::spec("model", format!("{name} needs image inputs [C, H, W], got {input:?}")))
-        }
     }
 }
 

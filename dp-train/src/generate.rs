@@ -1,4 +1,4 @@
-//! Text from a language model: the prompt's tokens fed to a KV-cache [`Decoder`], then each
+//! Text from a language model: the prompt's tokens fed to a KV-cache [`Generator`], then each
 //! next token drawn from the softmax of the logits at a temperature, among the `top_k` most
 //! likely (nanoGPT's `generate`), and the text streamed as it grows.
 
@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use dp_data::{Rng, Tokenizer};
 use dp_mem::{Pool, Tracker};
-use dp_model::{Decoder, Model};
+use dp_model::{Generator, Model};
 
 use crate::error::{Error, Result};
 
@@ -58,7 +58,7 @@ pub struct Generated {
 /// piece by piece as it is decoded (a piece is held back while it ends inside a character).
 ///
 /// The model sees at most its context: a longer prompt is cut to its last `context` tokens,
-/// and when generation fills the context, the decoder starts again from the last half of it
+/// and when generation fills the context, the generator starts again from the last half of it
 /// (learned positions cannot slide, so the cache is rebuilt), which keeps the cost linear in
 /// the tokens generated.
 pub(crate) fn generate(
@@ -74,13 +74,13 @@ pub(crate) fn generate(
         return Err(Error::config("prompt", "the prompt has no tokens: give it some text"));
     }
     let pool = Pool::new(&Tracker::new());
-    let mut decoder = model.decoder(&pool)?;
-    let context = decoder.context();
+    let mut generator = model.generator(&pool)?;
+    let context = generator.context();
     history.drain(..history.len().saturating_sub(context));
     let prompt_tokens = history.len();
     let started = Instant::now();
     let mut logits = Vec::new();
-    feed(&mut decoder, &history, &mut logits)?;
+    feed(&mut generator, &history, &mut logits)?;
     let mut rng = Rng::new(options.seed);
     let mut candidates = Vec::new();
     let (mut generated, mut emitted) = (Vec::new(), 0);
@@ -88,12 +88,12 @@ pub(crate) fn generate(
         let next = pick(&logits, options, &mut rng, &mut candidates);
         generated.push(next);
         history.push(next);
-        if decoder.position() == context {
-            decoder.reset();
+        if generator.position() == context {
+            generator.reset();
             let keep = (context / 2).max(1);
-            feed(&mut decoder, &history[history.len() - keep..], &mut logits)?;
+            feed(&mut generator, &history[history.len() - keep..], &mut logits)?;
         } else {
-            feed(&mut decoder, &[next], &mut logits)?;
+            feed(&mut generator, &[next], &mut logits)?;
         }
         let text = tokenizer.decode(&generated)?;
         if !text.ends_with(char::REPLACEMENT_CHARACTER)
@@ -112,9 +112,9 @@ pub(crate) fn generate(
 }
 
 /// Feeds `tokens` in order and leaves the logits after the last in `logits`.
-fn feed(decoder: &mut Decoder<'_, f32>, tokens: &[u32], logits: &mut Vec<f32>) -> Result<()> {
+fn feed(generator: &mut Generator<'_, f32>, tokens: &[u32], logits: &mut Vec<f32>) -> Result<()> {
     for &token in tokens {
-        let next = decoder.next(token as usize)?;
+        let next = generator.next(token as usize)?;
         logits.clear();
         logits.extend_from_slice(next);
     }

@@ -18,10 +18,8 @@
 //! Both orders do the same arithmetic.
 
 use crate::float::Float;
+use crate::ops::lanes::{LANES, lanes_f64, moment_lanes};
 
-/// Independent accumulators of a block's sums, so that the adds do not wait on each other
-/// and fill whole vector registers.
-const LANES: usize = 16;
 /// Values summed in `T` before the sum joins the `f64` total: 128 a lane.
 const BLOCK: usize = 128 * LANES;
 /// Rows of flat `[B, F]` features summed in `T` before the sums join the `f64` totals.
@@ -61,26 +59,6 @@ pub(crate) enum NormPass {
 pub(crate) trait SumAcross {
     /// Replaces `values` with their sum over all replicas.
     fn sum_across(&mut self, values: &mut [f64]);
-}
-
-/// The lanes' sum, in `f64`.
-fn lanes_f64<T: Float>(lanes: &[T; LANES]) -> f64 {
-    lanes.iter().map(|v| v.f64()).sum()
-}
-
-/// Adds `x - k` and `(x - k)^2` over whole chunks of `xs` into the lanes `a` and `b`.
-///
-/// Kept out of line: where the lanes' final sum is in view, LLVM's vectorizer regroups the
-/// lanes around it and the loop runs at a third of the speed.
-#[inline(never)]
-fn moment_lanes<T: Float>(xs: &[[T; LANES]], k: T, a: &mut [T; LANES], b: &mut [T; LANES]) {
-    for chunk in xs {
-        for l in 0..LANES {
-            let d = chunk[l] - k;
-            a[l] += d;
-            b[l] += d * d;
-        }
-    }
 }
 
 /// Adds `dy` and `dy * (x - mean)` over whole chunks into the lanes `a` and `b` (out of line

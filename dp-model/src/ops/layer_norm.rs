@@ -17,10 +17,7 @@
 //! saved buffer.
 
 use crate::float::Float;
-
-/// Independent accumulators of a row's sums, so that the adds do not wait on each other and
-/// fill whole vector registers.
-const LANES: usize = 16;
+use crate::ops::lanes::{LANES, lanes_f64, moment_lanes};
 
 /// Layer normalization over each row's `features` values (PyTorch's `LayerNorm(features)`):
 /// `y = (x - mean) / sqrt(var + eps) * gamma + beta`, with the biased variance.
@@ -33,11 +30,6 @@ pub(crate) struct LayerNorm {
     pub(crate) offset: usize,
 }
 
-/// The lanes' sum, in `f64`.
-fn lanes_f64<T: Float>(lanes: &[T; LANES]) -> f64 {
-    lanes.iter().map(|v| v.f64()).sum()
-}
-
 /// `sum x` over whole chunks into the lanes `a`.
 ///
 /// Kept out of line, as batch norm's sums are: where the lanes' final sum is in view, LLVM's
@@ -47,18 +39,6 @@ fn sum_lanes<T: Float>(xs: &[[T; LANES]], a: &mut [T; LANES]) {
     for chunk in xs {
         for l in 0..LANES {
             a[l] += chunk[l];
-        }
-    }
-}
-
-/// `sum (x - k)` and `sum (x - k)^2` over whole chunks into the lanes `a` and `b`.
-#[inline(never)]
-fn moment_lanes<T: Float>(xs: &[[T; LANES]], k: T, a: &mut [T; LANES], b: &mut [T; LANES]) {
-    for chunk in xs {
-        for l in 0..LANES {
-            let d = chunk[l] - k;
-            a[l] += d;
-            b[l] += d * d;
         }
     }
 }

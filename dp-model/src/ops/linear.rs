@@ -2,7 +2,6 @@
 
 use crate::float::Float;
 use crate::ops::gemm::{Gemm, view, view_mut};
-use crate::ops::{weights_and_bias, weights_and_bias_mut};
 
 /// Shape of a linear layer and where its parameters sit in the flat buffer.
 #[derive(Clone, Debug)]
@@ -74,4 +73,20 @@ impl Linear {
             gemm.matmul(dy2, w, T::zero(), &mut view_mut(dx, batch, self.inputs));
         }
     }
+}
+
+/// A parameterized layer's values in the flat buffer: a `rows x cols` weight matrix at
+/// `offset`, then `rows` biases.
+fn weights_and_bias<T>(params: &[T], offset: usize, rows: usize, cols: usize) -> (&[T], &[T]) {
+    params[offset..offset + rows * cols + rows].split_at(rows * cols)
+}
+
+/// The mutable counterpart of [`weights_and_bias`].
+fn weights_and_bias_mut<T>(
+    params: &mut [T],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+) -> (&mut [T], &mut [T]) {
+    params[offset..offset + rows * cols + rows].split_at_mut(rows * cols)
 }

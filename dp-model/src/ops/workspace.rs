@@ -15,7 +15,7 @@ pub(crate) struct Workspace<T: Float> {
     pub(crate) gemm: Gemm,
     /// A batch norm's per-channel sums (see `ops/batch_norm.rs`).
     pub(crate) norm: PoolBuf<f64>,
-    /// An attention's blocks of scores (see `ops/attention.rs`).
+    /// An attention's blocks of scores (see `ops/attention/`).
     pub(crate) attention: PoolBuf<T>,
 }
 

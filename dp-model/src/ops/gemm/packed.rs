@@ -215,16 +215,8 @@ pub(crate) unsafe fn gemm<K: Tile>(
     };
     assert!(workspace.len() >= workspace_words(), "GEMM workspace sized at build");
     if k == 0 {
-        // No products to sum: `c` is zero, or stays as it is.
-        if !accumulate {
-            for i in 0..m {
-                for j in 0..n {
-                    // SAFETY: inside `c`, as the caller promised.
-                    unsafe { *c.ptr.offset(i as isize * c.rows + j as isize * c.cols) = 0.0 };
-                }
-            }
-        }
-        return;
+        // SAFETY: `c` is `m x n` writable values, as the caller promised.
+        return unsafe { empty_product(c, m, n, accumulate) };
     }
     let mr = tile_height::<K>(m);
     let (packed_a, rest) = workspace.split_at_mut(MC * KC);
@@ -262,23 +254,11 @@ pub(crate) unsafe fn gemm<K: Tile>(
                 // SAFETY: the block (or its last panel) lies inside `a`.
                 let rest = unsafe { a_block.offset((whole_a * mr) as isize * a.rows) };
                 let rest_len = mc - whole_a * mr;
-                let packed_a = match (K::A_LINE_MAJOR, a.cols == 1) {
-                    (true, true) => {
-                        // SAFETY: the rows lie inside `a`; the CPU has `K`'s features.
-                        unsafe { K::pack_rows(rest, a.rows, rest_len, kc, mr, packed_a) };
-                        &*packed_a
-                    }
-                    (true, false) => {
-                        // SAFETY: as above.
-                        unsafe { K::pack(rest, (a.rows, a.cols), rest_len, kc, mr, packed_a) };
-                        line_majored(packed_a, mr, words, rest_len.div_ceil(mr), line_major)
-                    }
-                    (false, _) => {
-                        // SAFETY: as above.
-                        unsafe { K::pack(rest, (a.rows, a.cols), rest_len, kc, mr, packed_a) };
-                        &*packed_a
-                    }
-                };
+                let strides = (a.rows, a.cols);
+                let panel_shape = (rest_len, kc, mr, words);
+                // SAFETY: the rows lie inside `a`; the CPU has `K`'s features.
+                let packed_a =
+                    unsafe { pack_a::<K>(rest, strides, panel_shape, packed_a, line_major) };
                 // Tiles column panel by column panel, so that a panel of `b` stays in L1 while
                 // the tiles of `a` pass by; with few words a tile is mostly its reads and writes
                 // of `c`, which then go row panel by row panel, along `c`'s rows.
@@ -332,6 +312,55 @@ pub(crate) unsafe fn gemm<K: Tile>(
     }
     // SAFETY: after `begin` above.
     unsafe { K::end() };
+}
+
+/// A product with no terms to sum (`k` is 0): `c` is zero, or stays as it is with
+/// `accumulate`.
+///
+/// # Safety
+/// `c` addresses `m x n` writable values.
+unsafe fn empty_product(c: StridedMut, m: usize, n: usize, accumulate: bool) {
+    if accumulate {
+        return;
+    }
+    for i in 0..m {
+        for j in 0..n {
+            // SAFETY: inside `c`, as the caller promised.
+            unsafe { *c.ptr.offset(i as isize * c.rows + j as isize * c.cols) = 0.0 };
+        }
+    }
+}
+
+/// Packs `len` rows of a block of `a` (from `src`, `strides` its row and column steps, `kc`
+/// deep) into panels `mr` tall of `words` words each, as kernel `K` reads them: into `packed`,
+/// or for a line-major kernel reading a transposed `a`, through `packed` into `line_major`.
+///
+/// # Safety
+/// The rows lie inside `a`; the CPU has `K`'s features.
+unsafe fn pack_a<'a, K: Tile>(
+    src: *const f32,
+    strides: (isize, isize),
+    (len, kc, mr, words): (usize, usize, usize, usize),
+    packed: &'a mut [u32],
+    line_major: &'a mut [u32],
+) -> &'a [u32] {
+    match (K::A_LINE_MAJOR, strides.1 == 1) {
+        (true, true) => {
+            // SAFETY: the rows lie inside `a`; the CPU has `K`'s features.
+            unsafe { K::pack_rows(src, strides.0, len, kc, mr, packed) };
+            &*packed
+        }
+        (true, false) => {
+            // SAFETY: as above.
+            unsafe { K::pack(src, strides, len, kc, mr, packed) };
+            line_majored(packed, mr, words, len.div_ceil(mr), line_major)
+        }
+        (false, _) => {
+            // SAFETY: as above.
+            unsafe { K::pack(src, strides, len, kc, mr, packed) };
+            &*packed
+        }
+    }
 }
 
 /// `panels` packed panels of `a` (`width` lines, word after word) rewritten line after line

@@ -3,10 +3,12 @@
 //! without allocating them, so a memory planner's prediction and the model it then builds
 //! cannot drift apart: both go through [`Sizing::new`].
 
+use serde::{Deserialize, Serialize};
+
+use super::options::ModelOptions;
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::memory_plan::{ActivationPlan, GradientPlan, segments};
-use crate::model::{Model, ModelMemory, ModelOptions};
+use crate::liveness::{ActivationPlan, GradientPlan, segments};
 use crate::ops::gemm::{Gemm, GemmBackend};
 use crate::ops::workspace::ScratchLens;
 use crate::spec::ModelSpec;
@@ -90,13 +92,26 @@ impl Sizing {
     }
 }
 
-impl<T: Float> Model<T> {
-    /// Exactly what `Model::<T>::new(spec, pool, options)?.memory()` reports, computed
-    /// without allocating a buffer (only the tape, a few bytes per layer), with the same
-    /// checks and errors. This is for a model with parameters of its own: one built by
-    /// [`Model::with_shared_params`] reports 0 parameter bytes instead (its running
-    /// statistics aside), since its parameters are counted once, by their owner.
-    pub fn memory_for(spec: &ModelSpec, options: &ModelOptions) -> Result<ModelMemory> {
-        Ok(Sizing::new(spec, options)?.memory::<T>())
+/// Bytes a model holds, by use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelMemory {
+    /// The flat parameter buffer.
+    pub params: u64,
+    /// The flat gradient buffer (and a sparse first layer's bitmap of written rows).
+    pub grads: u64,
+    /// Activations kept between forward and backward (including recomputation slots).
+    pub saved_activations: u64,
+    /// Activation gradients and convolution scratch.
+    pub workspace: u64,
+    /// The GEMMs' packing buffers (tagged `Temp`; only the `bf16` and allocation-free `f32`
+    /// kernels hold them).
+    #[serde(default)]
+    pub packing: u64,
+}
+
+impl ModelMemory {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.saved_activations + self.workspace + self.packing
     }
 }

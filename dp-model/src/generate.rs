@@ -14,13 +14,13 @@ use crate::ops::add::Add;
 use crate::ops::gemm::{Gemm, GemmBackend};
 use crate::tape::Node;
 
-/// A language model's next-token logits, a token at a time: see [`Model::decoder`].
+/// A language model's next-token logits, a token at a time: see [`Model::generator`].
 ///
 /// It reads the model's parameters as they are when each token is fed, and evaluates as
 /// [`Model::forward_eval`] does (dropout off), so position `p`'s logits equal that forward's
 /// row `p` for the same tokens, up to the rounding of a different summation order.
 #[derive(Debug)]
-pub struct Decoder<'m, T: Float = f32> {
+pub struct Generator<'m, T: Float = f32> {
     model: &'m Model<T>,
     /// Each node's output for the position being decoded: one row.
     rows: Vec<PoolBuf<T>>,
@@ -28,17 +28,17 @@ pub struct Decoder<'m, T: Float = f32> {
     caches: Vec<Option<(PoolBuf<T>, PoolBuf<T>)>>,
     scratch: PoolBuf<T>,
     gemm: Gemm,
-    /// Tokens fed since the start (or the last [`Decoder::reset`]).
+    /// Tokens fed since the start (or the last [`Generator::reset`]).
     position: usize,
     context: usize,
 }
 
 impl<T: Float> Model<T> {
-    /// A decoder for this model, its rows and caches from `pool` (as activations). Fails
+    /// A generator for this model, its rows and caches from `pool` (as activations). Fails
     /// unless the model is a language model made of per-token layers: a token embedding,
     /// then linear layers, norms, activations, dropout, residual sums and causal
     /// attention.
-    pub fn decoder(&self, pool: &Pool) -> Result<Decoder<'_, T>> {
+    pub fn generator(&self, pool: &Pool) -> Result<Generator<'_, T>> {
         let tape = self.tape();
         let not_per_token = |node: &Node, why: &str| {
             Error::spec("layers", format!("{} ({why}) cannot decode a token at a time", node.name))
@@ -78,7 +78,7 @@ impl<T: Float> Model<T> {
             }
             rows.push(pool.alloc_zeroed(node.out_len / context, Tag::Activation)?);
         }
-        Ok(Decoder {
+        Ok(Generator {
             model: self,
             rows,
             caches,
@@ -90,8 +90,8 @@ impl<T: Float> Model<T> {
     }
 }
 
-impl<T: Float> Decoder<'_, T> {
-    /// Positions the model has: at most this many tokens are fed before a [`Decoder::reset`].
+impl<T: Float> Generator<'_, T> {
+    /// Positions the model has: at most this many tokens are fed before a [`Generator::reset`].
     pub fn context(&self) -> usize {
         self.context
     }
@@ -108,7 +108,7 @@ impl<T: Float> Decoder<'_, T> {
 
     /// Feeds `token` at the next position and returns the logits of the token after it
     /// (the vocabulary's). Fails on an id outside the vocabulary, or when the context is
-    /// full (then [`Decoder::reset`] and feed the tokens to keep again).
+    /// full (then [`Generator::reset`] and feed the tokens to keep again).
     pub fn next(&mut self, token: usize) -> Result<&[T]> {
         let nodes = &self.model.tape().nodes;
         let Op::Embedding(embedding) = &nodes[0].op else { unreachable!("checked when made") };
@@ -181,17 +181,17 @@ mod tests {
             let tokens = [3usize, 1, 4, 1, 5, 9, 2, 6];
             let x = Array2::from_shape_fn((1, 8), |(_, p)| tokens[p] as f64);
             let whole = model.forward_eval(x.view()).unwrap().to_owned();
-            let mut decoder = model.decoder(&pool).unwrap();
+            let mut generator = model.generator(&pool).unwrap();
             for (p, &token) in tokens.iter().enumerate() {
-                let logits = decoder.next(token).unwrap();
+                let logits = generator.next(token).unwrap();
                 for (a, b) in logits.iter().zip(whole.row(p)) {
                     assert!((a - b).abs() < 1e-12, "tied {tied}, position {p}: {a} vs {b}");
                 }
             }
-            let full = decoder.next(0).unwrap_err().to_string();
+            let full = generator.next(0).unwrap_err().to_string();
             assert!(full.contains("at most 8 tokens"), "{full}");
-            decoder.reset();
-            let again = decoder.next(3).unwrap();
+            generator.reset();
+            let again = generator.next(3).unwrap();
             assert!((again[0] - whole[(0, 0)]).abs() < 1e-12);
         }
     }
@@ -200,12 +200,12 @@ mod tests {
     fn ids_outside_the_vocabulary_and_models_that_mix_positions_are_refused() {
         let pool = Pool::new(&Tracker::new());
         let model = Model::<f32>::new(&gpt(true), &pool, ModelOptions::new(1, 7)).unwrap();
-        let mut decoder = model.decoder(&pool).unwrap();
-        let error = decoder.next(11).unwrap_err().to_string();
+        let mut generator = model.generator(&pool).unwrap();
+        let error = generator.next(11).unwrap_err().to_string();
         assert!(error.contains("a token id in 0..11"), "{error}");
-        assert_eq!(decoder.position(), 0);
+        assert_eq!(generator.position(), 0);
         let mlp = Model::<f32>::new(&ModelSpec::mlp(4, &[8], 3), &pool, ModelOptions::new(1, 7));
-        let error = mlp.unwrap().decoder(&pool).unwrap_err().to_string();
+        let error = mlp.unwrap().generator(&pool).unwrap_err().to_string();
         assert!(error.contains("only a language model"), "{error}");
     }
 }
