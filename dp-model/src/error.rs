@@ -97,6 +97,18 @@ pub enum Error {
     Memory(#[from] dp_mem::Error),
 }
 
+/// A file written whole or not at all ([`dp_mem::AtomicFile`]) that could not be.
+impl From<dp_mem::FileError> for Error {
+    fn from(error: dp_mem::FileError) -> Self {
+        match error {
+            dp_mem::FileError::Io { path, op, source } => Error::Io { path, op, source },
+            dp_mem::FileError::Output { path, what } => {
+                Error::Checkpoint { path, what: format!("not written: {what}") }
+            }
+        }
+    }
+}
+
 impl Error {
     pub(crate) fn spec(field: impl Into<String>, what: impl Into<String>) -> Self {
         Self::Spec { field: field.into(), what: what.into() }

@@ -150,6 +150,14 @@ pub enum Error {
     Memory(#[from] dp_mem::Error),
 }
 
+/// A file written whole or not at all ([`dp_mem::AtomicFile`]) that could not be: said as
+/// dp-data says it, naming the path and what was being done.
+impl From<dp_mem::FileError> for Error {
+    fn from(error: dp_mem::FileError) -> Self {
+        Error::Data(error.into())
+    }
+}
+
 impl Error {
     pub(crate) fn config(field: impl Into<String>, what: impl Into<String>) -> Self {
         Self::Config { field: field.into(), what: what.into() }

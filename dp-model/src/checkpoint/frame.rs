@@ -13,6 +13,8 @@ use serde::de::DeserializeOwned;
 use zstd::stream::zio::{Reader, Writer};
 
 use super::zstd_stream::{Compress, Decompress};
+use dp_mem::AtomicFile;
+
 use crate::error::{Error, Result};
 
 /// The format both checkpoint files are in. Version 5 added the optimizer state's bits (8-bit
@@ -50,8 +52,7 @@ pub(super) fn write_version<H: Serialize>(
     body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<u64> {
     let header = postcard::to_allocvec(header).expect("checkpoint headers always serialize");
-    write_atomic(path, |file| {
-        let mut out = BufWriter::with_capacity(STREAM_BUFFER, file);
+    write_atomic(path, |out| {
         out.write_all(magic)?;
         out.write_all(&version.to_le_bytes())?;
         let encoder = Writer::new(out, Compress::new(ZSTD_LEVEL)?);
@@ -62,7 +63,7 @@ pub(super) fn write_version<H: Serialize>(
         body(&mut frame)?;
         let mut encoder = frame.into_inner().map_err(|e| e.into_error())?;
         encoder.finish()?;
-        encoder.into_inner().0.into_inner().map_err(|e| e.into_error())
+        Ok(())
     })
 }
 
@@ -160,31 +161,13 @@ impl Frame {
     }
 }
 
-/// Writes `path` whole or not at all, as dp-data's `AtomicFile` does every file the workspace
-/// writes (this crate stands alone): under a temporary name of this writer's own beside it
-/// (`.NAME.XXXXXX.tmp`, which readers never look at and the trainer's cleanup recognises),
-/// fsynced, renamed over `path`, the directory fsynced. A failed write (a full disk) removes
-/// the temporary file. Returns the file's bytes.
-fn write_atomic(path: &Path, write: impl FnOnce(File) -> std::io::Result<File>) -> Result<u64> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
-    let prefix = format!(".{name}.");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".tmp").rand_bytes(6);
-    // Read and write for all, less the umask, as `File::create` makes files.
-    #[cfg(unix)]
-    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
-    let temp = builder.tempfile_in(dir).map_err(|e| Error::io(dir, "create a file in", e))?;
-    let temp_path = temp.path().to_path_buf();
-    let temp_path = &temp_path;
-    let io = |op: &'static str| move |e| Error::io(temp_path, op, e);
-    let clone = temp.as_file().try_clone().map_err(io("open"))?;
-    let file = write(clone).map_err(io("write"))?;
-    file.sync_all().map_err(io("fsync"))?;
-    let bytes = file.metadata().map_err(io("stat"))?.len();
-    drop(file);
-    temp.persist(path).map_err(|e| Error::io(path, "rename", e.error))?;
-    #[cfg(unix)]
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, "fsync", e))?;
-    Ok(bytes)
+/// Writes `path` whole or not at all, through dp-mem's [`AtomicFile`] (buffered by
+/// [`STREAM_BUFFER`]), the one way the workspace writes files. Returns the file's bytes.
+fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut AtomicFile) -> std::io::Result<()>,
+) -> Result<u64> {
+    let mut file = AtomicFile::with_capacity(path, STREAM_BUFFER)?;
+    write(&mut file).map_err(|e| Error::io(file.temp_path(), "write", e))?;
+    Ok(file.commit()?)
 }
