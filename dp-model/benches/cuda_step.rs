@@ -22,6 +22,10 @@ use dp_mem::{PinnedBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use dp_model::{CudaModel, Model, ModelOptions, ModelSpec, StepOptions, Targets};
 use ndarray::{Array2, ArrayView2};
 
+/// Plain SGD with momentum, the update these steps take.
+const MOMENTUM: dp_model::SgdConfig =
+    dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -91,7 +95,7 @@ impl Bench {
         let options = StepOptions { step: self.step, ..StepOptions::default() };
         let loss =
             self.model.forward_backward(x.view(), Targets::Classes(y), &options).expect("GPU step");
-        self.model.sgd_step(Some(&mut self.velocity), 1e-3, 0.9, false, 0.0).expect("SGD step");
+        self.model.sgd_step(Some(&mut self.velocity), 1e-3, &MOMENTUM).expect("SGD step");
         self.step += 1;
         loss.loss_sum
     }

@@ -10,6 +10,10 @@ use dp_mem::{Pool, Tracker, process_memory};
 use dp_model::{CudaModel, CudaRuntime, Model, ModelOptions, ModelSpec, StepOptions, Targets};
 use support::Rng;
 
+/// Plain SGD with momentum, the update these steps take.
+const MOMENTUM: dp_model::SgdConfig =
+    dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+
 const MIB: u64 = 1 << 20;
 
 fn rss() -> u64 {
@@ -36,7 +40,7 @@ fn after_the_runtime_a_model_and_its_steps_add_what_they_account() {
     for step in 0..20 {
         let options = StepOptions { step, ..StepOptions::default() };
         gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
-        gpu.sgd_step(Some(&mut velocity), 1e-3, 0.9, false, 0.0).unwrap();
+        gpu.sgd_step(Some(&mut velocity), 1e-3, &MOMENTUM).unwrap();
     }
     gpu.wait().unwrap();
     let after = rss();

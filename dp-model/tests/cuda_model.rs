@@ -109,24 +109,17 @@ fn twenty_steps_on_the_gpu_follow_the_cpu() {
         let Some((mut cpu, mut gpu)) = models(&tracker, &pool) else { return };
         let len = cpu.params().len();
         let mut rng = Rng::new(5);
+        // The same settings for both sides: the GPU's update takes the CPU optimizer's.
+        let sgd_config = dp_model::SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 1e-4 };
+        let adam_config = dp_model::AdamConfig {
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+            decoupled: true,
+        };
         let (mut sgd, mut adam_cpu) = (
-            Sgd::<f32>::new(
-                len,
-                dp_model::SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 1e-4 },
-                &pool,
-            )
-            .unwrap(),
-            Adam::<f32>::new(
-                len,
-                dp_model::AdamConfig {
-                    betas: (0.9, 0.999),
-                    eps: 1e-8,
-                    weight_decay: 0.01,
-                    decoupled: true,
-                },
-                &pool,
-            )
-            .unwrap(),
+            Sgd::<f32>::new(len, sgd_config, &pool).unwrap(),
+            Adam::<f32>::new(len, adam_config, &pool).unwrap(),
         );
         let (mut first, mut second) = (gpu.state_buffer().unwrap(), gpu.state_buffer().unwrap());
         let lr = if adam { 1e-3 } else { 0.05 };
@@ -144,19 +137,10 @@ fn twenty_steps_on_the_gpu_follow_the_cpu() {
             let (params, grads) = cpu.params_and_grads();
             if adam {
                 adam_cpu.step(params, grads, lr).unwrap();
-                gpu.adam_step(
-                    (&mut first, &mut second),
-                    step + 1,
-                    lr,
-                    (0.9, 0.999),
-                    1e-8,
-                    0.01,
-                    true,
-                )
-                .unwrap();
+                gpu.adam_step((&mut first, &mut second), step + 1, lr, &adam_config).unwrap();
             } else {
                 sgd.step(params, grads, lr).unwrap();
-                gpu.sgd_step(Some(&mut first), lr, 0.9, true, 1e-4).unwrap();
+                gpu.sgd_step(Some(&mut first), lr, &sgd_config).unwrap();
             }
         }
         let mut on_gpu = Model::<f32>::new(&spec(), &pool, ModelOptions::new(64, 99)).unwrap();

@@ -73,6 +73,8 @@ pub use config::{
 };
 pub use dp_data::CropPolicy;
 pub use dp_mem::ByteSize;
+/// The optimizers' own settings, which [`OptimizerConfig`] holds.
+pub use dp_model::{AdamConfig, SgdConfig};
 pub use error::{Error, Result};
 pub use generate::{Generated, SampleOptions};
 pub use inference::{Evaluation, Predictions, SavedRun, Scores};

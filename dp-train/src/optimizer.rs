@@ -15,32 +15,18 @@ pub(crate) fn build_optimizer(
     precision: StatePrecision,
     pool: &Pool,
 ) -> Result<Box<dyn Optimizer<f32>>> {
-    Ok(match optimizer_settings(config) {
-        Ok(config) => Box::new(Sgd::with_precision(len, config, precision, pool)?),
-        Err(config) => Box::new(Adam::with_precision(len, config, precision, pool)?),
+    Ok(match *config {
+        OptimizerConfig::Sgd(sgd) => Box::new(Sgd::with_precision(len, sgd, precision, pool)?),
+        OptimizerConfig::Adam(adam) => Box::new(Adam::with_precision(len, adam, precision, pool)?),
     })
-}
-
-/// The optimizer's settings as the model crate takes them: SGD's, or (as `Err`) Adam's.
-fn optimizer_settings(
-    config: &OptimizerConfig,
-) -> std::result::Result<dp_model::SgdConfig, dp_model::AdamConfig> {
-    match *config {
-        OptimizerConfig::Sgd { momentum, nesterov, weight_decay } => {
-            Ok(dp_model::SgdConfig { momentum, nesterov, weight_decay })
-        }
-        OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
-            Err(dp_model::AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled })
-        }
-    }
 }
 
 /// Refuses optimizer settings the optimizer would refuse, when the run is planned (naming
 /// the setting as a config names it, `optimizer.nesterov`) instead of in every replica.
 pub(crate) fn check_optimizer(config: &OptimizerConfig) -> Result<()> {
-    let checked = match optimizer_settings(config) {
-        Ok(sgd) => sgd.check(),
-        Err(adam) => adam.check(),
+    let checked = match config {
+        OptimizerConfig::Sgd(sgd) => sgd.check(),
+        OptimizerConfig::Adam(adam) => adam.check(),
     };
     checked.map_err(|error| match error {
         dp_model::Error::Optimizer { field, what } => {
@@ -56,18 +42,25 @@ mod tests {
 
     #[test]
     fn settings_the_optimizer_refuses_are_config_errors_naming_them() {
-        let nesterov = OptimizerConfig::Sgd { momentum: 0.0, nesterov: true, weight_decay: 0.0 };
+        let nesterov = OptimizerConfig::Sgd(dp_model::SgdConfig {
+            momentum: 0.0,
+            nesterov: true,
+            weight_decay: 0.0,
+        });
         let error = check_optimizer(&nesterov).unwrap_err().to_string();
         assert!(error.contains("`optimizer.nesterov`: needs momentum > 0"), "{error}");
-        let plain = OptimizerConfig::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 };
+        let plain = OptimizerConfig::Sgd(dp_model::SgdConfig {
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        });
         check_optimizer(&plain).unwrap();
-        let adam = OptimizerConfig::Adam {
-            beta1: 1.5,
-            beta2: 0.999,
+        let adam = OptimizerConfig::Adam(dp_model::AdamConfig {
+            betas: (1.5, 0.999),
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled: false,
-        };
+        });
         let error = check_optimizer(&adam).unwrap_err().to_string();
         assert!(error.contains("`optimizer.beta1`"), "{error}");
     }

@@ -35,15 +35,17 @@ fn config(dir: &Path, name: &str, replicas: usize, steps: u64) -> TrainConfig {
     }
 }
 
-const SGD: OptimizerConfig =
-    OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
-const ADAM: OptimizerConfig = OptimizerConfig::Adam {
-    beta1: 0.9,
-    beta2: 0.999,
+const SGD: OptimizerConfig = OptimizerConfig::Sgd(dp_train::SgdConfig {
+    momentum: 0.9,
+    nesterov: false,
+    weight_decay: 1e-4,
+});
+const ADAM: OptimizerConfig = OptimizerConfig::Adam(dp_train::AdamConfig {
+    betas: (0.9, 0.999),
     eps: 1e-8,
     weight_decay: 0.0,
     decoupled: false,
-};
+});
 
 /// The equivalence cases: (name, optimizer, ZeRO stage).
 fn cases() -> [(&'static str, OptimizerConfig, u8); 4] {

@@ -17,7 +17,11 @@ fn config(replicas: usize, steps: u64) -> TrainConfig {
         replicas,
         global_batch: 32,
         steps: Some(steps),
-        optimizer: Some(OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 }),
+        optimizer: Some(OptimizerConfig::Sgd(dp_train::SgdConfig {
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 5e-4,
+        })),
         lr: Some(0.05),
         shuffle_window: 2,
         timeout_s: 30.0,

@@ -213,7 +213,7 @@ fn the_sparse_defaults_land_within_a_point_of_the_regularized_optimum() {
     assert_eq!(saved.lr, Some(SPARSE_LR));
     let weight_decay = 2.0 / TRAIN as f64;
     assert!(
-        matches!(saved.optimizer, Some(OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. })
+        matches!(saved.optimizer, Some(OptimizerConfig::Adam(dp_train::AdamConfig { weight_decay: wd, decoupled: false, .. }))
             if (wd - weight_decay).abs() < 1e-12 * weight_decay),
         "{:?}",
         saved.optimizer
@@ -248,7 +248,7 @@ fn an_optimizer_given_on_sparse_data_is_used_as_given() {
     let chosen = saved("chosen", None);
     let weight_decay = 2.0 / 400.0;
     assert!(
-        matches!(chosen.optimizer, Some(OptimizerConfig::Adam { weight_decay: wd, decoupled: false, .. })
+        matches!(chosen.optimizer, Some(OptimizerConfig::Adam(dp_train::AdamConfig { weight_decay: wd, decoupled: false, .. }))
             if (wd - weight_decay).abs() < 1e-12 * weight_decay),
         "{:?}",
         chosen.optimizer

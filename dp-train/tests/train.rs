@@ -19,7 +19,11 @@ use dp_train::{
 #[test]
 fn n_replicas_match_one_replica_with_the_same_global_batch() {
     let adam = common::adam();
-    let sgd = OptimizerConfig::Sgd { momentum: 0.9, nesterov: false, weight_decay: 1e-4 };
+    let sgd = OptimizerConfig::Sgd(dp_train::SgdConfig {
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 1e-4,
+    });
     // Small buckets reduced while backward goes on, and one bucket (the default size) reduced
     // in place after it.
     let (small, one) = (config(1, 1).bucket_size, TrainConfig::default().bucket_size);
@@ -215,13 +219,12 @@ fn memory_techniques_and_compression_train_too() {
         end: Some(30),
         every: 10,
     });
-    c.optimizer = Some(OptimizerConfig::Adam {
-        beta1: 0.9,
-        beta2: 0.999,
+    c.optimizer = Some(OptimizerConfig::Adam(dp_train::AdamConfig {
+        betas: (0.9, 0.999),
         eps: 1e-8,
         weight_decay: 0.01,
         decoupled: true,
-    });
+    }));
     c.lr = Some(3e-3);
     let summary = train(c, &RunOptions::new(&out.0), &mut ()).unwrap();
     assert_eq!(summary.steps, 60);
@@ -277,7 +280,11 @@ fn plain_sgd_under_zero1_without_eval_resumes() {
     let mut c = config(2, 10);
     c.zero_stage = 1;
     c.eval_data = None;
-    c.optimizer = Some(OptimizerConfig::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 });
+    c.optimizer = Some(OptimizerConfig::Sgd(dp_train::SgdConfig {
+        momentum: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    }));
     let options = RunOptions::new(&out.0);
     let mut stopper = StopAfter { step: 3, stop: Arc::clone(&options.stop) };
     assert!(train(c, &options, &mut stopper).unwrap().interrupted);

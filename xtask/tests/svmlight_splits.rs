@@ -110,7 +110,7 @@ fn an_optimizer_given_on_sparse_data_is_the_one_used() {
     assert_eq!((given.optimizer, given.lr), (Some(sgd), None));
     let chosen = saved("chosen", &[]);
     assert!(
-        matches!(chosen.optimizer, Some(dp_train::OptimizerConfig::Adam { weight_decay, .. })
+        matches!(chosen.optimizer, Some(dp_train::OptimizerConfig::Adam(dp_train::AdamConfig { weight_decay, .. }))
             if weight_decay > 0.0),
         "{:?}",
         chosen.optimizer

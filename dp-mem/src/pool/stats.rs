@@ -22,7 +22,7 @@ pub struct PoolStats {
     pub cached_blocks: u64,
     /// The largest cached block.
     pub largest_cached_block: u64,
-    /// The most bytes held at once since creation or [`Pool::reset_peak`].
+    /// The most bytes held at once since creation or [`Pool::reset_peak`](super::Pool::reset_peak).
     pub peak_reserved_bytes: u64,
     /// Blocks taken from the backend so far.
     pub backend_allocs: u64,

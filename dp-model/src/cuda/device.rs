@@ -20,7 +20,7 @@ use crate::model::{Model, ModelMemory, StepOptions};
 use crate::ops::Op;
 use crate::ops::dropout::DropoutStream;
 use crate::ops::loss::{LossTotals, Targets};
-use crate::optim::{AdamConfig, AdamUpdate};
+use crate::optim::{AdamConfig, AdamUpdate, SgdConfig};
 use crate::tape::Tape;
 
 type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
@@ -212,7 +212,7 @@ impl CudaRuntime {
         let mut warm = CudaModel::from_model(&cpu, device, &tracker, pool.tracker())?;
         let x = ndarray::Array2::<f32>::zeros((8, 64));
         warm.forward_backward(x.view(), Targets::Classes(&[0; 8]), &StepOptions::default())?;
-        warm.sgd_step(None, 0.0, 0.0, false, 0.0)?;
+        warm.sgd_step(None, 0.0, &crate::SgdConfig::default())?;
         warm.wait()?;
         Ok(Self { _warm: warm })
     }
@@ -707,15 +707,17 @@ impl CudaModel {
         &mut self,
         velocity: Option<&mut DeviceBuf<f32>>,
         lr: f64,
-        momentum: f64,
-        nesterov: bool,
-        weight_decay: f64,
+        config: &SgdConfig,
     ) -> Result<()> {
         let (p, g) = (ptr(&self.params), ptr(&self.grads));
         let v = velocity.map_or(0, |v| ptr(v));
         let n = self.params.len() as i64;
-        let (lr, wd, mu, nesterov) =
-            (lr as f32, weight_decay as f32, momentum as f32, i32::from(nesterov));
+        let (lr, wd, mu, nesterov) = (
+            lr as f32,
+            config.weight_decay as f32,
+            config.momentum as f32,
+            i32::from(config.nesterov),
+        );
         launch!(self, sgd_step, n as usize; p, g, v, n, lr, wd, mu, nesterov);
         Ok(())
     }
@@ -724,19 +726,14 @@ impl CudaModel {
     /// [`CudaModel::state_buffer`]) after `steps` steps including this one.
     ///
     /// [`Adam`]: crate::Adam
-    #[allow(clippy::too_many_arguments)]
     pub fn adam_step(
         &mut self,
         (m, v): (&mut DeviceBuf<f32>, &mut DeviceBuf<f32>),
         steps: u64,
         lr: f64,
-        (beta1, beta2): (f64, f64),
-        eps: f64,
-        weight_decay: f64,
-        decoupled: bool,
+        config: &AdamConfig,
     ) -> Result<()> {
-        let config = AdamConfig { betas: (beta1, beta2), eps, weight_decay, decoupled };
-        let s = AdamUpdate::new(&config, steps, lr);
+        let s = AdamUpdate::new(config, steps, lr);
         let (p, g, m, v) = (ptr(&self.params), ptr(&self.grads), ptr(m), ptr(v));
         let n = self.params.len() as i64;
         let (step_size, sqrt_c2) = (s.step_size as f32, s.sqrt_c2 as f32);

@@ -84,9 +84,7 @@ impl CudaModel {
         &mut self,
         _velocity: Option<&mut DeviceBuf<f32>>,
         _lr: f64,
-        _momentum: f64,
-        _nesterov: bool,
-        _weight_decay: f64,
+        _config: &crate::SgdConfig,
     ) -> Result<()> {
         match self.0 {}
     }
@@ -95,10 +93,7 @@ impl CudaModel {
         _state: (&mut DeviceBuf<f32>, &mut DeviceBuf<f32>),
         _steps: u64,
         _lr: f64,
-        _betas: (f64, f64),
-        _eps: f64,
-        _weight_decay: f64,
-        _decoupled: bool,
+        _config: &crate::AdamConfig,
     ) -> Result<()> {
         match self.0 {}
     }

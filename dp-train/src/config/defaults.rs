@@ -40,18 +40,17 @@ pub const SPARSE_LR: f64 = 0.01;
 /// decayed too, which scikit-learn's intercept is not: a 1/records nudge.)
 pub fn sparse_optimizer(records: u64, classes: usize) -> OptimizerConfig {
     let per_vector = if classes == 2 { 2.0 } else { 1.0 };
-    let OptimizerConfig::Adam { beta1, beta2, eps, .. } =
+    let OptimizerConfig::Adam(dp_model::AdamConfig { betas: (beta1, beta2), eps, .. }) =
         OptimizerConfig::preset("adam").expect("adam is a preset")
     else {
         unreachable!("the adam preset is Adam")
     };
-    OptimizerConfig::Adam {
-        beta1,
-        beta2,
+    OptimizerConfig::Adam(dp_model::AdamConfig {
+        betas: (beta1, beta2),
         eps,
         weight_decay: per_vector / (SPARSE_C * records.max(1) as f64),
         decoupled: false,
-    }
+    })
 }
 
 /// The epochs chosen for a sparse input's default optimizer ([`sparse_optimizer`]), for

@@ -446,8 +446,8 @@ impl TrainConfig {
     pub fn schedule_or_default(&self, total_steps: u64) -> Schedule {
         self.schedule.clone().unwrap_or(Schedule::WarmupCosine {
             lr: self.lr.unwrap_or(match self.optimizer {
-                None | Some(OptimizerConfig::Sgd { .. }) => 0.1 * self.global_batch as f64 / 256.0,
-                Some(OptimizerConfig::Adam { .. }) => 1e-3,
+                None | Some(OptimizerConfig::Sgd(_)) => 0.1 * self.global_batch as f64 / 256.0,
+                Some(OptimizerConfig::Adam(_)) => 1e-3,
             }),
             warmup: (total_steps / 50).max(1),
             total: total_steps,
@@ -474,7 +474,11 @@ mod tests {
         assert_eq!(c.activations, SavedPrecision::Bf16);
         assert_eq!(c.train_data, std::path::PathBuf::from("data/my table"));
         // With no optimizer given, a setting of one starts from the `sgd` preset.
-        let sgd = OptimizerConfig::Sgd { momentum: 0.8, nesterov: true, weight_decay: 0.0 };
+        let sgd = OptimizerConfig::Sgd(dp_model::SgdConfig {
+            momentum: 0.8,
+            nesterov: true,
+            weight_decay: 0.0,
+        });
         assert_eq!(c.optimizer, Some(sgd));
         assert_eq!(c.lr, Some(0.02));
         let before = c.clone();

@@ -1,14 +1,56 @@
 //! The optimizer a run updates with, and the pruning it applies.
 
+use dp_model::{AdamConfig, SgdConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// The optimizer and its settings.
+/// The optimizer and its settings: dp-model's own settings of the optimizer it builds (and
+/// the GPU path runs), written in a config as `[optimizer]` with a `type` and the settings by
+/// name (`beta1`, `beta2`); a setting left out is the preset's (`sgd`: momentum 0.9,
+/// Nesterov; `adam`: 0.9, 0.999, 1e-8), not PyTorch's constructor defaults.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(from = "Written", into = "Written")]
 pub enum OptimizerConfig {
     /// SGD with momentum.
+    Sgd(SgdConfig),
+    /// Adam, or AdamW with `decoupled`.
+    Adam(AdamConfig),
+}
+
+impl OptimizerConfig {
+    /// The presets the command line names: `sgd` (momentum 0.9, Nesterov), `adam` (0.9,
+    /// 0.999, 1e-8) and `adamw` (Adam with decoupled weight decay 0.01). A config file's
+    /// `type = "sgd"` or `type = "adam"` with no other field is the same optimizer.
+    pub fn preset(name: &str) -> Result<Self> {
+        let adam = |weight_decay, decoupled| {
+            OptimizerConfig::Adam(AdamConfig {
+                betas: (default_beta1(), default_beta2()),
+                eps: default_eps(),
+                weight_decay,
+                decoupled,
+            })
+        };
+        match name {
+            "sgd" => Ok(OptimizerConfig::Sgd(SgdConfig {
+                momentum: default_momentum(),
+                nesterov: true,
+                weight_decay: 0.0,
+            })),
+            "adam" => Ok(adam(0.0, false)),
+            "adamw" => Ok(adam(0.01, true)),
+            other => Err(Error::config(
+                "optimizer",
+                format!("`{other}` is not a preset (sgd, adam or adamw)"),
+            )),
+        }
+    }
+}
+
+/// An optimizer as a config writes it.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum Written {
     Sgd {
         /// Momentum (0 for none).
         #[serde(default = "default_momentum")]
@@ -20,7 +62,6 @@ pub enum OptimizerConfig {
         #[serde(default)]
         weight_decay: f64,
     },
-    /// Adam, or AdamW with `decoupled`.
     Adam {
         /// First-moment decay.
         #[serde(default = "default_beta1")]
@@ -40,30 +81,36 @@ pub enum OptimizerConfig {
     },
 }
 
-impl OptimizerConfig {
-    /// The presets the command line names: `sgd` (momentum 0.9, Nesterov), `adam` (0.9,
-    /// 0.999, 1e-8) and `adamw` (Adam with decoupled weight decay 0.01). A config file's
-    /// `type = "sgd"` or `type = "adam"` with no other field is the same optimizer.
-    pub fn preset(name: &str) -> Result<Self> {
-        let adam = |weight_decay, decoupled| OptimizerConfig::Adam {
-            beta1: default_beta1(),
-            beta2: default_beta2(),
-            eps: default_eps(),
-            weight_decay,
-            decoupled,
-        };
-        match name {
-            "sgd" => Ok(OptimizerConfig::Sgd {
-                momentum: default_momentum(),
-                nesterov: true,
-                weight_decay: 0.0,
-            }),
-            "adam" => Ok(adam(0.0, false)),
-            "adamw" => Ok(adam(0.01, true)),
-            other => Err(Error::config(
-                "optimizer",
-                format!("`{other}` is not a preset (sgd, adam or adamw)"),
-            )),
+impl From<Written> for OptimizerConfig {
+    fn from(written: Written) -> Self {
+        match written {
+            Written::Sgd { momentum, nesterov, weight_decay } => {
+                OptimizerConfig::Sgd(SgdConfig { momentum, nesterov, weight_decay })
+            }
+            Written::Adam { beta1, beta2, eps, weight_decay, decoupled } => {
+                OptimizerConfig::Adam(AdamConfig {
+                    betas: (beta1, beta2),
+                    eps,
+                    weight_decay,
+                    decoupled,
+                })
+            }
+        }
+    }
+}
+
+impl From<OptimizerConfig> for Written {
+    fn from(config: OptimizerConfig) -> Self {
+        match config {
+            OptimizerConfig::Sgd(SgdConfig { momentum, nesterov, weight_decay }) => {
+                Written::Sgd { momentum, nesterov, weight_decay }
+            }
+            OptimizerConfig::Adam(AdamConfig {
+                betas: (beta1, beta2),
+                eps,
+                weight_decay,
+                decoupled,
+            }) => Written::Adam { beta1, beta2, eps, weight_decay, decoupled },
         }
     }
 }
@@ -135,6 +182,17 @@ mod tests {
             ..TrainConfig::default()
         };
         assert_eq!(toml::from_str::<TrainConfig>(&chosen.to_toml()).unwrap(), chosen);
+        // Written as configs have always written it (dp-model's `betas` as beta1 and beta2),
+        // so saved runs and config files read the same.
+        let adamw = TrainConfig {
+            optimizer: OptimizerConfig::preset("adamw").ok(),
+            ..TrainConfig::default()
+        };
+        let text = adamw.to_toml();
+        for line in ["type = \"adam\"", "beta1 = 0.9", "beta2 = 0.999", "decoupled = true"] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert_eq!(toml::from_str::<TrainConfig>(&text).unwrap(), adamw);
         let error = OptimizerConfig::preset("lbfgs").unwrap_err().to_string();
         assert!(error.contains("`lbfgs` is not a preset"), "{error}");
     }

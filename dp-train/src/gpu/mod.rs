@@ -73,11 +73,11 @@ impl GpuStep {
         };
         let saved = optimizer.state();
         let state = match config {
-            OptimizerConfig::Sgd { momentum, .. } if *momentum == 0.0 => State::Sgd(None),
-            OptimizerConfig::Sgd { .. } => State::Sgd(Some(model.state_buffer()?)),
-            OptimizerConfig::Adam { .. } => {
-                State::Adam(model.state_buffer()?, model.state_buffer()?)
+            OptimizerConfig::Sgd(dp_model::SgdConfig { momentum, .. }) if *momentum == 0.0 => {
+                State::Sgd(None)
             }
+            OptimizerConfig::Sgd(_) => State::Sgd(Some(model.state_buffer()?)),
+            OptimizerConfig::Adam(_) => State::Adam(model.state_buffer()?, model.state_buffer()?),
         };
         let mut step = Self {
             model,
@@ -123,21 +123,12 @@ impl GpuStep {
     pub(crate) fn update(&mut self, lr: f64) -> Result<()> {
         self.steps += 1;
         match (&mut self.state, &self.config) {
-            (State::Sgd(velocity), OptimizerConfig::Sgd { momentum, nesterov, weight_decay }) => {
-                self.model.sgd_step(velocity.as_mut(), lr, *momentum, *nesterov, *weight_decay)?
+            (State::Sgd(velocity), OptimizerConfig::Sgd(sgd)) => {
+                self.model.sgd_step(velocity.as_mut(), lr, sgd)?
             }
-            (
-                State::Adam(m, v),
-                OptimizerConfig::Adam { beta1, beta2, eps, weight_decay, decoupled },
-            ) => self.model.adam_step(
-                (m, v),
-                self.steps,
-                lr,
-                (*beta1, *beta2),
-                *eps,
-                *weight_decay,
-                *decoupled,
-            )?,
+            (State::Adam(m, v), OptimizerConfig::Adam(adam)) => {
+                self.model.adam_step((m, v), self.steps, lr, adam)?
+            }
             _ => unreachable!("the state is made from the config"),
         }
         Ok(())

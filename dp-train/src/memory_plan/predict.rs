@@ -107,10 +107,10 @@ impl DataNeeds {
 /// The optimizer state's bytes for `len` parameters, as the optimizer allocates them.
 fn optimizer_state_bytes(optimizer: &OptimizerConfig, len: usize, bits: StatePrecision) -> u64 {
     match *optimizer {
-        OptimizerConfig::Sgd { momentum, .. } => {
+        OptimizerConfig::Sgd(dp_model::SgdConfig { momentum, .. }) => {
             Sgd::<f32>::state_bytes_for(len, momentum != 0.0, bits)
         }
-        OptimizerConfig::Adam { .. } => Adam::<f32>::state_bytes_for(len, bits),
+        OptimizerConfig::Adam(_) => Adam::<f32>::state_bytes_for(len, bits),
     }
 }
 

@@ -79,8 +79,11 @@ pub(super) fn choose_defaults(
         // decay 5e-4 (kept off biases and norms), at the linear scaling rule's rate: on small
         // pictures their CIFAR rate, on photographs Goyal et al.'s ImageNet rate (the
         // schedule's default).
-        config.optimizer =
-            Some(OptimizerConfig::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 });
+        config.optimizer = Some(OptimizerConfig::Sgd(dp_model::SgdConfig {
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 5e-4,
+        }));
         sgd_rate = small_pictures.then_some(SgdRate::SmallPictures);
     } else if image_defaults {
         config.optimizer = Some(OptimizerConfig::preset("adam")?);

@@ -86,13 +86,12 @@ impl Text {
         }
         config.decay_bias_and_norm.get_or_insert(false);
         if config.optimizer.is_none() && config.lr.is_none() && config.schedule.is_none() {
-            config.optimizer = Some(OptimizerConfig::Adam {
-                beta1: 0.9,
-                beta2: 0.99,
+            config.optimizer = Some(OptimizerConfig::Adam(dp_model::AdamConfig {
+                betas: (0.9, 0.99),
                 eps: 1e-8,
                 weight_decay: 0.1,
                 decoupled: true,
-            });
+            }));
             config.clip_grad_norm.get_or_insert(1.0);
         }
         Ok(config)

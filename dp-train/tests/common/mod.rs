@@ -101,13 +101,12 @@ pub fn config(replicas: usize, steps: u64) -> TrainConfig {
 
 /// Adam with PyTorch's defaults.
 pub fn adam() -> dp_train::OptimizerConfig {
-    dp_train::OptimizerConfig::Adam {
-        beta1: 0.9,
-        beta2: 0.999,
+    dp_train::OptimizerConfig::Adam(dp_train::AdamConfig {
+        betas: (0.9, 0.999),
         eps: 1e-8,
         weight_decay: 0.0,
         decoupled: false,
-    }
+    })
 }
 
 /// Sets the stop flag once a step has been seen, as a Ctrl-C handler would.
