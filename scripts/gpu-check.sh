@@ -36,9 +36,11 @@ build() {
             --bench collectives 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-model --features cuda \
             --bench cuda_step 2>/dev/null) || return 1
-    # The trainer with the GPU path, in a target directory of its own.
-    cargo build --release --quiet -p xtask --features cuda --target-dir target/cuda || return 1
-    cp target/cuda/release/xtask "$bin/xtask-cuda" || return 1
+    # The trainer with the GPU path (the `dp` binary users install), in a target directory of
+    # its own.
+    cargo build --release --quiet -p xtask --bin dp --features cuda --target-dir target/cuda ||
+        return 1
+    cp target/cuda/release/dp "$bin/dp-cuda" || return 1
     printf '%s\n' "$built" | python3 -c '
 import json, shutil, sys
 wanted = {"cuda": "dp-mem-cuda", "pipeline": "dp-data-pipeline",
@@ -134,7 +136,7 @@ run model "$bin/dp-model-cuda-model" --nocapture --test-threads 1; model_status=
 run host "$bin/dp-model-cuda-host-memory" --nocapture; host_status=$?
 # The default job on the GPU: the built-in digits, to at least 97% evaluation accuracy.
 job=$(mktemp -d)
-run job bash -c "'$bin/xtask-cuda' data gen --out '$job/digits' && '$bin/xtask-cuda' train --device cuda \
+run job bash -c "'$bin/dp-cuda' data gen --out '$job/digits' && '$bin/dp-cuda' train --device cuda \
     --data '$job/digits/train' --eval-data '$job/digits/eval' --out '$job/runs' --name gpu --no-plot"
 job_status=$?
 accuracy=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval_accuracy"])' \
