@@ -71,7 +71,6 @@ def strip(text):
 def expand_use_tree(tree):
     """`a::{b, c::{d, e}}` -> [[a, b], [a, c, d], [a, c, e]] (self in a group means the prefix)."""
     tree = re.sub(r"\s+", "", tree)
-    tree = re.sub(r"\bas\w+", "", tree.replace("as", " as ")) if " as " in tree else tree
 
     def parse(s, i):
         paths, prefix = [], []
@@ -123,7 +122,7 @@ class Crate:
         self.refs = {}  # module -> list of (absolute path list)
         self.load(root_file, ())
 
-    def child_file(self, parent_file, parent_path, name, is_root_like):
+    def child_file(self, parent_file, name, is_root_like):
         base = os.path.dirname(parent_file)
         if not is_root_like:
             base = os.path.join(base, os.path.splitext(os.path.basename(parent_file))[0])
@@ -137,12 +136,12 @@ class Crate:
         text = strip(open(path, encoding="utf-8").read())
         is_root_like = os.path.basename(path) in ("mod.rs", "lib.rs", "main.rs") or modpath == ()
         self.children[modpath] = set()
-        # Inline modules (`mod tests { ... }`) stay part of this file: their paths resolve
-        # against the file's module as well, which is close enough for `super::` from tests.
-        for m in re.finditer(r"(?:#\[path\s*=\s*\"\"\]\s*)?\b(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
+        # Modules in files of their own; an inline one (`mod tests { ... }`) stays part of this
+        # file, its paths resolved from its own place in it (below).
+        for m in re.finditer(r"\b(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
             name = m.group(1)
             self.children[modpath].add(name)
-            child = self.child_file(path, modpath, name, is_root_like)
+            child = self.child_file(path, name, is_root_like)
             if child:
                 self.load(child, modpath + (name,))
         inline = []  # (start, end, name) of inline modules: `super::` inside one is this file

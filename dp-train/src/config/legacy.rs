@@ -49,12 +49,11 @@ pub(super) fn upgrade_key(
         return Err(Error::config(old, format!("{number} MiB is not a size")));
     }
     let bytes = bytes.round() as i64;
-    let size = dp_mem::ByteSize(bytes as u64);
-    let line = format!(
-        "warning: `{old} = {number}` is deprecated; it now reads as `{new} = \"{}\"`",
-        toml::Value::try_from(size)
-            .map_or_else(|_| size.to_string(), |v| v.to_string().replace('"', ""))
-    );
+    // As a config writes it: exact, in the largest unit that divides it (`"64MiB"`).
+    let written =
+        toml::Value::try_from(dp_mem::ByteSize(bytes as u64)).expect("a byte size serializes");
+    let line =
+        format!("warning: `{old} = {number}` is deprecated; it now reads as `{new} = {written}`");
     Ok((new.to_string(), toml::Value::Integer(bytes), Some(line)))
 }
 

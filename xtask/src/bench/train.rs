@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::support::{median, python_peer, verdict};
+use super::support::{median, python_peer, verdict, with_scratch};
 use anyhow::{Context, Result, bail};
 use dp_train::TrainConfig;
 
@@ -206,15 +206,16 @@ pub(crate) fn run(root: &Path, filter: Option<&str>) -> Result<()> {
         steps: Some(470),
         ..TrainConfig::default()
     };
-    let out = std::env::temp_dir().join(format!("dp-bench-train-{}", std::process::id()));
     println!(
         "MLP 784-512-256-10, global batch 256, 470 steps (2 epochs of 60,000), medians of 3 alternating runs"
     );
-    let report = dp_train::measure::measure_scaling(&base, &out, replicas, 3);
-    let procs = report.as_ref().ok().map(|_| processes_run(root, &out, replicas, 3));
-    let large = report.as_ref().ok().map(|_| large_model_runs(root, &out));
-    let torch = report.as_ref().ok().map(|_| TorchPeer::measure(root, replicas));
-    let _ = std::fs::remove_dir_all(&out);
+    let (report, procs, large, torch) = with_scratch("train", |out| {
+        let report = dp_train::measure::measure_scaling(&base, out, replicas, 3);
+        let procs = report.as_ref().ok().map(|_| processes_run(root, out, replicas, 3));
+        let large = report.as_ref().ok().map(|_| large_model_runs(root, out));
+        let torch = report.as_ref().ok().map(|_| TorchPeer::measure(root, replicas));
+        Ok((report, procs, large, torch))
+    })?;
     let report = report?;
     let (one, many) = (&report.one, &report.many);
     println!(
