@@ -24,6 +24,8 @@ use crate::optim::{Adam, AdamConfig, AdamUpdate, Optimizer, Sgd, SgdConfig};
 /// What makes CUDA C compile as C++, and the setter of a thread's place in the grid.
 const SHIM: &str = r#"
 #include <math.h>
+#include <string.h>
+static inline unsigned int __float_as_uint(float v) { unsigned int u; memcpy(&u, &v, 4); return u; }
 struct dp_dim3 { unsigned int x, y, z; };
 static dp_dim3 blockIdx, blockDim, threadIdx, gridDim;
 #define __global__
@@ -243,6 +245,7 @@ fn losses(k: &Kernels, grid: (u32, u32), rows: usize, cols: usize, rng: &mut Xos
         i64,
         i64,
         f32,
+        f32,
     );
     type SquaredError =
         unsafe extern "C" fn(*const f32, *const f32, *mut f32, *mut f32, *mut i32, i64, i64, f32);
@@ -269,6 +272,7 @@ fn losses(k: &Kernels, grid: (u32, u32), rows: usize, cols: usize, rng: &mut Xos
                 rows as i64,
                 cols as i64,
                 1.0 / denominator,
+                0.0,
             )
         }
     });
@@ -325,7 +329,18 @@ fn losses(k: &Kernels, grid: (u32, u32), rows: usize, cols: usize, rng: &mut Xos
 }
 
 fn optimizers(k: &Kernels, grid: (u32, u32), n: usize, rng: &mut Xoshiro256PlusPlus) {
-    type SgdKernel = unsafe extern "C" fn(*mut f32, *const f32, *mut f32, i64, f32, f32, f32, i32);
+    type SgdKernel = unsafe extern "C" fn(
+        *mut f32,
+        *const f32,
+        *mut f32,
+        i64,
+        f32,
+        f32,
+        f32,
+        i32,
+        *const i64,
+        i64,
+    );
     type AdamKernel = unsafe extern "C" fn(
         *mut f32,
         *const f32,
@@ -339,6 +354,8 @@ fn optimizers(k: &Kernels, grid: (u32, u32), n: usize, rng: &mut Xoshiro256PlusP
         f32,
         f32,
         f32,
+        *const i64,
+        i64,
     );
     let pool = Pool::new(&Tracker::new());
     let (p0, grads) = (random(n, rng), random(n, rng));
@@ -364,6 +381,8 @@ fn optimizers(k: &Kernels, grid: (u32, u32), n: usize, rng: &mut Xoshiro256PlusP
                         0.01,
                         momentum as f32,
                         i32::from(nesterov),
+                        std::ptr::null(),
+                        -1,
                     )
                 }
             });
@@ -404,6 +423,8 @@ fn optimizers(k: &Kernels, grid: (u32, u32), n: usize, rng: &mut Xoshiro256PlusP
                         args[4],
                         args[5],
                         args[6],
+                        std::ptr::null(),
+                        -1,
                     )
                 }
             });

@@ -504,7 +504,8 @@ impl CudaModel {
                 self.staged.labels[..batch].copy_from_slice(labels);
                 self.copy_in(ptr(&self.labels), &self.staged.labels[..batch])?;
                 let labels = ptr(&self.labels);
-                launch!(self, softmax_cross_entropy, batch; logits, labels, grad, row_loss, row_counted, row_correct, rows, cols, inv_denominator);
+                let smoothing = 0.0f32;
+                launch!(self, softmax_cross_entropy, batch; logits, labels, grad, row_loss, row_counted, row_correct, rows, cols, inv_denominator, smoothing);
             }
             Targets::Values(values) => {
                 let values = values.as_slice().ok_or_else(|| {
@@ -718,7 +719,8 @@ impl CudaModel {
             config.momentum as f32,
             i32::from(config.nesterov),
         );
-        launch!(self, sgd_step, n as usize; p, g, v, n, lr, wd, mu, nesterov);
+        let (decayed, ranges) = (0u64, -1i64);
+        launch!(self, sgd_step, n as usize; p, g, v, n, lr, wd, mu, nesterov, decayed, ranges);
         Ok(())
     }
 
@@ -739,7 +741,8 @@ impl CudaModel {
         let (step_size, sqrt_c2) = (s.step_size as f32, s.sqrt_c2 as f32);
         let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.eps as f32);
         let (coupled_wd, shrink) = (s.coupled_wd as f32, s.shrink as f32);
-        launch!(self, adam_step, n as usize; p, g, m, v, n, step_size, sqrt_c2, b1, b2, eps, coupled_wd, shrink);
+        let (decayed, ranges) = (0u64, -1i64);
+        launch!(self, adam_step, n as usize; p, g, m, v, n, step_size, sqrt_c2, b1, b2, eps, coupled_wd, shrink, decayed, ranges);
         Ok(())
     }
 

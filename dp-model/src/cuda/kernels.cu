@@ -1,4 +1,5 @@
-// dp-model's CUDA kernels for f32: the same arithmetic as the CPU ops in src/ops, so that a
+// dp-model's CUDA kernels for f32 (the image layers' are in image.cu, batch norm's in
+// batch_norm.cu, bf16 rounding in bf16.cu): the same arithmetic as the CPU ops in src/ops, so that a
 // model trained on one device continues on the other. GEMMs go through cuBLAS; everything
 // else is here. One thread per element (grid-stride loops) unless a kernel says otherwise.
 // Compiled once per process by NVRTC.
@@ -81,12 +82,13 @@ __global__ void dp_add_bias(float* y, const float* bias, long long rows, long lo
 
 // Softmax cross-entropy over row-major logits [rows, cols], one thread per row, as
 // src/ops/loss.rs: a negative label means "ignore this sample" (zero gradient, not counted).
+// With label smoothing s the target is 1 - s on the label plus s / cols on every class.
 // Writes each row's loss, whether it counts and whether its argmax is the label; with grad,
 // the gradient of the loss divided by the denominator.
 __global__ void dp_softmax_cross_entropy(const float* logits, const long long* labels,
                                          float* grad, float* row_loss, int* row_counted,
                                          int* row_correct, long long rows, long long cols,
-                                         float inv_denominator) {
+                                         float inv_denominator, float smoothing) {
     DP_FOR_EACH(r, rows) {
         const float* z = logits + r * cols;
         long long label = labels[r];
@@ -102,14 +104,21 @@ __global__ void dp_softmax_cross_entropy(const float* logits, const long long* l
             row_correct[r] = 0;
             continue;
         }
-        float sum = 0.0f;
-        for (long long c = 0; c < cols; ++c) sum += expf(z[c] - max);
+        float sum = 0.0f, total = 0.0f;
+        for (long long c = 0; c < cols; ++c) {
+            sum += expf(z[c] - max);
+            total += z[c];
+        }
+        float keep = 1.0f - smoothing, spread = smoothing / (float)cols;
         if (grad) {
             float scale = inv_denominator / sum;
-            for (long long c = 0; c < cols; ++c) grad[r * cols + c] = expf(z[c] - max) * scale;
-            grad[r * cols + label] -= inv_denominator;
+            for (long long c = 0; c < cols; ++c) {
+                grad[r * cols + c] = expf(z[c] - max) * scale - spread * inv_denominator;
+            }
+            grad[r * cols + label] -= keep * inv_denominator;
         }
-        row_loss[r] = max + logf(sum) - z[label];
+        float mean = smoothing > 0.0f ? total * spread : 0.0f;
+        row_loss[r] = max + logf(sum) - keep * z[label] - mean;
         row_counted[r] = 1;
         row_correct[r] = best == label;
     }
@@ -136,12 +145,26 @@ __global__ void dp_squared_error(const float* z, const float* t, float* grad, fl
     }
 }
 
+// Whether weight decay applies to parameter i: `ranges` holds `count` sorted, disjoint
+// [start, end) pairs (the layout's decayed ranges, which leave out biases and norms); a
+// negative count decays every parameter.
+__device__ bool dp_decays(const long long* ranges, long long count, long long i) {
+    if (count < 0) return true;
+    long long lo = 0, hi = count;
+    while (lo < hi) {
+        long long mid = (lo + hi) / 2;
+        if (ranges[2 * mid + 1] <= i) lo = mid + 1; else hi = mid;
+    }
+    return lo < count && ranges[2 * lo] <= i;
+}
+
 // SGD as src/optim/sgd.rs: g = grad + wd * p; v = mu * v + g; p -= lr * (nesterov ? g + mu * v : v).
 // Without momentum, v is null.
 __global__ void dp_sgd_step(float* p, const float* grad, float* v, long long n, float lr,
-                            float wd, float mu, int nesterov) {
+                            float wd, float mu, int nesterov, const long long* decayed,
+                            long long ranges) {
     DP_FOR_EACH(i, n) {
-        float g = grad[i] + wd * p[i];
+        float g = grad[i] + (dp_decays(decayed, ranges, i) ? wd : 0.0f) * p[i];
         if (v) {
             float vi = mu * v[i] + g;
             v[i] = vi;
@@ -153,17 +176,48 @@ __global__ void dp_sgd_step(float* p, const float* grad, float* v, long long n, 
 }
 
 // Adam and AdamW as src/optim/adam.rs, with the bias corrections folded into step_size and
-// sqrt_c2 by the caller, as PyTorch does.
+// sqrt_c2 by the caller, as PyTorch does; a parameter without decay has neither the coupled
+// decay nor the decoupled shrink.
 __global__ void dp_adam_step(float* p, const float* grad, float* m, float* v, long long n,
                              float step_size, float sqrt_c2, float b1, float b2, float eps,
-                             float coupled_wd, float shrink) {
+                             float coupled_wd, float shrink, const long long* decayed,
+                             long long ranges) {
     DP_FOR_EACH(i, n) {
-        float g = grad[i] + coupled_wd * p[i];
+        bool decays = dp_decays(decayed, ranges, i);
+        float g = grad[i] + (decays ? coupled_wd : 0.0f) * p[i];
         float mi = b1 * m[i] + (1.0f - b1) * g;
         float vi = b2 * v[i] + (1.0f - b2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        p[i] = p[i] * shrink - step_size * mi / (sqrtf(vi) / sqrt_c2 + eps);
+        p[i] = p[i] * (decays ? shrink : 1.0f) - step_size * mi / (sqrtf(vi) / sqrt_c2 + eps);
+    }
+}
+
+// Gradient clipping by global norm, as src/optim/clip.rs, in three launches: `parts` threads
+// each sum the squares of every `parts`-th gradient in f64; one thread adds those and takes
+// the root; every gradient is scaled by max_norm / (norm + 1e-6) when the norm is finite and
+// above max_norm.
+__global__ void dp_square_partials(const float* g, long long n, double* partials,
+                                   long long parts) {
+    DP_FOR_EACH(t, parts) {
+        double sum = 0.0;
+        for (long long i = t; i < n; i += parts) sum += (double)g[i] * (double)g[i];
+        partials[t] = sum;
+    }
+}
+
+__global__ void dp_norm(const double* partials, long long parts, double* norm) {
+    DP_FOR_EACH(t, 1) {
+        double sum = 0.0;
+        for (long long p = 0; p < parts; ++p) sum += partials[p];
+        *norm = sqrt(sum);
+    }
+}
+
+__global__ void dp_clip(float* g, long long n, const double* norm, double max_norm) {
+    DP_FOR_EACH(i, n) {
+        double total = *norm;
+        if (isfinite(total) && total > max_norm) g[i] *= (float)(max_norm / (total + 1e-6));
     }
 }
 

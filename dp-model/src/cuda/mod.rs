@@ -22,8 +22,14 @@ pub use stub::{CudaModel, CudaRuntime};
 
 use crate::error::Result;
 
-/// The kernels' CUDA C source.
-pub const CUDA_KERNEL_SOURCE: &str = include_str!("kernels.cu");
+/// The kernels' CUDA C source: the elementwise ops, losses and optimizers, then bf16
+/// rounding, the image layers and batch norm (each file uses what the ones before define).
+pub const CUDA_KERNEL_SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("bf16.cu"),
+    include_str!("image.cu"),
+    include_str!("batch_norm.cu")
+);
 
 /// The name of every kernel in [`CUDA_KERNEL_SOURCE`].
 pub const CUDA_KERNELS: &[&str] = &[
@@ -36,7 +42,31 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_squared_error",
     "dp_sgd_step",
     "dp_adam_step",
+    "dp_square_partials",
+    "dp_norm",
+    "dp_clip",
     "dp_fill",
+    "dp_to_bf16",
+    "dp_im2col",
+    "dp_im2col_bf16",
+    "dp_col2im",
+    "dp_add_channel_bias",
+    "dp_max_pool",
+    "dp_max_pool_backward",
+    "dp_avg_pool",
+    "dp_avg_pool_backward",
+    "dp_swap_axes",
+    "dp_add",
+    "dp_copy_add",
+    "dp_bn_partials",
+    "dp_bn_moments",
+    "dp_bn_record",
+    "dp_bn_running",
+    "dp_bn_affine",
+    "dp_bn_apply",
+    "dp_bn_grad_sums",
+    "dp_bn_grad_consts",
+    "dp_bn_input_grad",
 ];
 
 /// The `kind` the activation kernels take for `activation`.
