@@ -85,6 +85,20 @@ pub enum Error {
         what: String,
     },
 
+    /// A GPU step failed: a kernel launch, a cuBLAS call or a copy, naming the layer.
+    #[error("the GPU step failed: {what}")]
+    CudaStep {
+        /// The layer, the call and the driver's or cuBLAS's code.
+        what: String,
+    },
+
+    /// A model or batch does not fit the GPU's memory (found when the model is put there).
+    #[error("the model does not fit the GPU: {what}")]
+    DeviceMemory {
+        /// What it needs, by use, and what the device has free.
+        what: String,
+    },
+
     /// A CUDA kernel did not compile.
     #[error("the CUDA kernels do not compile: {what}")]
     KernelCompile {

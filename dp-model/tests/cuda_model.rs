@@ -11,7 +11,7 @@ use dp_model::{
 };
 use support::Rng;
 
-/// A model with every op the GPU path has: linear layers, each activation, dropout.
+/// An MLP with every dense op the GPU path has: linear layers, each activation, dropout.
 fn spec() -> ModelSpec {
     ModelSpec {
         name: "gpu-check".into(),
@@ -152,13 +152,16 @@ fn twenty_steps_on_the_gpu_follow_the_cpu() {
 }
 
 #[test]
-fn convolutions_are_refused_with_the_layer_named() {
+fn language_model_layers_are_refused_with_the_layer_named() {
     let pool = Pool::new(&Tracker::new());
-    let lenet =
-        Model::<f32>::new(&ModelSpec::lenet([1, 28, 28], 10), &pool, ModelOptions::new(8, 1))
-            .unwrap();
-    match CudaModel::from_model(&lenet, 0, &Tracker::new(), &Tracker::new()) {
-        Err(Error::Spec { field, .. }) => assert!(field.starts_with("layers["), "{field}"),
+    let shape = dp_model::GptShape { layers: 1, heads: 2, dim: 16, dropout: 0.0 };
+    let spec = ModelSpec::gpt("tiny", 32, 8, shape);
+    let gpt = Model::<f32>::new(&spec, &pool, ModelOptions::new(4, 1)).unwrap();
+    match CudaModel::from_model(&gpt, 0, &Tracker::new(), &Tracker::new()) {
+        Err(Error::Spec { field, what }) => {
+            assert!(field.starts_with("layers["), "{field}");
+            assert!(what.contains("CPU only"), "{what}");
+        }
         Err(error @ Error::CudaNotCompiled) => eprintln!("skipping: {error}"),
         other => panic!("{other:?}"),
     }

@@ -141,3 +141,26 @@ fn compile() -> Result<String> {
         Error::KernelCompile { what }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CUDA_KERNELS;
+
+    /// A kernel launched under a name the list lacks would fail only on a GPU: every name the
+    /// device code launches is in the list (and so compiled, loaded and checked on the CPU).
+    #[test]
+    fn every_launched_kernel_is_listed() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cuda/device");
+        let mut launched = 0;
+        for entry in std::fs::read_dir(dir).expect("the device sources") {
+            let path = entry.expect("a source").path();
+            let source = std::fs::read_to_string(&path).expect("readable");
+            for call in source.split("launch!(").skip(1) {
+                let name = call.split('"').nth(1).expect("a kernel name");
+                assert!(CUDA_KERNELS.contains(&name), "{}: {name} is no kernel", path.display());
+                launched += 1;
+            }
+        }
+        assert!(launched >= CUDA_KERNELS.len(), "only {launched} launches found");
+    }
+}

@@ -39,6 +39,14 @@ impl CudaModel {
     ) -> Result<Self> {
         Err(Error::CudaNotCompiled)
     }
+    pub fn with_precision(
+        _model: &Model<f32>,
+        _device: usize,
+        _trackers: (&Tracker, &Tracker),
+        _precision: crate::Precision,
+    ) -> Result<Self> {
+        Err(Error::CudaNotCompiled)
+    }
     pub fn upload_params(&mut self, _model: &Model<f32>) -> Result<()> {
         match self.0 {}
     }
@@ -101,6 +109,22 @@ impl CudaModel {
         match self.0 {}
     }
     pub fn wait(&self) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn evaluate(
+        &mut self,
+        _x: ArrayView2<'_, f32>,
+        _targets: Targets<'_, f32>,
+    ) -> Result<LossTotals> {
+        match self.0 {}
+    }
+    pub fn decay_only(&mut self, _ranges: &[Range<usize>]) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn clip_grad_norm(&mut self, _max_norm: f64) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn precision(&self) -> crate::Precision {
         match self.0 {}
     }
 }

@@ -2,7 +2,7 @@
 //! error naming the key, not a failure steps in.
 
 use dp_mem::ByteSize;
-use dp_model::{Precision, SavedPrecision, StatePrecision};
+use dp_model::{SavedPrecision, StatePrecision};
 
 use super::{
     Device, GradCompression, MAX_REPLICAS_PER_CORE, Normalization, TrainConfig, check_name,
@@ -78,7 +78,8 @@ impl TrainConfig {
 
     /// What this machine can run: the precision, the replicas per core, the device.
     fn validate_machine(&self) -> Result<()> {
-        if !self.precision.available() {
+        // On a GPU, bf16 runs on its tensor cores.
+        if self.device == Device::Cpu && !self.precision.available() {
             return Err(Error::config(
                 "precision",
                 "bf16 runs on AMX-BF16 (Intel Xeon since Sapphire Rapids), which this CPU lacks (or the OS does not grant); use f32",
@@ -192,7 +193,8 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// What the GPU path has so far: one replica on one GPU, plain updates.
+    /// What the GPU path has so far: one replica per GPU, dense and image models, f32 or bf16
+    /// products, full-precision state.
     fn validate_cuda(&self) -> Result<()> {
         let refuse = |field: &'static str, what: &str| {
             Err(Error::config(field, format!("{what} is not on the GPU path yet (device = cuda)")))
@@ -212,17 +214,14 @@ impl TrainConfig {
         if self.recompute {
             return refuse("recompute", "activation recomputation");
         }
-        if self.precision != Precision::F32 {
-            return refuse("precision", "bf16");
-        }
         if self.activations != SavedPrecision::F32 {
             return refuse("activations", "bf16 saved activations (the GPU keeps them in f32)");
         }
         if self.prune.is_some() {
             return refuse("prune", "pruning");
         }
-        if self.clip_grad_norm.is_some() {
-            return refuse("clip_grad_norm", "gradient clipping");
+        if self.sync_bn {
+            return refuse("sync_bn", "synchronized batch norm");
         }
         if self.compression != GradCompression::None {
             return refuse("compression", "gradient compression");

@@ -62,7 +62,12 @@ impl GpuStep {
         let config = &plan.optimizer;
         let device = peers.map_or(0, |peers| peers.device);
         let tracker = Tracker::new();
-        let model = CudaModel::from_model(host, device, &tracker, host_tracker)?;
+        let precision = plan.config.precision;
+        let mut model =
+            CudaModel::with_precision(host, device, (&tracker, host_tracker), precision)?;
+        if plan.config.decay_bias_and_norm == Some(false) {
+            model.decay_only(&host.layout().decayed_ranges())?;
+        }
         let reducer = match peers {
             None => None,
             Some(peers) => {
@@ -119,9 +124,13 @@ impl GpuStep {
         }
     }
 
-    /// One update of every parameter with the gradients on the device.
-    pub(crate) fn update(&mut self, lr: f64) -> Result<()> {
+    /// One update of every parameter with the gradients on the device, clipped first to
+    /// `clip` (a global norm) if given.
+    pub(crate) fn update(&mut self, lr: f64, clip: Option<f64>) -> Result<()> {
         self.steps += 1;
+        if let Some(max_norm) = clip {
+            self.model.clip_grad_norm(max_norm)?;
+        }
         match (&mut self.state, &self.config) {
             (State::Sgd(velocity), OptimizerConfig::Sgd(sgd)) => {
                 self.model.sgd_step(velocity.as_mut(), lr, sgd)?
@@ -155,6 +164,21 @@ impl GpuStep {
         }
         self.host_stale = false;
         Ok(())
+    }
+
+    /// The loss totals of an evaluation batch, on the device.
+    pub(crate) fn evaluate(
+        &mut self,
+        x: ArrayView2<'_, f32>,
+        targets: Targets<'_, f32>,
+    ) -> Result<LossTotals> {
+        Ok(self.model.evaluate(x, targets)?)
+    }
+
+    /// Copies `host`'s parameters and running statistics to the device (after they were
+    /// brought up to it and changed there: the running statistics broadcast from rank 0).
+    pub(crate) fn reload(&mut self, host: &Model<f32>) -> Result<()> {
+        Ok(self.model.upload_params(host)?)
     }
 
     /// Peak device bytes by tag.

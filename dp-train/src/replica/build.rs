@@ -10,7 +10,8 @@ use dp_comm::Communicator;
 use dp_data::{Pipeline, Transform};
 use dp_mem::{Pool, Tag};
 use dp_model::{
-    CheckpointReader, Model, ModelOptions, Optimizer, Pruner, Recompute, SharedParams, Sparsity,
+    CheckpointReader, Model, ModelOptions, Optimizer, Precision, Pruner, Recompute, SharedParams,
+    Sparsity,
 };
 
 use super::params::Params;
@@ -74,10 +75,15 @@ pub(super) fn model(
 ) -> Result<Model<f32>> {
     let config = &plan.config;
     let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    // A GPU run's CPU model only holds its parameters (the GPU multiplies in `precision`).
+    let precision = match config.device {
+        Device::Cpu => config.precision,
+        Device::Cuda => Precision::F32,
+    };
     let options = ModelOptions::new(plan.batching.micro, config.seed)
         .replica(rank as u64)
         .recompute(recompute)
-        .precision(config.precision)
+        .precision(precision)
         .saved(config.activations)
         .label_smoothing(config.label_smoothing);
     Ok(match shared {

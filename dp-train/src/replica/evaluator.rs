@@ -8,6 +8,7 @@ use dp_model::{CheckpointWriter, LossTotals, Model, Targets};
 use super::targets::check_labels;
 use crate::batches::Batches;
 use crate::error::{Error, Result};
+use crate::gpu::GpuStep;
 use crate::input::Input;
 use crate::metrics::EvalMetrics;
 use crate::plan::{RunPlan, pipeline_config};
@@ -45,9 +46,10 @@ impl Evaluator {
     /// One pass over the evaluation data, shared out among the replicas of `ctl`, after `step`
     /// steps; returns the mean loss, and sends the metrics to `events`. A regression also
     /// measures its errors in the label's own units.
+    /// With `gpu`, a classifier is evaluated there (`model` brought up to it before).
     pub(super) fn evaluate(
         &mut self,
-        model: &mut Model<f32>,
+        (model, mut gpu): (&mut Model<f32>, Option<&mut GpuStep>),
         ctl: &mut impl Communicator,
         plan: &RunPlan,
         events: Option<&mut Events>,
@@ -57,6 +59,9 @@ impl Evaluator {
         // replica 0's, as DDP broadcasts them (under synchronized norms they agree already).
         if !model.buffers().is_empty() && !plan.config.sync_bn {
             ctl.broadcast(model.buffers_mut(), 0)?;
+            if let Some(gpu) = gpu.as_deref_mut() {
+                gpu.reload(model)?;
+            }
         }
         let mut totals = Totals::default();
         for _ in 0..self.batches.batches_per_epoch() {
@@ -109,7 +114,11 @@ impl Evaluator {
                 for &row in replaced {
                     labels[row * per_sample..(row + 1) * per_sample].fill(-1);
                 }
-                x.evaluate(model, Targets::Classes(&labels[..rows]))?
+                let targets = Targets::Classes(&labels[..rows]);
+                match (gpu.as_deref_mut(), x) {
+                    (Some(gpu), Input::Dense(x)) => gpu.evaluate(x, targets)?,
+                    (_, x) => x.evaluate(model, targets)?,
+                }
             };
             totals.add(&loss);
         }

@@ -333,8 +333,8 @@ impl<C: Communicator> Replica<C> {
         self.sync_host()?;
         let Some(evaluator) = &mut self.evaluator else { return Ok(false) };
         let plan = &*self.plan;
-        let eval_loss =
-            evaluator.evaluate(&mut self.model, &mut self.ctl, plan, self.events.as_mut(), done)?;
+        let on = (&mut self.model, self.gpu.as_mut());
+        let eval_loss = evaluator.evaluate(on, &mut self.ctl, plan, self.events.as_mut(), done)?;
         let best = &mut self.consistent.best;
         if !blown_up && best.record(done, eval_loss) && self.rank == 0 {
             evaluator::save_best(&self.model, self.checkpointer.run_dir(), done, eval_loss)?;
@@ -482,7 +482,7 @@ impl<C: Communicator> Replica<C> {
         let plan = Arc::clone(&self.plan);
         if let Some(gpu) = &mut self.gpu {
             self.updating = true;
-            gpu.update(lr)?;
+            gpu.update(lr, plan.config.clip_grad_norm)?;
         } else if !updated_per_bucket {
             self.updating = true;
             // Only this replica's shard of the parameters is borrowed: with shared

@@ -1,0 +1,278 @@
+//! A GPU model's device memory besides its parameters, planned once from the tape for the
+//! largest batch, and checked against what the device has free before any of it is taken:
+//! a model that does not fit fails when it is put on the GPU, with the figures, never with
+//! a CUDA error in the middle of a step.
+//!
+//! Activations and their gradients live where the CPU's would ([`ActivationPlan`] and
+//! [`GradientPlan`]): an output is kept for backward only when backward reads it, and the
+//! rest share buffers, so a ResNet keeps four of each block's seven outputs on the device too.
+
+use dp_mem::{CudaBackend, Pool, PoolBuf, Tag};
+
+use crate::error::{Error, Result};
+use crate::liveness::{ActivationPlan, GradientPlan};
+use crate::model::SavedPrecision;
+use crate::ops::Op;
+use crate::ops::conv::Conv2d;
+use crate::ops::gemm::Precision;
+use crate::tape::Tape;
+
+pub(super) type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
+
+/// Values of unfolded convolution input at most, per chunk of images: 128 MiB of `f32`, so a
+/// chunk's product is large enough to fill the GPU and the scratch stays small beside the
+/// activations of the batch.
+const COLS_VALUES: usize = 1 << 25;
+
+/// Gradients each thread of the clipping norm sums.
+pub(super) const CLIP_PARTS: usize = 4096;
+
+/// Images of `batch` a convolution unfolds at a time.
+pub(super) fn images_per_chunk(conv: &Conv2d, batch: usize) -> usize {
+    let per_image = conv.patch_len() * conv.out_height * conv.out_width;
+    (COLS_VALUES / per_image.max(1)).clamp(1, batch.max(1))
+}
+
+/// Threads per channel that take a batch norm's partial sums over `count` values: about 128
+/// values each, at most 4096 (then one thread per channel adds them up).
+pub(super) fn norm_parts(count: usize) -> usize {
+    count.div_ceil(128).clamp(1, 4096)
+}
+
+/// Values of each of the model's working buffers.
+struct Sizes {
+    plan: ActivationPlan,
+    grads: GradientPlan,
+    /// Gradient buffers are each as long as the largest activation.
+    grad_len: usize,
+    spill: usize,
+    cols: usize,
+    ones: usize,
+    norm_partials: usize,
+    norm_sums: usize,
+    norm_consts: usize,
+    /// The largest weight and the largest activation, rounded to bf16 (bf16 only).
+    half_weights: usize,
+    half_act: usize,
+}
+
+impl Sizes {
+    fn new(tape: &Tape, batch: usize, precision: Precision) -> Self {
+        let plan = ActivationPlan::new(tape, &[], batch, SavedPrecision::F32);
+        let grads = GradientPlan::new(tape);
+        let grad_len = tape.ping_len(batch);
+        let spill = if grads.spills {
+            tape.nodes.iter().map(|n| n.in_len).max().unwrap_or(0) * batch
+        } else {
+            0
+        };
+        let (mut cols, mut ones, mut half_weights) = (0, batch, 0);
+        let (mut norm_partials, mut norm_sums, mut norm_consts) = (0, 0, 0);
+        for node in &tape.nodes {
+            match &node.op {
+                Op::Conv2d(c) => {
+                    let images = images_per_chunk(c, batch);
+                    cols = cols.max(c.patch_len() * images * c.out_height * c.out_width);
+                    ones = ones.max(batch * c.out_height * c.out_width);
+                    half_weights = half_weights.max(c.out_channels * c.patch_len());
+                }
+                Op::Linear(l) => half_weights = half_weights.max(l.outputs * l.inputs),
+                Op::BatchNorm(n) => {
+                    let count = batch * n.plane;
+                    norm_partials = norm_partials.max(2 * n.channels * norm_parts(count));
+                    norm_sums = norm_sums.max(2 * n.channels + 1);
+                    norm_consts = norm_consts.max(3 * n.channels);
+                }
+                _ => {}
+            }
+        }
+        let (half_weights, half_act) = match precision {
+            Precision::F32 => (0, 0),
+            Precision::Bf16 => (half_weights, grad_len.max(tape.input_len * batch)),
+        };
+        Sizes {
+            plan,
+            grads,
+            grad_len,
+            spill,
+            cols,
+            ones,
+            norm_partials,
+            norm_sums,
+            norm_consts,
+            half_weights,
+            half_act,
+        }
+    }
+
+    /// Bytes of every buffer, by what it holds: activations, their gradients, and scratch.
+    fn bytes(&self, precision: Precision) -> [u64; 3] {
+        let f32s = |n: usize| 4 * n as u64;
+        let saved = f32s(self.plan.lens.iter().sum());
+        let grads = f32s(self.grads.buffers * self.grad_len + self.spill);
+        let halves = match precision {
+            Precision::F32 => 0,
+            // The unfolded input in bf16 beside the f32 one (the unfolded gradient).
+            Precision::Bf16 => 2 * (self.cols + self.half_weights + 2 * self.half_act) as u64,
+        };
+        let scratch = f32s(self.cols + self.ones + self.norm_partials + self.norm_consts)
+            + 8 * (self.norm_sums + CLIP_PARTS + 1) as u64
+            + halves;
+        [saved, grads, scratch]
+    }
+}
+
+/// Room on the device: its free bytes, or what its budget leaves, if less; and which.
+pub(super) type Room = (u64, &'static str);
+
+/// Whether `fixed` bytes and the working buffers' (`bytes`: saved activations, their
+/// gradients, scratch) fit in `room`; if not, an error with the figures.
+fn fits(fixed: u64, bytes: [u64; 3], (free, whose): Room, batch: usize) -> Result<()> {
+    let needed = fixed + bytes.iter().sum::<u64>();
+    if needed <= free {
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    Err(Error::DeviceMemory {
+        what: format!(
+            "{:.1} MiB at batch {batch} (parameters, gradients and optimizer state {:.1}, saved \
+             activations {:.1}, activation gradients {:.1}, scratch {:.1}), and {:.1} MiB \
+             are {whose}: lower the batch size",
+            mib(needed),
+            mib(fixed),
+            mib(bytes[0]),
+            mib(bytes[1]),
+            mib(bytes[2]),
+            mib(free)
+        ),
+    })
+}
+
+/// Values rounded to bf16 for the tensor cores: a weight, and the two activations (or
+/// gradients) a product reads.
+pub(super) struct Halves {
+    pub(super) cols: DeviceBuf<u16>,
+    pub(super) weights: DeviceBuf<u16>,
+    pub(super) first: DeviceBuf<u16>,
+    pub(super) second: DeviceBuf<u16>,
+}
+
+/// The working buffers of a GPU step.
+pub(super) struct Buffers {
+    pub(super) plan: ActivationPlan,
+    pub(super) grad_plan: GradientPlan,
+    /// Per buffer of the plan.
+    pub(super) acts: Vec<DeviceBuf<f32>>,
+    /// Per gradient buffer of the plan.
+    pub(super) dacts: Vec<DeviceBuf<f32>>,
+    /// An input gradient computed here first when its op cannot add it to another's.
+    pub(super) spill: Option<DeviceBuf<f32>>,
+    /// A chunk of unfolded convolution input (or, with bf16, of its gradient).
+    pub(super) cols: DeviceBuf<f32>,
+    /// Ones, as long as the longest sum a bias gradient takes (`dy^T 1`).
+    pub(super) ones: DeviceBuf<f32>,
+    pub(super) norm_partials: DeviceBuf<f32>,
+    pub(super) norm_sums: DeviceBuf<f64>,
+    pub(super) norm_consts: DeviceBuf<f32>,
+    /// The clipping norm's partial sums, then the norm.
+    pub(super) clip: DeviceBuf<f64>,
+    pub(super) halves: Option<Halves>,
+    /// Bytes of saved activations, activation gradients and scratch.
+    pub(super) bytes: [u64; 3],
+}
+
+impl Buffers {
+    /// The buffers of `tape` at `batch` samples, after checking that they and `fixed` bytes
+    /// (parameters, gradients, optimizer state to come) fit in `room`.
+    pub(super) fn new(
+        tape: &Tape,
+        batch: usize,
+        precision: Precision,
+        pool: &Pool<CudaBackend>,
+        (fixed, room): (u64, Room),
+    ) -> Result<Self> {
+        let sizes = Sizes::new(tape, batch, precision);
+        let bytes = sizes.bytes(precision);
+        fits(fixed, bytes, room, batch)?;
+        let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
+        let halves = match precision {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(Halves {
+                cols: pool.alloc::<u16>(sizes.cols.max(1), Tag::Temp)?,
+                weights: pool.alloc::<u16>(sizes.half_weights.max(1), Tag::Temp)?,
+                first: pool.alloc::<u16>(sizes.half_act.max(1), Tag::Temp)?,
+                second: pool.alloc::<u16>(sizes.half_act.max(1), Tag::Temp)?,
+            }),
+        };
+        let acts = sizes.plan.lens.iter().map(|&len| f32s(len, Tag::Activation));
+        let dacts = (0..sizes.grads.buffers).map(|_| f32s(sizes.grad_len, Tag::Activation));
+        Ok(Buffers {
+            acts: acts.collect::<std::result::Result<_, _>>()?,
+            dacts: dacts.collect::<std::result::Result<_, _>>()?,
+            spill: (sizes.spill > 0).then(|| f32s(sizes.spill, Tag::Activation)).transpose()?,
+            cols: f32s(sizes.cols, Tag::Temp)?,
+            ones: f32s(sizes.ones, Tag::Temp)?,
+            norm_partials: f32s(sizes.norm_partials, Tag::Temp)?,
+            norm_sums: pool.alloc::<f64>(sizes.norm_sums.max(1), Tag::Temp)?,
+            norm_consts: f32s(sizes.norm_consts, Tag::Temp)?,
+            clip: pool.alloc::<f64>(CLIP_PARTS + 1, Tag::Temp)?,
+            halves,
+            plan: sizes.plan,
+            grad_plan: sizes.grads,
+            bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dp_mem::{Pool, Tracker};
+
+    use super::*;
+    use crate::model::{Model, ModelOptions};
+    use crate::spec::ModelSpec;
+
+    /// The device keeps what the CPU keeps: its saved activations take the bytes the CPU
+    /// model's plan gives them, and bf16 adds only scratch.
+    #[test]
+    fn the_device_plans_the_cpus_activations() {
+        let spec = ModelSpec::resnet_cifar(20, [3, 32, 32], 10).expect("a depth of 6n + 2");
+        let pool = Pool::new(&Tracker::new());
+        let cpu = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 1)).expect("a model");
+        let tape = cpu.tape();
+        let f32s = Sizes::new(tape, 64, Precision::F32).bytes(Precision::F32);
+        let bf16s = Sizes::new(tape, 64, Precision::Bf16).bytes(Precision::Bf16);
+        assert_eq!(f32s[0], cpu.memory().saved_activations);
+        assert_eq!((bf16s[0], bf16s[1]), (f32s[0], f32s[1]));
+        assert!(bf16s[2] > f32s[2]);
+        // Each convolution unfolds its whole batch of 64 small images at once.
+        for node in &tape.nodes {
+            if let Op::Conv2d(c) = &node.op {
+                assert_eq!(images_per_chunk(c, 64), 64);
+            }
+        }
+    }
+
+    #[test]
+    fn a_model_that_does_not_fit_is_refused_with_the_figures() {
+        let spec = ModelSpec::resnet18([3, 224, 224], 1000);
+        let tape = Tape::build(&spec, 256).expect("a tape");
+        let bytes = Sizes::new(&tape, 256, Precision::F32).bytes(Precision::F32);
+        // ResNet-18's activations at batch 256 and 224x224 take several GiB.
+        assert!(bytes[0] > 4 << 30, "{bytes:?}");
+        let room = (1 << 30, "free on the GPU");
+        let error = fits(1 << 20, bytes, room, 256).expect_err("does not fit 1 GiB").to_string();
+        for what in ["batch 256", "1024.0 MiB are free on the GPU", "saved activations", "lower"] {
+            assert!(error.contains(what), "{error}");
+        }
+        fits(1 << 20, bytes, (u64::MAX, "free"), 256).expect("fits a device without limit");
+        // The largest layer's unfolded input is taken a chunk of images at a time.
+        let conv = tape.nodes.iter().find_map(|n| match &n.op {
+            Op::Conv2d(c) => Some(c),
+            _ => None,
+        });
+        let per = images_per_chunk(conv.expect("a stem"), 256);
+        assert!((1..256).contains(&per), "{per}");
+        assert!(norm_parts(256 * 112 * 112) == 4096 && norm_parts(1) == 1);
+    }
+}

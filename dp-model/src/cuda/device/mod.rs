@@ -1,0 +1,529 @@
+//! A model's training step on one GPU: the same tape as the CPU's, its flat parameter and
+//! gradient buffers in device memory from a dp-mem pool, GEMMs through cuBLAS (in bf16 on the
+//! tensor cores with `Precision::Bf16`) and the rest through the kernels of the CUDA source,
+//! all queued on one stream. Activations live where the CPU's plan puts them
+//! (`buffers.rs`); convolutions are unfolded a chunk of images at a time (`conv.rs`); batch
+//! norm keeps the CPU's statistics and running buffers (`norm.rs`).
+
+#[macro_use]
+mod launch;
+mod backward;
+mod blas;
+mod buffers;
+mod conv;
+mod forward;
+mod norm;
+mod optim;
+mod runtime;
+mod staging;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, result};
+use cudarc::nvrtc::Ptx;
+use dp_mem::{CudaBackend, Pool, PoolConfig, Tag, Tracker};
+use ndarray::ArrayView2;
+pub use runtime::CudaRuntime;
+
+use self::blas::Blas;
+use self::buffers::{Buffers, DeviceBuf};
+use self::launch::{Kernels, driver};
+use self::staging::{STAGING_PIECE, Staged, copy_out_async, mem_error, page_locked};
+use super::cuda_kernels_ptx;
+use crate::error::{Error, Result};
+use crate::model::{Model, ModelMemory, StepOptions};
+use crate::ops::Op;
+use crate::ops::batch_norm::NormPass;
+use crate::ops::dropout::DropoutStream;
+use crate::ops::gemm::Precision;
+use crate::ops::loss::{LossTotals, Targets};
+use crate::tape::Tape;
+
+/// The device address of a buffer, as the kernels take it.
+fn ptr<T: bytemuck::Pod>(buf: &DeviceBuf<T>) -> u64 {
+    buf.as_ptr() as usize as u64
+}
+
+/// Whether the GPU path runs `op` (the image and dense layers; attention, layer norm,
+/// embeddings and sparse inputs are the language models' and still CPU-only).
+fn on_gpu_path(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Linear(_)
+            | Op::Conv2d(_)
+            | Op::MaxPool2d(_)
+            | Op::Transpose(_)
+            | Op::Activation(_)
+            | Op::Dropout(_)
+            | Op::BatchNorm(_)
+            | Op::GlobalAvgPool(_)
+            | Op::Add(_)
+    )
+}
+
+/// A model whose training step runs on one GPU, with the parameters (and batch norms' running
+/// statistics) of a CPU [`Model`] of the same spec, and back: checkpoints stay the CPU's.
+/// Dense and image models: linear layers, convolutions, pooling, batch norm, residual sums,
+/// activations and dropout; a spec with other layers is refused, naming the layer.
+pub struct CudaModel {
+    tape: Tape,
+    max_batch: usize,
+    precision: Precision,
+    smoothing: f32,
+    dropout: DropoutStream,
+    /// Wait for the device after every layer, so an error the device reports late names the
+    /// layer that caused it (`DP_CUDA_SYNC=1`, as `CUDA_LAUNCH_BLOCKING` does for PyTorch).
+    sync_each_layer: bool,
+    stream: Arc<CudaStream>,
+    blas: Blas,
+    kernels: Kernels,
+    pool: Pool<CudaBackend>,
+    params: DeviceBuf<f32>,
+    grads: DeviceBuf<f32>,
+    /// The batch norms' running statistics, in the CPU's layout.
+    norm_buffers: DeviceBuf<f32>,
+    /// The batch statistics forward saves for backward.
+    norm_stats: DeviceBuf<f32>,
+    /// Weight decay's ranges as [start, end) pairs (`None`: every parameter decays).
+    decayed: Option<(DeviceBuf<i64>, i64)>,
+    input: DeviceBuf<f32>,
+    labels: DeviceBuf<i64>,
+    values: DeviceBuf<f32>,
+    row_loss: DeviceBuf<f32>,
+    row_counted: DeviceBuf<i32>,
+    row_correct: DeviceBuf<i32>,
+    work: Buffers,
+    staged: Staged,
+}
+
+impl std::fmt::Debug for CudaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaModel")
+            .field("params", &self.params.len())
+            .field("max_batch", &self.max_batch)
+            .field("precision", &self.precision)
+            .finish()
+    }
+}
+
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        // Nothing queued may outlive the buffers; a failed wait leaves nothing else to do.
+        let _ = self.stream.synchronize();
+    }
+}
+
+impl CudaModel {
+    /// `model` on GPU `device`: its spec, batch size, precision, label smoothing, dropout
+    /// stream, current parameters and running statistics; device memory accounted under
+    /// `tracker` by tag, and the page-locked host buffers that batches go through under
+    /// `host_tracker`. Fails before taking any device memory when the model and its largest
+    /// batch do not fit the device's free memory, or what `tracker`'s budget leaves.
+    pub fn from_model(
+        model: &Model<f32>,
+        device: usize,
+        tracker: &Tracker,
+        host_tracker: &Tracker,
+    ) -> Result<Self> {
+        let precision = model.options().precision;
+        Self::with_precision(model, device, (tracker, host_tracker), precision)
+    }
+
+    /// [`CudaModel::from_model`] with the GEMMs and convolutions in `precision`, whatever the
+    /// CPU model's (a CPU without bf16 products still keeps the parameters of a GPU run that
+    /// has them). The trackers are the device's and the page-locked host memory's.
+    pub fn with_precision(
+        model: &Model<f32>,
+        device: usize,
+        (tracker, host_tracker): (&Tracker, &Tracker),
+        precision: Precision,
+    ) -> Result<Self> {
+        let tape = model.tape().clone();
+        if let Some(node) = tape.nodes.iter().find(|n| !on_gpu_path(&n.op)) {
+            return Err(Error::spec(
+                format!("layers[{}]", node.layer),
+                "runs on the CPU only so far (the GPU path has linear, convolution, pooling, \
+                 batch norm and residual layers, activations and dropout)",
+            ));
+        }
+        let ptx = cuda_kernels_ptx()?;
+        let backend = CudaBackend::new(device).map_err(mem_error)?;
+        let free = backend.memory_info().map_err(mem_error)?.0;
+        let context = Arc::clone(backend.context());
+        let stream = context.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
+        let module = context
+            .load_module(Ptx::from_src(ptx.to_string()))
+            .map_err(|e| driver("cuModuleLoadData", e))?;
+        let kernels = Kernels::load(&module)?;
+        let blas = Blas::new(&stream)?;
+        let pool = Pool::with_backend(tracker, backend, PoolConfig::default());
+        let options = model.options();
+        let (batch, outputs) = (options.max_batch, model.outputs());
+        let rows = batch * tape.out_rows;
+        // Parameters, gradients and up to two optimizer state buffers, the batch and its
+        // targets: what the step holds besides its working buffers.
+        let fixed = 4 * (4 * tape.layout.len() + batch * tape.input_len + 2 * rows * outputs);
+        let held = tracker.snapshot();
+        let room = match held.budget.map(|b| b.saturating_sub(held.held)) {
+            Some(left) if left < free => (left, "left in the device memory budget"),
+            _ => (free, "free on the GPU"),
+        };
+        let work = Buffers::new(&tape, batch, precision, &pool, (fixed as u64, room))?;
+        let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
+        let mut this = Self {
+            max_batch: batch,
+            precision,
+            smoothing: options.label_smoothing as f32,
+            dropout: DropoutStream { seed: options.seed, stream: options.replica },
+            sync_each_layer: std::env::var_os("DP_CUDA_SYNC").is_some_and(|v| v != "0"),
+            params: f32s(tape.layout.len(), Tag::Param)?,
+            grads: f32s(tape.layout.len(), Tag::Grad)?,
+            norm_buffers: f32s(tape.buffers.len(), Tag::Param)?,
+            norm_stats: f32s(tape.stats_len, Tag::Temp)?,
+            decayed: None,
+            input: f32s(batch * tape.input_len, Tag::Data)?,
+            labels: pool.alloc::<i64>(rows.max(1), Tag::Data)?,
+            values: f32s(rows * outputs, Tag::Data)?,
+            row_loss: f32s(rows, Tag::Temp)?,
+            row_counted: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
+            row_correct: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
+            staged: Staged::new(device, host_tracker, rows, (tape.input_len, outputs))?,
+            work,
+            tape,
+            stream,
+            blas,
+            kernels,
+            pool,
+        };
+        let (ones, n, one) = (ptr(&this.work.ones), this.work.ones.len() as i64, 1.0f32);
+        launch!(this, "dp_fill", n as usize; ones, n, one);
+        this.upload_params(model)?;
+        Ok(this)
+    }
+
+    /// Copies `model`'s parameters and running statistics to the device.
+    pub fn upload_params(&mut self, model: &Model<f32>) -> Result<()> {
+        self.check_layout(model)?;
+        self.copy_in(ptr(&self.params), model.params())?;
+        if !model.buffers().is_empty() {
+            self.copy_in(ptr(&self.norm_buffers), model.buffers())?;
+        }
+        self.synchronize()
+    }
+
+    /// Copies the parameters and running statistics to `model` (to save a checkpoint, or
+    /// evaluate on the CPU).
+    pub fn download_params(&self, model: &mut Model<f32>) -> Result<()> {
+        self.check_layout(model)?;
+        if !model.buffers().is_empty() {
+            self.copy_out(model.buffers_mut(), ptr(&self.norm_buffers))?;
+        }
+        self.copy_out(model.params_mut(), ptr(&self.params))
+    }
+
+    /// Copies the gradients to `dst` (as long as the parameters).
+    pub fn download_grads(&self, dst: &mut [f32]) -> Result<()> {
+        if dst.len() != self.grads.len() {
+            return Err(Error::shape("gradients", self.grads.len(), dst.len()));
+        }
+        self.copy_out(dst, ptr(&self.grads))
+    }
+
+    /// Copies `src` into the device buffer `dst` (optimizer state restored from a checkpoint).
+    pub fn upload_buffer(&self, dst: &mut DeviceBuf<f32>, src: &[f32]) -> Result<()> {
+        if dst.len() != src.len() {
+            return Err(Error::shape("device buffer", dst.len(), src.len()));
+        }
+        self.copy_in(ptr(dst), src)?;
+        self.synchronize()
+    }
+
+    /// Copies the device buffer `src` into `dst` (optimizer state for a checkpoint).
+    pub fn download_buffer(&self, src: &DeviceBuf<f32>, dst: &mut [f32]) -> Result<()> {
+        if dst.len() != src.len() {
+            return Err(Error::shape("device buffer", src.len(), dst.len()));
+        }
+        self.copy_out(dst, ptr(src))
+    }
+
+    /// Device bytes held, by use.
+    pub fn memory(&self) -> ModelMemory {
+        let bytes = |n: usize| (n * 4) as u64;
+        let [saved, grads, scratch] = self.work.bytes;
+        ModelMemory {
+            params: bytes(self.params.len() + self.norm_buffers.len()),
+            grads: bytes(self.grads.len()),
+            saved_activations: saved + bytes(self.norm_stats.len()),
+            workspace: grads + scratch,
+            packing: 0,
+        }
+    }
+
+    /// The device pool, for its statistics and `empty_cache`.
+    pub fn pool(&self) -> &Pool<CudaBackend> {
+        &self.pool
+    }
+
+    /// What the GEMMs and convolutions multiply in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn check_layout(&self, model: &Model<f32>) -> Result<()> {
+        if model.layout() != &self.tape.layout || model.buffers().len() != self.tape.buffers.len() {
+            return Err(Error::spec("params", "the CPU model has another layout than the GPU's"));
+        }
+        Ok(())
+    }
+
+    fn copy_in<T>(&self, dst: u64, src: &[T]) -> Result<()> {
+        // SAFETY: `dst` is a device buffer at least `src`'s size; the stream is synchronized
+        // before `src` can change (every caller waits for the stream before returning).
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemcpyHtoDAsync", e))
+    }
+
+    fn copy_out<T>(&self, dst: &mut [T], src: u64) -> Result<()> {
+        // SAFETY: `src` is a device buffer at least `dst`'s size; the stream is synchronized
+        // before returning.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+        self.synchronize()
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| Error::CudaStep {
+            what: launch::driver_text("cuStreamSynchronize (an earlier kernel or copy)", e),
+        })
+    }
+
+    /// Whether the GEMMs read bf16 operands.
+    fn half(&self) -> bool {
+        self.precision == Precision::Bf16
+    }
+
+    /// `len` values at `src` as the GEMMs read them: `src` itself in `f32`, else rounded to
+    /// bf16 into `dst`.
+    fn operand(&self, src: u64, len: usize, dst: Option<&DeviceBuf<u16>>) -> Result<u64> {
+        let Some(dst) = dst.filter(|_| self.precision == Precision::Bf16) else { return Ok(src) };
+        let (y, n) = (ptr(dst), len as i64);
+        launch!(self, "dp_to_bf16", len; src, y, n);
+        Ok(y)
+    }
+
+    /// Forward, loss and backward for one batch on the GPU, as [`Model::forward_backward`]
+    /// does on the CPU: writes (or adds) the gradients on the device and returns the loss
+    /// totals, waiting for the step to finish.
+    pub fn forward_backward(
+        &mut self,
+        x: ArrayView2<'_, f32>,
+        targets: Targets<'_, f32>,
+        options: &StepOptions,
+    ) -> Result<LossTotals> {
+        self.forward_backward_with(x, targets, options, &mut |_| {})
+    }
+
+    /// [`CudaModel::forward_backward`], calling `grads_ready` with each layer's range of the
+    /// flat gradients as soon as the work writing it is queued on [`CudaModel::stream`]: the
+    /// last layer's first, which the layout puts at the start, so the ranges follow each other
+    /// up the buffer. Work queued on another stream after that stream waits on this one
+    /// (an NCCL all-reduce of a bucket) runs while backward goes on.
+    pub fn forward_backward_with(
+        &mut self,
+        x: ArrayView2<'_, f32>,
+        targets: Targets<'_, f32>,
+        options: &StepOptions,
+        grads_ready: &mut dyn FnMut(Range<usize>),
+    ) -> Result<LossTotals> {
+        let batch = self.take_input(x)?;
+        let rows = batch * self.tape.out_rows;
+        targets.check(rows, self.tape.outputs())?;
+        self.forward(batch, NormPass::Train, options.step)?;
+        let counted = match targets {
+            Targets::Classes(labels) => labels.iter().filter(|&&l| l >= 0).count(),
+            Targets::Values(_) => rows,
+        };
+        let denominator = options.denominator.map(|d| d * self.tape.out_rows);
+        let inv_denominator = 1.0 / denominator.unwrap_or(counted).max(1) as f32;
+        let grad = ptr(&self.work.dacts[self.work.grad_plan.grad_buf[self.tape.nodes.len() - 1]]);
+        self.loss(rows, targets, Some((grad, inv_denominator)))?;
+        self.backward(batch, options, grads_ready)?;
+        self.totals(rows, targets)
+    }
+
+    /// The loss totals of one batch in evaluation (batch norms use their running statistics,
+    /// dropout passes everything): forward and the loss only, nothing written but the
+    /// outputs.
+    pub fn evaluate(
+        &mut self,
+        x: ArrayView2<'_, f32>,
+        targets: Targets<'_, f32>,
+    ) -> Result<LossTotals> {
+        let batch = self.take_input(x)?;
+        let rows = batch * self.tape.out_rows;
+        targets.check(rows, self.tape.outputs())?;
+        self.forward(batch, NormPass::Eval, 0)?;
+        self.loss(rows, targets, None)?;
+        self.totals(rows, targets)
+    }
+
+    /// Checks a batch and queues its copy to the device; returns its samples.
+    fn take_input(&mut self, x: ArrayView2<'_, f32>) -> Result<usize> {
+        let (batch, features) = x.dim();
+        if features != self.tape.input_len || batch == 0 || batch > self.max_batch {
+            return Err(Error::shape(
+                "GPU input",
+                format!("[1..={}, {}]", self.max_batch, self.tape.input_len),
+                format!("[{batch}, {features}]"),
+            ));
+        }
+        let x = x
+            .as_slice()
+            .ok_or_else(|| Error::shape("GPU input", "a contiguous array", "a strided view"))?;
+        self.copy_input(x)?;
+        Ok(batch)
+    }
+
+    /// Queues the copy of a batch to the device. A batch in page-locked memory (a
+    /// [`dp_mem::PinnedBackend`] pool's, as a pipeline that feeds a GPU hands it over) is read
+    /// straight from there; any other goes through the staging buffer a piece at a time, each
+    /// piece's copy to the device running while the host copies the next. `x` must not change
+    /// until the step has waited for the device, which every step does before it returns.
+    fn copy_input(&mut self, x: &[f32]) -> Result<()> {
+        let input = ptr(&self.input);
+        if page_locked(x) {
+            return self.copy_in(input, x);
+        }
+        // The staging buffer is free: the last step waited for its copies.
+        for (i, piece) in x.chunks(STAGING_PIECE).enumerate() {
+            let at = i * STAGING_PIECE;
+            let staged = &mut self.staged.input[at..at + piece.len()];
+            staged.copy_from_slice(piece);
+            // SAFETY: as `copy_in`'s; the piece of the staging buffer is not written again
+            // before the step waits for the stream.
+            unsafe {
+                result::memcpy_htod_async(input + 4 * at as u64, &*staged, self.stream.cu_stream())
+            }
+            .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+        }
+        Ok(())
+    }
+
+    /// Queues the loss over the logits of `rows` rows, and with `grad` its gradient (at that
+    /// device address, divided by the denominator given as its inverse).
+    fn loss(
+        &mut self,
+        rows: usize,
+        targets: Targets<'_, f32>,
+        grad: Option<(u64, f32)>,
+    ) -> Result<()> {
+        let last = self.tape.nodes.len() - 1;
+        let logits = ptr(&self.work.acts[self.work.plan.out_buf[last]]);
+        let (grad, inv_denominator) = grad.unwrap_or((0, 1.0));
+        let (n, cols) = (rows as i64, self.tape.outputs() as i64);
+        let (row_loss, row_counted, row_correct) =
+            (ptr(&self.row_loss), ptr(&self.row_counted), ptr(&self.row_correct));
+        match targets {
+            Targets::Classes(labels) => {
+                self.staged.labels[..rows].copy_from_slice(labels);
+                self.copy_in(ptr(&self.labels), &self.staged.labels[..rows])?;
+                // Evaluation reports the plain cross-entropy.
+                let smoothing = if grad == 0 { 0.0 } else { self.smoothing };
+                let labels = ptr(&self.labels);
+                launch!(self, "dp_softmax_cross_entropy", rows; logits, labels, grad, row_loss, row_counted, row_correct, n, cols, inv_denominator, smoothing);
+            }
+            Targets::Values(values) => {
+                let values = values.as_slice().ok_or_else(|| {
+                    Error::shape("GPU targets", "a contiguous array", "a strided view")
+                })?;
+                self.staged.values[..values.len()].copy_from_slice(values);
+                self.copy_in(ptr(&self.values), &self.staged.values[..values.len()])?;
+                let values = ptr(&self.values);
+                launch!(self, "dp_squared_error", rows; logits, values, grad, row_loss, row_correct, n, cols, inv_denominator);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row's loss, summed here in f64 as the CPU does, after one wait for the step.
+    fn totals(&mut self, rows: usize, targets: Targets<'_, f32>) -> Result<LossTotals> {
+        let staged = &mut self.staged;
+        let (row_loss, row_correct) = (ptr(&self.row_loss), ptr(&self.row_correct));
+        // SAFETY: the per-row buffers hold `rows` values; the staging buffers are read only
+        // after the wait below.
+        unsafe {
+            copy_out_async(&self.stream, &mut staged.loss[..rows], row_loss)?;
+            copy_out_async(&self.stream, &mut staged.correct[..rows], row_correct)?;
+            if let Targets::Classes(_) = targets {
+                copy_out_async(&self.stream, &mut staged.counted[..rows], ptr(&self.row_counted))?;
+            }
+        }
+        self.synchronize()?;
+        let staged = &self.staged;
+        let mut totals = LossTotals::default();
+        for r in 0..rows {
+            let counts = match targets {
+                Targets::Classes(_) => staged.counted[r] != 0,
+                Targets::Values(_) => true,
+            };
+            if counts {
+                totals.loss_sum += f64::from(staged.loss[r]);
+                totals.samples += 1;
+                totals.correct += usize::from(staged.correct[r] != 0);
+            }
+        }
+        Ok(totals)
+    }
+
+    /// The stream every step's work is queued on, for work on other streams to wait on (see
+    /// [`CudaModel::forward_backward_with`]). Only with the `cuda` feature.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The flat gradients in device memory (the layout of [`Model::layout`]).
+    pub fn grads(&self) -> &DeviceBuf<f32> {
+        &self.grads
+    }
+
+    /// Waits for every step queued so far.
+    pub fn wait(&self) -> Result<()> {
+        self.synchronize()
+    }
+
+    /// An error of layer `node`'s work, naming it; with `DP_CUDA_SYNC` set, waits for the
+    /// layer first so an error the device reports late is caught here.
+    fn after_layer<T>(&self, node: usize, done: Result<T>) -> Result<T> {
+        let done = done.and_then(|v| {
+            if self.sync_each_layer { self.synchronize().map(|()| v) } else { Ok(v) }
+        });
+        done.map_err(|error| match error {
+            Error::CudaStep { what } => {
+                let node = &self.tape.nodes[node];
+                Error::CudaStep { what: format!("{} ({}): {what}", node.name, kind(&node.op)) }
+            }
+            other => other,
+        })
+    }
+}
+
+/// What kind of layer `op` is, for messages.
+fn kind(op: &Op) -> &'static str {
+    match op {
+        Op::Linear(_) => "linear",
+        Op::Conv2d(_) => "conv2d",
+        Op::MaxPool2d(_) => "max_pool2d",
+        Op::Transpose(_) => "layout change",
+        Op::Activation(_) => "activation",
+        Op::Dropout(_) => "dropout",
+        Op::BatchNorm(_) => "batch_norm",
+        Op::GlobalAvgPool(_) => "global_avg_pool",
+        Op::Add(_) => "residual sum",
+        Op::LayerNorm(_) => "layer_norm",
+        Op::Attention(_) => "attention",
+        Op::Embedding(_) => "embedding",
+        Op::TiedHead(_) => "tied head",
+        Op::Sparse(_) => "sparse linear",
+    }
+}

@@ -1,0 +1,114 @@
+//! The optimizers' updates and gradient clipping on the GPU, over the flat buffers, as the
+//! CPU's `Sgd`, `Adam` and `clip_grad_norm`.
+
+use std::ops::Range;
+
+use dp_mem::Tag;
+
+use super::buffers::{CLIP_PARTS, DeviceBuf};
+use super::{CudaModel, ptr};
+use crate::error::{Error, Result};
+use crate::optim::{AdamConfig, AdamUpdate, SgdConfig};
+
+impl CudaModel {
+    /// Applies weight decay only to `ranges` of the parameters (sorted, disjoint), as
+    /// [`Optimizer::decay_only`](crate::Optimizer::decay_only) does: the usual exclusion of
+    /// biases and norms ([`crate::ParamLayout::decayed_ranges`]).
+    pub fn decay_only(&mut self, ranges: &[Range<usize>]) -> Result<()> {
+        let sorted = ranges.windows(2).all(|w| w[0].end <= w[1].start);
+        if !sorted || ranges.iter().any(|r| r.start > r.end || r.end > self.params.len()) {
+            return Err(Error::shape(
+                "decayed ranges",
+                format!("sorted, disjoint ranges within {} parameters", self.params.len()),
+                format!("{ranges:?}"),
+            ));
+        }
+        let pairs: Vec<i64> = ranges.iter().flat_map(|r| [r.start as i64, r.end as i64]).collect();
+        let buf = self.pool.alloc::<i64>(pairs.len().max(1), Tag::OptState)?;
+        self.copy_in(ptr(&buf), &pairs)?;
+        self.synchronize()?;
+        self.decayed = Some((buf, ranges.len() as i64));
+        Ok(())
+    }
+
+    /// The decay ranges as the update kernels take them.
+    fn decay_args(&self) -> (u64, i64) {
+        self.decayed.as_ref().map_or((0, -1), |(buf, count)| (ptr(buf), *count))
+    }
+
+    /// One SGD step over all parameters with the gradients on the device, as [`Sgd`]
+    /// (`velocity`: its momentum buffer, from [`CudaModel::state_buffer`]; `None` without
+    /// momentum).
+    ///
+    /// [`Sgd`]: crate::Sgd
+    pub fn sgd_step(
+        &mut self,
+        velocity: Option<&mut DeviceBuf<f32>>,
+        lr: f64,
+        config: &SgdConfig,
+    ) -> Result<()> {
+        let (p, g) = (ptr(&self.params), ptr(&self.grads));
+        let v = velocity.map_or(0, |v| ptr(v));
+        let n = self.params.len() as i64;
+        let (lr, wd, mu, nesterov) = (
+            lr as f32,
+            config.weight_decay as f32,
+            config.momentum as f32,
+            i32::from(config.nesterov),
+        );
+        let (decayed, ranges) = self.decay_args();
+        launch!(self, "dp_sgd_step", n as usize; p, g, v, n, lr, wd, mu, nesterov, decayed, ranges);
+        Ok(())
+    }
+
+    /// One Adam (or AdamW) step, as [`Adam`] with its moments `m` and `v` (from
+    /// [`CudaModel::state_buffer`]) after `steps` steps including this one.
+    ///
+    /// [`Adam`]: crate::Adam
+    pub fn adam_step(
+        &mut self,
+        (m, v): (&mut DeviceBuf<f32>, &mut DeviceBuf<f32>),
+        steps: u64,
+        lr: f64,
+        config: &AdamConfig,
+    ) -> Result<()> {
+        let s = AdamUpdate::new(config, steps, lr);
+        let (p, g, m, v) = (ptr(&self.params), ptr(&self.grads), ptr(m), ptr(v));
+        let n = self.params.len() as i64;
+        let (step_size, sqrt_c2) = (s.step_size as f32, s.sqrt_c2 as f32);
+        let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.eps as f32);
+        let (coupled_wd, shrink) = (s.coupled_wd as f32, s.shrink as f32);
+        let (decayed, ranges) = self.decay_args();
+        launch!(self, "dp_adam_step", n as usize; p, g, m, v, n, step_size, sqrt_c2, b1, b2, eps, coupled_wd, shrink, decayed, ranges);
+        Ok(())
+    }
+
+    /// Queues the scaling of the gradients so their global L2 norm is at most `max_norm`, as
+    /// [`clip_grad_norm`](crate::clip_grad_norm) (a non-finite norm leaves them as they are),
+    /// without waiting for the device: the norm stays there.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<()> {
+        let (g, n) = (ptr(&self.grads), self.grads.len() as i64);
+        let (partials, parts) = (ptr(&self.work.clip), CLIP_PARTS as i64);
+        let norm = partials + 8 * CLIP_PARTS as u64;
+        launch!(self, "dp_square_partials", CLIP_PARTS; g, n, partials, parts);
+        launch!(self, "dp_norm", 1; partials, parts, norm);
+        launch!(self, "dp_clip", n as usize; g, n, norm, max_norm);
+        Ok(())
+    }
+
+    /// A zeroed device buffer as long as the parameters, for optimizer state (tag `OptState`).
+    pub fn state_buffer(&self) -> Result<DeviceBuf<f32>> {
+        let buf = self.pool.alloc::<f32>(self.params.len(), Tag::OptState)?;
+        // SAFETY: a live device buffer of `len * 4` bytes; the stream orders it before use.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                ptr(&buf),
+                0,
+                buf.len() * 4,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| super::launch::driver("cuMemsetD8Async", e))?;
+        Ok(buf)
+    }
+}
