@@ -18,6 +18,11 @@ pub(super) const FAMILIES: [(&str, &[&str], Check); 4] = [
     ("batch norm", batch_norm::KERNELS, batch_norm::check),
 ];
 
+/// The family that checks `kernel`.
+pub(super) fn family(kernel: &str) -> Option<(&'static str, Check)> {
+    FAMILIES.iter().find(|(_, kernels, _)| kernels.contains(&kernel)).map(|&(n, _, c)| (n, c))
+}
+
 #[test]
 fn every_kernel_is_checked_once() {
     let mut covered: Vec<&str> =
