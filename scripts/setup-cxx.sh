@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs a C++ compiler, which the test that runs dp-model's CUDA kernels on the CPU
-# (dp-model/src/cuda/cpu_check.rs) compiles them with. Debian and Ubuntu (apt-get), Fedora
+# (dp-model/src/cuda/cpu_check/) compiles them with. Debian and Ubuntu (apt-get), Fedora
 # (dnf); a no-op when one is there already. Run as root or with sudo available.
 set -euo pipefail
 . "$(dirname "$0")/packages.sh"

@@ -8,7 +8,7 @@ use crate::float::Float;
 /// `x` rounded to the nearest bfloat16 (ties to even), as its bits. Unlike the GEMM's
 /// packing (which matches the hardware instruction), subnormals are kept: a stored value
 /// should lose only mantissa bits. NaN stays NaN (a quiet one).
-fn to_bf16(x: f32) -> u16 {
+pub(crate) fn to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
     if x.is_nan() {
         return ((bits >> 16) | 0x40) as u16;
