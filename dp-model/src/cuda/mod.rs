@@ -10,7 +10,8 @@
 
 #[cfg(test)]
 mod cpu_check;
-#[cfg(feature = "cuda")]
+// The GPU step; without the `cuda` feature its tests run it on the CPU (see its emulator).
+#[cfg(any(feature = "cuda", test))]
 mod device;
 #[cfg(not(feature = "cuda"))]
 mod stub;

@@ -67,3 +67,25 @@ pub fn on_gpu<T>(test: &str, result: dp_model::Result<T>) -> Option<T> {
         Err(other) => panic!("{other}"),
     }
 }
+
+/// `spec` with every ReLU a tanh: a smooth model of the same shape, whose outputs backward
+/// reads as it reads a ReLU's. A ReLU's gradient jumps where its input crosses zero, and two
+/// correct implementations that round a sum differently (a GEMM's order) can put a value near
+/// zero on either side: gradients are compared on the smooth model.
+#[allow(dead_code)]
+pub fn smooth(spec: &dp_model::ModelSpec) -> dp_model::ModelSpec {
+    use dp_model::LayerSpec;
+    fn tanh(layers: &[LayerSpec]) -> Vec<LayerSpec> {
+        layers
+            .iter()
+            .map(|layer| match layer {
+                LayerSpec::Relu => LayerSpec::Tanh,
+                LayerSpec::Residual { layers, shortcut } => {
+                    LayerSpec::Residual { layers: tanh(layers), shortcut: tanh(shortcut) }
+                }
+                other => other.clone(),
+            })
+            .collect()
+    }
+    dp_model::ModelSpec { layers: tanh(&spec.layers), ..spec.clone() }
+}

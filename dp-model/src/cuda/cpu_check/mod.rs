@@ -29,7 +29,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::RngCore;
 
 /// What makes CUDA C compile as C++, and the setter of a thread's place in the grid.
-const SHIM: &str = r#"
+pub(crate) const SHIM: &str = r#"
 #include <math.h>
 #include <string.h>
 static inline unsigned int __float_as_uint(float v) { unsigned int u; memcpy(&u, &v, 4); return u; }

@@ -4,8 +4,8 @@
 
 use std::ops::Range;
 
-use super::blas::Gemm;
-use super::{CudaModel, ptr};
+use super::Gemm;
+use super::{Device, GpuModel, ptr};
 use crate::cuda::activation_kind;
 use crate::error::Result;
 use crate::model::StepOptions;
@@ -16,7 +16,7 @@ use crate::ops::linear::Linear;
 /// adds to what is there.
 pub(super) type InputGrad = Option<(u64, bool)>;
 
-impl CudaModel {
+impl<D: Device> GpuModel<D> {
     /// Queues backward over every node that needs it, calling `grads_ready` with each
     /// layer's parameter range once its gradients are queued.
     pub(super) fn backward(
@@ -148,7 +148,7 @@ impl CudaModel {
         let xa = self.operand(x, rows * l.inputs, halves.map(|h| &h.first))?;
         let dya = self.operand(dy, rows * l.outputs, halves.map(|h| &h.second))?;
         // dW[out, in] = dy^T x: column-major dW' = X' DY'^T.
-        self.blas.gemm(Gemm {
+        self.gemm(Gemm {
             half: self.half(),
             trans: (false, true),
             mnk: (l.inputs, l.outputs, rows),
@@ -158,7 +158,7 @@ impl CudaModel {
             c: (dw, l.inputs),
         })?;
         // db[out] = dy^T 1, in f32 (column-major DY' times ones).
-        self.blas.gemm(Gemm {
+        self.gemm(Gemm {
             half: false,
             trans: (false, false),
             mnk: (l.outputs, 1, rows),
@@ -170,7 +170,7 @@ impl CudaModel {
         let Some((dx, add)) = dx else { return Ok(()) };
         let wa = self.operand(w, l.outputs * l.inputs, halves.map(|h| &h.weights))?;
         // dx[rows, in] = dy W: column-major dX' = W' DY'.
-        self.blas.gemm(Gemm {
+        self.gemm(Gemm {
             half: self.half(),
             trans: (false, false),
             mnk: (l.inputs, rows, l.outputs),

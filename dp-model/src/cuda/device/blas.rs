@@ -1,5 +1,5 @@
-//! The GEMMs, through cuBLAS on the model's stream: in `f32`, or with bf16 operands on the
-//! tensor cores, summed and written in `f32` (as PyTorch's autocast runs them).
+//! The GEMMs on a CUDA device, through cuBLAS on the model's stream: in `f32`, or with bf16
+//! operands on the tensor cores, summed and written in `f32` (as PyTorch's autocast runs them).
 
 use cudarc::cublas::result as cublas;
 use cudarc::cublas::sys::{
@@ -7,6 +7,7 @@ use cudarc::cublas::sys::{
 };
 use cudarc::driver::CudaStream;
 
+use super::gemm::Gemm;
 use crate::error::{Error, Result};
 
 fn blas_error(call: &str, error: cublas::CublasError) -> Error {
@@ -16,19 +17,6 @@ fn blas_error(call: &str, error: cublas::CublasError) -> Error {
 /// A cuBLAS handle bound to one stream.
 pub(super) struct Blas {
     handle: cublasHandle_t,
-}
-
-/// One GEMM `C = op(A) op(B) + beta C` in cuBLAS's column-major terms: `C` is `m x n`, the
-/// inner dimension `k`, each matrix with its leading dimension; `a` and `b` hold bf16 values
-/// with `half`, else `f32`; `c` is `f32`.
-pub(super) struct Gemm {
-    pub(super) half: bool,
-    pub(super) trans: (bool, bool),
-    pub(super) mnk: (usize, usize, usize),
-    pub(super) a: (u64, usize),
-    pub(super) b: (u64, usize),
-    pub(super) beta: f32,
-    pub(super) c: (u64, usize),
 }
 
 impl Blas {

@@ -7,7 +7,7 @@
 //! [`GradientPlan`]): an output is kept for backward only when backward reads it, and the
 //! rest share buffers, so a ResNet keeps four of each block's seven outputs on the device too.
 
-use dp_mem::{CudaBackend, Pool, PoolBuf, Tag};
+use dp_mem::{Backend, Pool, PoolBuf, Tag};
 
 use crate::error::{Error, Result};
 use crate::liveness::{ActivationPlan, GradientPlan};
@@ -17,20 +17,14 @@ use crate::ops::conv::Conv2d;
 use crate::ops::gemm::Precision;
 use crate::tape::Tape;
 
-pub(super) type DeviceBuf<T> = PoolBuf<T, CudaBackend>;
-
-/// Values of unfolded convolution input at most, per chunk of images: 128 MiB of `f32`, so a
-/// chunk's product is large enough to fill the GPU and the scratch stays small beside the
-/// activations of the batch.
-const COLS_VALUES: usize = 1 << 25;
-
 /// Gradients each thread of the clipping norm sums.
 pub(super) const CLIP_PARTS: usize = 4096;
 
-/// Images of `batch` a convolution unfolds at a time.
-pub(super) fn images_per_chunk(conv: &Conv2d, batch: usize) -> usize {
+/// Images of `batch` a convolution unfolds at a time into `chunk_values` values at most (or
+/// one image, if that takes more).
+pub(super) fn images_per_chunk(conv: &Conv2d, batch: usize, chunk_values: usize) -> usize {
     let per_image = conv.patch_len() * conv.out_height * conv.out_width;
-    (COLS_VALUES / per_image.max(1)).clamp(1, batch.max(1))
+    (chunk_values / per_image.max(1)).clamp(1, batch.max(1))
 }
 
 /// Threads per channel that take a batch norm's partial sums over `count` values: about 128
@@ -57,7 +51,7 @@ struct Sizes {
 }
 
 impl Sizes {
-    fn new(tape: &Tape, batch: usize, precision: Precision) -> Self {
+    fn new(tape: &Tape, batch: usize, precision: Precision, chunk_values: usize) -> Self {
         let plan = ActivationPlan::new(tape, &[], batch, SavedPrecision::F32);
         let grads = GradientPlan::new(tape);
         let grad_len = tape.ping_len(batch);
@@ -71,7 +65,7 @@ impl Sizes {
         for node in &tape.nodes {
             match &node.op {
                 Op::Conv2d(c) => {
-                    let images = images_per_chunk(c, batch);
+                    let images = images_per_chunk(c, batch, chunk_values);
                     cols = cols.max(c.patch_len() * images * c.out_height * c.out_width);
                     ones = ones.max(batch * c.out_height * c.out_width);
                     half_weights = half_weights.max(c.out_channels * c.patch_len());
@@ -150,48 +144,50 @@ fn fits(fixed: u64, bytes: [u64; 3], (free, whose): Room, batch: usize) -> Resul
 
 /// Values rounded to bf16 for the tensor cores: a weight, and the two activations (or
 /// gradients) a product reads.
-pub(super) struct Halves {
-    pub(super) cols: DeviceBuf<u16>,
-    pub(super) weights: DeviceBuf<u16>,
-    pub(super) first: DeviceBuf<u16>,
-    pub(super) second: DeviceBuf<u16>,
+pub(super) struct Halves<B: Backend> {
+    pub(super) cols: PoolBuf<u16, B>,
+    pub(super) weights: PoolBuf<u16, B>,
+    pub(super) first: PoolBuf<u16, B>,
+    pub(super) second: PoolBuf<u16, B>,
 }
 
 /// The working buffers of a GPU step.
-pub(super) struct Buffers {
+pub(super) struct Buffers<B: Backend> {
     pub(super) plan: ActivationPlan,
     pub(super) grad_plan: GradientPlan,
     /// Per buffer of the plan.
-    pub(super) acts: Vec<DeviceBuf<f32>>,
+    pub(super) acts: Vec<PoolBuf<f32, B>>,
     /// Per gradient buffer of the plan.
-    pub(super) dacts: Vec<DeviceBuf<f32>>,
+    pub(super) dacts: Vec<PoolBuf<f32, B>>,
     /// An input gradient computed here first when its op cannot add it to another's.
-    pub(super) spill: Option<DeviceBuf<f32>>,
+    pub(super) spill: Option<PoolBuf<f32, B>>,
     /// A chunk of unfolded convolution input (or, with bf16, of its gradient).
-    pub(super) cols: DeviceBuf<f32>,
+    pub(super) cols: PoolBuf<f32, B>,
     /// Ones, as long as the longest sum a bias gradient takes (`dy^T 1`).
-    pub(super) ones: DeviceBuf<f32>,
-    pub(super) norm_partials: DeviceBuf<f32>,
-    pub(super) norm_sums: DeviceBuf<f64>,
-    pub(super) norm_consts: DeviceBuf<f32>,
+    pub(super) ones: PoolBuf<f32, B>,
+    pub(super) norm_partials: PoolBuf<f32, B>,
+    pub(super) norm_sums: PoolBuf<f64, B>,
+    pub(super) norm_consts: PoolBuf<f32, B>,
     /// The clipping norm's partial sums, then the norm.
-    pub(super) clip: DeviceBuf<f64>,
-    pub(super) halves: Option<Halves>,
+    pub(super) clip: PoolBuf<f64, B>,
+    pub(super) halves: Option<Halves<B>>,
     /// Bytes of saved activations, activation gradients and scratch.
     pub(super) bytes: [u64; 3],
+    /// Values of unfolded convolution input the device takes at a time.
+    pub(super) chunk_values: usize,
 }
 
-impl Buffers {
+impl<B: Backend> Buffers<B> {
     /// The buffers of `tape` at `batch` samples, after checking that they and `fixed` bytes
-    /// (parameters, gradients, optimizer state to come) fit in `room`.
+    /// (parameters, gradients, optimizer state to come) fit in `room`; convolutions unfold
+    /// `chunk_values` values of input at a time.
     pub(super) fn new(
-        tape: &Tape,
-        batch: usize,
-        precision: Precision,
-        pool: &Pool<CudaBackend>,
+        (tape, batch, precision): (&Tape, usize, Precision),
+        pool: &Pool<B>,
         (fixed, room): (u64, Room),
+        chunk_values: usize,
     ) -> Result<Self> {
-        let sizes = Sizes::new(tape, batch, precision);
+        let sizes = Sizes::new(tape, batch, precision, chunk_values);
         let bytes = sizes.bytes(precision);
         fits(fixed, bytes, room, batch)?;
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
@@ -220,6 +216,7 @@ impl Buffers {
             plan: sizes.plan,
             grad_plan: sizes.grads,
             bytes,
+            chunk_values,
         })
     }
 }
@@ -240,15 +237,16 @@ mod tests {
         let pool = Pool::new(&Tracker::new());
         let cpu = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 1)).expect("a model");
         let tape = cpu.tape();
-        let f32s = Sizes::new(tape, 64, Precision::F32).bytes(Precision::F32);
-        let bf16s = Sizes::new(tape, 64, Precision::Bf16).bytes(Precision::Bf16);
+        let chunk = 1 << 25;
+        let f32s = Sizes::new(tape, 64, Precision::F32, chunk).bytes(Precision::F32);
+        let bf16s = Sizes::new(tape, 64, Precision::Bf16, chunk).bytes(Precision::Bf16);
         assert_eq!(f32s[0], cpu.memory().saved_activations);
         assert_eq!((bf16s[0], bf16s[1]), (f32s[0], f32s[1]));
         assert!(bf16s[2] > f32s[2]);
-        // Each convolution unfolds its whole batch of 64 small images at once.
+        // With CUDA's chunk, each convolution unfolds its whole batch of 64 small images at once.
         for node in &tape.nodes {
             if let Op::Conv2d(c) = &node.op {
-                assert_eq!(images_per_chunk(c, 64), 64);
+                assert_eq!(images_per_chunk(c, 64, chunk), 64);
             }
         }
     }
@@ -257,7 +255,7 @@ mod tests {
     fn a_model_that_does_not_fit_is_refused_with_the_figures() {
         let spec = ModelSpec::resnet18([3, 224, 224], 1000);
         let tape = Tape::build(&spec, 256).expect("a tape");
-        let bytes = Sizes::new(&tape, 256, Precision::F32).bytes(Precision::F32);
+        let bytes = Sizes::new(&tape, 256, Precision::F32, 1 << 25).bytes(Precision::F32);
         // ResNet-18's activations at batch 256 and 224x224 take several GiB.
         assert!(bytes[0] > 4 << 30, "{bytes:?}");
         let room = (1 << 30, "free on the GPU");
@@ -271,7 +269,7 @@ mod tests {
             Op::Conv2d(c) => Some(c),
             _ => None,
         });
-        let per = images_per_chunk(conv.expect("a stem"), 256);
+        let per = images_per_chunk(conv.expect("a stem"), 256, 1 << 25);
         assert!((1..256).contains(&per), "{per}");
         assert!(norm_parts(256 * 112 * 112) == 4096 && norm_parts(1) == 1);
     }

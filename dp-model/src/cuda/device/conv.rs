@@ -6,10 +6,10 @@
 //! the output, two for the gradients (the weights', summed over chunks, and the unfolded
 //! input's, folded back with `dp_col2im`). With bf16 the chunk is unfolded straight into bf16.
 
+use super::Gemm;
 use super::backward::InputGrad;
-use super::blas::Gemm;
 use super::buffers::images_per_chunk;
-use super::{CudaModel, ptr};
+use super::{Device, GpuModel, ptr};
 use crate::error::Result;
 use crate::ops::conv::Conv2d;
 
@@ -43,7 +43,7 @@ impl Shape {
     }
 }
 
-impl CudaModel {
+impl<D: Device> GpuModel<D> {
     /// Bytes per value the products read (bf16's 2, else 4).
     fn operand_bytes(&self) -> u64 {
         if self.half() { 2 } else { 4 }
@@ -76,14 +76,14 @@ impl CudaModel {
         let w = ptr(&self.params) + 4 * c.offset as u64;
         let halves = self.work.halves.as_ref();
         let wa = self.operand(w, c.out_channels * patch, halves.map(|h| &h.weights))?;
-        let per = images_per_chunk(c, batch);
+        let per = images_per_chunk(c, batch, self.work.chunk_values);
         for first in (0..batch).step_by(per) {
             let images = per.min(batch - first);
             let cols = self.unfold(c, batch, x, first, images)?;
             let columns = images * plane;
             // Row-major Y[:, chunk] = W cols is column-major Y' = cols' W', with Y's rows
             // `all` apart.
-            self.blas.gemm(Gemm {
+            self.gemm(Gemm {
                 half: self.half(),
                 trans: (false, false),
                 mnk: (columns, c.out_channels, patch),
@@ -122,7 +122,7 @@ impl CudaModel {
         if c.bias {
             // db[OC] = dy 1 over every column, in f32.
             let db = dw + 4 * (c.out_channels * patch) as u64;
-            self.blas.gemm(Gemm {
+            self.gemm(Gemm {
                 half: false,
                 trans: (true, false),
                 mnk: (c.out_channels, 1, all),
@@ -132,7 +132,7 @@ impl CudaModel {
                 c: (db, c.out_channels),
             })?;
         }
-        let per = images_per_chunk(c, batch);
+        let per = images_per_chunk(c, batch, self.work.chunk_values);
         let shape = Shape::of(c, batch);
         for (chunk, first) in (0..batch).step_by(per).enumerate() {
             let images = per.min(batch - first);
@@ -140,7 +140,7 @@ impl CudaModel {
             let columns = images * plane;
             let dy_chunk = dya + self.operand_bytes() * (first * plane) as u64;
             // dW [OC, patch] (+)= dy[:, chunk] cols^T: column-major dW' = cols'^T dY'.
-            self.blas.gemm(Gemm {
+            self.gemm(Gemm {
                 half: self.half(),
                 trans: (true, false),
                 mnk: (patch, c.out_channels, columns),
@@ -152,7 +152,7 @@ impl CudaModel {
             let Some((dx, add)) = dx else { continue };
             // dcols [patch, chunk] = W^T dy[:, chunk]: column-major dcols' = dY' W'^T.
             let dcols = ptr(&self.work.cols);
-            self.blas.gemm(Gemm {
+            self.gemm(Gemm {
                 half: self.half(),
                 trans: (false, true),
                 mnk: (columns, patch, c.out_channels),

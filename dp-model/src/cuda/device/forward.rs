@@ -1,15 +1,15 @@
 //! Forward on the GPU, node by node, each reading its sources' buffers and writing its own
 //! (where the activation plan put them), as the CPU's `model/forward.rs` does.
 
-use super::blas::Gemm;
-use super::{CudaModel, ptr};
+use super::Gemm;
+use super::{Device, GpuModel, ptr};
 use crate::cuda::activation_kind;
 use crate::error::Result;
 use crate::ops::Op;
 use crate::ops::batch_norm::NormPass;
 use crate::ops::linear::Linear;
 
-impl CudaModel {
+impl<D: Device> GpuModel<D> {
     /// The device address of node `j`'s output.
     pub(super) fn output_of(&self, j: usize) -> u64 {
         ptr(&self.work.acts[self.work.plan.out_buf[j]])
@@ -91,7 +91,7 @@ impl CudaModel {
         let xa = self.operand(x, rows * l.inputs, halves.map(|h| &h.first))?;
         let y = self.output_of(i);
         // Row-major y[rows, out] = x[rows, in] W^T is column-major Y' = W'^T X'.
-        self.blas.gemm(Gemm {
+        self.gemm(Gemm {
             half: self.half(),
             trans: (true, false),
             mnk: (l.outputs, rows, l.inputs),

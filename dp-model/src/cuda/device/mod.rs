@@ -1,36 +1,51 @@
 //! A model's training step on one GPU: the same tape as the CPU's, its flat parameter and
-//! gradient buffers in device memory from a dp-mem pool, GEMMs through cuBLAS (in bf16 on the
-//! tensor cores with `Precision::Bf16`) and the rest through the kernels of the CUDA source,
-//! all queued on one stream. Activations live where the CPU's plan puts them
-//! (`buffers.rs`); convolutions are unfolded a chunk of images at a time (`conv.rs`); batch
-//! norm keeps the CPU's statistics and running buffers (`norm.rs`).
+//! gradient buffers in device memory from a dp-mem pool, GEMMs (in bf16 on the tensor cores
+//! with `Precision::Bf16`) and the kernels of the CUDA source, all queued on one stream.
+//! Activations live where the CPU's plan puts them (`buffers.rs`); convolutions are unfolded a
+//! chunk of images at a time (`conv.rs`); batch norm keeps the CPU's statistics and running
+//! buffers (`norm.rs`).
+//!
+//! The step is written once over a [`Device`]: CUDA (`cuda.rs`), or in tests the CPU running
+//! the same kernels compiled as C++ and a plain GEMM (`emulator.rs`), which runs every line of
+//! the step, its buffer plans, offsets and leading dimensions included, on machines without a
+//! GPU.
+
+// Without the `cuda` feature only the tests build this (on the emulator), and reach none of
+// what CUDA builds export.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, unreachable_pub))]
 
 #[macro_use]
 mod launch;
 mod backward;
+#[cfg(feature = "cuda")]
 mod blas;
 mod buffers;
 mod conv;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(test)]
+mod emulator;
 mod forward;
+mod gemm;
 mod norm;
 mod optim;
+#[cfg(feature = "cuda")]
 mod runtime;
 mod staging;
 
+use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, result};
-use cudarc::nvrtc::Ptx;
-use dp_mem::{CudaBackend, Pool, PoolConfig, Tag, Tracker};
+#[cfg(feature = "cuda")]
+pub use cuda::CudaModel;
+use dp_mem::{Backend, HostMemory, Pool, PoolBuf, PoolConfig, Tag, Tracker};
+use gemm::Gemm;
 use ndarray::ArrayView2;
+#[cfg(feature = "cuda")]
 pub use runtime::CudaRuntime;
 
-use self::blas::Blas;
-use self::buffers::{Buffers, DeviceBuf};
-use self::launch::{Kernels, driver};
-use self::staging::{STAGING_PIECE, Staged, copy_out_async, mem_error, page_locked};
-use super::cuda_kernels_ptx;
+use self::buffers::Buffers;
+use self::staging::{STAGING_PIECE, Staged};
 use crate::error::{Error, Result};
 use crate::model::{Model, ModelMemory, StepOptions};
 use crate::ops::Op;
@@ -40,8 +55,66 @@ use crate::ops::gemm::Precision;
 use crate::ops::loss::{LossTotals, Targets};
 use crate::tape::Tape;
 
+/// What a GPU step needs of the device it runs on. Work is queued in order and runs in that
+/// order; `synchronize` waits for all of it. Addresses are the device's, as `u64`.
+pub trait Device {
+    /// The device's memory.
+    type Memory: Backend;
+    /// Host memory batches and losses go to and from the device through.
+    type Staging: HostMemory;
+    /// Values of unfolded convolution input taken at a time.
+    const CHUNK_VALUES: usize;
+
+    /// Queues kernel `name` (one of `CUDA_KERNELS`) over `n` elements; `params` points at each
+    /// argument, as `cuLaunchKernel` takes them.
+    ///
+    /// # Safety
+    ///
+    /// `params` match the kernel's parameters one for one, and every address among them is
+    /// live device memory of the sizes the kernel reads and writes.
+    unsafe fn launch(&self, name: &'static str, n: usize, params: &mut [*mut c_void])
+    -> Result<()>;
+
+    /// Queues a GEMM.
+    ///
+    /// # Safety
+    ///
+    /// Its addresses are live device memory holding the matrices it describes.
+    unsafe fn gemm(&self, gemm: Gemm) -> Result<()>;
+
+    /// Queues a copy of `bytes` bytes from host memory at `src` to device memory at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// Both hold `bytes` bytes; `src` does not change until the device is synchronized.
+    unsafe fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()>;
+
+    /// Queues a copy of `bytes` bytes from device memory at `src` to host memory at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// Both hold `bytes` bytes; `dst` is not used until the device is synchronized.
+    unsafe fn copy_out(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
+
+    /// Queues the zeroing of `bytes` bytes of device memory at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` holds `bytes` bytes.
+    unsafe fn zero(&self, dst: u64, bytes: usize) -> Result<()>;
+
+    /// Waits for everything queued.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Whether `values` lie in host memory the device reads without staging.
+    fn reads_directly<T>(&self, values: &[T]) -> bool;
+}
+
+/// A device buffer of `D`.
+pub(crate) type DeviceBuf<T, D> = PoolBuf<T, <D as Device>::Memory>;
+
 /// The device address of a buffer, as the kernels take it.
-fn ptr<T: bytemuck::Pod>(buf: &DeviceBuf<T>) -> u64 {
+fn ptr<T: bytemuck::Pod, B: Backend>(buf: &PoolBuf<T, B>) -> u64 {
     buf.as_ptr() as usize as u64
 }
 
@@ -62,11 +135,24 @@ fn on_gpu_path(op: &Op) -> bool {
     )
 }
 
-/// A model whose training step runs on one GPU, with the parameters (and batch norms' running
-/// statistics) of a CPU [`Model`] of the same spec, and back: checkpoints stay the CPU's.
-/// Dense and image models: linear layers, convolutions, pooling, batch norm, residual sums,
-/// activations and dropout; a spec with other layers is refused, naming the layer.
-pub struct CudaModel {
+/// Refuses a model with a layer the GPU path lacks, naming it.
+fn check_spec(model: &Model<f32>) -> Result<()> {
+    match model.tape().nodes.iter().find(|n| !on_gpu_path(&n.op)) {
+        Some(node) => Err(Error::spec(
+            format!("layers[{}]", node.layer),
+            "runs on the CPU only so far (the GPU path has linear, convolution, pooling, batch \
+             norm and residual layers, activations and dropout)",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A model whose training step runs on one GPU ([`CudaModel`] on CUDA), with the parameters
+/// (and batch norms' running statistics) of a CPU [`Model`] of the same spec, and back:
+/// checkpoints stay the CPU's. Dense and image models: linear layers, convolutions, pooling,
+/// batch norm, residual sums, activations and dropout; a spec with other layers is refused,
+/// naming the layer.
+pub struct GpuModel<D: Device> {
     tape: Tape,
     max_batch: usize,
     precision: Precision,
@@ -75,31 +161,30 @@ pub struct CudaModel {
     /// Wait for the device after every layer, so an error the device reports late names the
     /// layer that caused it (`DP_CUDA_SYNC=1`, as `CUDA_LAUNCH_BLOCKING` does for PyTorch).
     sync_each_layer: bool,
-    stream: Arc<CudaStream>,
-    blas: Blas,
-    kernels: Kernels,
-    pool: Pool<CudaBackend>,
-    params: DeviceBuf<f32>,
-    grads: DeviceBuf<f32>,
+    pool: Pool<D::Memory>,
+    params: DeviceBuf<f32, D>,
+    grads: DeviceBuf<f32, D>,
     /// The batch norms' running statistics, in the CPU's layout.
-    norm_buffers: DeviceBuf<f32>,
+    norm_buffers: DeviceBuf<f32, D>,
     /// The batch statistics forward saves for backward.
-    norm_stats: DeviceBuf<f32>,
+    norm_stats: DeviceBuf<f32, D>,
     /// Weight decay's ranges as [start, end) pairs (`None`: every parameter decays).
-    decayed: Option<(DeviceBuf<i64>, i64)>,
-    input: DeviceBuf<f32>,
-    labels: DeviceBuf<i64>,
-    values: DeviceBuf<f32>,
-    row_loss: DeviceBuf<f32>,
-    row_counted: DeviceBuf<i32>,
-    row_correct: DeviceBuf<i32>,
-    work: Buffers,
-    staged: Staged,
+    decayed: Option<(DeviceBuf<i64, D>, i64)>,
+    input: DeviceBuf<f32, D>,
+    labels: DeviceBuf<i64, D>,
+    values: DeviceBuf<f32, D>,
+    row_loss: DeviceBuf<f32, D>,
+    row_counted: DeviceBuf<i32, D>,
+    row_correct: DeviceBuf<i32, D>,
+    work: Buffers<D::Memory>,
+    staged: Staged<D::Staging>,
+    /// Dropped after every buffer above (fields drop in order).
+    device: D,
 }
 
-impl std::fmt::Debug for CudaModel {
+impl<D: Device> std::fmt::Debug for GpuModel<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaModel")
+        f.debug_struct("GpuModel")
             .field("params", &self.params.len())
             .field("max_batch", &self.max_batch)
             .field("precision", &self.precision)
@@ -107,57 +192,36 @@ impl std::fmt::Debug for CudaModel {
     }
 }
 
-impl Drop for CudaModel {
+impl<D: Device> Drop for GpuModel<D> {
     fn drop(&mut self) {
         // Nothing queued may outlive the buffers; a failed wait leaves nothing else to do.
-        let _ = self.stream.synchronize();
+        let _ = self.device.synchronize();
     }
 }
 
-impl CudaModel {
-    /// `model` on GPU `device`: its spec, batch size, precision, label smoothing, dropout
-    /// stream, current parameters and running statistics; device memory accounted under
-    /// `tracker` by tag, and the page-locked host buffers that batches go through under
-    /// `host_tracker`. Fails before taking any device memory when the model and its largest
-    /// batch do not fit the device's free memory, or what `tracker`'s budget leaves.
-    pub fn from_model(
-        model: &Model<f32>,
-        device: usize,
-        tracker: &Tracker,
-        host_tracker: &Tracker,
-    ) -> Result<Self> {
-        let precision = model.options().precision;
-        Self::with_precision(model, device, (tracker, host_tracker), precision)
-    }
+/// What a [`GpuModel`] is made of besides the CPU model: the device, its memory (and how much
+/// of it is free), host staging memory, the trackers of both, and the products' precision.
+pub struct Parts<'a, D: Device> {
+    pub device: D,
+    pub memory: D::Memory,
+    pub free: u64,
+    pub staging: D::Staging,
+    pub trackers: (&'a Tracker, &'a Tracker),
+    pub precision: Precision,
+}
 
-    /// [`CudaModel::from_model`] with the GEMMs and convolutions in `precision`, whatever the
-    /// CPU model's (a CPU without bf16 products still keeps the parameters of a GPU run that
-    /// has them). The trackers are the device's and the page-locked host memory's.
-    pub fn with_precision(
-        model: &Model<f32>,
-        device: usize,
-        (tracker, host_tracker): (&Tracker, &Tracker),
-        precision: Precision,
-    ) -> Result<Self> {
+impl<D: Device> GpuModel<D> {
+    /// `model` on `parts.device`: its spec, batch size, label smoothing, dropout stream,
+    /// current parameters and running statistics; device memory accounted under the first
+    /// tracker by tag, the host staging buffers under the second. Fails before taking any
+    /// device memory when the model and its largest batch do not fit the device's free memory,
+    /// or what the device tracker's budget leaves.
+    pub fn build(model: &Model<f32>, parts: Parts<'_, D>) -> Result<Self> {
+        let Parts { device, memory, free, staging, trackers: (tracker, host_tracker), precision } =
+            parts;
+        check_spec(model)?;
         let tape = model.tape().clone();
-        if let Some(node) = tape.nodes.iter().find(|n| !on_gpu_path(&n.op)) {
-            return Err(Error::spec(
-                format!("layers[{}]", node.layer),
-                "runs on the CPU only so far (the GPU path has linear, convolution, pooling, \
-                 batch norm and residual layers, activations and dropout)",
-            ));
-        }
-        let ptx = cuda_kernels_ptx()?;
-        let backend = CudaBackend::new(device).map_err(mem_error)?;
-        let free = backend.memory_info().map_err(mem_error)?.0;
-        let context = Arc::clone(backend.context());
-        let stream = context.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
-        let module = context
-            .load_module(Ptx::from_src(ptx.to_string()))
-            .map_err(|e| driver("cuModuleLoadData", e))?;
-        let kernels = Kernels::load(&module)?;
-        let blas = Blas::new(&stream)?;
-        let pool = Pool::with_backend(tracker, backend, PoolConfig::default());
+        let pool = Pool::with_backend(tracker, memory, PoolConfig::default());
         let options = model.options();
         let (batch, outputs) = (options.max_batch, model.outputs());
         let rows = batch * tape.out_rows;
@@ -169,7 +233,8 @@ impl CudaModel {
             Some(left) if left < free => (left, "left in the device memory budget"),
             _ => (free, "free on the GPU"),
         };
-        let work = Buffers::new(&tape, batch, precision, &pool, (fixed as u64, room))?;
+        let shape = (&tape, batch, precision);
+        let work = Buffers::new(shape, &pool, (fixed as u64, room), D::CHUNK_VALUES)?;
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
         let mut this = Self {
             max_batch: batch,
@@ -188,13 +253,11 @@ impl CudaModel {
             row_loss: f32s(rows, Tag::Temp)?,
             row_counted: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
             row_correct: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
-            staged: Staged::new(device, host_tracker, rows, (tape.input_len, outputs))?,
+            staged: Staged::new(staging, host_tracker, rows, (tape.input_len, outputs))?,
             work,
             tape,
-            stream,
-            blas,
-            kernels,
             pool,
+            device,
         };
         let (ones, n, one) = (ptr(&this.work.ones), this.work.ones.len() as i64, 1.0f32);
         launch!(this, "dp_fill", n as usize; ones, n, one);
@@ -231,7 +294,7 @@ impl CudaModel {
     }
 
     /// Copies `src` into the device buffer `dst` (optimizer state restored from a checkpoint).
-    pub fn upload_buffer(&self, dst: &mut DeviceBuf<f32>, src: &[f32]) -> Result<()> {
+    pub fn upload_buffer(&self, dst: &mut DeviceBuf<f32, D>, src: &[f32]) -> Result<()> {
         if dst.len() != src.len() {
             return Err(Error::shape("device buffer", dst.len(), src.len()));
         }
@@ -240,7 +303,7 @@ impl CudaModel {
     }
 
     /// Copies the device buffer `src` into `dst` (optimizer state for a checkpoint).
-    pub fn download_buffer(&self, src: &DeviceBuf<f32>, dst: &mut [f32]) -> Result<()> {
+    pub fn download_buffer(&self, src: &DeviceBuf<f32, D>, dst: &mut [f32]) -> Result<()> {
         if dst.len() != src.len() {
             return Err(Error::shape("device buffer", src.len(), dst.len()));
         }
@@ -261,7 +324,7 @@ impl CudaModel {
     }
 
     /// The device pool, for its statistics and `empty_cache`.
-    pub fn pool(&self) -> &Pool<CudaBackend> {
+    pub fn pool(&self) -> &Pool<D::Memory> {
         &self.pool
     }
 
@@ -277,25 +340,29 @@ impl CudaModel {
         Ok(())
     }
 
-    fn copy_in<T>(&self, dst: u64, src: &[T]) -> Result<()> {
-        // SAFETY: `dst` is a device buffer at least `src`'s size; the stream is synchronized
-        // before `src` can change (every caller waits for the stream before returning).
-        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
-            .map_err(|e| driver("cuMemcpyHtoDAsync", e))
+    /// Queues the copy of `src` to the device buffer at `dst`, which holds as much. `src` must
+    /// not change until the device is synchronized (every caller waits before returning).
+    fn copy_in<T: bytemuck::Pod>(&self, dst: u64, src: &[T]) -> Result<()> {
+        // SAFETY: as said above.
+        unsafe { self.device.copy_in(dst, src.as_ptr().cast(), size_of_val(src)) }
     }
 
-    fn copy_out<T>(&self, dst: &mut [T], src: u64) -> Result<()> {
-        // SAFETY: `src` is a device buffer at least `dst`'s size; the stream is synchronized
-        // before returning.
-        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
-            .map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+    /// Copies the device buffer at `src` into `dst`, waiting for it.
+    fn copy_out<T: bytemuck::Pod>(&self, dst: &mut [T], src: u64) -> Result<()> {
+        // SAFETY: `src` holds `dst`'s size (every caller checks); the wait comes before `dst`
+        // is used.
+        unsafe { self.device.copy_out(dst.as_mut_ptr().cast(), src, size_of_val(dst))? };
         self.synchronize()
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| Error::CudaStep {
-            what: launch::driver_text("cuStreamSynchronize (an earlier kernel or copy)", e),
-        })
+        self.device.synchronize()
+    }
+
+    /// Queues a GEMM of the step.
+    fn gemm(&self, gemm: Gemm) -> Result<()> {
+        // SAFETY: every GEMM of the step names live buffers of the shapes the tape checked.
+        unsafe { self.device.gemm(gemm) }
     }
 
     /// Whether the GEMMs read bf16 operands.
@@ -305,7 +372,7 @@ impl CudaModel {
 
     /// `len` values at `src` as the GEMMs read them: `src` itself in `f32`, else rounded to
     /// bf16 into `dst`.
-    fn operand(&self, src: u64, len: usize, dst: Option<&DeviceBuf<u16>>) -> Result<u64> {
+    fn operand(&self, src: u64, len: usize, dst: Option<&DeviceBuf<u16, D>>) -> Result<u64> {
         let Some(dst) = dst.filter(|_| self.precision == Precision::Bf16) else { return Ok(src) };
         let (y, n) = (ptr(dst), len as i64);
         launch!(self, "dp_to_bf16", len; src, y, n);
@@ -324,8 +391,9 @@ impl CudaModel {
         self.forward_backward_with(x, targets, options, &mut |_| {})
     }
 
-    /// [`CudaModel::forward_backward`], calling `grads_ready` with each layer's range of the
-    /// flat gradients as soon as the work writing it is queued on [`CudaModel::stream`]: the
+    /// [`GpuModel::forward_backward`], calling `grads_ready` with each layer's range of the
+    /// flat gradients as soon as the work writing it is queued (on CUDA, on
+    /// [`CudaModel::stream`]): the
     /// last layer's first, which the layout puts at the start, so the ranges follow each other
     /// up the buffer. Work queued on another stream after that stream waits on this one
     /// (an NCCL all-reduce of a bucket) runs while backward goes on.
@@ -392,7 +460,7 @@ impl CudaModel {
     /// until the step has waited for the device, which every step does before it returns.
     fn copy_input(&mut self, x: &[f32]) -> Result<()> {
         let input = ptr(&self.input);
-        if page_locked(x) {
+        if self.device.reads_directly(x) {
             return self.copy_in(input, x);
         }
         // The staging buffer is free: the last step waited for its copies.
@@ -400,12 +468,15 @@ impl CudaModel {
             let at = i * STAGING_PIECE;
             let staged = &mut self.staged.input[at..at + piece.len()];
             staged.copy_from_slice(piece);
-            // SAFETY: as `copy_in`'s; the piece of the staging buffer is not written again
-            // before the step waits for the stream.
+            // SAFETY: the piece of the staging buffer is not written again before the step
+            // waits for the device.
             unsafe {
-                result::memcpy_htod_async(input + 4 * at as u64, &*staged, self.stream.cu_stream())
-            }
-            .map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+                self.device.copy_in(
+                    input + 4 * at as u64,
+                    staged.as_ptr().cast(),
+                    4 * staged.len(),
+                )?
+            };
         }
         Ok(())
     }
@@ -449,14 +520,16 @@ impl CudaModel {
     /// Every row's loss, summed here in f64 as the CPU does, after one wait for the step.
     fn totals(&mut self, rows: usize, targets: Targets<'_, f32>) -> Result<LossTotals> {
         let staged = &mut self.staged;
-        let (row_loss, row_correct) = (ptr(&self.row_loss), ptr(&self.row_correct));
+        let (loss, correct) = (&mut staged.loss[..rows], &mut staged.correct[..rows]);
+        let counted = &mut staged.counted[..rows];
         // SAFETY: the per-row buffers hold `rows` values; the staging buffers are read only
         // after the wait below.
         unsafe {
-            copy_out_async(&self.stream, &mut staged.loss[..rows], row_loss)?;
-            copy_out_async(&self.stream, &mut staged.correct[..rows], row_correct)?;
+            self.device.copy_out(loss.as_mut_ptr().cast(), ptr(&self.row_loss), 4 * rows)?;
+            self.device.copy_out(correct.as_mut_ptr().cast(), ptr(&self.row_correct), 4 * rows)?;
             if let Targets::Classes(_) = targets {
-                copy_out_async(&self.stream, &mut staged.counted[..rows], ptr(&self.row_counted))?;
+                let from = ptr(&self.row_counted);
+                self.device.copy_out(counted.as_mut_ptr().cast(), from, 4 * rows)?;
             }
         }
         self.synchronize()?;
@@ -476,14 +549,8 @@ impl CudaModel {
         Ok(totals)
     }
 
-    /// The stream every step's work is queued on, for work on other streams to wait on (see
-    /// [`CudaModel::forward_backward_with`]). Only with the `cuda` feature.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
     /// The flat gradients in device memory (the layout of [`Model::layout`]).
-    pub fn grads(&self) -> &DeviceBuf<f32> {
+    pub fn grads(&self) -> &DeviceBuf<f32, D> {
         &self.grads
     }
 

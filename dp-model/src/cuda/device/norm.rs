@@ -6,7 +6,7 @@
 
 use super::backward::InputGrad;
 use super::buffers::norm_parts;
-use super::{CudaModel, ptr};
+use super::{Device, GpuModel, ptr};
 use crate::error::Result;
 use crate::ops::batch_norm::{BatchNorm, NormPass};
 
@@ -30,7 +30,7 @@ struct Places {
     consts: u64,
 }
 
-impl CudaModel {
+impl<D: Device> GpuModel<D> {
     fn places(&self, b: &BatchNorm, batch: usize) -> Places {
         let count = batch * b.plane;
         let (channels, c) = (b.channels as i64, 4 * b.channels as u64);

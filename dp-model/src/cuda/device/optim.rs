@@ -5,12 +5,12 @@ use std::ops::Range;
 
 use dp_mem::Tag;
 
-use super::buffers::{CLIP_PARTS, DeviceBuf};
-use super::{CudaModel, ptr};
+use super::buffers::CLIP_PARTS;
+use super::{Device, DeviceBuf, GpuModel, ptr};
 use crate::error::{Error, Result};
 use crate::optim::{AdamConfig, AdamUpdate, SgdConfig};
 
-impl CudaModel {
+impl<D: Device> GpuModel<D> {
     /// Applies weight decay only to `ranges` of the parameters (sorted, disjoint), as
     /// [`Optimizer::decay_only`](crate::Optimizer::decay_only) does: the usual exclusion of
     /// biases and norms ([`crate::ParamLayout::decayed_ranges`]).
@@ -43,7 +43,7 @@ impl CudaModel {
     /// [`Sgd`]: crate::Sgd
     pub fn sgd_step(
         &mut self,
-        velocity: Option<&mut DeviceBuf<f32>>,
+        velocity: Option<&mut DeviceBuf<f32, D>>,
         lr: f64,
         config: &SgdConfig,
     ) -> Result<()> {
@@ -67,7 +67,7 @@ impl CudaModel {
     /// [`Adam`]: crate::Adam
     pub fn adam_step(
         &mut self,
-        (m, v): (&mut DeviceBuf<f32>, &mut DeviceBuf<f32>),
+        (m, v): (&mut DeviceBuf<f32, D>, &mut DeviceBuf<f32, D>),
         steps: u64,
         lr: f64,
         config: &AdamConfig,
@@ -97,18 +97,10 @@ impl CudaModel {
     }
 
     /// A zeroed device buffer as long as the parameters, for optimizer state (tag `OptState`).
-    pub fn state_buffer(&self) -> Result<DeviceBuf<f32>> {
+    pub fn state_buffer(&self) -> Result<DeviceBuf<f32, D>> {
         let buf = self.pool.alloc::<f32>(self.params.len(), Tag::OptState)?;
-        // SAFETY: a live device buffer of `len * 4` bytes; the stream orders it before use.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(
-                ptr(&buf),
-                0,
-                buf.len() * 4,
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(|e| super::launch::driver("cuMemsetD8Async", e))?;
+        // SAFETY: a live device buffer of `len * 4` bytes; the device orders it before use.
+        unsafe { self.device.zero(ptr(&buf), buf.len() * 4)? };
         Ok(buf)
     }
 }

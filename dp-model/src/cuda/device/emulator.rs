@@ -1,0 +1,479 @@
+//! The GPU step run on the CPU, to check it without a GPU: a [`Device`] whose memory is host
+//! memory, whose kernels are the CUDA source compiled as C++ behind the CPU check's shim and
+//! run one grid thread at a time, and whose GEMM is the definition's triple loop (reading bf16
+//! operands as the tensor cores do). Everything the step itself does (its buffer plans,
+//! offsets, leading dimensions, chunks, the order of its launches) runs as on a GPU, and the
+//! tests below compare it with the CPU model. What this cannot check is CUDA itself: the
+//! driver's copies, cuBLAS's reading of the same GEMM descriptions, NVRTC's compilation of
+//! the same source (tests/cuda_kernels.rs) and the GPU's timing; tests/cuda_image_model.rs
+//! checks those on a GPU.
+
+use std::ffi::c_void;
+use std::process::Command;
+
+use dp_mem::SystemBackend;
+use libloading::{Library, Symbol};
+
+use super::{Device, Gemm};
+use crate::cuda::CUDA_KERNEL_SOURCE;
+use crate::cuda::cpu_check::SHIM;
+use crate::error::{Error, Result};
+
+/// The grid every launch runs on: a few blocks of a few threads, neither dividing the
+/// sizes the kernels meet, so the grid-stride loops wrap and stop mid-block.
+const GRID: (u32, u32) = (3, 5);
+
+/// For each kernel, a function taking its arguments' addresses (as `cuLaunchKernel` does)
+/// and calling it with them: `extern "C" void <name>__packed(void** p)`.
+fn packed_wrappers(source: &str) -> String {
+    let mut out = String::new();
+    for declaration in source.split("__global__ void ").skip(1) {
+        let (name, rest) = declaration.split_once('(').expect("a kernel's parameters");
+        let params = &rest[..rest.find(')').expect("the parameters' end")];
+        let args: Vec<String> = params
+            .split(',')
+            .enumerate()
+            .map(|(i, param)| {
+                let param = param.split_whitespace().collect::<Vec<_>>().join(" ");
+                let cut = param.rfind([' ', '*']).expect("a parameter's type and name");
+                let ty = param[..=cut].trim();
+                format!("*({ty}*)p[{i}]")
+            })
+            .collect();
+        out += &format!(
+            "extern \"C\" void {name}__packed(void** p) {{ {name}({}); }}\n",
+            args.join(", ")
+        );
+    }
+    out
+}
+
+/// The CPU as a device.
+pub(super) struct Emulator {
+    library: Library,
+    _dir: tempfile::TempDir,
+}
+
+impl Emulator {
+    /// The kernels compiled with the C++ compiler (`$CXX`, else `c++`); an error saying why
+    /// where none runs.
+    pub(super) fn new() -> std::result::Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+        let source = dir.path().join("emulated.cpp");
+        let code = format!("{SHIM}\n{CUDA_KERNEL_SOURCE}\n{}", packed_wrappers(CUDA_KERNEL_SOURCE));
+        std::fs::write(&source, code).map_err(|e| format!("{}: {e}", source.display()))?;
+        let library = dir.path().join("libemulated.so");
+        let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let output = Command::new(&compiler)
+            .args(["-std=c++17", "-O2", "-shared", "-fPIC", "-o"])
+            .arg(&library)
+            .arg(&source)
+            .output()
+            .map_err(|e| format!("no C++ compiler ({compiler}: {e})"))?;
+        assert!(
+            output.status.success(),
+            "the emulated kernels do not compile with {compiler}:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // SAFETY: built just above from the kernels, the shim and the wrappers, which run no
+        // code when loaded.
+        let library = unsafe { Library::new(&library) }.map_err(|e| e.to_string())?;
+        Ok(Emulator { library, _dir: dir })
+    }
+}
+
+/// Value `i` of a GEMM operand at `at`: `f32`, or bf16 widened.
+///
+/// # Safety
+///
+/// `at` holds at least `i + 1` values of the type.
+unsafe fn value(at: u64, i: usize, half: bool) -> f64 {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        if half {
+            let bits = *(at as usize as *const u16).add(i);
+            f64::from(f32::from_bits(u32::from(bits) << 16))
+        } else {
+            f64::from(*(at as usize as *const f32).add(i))
+        }
+    }
+}
+
+impl Device for Emulator {
+    type Memory = SystemBackend;
+    type Staging = SystemBackend;
+    /// Small, so that the tests' convolutions take several chunks.
+    const CHUNK_VALUES: usize = 1 << 12;
+
+    unsafe fn launch(
+        &self,
+        name: &'static str,
+        n: usize,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let _ = n;
+        // SAFETY: the shim's setter and the kernel's wrapper, by the names the library was
+        // built with.
+        let (place, kernel) = unsafe {
+            let place: Symbol<'_, unsafe extern "C" fn(u32, u32, u32, u32)> =
+                self.library.get(b"dp_cpu_thread").map_err(|e| missing(name, e))?;
+            let kernel: Symbol<'_, unsafe extern "C" fn(*mut *mut c_void)> = self
+                .library
+                .get(format!("{name}__packed").as_bytes())
+                .map_err(|e| missing(name, e))?;
+            (place, kernel)
+        };
+        let (blocks, threads) = GRID;
+        for b in 0..blocks {
+            for t in 0..threads {
+                // SAFETY: sets the grid position; the kernel reads `params` as the caller
+                // guarantees they are.
+                unsafe {
+                    place(blocks, threads, b, t);
+                    kernel(params.as_mut_ptr());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn gemm(&self, gemm: Gemm) -> Result<()> {
+        let Gemm { half, trans: (ta, tb), mnk: (m, n, k), a, b, beta, c } = gemm;
+        for j in 0..n {
+            for i in 0..m {
+                let mut sum = 0f64;
+                for l in 0..k {
+                    let at_a = if ta { l + i * a.1 } else { i + l * a.1 };
+                    let at_b = if tb { j + l * b.1 } else { l + j * b.1 };
+                    // SAFETY: the caller guarantees the matrices are there.
+                    sum += unsafe { value(a.0, at_a, half) * value(b.0, at_b, half) };
+                }
+                // SAFETY: as above.
+                let out = unsafe { &mut *(c.0 as usize as *mut f32).add(i + j * c.1) };
+                *out = if beta == 0.0 { sum as f32 } else { (sum + f64::from(beta * *out)) as f32 };
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        // SAFETY: as the caller guarantees.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst as usize as *mut u8, bytes) };
+        Ok(())
+    }
+
+    unsafe fn copy_out(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: as the caller guarantees.
+        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst, bytes) };
+        Ok(())
+    }
+
+    unsafe fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        // SAFETY: as the caller guarantees.
+        unsafe { std::ptr::write_bytes(dst as usize as *mut u8, 0, bytes) };
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Never: every batch goes through the staging buffer, which this way is checked too.
+    fn reads_directly<T>(&self, _values: &[T]) -> bool {
+        false
+    }
+}
+
+fn missing(name: &str, error: libloading::Error) -> Error {
+    Error::CudaStep { what: format!("{name} is not in the emulated kernels: {error}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use dp_mem::{Pool, SystemBackend, Tracker};
+
+    use super::Emulator;
+    use crate::cuda::device::{GpuModel, Parts};
+    use crate::model::{Model, ModelOptions, StepOptions};
+    use crate::ops::gemm::Precision;
+    use crate::ops::loss::Targets;
+    use crate::optim::{Optimizer, Sgd, SgdConfig, clip_grad_norm};
+    use crate::spec::{LayerSpec, ModelSpec};
+
+    fn emulator() -> Option<Emulator> {
+        match Emulator::new() {
+            Ok(emulator) => Some(emulator),
+            Err(why) if std::env::var_os("DP_REQUIRE_CXX").is_none() => {
+                eprintln!("skipped: the GPU step is not emulated on the CPU: {why}");
+                None
+            }
+            Err(why) => panic!("DP_REQUIRE_CXX is set, and {why}"),
+        }
+    }
+
+    /// The CPU model of `spec` and the same on the emulated device, its memory unlimited.
+    fn pair(
+        spec: &ModelSpec,
+        options: ModelOptions,
+        precision: Precision,
+        pool: &Pool,
+    ) -> Option<(Model<f32>, GpuModel<Emulator>)> {
+        let device = emulator()?;
+        let cpu = Model::<f32>::new(spec, pool, options).expect("a CPU model");
+        let (tracker, host) = (Tracker::new(), Tracker::new());
+        let parts = Parts {
+            device,
+            memory: SystemBackend,
+            free: u64::MAX,
+            staging: SystemBackend,
+            trackers: (&tracker, &host),
+            precision,
+        };
+        let gpu = GpuModel::build(&cpu, parts).expect("the model on the emulated device");
+        Some((cpu, gpu))
+    }
+
+    /// The largest difference relative to the largest value of `want`.
+    fn difference(got: &[f32], want: &[f32]) -> f64 {
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+        got.iter().zip(want).map(|(g, w)| f64::from((g - w).abs() / scale)).fold(0.0, f64::max)
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f64 {
+        let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+        let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+        dot / (norm(a) * norm(b))
+    }
+
+    /// Values in [-1, 1) from a counter hash, the same on every run.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        (0..len as u64)
+            .map(|i| {
+                let z = (i ^ (seed << 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn batch(spec: &ModelSpec, rows: usize, seed: u64) -> (ndarray::Array2<f32>, Vec<i64>) {
+        let input: usize = spec.input.iter().product();
+        let x = ndarray::Array2::from_shape_vec((rows, input), values(rows * input, seed));
+        let labels = (0..rows as i64).map(|r| (r * 7 + seed as i64) % 10).collect();
+        (x.expect("a batch"), labels)
+    }
+
+    /// An MLP with each activation and dropout, and each image model family small: LeNet
+    /// (convolutions with bias, max pooling), the CNN (batch norm on images), a ResNet-8
+    /// (projections, residual sums, global average pooling) and ResNet-18 (its 7x7 stride-2
+    /// stem and padded 3x3 stride-2 max pooling).
+    fn models() -> Vec<(ModelSpec, usize)> {
+        let mlp = ModelSpec {
+            name: "mlp".into(),
+            input: vec![20],
+            layers: vec![
+                LayerSpec::Linear { out: 16 },
+                LayerSpec::Gelu,
+                LayerSpec::Dropout { p: 0.25 },
+                LayerSpec::Linear { out: 12 },
+                LayerSpec::Tanh,
+                LayerSpec::Linear { out: 10 },
+            ],
+        };
+        vec![
+            (mlp, 9),
+            (ModelSpec::lenet([1, 16, 16], 10), 5),
+            (ModelSpec::cnn([3, 8, 8], 10), 4),
+            (ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth"), 6),
+            // Large enough that the last stage's batch norms see more than a couple of values:
+            // over two, a difference in the last bit of a sum is amplified by 1 / std.
+            (ModelSpec::resnet18([3, 64, 64], 10), 3),
+        ]
+    }
+
+    /// `spec` with every ReLU a tanh: a smooth model of the same shape, whose outputs backward
+    /// reads as it reads a ReLU's. A ReLU's gradient jumps where its input crosses zero, and two
+    /// correct implementations that round a sum differently (a GEMM's order) can put a value
+    /// near zero on either side: gradients are compared on the smooth model.
+    fn smooth(spec: &ModelSpec) -> ModelSpec {
+        fn tanh(layers: &[LayerSpec]) -> Vec<LayerSpec> {
+            layers
+                .iter()
+                .map(|layer| match layer {
+                    LayerSpec::Relu => LayerSpec::Tanh,
+                    LayerSpec::Residual { layers, shortcut } => {
+                        LayerSpec::Residual { layers: tanh(layers), shortcut: tanh(shortcut) }
+                    }
+                    other => other.clone(),
+                })
+                .collect()
+        }
+        ModelSpec { layers: tanh(&spec.layers), ..spec.clone() }
+    }
+
+    #[test]
+    fn each_model_steps_on_the_emulated_device_as_on_the_cpu() {
+        for (spec, rows) in models() {
+            let name = &spec.name;
+            let pool = Pool::new(&Tracker::new());
+            let options = ModelOptions::new(rows, 3).label_smoothing(0.1);
+            let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::F32, &pool) else {
+                return;
+            };
+            let (x, mut labels) = batch(&spec, rows, 1);
+            labels[1] = -1;
+            let options = StepOptions { step: 2, ..StepOptions::default() };
+            let a = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            assert_eq!((a.samples, a.correct), (b.samples, b.correct), "{name}");
+            let loss = (a.loss_sum - b.loss_sum).abs() / a.loss_sum.abs();
+            assert!(loss <= 1e-5, "{name}: loss {} vs {}", a.loss_sum, b.loss_sum);
+            // The running statistics the step moved come back with the parameters.
+            let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(rows, 9)).unwrap();
+            gpu.download_params(&mut back).unwrap();
+            assert_eq!(back.params(), cpu.params(), "{name}: no update, no change");
+            assert!(difference(back.buffers(), cpu.buffers()) <= 1e-5, "{name}: running stats");
+        }
+    }
+
+    #[test]
+    fn each_models_gradients_on_the_emulated_device_are_the_cpus() {
+        for (spec, rows) in models() {
+            let spec = smooth(&spec);
+            let name = &spec.name;
+            let pool = Pool::new(&Tracker::new());
+            let options = ModelOptions::new(rows, 3).label_smoothing(0.1);
+            let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::F32, &pool) else {
+                return;
+            };
+            let (x, mut labels) = batch(&spec, rows, 1);
+            labels[1] = -1;
+            let options = StepOptions { step: 2, ..StepOptions::default() };
+            cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let mut ranges = Vec::new();
+            let targets = Targets::Classes(&labels);
+            gpu.forward_backward_with(x.view(), targets, &options, &mut |r| ranges.push(r))
+                .unwrap();
+            let mut grads = vec![0f32; cpu.params().len()];
+            gpu.download_grads(&mut grads).unwrap();
+            // A GEMM sums in another order than the CPU's: through ResNet-18's twenty layers,
+            // gradients differ by up to 3e-5 of the largest.
+            let diff = difference(&grads, cpu.grads());
+            assert!(diff <= 1e-4, "{name}: gradients differ by {diff:e}");
+            // Each layer's gradients are announced once, up the buffer from its start.
+            let mut start = 0;
+            for range in &ranges {
+                assert_eq!(range.start, start, "{name}: {ranges:?}");
+                start = range.end;
+            }
+            assert_eq!(start, cpu.params().len(), "{name}: {ranges:?}");
+            // Accumulating a second batch adds its gradients.
+            let (x, labels) = batch(&spec, rows - 1, 2);
+            let more = StepOptions { accumulate: true, ..options };
+            cpu.forward_backward(x.view(), Targets::Classes(&labels), &more).unwrap();
+            gpu.forward_backward(x.view(), Targets::Classes(&labels), &more).unwrap();
+            gpu.download_grads(&mut grads).unwrap();
+            assert!(difference(&grads, cpu.grads()) <= 1e-4, "{name}: accumulated gradients");
+        }
+    }
+
+    #[test]
+    fn clipped_nesterov_steps_without_decay_on_norms_and_evaluation_follow_the_cpu() {
+        let spec = ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth");
+        let pool = Pool::new(&Tracker::new());
+        let Some((mut cpu, mut gpu)) = pair(&spec, ModelOptions::new(8, 5), Precision::F32, &pool)
+        else {
+            return;
+        };
+        let config = SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 5e-4 };
+        let decayed = cpu.layout().decayed_ranges();
+        let mut sgd = Sgd::<f32>::new(cpu.params().len(), config, &pool).unwrap();
+        sgd.decay_only(decayed.clone());
+        gpu.decay_only(&decayed).unwrap();
+        let mut velocity = gpu.state_buffer().unwrap();
+        for step in 0..3u64 {
+            let (x, labels) = batch(&spec, 8, 10 + step);
+            let options = StepOptions { step, ..StepOptions::default() };
+            cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let (params, grads) = cpu.params_and_grads_mut();
+            assert!(clip_grad_norm(grads, 0.05) > 0.05, "the limit clips");
+            sgd.step(params, grads, 0.1).unwrap();
+            gpu.clip_grad_norm(0.05).unwrap();
+            gpu.sgd_step(Some(&mut velocity), 0.1, &config).unwrap();
+        }
+        let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(8, 9)).unwrap();
+        gpu.download_params(&mut back).unwrap();
+        assert!(difference(back.params(), cpu.params()) <= 1e-5, "parameters");
+        assert!(difference(back.buffers(), cpu.buffers()) <= 1e-5, "running statistics");
+        let mut state = vec![0f32; cpu.params().len()];
+        gpu.download_buffer(&velocity, &mut state).unwrap();
+        assert!(difference(&state, sgd.state().buffers[0]) <= 1e-5, "momentum");
+        let (x, labels) = batch(&spec, 7, 20);
+        let a = cpu.evaluate(x.view(), Targets::Classes(&labels)).unwrap();
+        let b = gpu.evaluate(x.view(), Targets::Classes(&labels)).unwrap();
+        assert_eq!((a.samples, a.correct), (b.samples, b.correct));
+        assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
+    }
+
+    #[test]
+    fn bf16_products_step_as_f32_within_bf16s_precision() {
+        for (spec, rows) in models() {
+            let spec = smooth(&spec);
+            let pool = Pool::new(&Tracker::new());
+            let options = ModelOptions::new(rows, 7);
+            let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::Bf16, &pool) else {
+                return;
+            };
+            let (x, labels) = batch(&spec, rows, 3);
+            let options = StepOptions::default();
+            let a = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let mut grads = vec![0f32; cpu.params().len()];
+            gpu.download_grads(&mut grads).unwrap();
+            let loss = (a.loss_sum - b.loss_sum).abs() / a.loss_sum;
+            // bf16 keeps 8 significant bits: each product's operands are off by up to 2^-9,
+            // which ResNet-18's twenty layers compound to a cosine of 0.987 with f32's
+            // gradients; an operand read from the wrong place or not rounded afresh gives far
+            // less.
+            let to_f32 = cosine(&grads, cpu.grads());
+            assert!(
+                loss <= 1e-2 && to_f32 >= 0.98,
+                "{}: loss {loss:e}, cosine {to_f32}",
+                spec.name
+            );
+            // Where the CPU multiplies in bf16 too (AMX), it rounds the same operands: the
+            // gradients agree but for the order of the sums (0.9996 for ResNet-18).
+            if Precision::Bf16.available() {
+                let amx = ModelOptions::new(rows, 7).precision(Precision::Bf16);
+                let mut amx = Model::<f32>::new(&spec, &pool, amx).unwrap();
+                amx.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+                let same = cosine(&grads, amx.grads());
+                assert!(same >= 0.999, "{}: the CPU's bf16 step: cosine {same}", spec.name);
+            }
+            // Not f32 by accident: rounding moved the loss.
+            assert!(a.loss_sum != b.loss_sum, "{}: bf16 products round", spec.name);
+        }
+    }
+
+    #[test]
+    fn squared_error_targets_step_as_on_the_cpu() {
+        let (spec, rows) = models().remove(0);
+        let pool = Pool::new(&Tracker::new());
+        let Some((mut cpu, mut gpu)) =
+            pair(&spec, ModelOptions::new(rows, 4), Precision::F32, &pool)
+        else {
+            return;
+        };
+        let (x, _) = batch(&spec, rows, 5);
+        let values = ndarray::Array2::from_shape_vec((rows, 10), values(rows * 10, 6));
+        let values = values.expect("targets");
+        let options = StepOptions::default();
+        let a = cpu.forward_backward(x.view(), Targets::Values(values.view()), &options).unwrap();
+        let b = gpu.forward_backward(x.view(), Targets::Values(values.view()), &options).unwrap();
+        assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
+        let mut grads = vec![0f32; cpu.params().len()];
+        gpu.download_grads(&mut grads).unwrap();
+        assert!(difference(&grads, cpu.grads()) <= 1e-5);
+    }
+}
