@@ -6,20 +6,27 @@
 #   scripts/gpu-check.sh           # on the GPU machine, with target/gpu-check/ carried along
 #
 # Without target/gpu-check/ it builds them itself with cargo, where cargo exists. It runs
-# dp-mem's device-memory tests, dp-data's batches in page-locked memory, compiles dp-model's CUDA kernels with the machine's NVRTC,
-# checks the GPU training step against the CPU's and what the CUDA libraries take from host
-# memory, trains the default job on the GPU (at least
+# dp-mem's device-memory tests, dp-data's batches in page-locked memory, compiles dp-model's
+# CUDA kernels with the machine's NVRTC, checks the GPU training step against the CPU's and
+# what the CUDA libraries take from host memory, trains the default job on the GPU (at least
 # 97% eval accuracy), measures the MLP step's samples/s against PyTorch eager on the same GPU
 # (scripts/torch_mlp_step.py; target 1.5x at batch 4096) and its device memory (target 1.1x
-# what it must hold), and runs dp-comm's NCCL tests and benchmark
+# what it must hold), measures the ResNet-20 (batch 512) and ResNet-18 (batch 128) steps in
+# f32 and bf16 against PyTorch eager (dp-model's cuda_image_step bench and
+# scripts/torch_resnet_gpu_step.py; targets: at least 1.0x PyTorch's images/s, at most 0.7x
+# its device memory, both by the allocator's peak and by the fall of the GPU's free memory),
+# trains ResNet-20 on small images (the built-in digits) on the GPU to a little below the
+# accuracy the CPU reaches with the same command, and runs dp-comm's NCCL tests and benchmark
 # (world size 1: NCCL refuses two ranks on one GPU; set DP_COMM_NCCL_RANKS=N on a machine with
-# N GPUs), then prints a short report. A GPU test that would skip fails here instead.
+# N GPUs), then prints a short report. A GPU test that would skip fails here instead. Each
+# step has a timeout (STEP_TIMEOUT, 150 s unless the step sets its own), so the whole check
+# stays within minutes.
 #
 # cudarc looks for NCCL as `libnccl.so` (and a few other names) but installs and the
 # `nvidia-nccl-cu13` Python wheel ship `libnccl.so.2`; this script finds it and puts a
 # `libnccl.so` symlink to it on LD_LIBRARY_PATH. Set NCCL_LIB=/path/to/libnccl.so.2 to choose.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bin=target/gpu-check
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -35,7 +42,7 @@ build() {
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
             --bench collectives 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-model --features cuda \
-            --bench cuda_step 2>/dev/null) || return 1
+            --bench cuda_step --bench cuda_image_step 2>/dev/null) || return 1
     # The trainer with the GPU path (the `dp` binary users install), in a target directory of
     # its own.
     cargo build --release --quiet -p xtask --bin dp --features cuda --target-dir target/cuda ||
@@ -47,7 +54,8 @@ wanted = {"cuda": "dp-mem-cuda", "pipeline": "dp-data-pipeline",
           "cuda_kernels": "dp-model-cuda-kernels",
           "cuda_model": "dp-model-cuda-model", "cuda_host_memory": "dp-model-cuda-host-memory",
           "nccl": "dp-comm-nccl",
-          "collectives": "dp-comm-collectives", "cuda_step": "dp-model-cuda-step"}
+          "collectives": "dp-comm-collectives", "cuda_step": "dp-model-cuda-step",
+          "cuda_image_step": "dp-model-cuda-image-step"}
 found = {}
 for line in sys.stdin:
     try:
@@ -94,27 +102,33 @@ if [ -n "$nccl" ]; then
     trap 'rm -rf "$shim"' EXIT
     ln -s "$nccl" "$shim/libnccl.so"
     ln -s "$nccl" "$shim/libnccl.so.2"
-    export LD_LIBRARY_PATH="$shim:$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    LD_LIBRARY_PATH="$shim:$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH
     echo "NCCL: $nccl (linked as libnccl.so in $shim)"
 else
     echo "NCCL: libnccl.so.2 not found (pip install nvidia-nccl-cu13, or set NCCL_LIB)"
 fi
-# NVRTC and cuBLAS (cudarc opens them by name, as libnvrtc.so.13 and libcublas.so.13): where
+# NVRTC, cuBLAS and cuDNN (cudarc opens them by name, as libnvrtc.so.13 and libcublas.so.13): where
 # the loader does not know them, the CUDA toolkit's folders or the Python wheels that carry them.
 find_cuda_lib() { # name, e.g. libnvrtc.so
     ldconfig -p 2>/dev/null | grep -q "$1" && return
     local found
-    found=$( { ls /usr/local/cuda/lib64/$1* /usr/local/cuda/targets/x86_64-linux/lib/$1* 2>/dev/null
+    found=$( { ls /usr/local/cuda/lib64/"$1"* /usr/local/cuda/targets/x86_64-linux/lib/"$1"* 2>/dev/null
         python3 -c 'import glob, site, sys
 for root in site.getsitepackages() + sys.path:
     print("\n".join(glob.glob(root + "/nvidia/**/" + sys.argv[1] + "*", recursive=True)))' "$1" 2>/dev/null
     } | grep -v '\.alt\.' | head -1)
-    [ -n "$found" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")"
+    if [ -n "$found" ]; then
+        LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")"
+        export LD_LIBRARY_PATH
+    fi
     echo "$1: ${found:-not found}"
 }
 find_cuda_lib libnvrtc.so
 find_cuda_lib libcublas.so
-if [ ! -x "$bin/dp-model-cuda-step" ]; then
+# cuDNN, for the image models' convolutions, pooling and batch norm (PyTorch's wheels carry it).
+find_cuda_lib libcudnn.so
+if [ ! -x "$bin/dp-model-cuda-step" ] || [ ! -x "$bin/dp-model-cuda-image-step" ]; then
     command -v cargo >/dev/null || { echo "no $bin/ and no cargo: run --build elsewhere" >&2; exit 1; }
     build || { echo "build failed" >&2; exit 1; }
 fi
@@ -148,6 +162,31 @@ rm -rf "$job"
 # and from ordinary memory).
 run step "$bin/dp-model-cuda-step" --bench --warm-up-time 1 --measurement-time 3; step_status=$?
 run torch python3 scripts/torch_mlp_step.py; torch_status=$?
+# ResNet-20 and ResNet-18 steps in f32 and bf16 against PyTorch eager, measured alike, one
+# after the other (ours from page-locked batches, PyTorch's from device memory; each PyTorch
+# case in a fresh process, so no case inherits another's cached memory).
+STEP_TIMEOUT=180 run imagestep "$bin/dp-model-cuda-image-step" --bench --warm-up-time 1 \
+    --measurement-time 2
+imagestep_status=$?
+STEP_TIMEOUT=180 run torchimage python3 scripts/torch_resnet_gpu_step.py; torchimage_status=$?
+# ResNet-20 on small images on the GPU: the built-in digits (28x28 grey, taken as a 1x28x28
+# image), 6,000 to train and 2,000 to evaluate, 3 epochs at batch 64 of the ResNet recipe's
+# defaults (279 steps), to at least 98% eval accuracy: a little below the 99.2% that the CPU
+# build reached with the same data and run (`dp data gen --out D --records 6000 --eval-records
+# 2000`, then `dp train --model resnet20 --epochs 3 --batch 64 --replicas 1 --data D/train
+# --eval-data D/eval --no-plot`, one replica of 64 as on one GPU; 75 s on a 2-core CPU machine).
+IMAGE_CPU_ACCURACY=0.992 IMAGE_ACCURACY=0.98
+imagejob=$(mktemp -d)
+STEP_TIMEOUT=150 run imagejob bash -c "'$bin/dp-cuda' data gen --out '$imagejob/digits' \
+    --records 6000 --eval-records 2000 && '$bin/dp-cuda' train --device cuda \
+    --model resnet20 --epochs 3 --batch 64 --data '$imagejob/digits/train' \
+    --eval-data '$imagejob/digits/eval' --out '$imagejob/runs' --name gpu --no-plot"
+imagejob_status=$?
+image_accuracy=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval_accuracy"])' \
+    "$imagejob/runs/gpu/summary.json" 2>/dev/null || echo 0)
+python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' \
+    "$image_accuracy" "$IMAGE_ACCURACY" || imagejob_status=1
+rm -rf "$imagejob"
 run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
 run bench "$bin/dp-comm-collectives" --bench; bench_status=$?
 
@@ -173,6 +212,51 @@ for batch in 256 4096; do
 done
 grep -E '^cuda step: batch 4096, page-locked' "$log.step" | sed 's/.*; /               /'
 echo "               (target at batch 4096: 1.5x; memory 1.1x; exits $step_status, $torch_status)"
+# Each image case: images/s ours against PyTorch's, and the device peak by the allocator and by
+# the fall of the GPU's free memory, ours against PyTorch's (ratios from the two logs of this
+# run; targets: >= 1.0x the speed, <= 0.7x the memory).
+python3 - "$log.imagestep" "$log.torchimage" <<'PY'
+import re, sys
+line = re.compile(r"^(cuda|torch) image step: (\S+ \S+ batch \d+), (.*)$")
+figures = re.compile(r"(\d+) images/s .*device peak ([\d.]+) MiB \(allocator\), ([\d.]+) MiB "
+                     r"\(driver, free-memory drop\)(?:; (.*))?")
+found = {"cuda": {}, "torch": {}}
+# Where a side printed no line for a case, its log's last line says why.
+last = {"cuda": "no log", "torch": "no log"}
+for side, path in zip(("cuda", "torch"), sys.argv[1:]):
+    try:
+        text = open(path).read()
+    except OSError:
+        continue
+    lines = [l for l in text.splitlines() if l.strip()] or ["empty log"]
+    panic = [i for i, l in enumerate(lines[:-1]) if " panicked at " in l]
+    last[side] = lines[panic[-1] + 1] if panic else lines[-1]
+    for match in map(line.match, text.splitlines()):
+        if match:
+            found[side][match.group(2)] = match.group(3)
+cases = [f"{model} {precision} batch {batch}" for precision in ("f32", "bf16")
+         for model, batch in (("resnet20", 512), ("resnet18", 128))]
+def ratio(a, b, better):
+    value = float(a) / float(b) if float(b) > 0 else float("nan")
+    return f"{value:.2f}x ({'met' if better(value) else 'missed'})"
+for case in cases:
+    ours = found["cuda"].get(case, f"no line ({last['cuda'][:150]})")
+    theirs = found["torch"].get(case, f"no line ({last['torch'][:150]})")
+    a, b = figures.match(ours), figures.match(theirs)
+    if not (a and b):
+        brief = lambda text, m: f"{m[1]} images/s, {m[2]} MiB (allocator)" if m else text[:200]
+        print(f"image step:    {case}: ours: {brief(ours, a)}; PyTorch: {brief(theirs, b)}")
+        continue
+    print(f"image step:    {case}: {a[1]} images/s vs PyTorch eager {b[1]}: "
+          f"{ratio(a[1], b[1], lambda r: r >= 1.0)}")
+    print(f"               device peak, allocator: {a[2]} vs {b[2]} MiB: "
+          f"{ratio(a[2], b[2], lambda r: r <= 0.7)}; driver (free-memory drop): "
+          f"{a[3]} vs {b[3]} MiB: {ratio(a[3], b[3], lambda r: r <= 0.7)}")
+    if b[4]:
+        print(f"               PyTorch's process as NVML counts it (context included): {b[4]}")
+PY
+echo "               (targets: >= 1.0x images/s, <= 0.7x device memory; exits $imagestep_status, $torchimage_status)"
+echo "image job:     resnet20 on digits, eval accuracy $image_accuracy (>= $IMAGE_ACCURACY; CPU $IMAGE_CPU_ACCURACY), $(grep -E '^throughput' "$log.imagejob" | tail -1) (exit $imagejob_status)"
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
@@ -183,4 +267,5 @@ rm -f "$log" "$log".*
 [ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$model_status" -eq 0 ] \
     && [ "$host_status" -eq 0 ] && [ "$pipeline_status" -eq 0 ] \
     && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
-    && [ "$bench_status" -eq 0 ]
+    && [ "$bench_status" -eq 0 ] && [ "$imagestep_status" -eq 0 ] \
+    && [ "$torchimage_status" -eq 0 ] && [ "$imagejob_status" -eq 0 ]

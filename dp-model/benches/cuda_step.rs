@@ -18,37 +18,17 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
-use dp_mem::{PinnedBackend, Pool, PoolBuf, PoolConfig, Tag, Tracker};
+use cuda_batches::{BATCHES, Features, median, pinned_pool};
+use dp_mem::{PinnedBackend, Pool, Tracker};
 use dp_model::{CudaModel, Model, ModelOptions, ModelSpec, StepOptions, Targets};
-use ndarray::{Array2, ArrayView2};
 
 /// Plain SGD with momentum, the update these steps take.
 const MOMENTUM: dp_model::SgdConfig =
     dp_model::SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
 
+mod cuda_batches;
 #[path = "../tests/support/mod.rs"]
 mod support;
-
-/// Distinct host batches the steps cycle through, so each step copies a batch it has not
-/// just copied.
-const BATCHES: usize = 4;
-
-/// A batch's features in the host memory a step copies them from.
-enum Features {
-    Pageable(Array2<f32>),
-    PageLocked(PoolBuf<f32, PinnedBackend>, usize),
-}
-
-impl Features {
-    fn view(&self) -> ArrayView2<'_, f32> {
-        match self {
-            Features::Pageable(x) => x.view(),
-            Features::PageLocked(x, rows) => {
-                ArrayView2::from_shape((*rows, x.len() / rows), x).expect("a whole batch")
-            }
-        }
-    }
-}
 
 struct Bench {
     model: CudaModel,
@@ -68,23 +48,11 @@ impl Bench {
         let tracker = Tracker::new();
         let model = CudaModel::from_model(&cpu, 0, &tracker, host.tracker())?;
         let velocity = model.state_buffer()?;
-        let pinned = if page_locked {
-            Some(Pool::with_backend(host.tracker(), PinnedBackend::new(0)?, PoolConfig::default()))
-        } else {
-            None
-        };
+        let pinned = if page_locked { Some(pinned_pool(host.tracker())?) } else { None };
         let mut rng = support::Rng::new(7);
         let mut batches = Vec::new();
         for _ in 0..BATCHES {
-            let x = rng.array::<f32>(batch, 784);
-            let features = match &pinned {
-                Some(pool) => {
-                    let mut buf = pool.alloc::<f32>(x.len(), Tag::Data)?;
-                    buf.copy_from_slice(x.as_slice().expect("contiguous"));
-                    Features::PageLocked(buf, batch)
-                }
-                None => Features::Pageable(x),
-            };
+            let features = Features::new(rng.array::<f32>(batch, 784), pinned.as_ref())?;
             batches.push((features, rng.labels(batch, 10)));
         }
         Ok(Self { model, velocity, batches, step: 0, tracker, _pinned: pinned })
@@ -122,11 +90,6 @@ impl Bench {
         let needed = needed + (self.velocity.len() * 4 + batch) as u64;
         self.tracker.snapshot().peak_held as f64 / needed as f64
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn main() {
