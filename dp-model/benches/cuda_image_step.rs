@@ -17,10 +17,9 @@
 //! what the pool caches, and anything another process did on the GPU meanwhile, so the GPU
 //! should be otherwise idle. (cudarc 0.19 has no NVML binding for a per-process figure.)
 //!
-//! The bf16 case takes its precision from the CPU model (`ModelOptions::precision`), which
-//! `Model::new` refuses on a CPU without AMX-BF16; there the case says so and measures nothing
-//! (building the GPU model in bf16 on such a host needs `CudaModel` to take the precision
-//! itself, e.g. a `precision` argument to `from_model`).
+//! The CPU model that hands the GPU its spec and initial parameters is built in f32; the GPU
+//! model is given its precision (`CudaModel::with_precision`), so a CPU without bf16 products
+//! measures the bf16 cases too.
 //!
 //! `cargo bench -p dp-model --features cuda --bench cuda_image_step` (on a machine with a
 //! GPU; it says why it measures nothing elsewhere).
@@ -119,7 +118,7 @@ struct Bench {
 impl Bench {
     fn new(case: &Case, device: &CudaBackend) -> Result<Self, dp_model::Error> {
         let used_before = used(device)?;
-        let options = ModelOptions::new(case.batch, 1).precision(case.precision);
+        let options = ModelOptions::new(case.batch, 1);
         let host = Pool::new(&Tracker::new());
         let tracker = Tracker::new();
         // The CPU model only carries the spec, options and initial parameters over; its host
@@ -127,7 +126,7 @@ impl Bench {
         // block.
         let model = {
             let cpu = Model::<f32>::new(&case.spec(), &host, options)?;
-            CudaModel::from_model(&cpu, 0, &tracker, host.tracker())?
+            CudaModel::with_precision(&cpu, 0, (&tracker, host.tracker()), case.precision)?
         };
         let velocity = model.state_buffer()?;
         let pinned = pinned_pool(host.tracker())?;
@@ -206,13 +205,6 @@ fn device_error(error: dp_mem::Error) -> dp_model::Error {
 /// Measures one case and prints its line; `false` when it failed.
 fn measure(criterion: &mut Criterion, case: &Case, device: &CudaBackend) -> bool {
     let label = case.label();
-    if case.precision == Precision::Bf16 && !Precision::Bf16.available() {
-        println!(
-            "cuda image step: {label}, not measured (the GPU model takes its precision from a \
-             CPU model, and this CPU cannot build one in bf16: it lacks AMX-BF16)"
-        );
-        return true;
-    }
     let mut bench = match Bench::new(case, device) {
         Ok(bench) => bench,
         Err(error) => {
