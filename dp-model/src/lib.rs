@@ -76,7 +76,9 @@ pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta, ShardFile,
     params_checksum, save_optimizer_shard,
 };
-pub use cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaRuntime, cuda_kernels_ptx};
+pub use cuda::{
+    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaRuntime, DeviceNormSync, cuda_kernels_ptx,
+};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use generate::Generator;

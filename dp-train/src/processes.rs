@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 pub(crate) struct GpuPeers {
     /// The NCCL group's id, the same on every process.
     pub(crate) id: NcclId,
+    /// The batch norms' NCCL group, with `sync_bn`.
+    pub(crate) norms: Option<NcclId>,
     pub(crate) rank: usize,
     pub(crate) world: usize,
     /// The GPU of this process: its rank among the processes on its host.
@@ -88,21 +90,24 @@ impl Processes {
             .map_err(|_| Error::Process { rank: 0, what: "sent text that is not UTF-8".into() })
     }
 
-    /// With several processes, their NCCL group: process 0 makes its id and shares it (as
-    /// Horovod does), and each process takes the GPU of its rank on its host. `None` for a
-    /// run of one process, whose GPU has no one to reduce with.
     /// This process's place among those on its host (the GPU it takes).
     pub(crate) fn local_rank(&self) -> usize {
         self.local_rank
     }
 
-    pub(crate) fn gpu_peers(&mut self) -> Result<Option<GpuPeers>> {
+    /// With several processes, their NCCL group (and with `sync_bn` a second one, for the
+    /// batch norms' statistics): process 0 makes each id and shares it (as Horovod does), and
+    /// each process takes the GPU of its rank on its host. `None` for a run of one process,
+    /// whose GPU has no one to reduce with.
+    pub(crate) fn gpu_peers(&mut self, sync_bn: bool) -> Result<Option<GpuPeers>> {
         let Some(comm) = &mut self.comm else { return Ok(None) };
         if self.count == 1 {
             return Ok(None);
         }
         let id = NcclId::shared(comm)?;
-        Ok(Some(GpuPeers { id, rank: self.rank, world: self.count, device: self.local_rank }))
+        let norms = if sync_bn { Some(NcclId::shared(comm)?) } else { None };
+        let (rank, world, device) = (self.rank, self.count, self.local_rank);
+        Ok(Some(GpuPeers { id, norms, rank, world, device }))
     }
 
     /// `result` where it is `Ok` on every process; otherwise an error on every process: this

@@ -168,7 +168,7 @@ pub fn train(
     let set = set_up(config, options, &mut processes, baseline_rss.unwrap_or(0));
     let (plan, lock, planned) = processes.agree(set)?;
     let gpu_peers = match plan.config.device {
-        Device::Cuda => processes.gpu_peers()?,
+        Device::Cuda => processes.gpu_peers(plan.config.sync_bn)?,
         Device::Cpu => None,
     };
     // Held to the end of the run.

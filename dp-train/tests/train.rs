@@ -154,10 +154,6 @@ fn bad_configs_fail_before_anything_starts() {
         ("replicas", TrainConfig { device: Device::Cuda, ..config(2, 1) }),
         ("zero_stage", TrainConfig { device: Device::Cuda, zero_stage: 1, ..config(1, 1) }),
         (
-            "synchronized batch norm",
-            TrainConfig { device: Device::Cuda, sync_bn: true, ..config(1, 1) },
-        ),
-        (
             "activations",
             TrainConfig {
                 device: Device::Cuda,

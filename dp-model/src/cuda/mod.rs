@@ -13,11 +13,13 @@ mod cpu_check;
 // The GPU step; without the `cuda` feature its tests run it on the CPU (see its emulator).
 #[cfg(any(feature = "cuda", test))]
 mod device;
+mod norm_sync;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 #[cfg(feature = "cuda")]
 pub use device::{CudaModel, CudaRuntime};
+pub use norm_sync::DeviceNormSync;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{CudaModel, CudaRuntime};
 

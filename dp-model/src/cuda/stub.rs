@@ -127,4 +127,7 @@ impl CudaModel {
     pub fn precision(&self) -> crate::Precision {
         match self.0 {}
     }
+    pub fn set_norm_sync(&mut self, _sync: Option<Box<dyn crate::DeviceNormSync>>) {
+        match self.0 {}
+    }
 }

@@ -220,9 +220,6 @@ impl TrainConfig {
         if self.prune.is_some() {
             return refuse("prune", "pruning");
         }
-        if self.sync_bn {
-            return refuse("sync_bn", "synchronized batch norm");
-        }
         if self.compression != GradCompression::None {
             return refuse("compression", "gradient compression");
         }

@@ -9,6 +9,8 @@
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod buckets;
 #[cfg(feature = "cuda")]
+mod norms;
+#[cfg(feature = "cuda")]
 mod reduce;
 #[cfg(not(feature = "cuda"))]
 mod reduce_stub;
@@ -68,14 +70,21 @@ impl GpuStep {
         if plan.config.decay_bias_and_norm == Some(false) {
             model.decay_only(&host.layout().decayed_ranges())?;
         }
+        let timeout = Duration::from_secs_f64(plan.config.timeout_s);
         let reducer = match peers {
             None => None,
             Some(peers) => {
                 let bucket_bytes = plan.config.buckets()?.bucket_bytes;
-                let timeout = Duration::from_secs_f64(plan.config.timeout_s);
                 Some(DeviceReducer::new(peers, &model, bucket_bytes, timeout)?)
             }
         };
+        #[cfg(feature = "cuda")]
+        if let Some(peers) = peers
+            && let Some(id) = &peers.norms
+        {
+            let norms = norms::NcclNorms::new(peers, id, &model, timeout)?;
+            model.set_norm_sync(Some(Box::new(norms)));
+        }
         let saved = optimizer.state();
         let state = match config {
             OptimizerConfig::Sgd(dp_model::SgdConfig { momentum, .. }) if *momentum == 0.0 => {

@@ -476,4 +476,90 @@ mod tests {
         gpu.download_grads(&mut grads).unwrap();
         assert!(difference(&grads, cpu.grads()) <= 1e-5);
     }
+
+    /// Two replicas' sums of the same batch norm, added where they lie (the emulated device's
+    /// memory is the host's), as NCCL would on GPUs.
+    struct Summed {
+        me: usize,
+        barrier: std::sync::Arc<std::sync::Barrier>,
+        slots: std::sync::Arc<std::sync::Mutex<[Vec<f64>; 2]>>,
+    }
+
+    impl crate::DeviceNormSync for Summed {
+        fn sum(&mut self, values: u64, len: usize) -> Result<(), String> {
+            // SAFETY: the model hands the address of `len` f64 values in its (host) memory,
+            // which nothing else touches until this returns.
+            let mine = unsafe { std::slice::from_raw_parts_mut(values as usize as *mut f64, len) };
+            self.slots.lock().unwrap()[self.me] = mine.to_vec();
+            self.barrier.wait();
+            let total: Vec<f64> = {
+                let slots = self.slots.lock().unwrap();
+                slots[0].iter().zip(&slots[1]).map(|(a, b)| a + b).collect()
+            };
+            // Both have read the other's before either writes its next.
+            self.barrier.wait();
+            mine.copy_from_slice(&total);
+            Ok(())
+        }
+
+        fn finish(&mut self) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// Synchronized batch norm: two replicas of half a batch each, their statistics summed
+    /// between the kernels, step as the CPU model does on the whole batch.
+    #[test]
+    fn synchronized_norms_over_two_emulated_devices_step_as_one_whole_batch() {
+        if emulator().is_none() {
+            return;
+        }
+        let spec = smooth(&ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth"));
+        let (x, labels) = batch(&spec, 8, 4);
+        let options = StepOptions { denominator: Some(8), ..StepOptions::default() };
+        let pool = Pool::new(&Tracker::new());
+        let mut whole = Model::<f32>::new(&spec, &pool, ModelOptions::new(8, 5)).unwrap();
+        let expected = whole.forward_backward(x.view(), Targets::Classes(&labels), &options);
+        let expected = expected.unwrap();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let slots = std::sync::Arc::new(std::sync::Mutex::new([Vec::new(), Vec::new()]));
+        let halves: Vec<_> = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..2)
+                .map(|me| {
+                    let sync = Summed { me, barrier: barrier.clone(), slots: slots.clone() };
+                    let (x, labels, spec) = (&x, &labels, &spec);
+                    scope.spawn(move || {
+                        let pool = Pool::new(&Tracker::new());
+                        let (_, mut gpu) =
+                            pair(spec, ModelOptions::new(4, 5), Precision::F32, &pool).unwrap();
+                        gpu.set_norm_sync(Some(Box::new(sync)));
+                        let rows = me * 4..me * 4 + 4;
+                        let x = x.slice(ndarray::s![rows.clone(), ..]);
+                        let targets = Targets::Classes(&labels[rows]);
+                        let loss = gpu.forward_backward(x, targets, &options).unwrap();
+                        let mut grads = vec![0f32; whole_len(spec)];
+                        gpu.download_grads(&mut grads).unwrap();
+                        let back = Model::<f32>::new(spec, &pool, ModelOptions::new(4, 9));
+                        let mut back = back.unwrap();
+                        gpu.download_params(&mut back).unwrap();
+                        (loss, grads, back.buffers().to_vec())
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|run| run.join().unwrap()).collect()
+        });
+        let loss = halves[0].0.loss_sum + halves[1].0.loss_sum;
+        assert!((loss - expected.loss_sum).abs() <= 1e-5 * expected.loss_sum, "{loss}");
+        let grads: Vec<f32> = halves[0].1.iter().zip(&halves[1].1).map(|(a, b)| a + b).collect();
+        let diff = difference(&grads, whole.grads());
+        assert!(diff <= 1e-4, "summed gradients differ by {diff:e}");
+        for (_, _, buffers) in &halves {
+            let diff = difference(buffers, whole.buffers());
+            assert!(diff <= 1e-5, "running statistics differ by {diff:e}");
+        }
+    }
+
+    fn whole_len(spec: &ModelSpec) -> usize {
+        spec.layout().expect("a layout").len()
+    }
 }

@@ -33,6 +33,7 @@ mod optim;
 mod runtime;
 mod staging;
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::ops::Range;
 
@@ -46,6 +47,7 @@ pub use runtime::CudaRuntime;
 
 use self::buffers::Buffers;
 use self::staging::{STAGING_PIECE, Staged};
+use crate::cuda::DeviceNormSync;
 use crate::error::{Error, Result};
 use crate::model::{Model, ModelMemory, StepOptions};
 use crate::ops::Op;
@@ -178,6 +180,8 @@ pub struct GpuModel<D: Device> {
     row_correct: DeviceBuf<i32, D>,
     work: Buffers<D::Memory>,
     staged: Staged<D::Staging>,
+    /// Sums the batch norms' statistics over the replicas (`--sync-bn`), and its first failure.
+    norm_sync: RefCell<NormSync>,
     /// Dropped after every buffer above (fields drop in order).
     device: D,
 }
@@ -197,6 +201,15 @@ impl<D: Device> Drop for GpuModel<D> {
         // Nothing queued may outlive the buffers; a failed wait leaves nothing else to do.
         let _ = self.device.synchronize();
     }
+}
+
+/// A [`DeviceNormSync`] and the first error it gave in this step: the rest of the step's norms
+/// then use their own replica's statistics (no more collectives, which the group could not
+/// finish), and the step reports the failure instead of its results.
+#[derive(Default)]
+struct NormSync {
+    sync: Option<Box<dyn DeviceNormSync>>,
+    failure: Option<String>,
 }
 
 /// What a [`GpuModel`] is made of besides the CPU model: the device, its memory (and how much
@@ -254,6 +267,7 @@ impl<D: Device> GpuModel<D> {
             row_counted: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
             row_correct: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
             staged: Staged::new(staging, host_tracker, rows, (tape.input_len, outputs))?,
+            norm_sync: RefCell::default(),
             work,
             tape,
             pool,
@@ -365,6 +379,35 @@ impl<D: Device> GpuModel<D> {
         unsafe { self.device.gemm(gemm) }
     }
 
+    /// Sums the batch norms' statistics over the replicas with `sync` (`None`: each replica
+    /// normalizes by its own batch).
+    pub fn set_norm_sync(&mut self, sync: Option<Box<dyn DeviceNormSync>>) {
+        self.norm_sync = RefCell::new(NormSync { sync, failure: None });
+    }
+
+    /// Queues the sum over the replicas of the `len` `f64` values at device address `values`,
+    /// if the norms are synchronized (and have not failed this step).
+    fn sum_across(&self, values: u64, len: usize) {
+        let mut guard = self.norm_sync.borrow_mut();
+        let NormSync { sync: Some(sync), failure } = &mut *guard else { return };
+        if failure.is_none()
+            && let Err(what) = sync.sum(values, len)
+        {
+            *failure = Some(what);
+        }
+    }
+
+    /// Waits for the step's synchronized statistics; the step's failure, if any.
+    fn finish_norm_sync(&self) -> Result<()> {
+        let mut guard = self.norm_sync.borrow_mut();
+        let NormSync { sync: Some(sync), failure } = &mut *guard else { return Ok(()) };
+        let done = sync.finish();
+        match failure.take().or(done.err()) {
+            Some(what) => Err(Error::NormSync { what }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether the GEMMs read bf16 operands.
     fn half(&self) -> bool {
         self.precision == Precision::Bf16
@@ -417,6 +460,7 @@ impl<D: Device> GpuModel<D> {
         let grad = ptr(&self.work.dacts[self.work.grad_plan.grad_buf[self.tape.nodes.len() - 1]]);
         self.loss(rows, targets, Some((grad, inv_denominator)))?;
         self.backward(batch, options, grads_ready)?;
+        self.finish_norm_sync()?;
         self.totals(rows, targets)
     }
 

@@ -2,7 +2,8 @@
 //! batch_norm.cu): training normalizes by the batch's mean and variance, summed in two passes
 //! (partial sums per channel in f32, their totals in f64), saves them for backward and moves
 //! the running statistics, which live in the CPU's layout so checkpoints and evaluation read
-//! them unchanged; evaluation normalizes by the running statistics.
+//! them unchanged; evaluation normalizes by the running statistics. Synchronized (`--sync-bn`),
+//! the f64 sums are summed over the replicas between the two halves, as on the CPU.
 
 use super::backward::InputGrad;
 use super::buffers::norm_parts;
@@ -88,6 +89,7 @@ impl<D: Device> GpuModel<D> {
                 launch!(self, "dp_bn_partials", c * parts as usize; x, no_dy, no_mean, partials, channels, count, cs, es, parts);
                 let total = count as f64;
                 launch!(self, "dp_bn_moments", c; partials, x, sums, channels, parts, cs, total);
+                self.sum_across(sums, 2 * c + 1);
                 launch!(self, "dp_bn_record", c; sums, mean, inv_std, running_mean, running_var, channels, momentum, eps);
             }
             NormPass::Eval => {
@@ -134,6 +136,9 @@ impl<D: Device> GpuModel<D> {
         launch!(self, "dp_bn_grad_sums", c; partials, inv_std, dgamma, dbeta, sums, channels, parts, total, accumulate);
         let Some((dx, add)) = dx else { return Ok(()) };
         let add = i32::from(add);
+        // Synchronized, the input gradient needs the sums over every replica's samples (the
+        // parameter gradients above stay local: the gradient all-reduce sums them).
+        self.sum_across(sums, 2 * c + 1);
         launch!(self, "dp_bn_grad_consts", c; sums, gamma, inv_std, consts, channels);
         launch!(self, "dp_bn_input_grad", c * count as usize; x, dy, dx, mean, consts, channels, count, cs, add);
         Ok(())
