@@ -234,6 +234,23 @@ impl ModelSpec {
         parsed.map_err(|what| Error::spec(path.display().to_string(), what))
     }
 
+    /// The spec with every layer equal to `from` made `to`, inside residual blocks too: a zoo
+    /// model with another activation, say (`Relu` to `Gelu`).
+    pub fn replacing(&self, from: &LayerSpec, to: &LayerSpec) -> Self {
+        fn replace(layers: &[LayerSpec], from: &LayerSpec, to: &LayerSpec) -> Vec<LayerSpec> {
+            let each = |layer: &LayerSpec| match layer {
+                _ if layer == from => to.clone(),
+                LayerSpec::Residual { layers, shortcut } => LayerSpec::Residual {
+                    layers: replace(layers, from, to),
+                    shortcut: replace(shortcut, from, to),
+                },
+                other => other.clone(),
+            };
+            layers.iter().map(each).collect()
+        }
+        Self { layers: replace(&self.layers, from, to), ..self.clone() }
+    }
+
     /// A 64-bit fingerprint of the spec (FNV-1a of its canonical JSON). Checkpoints carry it
     /// so loading one into a different model is an error, not silent garbage.
     pub fn fingerprint(&self) -> u64 {
@@ -280,5 +297,32 @@ impl LayerSpec {
     /// Whether the layer reads a sparse input (and must come first).
     pub fn takes_sparse_input(&self) -> bool {
         matches!(self, Self::SparseLinear { .. } | Self::EmbeddingBag { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replacing_a_layer_reaches_inside_residual_blocks() {
+        let resnet = ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth");
+        fn count(layers: &[LayerSpec], layer: &LayerSpec) -> usize {
+            let inside = |l: &LayerSpec| match l {
+                LayerSpec::Residual { layers, shortcut } => {
+                    count(layers, layer) + count(shortcut, layer)
+                }
+                other => usize::from(other == layer),
+            };
+            layers.iter().map(inside).sum()
+        }
+        let relus = count(&resnet.layers, &LayerSpec::Relu);
+        // The stem's, and two per block (one inside, one after the sum).
+        assert_eq!(relus, 1 + 2 * 3);
+        let gelu = resnet.replacing(&LayerSpec::Relu, &LayerSpec::Gelu);
+        assert_eq!(count(&gelu.layers, &LayerSpec::Relu), 0);
+        assert_eq!(count(&gelu.layers, &LayerSpec::Gelu), relus);
+        assert_eq!((&gelu.input, &gelu.name), (&resnet.input, &resnet.name));
+        assert_eq!(gelu.replacing(&LayerSpec::Gelu, &LayerSpec::Relu).layers, resnet.layers);
     }
 }

@@ -74,18 +74,5 @@ pub fn on_gpu<T>(test: &str, result: dp_model::Result<T>) -> Option<T> {
 /// zero on either side: gradients are compared on the smooth model.
 #[allow(dead_code)]
 pub fn smooth(spec: &dp_model::ModelSpec) -> dp_model::ModelSpec {
-    use dp_model::LayerSpec;
-    fn tanh(layers: &[LayerSpec]) -> Vec<LayerSpec> {
-        layers
-            .iter()
-            .map(|layer| match layer {
-                LayerSpec::Relu => LayerSpec::Tanh,
-                LayerSpec::Residual { layers, shortcut } => {
-                    LayerSpec::Residual { layers: tanh(layers), shortcut: tanh(shortcut) }
-                }
-                other => other.clone(),
-            })
-            .collect()
-    }
-    dp_model::ModelSpec { layers: tanh(&spec.layers), ..spec.clone() }
+    spec.replacing(&dp_model::LayerSpec::Relu, &dp_model::LayerSpec::Tanh)
 }
