@@ -70,6 +70,14 @@ impl Cuda {
     }
 }
 
+impl Cuda {
+    /// Makes the model's context the calling thread's, as cudarc's own calls do before each
+    /// launch: the raw calls below take whatever context is current.
+    fn bind(&self) -> Result<()> {
+        self.stream.context().bind_to_thread().map_err(|e| step_error("cuCtxSetCurrent", e))
+    }
+}
+
 impl Device for Cuda {
     type Memory = CudaBackend;
     type Staging = PinnedBackend;
@@ -85,6 +93,7 @@ impl Device for Cuda {
     ) -> Result<()> {
         let blocks = (n as u64).div_ceil(u64::from(THREADS)).clamp(1, u64::from(MAX_BLOCKS));
         let function = self.kernels[name].cu_function();
+        self.bind()?;
         // SAFETY: as the caller guarantees; the kernel is loaded and the stream live.
         unsafe {
             result::launch_kernel(
@@ -100,12 +109,14 @@ impl Device for Cuda {
     }
 
     unsafe fn gemm(&self, gemm: Gemm) -> Result<()> {
+        self.bind()?;
         self.blas.gemm(gemm)
     }
 
     unsafe fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         // SAFETY: as the caller guarantees.
         let src = unsafe { std::slice::from_raw_parts(src, bytes) };
+        self.bind()?;
         // SAFETY: as the caller guarantees.
         unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
             .map_err(|e| step_error("cuMemcpyHtoDAsync", e))
@@ -114,12 +125,14 @@ impl Device for Cuda {
     unsafe fn copy_out(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
         // SAFETY: as the caller guarantees.
         let dst = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
+        self.bind()?;
         // SAFETY: as the caller guarantees.
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
             .map_err(|e| step_error("cuMemcpyDtoHAsync", e))
     }
 
     unsafe fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
         // SAFETY: as the caller guarantees.
         unsafe { result::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }
             .map_err(|e| step_error("cuMemsetD8Async", e))
@@ -165,6 +178,16 @@ impl GpuModel<Cuda> {
         super::check_spec(model)?;
         let memory = CudaBackend::new(device).map_err(mem_error)?;
         let free = memory.memory_info().map_err(mem_error)?.0;
+        let (major, minor) =
+            memory.context().compute_capability().map_err(|e| driver("cuDeviceGetAttribute", e))?;
+        if precision == Precision::Bf16 && major < 8 {
+            return Err(Error::CudaUnavailable {
+                what: format!(
+                    "bf16 products need a GPU of compute capability 8.0 or later (Ampere and \
+                     after); GPU {device} has {major}.{minor}: use precision f32"
+                ),
+            });
+        }
         let staging = PinnedBackend::new(device).map_err(mem_error)?;
         let device = Cuda::open(&memory)?;
         GpuModel::build(model, Parts { device, memory, free, staging, trackers, precision })
