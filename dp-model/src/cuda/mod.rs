@@ -110,6 +110,25 @@ pub fn cuda_kernels_ptx() -> Result<&'static str> {
     Err(crate::Error::CudaNotCompiled)
 }
 
+/// A CUDA library `lib` (cudarc's name: `nvrtc`, `cublas`) that does not load: what was
+/// tried, and how to install it (`fix`).
+#[cfg(feature = "cuda")]
+pub(crate) fn library_missing(what: &str, lib: &str, fix: &str) -> crate::Error {
+    let mut tried: Vec<String> = Vec::new();
+    for name in cudarc::get_lib_name_candidates(lib) {
+        if !tried.contains(&name) {
+            tried.push(name);
+        }
+    }
+    crate::Error::CudaUnavailable {
+        what: format!(
+            "{what} (lib{lib}) does not load: tried {}. {fix}, and put the directory holding \
+             lib{lib}.so on LD_LIBRARY_PATH",
+            tried.join(", ")
+        ),
+    }
+}
+
 #[cfg(feature = "cuda")]
 fn compile() -> Result<String> {
     use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
@@ -118,20 +137,12 @@ fn compile() -> Result<String> {
 
     // SAFETY: only probes whether the library loads.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        let mut tried: Vec<String> = Vec::new();
-        for name in cudarc::get_lib_name_candidates("nvrtc") {
-            if !tried.contains(&name) {
-                tried.push(name);
-            }
-        }
-        return Err(Error::CudaUnavailable {
-            what: format!(
-                "NVRTC (libnvrtc) does not load: tried {}. Install CUDA's NVRTC for the driver's \
-                 CUDA version (for CUDA 13.0: pip install 'nvidia-cuda-nvrtc==13.0.*') and put the \
-                 directory holding libnvrtc.so on LD_LIBRARY_PATH",
-                tried.join(", ")
-            ),
-        });
+        return Err(library_missing(
+            "NVRTC",
+            "nvrtc",
+            "Install CUDA's NVRTC for the driver's CUDA version (for CUDA 13.0: pip install \
+             'nvidia-cuda-nvrtc==13.0.*')",
+        ));
     }
     let options = CompileOptions { name: Some("dp_model_kernels.cu".into()), ..Default::default() };
     compile_ptx_with_opts(CUDA_KERNEL_SOURCE, options).map(|ptx| ptx.to_src()).map_err(|error| {

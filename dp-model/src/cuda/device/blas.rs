@@ -21,6 +21,15 @@ pub(super) struct Blas {
 
 impl Blas {
     pub(super) fn new(stream: &CudaStream) -> Result<Self> {
+        // SAFETY: only probes whether the library loads (cudarc panics on a missing one).
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(crate::cuda::library_missing(
+                "cuBLAS",
+                "cublas",
+                "Install the CUDA toolkit's cuBLAS for the driver's CUDA version (for CUDA 13.0: \
+                 pip install 'nvidia-cublas==13.*')",
+            ));
+        }
         let handle = cublas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
         let blas = Self { handle };
         // SAFETY: a live handle and stream (dropped with `blas` on failure).
