@@ -26,12 +26,16 @@ pub use stub::{CudaModel, CudaRuntime};
 use crate::error::Result;
 
 /// The kernels' CUDA C source: the elementwise ops, losses and optimizers, then bf16
-/// rounding, the image layers and batch norm (each file uses what the ones before define).
+/// rounding, the image layers, batch norm, and a GPT's layer norm, embedding and attention
+/// (each file uses what the ones before define).
 pub const CUDA_KERNEL_SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("bf16.cu"),
     include_str!("image.cu"),
-    include_str!("batch_norm.cu")
+    include_str!("batch_norm.cu"),
+    include_str!("layer_norm.cu"),
+    include_str!("embedding.cu"),
+    include_str!("attention.cu")
 );
 
 /// The name of every kernel in [`CUDA_KERNEL_SOURCE`].
@@ -70,7 +74,23 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_bn_grad_sums",
     "dp_bn_grad_consts",
     "dp_bn_input_grad",
+    "dp_layer_norm_stats",
+    "dp_layer_norm_apply",
+    "dp_layer_norm_row_sums",
+    "dp_layer_norm_input_grad",
+    "dp_layer_norm_param_grad",
+    "dp_embedding",
+    "dp_embedding_position_grad",
+    "dp_embedding_table_grad",
+    "dp_attention",
+    "dp_attention_delta",
+    "dp_attention_query_grad",
+    "dp_attention_key_grad",
 ];
+
+/// The largest head dimension the attention kernels take (`DP_MAX_HEAD_DIM` in
+/// `attention.cu`: each thread keeps a row of it).
+pub const CUDA_MAX_HEAD_DIM: usize = 128;
 
 /// The `kind` the activation kernels take for `activation`.
 #[cfg(any(feature = "cuda", test))]
