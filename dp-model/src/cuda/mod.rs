@@ -90,7 +90,8 @@ pub const CUDA_KERNELS: &[&str] = &[
 
 /// The largest head dimension the attention kernels take (`DP_MAX_HEAD_DIM` in
 /// `attention.cu`: each thread keeps a row of it).
-pub const CUDA_MAX_HEAD_DIM: usize = 128;
+#[cfg(any(feature = "cuda", test))]
+pub(crate) const CUDA_MAX_HEAD_DIM: usize = 128;
 
 /// The `kind` the activation kernels take for `activation`.
 #[cfg(any(feature = "cuda", test))]
@@ -196,5 +197,11 @@ mod tests {
             }
         }
         assert!(launched >= CUDA_KERNELS.len(), "only {launched} launches found");
+    }
+
+    #[test]
+    fn the_largest_head_dimension_is_the_kernels() {
+        let define = format!("#define DP_MAX_HEAD_DIM {}\n", super::CUDA_MAX_HEAD_DIM);
+        assert!(super::CUDA_KERNEL_SOURCE.contains(&define), "attention.cu lacks {define}");
     }
 }

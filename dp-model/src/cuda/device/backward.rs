@@ -57,9 +57,10 @@ impl<D: Device> GpuModel<D> {
             return Ok(());
         }
         let dx = node.input.map(|j| (self.grad_of(j), plan.adds[i][0]));
-        // A linear layer, convolution or batch norm adds its input gradient itself; any other
-        // op writes it to the spill buffer first.
-        let adds_itself = matches!(node.op, Op::Linear(_) | Op::Conv2d(_) | Op::BatchNorm(_));
+        // A product (linear layer, convolution, tied head) or batch norm adds its input
+        // gradient itself; any other op writes it to the spill buffer first.
+        let adds_itself =
+            matches!(node.op, Op::Linear(_) | Op::Conv2d(_) | Op::BatchNorm(_) | Op::TiedHead(_));
         match dx {
             Some((dx, true)) if !adds_itself => {
                 let spill = ptr(self.work.spill.as_ref().expect("planned where an op must add"));
@@ -84,12 +85,14 @@ impl<D: Device> GpuModel<D> {
         let node = &self.tape.nodes[i];
         let (x, y) = (self.source(node.input), self.output_of(i));
         let accumulate = options.accumulate;
+        let rows = batch * node.rows;
         match &node.op {
-            Op::Linear(l) => {
-                return self.linear_backward(l, batch * node.rows, x, dy, dx, accumulate);
-            }
+            Op::Linear(l) => return self.linear_backward(l, rows, x, dy, dx, accumulate),
             Op::Conv2d(c) => return self.conv_backward(c, batch, x, dy, dx, accumulate),
             Op::BatchNorm(b) => return self.norm_backward(b, batch, x, dy, dx, accumulate),
+            Op::Embedding(e) => return self.embedding_backward(e, batch, dy, accumulate),
+            Op::LayerNorm(n) => return self.layer_norm_backward(n, rows, (x, dy), dx, accumulate),
+            Op::TiedHead(h) => return self.tied_head_backward(h, rows, (x, dy), dx, accumulate),
             _ => {}
         }
         // The rest have no parameters: backward runs them for their input's gradient.
@@ -125,6 +128,7 @@ impl<D: Device> GpuModel<D> {
                 let scale = d.scale() as f32;
                 launch!(self, "dp_dropout", n; dy, dx, len, key, threshold, scale);
             }
+            Op::Attention(a) => self.attention_backward(a, batch, (x, y, dy), dx)?,
             _ => unreachable!("refused when the model was built, or handled above"),
         }
         Ok(())

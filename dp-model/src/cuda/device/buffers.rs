@@ -45,6 +45,12 @@ struct Sizes {
     norm_partials: usize,
     norm_sums: usize,
     norm_consts: usize,
+    /// Per row of the widest layer norm: its statistics and its two gradient sums.
+    row_stats: usize,
+    /// Per query row of the largest attention: its softmax gradient's constant.
+    delta: usize,
+    /// Rows of token ids a step embeds (for the table gradient's sort).
+    tokens: usize,
     /// The largest weight and the largest activation, rounded to bf16 (bf16 only).
     half_weights: usize,
     half_act: usize,
@@ -62,15 +68,24 @@ impl Sizes {
         };
         let (mut cols, mut ones, mut half_weights) = (0, batch, 0);
         let (mut norm_partials, mut norm_sums, mut norm_consts) = (0, 0, 0);
+        let (mut row_stats, mut delta, mut tokens) = (0, 0, 0);
         for node in &tape.nodes {
             match &node.op {
+                Op::LayerNorm(_) => row_stats = row_stats.max(5 * batch * node.rows),
+                Op::Attention(a) => delta = delta.max(batch * a.stats_len()),
+                Op::Embedding(e) => tokens = batch * e.t,
+                Op::TiedHead(h) => half_weights = half_weights.max(h.vocab * h.dim),
                 Op::Conv2d(c) => {
                     let images = images_per_chunk(c, batch, chunk_values);
                     cols = cols.max(c.patch_len() * images * c.out_height * c.out_width);
                     ones = ones.max(batch * c.out_height * c.out_width);
                     half_weights = half_weights.max(c.out_channels * c.patch_len());
                 }
-                Op::Linear(l) => half_weights = half_weights.max(l.outputs * l.inputs),
+                Op::Linear(l) => {
+                    half_weights = half_weights.max(l.outputs * l.inputs);
+                    // Its bias gradient sums over every row (a language model's tokens).
+                    ones = ones.max(batch * node.rows);
+                }
                 Op::BatchNorm(n) => {
                     let count = batch * n.plane;
                     norm_partials = norm_partials.max(2 * n.channels * norm_parts(count));
@@ -94,6 +109,9 @@ impl Sizes {
             norm_partials,
             norm_sums,
             norm_consts,
+            row_stats,
+            delta,
+            tokens,
             half_weights,
             half_act,
         }
@@ -110,7 +128,8 @@ impl Sizes {
             Precision::Bf16 => 2 * (self.cols + self.half_weights + 2 * self.half_act) as u64,
         };
         let scratch = f32s(self.cols + self.ones + self.norm_partials + self.norm_consts)
-            + 8 * (self.norm_sums + CLIP_PARTS + 1) as u64
+            + f32s(self.row_stats + self.delta)
+            + 8 * (self.norm_sums + CLIP_PARTS + 1 + 3 * self.tokens + 1) as u64
             + halves;
         [saved, grads, scratch]
     }
@@ -170,6 +189,15 @@ pub(super) struct Buffers<B: Backend> {
     pub(super) norm_consts: PoolBuf<f32, B>,
     /// The clipping norm's partial sums, then the norm.
     pub(super) clip: PoolBuf<f64, B>,
+    /// A layer norm's per-row statistics (three values a row), then its gradient sums (two).
+    pub(super) row_stats: PoolBuf<f32, B>,
+    /// An attention's per-row softmax gradient constants.
+    pub(super) delta: PoolBuf<f32, B>,
+    /// The batch's token rows sorted by id, where each id's run starts (and the end), and the
+    /// ids: the embedding table gradient's gather (see `sequence.rs`).
+    pub(super) token_order: PoolBuf<i64, B>,
+    pub(super) token_starts: PoolBuf<i64, B>,
+    pub(super) token_ids: PoolBuf<i64, B>,
     pub(super) halves: Option<Halves<B>>,
     /// Bytes of saved activations, activation gradients and scratch.
     pub(super) bytes: [u64; 3],
@@ -212,6 +240,11 @@ impl<B: Backend> Buffers<B> {
             norm_sums: pool.alloc::<f64>(sizes.norm_sums.max(1), Tag::Temp)?,
             norm_consts: f32s(sizes.norm_consts, Tag::Temp)?,
             clip: pool.alloc::<f64>(CLIP_PARTS + 1, Tag::Temp)?,
+            row_stats: f32s(sizes.row_stats, Tag::Temp)?,
+            delta: f32s(sizes.delta, Tag::Temp)?,
+            token_order: pool.alloc::<i64>(sizes.tokens.max(1), Tag::Temp)?,
+            token_starts: pool.alloc::<i64>(sizes.tokens + 1, Tag::Temp)?,
+            token_ids: pool.alloc::<i64>(sizes.tokens.max(1), Tag::Temp)?,
             halves,
             plan: sizes.plan,
             grad_plan: sizes.grads,

@@ -539,4 +539,86 @@ mod tests {
     fn whole_len(spec: &ModelSpec) -> usize {
         spec.layout().expect("a layout").len()
     }
+
+    /// A small GPT: embeddings, pre-norm blocks of layer norm, attention (two heads), a GELU
+    /// MLP, dropout everywhere, residual sums, and the tied head.
+    fn gpt() -> ModelSpec {
+        let shape = crate::zoo::GptShape { layers: 2, heads: 2, dim: 16, dropout: 0.1 };
+        ModelSpec::gpt("gpt", 23, 9, shape)
+    }
+
+    /// `rows` samples of token ids (as floats, ids repeating within and across samples) and
+    /// each position's next-token label, one ignored.
+    fn tokens(spec: &ModelSpec, rows: usize, seed: u64) -> (ndarray::Array2<f32>, Vec<i64>) {
+        let t = spec.input[0];
+        let ids: Vec<f32> =
+            values(rows * t, seed).iter().map(|v| ((v + 1.0) * 11.5).floor()).collect();
+        let mut labels: Vec<i64> = ids[1..].iter().map(|&v| v as i64).chain([3]).collect();
+        labels[4] = -1;
+        (ndarray::Array2::from_shape_vec((rows, t), ids).expect("a batch"), labels)
+    }
+
+    #[test]
+    fn a_gpt_steps_and_evaluates_on_the_emulated_device_as_on_the_cpu() {
+        let spec = gpt();
+        let pool = Pool::new(&Tracker::new());
+        let options = ModelOptions::new(3, 3).label_smoothing(0.1);
+        let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::F32, &pool) else {
+            return;
+        };
+        let mut grads = vec![0f32; cpu.params().len()];
+        for (step, accumulate) in [(0u64, false), (1, true)] {
+            let (x, labels) = tokens(&spec, 3 - step as usize, step);
+            let options = StepOptions { step, accumulate, ..StepOptions::default() };
+            let targets = Targets::Classes(&labels);
+            let a = cpu.forward_backward(x.view(), targets, &options).unwrap();
+            let mut ranges = Vec::new();
+            let b = gpu
+                .forward_backward_with(x.view(), targets, &options, &mut |r| ranges.push(r))
+                .unwrap();
+            assert_eq!((a.samples, a.correct), (b.samples, b.correct), "step {step}");
+            let loss = (a.loss_sum - b.loss_sum).abs() / a.loss_sum;
+            assert!(loss <= 1e-5, "step {step}: loss {} vs {}", a.loss_sum, b.loss_sum);
+            gpu.download_grads(&mut grads).unwrap();
+            let diff = difference(&grads, cpu.grads());
+            assert!(diff <= 1e-4, "step {step}: gradients differ by {diff:e}");
+            assert_eq!(ranges.last().map(|r| r.end), Some(cpu.params().len()));
+        }
+        let (x, labels) = tokens(&spec, 2, 7);
+        let a = cpu.evaluate(x.view(), Targets::Classes(&labels)).unwrap();
+        let b = gpu.evaluate(x.view(), Targets::Classes(&labels)).unwrap();
+        assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
+        // An id outside the vocabulary is refused before anything runs, naming it.
+        let mut bad = x.clone();
+        bad[[1, 2]] = 23.0;
+        let error =
+            gpu.forward_backward(bad.view(), Targets::Classes(&labels), &StepOptions::default());
+        let error = error.expect_err("an id outside 0..23").to_string();
+        assert!(error.contains("sample 1, position 2"), "{error}");
+    }
+
+    #[test]
+    fn a_gpt_in_bf16_steps_as_the_cpus_bf16() {
+        let spec = gpt();
+        let pool = Pool::new(&Tracker::new());
+        let Some((mut cpu, mut gpu)) = pair(&spec, ModelOptions::new(3, 4), Precision::Bf16, &pool)
+        else {
+            return;
+        };
+        let (x, labels) = tokens(&spec, 3, 1);
+        let options = StepOptions::default();
+        cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+        gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+        let mut grads = vec![0f32; cpu.params().len()];
+        gpu.download_grads(&mut grads).unwrap();
+        let to_f32 = cosine(&grads, cpu.grads());
+        assert!(to_f32 >= 0.98, "cosine with f32's gradients {to_f32}");
+        if Precision::Bf16.available() {
+            let amx = ModelOptions::new(3, 4).precision(Precision::Bf16);
+            let mut amx = Model::<f32>::new(&spec, &pool, amx).unwrap();
+            amx.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let same = cosine(&grads, amx.grads());
+            assert!(same >= 0.999, "cosine with the CPU's bf16 gradients {same}");
+        }
+    }
 }

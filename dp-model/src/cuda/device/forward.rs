@@ -71,6 +71,10 @@ impl<D: Device> GpuModel<D> {
                 launch!(self, "dp_dropout", n; x, y, len, key, threshold, scale);
             }
             Op::BatchNorm(b) => self.norm_forward(b, batch, x, y, pass)?,
+            Op::Embedding(e) => self.embedding_forward(e, batch, x, y)?,
+            Op::LayerNorm(n) => self.layer_norm_forward(n, batch * node.rows, x, y)?,
+            Op::Attention(a) => self.attention_forward(a, batch, x, y)?,
+            Op::TiedHead(h) => self.tied_head_forward(h, batch * node.rows, x, y)?,
             Op::Add(add) => {
                 let skip = self.source(add.skip);
                 launch!(self, "dp_add", n; x, skip, y, len);

@@ -31,6 +31,7 @@ mod norm;
 mod optim;
 #[cfg(feature = "cuda")]
 mod runtime;
+mod sequence;
 mod staging;
 
 use std::cell::RefCell;
@@ -46,6 +47,7 @@ use ndarray::ArrayView2;
 pub use runtime::CudaRuntime;
 
 use self::buffers::Buffers;
+use self::sequence::TokenSort;
 use self::staging::{STAGING_PIECE, Staged};
 use crate::cuda::DeviceNormSync;
 use crate::error::{Error, Result};
@@ -120,21 +122,14 @@ fn ptr<T: bytemuck::Pod, B: Backend>(buf: &PoolBuf<T, B>) -> u64 {
     buf.as_ptr() as usize as u64
 }
 
-/// Whether the GPU path runs `op` (the image and dense layers; attention, layer norm,
-/// embeddings and sparse inputs are the language models' and still CPU-only).
+/// Whether the GPU path runs `op`: every layer but a sparse first one (a CSR batch), and
+/// attention with heads of at most `CUDA_MAX_HEAD_DIM` values (a thread keeps a row of one).
 fn on_gpu_path(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Linear(_)
-            | Op::Conv2d(_)
-            | Op::MaxPool2d(_)
-            | Op::Transpose(_)
-            | Op::Activation(_)
-            | Op::Dropout(_)
-            | Op::BatchNorm(_)
-            | Op::GlobalAvgPool(_)
-            | Op::Add(_)
-    )
+    match op {
+        Op::Sparse(_) => false,
+        Op::Attention(a) => a.head_dim <= crate::cuda::CUDA_MAX_HEAD_DIM,
+        _ => true,
+    }
 }
 
 /// Refuses a model with a layer the GPU path lacks, naming it.
@@ -142,8 +137,11 @@ fn check_spec(model: &Model<f32>) -> Result<()> {
     match model.tape().nodes.iter().find(|n| !on_gpu_path(&n.op)) {
         Some(node) => Err(Error::spec(
             format!("layers[{}]", node.layer),
-            "runs on the CPU only so far (the GPU path has linear, convolution, pooling, batch \
-             norm and residual layers, activations and dropout)",
+            format!(
+                "runs on the CPU only so far (the GPU path has every layer but a sparse first \
+                 one, and attention heads of at most {} values)",
+                crate::cuda::CUDA_MAX_HEAD_DIM
+            ),
         )),
         None => Ok(()),
     }
@@ -151,9 +149,8 @@ fn check_spec(model: &Model<f32>) -> Result<()> {
 
 /// A model whose training step runs on one GPU ([`CudaModel`] on CUDA), with the parameters
 /// (and batch norms' running statistics) of a CPU [`Model`] of the same spec, and back:
-/// checkpoints stay the CPU's. Dense and image models: linear layers, convolutions, pooling,
-/// batch norm, residual sums, activations and dropout; a spec with other layers is refused,
-/// naming the layer.
+/// checkpoints stay the CPU's. Dense, image and language models: every layer but a sparse
+/// first one (refused, naming the layer).
 pub struct GpuModel<D: Device> {
     tape: Tape,
     max_batch: usize,
@@ -182,6 +179,8 @@ pub struct GpuModel<D: Device> {
     staged: Staged<D::Staging>,
     /// Sums the batch norms' statistics over the replicas (`--sync-bn`), and its first failure.
     norm_sync: RefCell<NormSync>,
+    /// A token batch's rows sorted by id, for the embedding table's gradient.
+    token_sort: TokenSort,
     /// Dropped after every buffer above (fields drop in order).
     device: D,
 }
@@ -268,6 +267,7 @@ impl<D: Device> GpuModel<D> {
             row_correct: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
             staged: Staged::new(staging, host_tracker, rows, (tape.input_len, outputs))?,
             norm_sync: RefCell::default(),
+            token_sort: TokenSort::default(),
             work,
             tape,
             pool,
@@ -494,6 +494,7 @@ impl<D: Device> GpuModel<D> {
             .as_slice()
             .ok_or_else(|| Error::shape("GPU input", "a contiguous array", "a strided view"))?;
         self.copy_input(x)?;
+        self.take_tokens(x)?;
         Ok(batch)
     }
 
