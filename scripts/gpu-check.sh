@@ -9,7 +9,8 @@
 # dp-mem's device-memory tests, dp-data's batches in page-locked memory, compiles dp-model's
 # CUDA kernels with the machine's NVRTC, checks the GPU training step against the CPU's and
 # what the CUDA libraries take from host memory, checks the image models' GPU steps against
-# the CPU's (LeNet, the CNN, ResNet-20 and ResNet-18, f32 within 1e-4 and bf16), trains the default job on the GPU (at least
+# the CPU's (LeNet, the CNN, ResNet-20 and ResNet-18, f32 within 1e-4 and bf16) and a
+# GPT's likewise, trains the default job on the GPU (at least
 # 97% eval accuracy), measures the MLP step's samples/s against PyTorch eager on the same GPU
 # (scripts/torch_mlp_step.py; target 1.5x at batch 4096) and its device memory (target 1.1x
 # what it must hold), measures the ResNet-20 (batch 512) and ResNet-18 (batch 128) steps in
@@ -39,7 +40,7 @@ build() {
     built=$(cargo test --release --no-run --message-format=json \
         -p dp-mem -p dp-data -p dp-model -p dp-comm --features dp-mem/cuda,dp-model/cuda,dp-comm/cuda \
         --test cuda --test pipeline --test cuda_kernels --test cuda_model --test cuda_image_model \
-        --test cuda_host_memory \
+        --test cuda_gpt_model --test cuda_host_memory \
         --test nccl 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
             --bench collectives 2>/dev/null &&
@@ -55,6 +56,7 @@ import json, shutil, sys
 wanted = {"cuda": "dp-mem-cuda", "pipeline": "dp-data-pipeline",
           "cuda_kernels": "dp-model-cuda-kernels",
           "cuda_model": "dp-model-cuda-model", "cuda_image_model": "dp-model-cuda-image-model",
+          "cuda_gpt_model": "dp-model-cuda-gpt-model",
           "cuda_host_memory": "dp-model-cuda-host-memory",
           "nccl": "dp-comm-nccl",
           "collectives": "dp-comm-collectives", "cuda_step": "dp-model-cuda-step",
@@ -151,6 +153,7 @@ run pipeline "$bin/dp-data-pipeline" batches_for_a_gpu; pipeline_status=$?
 run kernels "$bin/dp-model-cuda-kernels" --nocapture; kernel_status=$?
 run model "$bin/dp-model-cuda-model" --nocapture --test-threads 1; model_status=$?
 run image_model "$bin/dp-model-cuda-image-model" --nocapture --test-threads 1; image_model_status=$?
+run gpt_model "$bin/dp-model-cuda-gpt-model" --nocapture --test-threads 1; gpt_model_status=$?
 run host "$bin/dp-model-cuda-host-memory" --nocapture; host_status=$?
 # The default job on the GPU: the built-in digits, to at least 97% evaluation accuracy.
 job=$(mktemp -d)
@@ -203,6 +206,8 @@ echo "kernels:       $(grep -E 'kernels compiled' "$log.kernels" | tail -1) (exi
 echo "GPU model:     $(grep -E '^test result:' "$log.model" | tail -1) (exit $model_status)"
 echo "image models:  $(grep -E '^test result:' "$log.image_model" | tail -1) (exit $image_model_status)"
 grep -E 'gradients|parameters differ|bf16 step' "$log.image_model" | sed 's/^/               /'
+echo "GPT model:     $(grep -E '^test result:' "$log.gpt_model" | tail -1) (exit $gpt_model_status)"
+grep -E '^GPT' "$log.gpt_model" | sed 's/^/               /'
 echo "host memory:   $(grep -E '^runtime' "$log.host" | tail -1) (exit $host_status)"
 echo "default job:   eval accuracy $accuracy (>= 0.97), $(grep -E '^throughput' "$log.job" | tail -1) (exit $job_status)"
 grep -E '^device memory' "$log.job" | sed 's/^/               /'
@@ -271,7 +276,7 @@ grep -E '^memcpy bandwidth|^4 KiB latency' "$log.bench" | sed 's/^/cpu:         
 echo "bench exit:    $bench_status"
 rm -f "$log" "$log".*
 [ "$mem_status" -eq 0 ] && [ "$kernel_status" -eq 0 ] && [ "$model_status" -eq 0 ] \
-    && [ "$image_model_status" -eq 0 ] \
+    && [ "$image_model_status" -eq 0 ] && [ "$gpt_model_status" -eq 0 ] \
     && [ "$host_status" -eq 0 ] && [ "$pipeline_status" -eq 0 ] \
     && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
     && [ "$bench_status" -eq 0 ] && [ "$imagestep_status" -eq 0 ] \
