@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::ops::gemm::Precision;
 
-/// A model whose training step runs on one CUDA GPU: see [`GpuModel`].
+/// A model whose training step runs on one CUDA GPU: the step of `GpuModel`, on the `Cuda`
+/// device.
 pub type CudaModel = GpuModel<Cuda>;
 
 /// Threads per block of every kernel, and the most blocks one launch takes (the kernels loop
