@@ -66,7 +66,7 @@ impl Data {
         let (f, offset) = (case.features, case.offset);
         let len = offset + 2 * f + 4;
         // A spread of 1 (values within half a unit of the mean) where the mean is far from
-        // zero, else [-3, 3].
+        // zero, else within 3 of it.
         let x = random(case.rows * f, rng);
         let x =
             x.iter().map(|v| if case.mean > 100.0 { case.mean + v / 6.0 } else { case.mean + v });
