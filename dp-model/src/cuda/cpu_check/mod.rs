@@ -9,15 +9,18 @@
 //! they are skipped, unless `DP_REQUIRE_CXX` is set (CI sets it), which makes that a failure.
 //!
 //! The checks come in families, one file each (`elementwise`, `losses_optim`, `image`,
-//! `batch_norm`); `suite` names which family checks which kernel and runs them all, and
+//! `batch_norm`, `layer_norm`, `embedding`, `attention`); `suite` names which family checks which kernel and runs them all, and
 //! `mutants` proves each check can fail: it breaks every kernel on purpose, one bug at a time,
 //! and asserts that its family's check notices.
 //!
 //! [`CUDA_KERNEL_SOURCE`]: super::CUDA_KERNEL_SOURCE
 
+mod attention;
 mod batch_norm;
 mod elementwise;
+mod embedding;
 mod image;
+mod layer_norm;
 mod losses_optim;
 mod mutants;
 mod suite;

@@ -165,6 +165,86 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "consts[channels + c] = (float)(sums[c] / (count - 1.0));",
     ),
     ("dp_bn_input_grad", "dx[i] = add ? dx[i] + v : v;", "dx[i] = v;"),
+    ("dp_layer_norm_stats", "stats[3 * r + 1] = (float)lo;", "stats[3 * r + 1] = 0.0f;"),
+    (
+        "dp_layer_norm_stats",
+        "double var = b / (double)f - lo * lo;",
+        "double var = b / (double)(f - 1) - lo * lo;",
+    ),
+    ("dp_layer_norm_apply", "* gamma[i % f] + beta[i % f]; }", "* beta[i % f] + gamma[i % f]; }"),
+    (
+        "dp_layer_norm_row_sums",
+        "float g = dy[r * f + c] * gamma[c];",
+        "float g = dy[c] * gamma[c];",
+    ),
+    (
+        "dp_layer_norm_row_sums",
+        "sums[2 * r + 1] = (float)(inv_std * inv_std * (b / (double)f));",
+        "sums[2 * r + 1] = (float)(inv_std * (b / (double)f));",
+    ),
+    (
+        "dp_layer_norm_input_grad",
+        "dx[i] = s[2] * dy[i] * gamma[i % f] - sums[2 * r]",
+        "dx[i] = dy[i] * gamma[i % f] - sums[2 * r]",
+    ),
+    ("dp_layer_norm_param_grad", "float v = dy[r * f + c];", "float v = dy[c * rows + r];"),
+    (
+        "dp_layer_norm_param_grad",
+        "dbeta[c] = accumulate ? dbeta[c] + (float)db : (float)db;",
+        "dbeta[c] = (float)db;",
+    ),
+    ("dp_embedding", "positions[(r % t) * dim + c]", "positions[(r / t) * dim + c]"),
+    (
+        "dp_embedding_position_grad",
+        "dpositions[i] = accumulate ? dpositions[i] + sum : sum;",
+        "dpositions[i] = sum;",
+    ),
+    (
+        "dp_embedding_position_grad",
+        "sum += dy[(b * t + p) * dim + c];",
+        "sum += dy[(p * batch + b) * dim + c];",
+    ),
+    (
+        "dp_embedding_table_grad",
+        "for (long long k = starts[s]; k < starts[s + 1]; ++k)",
+        "for (long long k = starts[s] + 1; k < starts[s + 1]; ++k)",
+    ),
+    ("dp_embedding_table_grad", "sum += dy[order[k] * dim + c];", "sum += dy[k * dim + c];"),
+    (
+        "dp_embedding_table_grad",
+        "dtable[segment_ids[s] * dim + c] += sum;",
+        "dtable[segment_ids[s] * dim + c] = sum;",
+    ),
+    (
+        "dp_attention",
+        "l = 0.0f;\n        for (long long j = 0; j <= i; ++j)",
+        "l = 0.0f;\n        for (long long j = 0; j < i; ++j)",
+    ),
+    ("dp_attention", "lse[n] = m + logf(l);", "lse[n] = logf(l);"),
+    ("dp_attention", "const float* v = k + d;", "const float* v = k - d;"),
+    (
+        "dp_attention_delta",
+        "long long at = (b * t + i) * d + h * hd;",
+        "long long at = (b * t + i) * d + h;",
+    ),
+    (
+        "dp_attention_query_grad",
+        "j <= i; ++j) {\n            const float* k = qkv + (b * t + j) * row + d + h * hd;\n            float p;",
+        "j < i; ++j) {\n            const float* k = qkv + (b * t + j) * row + d + h * hd;\n            float p;",
+    ),
+    (
+        "dp_attention_query_grad",
+        "dp_attention_ds(q, k, k + d, dyi, lse[n], delta[n]",
+        "dp_attention_ds(q, k + d, k, dyi, lse[n], delta[n]",
+    ),
+    ("dp_attention_query_grad", "return *p * (dp - delta);", "return *p * dp;"),
+    (
+        "dp_attention_key_grad",
+        "for (long long i = j; i < t; ++i)",
+        "for (long long i = j + 1; i < t; ++i)",
+    ),
+    ("dp_attention_key_grad", "long long m = n - j + i;", "long long m = n;"),
+    ("dp_attention_key_grad", "*p = expf(s * scale - lse);", "*p = expf(s - lse);"),
 ];
 
 /// The grid the mutants run on: several blocks, a block size no size is a multiple of.

@@ -3,7 +3,10 @@
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::SeedableRng;
 
-use super::{GRIDS, Grid, Kernels, batch_norm, build, elementwise, image, losses_optim};
+use super::{
+    GRIDS, Grid, Kernels, attention, batch_norm, build, elementwise, embedding, image, layer_norm,
+    losses_optim,
+};
 use crate::cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS};
 
 /// A family's check: every kernel it covers on one grid, panicking at the first difference
@@ -11,11 +14,14 @@ use crate::cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS};
 pub(super) type Check = fn(&Kernels, Grid, &mut Xoshiro256PlusPlus);
 
 /// The families: a name, the kernels the check covers, the check.
-pub(super) const FAMILIES: [(&str, &[&str], Check); 4] = [
+pub(super) const FAMILIES: [(&str, &[&str], Check); 7] = [
     ("elementwise", elementwise::KERNELS, elementwise::check),
     ("losses and optimizers", losses_optim::KERNELS, losses_optim::check),
     ("image layers", image::KERNELS, image::check),
     ("batch norm", batch_norm::KERNELS, batch_norm::check),
+    ("layer norm", layer_norm::KERNELS, layer_norm::check),
+    ("embedding", embedding::KERNELS, embedding::check),
+    ("attention", attention::KERNELS, attention::check),
 ];
 
 /// The family that checks `kernel`.
