@@ -33,6 +33,7 @@ mod optim;
 mod runtime;
 mod sequence;
 mod staging;
+mod tokens;
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -47,8 +48,8 @@ use ndarray::ArrayView2;
 pub use runtime::CudaRuntime;
 
 use self::buffers::Buffers;
-use self::sequence::TokenSort;
 use self::staging::{STAGING_PIECE, Staged};
+use self::tokens::TokenSort;
 use crate::cuda::DeviceNormSync;
 use crate::error::{Error, Result};
 use crate::model::{Model, ModelMemory, StepOptions};

@@ -10,34 +10,6 @@ use crate::ops::attention::CausalAttention;
 use crate::ops::embedding::{Embedding, TiedHead};
 use crate::ops::layer_norm::LayerNorm;
 
-/// A batch's token rows sorted by id (stably), as the table gradient's gather reads them: the
-/// rows, where each distinct id's run starts (and, last, where the runs end), and the ids.
-#[derive(Default)]
-pub(super) struct TokenSort {
-    order: Vec<i64>,
-    starts: Vec<i64>,
-    ids: Vec<i64>,
-}
-
-impl TokenSort {
-    /// Sorts the token ids `ids` (checked integers in the vocabulary).
-    pub(super) fn of(&mut self, ids: &[f32]) {
-        self.order.clear();
-        self.order.extend(0..ids.len() as i64);
-        self.order.sort_by_key(|&r| (ids[r as usize] as i64, r));
-        self.starts.clear();
-        self.ids.clear();
-        for (k, &r) in self.order.iter().enumerate() {
-            let id = ids[r as usize] as i64;
-            if self.ids.last() != Some(&id) {
-                self.ids.push(id);
-                self.starts.push(k as i64);
-            }
-        }
-        self.starts.push(self.order.len() as i64);
-    }
-}
-
 impl<D: Device> GpuModel<D> {
     /// Checks a batch of token ids (the model's first layer is an embedding) and queues its
     /// rows' sort for the table gradient.
