@@ -1,7 +1,8 @@
 //! The model's CUDA kernels (feature `cuda`): everything a training step does on a GPU besides
-//! its GEMMs (which go through cuBLAS), with the CPU ops' arithmetic, in `kernels.cu`. They are
-//! compiled at run time by NVRTC, once per process, so that no CUDA toolkit is needed to build
-//! and the PTX matches the driver it runs on. A machine without NVRTC gets an error naming the
+//! its GEMMs (which go through cuBLAS), with the CPU ops' arithmetic, in the `.cu` files here,
+//! and the step that runs them (`device/`). They are compiled at run time by NVRTC, once per
+//! process, so that no CUDA toolkit is needed to build and the PTX matches the driver it runs
+//! on. A machine without NVRTC gets an error naming the
 //! library and how to install it; a kernel that does not compile is an error carrying NVRTC's
 //! log (and fails CI, which compiles them all with NVRTC's Python wheel).
 //!

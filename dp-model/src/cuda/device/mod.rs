@@ -3,7 +3,8 @@
 //! with `Precision::Bf16`) and the kernels of the CUDA source, all queued on one stream.
 //! Activations live where the CPU's plan puts them (`buffers.rs`); convolutions are unfolded a
 //! chunk of images at a time (`conv.rs`); batch norm keeps the CPU's statistics and running
-//! buffers (`norm.rs`).
+//! buffers (`norm.rs`); a GPT's embedding, layer norm, attention and tied head are in
+//! `sequence.rs`.
 //!
 //! The step is written once over a [`Device`]: CUDA (`cuda.rs`), or in tests the CPU running
 //! the same kernels compiled as C++ and a plain GEMM (`emulator.rs`), which runs every line of
