@@ -193,14 +193,19 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// What the GPU path has so far: one replica per GPU, dense and image models, f32 or bf16
-    /// products, full-precision state.
+    /// What the GPU path has so far: one replica per GPU (one process each), every model but
+    /// a sparse one, f32 or bf16 products, recomputation, full-precision state.
     fn validate_cuda(&self) -> Result<()> {
         let refuse = |field: &'static str, what: &str| {
             Err(Error::config(field, format!("{what} is not on the GPU path yet (device = cuda)")))
         };
         if self.replicas > 1 {
-            return refuse("replicas", "more than one replica per process (one per GPU)");
+            return Err(Error::config(
+                "replicas",
+                "a GPU run has one replica per process, each on its own GPU: for several GPUs, \
+                 launch one process per GPU (mpirun -n <GPUs> dp train --device cuda ..., with \
+                 the cuda and mpi features)",
+            ));
         }
         if self.zero_stage != 0 {
             return refuse("zero_stage", "ZeRO");
@@ -210,9 +215,6 @@ impl TrainConfig {
                 "optimizer_bits",
                 "8-bit optimizer state (the GPU's Adam and SGD kernels keep f32 state)",
             );
-        }
-        if self.recompute {
-            return refuse("recompute", "activation recomputation");
         }
         if self.activations != SavedPrecision::F32 {
             return refuse("activations", "bf16 saved activations (the GPU keeps them in f32)");

@@ -24,8 +24,8 @@
 //! 8. **Fewer replicas** per process: each one given up is a core not computing.
 //!
 //! The estimates below follow this order; they rank plans, and are not a measurement. On the
-//! GPU, which has none of ZeRO-1, shared parameters, 8-bit state, bf16 saved activations and
-//! recomputation yet, only micro-batches and prefetch change.
+//! GPU, whose model, state and activations live in device memory, only micro-batches and
+//! prefetch change what the host holds.
 
 use dp_model::SavedPrecision;
 

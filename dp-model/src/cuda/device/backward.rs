@@ -10,6 +10,7 @@ use crate::cuda::activation_kind;
 use crate::error::Result;
 use crate::model::StepOptions;
 use crate::ops::Op;
+use crate::ops::batch_norm::NormPass;
 use crate::ops::linear::Linear;
 
 /// Where a node's backward writes its input gradient: the device address, and whether it
@@ -26,6 +27,15 @@ impl<D: Device> GpuModel<D> {
         grads_ready: &mut dyn FnMut(Range<usize>),
     ) -> Result<()> {
         for i in (0..self.tape.nodes.len()).rev() {
+            // A recomputation segment's inner outputs, dropped after forward, again (batch
+            // norms by the statistics forward saved, dropout by the same masks).
+            if let Some(start) = self.work.plan.recompute_from[i] {
+                let mut j = start;
+                while j < i {
+                    let done = self.forward_node(j, batch, NormPass::Recompute, options.step);
+                    j += self.after_layer(j, done)?;
+                }
+            }
             if !self.work.grad_plan.runs[i] {
                 continue;
             }

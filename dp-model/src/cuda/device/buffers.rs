@@ -5,7 +5,11 @@
 //!
 //! Activations and their gradients live where the CPU's would ([`ActivationPlan`] and
 //! [`GradientPlan`]): an output is kept for backward only when backward reads it, and the
-//! rest share buffers, so a ResNet keeps four of each block's seven outputs on the device too.
+//! rest share buffers, so a ResNet keeps four of each block's seven outputs on the device too;
+//! with recomputation, a segment keeps only its last output, its inner ones recomputed into
+//! slots the segments share.
+
+use std::ops::Range;
 
 use dp_mem::{Backend, Pool, PoolBuf, Tag};
 
@@ -57,8 +61,13 @@ struct Sizes {
 }
 
 impl Sizes {
-    fn new(tape: &Tape, batch: usize, precision: Precision, chunk_values: usize) -> Self {
-        let plan = ActivationPlan::new(tape, &[], batch, SavedPrecision::F32);
+    fn new(
+        (tape, segments): (&Tape, &[Range<usize>]),
+        batch: usize,
+        precision: Precision,
+        chunk_values: usize,
+    ) -> Self {
+        let plan = ActivationPlan::new(tape, segments, batch, SavedPrecision::F32);
         let grads = GradientPlan::new(tape);
         let grad_len = tape.ping_len(batch);
         let spill = if grads.spills {
@@ -206,16 +215,17 @@ pub(super) struct Buffers<B: Backend> {
 }
 
 impl<B: Backend> Buffers<B> {
-    /// The buffers of `tape` at `batch` samples, after checking that they and `fixed` bytes
-    /// (parameters, gradients, optimizer state to come) fit in `room`; convolutions unfold
-    /// `chunk_values` values of input at a time.
+    /// The buffers of `tape` at `batch` samples, its recomputation `segments` dropped after
+    /// forward, after checking that they and `fixed` bytes (parameters, gradients, optimizer
+    /// state to come) fit in `room`; convolutions unfold `chunk_values` values of input at a
+    /// time.
     pub(super) fn new(
-        (tape, batch, precision): (&Tape, usize, Precision),
+        (tape, segments, batch, precision): (&Tape, &[Range<usize>], usize, Precision),
         pool: &Pool<B>,
         (fixed, room): (u64, Room),
         chunk_values: usize,
     ) -> Result<Self> {
-        let sizes = Sizes::new(tape, batch, precision, chunk_values);
+        let sizes = Sizes::new((tape, segments), batch, precision, chunk_values);
         let bytes = sizes.bytes(precision);
         fits(fixed, bytes, room, batch)?;
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
@@ -271,8 +281,8 @@ mod tests {
         let cpu = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 1)).expect("a model");
         let tape = cpu.tape();
         let chunk = 1 << 25;
-        let f32s = Sizes::new(tape, 64, Precision::F32, chunk).bytes(Precision::F32);
-        let bf16s = Sizes::new(tape, 64, Precision::Bf16, chunk).bytes(Precision::Bf16);
+        let f32s = Sizes::new((tape, &[]), 64, Precision::F32, chunk).bytes(Precision::F32);
+        let bf16s = Sizes::new((tape, &[]), 64, Precision::Bf16, chunk).bytes(Precision::Bf16);
         assert_eq!(f32s[0], cpu.memory().saved_activations);
         assert_eq!((bf16s[0], bf16s[1]), (f32s[0], f32s[1]));
         assert!(bf16s[2] > f32s[2]);
@@ -288,7 +298,7 @@ mod tests {
     fn a_model_that_does_not_fit_is_refused_with_the_figures() {
         let spec = ModelSpec::resnet18([3, 224, 224], 1000);
         let tape = Tape::build(&spec, 256).expect("a tape");
-        let bytes = Sizes::new(&tape, 256, Precision::F32, 1 << 25).bytes(Precision::F32);
+        let bytes = Sizes::new((&tape, &[]), 256, Precision::F32, 1 << 25).bytes(Precision::F32);
         // ResNet-18's activations at batch 256 and 224x224 take several GiB.
         assert!(bytes[0] > 4 << 30, "{bytes:?}");
         let room = (1 << 30, "free on the GPU");

@@ -32,7 +32,13 @@ impl<D: Device> GpuModel<D> {
 
     /// Queues node `i`'s forward and returns how many nodes that covered: a linear layer
     /// followed by its activation is one kernel after its GEMM.
-    fn forward_node(&self, i: usize, batch: usize, pass: NormPass, step: u64) -> Result<usize> {
+    pub(super) fn forward_node(
+        &self,
+        i: usize,
+        batch: usize,
+        pass: NormPass,
+        step: u64,
+    ) -> Result<usize> {
         let node = &self.tape.nodes[i];
         let (x, y) = (self.source(node.input), self.output_of(i));
         let n = batch * node.out_len;

@@ -53,6 +53,7 @@ use self::staging::{STAGING_PIECE, Staged};
 use self::tokens::TokenSort;
 use crate::cuda::DeviceNormSync;
 use crate::error::{Error, Result};
+use crate::liveness::segments;
 use crate::model::{Model, ModelMemory, StepOptions};
 use crate::ops::Op;
 use crate::ops::batch_norm::NormPass;
@@ -247,7 +248,9 @@ impl<D: Device> GpuModel<D> {
             Some(left) if left < free => (left, "left in the device memory budget"),
             _ => (free, "free on the GPU"),
         };
-        let shape = (&tape, batch, precision);
+        // Recomputed as the CPU model recomputes (`ModelOptions::recompute`).
+        let segments = segments(&tape, model.spec(), &options.recompute)?;
+        let shape = (&tape, segments.as_slice(), batch, precision);
         let work = Buffers::new(shape, &pool, (fixed as u64, room), D::CHUNK_VALUES)?;
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
         let mut this = Self {
