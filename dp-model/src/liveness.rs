@@ -88,6 +88,27 @@ impl ActivationPlan {
         batch: usize,
         saved: SavedPrecision,
     ) -> Self {
+        Self::plan(tape, segments, batch, (saved, true))
+    }
+
+    /// [`ActivationPlan::new`] for a step that runs whole batches only (the GPU's: its
+    /// kernels cover a batch at once), bf16 stores or not.
+    #[cfg(any(feature = "cuda", test))]
+    pub(crate) fn whole_batches(
+        tape: &Tape,
+        segments: &[Range<usize>],
+        batch: usize,
+        saved: SavedPrecision,
+    ) -> Self {
+        Self::plan(tape, segments, batch, (saved, false))
+    }
+
+    fn plan(
+        tape: &Tape,
+        segments: &[Range<usize>],
+        batch: usize,
+        (saved, chunks): (SavedPrecision, bool),
+    ) -> Self {
         let nodes = &tape.nodes;
         let n = nodes.len();
         let in_segment = |i: usize| segments.iter().any(|s| s.contains(&i));
@@ -140,7 +161,8 @@ impl ActivationPlan {
         for &i in &stored {
             home[i] = Home::Transient;
         }
-        let chunked = saved == SavedPrecision::Bf16 && segments.is_empty() && samples_apart(tape);
+        let chunked =
+            chunks && saved == SavedPrecision::Bf16 && segments.is_empty() && samples_apart(tape);
         let chunk = if chunked { batch.div_ceil(CHUNKS) } else { batch };
         let kept: Vec<usize> = (0..n).filter(|&i| home[i] == Home::Kept).collect();
         let mut lens: Vec<usize> = kept.iter().map(|&i| nodes[i].out_len * batch).collect();

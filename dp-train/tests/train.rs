@@ -153,14 +153,6 @@ fn bad_configs_fail_before_anything_starts() {
         // What the GPU path does not have yet is refused by name.
         ("replicas", TrainConfig { device: Device::Cuda, ..config(2, 1) }),
         ("zero_stage", TrainConfig { device: Device::Cuda, zero_stage: 1, ..config(1, 1) }),
-        (
-            "activations",
-            TrainConfig {
-                device: Device::Cuda,
-                activations: dp_model::SavedPrecision::Bf16,
-                ..config(1, 1)
-            },
-        ),
         // A build or machine without CUDA says so.
         ("CUDA", TrainConfig { device: Device::Cuda, ..config(1, 1) }),
     ];

@@ -1,5 +1,6 @@
 // Mixed precision: the f32 values a tensor-core GEMM reads, rounded to bf16 (the GEMM sums in
-// f32 and writes f32, and the master weights stay f32, as PyTorch's autocast does).
+// f32 and writes f32, and the master weights stay f32, as PyTorch's autocast does); and
+// activations kept for backward in bf16, rounded and widened.
 
 extern "C" {
 
@@ -13,6 +14,11 @@ __device__ unsigned short dp_bf16(float v) {
 
 __global__ void dp_to_bf16(const float* x, unsigned short* y, long long n) {
     DP_FOR_EACH(i, n) { y[i] = dp_bf16(x[i]); }
+}
+
+// bf16 widened to f32, exactly: an activation stored in bf16 read back for backward.
+__global__ void dp_from_bf16(const unsigned short* x, float* y, long long n) {
+    DP_FOR_EACH(i, n) { y[i] = __uint_as_float((unsigned int)x[i] << 16); }
 }
 
 }  // extern "C"

@@ -55,6 +55,7 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_clip",
     "dp_fill",
     "dp_to_bf16",
+    "dp_from_bf16",
     "dp_im2col",
     "dp_im2col_bf16",
     "dp_col2im",

@@ -2,7 +2,7 @@
 //! error naming the key, not a failure steps in.
 
 use dp_mem::ByteSize;
-use dp_model::{SavedPrecision, StatePrecision};
+use dp_model::StatePrecision;
 
 use super::{
     Device, GradCompression, MAX_REPLICAS_PER_CORE, Normalization, TrainConfig, check_name,
@@ -194,7 +194,8 @@ impl TrainConfig {
     }
 
     /// What the GPU path has so far: one replica per GPU (one process each), every model but
-    /// a sparse one, f32 or bf16 products, recomputation, full-precision state.
+    /// a sparse one, f32 or bf16 products, recomputation, bf16 saved activations,
+    /// full-precision state.
     fn validate_cuda(&self) -> Result<()> {
         let refuse = |field: &'static str, what: &str| {
             Err(Error::config(field, format!("{what} is not on the GPU path yet (device = cuda)")))
@@ -215,9 +216,6 @@ impl TrainConfig {
                 "optimizer_bits",
                 "8-bit optimizer state (the GPU's Adam and SGD kernels keep f32 state)",
             );
-        }
-        if self.activations != SavedPrecision::F32 {
-            return refuse("activations", "bf16 saved activations (the GPU keeps them in f32)");
         }
         if self.prune.is_some() {
             return refuse("prune", "pruning");

@@ -1,4 +1,4 @@
-//! The elementwise kernels: activations, dropout, fill, biases and bf16 rounding.
+//! The elementwise kernels: activations, dropout, fill, biases, bf16 rounding and widening.
 
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::RngCore;
@@ -7,7 +7,7 @@ use super::{Grid, Kernels, SIZES, close, random};
 use crate::cuda::activation_kind;
 use crate::ops::activation::Activation;
 use crate::ops::dropout::{Dropout, DropoutStream};
-use crate::saved::to_bf16;
+use crate::saved::{to_bf16, widen_into};
 
 /// The kernels [`check`] covers.
 pub(super) const KERNELS: &[&str] = &[
@@ -18,6 +18,7 @@ pub(super) const KERNELS: &[&str] = &[
     "dp_add_bias",
     "dp_fill",
     "dp_to_bf16",
+    "dp_from_bf16",
 ];
 
 /// Every kernel of [`KERNELS`] on `grid`, against the CPU ops.
@@ -162,5 +163,15 @@ fn bf16(k: &Kernels, grid: Grid, rng: &mut Xoshiro256PlusPlus) {
     for (i, (&v, &got)) in x.iter().zip(&y).enumerate() {
         let want = to_bf16(v);
         assert_eq!(got, want, "bf16 of {v:e} ({:#010x}, element {i}), grid {grid:?}", bits[i]);
+    }
+    // Widened back, exactly as the CPU widens its stores.
+    let widen = k.get::<unsafe extern "C" fn(*const u16, *mut f32, i64)>("dp_from_bf16");
+    let mut back = vec![f32::NAN; n];
+    // SAFETY: `y` and `back` hold `n` values.
+    k.launch(grid, || unsafe { widen(y.as_ptr(), back.as_mut_ptr(), n as i64) });
+    let mut want = vec![0f32; n];
+    widen_into(&y, &mut want);
+    for (i, (got, want)) in back.iter().zip(&want).enumerate() {
+        assert_eq!(got.to_bits(), want.to_bits(), "widening of {:#06x}, grid {grid:?}", y[i]);
     }
 }

@@ -36,6 +36,7 @@ pub(crate) const SHIM: &str = r#"
 #include <math.h>
 #include <string.h>
 static inline unsigned int __float_as_uint(float v) { unsigned int u; memcpy(&u, &v, 4); return u; }
+static inline float __uint_as_float(unsigned int u) { float v; memcpy(&v, &u, 4); return v; }
 struct dp_dim3 { unsigned int x, y, z; };
 static dp_dim3 blockIdx, blockDim, threadIdx, gridDim;
 #define __global__

@@ -81,6 +81,7 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "return (unsigned short)((bits >> 16) | 0x40);",
         "return (unsigned short)(bits >> 16);",
     ),
+    ("dp_from_bf16", "(unsigned int)x[i] << 16", "(unsigned int)x[i] << 15"),
     (
         "dp_im2col",
         "cols[i] = dp_patch_value(x, i, batch, height, width,",

@@ -27,6 +27,10 @@ impl<D: Device> GpuModel<D> {
         grads_ready: &mut dyn FnMut(Range<usize>),
     ) -> Result<()> {
         for i in (0..self.tape.nodes.len()).rev() {
+            // Outputs kept in bf16, widened where backward first reads them.
+            for &j in &self.work.plan.widen_at[i] {
+                self.widen(j, batch)?;
+            }
             // A recomputation segment's inner outputs, dropped after forward, again (batch
             // norms by the statistics forward saved, dropout by the same masks).
             if let Some(start) = self.work.plan.recompute_from[i] {
@@ -93,7 +97,8 @@ impl<D: Device> GpuModel<D> {
         options: &StepOptions,
     ) -> Result<()> {
         let node = &self.tape.nodes[i];
-        let (x, y) = (self.source(node.input), self.output_of(i));
+        // Backward reads as recomputation does: stored outputs where they were widened.
+        let (x, y) = (self.source(node.input, NormPass::Recompute), self.back_output_of(i));
         let accumulate = options.accumulate;
         let rows = batch * node.rows;
         match &node.op {

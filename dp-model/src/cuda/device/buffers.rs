@@ -62,12 +62,12 @@ struct Sizes {
 
 impl Sizes {
     fn new(
-        (tape, segments): (&Tape, &[Range<usize>]),
+        (tape, segments, saved): (&Tape, &[Range<usize>], SavedPrecision),
         batch: usize,
         precision: Precision,
         chunk_values: usize,
     ) -> Self {
-        let plan = ActivationPlan::new(tape, segments, batch, SavedPrecision::F32);
+        let plan = ActivationPlan::whole_batches(tape, segments, batch, saved);
         let grads = GradientPlan::new(tape);
         let grad_len = tape.ping_len(batch);
         let spill = if grads.spills {
@@ -129,7 +129,8 @@ impl Sizes {
     /// Bytes of every buffer, by what it holds: activations, their gradients, and scratch.
     fn bytes(&self, precision: Precision) -> [u64; 3] {
         let f32s = |n: usize| 4 * n as u64;
-        let saved = f32s(self.plan.lens.iter().sum());
+        let stores = 2 * self.plan.store_lens.iter().sum::<usize>() as u64;
+        let saved = f32s(self.plan.lens.iter().sum()) + stores;
         let grads = f32s(self.grads.buffers * self.grad_len + self.spill);
         let halves = match precision {
             Precision::F32 => 0,
@@ -185,6 +186,8 @@ pub(super) struct Buffers<B: Backend> {
     pub(super) grad_plan: GradientPlan,
     /// Per buffer of the plan.
     pub(super) acts: Vec<PoolBuf<f32, B>>,
+    /// Per bf16 store of the plan (`activations = "bf16"`).
+    pub(super) stores: Vec<PoolBuf<u16, B>>,
     /// Per gradient buffer of the plan.
     pub(super) dacts: Vec<PoolBuf<f32, B>>,
     /// An input gradient computed here first when its op cannot add it to another's.
@@ -216,16 +219,17 @@ pub(super) struct Buffers<B: Backend> {
 
 impl<B: Backend> Buffers<B> {
     /// The buffers of `tape` at `batch` samples, its recomputation `segments` dropped after
-    /// forward, after checking that they and `fixed` bytes (parameters, gradients, optimizer
-    /// state to come) fit in `room`; convolutions unfold `chunk_values` values of input at a
-    /// time.
+    /// forward and kept activations in `saved`, after checking that they and `fixed` bytes
+    /// (parameters, gradients, optimizer state to come) fit in `room`; convolutions unfold
+    /// `chunk_values` values of input at a time.
     pub(super) fn new(
-        (tape, segments, batch, precision): (&Tape, &[Range<usize>], usize, Precision),
+        (tape, segments, saved): (&Tape, &[Range<usize>], SavedPrecision),
+        (batch, precision): (usize, Precision),
         pool: &Pool<B>,
         (fixed, room): (u64, Room),
         chunk_values: usize,
     ) -> Result<Self> {
-        let sizes = Sizes::new((tape, segments), batch, precision, chunk_values);
+        let sizes = Sizes::new((tape, segments, saved), batch, precision, chunk_values);
         let bytes = sizes.bytes(precision);
         fits(fixed, bytes, room, batch)?;
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
@@ -239,9 +243,12 @@ impl<B: Backend> Buffers<B> {
             }),
         };
         let acts = sizes.plan.lens.iter().map(|&len| f32s(len, Tag::Activation));
+        let stores =
+            sizes.plan.store_lens.iter().map(|&len| pool.alloc::<u16>(len.max(1), Tag::Activation));
         let dacts = (0..sizes.grads.buffers).map(|_| f32s(sizes.grad_len, Tag::Activation));
         Ok(Buffers {
             acts: acts.collect::<std::result::Result<_, _>>()?,
+            stores: stores.collect::<std::result::Result<_, _>>()?,
             dacts: dacts.collect::<std::result::Result<_, _>>()?,
             spill: (sizes.spill > 0).then(|| f32s(sizes.spill, Tag::Activation)).transpose()?,
             cols: f32s(sizes.cols, Tag::Temp)?,
@@ -281,8 +288,10 @@ mod tests {
         let cpu = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 1)).expect("a model");
         let tape = cpu.tape();
         let chunk = 1 << 25;
-        let f32s = Sizes::new((tape, &[]), 64, Precision::F32, chunk).bytes(Precision::F32);
-        let bf16s = Sizes::new((tape, &[]), 64, Precision::Bf16, chunk).bytes(Precision::Bf16);
+        let f32s = Sizes::new((tape, &[], SavedPrecision::F32), 64, Precision::F32, chunk)
+            .bytes(Precision::F32);
+        let bf16s = Sizes::new((tape, &[], SavedPrecision::F32), 64, Precision::Bf16, chunk)
+            .bytes(Precision::Bf16);
         assert_eq!(f32s[0], cpu.memory().saved_activations);
         assert_eq!((bf16s[0], bf16s[1]), (f32s[0], f32s[1]));
         assert!(bf16s[2] > f32s[2]);
@@ -298,7 +307,8 @@ mod tests {
     fn a_model_that_does_not_fit_is_refused_with_the_figures() {
         let spec = ModelSpec::resnet18([3, 224, 224], 1000);
         let tape = Tape::build(&spec, 256).expect("a tape");
-        let bytes = Sizes::new((&tape, &[]), 256, Precision::F32, 1 << 25).bytes(Precision::F32);
+        let bytes = Sizes::new((&tape, &[], SavedPrecision::F32), 256, Precision::F32, 1 << 25)
+            .bytes(Precision::F32);
         // ResNet-18's activations at batch 256 and 224x224 take several GiB.
         assert!(bytes[0] > 4 << 30, "{bytes:?}");
         let room = (1 << 30, "free on the GPU");

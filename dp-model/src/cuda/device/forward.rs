@@ -15,18 +15,56 @@ impl<D: Device> GpuModel<D> {
         ptr(&self.work.acts[self.work.plan.out_buf[j]])
     }
 
-    /// The device address of a source: node `j`'s output, or the model's input.
-    pub(super) fn source(&self, j: Option<usize>) -> u64 {
-        j.map_or(ptr(&self.input), |j| self.output_of(j))
+    /// Where backward (and recomputation) reads node `j`'s output: where forward wrote it,
+    /// or for an output stored in bf16 the buffer it is widened into.
+    pub(super) fn back_output_of(&self, j: usize) -> u64 {
+        ptr(&self.work.acts[self.work.plan.back_buf[j]])
     }
 
-    /// Queues forward over every node for `batch` samples.
+    /// The device address of a source as `pass` reads it: node `j`'s output, or the model's
+    /// input.
+    pub(super) fn source(&self, j: Option<usize>, pass: NormPass) -> u64 {
+        match (j, pass) {
+            (None, _) => ptr(&self.input),
+            (Some(j), NormPass::Recompute) => self.back_output_of(j),
+            (Some(j), _) => self.output_of(j),
+        }
+    }
+
+    /// Queues forward over every node for `batch` samples; in training, each output kept in
+    /// bf16 is rounded into its store once computed.
     pub(super) fn forward(&self, batch: usize, pass: NormPass, step: u64) -> Result<()> {
         let mut i = 0;
         while i < self.tape.nodes.len() {
             let done = self.forward_node(i, batch, pass, step);
-            i += self.after_layer(i, done)?;
+            let covered = self.after_layer(i, done)?;
+            if pass == NormPass::Train {
+                for k in i..i + covered {
+                    self.store(k, batch)?;
+                }
+            }
+            i += covered;
         }
+        Ok(())
+    }
+
+    /// Rounds node `k`'s output into its bf16 store, if it has one.
+    fn store(&self, k: usize, batch: usize) -> Result<()> {
+        let Some(store) = self.work.plan.store_of[k] else { return Ok(()) };
+        let (x, y) = (self.output_of(k), ptr(&self.work.stores[store]));
+        let len = batch * self.tape.nodes[k].out_len;
+        let n = len as i64;
+        launch!(self, "dp_to_bf16", len; x, y, n);
+        Ok(())
+    }
+
+    /// Widens node `j`'s bf16 store into the buffer backward reads its output from.
+    pub(super) fn widen(&self, j: usize, batch: usize) -> Result<()> {
+        let store = self.work.plan.store_of[j].expect("only stored outputs are widened");
+        let (x, y) = (ptr(&self.work.stores[store]), self.back_output_of(j));
+        let len = batch * self.tape.nodes[j].out_len;
+        let n = len as i64;
+        launch!(self, "dp_from_bf16", len; x, y, n);
         Ok(())
     }
 
@@ -40,7 +78,7 @@ impl<D: Device> GpuModel<D> {
         step: u64,
     ) -> Result<usize> {
         let node = &self.tape.nodes[i];
-        let (x, y) = (self.source(node.input), self.output_of(i));
+        let (x, y) = (self.source(node.input, pass), self.output_of(i));
         let n = batch * node.out_len;
         let len = n as i64;
         match &node.op {
@@ -82,7 +120,7 @@ impl<D: Device> GpuModel<D> {
             Op::Attention(a) => self.attention_forward(a, batch, x, y)?,
             Op::TiedHead(h) => self.tied_head_forward(h, batch * node.rows, x, y)?,
             Op::Add(add) => {
-                let skip = self.source(add.skip);
+                let skip = self.source(add.skip, pass);
                 launch!(self, "dp_add", n; x, skip, y, len);
             }
             _ => unreachable!("refused when the model was built"),

@@ -250,8 +250,9 @@ impl<D: Device> GpuModel<D> {
         };
         // Recomputed as the CPU model recomputes (`ModelOptions::recompute`).
         let segments = segments(&tape, model.spec(), &options.recompute)?;
-        let shape = (&tape, segments.as_slice(), batch, precision);
-        let work = Buffers::new(shape, &pool, (fixed as u64, room), D::CHUNK_VALUES)?;
+        let plan = (&tape, segments.as_slice(), options.saved);
+        let work =
+            Buffers::new(plan, (batch, precision), &pool, (fixed as u64, room), D::CHUNK_VALUES)?;
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
         let mut this = Self {
             max_batch: batch,
