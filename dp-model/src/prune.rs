@@ -121,12 +121,23 @@ impl Pruner {
         self.weights = weights;
     }
 
+    /// Whether `step` is one the schedule grows the mask at.
+    pub fn is_due(&self, step: u64) -> bool {
+        let (start, end) = (self.schedule.start, self.schedule.end.max(self.schedule.start));
+        (start..=end).contains(&step)
+            && ((step - start).is_multiple_of(self.schedule.every) || step == end)
+    }
+
+    /// The mask, one bit per parameter (bit `i % 64` of word `i / 64`; set = pruned), for a
+    /// device that applies it itself.
+    pub fn mask_words(&self) -> &[u64] {
+        &self.mask
+    }
+
     /// At a scheduled step, grows the mask to the sparsity the schedule asks for, then
     /// applies it. Returns whether the mask changed. Call after the optimizer step.
     pub fn update<T: Float>(&mut self, step: u64, params: &mut [T]) -> bool {
-        let (start, end) = (self.schedule.start, self.schedule.end.max(self.schedule.start));
-        let due = (start..=end).contains(&step)
-            && ((step - start).is_multiple_of(self.schedule.every) || step == end);
+        let due = self.is_due(step);
         let fraction = self.schedule.sparsity_at(step, self.target.fraction());
         // The optimizer may have moved pruned weights off zero (their gradients and momentum
         // are not masked); zero them first so they rank first and the count stays exact.

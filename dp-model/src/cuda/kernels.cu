@@ -221,6 +221,13 @@ __global__ void dp_clip(float* g, long long n, const double* norm, double max_no
     }
 }
 
+// Zeroes the pruned parameters: bit i % 64 of mask[i / 64] set, as src/prune.rs `apply`.
+__global__ void dp_apply_mask(float* p, const unsigned long long* mask, long long n) {
+    DP_FOR_EACH(i, n) {
+        if ((mask[i / 64] >> (i % 64)) & 1ULL) p[i] = 0.0f;
+    }
+}
+
 // x[i] = value: the vector of ones the bias gradients' GEMM multiplies by.
 __global__ void dp_fill(float* x, long long n, float value) {
     DP_FOR_EACH(i, n) { x[i] = value; }

@@ -53,6 +53,7 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_square_partials",
     "dp_norm",
     "dp_clip",
+    "dp_apply_mask",
     "dp_fill",
     "dp_to_bf16",
     "dp_from_bf16",

@@ -127,6 +127,12 @@ impl CudaModel {
     pub fn precision(&self) -> crate::Precision {
         match self.0 {}
     }
+    pub fn set_prune_mask(&mut self, _words: &[u64]) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn apply_prune_mask(&mut self) -> Result<()> {
+        match self.0 {}
+    }
     pub fn set_norm_sync(&mut self, _sync: Option<Box<dyn crate::DeviceNormSync>>) {
         match self.0 {}
     }

@@ -194,7 +194,7 @@ impl TrainConfig {
     }
 
     /// What the GPU path has so far: one replica per GPU (one process each), every model but
-    /// a sparse one, f32 or bf16 products, recomputation, bf16 saved activations,
+    /// a sparse one, f32 or bf16 products, recomputation, bf16 saved activations, pruning,
     /// full-precision state.
     fn validate_cuda(&self) -> Result<()> {
         let refuse = |field: &'static str, what: &str| {
@@ -216,9 +216,6 @@ impl TrainConfig {
                 "optimizer_bits",
                 "8-bit optimizer state (the GPU's Adam and SGD kernels keep f32 state)",
             );
-        }
-        if self.prune.is_some() {
-            return refuse("prune", "pruning");
         }
         if self.compression != GradCompression::None {
             return refuse("compression", "gradient compression");

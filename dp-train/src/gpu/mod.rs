@@ -18,7 +18,7 @@ mod reduce_stub;
 use std::time::Duration;
 
 use dp_mem::{ByTag, CudaBackend, PoolBuf, Tracker};
-use dp_model::{CudaModel, LossTotals, Model, Optimizer, StepOptions, Targets};
+use dp_model::{CudaModel, LossTotals, Model, Optimizer, Pruner, StepOptions, Targets};
 use ndarray::ArrayView2;
 #[cfg(feature = "cuda")]
 use reduce::DeviceReducer;
@@ -173,6 +173,31 @@ impl GpuStep {
         }
         self.host_stale = false;
         Ok(())
+    }
+
+    /// Holds the device's parameters to `pruner`'s mask from now on.
+    pub(crate) fn hold_to(&mut self, pruner: &Pruner) -> Result<()> {
+        Ok(self.model.set_prune_mask(pruner.mask_words())?)
+    }
+
+    /// After the update of step `step`: at a step the schedule grows the mask at, the mask is
+    /// grown on the host from the device's parameters (brought to `host` first) and the pruned
+    /// parameters and the mask go back to the device; at any other, the device zeroes the
+    /// pruned weights the update moved.
+    pub(crate) fn prune(
+        &mut self,
+        pruner: &mut Pruner,
+        step: u64,
+        host: &mut Model<f32>,
+        optimizer: &mut dyn Optimizer<f32>,
+    ) -> Result<()> {
+        if !pruner.is_due(step) {
+            return Ok(self.model.apply_prune_mask()?);
+        }
+        self.sync_host(host, optimizer)?;
+        pruner.update(step, host.params_mut());
+        self.model.upload_params(host)?;
+        self.hold_to(pruner)
     }
 
     /// The loss totals of an evaluation batch, on the device.

@@ -184,7 +184,13 @@ impl<C: Communicator> Replica<C> {
         let gpu = match config.device {
             crate::config::Device::Cpu => None,
             crate::config::Device::Cuda => {
-                Some(GpuStep::new(&model, optimizer.as_ref(), &plan, gpu_peers.as_ref(), &tracker)?)
+                let peers = gpu_peers.as_ref();
+                let mut gpu = GpuStep::new(&model, optimizer.as_ref(), &plan, peers, &tracker)?;
+                // A resumed run's pruned weights stay pruned on the device from the start.
+                if let Some(pruner) = &pruner {
+                    gpu.hold_to(pruner)?;
+                }
+                Some(gpu)
             }
         };
         let grad_sync = match grad_comm {
@@ -516,7 +522,10 @@ impl<C: Communicator> Replica<C> {
             self.ctl.barrier()?;
         }
         if let Some(pruner) = &mut self.pruner {
-            pruner.update(step, self.model.params_mut());
+            match &mut self.gpu {
+                Some(gpu) => gpu.prune(pruner, step, &mut self.model, self.optimizer.as_mut())?,
+                None => _ = pruner.update(step, self.model.params_mut()),
+            }
         }
         if self.params == Params::Shared && plan.config.prune.is_some() {
             self.ctl.barrier()?;

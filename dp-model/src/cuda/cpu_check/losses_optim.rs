@@ -1,4 +1,4 @@
-//! The losses, the optimizer steps and gradient clipping.
+//! The losses, the optimizer steps, gradient clipping and the pruning mask.
 
 use dp_mem::{Pool, Tracker};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -19,6 +19,7 @@ pub(super) const KERNELS: &[&str] = &[
     "dp_square_partials",
     "dp_norm",
     "dp_clip",
+    "dp_apply_mask",
 ];
 
 /// Every kernel of [`KERNELS`] on `grid`, against the CPU ops.
@@ -28,6 +29,7 @@ pub(super) fn check(k: &Kernels, grid: Grid, rng: &mut Xoshiro256PlusPlus) {
             optimizers(k, grid, n, mask, rng);
         }
         clip(k, grid, n, rng);
+        prune_mask(k, grid, n, rng);
     }
     for (rows, cols) in [(0, 3), (1, 1), (5, 3), (33, 10)] {
         for smoothing in [0.0, 0.1] {
@@ -361,4 +363,26 @@ fn clip(k: &Kernels, grid: Grid, n: usize, rng: &mut Xoshiro256PlusPlus) {
             }
         }
     }
+}
+
+/// `dp_apply_mask` against `Pruner::apply`: a mask grown on random weights (two thirds of
+/// them pruned, per layer of an MLP), applied to parameters that moved off zero.
+fn prune_mask(k: &Kernels, grid: Grid, n: usize, rng: &mut Xoshiro256PlusPlus) {
+    use crate::prune::{PruneSchedule, Pruner, Sparsity};
+    let Some(hidden) = n.checked_sub(13).map(|h| h / 13).filter(|&h| h > 0) else { return };
+    let spec = crate::ModelSpec::mlp(12, &[hidden], 1);
+    let layout = spec.layout().expect("a layout");
+    let mut pruner = Pruner::new(&layout, Sparsity::PerLayer(0.66), PruneSchedule::one_shot())
+        .expect("a pruner");
+    let mut want = random(layout.len(), rng);
+    pruner.update(0, &mut want);
+    assert!(pruner.sparsity() > 0.5, "a mask to apply");
+    let moved: Vec<f32> = want.iter().map(|&v| if v == 0.0 { 0.25 } else { v }).collect();
+    let mut got = moved.clone();
+    let kernel = k.get::<unsafe extern "C" fn(*mut f32, *const u64, i64)>("dp_apply_mask");
+    let words = pruner.mask_words();
+    // SAFETY: `got` holds the layout's parameters, `words` a bit for each.
+    k.launch(grid, || unsafe { kernel(got.as_mut_ptr(), words.as_ptr(), got.len() as i64) });
+    pruner.apply(&mut want);
+    assert_eq!(got, want, "{} parameters, grid {grid:?}", got.len());
 }

@@ -81,6 +81,11 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "return (unsigned short)((bits >> 16) | 0x40);",
         "return (unsigned short)(bits >> 16);",
     ),
+    (
+        "dp_apply_mask",
+        "if ((mask[i / 64] >> (i % 64)) & 1ULL)",
+        "if ((mask[i / 64] >> (i % 63)) & 1ULL)",
+    ),
     ("dp_from_bf16", "(unsigned int)x[i] << 16", "(unsigned int)x[i] << 15"),
     (
         "dp_im2col",

@@ -681,4 +681,43 @@ mod tests {
             assert!(diff <= 1e-4, "{}: gradients differ by {diff:e}", spec.name);
         }
     }
+
+    /// A pruning mask set on the device holds the parameters to it after every update, as
+    /// `Pruner::apply` does on the CPU after the step.
+    #[test]
+    fn pruned_weights_stay_zero_through_updates() {
+        let (spec, rows) = models().remove(0);
+        let pool = Pool::new(&Tracker::new());
+        let Some((mut cpu, mut gpu)) =
+            pair(&spec, ModelOptions::new(rows, 2), Precision::F32, &pool)
+        else {
+            return;
+        };
+        let schedule = crate::prune::PruneSchedule::one_shot();
+        let target = crate::prune::Sparsity::PerLayer(0.5);
+        let mut pruner = crate::prune::Pruner::new(cpu.layout(), target, schedule).unwrap();
+        pruner.update(0, cpu.params_mut());
+        gpu.upload_params(&cpu).unwrap();
+        gpu.set_prune_mask(pruner.mask_words()).unwrap();
+        let config = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+        let mut sgd = Sgd::<f32>::new(cpu.params().len(), config, &pool).unwrap();
+        let mut velocity = gpu.state_buffer().unwrap();
+        for step in 1..3u64 {
+            let (x, labels) = batch(&spec, rows, step);
+            let options = StepOptions { step, ..StepOptions::default() };
+            cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let (params, grads) = cpu.params_and_grads();
+            sgd.step(params, grads, 0.1).unwrap();
+            pruner.apply(cpu.params_mut());
+            gpu.sgd_step(Some(&mut velocity), 0.1, &config).unwrap();
+            gpu.apply_prune_mask().unwrap();
+        }
+        let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(rows, 9)).unwrap();
+        gpu.download_params(&mut back).unwrap();
+        assert!(difference(back.params(), cpu.params()) <= 1e-5);
+        let zeros = |p: &[f32]| p.iter().filter(|&&v| v == 0.0).count();
+        assert_eq!(zeros(back.params()), zeros(cpu.params()));
+        assert!(pruner.sparsity() > 0.4, "{}", pruner.sparsity());
+    }
 }

@@ -172,6 +172,8 @@ pub struct GpuModel<D: Device> {
     norm_stats: DeviceBuf<f32, D>,
     /// Weight decay's ranges as [start, end) pairs (`None`: every parameter decays).
     decayed: Option<(DeviceBuf<i64, D>, i64)>,
+    /// The pruning mask the parameters are held to, a bit each (`None`: no pruning).
+    prune_mask: Option<DeviceBuf<u64, D>>,
     input: DeviceBuf<f32, D>,
     labels: DeviceBuf<i64, D>,
     values: DeviceBuf<f32, D>,
@@ -265,6 +267,7 @@ impl<D: Device> GpuModel<D> {
             norm_buffers: f32s(tape.buffers.len(), Tag::Param)?,
             norm_stats: f32s(tape.stats_len, Tag::Temp)?,
             decayed: None,
+            prune_mask: None,
             input: f32s(batch * tape.input_len, Tag::Data)?,
             labels: pool.alloc::<i64>(rows.max(1), Tag::Data)?,
             values: f32s(rows * outputs, Tag::Data)?,

@@ -96,6 +96,35 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
+    /// Sets the pruning mask the parameters are held to (`words`: [`Pruner::mask_words`]) and
+    /// applies it.
+    ///
+    /// [`Pruner::mask_words`]: crate::Pruner::mask_words
+    pub fn set_prune_mask(&mut self, words: &[u64]) -> Result<()> {
+        if words.len() != self.params.len().div_ceil(64) {
+            return Err(Error::shape(
+                "pruning mask",
+                format!("{} words", self.params.len().div_ceil(64)),
+                words.len(),
+            ));
+        }
+        if self.prune_mask.as_ref().is_none_or(|m| m.len() != words.len()) {
+            self.prune_mask = Some(self.pool.alloc::<u64>(words.len().max(1), Tag::OptState)?);
+        }
+        let mask = ptr(self.prune_mask.as_ref().expect("allocated above"));
+        self.copy_in(mask, words)?;
+        self.apply_prune_mask()?;
+        self.synchronize()
+    }
+
+    /// Zeroes the pruned parameters again (after an update moved them), if a mask is set.
+    pub fn apply_prune_mask(&mut self) -> Result<()> {
+        let Some(mask) = &self.prune_mask else { return Ok(()) };
+        let (p, mask, n) = (ptr(&self.params), ptr(mask), self.params.len() as i64);
+        launch!(self, "dp_apply_mask", n as usize; p, mask, n);
+        Ok(())
+    }
+
     /// A zeroed device buffer as long as the parameters, for optimizer state (tag `OptState`).
     pub fn state_buffer(&self) -> Result<DeviceBuf<f32, D>> {
         let buf = self.pool.alloc::<f32>(self.params.len(), Tag::OptState)?;
