@@ -76,9 +76,7 @@ fn a_gpts_bf16_step_follows_its_f32_step() {
     let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
     let mut grads = vec![0f32; cpu.params().len()];
     gpu.download_grads(&mut grads).unwrap();
-    let dot: f64 = grads.iter().zip(cpu.grads()).map(|(&g, &c)| f64::from(g) * f64::from(c)).sum();
-    let norm = |v: &[f32]| v.iter().map(|&g| f64::from(g).powi(2)).sum::<f64>().sqrt();
-    let cosine = dot / (norm(&grads) * norm(cpu.grads()));
+    let cosine = support::cosine(&grads, cpu.grads());
     println!("GPT bf16 step: loss {} vs f32 {}, gradient cosine {cosine}", b.loss_sum, a.loss_sum);
     assert!((a.loss_sum - b.loss_sum).abs() <= 1e-2 * a.loss_sum && cosine >= 0.98, "{cosine}");
 }

@@ -154,9 +154,7 @@ fn bf16_products_step_as_f32_within_bf16s_precision() {
     let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
     let mut grads = vec![0f32; cpu.params().len()];
     gpu.download_grads(&mut grads).unwrap();
-    let dot: f64 = grads.iter().zip(cpu.grads()).map(|(&g, &c)| f64::from(g) * f64::from(c)).sum();
-    let norm = |v: &[f32]| v.iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>().sqrt();
-    let cosine = dot / (norm(&grads) * norm(cpu.grads()));
+    let cosine = support::cosine(&grads, cpu.grads());
     println!("bf16 step: loss {} vs f32 {}, gradient cosine {cosine}", b.loss_sum, a.loss_sum);
     // bf16 keeps 8 significant bits: a relative error of 2^-9 per operand (on the emulated
     // device, ResNet-18's gradients keep a cosine of 0.987 with f32's, ResNet-20's more).

@@ -76,3 +76,11 @@ pub fn on_gpu<T>(test: &str, result: dp_model::Result<T>) -> Option<T> {
 pub fn smooth(spec: &dp_model::ModelSpec) -> dp_model::ModelSpec {
     spec.replacing(&dp_model::LayerSpec::Relu, &dp_model::LayerSpec::Tanh)
 }
+
+/// The cosine of the angle between `a` and `b`, summed in `f64`.
+#[allow(dead_code)]
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}

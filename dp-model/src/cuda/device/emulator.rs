@@ -622,63 +622,46 @@ mod tests {
         }
     }
 
-    /// Recomputation per block (`Recompute::Auto`): the device keeps fewer activations and
-    /// steps as the CPU does, batch norms by their saved statistics and dropout by its masks.
+    /// The memory savers: recomputation per block (`Recompute::Auto`: batch norms by their
+    /// saved statistics, dropout by its masks) and activations kept for backward in bf16
+    /// (`SavedPrecision::Bf16`: the CPU reads the same rounded values). With each, the device
+    /// keeps fewer activation bytes and steps as the CPU does.
     #[test]
-    fn recomputed_blocks_step_as_on_the_cpu_in_less_memory() {
-        let resnet = smooth(&ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth"));
-        for (spec, rows, tokens_in) in [(resnet, 6, false), (gpt(), 3, true)] {
-            let pool = Pool::new(&Tracker::new());
-            let plain = ModelOptions::new(rows, 3);
-            let options = plain.clone().recompute(crate::model::Recompute::Auto);
-            let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::F32, &pool) else {
-                return;
-            };
-            let Some((_, whole)) = pair(&spec, plain, Precision::F32, &pool) else { return };
-            let (saved, kept) = (gpu.memory().saved_activations, whole.memory().saved_activations);
-            assert!(saved < kept, "{}: {saved} bytes saved against {kept}", spec.name);
-            let (x, labels) =
-                if tokens_in { tokens(&spec, rows, 5) } else { batch(&spec, rows, 5) };
-            let options = StepOptions { step: 1, ..StepOptions::default() };
-            let a = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
-            let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
-            assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
-            let mut grads = vec![0f32; cpu.params().len()];
-            gpu.download_grads(&mut grads).unwrap();
-            let diff = difference(&grads, cpu.grads());
-            assert!(diff <= 1e-4, "{}: gradients differ by {diff:e}", spec.name);
-            let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(rows, 9)).unwrap();
-            gpu.download_params(&mut back).unwrap();
-            assert!(difference(back.buffers(), cpu.buffers()) <= 1e-5, "running statistics");
-        }
-    }
-
-    /// Activations kept for backward in bf16 (`SavedPrecision::Bf16`): the device keeps half
-    /// their bytes and its gradients are the CPU's, which reads the same rounded values.
-    #[test]
-    fn activations_kept_in_bf16_step_as_on_the_cpu_in_less_memory() {
+    fn memory_savers_step_as_on_the_cpu_in_less_memory() {
+        use crate::model::{Recompute, SavedPrecision};
         let (mlp, _) = models().remove(0);
         let resnet = smooth(&ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth"));
-        for (spec, rows, tokens_in) in [(mlp, 9, false), (resnet, 6, false), (gpt(), 3, true)] {
-            let pool = Pool::new(&Tracker::new());
-            let plain = ModelOptions::new(rows, 3);
-            let options = plain.clone().saved(crate::model::SavedPrecision::Bf16);
-            let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::F32, &pool) else {
-                return;
-            };
-            let Some((_, whole)) = pair(&spec, plain, Precision::F32, &pool) else { return };
-            let (saved, kept) = (gpu.memory().saved_activations, whole.memory().saved_activations);
-            assert!(saved < kept, "{}: {saved} bytes saved against {kept}", spec.name);
-            let (x, labels) =
-                if tokens_in { tokens(&spec, rows, 6) } else { batch(&spec, rows, 6) };
-            let options = StepOptions { step: 1, ..StepOptions::default() };
-            let a = cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
-            let b = gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
-            assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
-            let mut grads = vec![0f32; cpu.params().len()];
-            gpu.download_grads(&mut grads).unwrap();
-            let diff = difference(&grads, cpu.grads());
-            assert!(diff <= 1e-4, "{}: gradients differ by {diff:e}", spec.name);
+        let savers: [fn(ModelOptions) -> ModelOptions; 2] =
+            [|o| o.recompute(Recompute::Auto), |o| o.saved(SavedPrecision::Bf16)];
+        for (saver, models) in savers.into_iter().zip([vec![], vec![(mlp, 9, false)]]) {
+            let models = [(resnet.clone(), 6, false), (gpt(), 3, true)].into_iter().chain(models);
+            for (spec, rows, tokens_in) in models {
+                let pool = Pool::new(&Tracker::new());
+                let plain = ModelOptions::new(rows, 3);
+                let Some((mut cpu, mut gpu)) =
+                    pair(&spec, saver(plain.clone()), Precision::F32, &pool)
+                else {
+                    return;
+                };
+                let Some((_, whole)) = pair(&spec, plain, Precision::F32, &pool) else { return };
+                let (saved, kept) =
+                    (gpu.memory().saved_activations, whole.memory().saved_activations);
+                assert!(saved < kept, "{}: {saved} bytes saved against {kept}", spec.name);
+                let (x, labels) =
+                    if tokens_in { tokens(&spec, rows, 6) } else { batch(&spec, rows, 6) };
+                let options = StepOptions { step: 1, ..StepOptions::default() };
+                let targets = Targets::Classes(&labels);
+                let a = cpu.forward_backward(x.view(), targets, &options).unwrap();
+                let b = gpu.forward_backward(x.view(), targets, &options).unwrap();
+                assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
+                let mut grads = vec![0f32; cpu.params().len()];
+                gpu.download_grads(&mut grads).unwrap();
+                let diff = difference(&grads, cpu.grads());
+                assert!(diff <= 1e-4, "{}: gradients differ by {diff:e}", spec.name);
+                let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(rows, 9)).unwrap();
+                gpu.download_params(&mut back).unwrap();
+                assert!(difference(back.buffers(), cpu.buffers()) <= 1e-5, "running statistics");
+            }
         }
     }
 
