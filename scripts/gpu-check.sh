@@ -17,7 +17,9 @@
 # f32 and bf16 against PyTorch eager (dp-model's cuda_image_step bench and
 # scripts/torch_resnet_gpu_step.py; targets: at least 1.0x PyTorch's images/s, at most 0.7x
 # its device memory, both by the allocator's peak and by the fall of the GPU's free memory),
-# trains ResNet-20 on small images (the built-in digits) on the GPU to a little below the
+# trains gpt-mini on text (the repository's own Markdown) to a little above the CPU's eval
+# loss with the same command, trains ResNet-20 on small images (the built-in digits) on the
+# GPU to a little below the
 # accuracy the CPU reaches with the same command, and runs dp-comm's NCCL tests and benchmark
 # (world size 1: NCCL refuses two ranks on one GPU; set DP_COMM_NCCL_RANKS=N on a machine with
 # N GPUs), then prints a short report. A GPU test that would skip fails here instead. Each
@@ -194,6 +196,24 @@ image_accuracy=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' \
     "$image_accuracy" "$IMAGE_ACCURACY" || imagejob_status=1
 rm -rf "$imagejob"
+# gpt-mini on text on the GPU: the repository's own Markdown (about 160 KB of English, byte
+# tokens), 100 steps of 16 windows of 128 tokens, to an eval loss of at most 2.95: a little
+# above the 2.891 that the CPU build reached with the same corpus and run (`dp data import
+# --format text corpus.txt --out T`, then `dp train --model gpt-mini --context 128 --steps 100
+# --batch 16 --replicas 1 --data T/train --eval-data T/eval --no-plot`; 122 s on one core).
+TEXT_CPU_LOSS=2.891 TEXT_LOSS=2.95
+textjob=$(mktemp -d)
+cat ./*.md ./*/README.md dp-data/FORMAT.md > "$textjob/corpus.txt"
+STEP_TIMEOUT=150 run textjob bash -c "'$bin/dp-cuda' data import --format text \
+    '$textjob/corpus.txt' --out '$textjob/text' && '$bin/dp-cuda' train --device cuda \
+    --model gpt-mini --context 128 --steps 100 --batch 16 --data '$textjob/text/train' \
+    --eval-data '$textjob/text/eval' --out '$textjob/runs' --name gpu --no-plot"
+textjob_status=$?
+text_loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval_loss"])' \
+    "$textjob/runs/gpu/summary.json" 2>/dev/null || echo inf)
+python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' \
+    "$text_loss" "$TEXT_LOSS" || textjob_status=1
+rm -rf "$textjob"
 run nccl "$bin/dp-comm-nccl" --nocapture --test-threads 1; test_status=$?
 run bench "$bin/dp-comm-collectives" --bench; bench_status=$?
 
@@ -268,6 +288,7 @@ for case in cases:
 PY
 echo "               (targets: >= 1.0x images/s, <= 0.7x device memory; exits $imagestep_status, $torchimage_status)"
 echo "image job:     resnet20 on digits, eval accuracy $image_accuracy (>= $IMAGE_ACCURACY; CPU $IMAGE_CPU_ACCURACY), $(grep -E '^throughput' "$log.imagejob" | tail -1) (exit $imagejob_status)"
+echo "text job:      gpt-mini on the repository's Markdown, eval loss $text_loss (<= $TEXT_LOSS; CPU $TEXT_CPU_LOSS), $(grep -E '^throughput' "$log.textjob" | tail -1) (exit $textjob_status)"
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
@@ -280,4 +301,4 @@ rm -f "$log" "$log".*
     && [ "$host_status" -eq 0 ] && [ "$pipeline_status" -eq 0 ] \
     && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
     && [ "$bench_status" -eq 0 ] && [ "$imagestep_status" -eq 0 ] \
-    && [ "$torchimage_status" -eq 0 ] && [ "$imagejob_status" -eq 0 ]
+    && [ "$torchimage_status" -eq 0 ] && [ "$imagejob_status" -eq 0 ] && [ "$textjob_status" -eq 0 ]
