@@ -185,4 +185,13 @@ fn the_largest_model_for_a_budget_fits_and_the_next_size_does_not() {
     }
     let unknown = largest_model("transformer", &config, 1).unwrap_err().to_string();
     assert!(unknown.contains("mlp, gpt or resnet"), "{unknown}");
+    // Under device = cuda the budget is the GPU's, which host predictions do not size.
+    let gpu = TrainConfig { device: dp_train::Device::Cuda, ..config.clone() };
+    let refused = largest_model("mlp", &gpu, 1).unwrap_err().to_string();
+    assert!(refused.contains("device") && refused.contains("--model"), "{refused}");
+    // A GPU run's plan leaves its settings as given: the device holds it to the budget.
+    // (Its parameters and gradients alone are more than the budget: on the CPU no plan fits.)
+    let gpu = TrainConfig { model: "mlp:8192,8192".into(), replicas: 1, ..gpu };
+    let planned = plan_memory(&gpu, 1).unwrap();
+    assert!(planned.turned_on.is_empty(), "{planned}");
 }

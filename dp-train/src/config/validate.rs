@@ -168,19 +168,13 @@ impl TrainConfig {
                 format!("{} is less than the 1 MiB a pipeline needs", self.data_budget),
             ));
         }
-        if let Some(ByteSize(bytes)) = self.memory_budget {
-            if bytes < 1 << 20 {
-                return Err(Error::config(
-                    "memory_budget",
-                    format!("{} is less than the 1 MiB a process needs to start", ByteSize(bytes)),
-                ));
-            }
-            if self.device == Device::Cuda {
-                return Err(Error::config(
-                    "memory_budget",
-                    "plans host memory; a GPU run's memory is its device's (device = cuda)",
-                ));
-            }
+        if let Some(ByteSize(bytes)) = self.memory_budget
+            && bytes < 1 << 20
+        {
+            return Err(Error::config(
+                "memory_budget",
+                format!("{} is less than the 1 MiB a process needs to start", ByteSize(bytes)),
+            ));
         }
         if let Some(budget) = self.model_budget
             && budget.0 < 1 << 20

@@ -64,6 +64,8 @@ impl GpuStep {
         let config = &plan.optimizer;
         let device = peers.map_or(0, |peers| peers.device);
         let tracker = Tracker::new();
+        // Under device = cuda the memory budget is the GPU's.
+        tracker.set_budget(plan.config.memory_budget.map(|b| b.0));
         let precision = plan.config.precision;
         let mut model =
             CudaModel::with_precision(host, device, (&tracker, host_tracker), precision)?;

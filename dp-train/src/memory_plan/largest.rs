@@ -86,6 +86,14 @@ pub fn largest_model(family: &str, config: &TrainConfig, processes: usize) -> Re
             "the largest model is found for a budget; give one",
         ));
     }
+    if config.device == crate::config::Device::Cuda {
+        return Err(Error::config(
+            "device",
+            "the largest model is searched by predicting host memory; under device = cuda the \
+             budget is the GPU's, which only putting a model on it checks so far: give a model \
+             (--model) and train it with --memory-budget",
+        ));
+    }
     model(family, 1)?;
     let (step, max) = steps(family);
     let baseline = baseline_rss();

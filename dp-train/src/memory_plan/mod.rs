@@ -103,6 +103,11 @@ fn fit_with(
     let Some(budget) = plan.config.memory_budget.map(|b| b.0) else {
         return Ok((plan, Planned { slowdown: 1.0, ..Planned::default() }));
     };
+    // A GPU run's budget is its device's: the GPU model holds itself to it when it is put on
+    // the device (and refuses a model that does not fit, with the figures).
+    if plan.config.device == crate::config::Device::Cuda {
+        return Ok((plan, Planned { slowdown: 1.0, ..Planned::default() }));
+    }
     let base = Settings::of(&plan.config);
     let (global, processes) = (plan.config.global_batch, plan.batching.processes);
     let mut best: Option<((f64, usize, u64), Settings)> = None;
