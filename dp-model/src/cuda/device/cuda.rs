@@ -69,9 +69,7 @@ impl Cuda {
         let blas = Blas::new(&stream)?;
         Ok(Cuda { kernels, blas, stream, _module: module })
     }
-}
 
-impl Cuda {
     /// Makes the model's context the calling thread's, as cudarc's own calls do before each
     /// launch: the raw calls below take whatever context is current.
     fn bind(&self) -> Result<()> {
