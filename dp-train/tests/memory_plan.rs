@@ -189,9 +189,12 @@ fn the_largest_model_for_a_budget_fits_and_the_next_size_does_not() {
     let gpu = TrainConfig { device: dp_train::Device::Cuda, ..config.clone() };
     let refused = largest_model("mlp", &gpu, 1).unwrap_err().to_string();
     assert!(refused.contains("device") && refused.contains("--model"), "{refused}");
-    // A GPU run's plan leaves its settings as given: the device holds it to the budget.
-    // (Its parameters and gradients alone are more than the budget: on the CPU no plan fits.)
+    // A GPU run's budget is checked on the GPU: `plan` says it cannot answer for it rather
+    // than print a host plan as if the run fitted (its parameters and gradients alone are more
+    // than the budget), and without a budget it plans as usual.
     let gpu = TrainConfig { model: "mlp:8192,8192".into(), replicas: 1, ..gpu };
-    let planned = plan_memory(&gpu, 1).unwrap();
+    let refused = plan_memory(&gpu, 1).unwrap_err().to_string();
+    assert!(refused.contains("memory_budget") && refused.contains("GPU"), "{refused}");
+    let planned = plan_memory(&TrainConfig { memory_budget: None, ..gpu }, 1).unwrap();
     assert!(planned.turned_on.is_empty(), "{planned}");
 }

@@ -71,6 +71,15 @@ pub(crate) const HEADROOM: u64 = 8 << 20;
 /// peak, and with `memory_budget` set, the settings it turns on to fit (an error naming the
 /// least budget that would do when nothing fits). What `train` runs with the same config.
 pub fn plan_memory(config: &TrainConfig, processes: usize) -> Result<MemoryPlan> {
+    // A plan that cannot say whether the run fits its budget must not look as if it did.
+    if config.device == crate::config::Device::Cuda && config.memory_budget.is_some() {
+        return Err(Error::config(
+            "memory_budget",
+            "under device = cuda the budget is the GPU's, which `train` checks when it puts the \
+             model on the GPU (refusing it there, with the figures); `plan` predicts host \
+             memory only: plan without a budget, or train with it",
+        ));
+    }
     let baseline = baseline_rss();
     let config = config.resolved_for(processes, processes)?;
     let plan = RunPlan::new(config.clone(), None, processes).map_err(|e| config.explain(e))?;

@@ -213,8 +213,6 @@ pub(super) struct Buffers<B: Backend> {
     pub(super) halves: Option<Halves<B>>,
     /// Bytes of saved activations, activation gradients and scratch.
     pub(super) bytes: [u64; 3],
-    /// Values of unfolded convolution input the device takes at a time.
-    pub(super) chunk_values: usize,
 }
 
 impl<B: Backend> Buffers<B> {
@@ -266,7 +264,6 @@ impl<B: Backend> Buffers<B> {
             plan: sizes.plan,
             grad_plan: sizes.grads,
             bytes,
-            chunk_values,
         })
     }
 }

@@ -76,7 +76,7 @@ impl<D: Device> GpuModel<D> {
         let w = ptr(&self.params) + 4 * c.offset as u64;
         let halves = self.work.halves.as_ref();
         let wa = self.operand(w, c.out_channels * patch, halves.map(|h| &h.weights))?;
-        let per = images_per_chunk(c, batch, self.work.chunk_values);
+        let per = images_per_chunk(c, batch, D::CHUNK_VALUES);
         for first in (0..batch).step_by(per) {
             let images = per.min(batch - first);
             let cols = self.unfold(c, batch, x, first, images)?;
@@ -132,7 +132,7 @@ impl<D: Device> GpuModel<D> {
                 c: (db, c.out_channels),
             })?;
         }
-        let per = images_per_chunk(c, batch, self.work.chunk_values);
+        let per = images_per_chunk(c, batch, D::CHUNK_VALUES);
         let shape = Shape::of(c, batch);
         for (chunk, first) in (0..batch).step_by(per).enumerate() {
             let images = per.min(batch - first);
