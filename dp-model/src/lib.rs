@@ -77,7 +77,8 @@ pub use checkpoint::{
     params_checksum, save_optimizer_shard,
 };
 pub use cuda::{
-    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaRuntime, DeviceNormSync, cuda_kernels_ptx,
+    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaQuantizedBuf, CudaRuntime, DeviceNormSync,
+    cuda_kernels_ptx,
 };
 pub use error::{Error, Result};
 pub use float::Float;
@@ -93,8 +94,8 @@ pub use ops::norm_sync::NormSync;
 pub use ops::sparse::SparseInput;
 pub use optim::{
     Adam, AdamConfig, Optimizer, OptimizerState, OptimizerStateMut, QuantizedState,
-    QuantizedStateMut, STATE_BLOCK, Schedule, Sgd, SgdConfig, StatePrecision, clip_grad_norm,
-    grad_norm, state_kernels,
+    QuantizedStateMut, STATE_BLOCK, Schedule, Sgd, SgdConfig, StateCodebook, StatePrecision,
+    clip_grad_norm, grad_norm, state_kernels,
 };
 pub use prune::{PruneSchedule, Pruner, Sparsity};
 pub use quant::QuantizedModel;

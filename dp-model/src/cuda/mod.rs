@@ -19,18 +19,19 @@ mod norm_sync;
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::{CudaModel, CudaRuntime};
+pub use device::{CudaModel, CudaQuantizedBuf, CudaRuntime};
 pub use norm_sync::DeviceNormSync;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaModel, CudaRuntime};
+pub use stub::{CudaModel, CudaQuantizedBuf, CudaRuntime};
 
 use crate::error::Result;
 
-/// The kernels' CUDA C source: the elementwise ops, losses and optimizers, then bf16
-/// rounding, the image layers, batch norm, and a GPT's layer norm, embedding and attention
-/// (each file uses what the ones before define).
+/// The kernels' CUDA C source: the elementwise ops, losses and optimizers, then 8-bit
+/// optimizer state, bf16 rounding, the image layers, batch norm, and a GPT's layer norm,
+/// embedding and attention (each file uses what the ones before define).
 pub const CUDA_KERNEL_SOURCE: &str = concat!(
     include_str!("kernels.cu"),
+    include_str!("optim8.cu"),
     include_str!("bf16.cu"),
     include_str!("image.cu"),
     include_str!("batch_norm.cu"),
@@ -54,6 +55,10 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_norm",
     "dp_clip",
     "dp_apply_mask",
+    "dp_adam8_maxima",
+    "dp_adam8_step",
+    "dp_sgd8_maxima",
+    "dp_sgd8_step",
     "dp_fill",
     "dp_to_bf16",
     "dp_from_bf16",

@@ -24,6 +24,10 @@ impl CudaRuntime {
     }
 }
 
+/// An 8-bit optimizer state buffer on a GPU (no value exists in this build).
+#[derive(Debug)]
+pub struct CudaQuantizedBuf(Infallible);
+
 /// A model whose training step runs on one GPU (no value exists in this build).
 #[derive(Debug)]
 pub struct CudaModel(Infallible);
@@ -106,6 +110,40 @@ impl CudaModel {
         match self.0 {}
     }
     pub fn state_buffer(&self) -> Result<DeviceBuf<f32>> {
+        match self.0 {}
+    }
+    pub fn quantized_state(&self, _book: crate::StateCodebook) -> Result<CudaQuantizedBuf> {
+        match self.0 {}
+    }
+    pub fn adam8_step(
+        &mut self,
+        _state: (&mut CudaQuantizedBuf, &mut CudaQuantizedBuf),
+        _steps: u64,
+        _lr: f64,
+        _config: &crate::AdamConfig,
+    ) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn sgd8_step(
+        &mut self,
+        _velocity: &mut CudaQuantizedBuf,
+        _lr: f64,
+        _config: &crate::SgdConfig,
+    ) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn upload_quantized(
+        &self,
+        _dst: &mut CudaQuantizedBuf,
+        _src: crate::QuantizedState<'_>,
+    ) -> Result<()> {
+        match self.0 {}
+    }
+    pub fn download_quantized(
+        &self,
+        _src: &CudaQuantizedBuf,
+        _dst: crate::QuantizedStateMut<'_>,
+    ) -> Result<()> {
         match self.0 {}
     }
     pub fn wait(&self) -> Result<()> {

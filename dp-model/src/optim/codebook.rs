@@ -25,6 +25,26 @@ pub(crate) static SIGNED: LazyLock<Codebook> = LazyLock::new(|| Codebook::dynami
 /// The codebook of non-negative state (Adam's second moment).
 pub(crate) static UNSIGNED: LazyLock<Codebook> = LazyLock::new(|| Codebook::dynamic(false));
 
+/// Which codebook an 8-bit state buffer quantises in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateCodebook {
+    /// Values of either sign: Adam's first moment, SGD's velocity.
+    Signed,
+    /// Values never below zero: Adam's second moment.
+    Unsigned,
+}
+
+impl StateCodebook {
+    /// Its codebook.
+    #[cfg(any(feature = "cuda", test))]
+    pub(crate) fn codebook(self) -> &'static Codebook {
+        match self {
+            StateCodebook::Signed => &SIGNED,
+            StateCodebook::Unsigned => &UNSIGNED,
+        }
+    }
+}
+
 /// Grids per codebook: the seven decades, then the single value 1 (zero is apart).
 pub(crate) const GRIDS: usize = 8;
 
@@ -81,6 +101,10 @@ pub(crate) struct Codebook {
     /// it), so a value's code is that one or the next.
     lookup: Box<[u8]>,
 }
+
+/// Values of [`Codebook::device_table`] (`DP_BOOK_LEN` in `optim8.cu`).
+#[cfg(any(feature = "cuda", test))]
+pub(crate) const DEVICE_TABLE_LEN: usize = 256 + 3 + (GRIDS - 1) + 5 * GRIDS;
 
 /// Bits of a float's representation that index [`Codebook::lookup`].
 const LOOKUP_BITS: u32 = 17;
@@ -179,6 +203,23 @@ impl Codebook {
     #[cfg(test)]
     pub(crate) fn values(&self) -> &[f32; 256] {
         &self.values
+    }
+
+    /// The codebook as the GPU's 8-bit state kernels read it (`optim8.cu`, [`DEVICE_TABLE_LEN`]
+    /// values): its 256 values, then its grids as [`Grids::encode`] uses them: whether it is
+    /// signed (1 or 0), `zero_below`, `zero`, `starts`, `first`, `per_step`, `last`, `up`,
+    /// `down`.
+    #[cfg(any(feature = "cuda", test))]
+    pub(crate) fn device_table(&self) -> Vec<f32> {
+        let g = &self.grids;
+        let mut table = self.values.to_vec();
+        table.extend([f32::from(u8::from(g.signed)), g.zero_below, g.zero]);
+        table.extend(g.starts);
+        for row in [g.first, g.per_step, g.last, g.up, g.down] {
+            table.extend(row);
+        }
+        debug_assert_eq!(table.len(), DEVICE_TABLE_LEN);
+        table
     }
 
     /// [`Grids::encode`]'s code of `y`, by its tables.

@@ -5,7 +5,7 @@
 
 mod adam;
 mod clip;
-mod codebook;
+pub(crate) mod codebook;
 mod quantized;
 #[cfg(target_arch = "x86_64")]
 mod quantized_avx2;
@@ -18,6 +18,7 @@ mod sgd;
 pub(crate) use adam::AdamUpdate;
 pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, grad_norm};
+pub use codebook::StateCodebook;
 pub use quantized::{STATE_BLOCK, StatePrecision, state_kernels};
 pub use schedule::Schedule;
 pub use sgd::{Sgd, SgdConfig};

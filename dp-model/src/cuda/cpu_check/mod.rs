@@ -9,7 +9,7 @@
 //! they are skipped, unless `DP_REQUIRE_CXX` is set (CI sets it), which makes that a failure.
 //!
 //! The checks come in families, one file each (`elementwise`, `losses_optim`, `image`,
-//! `batch_norm`, `layer_norm`, `embedding`, `attention`); `suite` names which family checks which kernel and runs them all, and
+//! `batch_norm`, `layer_norm`, `embedding`, `attention`, `optim8`); `suite` names which family checks which kernel and runs them all, and
 //! `mutants` proves each check can fail: it breaks every kernel on purpose, one bug at a time,
 //! and asserts that its family's check notices.
 //!
@@ -23,6 +23,7 @@ mod image;
 mod layer_norm;
 mod losses_optim;
 mod mutants;
+mod optim8;
 mod suite;
 
 use std::process::Command;
@@ -37,6 +38,8 @@ pub(crate) const SHIM: &str = r#"
 #include <string.h>
 static inline unsigned int __float_as_uint(float v) { unsigned int u; memcpy(&u, &v, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float v; memcpy(&v, &u, 4); return v; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
 struct dp_dim3 { unsigned int x, y, z; };
 static dp_dim3 blockIdx, blockDim, threadIdx, gridDim;
 #define __global__

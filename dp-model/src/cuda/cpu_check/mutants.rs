@@ -86,6 +86,49 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "if ((mask[i / 64] >> (i % 64)) & 1ULL)",
         "if ((mask[i / 64] >> (i % 63)) & 1ULL)",
     ),
+    ("dp_adam8_maxima", "m_max = fmaxf(m_max, fabsf(m));", "m_max = fmaxf(m_max, m);"),
+    (
+        "dp_adam8_maxima",
+        "dp_old_scales(v_work)[block] = v_scale;",
+        "dp_old_scales(v_work)[block] = m_scale;",
+    ),
+    (
+        "dp_adam8_step",
+        "p[i] = p[i] * (decay ? shrink : 1.0f) - step_size * m / (sqrtf(v) / sqrt_c2 + eps);",
+        "p[i] = p[i] - step_size * m / (sqrtf(v) / sqrt_c2 + eps);",
+    ),
+    (
+        "dp_adam8_step",
+        "v_codes[i] = dp_encode(v_work, v * v_inverse);",
+        "v_codes[i] = dp_encode(m_work, v * v_inverse);",
+    ),
+    (
+        "dp_adam8_step",
+        "float base = signbit(y) ? down[grid] : up[grid];",
+        "float base = signbit(y) ? up[grid] : down[grid];",
+    ),
+    ("dp_adam8_step", "return book[code] * scale;", "return book[code];"),
+    (
+        "dp_adam8_step",
+        "for (int lane = 0; lane < DP_STATE_LANES; ++lane)",
+        "for (int lane = 0; lane < DP_STATE_LANES - 1; ++lane)",
+    ),
+    (
+        "dp_sgd8_maxima",
+        "if (t % DP_STATE_LANES == 0) dp_old_scales(work)[block] = scale;",
+        "if (t % DP_STATE_LANES == 0 && block > 0) dp_old_scales(work)[block] = scale;",
+    ),
+    (
+        "dp_sgd8_maxima",
+        "i < i##_end; i += DP_STATE_LANES)",
+        "i < i##_end; i += DP_STATE_LANES + 1)",
+    ),
+    (
+        "dp_sgd8_step",
+        "p[i] -= lr * (nesterov ? g + mu * v : v);",
+        "p[i] -= lr * (nesterov ? g + v : v);",
+    ),
+    ("dp_sgd8_step", "float old = dp_old_scales(work)[block];", "float old = scales[block];"),
     ("dp_from_bf16", "(unsigned int)x[i] << 16", "(unsigned int)x[i] << 15"),
     (
         "dp_im2col",

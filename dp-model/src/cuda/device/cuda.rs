@@ -21,6 +21,9 @@ use crate::ops::gemm::Precision;
 /// device.
 pub type CudaModel = GpuModel<Cuda>;
 
+/// An 8-bit optimizer state buffer of a [`CudaModel`].
+pub type CudaQuantizedBuf = super::optim8::QuantizedDeviceBuf<Cuda>;
+
 /// Threads per block of every kernel, and the most blocks one launch takes (the kernels loop
 /// over the rest).
 const THREADS: u32 = 256;

@@ -703,4 +703,115 @@ mod tests {
         assert_eq!(zeros(back.params()), zeros(cpu.params()));
         assert!(pruner.sparsity() > 0.4, "{}", pruner.sparsity());
     }
+    /// Parameters after 8-bit updates against the CPU's: a gradient summed in another order
+    /// can move a state value across a code's edge, which changes that parameter's step by a
+    /// code's width (a percent of its block's largest value); the rest agree within 1e-5.
+    fn follows(got: &[f32], want: &[f32], what: &str) {
+        let off: Vec<f32> =
+            got.iter().zip(want).map(|(a, b)| (a - b).abs()).filter(|&d| d > 1e-5).collect();
+        let worst = off.iter().fold(0f32, |m, &d| m.max(d));
+        assert!(
+            off.len() * 1000 <= got.len() && worst <= 1e-3,
+            "{what}: {} of {} off, worst {worst:e}",
+            off.len(),
+            got.len()
+        );
+    }
+
+    /// 8-bit AdamW (decay off biases and norms) on the MLP and a smooth ResNet-8, and 8-bit
+    /// Nesterov SGD on the MLP, follow the CPU's 8-bit optimizers; the state comes back in the
+    /// CPU's layout, and a resumed device continues from the CPU's state as the CPU does.
+    #[test]
+    fn eight_bit_state_steps_as_on_the_cpu_and_moves_between_them() {
+        use crate::optim::{Adam, AdamConfig, StateCodebook, StatePrecision};
+        let resnet = smooth(&ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth"));
+        let mlp = models().remove(0).0;
+        for (spec, adam) in [(mlp.clone(), true), (mlp, false), (resnet, true)] {
+            let pool = Pool::new(&Tracker::new());
+            let options = ModelOptions::new(8, 5);
+            let Some((mut cpu, mut gpu)) = pair(&spec, options, Precision::F32, &pool) else {
+                return;
+            };
+            let n = cpu.params().len();
+            let decayed = cpu.layout().decayed_ranges();
+            let adam_config =
+                AdamConfig { weight_decay: 0.1, decoupled: true, ..AdamConfig::default() };
+            let sgd_config = SgdConfig { momentum: 0.9, nesterov: true, weight_decay: 5e-4 };
+            let int8 = StatePrecision::Int8;
+            let mut optimizer: Box<dyn Optimizer<f32>> = if adam {
+                Box::new(Adam::<f32>::with_precision(n, adam_config, int8, &pool).unwrap())
+            } else {
+                Box::new(Sgd::<f32>::with_precision(n, sgd_config, int8, &pool).unwrap())
+            };
+            optimizer.decay_only(decayed.clone());
+            gpu.decay_only(&decayed).unwrap();
+            let books: &[StateCodebook] = if adam {
+                &[StateCodebook::Signed, StateCodebook::Unsigned]
+            } else {
+                &[StateCodebook::Signed]
+            };
+            let fresh = |gpu: &GpuModel<Emulator>| {
+                books.iter().map(|&b| gpu.quantized_state(b).unwrap()).collect::<Vec<_>>()
+            };
+            let mut state = fresh(&gpu);
+            let step =
+                |cpu: &mut Model<f32>,
+                 gpu: &mut GpuModel<Emulator>,
+                 optimizer: &mut dyn Optimizer<f32>,
+                 state: &mut [crate::cuda::device::optim8::QuantizedDeviceBuf<Emulator>],
+                 t: u64| {
+                    let (x, labels) = batch(&spec, 8, 30 + t);
+                    let options = StepOptions { step: t, ..StepOptions::default() };
+                    cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+                    gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+                    let (params, grads) = cpu.params_and_grads();
+                    optimizer.step(params, grads, 0.01).unwrap();
+                    match state {
+                        [m, v] => gpu.adam8_step((m, v), t, 0.01, &adam_config).unwrap(),
+                        [velocity] => gpu.sgd8_step(velocity, 0.01, &sgd_config).unwrap(),
+                        _ => unreachable!("one or two buffers"),
+                    }
+                };
+            for t in 1..=3 {
+                step(&mut cpu, &mut gpu, &mut *optimizer, &mut state, t);
+            }
+            let name = &spec.name;
+            let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(8, 9)).unwrap();
+            gpu.download_params(&mut back).unwrap();
+            follows(back.params(), cpu.params(), &format!("{name}: parameters"));
+            // The state downloaded into a CPU optimizer: its codes are the CPU's (on the MLP,
+            // all of them) but where a gradient summed in another order put a value across a
+            // code's edge (a few codes in a thousand on ResNet-8).
+            let mut copy: Box<dyn Optimizer<f32>> = if adam {
+                Box::new(Adam::<f32>::with_precision(n, adam_config, int8, &pool).unwrap())
+            } else {
+                Box::new(Sgd::<f32>::with_precision(n, sgd_config, int8, &pool).unwrap())
+            };
+            for (device, host) in state.iter().zip(copy.state_mut().quantized) {
+                gpu.download_quantized(device, host).unwrap();
+            }
+            for (got, want) in copy.state().quantized.iter().zip(optimizer.state().quantized) {
+                let pairs = || got.codes.iter().zip(want.codes);
+                let same = pairs().filter(|(a, b)| a == b).count();
+                let apart = pairs().map(|(&a, &b)| a.abs_diff(b)).max().unwrap_or(0);
+                assert!(
+                    same * 200 >= n * 199 && apart <= 4,
+                    "{name}: {same} of {n} codes agree, at most {apart} apart"
+                );
+                assert!(difference(got.scales, want.scales) <= 1e-4, "{name}: scales");
+            }
+            // A device resumed from the CPU's state and parameters steps as the CPU does.
+            gpu.upload_params(&cpu).unwrap();
+            let mut resumed = fresh(&gpu);
+            for (device, host) in resumed.iter_mut().zip(optimizer.state().quantized) {
+                gpu.upload_quantized(device, host).unwrap();
+            }
+            step(&mut cpu, &mut gpu, &mut *optimizer, &mut resumed, 4);
+            gpu.download_params(&mut back).unwrap();
+            follows(back.params(), cpu.params(), &format!("{name}: resumed"));
+            let short = crate::optim::QuantizedState { codes: &[0; 3], scales: &[0.0] };
+            let error = gpu.upload_quantized(&mut resumed[0], short).unwrap_err().to_string();
+            assert!(error.contains(&format!("{n} codes")), "{error}");
+        }
+    }
 }

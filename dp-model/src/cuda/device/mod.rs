@@ -30,6 +30,7 @@ mod forward;
 mod gemm;
 mod norm;
 mod optim;
+mod optim8;
 #[cfg(feature = "cuda")]
 mod runtime;
 mod sequence;
@@ -41,7 +42,7 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 #[cfg(feature = "cuda")]
-pub use cuda::CudaModel;
+pub use cuda::{CudaModel, CudaQuantizedBuf};
 use dp_mem::{Backend, HostMemory, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use gemm::Gemm;
 use ndarray::ArrayView2;

@@ -32,7 +32,7 @@ impl<D: Device> GpuModel<D> {
     }
 
     /// The decay ranges as the update kernels take them.
-    fn decay_args(&self) -> (u64, i64) {
+    pub(super) fn decay_args(&self) -> (u64, i64) {
         self.decayed.as_ref().map_or((0, -1), |(buf, count)| (ptr(buf), *count))
     }
 
