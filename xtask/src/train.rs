@@ -691,7 +691,8 @@ mod tests {
         assert_eq!(config.augment.as_ref().map(Vec::len), Some(2));
         assert_eq!(config.compression, dp_train::GradCompression::Int8);
         assert_eq!(config.activations, dp_model::SavedPrecision::Bf16);
-        // Another width is refused at validation, naming the key; so is 8 on the GPU path.
+        // Another width is refused at validation, naming the key; 8 is taken on the GPU path,
+        // where compression is not yet.
         let cli = Cli::try_parse_from(["train", "--optimizer-bits", "16"]).unwrap();
         let mut bits = TrainConfig::default();
         apply(&mut bits, &cli.train).unwrap();
@@ -700,8 +701,12 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--optimizer-bits", "8", "--device", "cuda"]);
         let mut bits = TrainConfig::default();
         apply(&mut bits, &cli.unwrap().train).unwrap();
-        let error = bits.validate().unwrap_err().to_string();
-        assert!(error.contains("`optimizer_bits`") && error.contains("device = cuda"), "{error}");
+        bits.validate().expect("8-bit state on the GPU path");
+        let cli = Cli::try_parse_from(["train", "--compression", "int8", "--device", "cuda"]);
+        let mut compressed = TrainConfig::default();
+        apply(&mut compressed, &cli.unwrap().train).unwrap();
+        let error = compressed.validate().unwrap_err().to_string();
+        assert!(error.contains("`compression`") && error.contains("device = cuda"), "{error}");
         let cli = Cli::try_parse_from(["train", "--eval-data", "e", "--recompute"]).unwrap();
         let mut config = TrainConfig { eval_data: Some("kept".into()), ..TrainConfig::default() };
         apply(&mut config, &cli.train).unwrap();

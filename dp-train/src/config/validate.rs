@@ -189,7 +189,7 @@ impl TrainConfig {
 
     /// What the GPU path has so far: one replica per GPU (one process each), every model but
     /// a sparse one, f32 or bf16 products, recomputation, bf16 saved activations, pruning,
-    /// full-precision state.
+    /// 32- or 8-bit optimizer state.
     fn validate_cuda(&self) -> Result<()> {
         let refuse = |field: &'static str, what: &str| {
             Err(Error::config(field, format!("{what} is not on the GPU path yet (device = cuda)")))
@@ -204,12 +204,6 @@ impl TrainConfig {
         }
         if self.zero_stage != 0 {
             return refuse("zero_stage", "ZeRO");
-        }
-        if self.optimizer_bits != 32 {
-            return refuse(
-                "optimizer_bits",
-                "8-bit optimizer state (the GPU's Adam and SGD kernels keep f32 state)",
-            );
         }
         if self.compression != GradCompression::None {
             return refuse("compression", "gradient compression");

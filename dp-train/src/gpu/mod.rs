@@ -18,7 +18,10 @@ mod reduce_stub;
 use std::time::Duration;
 
 use dp_mem::{ByTag, CudaBackend, PoolBuf, Tracker};
-use dp_model::{CudaModel, LossTotals, Model, Optimizer, Pruner, StepOptions, Targets};
+use dp_model::{
+    CudaModel, CudaQuantizedBuf, LossTotals, Model, Optimizer, OptimizerState, OptimizerStateMut,
+    Pruner, SgdConfig, StateCodebook, StatePrecision, StepOptions, Targets,
+};
 use ndarray::ArrayView2;
 #[cfg(feature = "cuda")]
 use reduce::DeviceReducer;
@@ -30,10 +33,68 @@ use crate::error::Result;
 use crate::plan::RunPlan;
 use crate::processes::GpuPeers;
 
-/// Optimizer state on the device, as the CPU optimizer of the same config keeps it.
+/// Optimizer state on the device, as the CPU optimizer of the same config keeps it: f32, or
+/// 8-bit (`optimizer_bits = 8`) in the CPU's codes and scales.
 enum State {
     Sgd(Option<PoolBuf<f32, CudaBackend>>),
     Adam(PoolBuf<f32, CudaBackend>, PoolBuf<f32, CudaBackend>),
+    Sgd8(CudaQuantizedBuf),
+    Adam8(CudaQuantizedBuf, CudaQuantizedBuf),
+}
+
+impl State {
+    /// Zeroed state on `model`'s device for `config` at `precision`.
+    fn new(model: &CudaModel, config: &OptimizerConfig, precision: StatePrecision) -> Result<Self> {
+        let int8 = precision == StatePrecision::Int8;
+        Ok(match config {
+            OptimizerConfig::Sgd(SgdConfig { momentum, .. }) if *momentum == 0.0 => {
+                State::Sgd(None)
+            }
+            OptimizerConfig::Sgd(_) if int8 => {
+                State::Sgd8(model.quantized_state(StateCodebook::Signed)?)
+            }
+            OptimizerConfig::Sgd(_) => State::Sgd(Some(model.state_buffer()?)),
+            OptimizerConfig::Adam(_) if int8 => State::Adam8(
+                model.quantized_state(StateCodebook::Signed)?,
+                model.quantized_state(StateCodebook::Unsigned)?,
+            ),
+            OptimizerConfig::Adam(_) => State::Adam(model.state_buffer()?, model.state_buffer()?),
+        })
+    }
+
+    /// Its f32 buffers and its 8-bit ones, each in the CPU optimizer's order.
+    fn buffers(&mut self) -> (Vec<&mut PoolBuf<f32, CudaBackend>>, Vec<&mut CudaQuantizedBuf>) {
+        match self {
+            State::Sgd(velocity) => (velocity.iter_mut().collect(), vec![]),
+            State::Adam(m, v) => (vec![m, v], vec![]),
+            State::Sgd8(velocity) => (vec![], vec![velocity]),
+            State::Adam8(m, v) => (vec![], vec![m, v]),
+        }
+    }
+
+    /// Copies the CPU optimizer's `saved` state in.
+    fn restore(&mut self, model: &CudaModel, saved: &OptimizerState<'_, f32>) -> Result<()> {
+        let (f32s, int8s) = self.buffers();
+        for (device, host) in f32s.into_iter().zip(&saved.buffers) {
+            model.upload_buffer(device, host)?;
+        }
+        for (device, host) in int8s.into_iter().zip(&saved.quantized) {
+            model.upload_quantized(device, *host)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the device's state into the CPU optimizer's `state`.
+    fn save(&mut self, model: &CudaModel, state: OptimizerStateMut<'_, f32>) -> Result<()> {
+        let (f32s, int8s) = self.buffers();
+        for (device, host) in f32s.into_iter().zip(state.buffers) {
+            model.download_buffer(device, host)?;
+        }
+        for (device, host) in int8s.into_iter().zip(state.quantized) {
+            model.download_quantized(device, host)?;
+        }
+        Ok(())
+    }
 }
 
 pub(crate) struct GpuStep {
@@ -88,14 +149,9 @@ impl GpuStep {
             model.set_norm_sync(Some(Box::new(norms)));
         }
         let saved = optimizer.state();
-        let state = match config {
-            OptimizerConfig::Sgd(dp_model::SgdConfig { momentum, .. }) if *momentum == 0.0 => {
-                State::Sgd(None)
-            }
-            OptimizerConfig::Sgd(_) => State::Sgd(Some(model.state_buffer()?)),
-            OptimizerConfig::Adam(_) => State::Adam(model.state_buffer()?, model.state_buffer()?),
-        };
-        let mut step = Self {
+        let mut state = State::new(&model, config, plan.config.state_precision())?;
+        state.restore(&model, &saved)?;
+        Ok(Self {
             model,
             tracker,
             state,
@@ -103,15 +159,7 @@ impl GpuStep {
             steps: saved.steps,
             reducer,
             host_stale: false,
-        };
-        let buffers: Vec<&mut PoolBuf<f32, CudaBackend>> = match &mut step.state {
-            State::Sgd(velocity) => velocity.iter_mut().collect(),
-            State::Adam(m, v) => vec![m, v],
-        };
-        for (device, host) in buffers.into_iter().zip(&saved.buffers) {
-            step.model.upload_buffer(device, host)?;
-        }
-        Ok(step)
+        })
     }
 
     /// Forward and backward of one micro-batch; with `reduce` (the step's last), the
@@ -149,6 +197,12 @@ impl GpuStep {
             (State::Adam(m, v), OptimizerConfig::Adam(adam)) => {
                 self.model.adam_step((m, v), self.steps, lr, adam)?
             }
+            (State::Sgd8(velocity), OptimizerConfig::Sgd(sgd)) => {
+                self.model.sgd8_step(velocity, lr, sgd)?
+            }
+            (State::Adam8(m, v), OptimizerConfig::Adam(adam)) => {
+                self.model.adam8_step((m, v), self.steps, lr, adam)?
+            }
             _ => unreachable!("the state is made from the config"),
         }
         Ok(())
@@ -166,13 +220,7 @@ impl GpuStep {
         self.model.download_params(host)?;
         let state = optimizer.state_mut();
         *state.steps = self.steps;
-        let buffers: Vec<&PoolBuf<f32, CudaBackend>> = match &self.state {
-            State::Sgd(velocity) => velocity.iter().collect(),
-            State::Adam(m, v) => vec![m, v],
-        };
-        for (device, host) in buffers.into_iter().zip(state.buffers) {
-            self.model.download_buffer(device, host)?;
-        }
+        self.state.save(&self.model, state)?;
         self.host_stale = false;
         Ok(())
     }
