@@ -1,4 +1,4 @@
-//! ZeRO stage 1's split of the parameters among the replicas.
+//! ZeRO stage 1's split of the parameters among the replicas, and of the decay ranges.
 
 use std::ops::Range;
 
@@ -12,9 +12,27 @@ pub(crate) fn zero_shard(len: usize, world: usize, rank: usize, align: usize) ->
     (rank * size).min(len)..((rank + 1) * size).min(len)
 }
 
+/// The parts of `ranges` (of the whole parameter buffer) inside `shard`, relative to it: the
+/// decay ranges of a shard's optimizer.
+pub(crate) fn decayed_in(ranges: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>> {
+    (ranges.iter())
+        .map(|r| r.start.max(shard.start)..r.end.min(shard.end))
+        .filter(|r| r.start < r.end)
+        .map(|r| r.start - shard.start..r.end - shard.start)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::zero_shard;
+    use super::{decayed_in, zero_shard};
+
+    #[test]
+    fn decayed_ranges_are_cut_to_a_shard_and_made_relative_to_it() {
+        let ranges = [0..4, 6..10, 12..20];
+        assert_eq!(decayed_in(&ranges, &(3..14)), [0..1, 3..7, 9..11]);
+        assert_eq!(decayed_in(&ranges, &(4..6)), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(decayed_in(&ranges, &(0..20)), ranges);
+    }
 
     #[test]
     fn shards_cover_the_range_in_whole_blocks() {

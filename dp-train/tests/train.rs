@@ -152,7 +152,14 @@ fn bad_configs_fail_before_anything_starts() {
         ("lr", TrainConfig { lr: Some(f64::NAN), ..config(1, 1) }),
         // What the GPU path does not have yet is refused by name.
         ("replicas", TrainConfig { device: Device::Cuda, ..config(2, 1) }),
-        ("zero_stage", TrainConfig { device: Device::Cuda, zero_stage: 1, ..config(1, 1) }),
+        (
+            "compression",
+            TrainConfig {
+                device: Device::Cuda,
+                compression: dp_train::GradCompression::Bf16,
+                ..config(1, 1)
+            },
+        ),
         // A build or machine without CUDA says so.
         ("CUDA", TrainConfig { device: Device::Cuda, ..config(1, 1) }),
     ];

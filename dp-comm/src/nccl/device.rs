@@ -450,6 +450,30 @@ impl NcclComm {
         buf: &mut CudaSlice<T>,
         root: usize,
     ) -> Result<()> {
+        let stream = self.stream.clone();
+        let len = buf.len();
+        let (ptr, record) = buf.device_ptr_mut(&stream);
+        // SAFETY: as in `all_reduce_device`.
+        let queued = unsafe { self.broadcast_device_ptr::<T>(ptr, len, root) };
+        drop(record);
+        queued?;
+        self.finish("broadcast")
+    }
+
+    /// Enqueues an in-place broadcast from `root` of `len` elements of `T` at device address
+    /// `ptr` on this communicator's stream and returns without waiting, as
+    /// [`NcclComm::all_reduce_device_ptr`] does: how a ZeRO-1 shard's updated parameters
+    /// reach the other ranks.
+    ///
+    /// # Safety
+    ///
+    /// As for [`NcclComm::all_reduce_device_ptr`].
+    pub unsafe fn broadcast_device_ptr<T: Element>(
+        &mut self,
+        ptr: u64,
+        len: usize,
+        root: usize,
+    ) -> Result<()> {
         if root >= self.world_size {
             return Err(Error::InvalidRank {
                 op: "broadcast",
@@ -458,17 +482,12 @@ impl NcclComm {
             });
         }
         self.check()?;
-        let stream = self.stream.clone();
-        let len = buf.len();
-        let (ptr, record) = buf.device_ptr_mut(&stream);
         let p = ptr as usize as *mut c_void;
-        // SAFETY: as in `all_reduce_device`; `root` is in range.
+        // SAFETY: the caller guarantees the buffer, on our context; `root` is in range.
         let result = unsafe {
             nccl::broadcast(p, p, len, data_type(T::DTYPE), root as i32, self.raw, self.cu_stream())
         };
-        drop(record);
-        self.nccl("ncclBroadcast", result)?;
-        self.finish("broadcast")
+        self.nccl("ncclBroadcast", result)
     }
 
     /// All-gathers device buffers (`output` holds `world_size` inputs) and waits for it.

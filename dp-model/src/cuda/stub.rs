@@ -92,6 +92,12 @@ impl CudaModel {
     pub fn grads(&self) -> &DeviceBuf<f32> {
         match self.0 {}
     }
+    pub fn params(&self) -> &DeviceBuf<f32> {
+        match self.0 {}
+    }
+    pub fn set_update_range(&mut self, _range: Range<usize>) -> Result<()> {
+        match self.0 {}
+    }
     pub fn sgd_step(
         &mut self,
         _velocity: Option<&mut DeviceBuf<f32>>,

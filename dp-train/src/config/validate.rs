@@ -189,7 +189,7 @@ impl TrainConfig {
 
     /// What the GPU path has so far: one replica per GPU (one process each), every model but
     /// a sparse one, f32 or bf16 products, recomputation, bf16 saved activations, pruning,
-    /// 32- or 8-bit optimizer state.
+    /// 32- or 8-bit optimizer state, ZeRO-1 across the processes' GPUs.
     fn validate_cuda(&self) -> Result<()> {
         let refuse = |field: &'static str, what: &str| {
             Err(Error::config(field, format!("{what} is not on the GPU path yet (device = cuda)")))
@@ -201,9 +201,6 @@ impl TrainConfig {
                  launch one process per GPU (mpirun -n <GPUs> dp train --device cuda ..., with \
                  the cuda and mpi features)",
             ));
-        }
-        if self.zero_stage != 0 {
-            return refuse("zero_stage", "ZeRO");
         }
         if self.compression != GradCompression::None {
             return refuse("compression", "gradient compression");

@@ -15,6 +15,7 @@ mod reduce;
 #[cfg(not(feature = "cuda"))]
 mod reduce_stub;
 
+use std::ops::Range;
 use std::time::Duration;
 
 use dp_mem::{ByTag, CudaBackend, PoolBuf, Tracker};
@@ -32,6 +33,7 @@ use crate::config::OptimizerConfig;
 use crate::error::Result;
 use crate::plan::RunPlan;
 use crate::processes::GpuPeers;
+use crate::zero::{decayed_in, zero_shard};
 
 /// Optimizer state on the device, as the CPU optimizer of the same config keeps it: f32, or
 /// 8-bit (`optimizer_bits = 8`) in the CPU's codes and scales.
@@ -107,17 +109,20 @@ pub(crate) struct GpuStep {
     steps: u64,
     /// With other processes' GPUs: the gradients' all-reduce.
     reducer: Option<DeviceReducer>,
+    /// Under ZeRO-1 over several GPUs: every rank's shard of the parameters, in rank order
+    /// (this one updates its own, then each reaches the others); else empty.
+    shards: Vec<Range<usize>>,
     /// The CPU copies are behind the device's.
     host_stale: bool,
 }
 
 impl GpuStep {
-    /// `host` and `optimizer` (its state restored or fresh) on this process's GPU, among
-    /// `peers`' when other processes have GPUs too; the page-locked batch buffers are
-    /// accounted under `host_tracker`.
+    /// `host` and `optimizer` (its state restored or fresh, for the parameters of `shard`:
+    /// all, or this rank's ZeRO-1 shard) on this process's GPU, among `peers`' when other
+    /// processes have GPUs too; the page-locked batch buffers are accounted under
+    /// `host_tracker`.
     pub(crate) fn new(
-        host: &Model<f32>,
-        optimizer: &dyn Optimizer<f32>,
+        (host, optimizer, shard): (&Model<f32>, &dyn Optimizer<f32>, Range<usize>),
         plan: &RunPlan,
         peers: Option<&GpuPeers>,
         host_tracker: &Tracker,
@@ -130,9 +135,17 @@ impl GpuStep {
         let precision = plan.config.precision;
         let mut model =
             CudaModel::with_precision(host, device, (&tracker, host_tracker), precision)?;
+        model.set_update_range(shard.clone())?;
         if plan.config.decay_bias_and_norm == Some(false) {
-            model.decay_only(&host.layout().decayed_ranges())?;
+            model.decay_only(&decayed_in(&host.layout().decayed_ranges(), &shard))?;
         }
+        let len = host.params().len();
+        let shards = match peers {
+            Some(peers) if shard != (0..len) => (0..peers.world)
+                .map(|rank| zero_shard(len, peers.world, rank, plan.config.piece_align()))
+                .collect(),
+            _ => Vec::new(),
+        };
         let timeout = Duration::from_secs_f64(plan.config.timeout_s);
         let reducer = match peers {
             None => None,
@@ -158,6 +171,7 @@ impl GpuStep {
             config: config.clone(),
             steps: saved.steps,
             reducer,
+            shards,
             host_stale: false,
         })
     }
@@ -204,6 +218,9 @@ impl GpuStep {
                 self.model.adam8_step((m, v), self.steps, lr, adam)?
             }
             _ => unreachable!("the state is made from the config"),
+        }
+        if let Some(reducer) = self.reducer.as_mut().filter(|_| !self.shards.is_empty()) {
+            reducer.broadcast_shards(&self.shards)?;
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! Gradients all-reduced among the run's GPUs by NCCL, directly on the device gradient
 //! buffer, in buckets that start while backward still runs: each bucket waits on the device
 //! for the model's stream (not the host), on NCCL's stream, so reduction overlaps with the
-//! earlier layers' backward.
+//! earlier layers' backward. Under ZeRO-1, each rank's updated shard of the parameters then
+//! reaches the others the same way.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ pub(crate) struct DeviceReducer {
     comm: NcclComm,
     /// The model's stream, which each bucket waits for.
     model_stream: Arc<CudaStream>,
-    /// The device address of the flat gradients.
+    /// The device addresses of the flat parameters and gradients.
+    params: u64,
     grads: u64,
     buckets: Buckets,
     /// The first failure while backward ran, which `finish` returns.
@@ -42,6 +44,7 @@ impl DeviceReducer {
         Ok(DeviceReducer {
             comm,
             model_stream: Arc::clone(model.stream()),
+            params: model.params().as_ptr() as usize as u64,
             grads: model.grads().as_ptr() as usize as u64,
             buckets: Buckets::new(bucket_bytes / size_of::<f32>()),
             failed: None,
@@ -82,5 +85,24 @@ impl DeviceReducer {
             return Err(error.into());
         }
         Ok(self.comm.wait()?)
+    }
+
+    /// After each rank updated its shard of `shards` (every rank's, in rank order): each
+    /// shard broadcast from its rank in place, an all-gather of uneven shards that needs no
+    /// buffer (an empty shard is skipped by every rank alike). The model's later work waits
+    /// for it on the device; the host waits in the next step's `finish`.
+    pub(crate) fn broadcast_shards(&mut self, shards: &[Range<usize>]) -> Result<()> {
+        self.comm.wait_for(&self.model_stream)?;
+        for (owner, shard) in shards.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+            let ptr = self.params + (shard.start * size_of::<f32>()) as u64;
+            // SAFETY: the shard lies in the model's parameter buffer, which outlives this
+            // reducer's use of it; NCCL's stream waits for the update that writes it, and the
+            // model's stream waits for NCCL below before it reads the parameters again.
+            unsafe { self.comm.broadcast_device_ptr::<f32>(ptr, shard.len(), owner)? };
+        }
+        let joined = self.model_stream.join(self.comm.stream());
+        joined.map_err(|e| {
+            dp_comm::Error::Cuda { call: "cuStreamWaitEvent", message: format!("{e:?}") }.into()
+        })
     }
 }

@@ -97,15 +97,6 @@ pub(super) fn model(
     })
 }
 
-/// The parts of `ranges` (of the whole parameter buffer) inside `shard`, relative to it.
-pub(super) fn decayed_in(ranges: &[Range<usize>], shard: &Range<usize>) -> Vec<Range<usize>> {
-    (ranges.iter())
-        .map(|r| r.start.max(shard.start)..r.end.min(shard.end))
-        .filter(|r| r.start < r.end)
-        .map(|r| r.start - shard.start..r.end - shard.start)
-        .collect()
-}
-
 /// What a replica starts from, to make its training batches.
 pub(super) struct Start<'a, C> {
     pub(super) plan: &'a RunPlan,
@@ -205,17 +196,4 @@ pub(super) fn check_headroom(
             ),
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::decayed_in;
-
-    #[test]
-    fn decayed_ranges_are_cut_to_a_shard_and_made_relative_to_it() {
-        let ranges = [0..4, 6..10, 12..20];
-        assert_eq!(decayed_in(&ranges, &(3..14)), [0..1, 3..7, 9..11]);
-        assert_eq!(decayed_in(&ranges, &(4..6)), Vec::<std::ops::Range<usize>>::new());
-        assert_eq!(decayed_in(&ranges, &(0..20)), ranges);
-    }
 }

@@ -29,7 +29,7 @@ use crate::processes::GpuPeers;
 use crate::record::{Event, Events, StepSample};
 use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
-use crate::zero::zero_shard;
+use crate::zero::{decayed_in, zero_shard};
 
 mod build;
 mod cadence;
@@ -157,7 +157,7 @@ impl<C: Communicator> Replica<C> {
         let precision = config.state_precision();
         let mut optimizer = build_optimizer(&plan.optimizer, shard.len(), precision, &pool)?;
         if config.decay_bias_and_norm == Some(false) {
-            optimizer.decay_only(build::decayed_in(&model.layout().decayed_ranges(), &shard));
+            optimizer.decay_only(decayed_in(&model.layout().decayed_ranges(), &shard));
         }
         let scaling = || -> Vec<Box<dyn Transform>> {
             plan.scalings.inputs.iter().map(|s| Box::new(s.clone()) as Box<dyn Transform>).collect()
@@ -185,7 +185,8 @@ impl<C: Communicator> Replica<C> {
             crate::config::Device::Cpu => None,
             crate::config::Device::Cuda => {
                 let peers = gpu_peers.as_ref();
-                let mut gpu = GpuStep::new(&model, optimizer.as_ref(), &plan, peers, &tracker)?;
+                let host = (&model, optimizer.as_ref(), shard.clone());
+                let mut gpu = GpuStep::new(host, &plan, peers, &tracker)?;
                 // A resumed run's pruned weights stay pruned on the device from the start.
                 if let Some(pruner) = &pruner {
                     gpu.hold_to(pruner)?;
@@ -505,7 +506,8 @@ impl<C: Communicator> Replica<C> {
             }
             self.optimizer.step(params, &grads[shard], lr)?;
         }
-        if self.params == Params::ZeroShard {
+        // (On GPUs the shards meet on the devices, in the GPU step's update.)
+        if self.params == Params::ZeroShard && self.gpu.is_none() {
             // Each shard from the replica that updated it, in place: an all-gather split into
             // one broadcast per replica, which needs no buffer and takes uneven shards. An
             // empty shard is skipped by every replica alike.

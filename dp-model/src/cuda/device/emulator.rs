@@ -814,4 +814,65 @@ mod tests {
             assert!(error.contains(&format!("{n} codes")), "{error}");
         }
     }
+    /// An update over a ZeRO-1 shard (`set_update_range`, state as long as the shard, decay
+    /// ranges counted from its start) moves the shard's parameters as the CPU's optimizer of
+    /// the whole range does, and leaves the others alone; with 8-bit state too.
+    #[test]
+    fn a_shards_update_is_the_whole_updates_part() {
+        use crate::optim::{Adam, AdamConfig, StateCodebook, StatePrecision};
+        let spec = ModelSpec {
+            name: "wide".into(),
+            input: vec![64],
+            layers: vec![
+                LayerSpec::Linear { out: 64 },
+                LayerSpec::Tanh,
+                LayerSpec::Linear { out: 10 },
+            ],
+        };
+        for precision in [StatePrecision::F32, StatePrecision::Int8] {
+            let pool = Pool::new(&Tracker::new());
+            let Some((mut cpu, mut gpu)) =
+                pair(&spec, ModelOptions::new(6, 5), Precision::F32, &pool)
+            else {
+                return;
+            };
+            let (n, before) = (cpu.params().len(), cpu.params().to_vec());
+            let shard = 2048..n - 100;
+            let config = AdamConfig { weight_decay: 0.1, decoupled: true, ..AdamConfig::default() };
+            let decayed = cpu.layout().decayed_ranges();
+            let mut adam = Adam::<f32>::with_precision(n, config, precision, &pool).unwrap();
+            adam.decay_only(decayed.clone());
+            let in_shard: Vec<_> = decayed
+                .iter()
+                .map(|r| r.start.clamp(shard.start, shard.end)..r.end.clamp(shard.start, shard.end))
+                .filter(|r| !r.is_empty())
+                .map(|r| r.start - shard.start..r.end - shard.start)
+                .collect();
+            gpu.set_update_range(shard.clone()).unwrap();
+            gpu.decay_only(&in_shard).unwrap();
+            let (x, labels) = batch(&spec, 6, 3);
+            let options = StepOptions::default();
+            cpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            gpu.forward_backward(x.view(), Targets::Classes(&labels), &options).unwrap();
+            let (params, grads) = cpu.params_and_grads();
+            adam.step(params, grads, 0.01).unwrap();
+            if precision == StatePrecision::F32 {
+                let (mut m, mut v) = (gpu.state_buffer().unwrap(), gpu.state_buffer().unwrap());
+                assert_eq!(m.len(), shard.len());
+                gpu.adam_step((&mut m, &mut v), 1, 0.01, &config).unwrap();
+            } else {
+                let mut m = gpu.quantized_state(StateCodebook::Signed).unwrap();
+                let mut v = gpu.quantized_state(StateCodebook::Unsigned).unwrap();
+                gpu.adam8_step((&mut m, &mut v), 1, 0.01, &config).unwrap();
+            }
+            let mut back = Model::<f32>::new(&spec, &pool, ModelOptions::new(6, 9)).unwrap();
+            gpu.download_params(&mut back).unwrap();
+            let got = back.params();
+            assert_eq!(&got[..shard.start], &before[..shard.start], "{precision:?}: before");
+            assert_eq!(&got[shard.end..], &before[shard.end..], "{precision:?}: after");
+            let want = &cpu.params()[shard.clone()];
+            assert!(difference(&got[shard.clone()], want) <= 1e-6, "{precision:?}: the shard");
+            assert!(gpu.set_update_range(0..n + 1).is_err());
+        }
+    }
 }

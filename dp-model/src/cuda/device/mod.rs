@@ -175,6 +175,8 @@ pub struct GpuModel<D: Device> {
     decayed: Option<(DeviceBuf<i64, D>, i64)>,
     /// The pruning mask the parameters are held to, a bit each (`None`: no pruning).
     prune_mask: Option<DeviceBuf<u64, D>>,
+    /// The parameters the optimizer's updates cover: all, or a ZeRO-1 shard.
+    update: Range<usize>,
     input: DeviceBuf<f32, D>,
     labels: DeviceBuf<i64, D>,
     values: DeviceBuf<f32, D>,
@@ -269,6 +271,7 @@ impl<D: Device> GpuModel<D> {
             norm_stats: f32s(tape.stats_len, Tag::Temp)?,
             decayed: None,
             prune_mask: None,
+            update: 0..tape.layout.len(),
             input: f32s(batch * tape.input_len, Tag::Data)?,
             labels: pool.alloc::<i64>(rows.max(1), Tag::Data)?,
             values: f32s(rows * outputs, Tag::Data)?,
@@ -602,6 +605,11 @@ impl<D: Device> GpuModel<D> {
             }
         }
         Ok(totals)
+    }
+
+    /// The flat parameters in device memory (for the broadcast of a ZeRO-1 shard).
+    pub fn params(&self) -> &DeviceBuf<f32, D> {
+        &self.params
     }
 
     /// The flat gradients in device memory (the layout of [`Model::layout`]).

@@ -11,15 +11,39 @@ use crate::error::{Error, Result};
 use crate::optim::{AdamConfig, AdamUpdate, SgdConfig};
 
 impl<D: Device> GpuModel<D> {
-    /// Applies weight decay only to `ranges` of the parameters (sorted, disjoint), as
+    /// Makes the optimizer's updates cover only the parameters in `range` (a ZeRO-1 shard:
+    /// the state buffers made after this are as long as the range, and decay ranges count
+    /// from its start), as an optimizer built for a shard does on the CPU.
+    pub fn set_update_range(&mut self, range: Range<usize>) -> Result<()> {
+        if range.start > range.end || range.end > self.params.len() {
+            return Err(Error::shape(
+                "update range",
+                format!("a range within {} parameters", self.params.len()),
+                format!("{range:?}"),
+            ));
+        }
+        self.update = range;
+        Ok(())
+    }
+
+    /// The parameters and gradients the updates cover, as the kernels take them, and how
+    /// many.
+    pub(super) fn update_args(&self) -> (u64, u64, i64) {
+        let start = 4 * self.update.start as u64;
+        (ptr(&self.params) + start, ptr(&self.grads) + start, self.update.len() as i64)
+    }
+
+    /// Applies weight decay only to `ranges` of the updated parameters (sorted, disjoint,
+    /// counted from the update range's start), as
     /// [`Optimizer::decay_only`](crate::Optimizer::decay_only) does: the usual exclusion of
     /// biases and norms ([`crate::ParamLayout::decayed_ranges`]).
     pub fn decay_only(&mut self, ranges: &[Range<usize>]) -> Result<()> {
         let sorted = ranges.windows(2).all(|w| w[0].end <= w[1].start);
-        if !sorted || ranges.iter().any(|r| r.start > r.end || r.end > self.params.len()) {
+        let len = self.update.len();
+        if !sorted || ranges.iter().any(|r| r.start > r.end || r.end > len) {
             return Err(Error::shape(
                 "decayed ranges",
-                format!("sorted, disjoint ranges within {} parameters", self.params.len()),
+                format!("sorted, disjoint ranges within {len} updated parameters"),
                 format!("{ranges:?}"),
             ));
         }
@@ -47,9 +71,8 @@ impl<D: Device> GpuModel<D> {
         lr: f64,
         config: &SgdConfig,
     ) -> Result<()> {
-        let (p, g) = (ptr(&self.params), ptr(&self.grads));
+        let (p, g, n) = self.update_args();
         let v = velocity.map_or(0, |v| ptr(v));
-        let n = self.params.len() as i64;
         let (lr, wd, mu, nesterov) = (
             lr as f32,
             config.weight_decay as f32,
@@ -73,8 +96,8 @@ impl<D: Device> GpuModel<D> {
         config: &AdamConfig,
     ) -> Result<()> {
         let s = AdamUpdate::new(config, steps, lr);
-        let (p, g, m, v) = (ptr(&self.params), ptr(&self.grads), ptr(m), ptr(v));
-        let n = self.params.len() as i64;
+        let (p, g, n) = self.update_args();
+        let (m, v) = (ptr(m), ptr(v));
         let (step_size, sqrt_c2) = (s.step_size as f32, s.sqrt_c2 as f32);
         let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.eps as f32);
         let (coupled_wd, shrink) = (s.coupled_wd as f32, s.shrink as f32);
@@ -125,9 +148,10 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
-    /// A zeroed device buffer as long as the parameters, for optimizer state (tag `OptState`).
+    /// A zeroed device buffer as long as the updated parameters, for optimizer state (tag
+    /// `OptState`).
     pub fn state_buffer(&self) -> Result<DeviceBuf<f32, D>> {
-        let buf = self.pool.alloc::<f32>(self.params.len(), Tag::OptState)?;
+        let buf = self.pool.alloc::<f32>(self.update.len(), Tag::OptState)?;
         // SAFETY: a live device buffer of `len * 4` bytes; the device orders it before use.
         unsafe { self.device.zero(ptr(&buf), buf.len() * 4)? };
         Ok(buf)

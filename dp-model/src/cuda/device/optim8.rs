@@ -39,9 +39,10 @@ fn work_len(blocks: usize) -> usize {
 }
 
 impl<D: Device> GpuModel<D> {
-    /// A zeroed 8-bit state buffer as long as the parameters, in `book` (tag `OptState`).
+    /// A zeroed 8-bit state buffer as long as the updated parameters, in `book` (tag
+    /// `OptState`).
     pub fn quantized_state(&self, book: StateCodebook) -> Result<QuantizedDeviceBuf<D>> {
-        let (len, blocks) = (self.params.len(), self.params.len().div_ceil(STATE_BLOCK));
+        let (len, blocks) = (self.update.len(), self.update.len().div_ceil(STATE_BLOCK));
         let buf = QuantizedDeviceBuf {
             codes: self.pool.alloc::<u8>(len.max(1), Tag::OptState)?,
             scales: self.pool.alloc::<f32>(blocks.max(1), Tag::OptState)?,
@@ -68,14 +69,14 @@ impl<D: Device> GpuModel<D> {
         config: &AdamConfig,
     ) -> Result<()> {
         let s = AdamUpdate::new(config, steps, lr);
-        let (p, g, n) = (ptr(&self.params), ptr(&self.grads), self.params.len() as i64);
+        let (p, g, n) = self.update_args();
         let (mc, ms, mw) = (ptr(&m.codes), ptr(&m.scales), ptr(&m.work));
         let (vc, vs, vw) = (ptr(&v.codes), ptr(&v.scales), ptr(&v.work));
         let (step_size, sqrt_c2) = (s.step_size as f32, s.sqrt_c2 as f32);
         let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.eps as f32);
         let (coupled_wd, shrink) = (s.coupled_wd as f32, s.shrink as f32);
         let (decayed, ranges) = self.decay_args();
-        let threads = self.params.len().div_ceil(STATE_BLOCK) * LANES;
+        let threads = self.update.len().div_ceil(STATE_BLOCK) * LANES;
         launch!(self, "dp_adam8_maxima", threads; p, g, n, mc, ms, mw, vc, vs, vw, b1, b2, coupled_wd, decayed, ranges);
         launch!(self, "dp_adam8_step", threads; p, g, n, mc, ms, mw, vc, vs, vw, step_size, sqrt_c2, b1, b2, eps, coupled_wd, shrink, decayed, ranges);
         Ok(())
@@ -89,13 +90,13 @@ impl<D: Device> GpuModel<D> {
         lr: f64,
         config: &SgdConfig,
     ) -> Result<()> {
-        let (p, g, n) = (ptr(&self.params), ptr(&self.grads), self.params.len() as i64);
+        let (p, g, n) = self.update_args();
         let (codes, scales, work) =
             (ptr(&velocity.codes), ptr(&velocity.scales), ptr(&velocity.work));
         let (lr, wd, mu) = (lr as f32, config.weight_decay as f32, config.momentum as f32);
         let nesterov = i32::from(config.nesterov);
         let (decayed, ranges) = self.decay_args();
-        let threads = self.params.len().div_ceil(STATE_BLOCK) * LANES;
+        let threads = self.update.len().div_ceil(STATE_BLOCK) * LANES;
         launch!(self, "dp_sgd8_maxima", threads; p, g, n, codes, scales, work, wd, mu, decayed, ranges);
         launch!(self, "dp_sgd8_step", threads; p, g, n, codes, scales, work, lr, wd, mu, nesterov, decayed, ranges);
         Ok(())
@@ -107,7 +108,7 @@ impl<D: Device> GpuModel<D> {
         dst: &mut QuantizedDeviceBuf<D>,
         src: QuantizedState<'_>,
     ) -> Result<()> {
-        check_lens(dst, src.codes.len(), src.scales.len(), self.params.len())?;
+        check_lens(dst, src.codes.len(), src.scales.len(), self.update.len())?;
         self.copy_in(ptr(&dst.codes), src.codes)?;
         self.copy_in(ptr(&dst.scales), src.scales)?;
         self.synchronize()
@@ -119,7 +120,7 @@ impl<D: Device> GpuModel<D> {
         src: &QuantizedDeviceBuf<D>,
         dst: QuantizedStateMut<'_>,
     ) -> Result<()> {
-        check_lens(src, dst.codes.len(), dst.scales.len(), self.params.len())?;
+        check_lens(src, dst.codes.len(), dst.scales.len(), self.update.len())?;
         self.copy_out(dst.codes, ptr(&src.codes))?;
         self.copy_out(dst.scales, ptr(&src.scales))
     }
