@@ -61,6 +61,18 @@ impl Compression {
             Compression::Bf16 { error_feedback: true } | Compression::Int8 { error_feedback: true }
         )
     }
+
+    /// Compresses `values` (plus `residual`, which then takes the new rounding error) into
+    /// `out` ([`Compression::payload_bytes`] long): one rank's payload, the wire format every
+    /// implementation of the compressed all-reduce (the GPU's too) must produce.
+    pub fn encode(self, values: &[f32], residual: Option<&mut [f32]>, out: &mut [u8]) {
+        encode(self, values, residual, out);
+    }
+
+    /// Adds the values of one rank's `payload` to `acc`, as the all-reduce sums the ranks'.
+    pub fn accumulate(self, payload: &[u8], acc: &mut [f32]) {
+        accumulate(self, payload, acc);
+    }
 }
 
 /// `x` rounded to the nearest bfloat16 (ties to even), as its bits.

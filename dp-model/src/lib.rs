@@ -76,6 +76,8 @@ pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta, ShardFile,
     params_checksum, save_optimizer_shard,
 };
+#[cfg(feature = "cuda")]
+pub use cuda::CudaKernels;
 pub use cuda::{
     CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaQuantizedBuf, CudaRuntime, DeviceNormSync,
     cuda_kernels_ptx,

@@ -497,24 +497,43 @@ impl NcclComm {
         output: &mut CudaSlice<T>,
     ) -> Result<()> {
         Error::check_parts("all_gather", output.len(), input.len(), self.world_size)?;
-        self.check()?;
         let stream = self.stream.clone();
         let (src, record_src) = input.device_ptr(&stream);
         let (dst, record_dst) = output.device_ptr_mut(&stream);
         // SAFETY: both are live device allocations of the checked sizes on this context.
+        let queued = unsafe { self.all_gather_device_ptr::<T>(src, dst, input.len()) };
+        drop((record_src, record_dst));
+        queued?;
+        self.finish("all_gather")
+    }
+
+    /// Enqueues an all-gather of `len` elements of `T` at device address `src` from every
+    /// rank into `dst` (`world_size * len` elements, rank by rank) on this communicator's
+    /// stream and returns without waiting, as [`NcclComm::all_reduce_device_ptr`] does: how
+    /// compressed gradient pieces reach every rank.
+    ///
+    /// # Safety
+    ///
+    /// As for [`NcclComm::all_reduce_device_ptr`], for `src` (read) and `dst` (written).
+    pub unsafe fn all_gather_device_ptr<T: Element>(
+        &mut self,
+        src: u64,
+        dst: u64,
+        len: usize,
+    ) -> Result<()> {
+        self.check()?;
+        // SAFETY: the caller guarantees both buffers, on our context, for the collective.
         let result = unsafe {
             nccl::all_gather(
                 src as usize as *const c_void,
                 dst as usize as *mut c_void,
-                input.len(),
+                len,
                 data_type(T::DTYPE),
                 self.raw,
                 self.cu_stream(),
             )
         };
-        drop((record_src, record_dst));
-        self.nccl("ncclAllGather", result)?;
-        self.finish("all_gather")
+        self.nccl("ncclAllGather", result)
     }
 
     /// Reduce-scatters device buffers (`input` holds `world_size` outputs) and waits for it.

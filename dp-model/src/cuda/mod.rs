@@ -19,7 +19,7 @@ mod norm_sync;
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::{CudaModel, CudaQuantizedBuf, CudaRuntime};
+pub use device::{CudaKernels, CudaModel, CudaQuantizedBuf, CudaRuntime};
 pub use norm_sync::DeviceNormSync;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{CudaModel, CudaQuantizedBuf, CudaRuntime};
@@ -27,12 +27,13 @@ pub use stub::{CudaModel, CudaQuantizedBuf, CudaRuntime};
 use crate::error::Result;
 
 /// The kernels' CUDA C source: the elementwise ops, losses and optimizers, then 8-bit
-/// optimizer state, bf16 rounding, the image layers, batch norm, and a GPT's layer norm,
-/// embedding and attention (each file uses what the ones before define).
+/// optimizer state, bf16 rounding, gradient compression, the image layers, batch norm, and a
+/// GPT's layer norm, embedding and attention (each file uses what the ones before define).
 pub const CUDA_KERNEL_SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("optim8.cu"),
     include_str!("bf16.cu"),
+    include_str!("compress.cu"),
     include_str!("image.cu"),
     include_str!("batch_norm.cu"),
     include_str!("layer_norm.cu"),
@@ -62,6 +63,11 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_fill",
     "dp_to_bf16",
     "dp_from_bf16",
+    "dp_compress_bf16",
+    "dp_compress_absmax",
+    "dp_compress_scale",
+    "dp_compress_int8",
+    "dp_decompress_sum",
     "dp_im2col",
     "dp_im2col_bf16",
     "dp_col2im",

@@ -9,6 +9,8 @@
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod buckets;
 #[cfg(feature = "cuda")]
+mod compress;
+#[cfg(feature = "cuda")]
 mod norms;
 #[cfg(feature = "cuda")]
 mod reduce;
@@ -150,8 +152,9 @@ impl GpuStep {
         let reducer = match peers {
             None => None,
             Some(peers) => {
-                let bucket_bytes = plan.config.buckets()?.bucket_bytes;
-                Some(DeviceReducer::new(peers, &model, bucket_bytes, timeout)?)
+                let buckets = plan.config.buckets()?;
+                let reducing = (buckets.bucket_bytes, buckets.compression);
+                Some(DeviceReducer::new(peers, &model, reducing, timeout)?)
             }
         };
         #[cfg(feature = "cuda")]

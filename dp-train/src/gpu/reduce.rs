@@ -9,15 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::CudaStream;
-use dp_comm::{NcclComm, NcclConfig, ReduceOp};
+use dp_comm::{Compression, NcclComm, NcclConfig, ReduceOp};
 use dp_model::CudaModel;
 
 use super::buckets::Buckets;
+use super::compress::DeviceCompression;
 use crate::error::Result;
 use crate::processes::GpuPeers;
 
 pub(crate) struct DeviceReducer {
     comm: NcclComm,
+    /// With `compression` set: the buffers and kernels of the compressed all-reduce.
+    compression: Option<DeviceCompression>,
     /// The model's stream, which each bucket waits for.
     model_stream: Arc<CudaStream>,
     /// The device addresses of the flat parameters and gradients.
@@ -25,24 +28,31 @@ pub(crate) struct DeviceReducer {
     grads: u64,
     buckets: Buckets,
     /// The first failure while backward ran, which `finish` returns.
-    failed: Option<dp_comm::Error>,
+    failed: Option<crate::error::Error>,
 }
 
 impl DeviceReducer {
     /// Joins the NCCL group of `peers` (every process calls this at about the same time) to
-    /// reduce `model`'s gradients in buckets of about `bucket_bytes`.
+    /// reduce `model`'s gradients in buckets of about `bucket_bytes`, compressed as
+    /// `compression` says.
     pub(crate) fn new(
         peers: &GpuPeers,
         model: &CudaModel,
-        bucket_bytes: usize,
+        (bucket_bytes, compression): (usize, Compression),
         timeout: Duration,
     ) -> Result<Self> {
         let mut config = NcclConfig::new(peers.device, timeout);
         // Only device buffers are reduced: the smallest host staging buffer will do.
         config.staging_bytes = 4096;
         let comm = NcclComm::from_id(&peers.id, peers.rank, peers.world, config)?;
+        let piece = bucket_bytes / size_of::<f32>();
+        let compression = match compression {
+            Compression::None => None,
+            kind => Some(DeviceCompression::new(kind, model, &comm, piece.max(1), peers.world)?),
+        };
         Ok(DeviceReducer {
             comm,
+            compression,
             model_stream: Arc::clone(model.stream()),
             params: model.params().as_ptr() as usize as u64,
             grads: model.grads().as_ptr() as usize as u64,
@@ -63,16 +73,31 @@ impl DeviceReducer {
         if self.failed.is_some() {
             return;
         }
-        let ptr = self.grads + (bucket.start * size_of::<f32>()) as u64;
-        let queued = self.comm.wait_for(&self.model_stream).and_then(|()| {
-            // SAFETY: the range lies in the model's gradient buffer, which outlives this
-            // reducer's use of it (both belong to the replica's `GpuStep`); NCCL's stream
-            // waits for the model's work that writes it, and the model touches it again only
-            // in the update, which the host queues after `finish` has waited.
-            unsafe { self.comm.all_reduce_device_ptr::<f32>(ptr, bucket.len(), ReduceOp::Sum) }
-        });
-        if let Err(error) = queued {
+        if let Err(error) = self.queue(bucket) {
             self.failed = Some(error);
+        }
+    }
+
+    /// [`DeviceReducer::reduce`], its failure returned.
+    fn queue(&mut self, bucket: Range<usize>) -> Result<()> {
+        self.comm.wait_for(&self.model_stream)?;
+        // The SAFETY of both: the range lies in the model's gradient buffer, which outlives
+        // this reducer's use of it (both belong to the replica's `GpuStep`); NCCL's stream
+        // waits for the model's work that writes it, and the model touches it again only in
+        // the update, which the host queues after `finish` has waited.
+        match &mut self.compression {
+            // SAFETY: as said above.
+            Some(compression) => unsafe {
+                compression.all_reduce(&mut self.comm, self.grads, bucket)
+            },
+            None => {
+                let ptr = self.grads + (bucket.start * size_of::<f32>()) as u64;
+                // SAFETY: as said above.
+                let queued = unsafe {
+                    self.comm.all_reduce_device_ptr::<f32>(ptr, bucket.len(), ReduceOp::Sum)
+                };
+                Ok(queued?)
+            }
         }
     }
 
@@ -82,7 +107,7 @@ impl DeviceReducer {
             self.reduce(bucket);
         }
         if let Some(error) = self.failed.take() {
-            return Err(error.into());
+            return Err(error);
         }
         Ok(self.comm.wait()?)
     }

@@ -15,7 +15,7 @@ impl DeviceReducer {
     pub(crate) fn new(
         _peers: &GpuPeers,
         _model: &CudaModel,
-        _bucket_bytes: usize,
+        _reducing: (usize, dp_comm::Compression),
         _timeout: Duration,
     ) -> Result<Self> {
         Err(Error::Comm(dp_comm::Error::CudaNotCompiled))

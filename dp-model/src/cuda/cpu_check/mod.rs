@@ -9,7 +9,7 @@
 //! they are skipped, unless `DP_REQUIRE_CXX` is set (CI sets it), which makes that a failure.
 //!
 //! The checks come in families, one file each (`elementwise`, `losses_optim`, `image`,
-//! `batch_norm`, `layer_norm`, `embedding`, `attention`, `optim8`); `suite` names which family checks which kernel and runs them all, and
+//! `batch_norm`, `layer_norm`, `embedding`, `attention`, `optim8`, `compress`); `suite` names which family checks which kernel and runs them all, and
 //! `mutants` proves each check can fail: it breaks every kernel on purpose, one bug at a time,
 //! and asserts that its family's check notices.
 //!
@@ -17,6 +17,7 @@
 
 mod attention;
 mod batch_norm;
+mod compress;
 mod elementwise;
 mod embedding;
 mod image;

@@ -129,6 +129,33 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "p[i] -= lr * (nesterov ? g + v : v);",
     ),
     ("dp_sgd8_step", "float old = dp_old_scales(work)[block];", "float old = scales[block];"),
+    (
+        "dp_compress_bf16",
+        "residual[i] = v - __uint_as_float((unsigned int)h << 16);",
+        "residual[i] = g[i] - __uint_as_float((unsigned int)h << 16);",
+    ),
+    ("dp_compress_absmax", "if (isfinite(a)) most = fmaxf(most, a);", "most = fmaxf(most, a);"),
+    (
+        "dp_compress_scale",
+        "unsigned int bits = __float_as_uint(most / 127.0f);",
+        "unsigned int bits = __float_as_uint(most / 128.0f);",
+    ),
+    (
+        "dp_compress_int8",
+        "float q = r != r ? 0.0f : fminf(fmaxf(r, -127.0f), 127.0f);",
+        "float q = fminf(fmaxf(r, -127.0f), 127.0f);",
+    ),
+    ("dp_compress_int8", "float r = roundf(v * inverse);", "float r = truncf(v * inverse);"),
+    (
+        "dp_decompress_sum",
+        "const unsigned char* part = gathered + r * stride;",
+        "const unsigned char* part = gathered + r * n;",
+    ),
+    (
+        "dp_decompress_sum",
+        "for (int b = 0; b < 4; ++b) bits |= (unsigned int)payload[b] << (8 * b);",
+        "for (int b = 0; b < 4; ++b) bits |= (unsigned int)payload[b] << (8 * (3 - b));",
+    ),
     ("dp_from_bf16", "(unsigned int)x[i] << 16", "(unsigned int)x[i] << 15"),
     (
         "dp_im2col",

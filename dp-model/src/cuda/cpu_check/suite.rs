@@ -4,8 +4,8 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::SeedableRng;
 
 use super::{
-    GRIDS, Grid, Kernels, attention, batch_norm, build, elementwise, embedding, image, layer_norm,
-    losses_optim, optim8,
+    GRIDS, Grid, Kernels, attention, batch_norm, build, compress, elementwise, embedding, image,
+    layer_norm, losses_optim, optim8,
 };
 use crate::cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS};
 
@@ -14,10 +14,11 @@ use crate::cuda::{CUDA_KERNEL_SOURCE, CUDA_KERNELS};
 pub(super) type Check = fn(&Kernels, Grid, &mut Xoshiro256PlusPlus);
 
 /// The families: a name, the kernels the check covers, the check.
-pub(super) const FAMILIES: [(&str, &[&str], Check); 8] = [
+pub(super) const FAMILIES: [(&str, &[&str], Check); 9] = [
     ("elementwise", elementwise::KERNELS, elementwise::check),
     ("losses and optimizers", losses_optim::KERNELS, losses_optim::check),
     ("8-bit optimizer state", optim8::KERNELS, optim8::check),
+    ("gradient compression", compress::KERNELS, compress::check),
     ("image layers", image::KERNELS, image::check),
     ("batch norm", batch_norm::KERNELS, batch_norm::check),
     ("layer norm", layer_norm::KERNELS, layer_norm::check),

@@ -45,6 +45,75 @@ fn driver_text(call: &str, error: DriverError) -> String {
     format!("{call} failed: {:?} {text}", error.0)
 }
 
+/// Queues kernel `name` over `n` threads on `stream`.
+///
+/// # Safety
+///
+/// As for [`Device::launch`].
+unsafe fn launch_on(
+    kernels: &HashMap<&'static str, CudaFunction>,
+    stream: &CudaStream,
+    name: &'static str,
+    n: usize,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let blocks = (n as u64).div_ceil(u64::from(THREADS)).clamp(1, u64::from(MAX_BLOCKS));
+    let Some(function) = kernels.get(name) else {
+        return Err(Error::CudaStep { what: format!("{name} is no kernel of this crate") });
+    };
+    stream.context().bind_to_thread().map_err(|e| step_error("cuCtxSetCurrent", e))?;
+    // SAFETY: as the caller guarantees; the kernel is loaded and the stream live.
+    unsafe {
+        result::launch_kernel(
+            function.cu_function(),
+            (blocks as u32, 1, 1),
+            (THREADS, 1, 1),
+            0,
+            stream.cu_stream(),
+            params,
+        )
+    }
+    .map_err(|e| Error::CudaStep { what: driver_text(&format!("launching {name}"), e) })
+}
+
+/// The model's kernels on another stream of its GPU: work that runs beside the model's
+/// (gradient compression on NCCL's stream, while backward goes on).
+pub struct CudaKernels {
+    kernels: HashMap<&'static str, CudaFunction>,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaKernels {
+    /// Queues kernel `name` of [`CUDA_KERNEL_SOURCE`](crate::CUDA_KERNEL_SOURCE) over `n`
+    /// threads on the stream; `params` point at its arguments, in order.
+    ///
+    /// # Safety
+    ///
+    /// `params` must match the kernel's signature, and every address among them must stay
+    /// valid device memory of this GPU until the stream has run the kernel.
+    pub unsafe fn launch(
+        &self,
+        name: &'static str,
+        n: usize,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: as the caller guarantees.
+        unsafe { launch_on(&self.kernels, &self.stream, name, n, params) }
+    }
+
+    /// Queues the zeroing of `bytes` bytes at `dst` on the stream.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must hold `bytes` bytes of this GPU's memory until the stream has run it.
+    pub unsafe fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        self.stream.context().bind_to_thread().map_err(|e| step_error("cuCtxSetCurrent", e))?;
+        // SAFETY: as the caller guarantees.
+        unsafe { result::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| step_error("cuMemsetD8Async", e))
+    }
+}
+
 /// One CUDA GPU as a [`Device`]: a stream, the kernels and a cuBLAS handle on it.
 pub struct Cuda {
     kernels: HashMap<&'static str, CudaFunction>,
@@ -93,21 +162,8 @@ impl Device for Cuda {
         n: usize,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        let blocks = (n as u64).div_ceil(u64::from(THREADS)).clamp(1, u64::from(MAX_BLOCKS));
-        let function = self.kernels[name].cu_function();
-        self.bind()?;
-        // SAFETY: as the caller guarantees; the kernel is loaded and the stream live.
-        unsafe {
-            result::launch_kernel(
-                function,
-                (blocks as u32, 1, 1),
-                (THREADS, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                params,
-            )
-        }
-        .map_err(|e| Error::CudaStep { what: driver_text(&format!("launching {name}"), e) })
+        // SAFETY: as the caller guarantees.
+        unsafe { launch_on(&self.kernels, &self.stream, name, n, params) }
     }
 
     unsafe fn gemm(&self, gemm: Gemm) -> Result<()> {
@@ -199,6 +255,11 @@ impl GpuModel<Cuda> {
     /// [`GpuModel::forward_backward_with`]).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.device.stream
+    }
+
+    /// The model's kernels on `stream`, another stream of its GPU.
+    pub fn kernels_on(&self, stream: Arc<CudaStream>) -> CudaKernels {
+        CudaKernels { kernels: self.device.kernels.clone(), stream }
     }
 }
 

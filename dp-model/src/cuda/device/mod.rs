@@ -42,7 +42,7 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaModel, CudaQuantizedBuf};
+pub use cuda::{CudaKernels, CudaModel, CudaQuantizedBuf};
 use dp_mem::{Backend, HostMemory, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use gemm::Gemm;
 use ndarray::ArrayView2;
