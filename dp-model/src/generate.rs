@@ -12,7 +12,7 @@ use crate::model::Model;
 use crate::ops::Op;
 use crate::ops::add::Add;
 use crate::ops::gemm::{Gemm, GemmBackend};
-use crate::tape::Node;
+use crate::tape::{Node, Tape};
 
 /// A language model's next-token logits, a token at a time: see [`Model::generator`].
 ///
@@ -40,42 +40,20 @@ impl<T: Float> Model<T> {
     /// attention.
     pub fn generator(&self, pool: &Pool) -> Result<Generator<'_, T>> {
         let tape = self.tape();
-        let not_per_token = |node: &Node, why: &str| {
-            Error::spec("layers", format!("{} ({why}) cannot decode a token at a time", node.name))
-        };
-        let context = match &tape.nodes[0].op {
-            Op::Embedding(e) => e.t,
-            _ => {
-                return Err(Error::spec(
-                    "layers",
-                    "only a language model (a token embedding first) decodes tokens",
-                ));
-            }
-        };
+        let context = decoding_context(tape)?;
         let (mut rows, mut caches) = (Vec::new(), Vec::new());
-        for (i, node) in tape.nodes.iter().enumerate() {
-            let per_token = i == 0 || (node.rows == context && node.in_len % context == 0);
-            if !per_token || node.out_len % context != 0 {
-                return Err(not_per_token(node, "it mixes positions"));
-            }
-            match &node.op {
-                Op::Embedding(_)
-                | Op::Linear(_)
-                | Op::LayerNorm(_)
-                | Op::Activation(_)
-                | Op::Dropout(_)
-                | Op::TiedHead(_) => caches.push(None),
-                Op::Add(add) if add.skip.is_some() => caches.push(None),
+        for node in &tape.nodes {
+            caches.push(match &node.op {
                 Op::Attention(a) => {
                     let len = context * a.heads * a.head_dim;
                     let kv = (
                         pool.alloc_zeroed(len, Tag::Activation)?,
                         pool.alloc_zeroed(len, Tag::Activation)?,
                     );
-                    caches.push(Some(kv));
+                    Some(kv)
                 }
-                _ => return Err(not_per_token(node, "not a per-token layer")),
-            }
+                _ => None,
+            });
             rows.push(pool.alloc_zeroed(node.out_len / context, Tag::Activation)?);
         }
         Ok(Generator {
@@ -88,6 +66,42 @@ impl<T: Float> Model<T> {
             context,
         })
     }
+}
+
+/// The context of a language model that decodes a token at a time (a token embedding, then
+/// linear layers, norms, activations, dropout, residual sums, causal attention and a head,
+/// each row its position's), or an error naming the first layer that cannot.
+pub(crate) fn decoding_context(tape: &Tape) -> Result<usize> {
+    let not_per_token = |node: &Node, why: &str| {
+        Error::spec("layers", format!("{} ({why}) cannot decode a token at a time", node.name))
+    };
+    let context = match &tape.nodes[0].op {
+        Op::Embedding(e) => e.t,
+        _ => {
+            return Err(Error::spec(
+                "layers",
+                "only a language model (a token embedding first) decodes tokens",
+            ));
+        }
+    };
+    for (i, node) in tape.nodes.iter().enumerate() {
+        let per_token = i == 0 || (node.rows == context && node.in_len % context == 0);
+        if !per_token || node.out_len % context != 0 {
+            return Err(not_per_token(node, "it mixes positions"));
+        }
+        match &node.op {
+            Op::Embedding(_)
+            | Op::Linear(_)
+            | Op::LayerNorm(_)
+            | Op::Activation(_)
+            | Op::Dropout(_)
+            | Op::TiedHead(_)
+            | Op::Attention(_) => {}
+            Op::Add(add) if add.skip.is_some() => {}
+            _ => return Err(not_per_token(node, "not a per-token layer")),
+        }
+    }
+    Ok(context)
 }
 
 impl<T: Float> Generator<'_, T> {

@@ -122,4 +122,30 @@ __global__ void dp_attention_key_grad(const float* qkv, const float* dy, const f
     }
 }
 
+// Decoding with a KV cache: the query `q` [d] of one new position against the `len` cached
+// keys and values [len, d] (its own included), as src/ops/attention `decode`; one thread per
+// head, the same streaming softmax as dp_attention. No key leaves y zero.
+__global__ void dp_attention_decode(const float* q, const float* k, const float* v, float* y,
+                                    long long len, long long heads, long long hd, float scale) {
+    long long d = heads * hd;
+    DP_FOR_EACH(h, heads) {
+        float acc[DP_MAX_HEAD_DIM];
+        for (long long c = 0; c < hd; ++c) acc[c] = 0.0f;
+        float m = DP_LOWEST, l = 0.0f;
+        for (long long j = 0; j < len; ++j) {
+            const float* kj = k + j * d + h * hd;
+            const float* vj = v + j * d + h * hd;
+            float s = 0.0f;
+            for (long long c = 0; c < hd; ++c) s += q[h * hd + c] * kj[c];
+            s *= scale;
+            float top = s > m ? s : m;
+            float rescale = expf(m - top), p = expf(s - top);
+            l = l * rescale + p;
+            for (long long c = 0; c < hd; ++c) acc[c] = acc[c] * rescale + p * vj[c];
+            m = top;
+        }
+        for (long long c = 0; c < hd; ++c) y[h * hd + c] = l > 0.0f ? acc[c] / l : 0.0f;
+    }
+}
+
 }  // extern "C"

@@ -19,7 +19,7 @@ mod norm_sync;
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::{CudaKernels, CudaModel, CudaQuantizedBuf, CudaRuntime};
+pub use device::{CudaGenerator, CudaKernels, CudaModel, CudaQuantizedBuf, CudaRuntime};
 pub use norm_sync::DeviceNormSync;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{CudaModel, CudaQuantizedBuf, CudaRuntime};
@@ -100,6 +100,7 @@ pub const CUDA_KERNELS: &[&str] = &[
     "dp_attention_delta",
     "dp_attention_query_grad",
     "dp_attention_key_grad",
+    "dp_attention_decode",
 ];
 
 /// The largest head dimension the attention kernels take (`DP_MAX_HEAD_DIM` in

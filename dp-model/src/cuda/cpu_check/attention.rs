@@ -11,8 +11,13 @@ use crate::ops::attention::CausalAttention;
 use crate::ops::gemm::{Gemm, GemmBackend, Precision};
 
 /// The kernels [`check`] covers.
-pub(super) const KERNELS: &[&str] =
-    &["dp_attention", "dp_attention_delta", "dp_attention_query_grad", "dp_attention_key_grad"];
+pub(super) const KERNELS: &[&str] = &[
+    "dp_attention",
+    "dp_attention_delta",
+    "dp_attention_query_grad",
+    "dp_attention_key_grad",
+    "dp_attention_decode",
+];
 
 /// Shapes to check: `(batch, t, heads, head_dim)`.
 const SHAPES: [(usize, usize, usize, usize); 8] = [
@@ -62,6 +67,18 @@ pub(super) fn check(k: &Kernels, grid: Grid, rng: &mut Xoshiro256PlusPlus) {
         // Backward from the kernels' own forward, as the GPU runs it.
         let dqkv = gpu.backward(&qkv, &y, &dy, &lse);
         near(&dqkv, &want_dqkv, TOLERANCE, &format!("dqkv of {what}"));
+        // Decoding the first sample's positions from caches of its keys and values (none,
+        // one, half and all of them).
+        let row = |p: usize, third: usize| &qkv[(p * 3 + third) * d..(p * 3 + third + 1) * d];
+        let keys: Vec<f32> = (0..t).flat_map(|p| row(p, 1).to_vec()).collect();
+        let values: Vec<f32> = (0..t).flat_map(|p| row(p, 2).to_vec()).collect();
+        for len in [0, 1, t.div_ceil(2), t] {
+            let q = row(len.saturating_sub(1), 0);
+            let mut want = vec![f32::NAN; d];
+            att.decode(q, &keys, &values, len, &mut want, &mut scratch);
+            let got = gpu.decode(q, (&keys, &values), len);
+            near(&got, &want, TOLERANCE, &format!("decoding {len} positions of {what}"));
+        }
     }
 }
 
@@ -87,7 +104,23 @@ type Grad = unsafe extern "C" fn(
     f32,
 );
 
+type Decode =
+    unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i64, i64, i64, f32);
+
 impl Gpu<'_> {
+    /// `y` of the query `q` against the first `len` rows of the caches.
+    fn decode(&self, q: &[f32], (keys, values): (&[f32], &[f32]), len: usize) -> Vec<f32> {
+        let kernel = self.k.get::<Decode>("dp_attention_decode");
+        let [_, _, heads, hd] = self.dims;
+        let mut y = vec![f32::NAN; q.len()];
+        let (out, scale) = (y.as_mut_ptr(), self.scale());
+        // SAFETY: `q` and `y` hold `heads * hd` values, the caches at least `len` rows of it.
+        self.k.launch(self.grid, || unsafe {
+            kernel(q.as_ptr(), keys.as_ptr(), values.as_ptr(), out, len as i64, heads, hd, scale)
+        });
+        y
+    }
+
     /// The softmax scale, `1 / sqrt(head_dim)` rounded to `f32`, as the CPU op's.
     fn scale(&self) -> f32 {
         (1.0 / (self.dims[3] as f64).sqrt()) as f32

@@ -156,6 +156,16 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "for (int b = 0; b < 4; ++b) bits |= (unsigned int)payload[b] << (8 * b);",
         "for (int b = 0; b < 4; ++b) bits |= (unsigned int)payload[b] << (8 * (3 - b));",
     ),
+    (
+        "dp_attention_decode",
+        "const float* vj = v + j * d + h * hd;",
+        "const float* vj = v + j * hd + h * hd;",
+    ),
+    (
+        "dp_attention_decode",
+        "y[h * hd + c] = l > 0.0f ? acc[c] / l : 0.0f;",
+        "y[h * hd + c] = acc[c] / l;",
+    ),
     ("dp_from_bf16", "(unsigned int)x[i] << 16", "(unsigned int)x[i] << 15"),
     (
         "dp_im2col",

@@ -21,6 +21,9 @@ use crate::ops::gemm::Precision;
 /// device.
 pub type CudaModel = GpuModel<Cuda>;
 
+/// A [`CudaModel`]'s generator: tokens decoded on the GPU with the KV cache there.
+pub type CudaGenerator<'m> = super::decode::GpuGenerator<'m, Cuda>;
+
 /// An 8-bit optimizer state buffer of a [`CudaModel`].
 pub type CudaQuantizedBuf = super::optim8::QuantizedDeviceBuf<Cuda>;
 

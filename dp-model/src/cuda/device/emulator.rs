@@ -875,4 +875,38 @@ mod tests {
             assert!(gpu.set_update_range(0..n + 1).is_err());
         }
     }
+    /// Decoding on the device, token by token with the KV cache there, gives the CPU
+    /// generator's logits (the head tied to the table and a linear one), refuses what it
+    /// refuses, and starts again after a reset.
+    #[test]
+    fn a_gpt_decodes_on_the_emulated_device_as_the_cpus_generator() {
+        for tied in [true, false] {
+            let mut spec = gpt();
+            if !tied {
+                *spec.layers.last_mut().unwrap() = LayerSpec::Linear { out: 23 };
+            }
+            let pool = Pool::new(&Tracker::new());
+            let Some((cpu, gpu)) = pair(&spec, ModelOptions::new(2, 4), Precision::F32, &pool)
+            else {
+                return;
+            };
+            let (mut on_cpu, mut on_gpu) =
+                (cpu.generator(&pool).unwrap(), gpu.generator().unwrap());
+            assert_eq!(on_gpu.context(), 9);
+            for (p, token) in [3usize, 22, 0, 7, 7, 1, 15, 9, 4].into_iter().enumerate() {
+                let want = on_cpu.next(token).unwrap().to_vec();
+                let got = on_gpu.next(token).unwrap();
+                let diff = difference(got, &want);
+                assert!(diff <= 1e-5, "tied {tied}, position {p}: logits differ by {diff:e}");
+            }
+            let full = on_gpu.next(0).unwrap_err().to_string();
+            assert!(full.contains("at most 9 tokens"), "{full}");
+            on_gpu.reset();
+            let outside = on_gpu.next(23).unwrap_err().to_string();
+            assert!(outside.contains("a token id in 0..23"), "{outside}");
+            on_cpu.reset();
+            let (a, b) = (on_cpu.next(5).unwrap().to_vec(), on_gpu.next(5).unwrap());
+            assert!(difference(b, &a) <= 1e-5 && on_gpu.position() == 1, "after a reset");
+        }
+    }
 }

@@ -132,22 +132,8 @@ impl<D: Device> GpuModel<D> {
     /// after it when that reads it (one launch and one pass over the output instead of two:
     /// small layers are bound by launches and memory, not FLOPs).
     fn linear_forward(&self, i: usize, l: &Linear, rows: usize, x: u64) -> Result<usize> {
-        let halves = self.work.halves.as_ref();
-        let w = ptr(&self.params) + 4 * l.offset as u64;
-        let bias = w + 4 * (l.outputs * l.inputs) as u64;
-        let wa = self.operand(w, l.outputs * l.inputs, halves.map(|h| &h.weights))?;
-        let xa = self.operand(x, rows * l.inputs, halves.map(|h| &h.first))?;
         let y = self.output_of(i);
-        // Row-major y[rows, out] = x[rows, in] W^T is column-major Y' = W'^T X'.
-        self.gemm(Gemm {
-            half: self.half(),
-            trans: (true, false),
-            mnk: (l.outputs, rows, l.inputs),
-            a: (wa, l.inputs),
-            b: (xa, l.inputs),
-            beta: 0.0,
-            c: (y, l.outputs),
-        })?;
+        let bias = self.linear_product(l, rows, x, y)?;
         let (n, r, cols) = (rows * l.outputs, rows as i64, l.outputs as i64);
         if let Some(next) = self.tape.nodes.get(i + 1)
             && let Op::Activation(a) = next.op
@@ -159,5 +145,25 @@ impl<D: Device> GpuModel<D> {
         }
         launch!(self, "dp_add_bias", n; y, bias, r, cols);
         Ok(1)
+    }
+
+    /// A linear layer's product `y = x W^T` over `rows` rows (its bias not added yet);
+    /// returns the bias's address.
+    pub(super) fn linear_product(&self, l: &Linear, rows: usize, x: u64, y: u64) -> Result<u64> {
+        let halves = self.work.halves.as_ref();
+        let w = ptr(&self.params) + 4 * l.offset as u64;
+        let wa = self.operand(w, l.outputs * l.inputs, halves.map(|h| &h.weights))?;
+        let xa = self.operand(x, rows * l.inputs, halves.map(|h| &h.first))?;
+        // Row-major y[rows, out] = x[rows, in] W^T is column-major Y' = W'^T X'.
+        self.gemm(Gemm {
+            half: self.half(),
+            trans: (true, false),
+            mnk: (l.outputs, rows, l.inputs),
+            a: (wa, l.inputs),
+            b: (xa, l.inputs),
+            beta: 0.0,
+            c: (y, l.outputs),
+        })?;
+        Ok(w + 4 * (l.outputs * l.inputs) as u64)
     }
 }

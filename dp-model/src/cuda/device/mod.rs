@@ -24,6 +24,7 @@ mod buffers;
 mod conv;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod decode;
 #[cfg(test)]
 mod emulator;
 mod forward;
@@ -42,7 +43,7 @@ use std::ffi::c_void;
 use std::ops::Range;
 
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaKernels, CudaModel, CudaQuantizedBuf};
+pub use cuda::{CudaGenerator, CudaKernels, CudaModel, CudaQuantizedBuf};
 use dp_mem::{Backend, HostMemory, Pool, PoolBuf, PoolConfig, Tag, Tracker};
 use gemm::Gemm;
 use ndarray::ArrayView2;
