@@ -76,12 +76,12 @@ pub use checkpoint::{
     CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta, ShardFile,
     params_checksum, save_optimizer_shard,
 };
-pub use cuda::{
-    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaQuantizedBuf, CudaRuntime, DeviceNormSync,
-    cuda_kernels_ptx,
-};
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaGenerator, CudaKernels};
+pub use cuda::CudaKernels;
+pub use cuda::{
+    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaGenerator, CudaModel, CudaQuantizedBuf, CudaRuntime,
+    DeviceNormSync, cuda_kernels_ptx,
+};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use generate::Generator;

@@ -5,8 +5,7 @@
 use std::time::Instant;
 
 use dp_data::{Rng, Tokenizer};
-use dp_mem::{Pool, Tracker};
-use dp_model::{Generator, Model};
+use dp_model::{CudaGenerator, Generator};
 
 use crate::error::{Error, Result};
 
@@ -54,15 +53,59 @@ pub struct Generated {
     pub seconds: f64,
 }
 
-/// Generates `options.tokens` tokens after `prompt` with `model`, handing the text to `emit`
-/// piece by piece as it is decoded (a piece is held back while it ends inside a character).
+/// What decodes a token at a time: the CPU's generator, or the GPU's with its KV cache in
+/// device memory.
+pub(crate) trait Decoder {
+    /// Positions the model has.
+    fn context(&self) -> usize;
+    /// Tokens fed since the last reset.
+    fn position(&self) -> usize;
+    /// Starts a new sequence at position 0.
+    fn reset(&mut self);
+    /// Feeds `token` and returns the logits of the token after it.
+    fn next(&mut self, token: usize) -> dp_model::Result<&[f32]>;
+}
+
+impl Decoder for Generator<'_, f32> {
+    fn context(&self) -> usize {
+        Generator::context(self)
+    }
+    fn position(&self) -> usize {
+        Generator::position(self)
+    }
+    fn reset(&mut self) {
+        Generator::reset(self);
+    }
+    fn next(&mut self, token: usize) -> dp_model::Result<&[f32]> {
+        Generator::next(self, token)
+    }
+}
+
+impl Decoder for CudaGenerator<'_> {
+    fn context(&self) -> usize {
+        CudaGenerator::context(self)
+    }
+    fn position(&self) -> usize {
+        CudaGenerator::position(self)
+    }
+    fn reset(&mut self) {
+        CudaGenerator::reset(self);
+    }
+    fn next(&mut self, token: usize) -> dp_model::Result<&[f32]> {
+        CudaGenerator::next(self, token)
+    }
+}
+
+/// Generates `options.tokens` tokens after `prompt` with `generator`, handing the text to
+/// `emit` piece by piece as it is decoded (a piece is held back while it ends inside a
+/// character).
 ///
 /// The model sees at most its context: a longer prompt is cut to its last `context` tokens,
 /// and when generation fills the context, the generator starts again from the last half of it
 /// (learned positions cannot slide, so the cache is rebuilt), which keeps the cost linear in
 /// the tokens generated.
 pub(crate) fn generate(
-    model: &Model<f32>,
+    generator: &mut dyn Decoder,
     tokenizer: &Tokenizer,
     prompt: &str,
     options: &SampleOptions,
@@ -73,14 +116,12 @@ pub(crate) fn generate(
     if history.is_empty() {
         return Err(Error::config("prompt", "the prompt has no tokens: give it some text"));
     }
-    let pool = Pool::new(&Tracker::new());
-    let mut generator = model.generator(&pool)?;
     let context = generator.context();
     history.drain(..history.len().saturating_sub(context));
     let prompt_tokens = history.len();
     let started = Instant::now();
     let mut logits = Vec::new();
-    feed(&mut generator, &history, &mut logits)?;
+    feed(generator, &history, &mut logits)?;
     let mut rng = Rng::new(options.seed);
     let mut candidates = Vec::new();
     let (mut generated, mut emitted) = (Vec::new(), 0);
@@ -91,9 +132,9 @@ pub(crate) fn generate(
         if generator.position() == context {
             generator.reset();
             let keep = (context / 2).max(1);
-            feed(&mut generator, &history[history.len() - keep..], &mut logits)?;
+            feed(generator, &history[history.len() - keep..], &mut logits)?;
         } else {
-            feed(&mut generator, &[next], &mut logits)?;
+            feed(generator, &[next], &mut logits)?;
         }
         let text = tokenizer.decode(&generated)?;
         if !text.ends_with(char::REPLACEMENT_CHARACTER)
@@ -112,7 +153,7 @@ pub(crate) fn generate(
 }
 
 /// Feeds `tokens` in order and leaves the logits after the last in `logits`.
-fn feed(generator: &mut Generator<'_, f32>, tokens: &[u32], logits: &mut Vec<f32>) -> Result<()> {
+fn feed(generator: &mut dyn Decoder, tokens: &[u32], logits: &mut Vec<f32>) -> Result<()> {
     for &token in tokens {
         let next = generator.next(token as usize)?;
         logits.clear();

@@ -15,12 +15,12 @@ use dp_data::{
 };
 use dp_mem::{Pool, Tracker};
 use dp_model::{
-    CheckpointHeader, CheckpointReader, LossTotals, Model, ModelOptions, ModelSpec, QuantizedModel,
-    SparseInput, Targets,
+    CheckpointHeader, CheckpointReader, CudaModel, LossTotals, Model, ModelOptions, ModelSpec,
+    QuantizedModel, SparseInput, Targets,
 };
 use ndarray::ArrayView2;
 
-use crate::config::TrainConfig;
+use crate::config::{Device, TrainConfig};
 use crate::error::{Error, Result};
 use crate::generate::{Generated, SampleOptions, generate};
 use crate::input::Input;
@@ -44,6 +44,8 @@ pub struct SavedRun {
     scalings: Scalings,
     /// A language model's vocabulary: its training data's token info.
     tokens: Option<TokenInfo>,
+    /// Where a language model is evaluated and samples ([`SavedRun::on`]).
+    device: Device,
 }
 
 /// How one model does on a dataset.
@@ -127,7 +129,7 @@ impl SavedRun {
         }
         // A file that is not a checkpoint fails here; its values are checked when read.
         CheckpointHeader::read(&path)?;
-        Ok(SavedRun { path, config, spec, scalings, tokens })
+        Ok(SavedRun { path, config, spec, scalings, tokens, device: Device::Cpu })
     }
 
     /// The run's model with the checkpoint's parameters, for batches of up to `batch`.
@@ -140,6 +142,19 @@ impl SavedRun {
     /// A language model's vocabulary (`None`: the run reads records).
     pub fn tokens(&self) -> Option<&TokenInfo> {
         self.tokens.as_ref()
+    }
+
+    /// The run with its language model evaluated and sampling on `device`: with
+    /// [`Device::Cuda`], on GPU 0 (the KV cache of sampling in its memory). A classifier or
+    /// regression is always evaluated on the CPU, which its confusion matrix and errors need
+    /// the outputs on.
+    pub fn on(self, device: Device) -> Self {
+        SavedRun { device, ..self }
+    }
+
+    /// A CUDA copy of `model` on GPU 0, under fresh trackers.
+    fn on_gpu(model: &Model<f32>) -> Result<CudaModel> {
+        Ok(CudaModel::from_model(model, 0, &Tracker::new(), &Tracker::new())?)
     }
 
     /// Text from a language model's run: `options.tokens` tokens after `prompt`, handed to
@@ -160,8 +175,17 @@ impl SavedRun {
             ));
         };
         let tokenizer = info.tokenizer(&self.path.with_file_name(TOKENS))?;
-        let model = self.model(&Pool::new(&Tracker::new()), 1)?;
-        generate(&model, &tokenizer, prompt, options, emit)
+        let pool = Pool::new(&Tracker::new());
+        let model = self.model(&pool, 1)?;
+        match self.device {
+            Device::Cpu => {
+                generate(&mut model.generator(&pool)?, &tokenizer, prompt, options, emit)
+            }
+            Device::Cuda => {
+                let gpu = Self::on_gpu(&model)?;
+                generate(&mut gpu.generator()?, &tokenizer, prompt, options, emit)
+            }
+        }
     }
 
     /// A language model's loss, next-token accuracy and bits per token and byte on the
@@ -176,6 +200,10 @@ impl SavedRun {
         let mut windows = TokenPipeline::new(data, &config, context, false)?;
         let pool = Pool::new(&Tracker::new());
         let mut model = self.model(&pool, config.batch_size)?;
+        let mut gpu = match self.device {
+            Device::Cpu => None,
+            Device::Cuda => Some(Self::on_gpu(&model)?),
+        };
         let mut totals = LossTotals::default();
         let mut records = 0;
         for _ in 0..windows.batches_per_epoch() {
@@ -184,7 +212,11 @@ impl SavedRun {
                 .expect("the pipeline's shape");
             let labels = batch.y();
             let labels = labels.as_slice().expect("contiguous");
-            totals.add(model.evaluate(x, Targets::Classes(labels))?);
+            let targets = Targets::Classes(labels);
+            totals.add(match &mut gpu {
+                Some(gpu) => gpu.evaluate(x, targets)?,
+                None => model.evaluate(x, targets)?,
+            });
             records += (batch.len() - batch.padded()) as u64;
         }
         let loss = totals.mean_loss();

@@ -113,6 +113,31 @@ fn a_gpt_learns_the_text_with_the_defaults() {
     assert!(letters.count() * 10 >= 9 * written.chars().count(), "{written:?}");
     assert!(known >= 3, "{written:?}: {known} of {} words known", words.len());
 
+    // On a GPU the run evaluates to the CPU's loss and writes text of the same quality, with
+    // the KV cache in device memory; a build or machine without one says so, and writes
+    // nothing.
+    let on_gpu = SavedRun::open(&run_dir(&out.0)).unwrap().on(dp_train::Device::Cuda);
+    match on_gpu.evaluate(&text().join("eval"), false) {
+        Ok(gpu) => {
+            let loss = gpu.model.loss;
+            assert!((loss - scores.loss).abs() < 1e-4 * scores.loss, "{loss} vs {}", scores.loss);
+            let text = on_gpu.sample("the model ", &options, |_| Ok(())).unwrap().text;
+            let words = text.split(|c: char| !c.is_ascii_lowercase()).filter(|w| !w.is_empty());
+            assert!(words.filter(|w| WORDS.contains(w)).count() >= 3, "{text:?}");
+        }
+        Err(error) => {
+            let error = error.to_string();
+            assert!(error.contains("CUDA") || error.contains("cuda"), "{error}");
+            let mut wrote = false;
+            let refused = on_gpu.sample("the model ", &options, |_| {
+                wrote = true;
+                Ok(())
+            });
+            assert!(refused.is_err() && !wrote, "no text without a GPU");
+            eprintln!("skipped the GPU's eval and sample: {error}");
+        }
+    }
+
     // A language model's run has no row of outputs per record, and reads no records.
     let predict = run.predict(&text().join("eval")).unwrap_err().to_string();
     assert!(predict.contains("use eval") && predict.contains("sample"), "{predict}");

@@ -4,12 +4,20 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use dp_train::{SampleOptions, SavedRun, Scores};
+use dp_train::{Device, SampleOptions, SavedRun, Scores};
 
 /// Prints the run's loss, accuracy and confusion matrix on `data`; with `int8`, the int8-weight
 /// model's beside them, and both models' weight memory.
-pub(crate) fn eval(run_dir: &Path, checkpoint: &str, data: &Path, int8: bool) -> Result<()> {
-    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
+pub(crate) fn eval(
+    run_dir: &Path,
+    checkpoint: &str,
+    data: &Path,
+    (int8, device): (bool, Device),
+) -> Result<()> {
+    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?.on(device);
+    if device == Device::Cuda && run.tokens().is_none() {
+        eprintln!("note: a classifier or regression is evaluated on the CPU");
+    }
     let evaluation =
         run.evaluate(data, int8).with_context(|| format!("evaluate on {}", data.display()))?;
     match evaluation.tokens {
@@ -121,13 +129,12 @@ pub(crate) fn predict(run_dir: &Path, checkpoint: &str, data: &Path, out: &Path)
 /// so a refusal leaves standard output empty rather than holding a prompt that reads like
 /// the start of an answer.
 pub(crate) fn sample(
-    run_dir: &Path,
-    checkpoint: &str,
+    (run_dir, checkpoint, device): (&Path, &str, Device),
     prompt: &str,
     options: &SampleOptions,
 ) -> Result<()> {
     use std::io::Write;
-    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?;
+    let run = SavedRun::open_checkpoint(run_dir, checkpoint)?.on(device);
     let mut stdout = std::io::stdout().lock();
     let mut prompt_written = false;
     let mut write = |text: &str| -> dp_train::Result<()> {

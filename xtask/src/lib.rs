@@ -89,6 +89,10 @@ enum UserCmd {
         /// Also evaluate the model with int8 weights and compare.
         #[arg(long)]
         int8: bool,
+        /// Where a language model is evaluated: cpu or cuda (GPU 0; needs the cuda
+        /// feature). Classifiers and regressions are evaluated on the CPU.
+        #[arg(long, default_value = "cpu")]
+        device: dp_train::Device,
     },
     /// Write a run's class probabilities for every record of a dataset as an npy file (the
     /// dataset's labels are not needed).
@@ -215,12 +219,14 @@ pub fn run_user(
         }
         UserCmd::Plan(args) => train::plan(home, &args.train, args.largest.as_deref()),
         UserCmd::Plot { run_dir } => plot(&run_dir),
-        UserCmd::Eval { model, int8 } => {
-            inference::eval(&model.run_dir, &model.checkpoint, &model.data, int8)
+        UserCmd::Eval { model, int8, device } => {
+            inference::eval(&model.run_dir, &model.checkpoint, &model.data, (int8, device))
         }
-        UserCmd::Sample(args) => {
-            inference::sample(&args.run_dir, &args.checkpoint, &args.prompt, &args.options())
-        }
+        UserCmd::Sample(args) => inference::sample(
+            (&args.run_dir, &args.checkpoint, args.device),
+            &args.prompt,
+            &args.options(),
+        ),
         UserCmd::Predict { model, out } => {
             inference::predict(&model.run_dir, &model.checkpoint, &model.data, &out)
         }
@@ -281,6 +287,10 @@ struct SampleArgs {
     /// [default: 1337].
     #[arg(long)]
     seed: Option<u64>,
+    /// Where the model runs: cpu or cuda (GPU 0, with the KV cache in its memory; needs the
+    /// cuda feature).
+    #[arg(long, default_value = "cpu")]
+    device: dp_train::Device,
 }
 
 impl SampleArgs {

@@ -22,7 +22,7 @@ mod stub;
 pub use device::{CudaGenerator, CudaKernels, CudaModel, CudaQuantizedBuf, CudaRuntime};
 pub use norm_sync::DeviceNormSync;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaModel, CudaQuantizedBuf, CudaRuntime};
+pub use stub::{CudaGenerator, CudaModel, CudaQuantizedBuf, CudaRuntime};
 
 use crate::error::Result;
 

@@ -24,6 +24,26 @@ impl CudaRuntime {
     }
 }
 
+/// A language model's generator on a GPU (no value exists in this build).
+#[derive(Debug)]
+pub struct CudaGenerator<'m>(Infallible, std::marker::PhantomData<&'m ()>);
+
+#[allow(missing_docs)]
+impl CudaGenerator<'_> {
+    pub fn context(&self) -> usize {
+        match self.0 {}
+    }
+    pub fn position(&self) -> usize {
+        match self.0 {}
+    }
+    pub fn reset(&mut self) {
+        match self.0 {}
+    }
+    pub fn next(&mut self, _token: usize) -> Result<&[f32]> {
+        match self.0 {}
+    }
+}
+
 /// An 8-bit optimizer state buffer on a GPU (no value exists in this build).
 #[derive(Debug)]
 pub struct CudaQuantizedBuf(Infallible);
@@ -93,6 +113,9 @@ impl CudaModel {
         match self.0 {}
     }
     pub fn params(&self) -> &DeviceBuf<f32> {
+        match self.0 {}
+    }
+    pub fn generator(&self) -> Result<CudaGenerator<'_>> {
         match self.0 {}
     }
     pub fn set_update_range(&mut self, _range: Range<usize>) -> Result<()> {
