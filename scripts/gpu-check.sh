@@ -200,14 +200,17 @@ rm -rf "$imagejob"
 # tokens), 100 steps of 16 windows of 128 tokens, to an eval loss of at most 2.95: a little
 # above the 2.891 that the CPU build reached with the same corpus and run (`dp data import
 # --format text corpus.txt --out T`, then `dp train --model gpt-mini --context 128 --steps 100
-# --batch 16 --replicas 1 --data T/train --eval-data T/eval --no-plot`; 122 s on one core).
+# --batch 16 --replicas 1 --data T/train --eval-data T/eval --no-plot`; 122 s on one core);
+# then `dp eval` and `dp sample` of the run on the GPU.
 TEXT_CPU_LOSS=2.891 TEXT_LOSS=2.95
 textjob=$(mktemp -d)
 cat ./*.md ./*/README.md dp-data/FORMAT.md > "$textjob/corpus.txt"
 STEP_TIMEOUT=150 run textjob bash -c "'$bin/dp-cuda' data import --format text \
     '$textjob/corpus.txt' --out '$textjob/text' && '$bin/dp-cuda' train --device cuda \
     --model gpt-mini --context 128 --steps 100 --batch 16 --data '$textjob/text/train' \
-    --eval-data '$textjob/text/eval' --out '$textjob/runs' --name gpu --no-plot"
+    --eval-data '$textjob/text/eval' --out '$textjob/runs' --name gpu --no-plot \
+    && '$bin/dp-cuda' eval --device cuda '$textjob/runs/gpu' --data '$textjob/text/eval' \
+    && '$bin/dp-cuda' sample --device cuda '$textjob/runs/gpu' --prompt 'The ' --tokens 256"
 textjob_status=$?
 text_loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval_loss"])' \
     "$textjob/runs/gpu/summary.json" 2>/dev/null || echo inf)
@@ -289,6 +292,7 @@ PY
 echo "               (targets: >= 1.0x images/s, <= 0.7x device memory; exits $imagestep_status, $torchimage_status)"
 echo "image job:     resnet20 on digits, eval accuracy $image_accuracy (>= $IMAGE_ACCURACY; CPU $IMAGE_CPU_ACCURACY), $(grep -E '^throughput' "$log.imagejob" | tail -1) (exit $imagejob_status)"
 echo "text job:      gpt-mini on the repository's Markdown, eval loss $text_loss (<= $TEXT_LOSS; CPU $TEXT_CPU_LOSS), $(grep -E '^throughput' "$log.textjob" | tail -1) (exit $textjob_status)"
+grep -E '^f32 |tokens after a prompt' "$log.textjob" | sed 's/^/               on the GPU: /'
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
