@@ -290,12 +290,14 @@ fn convolutions(lenet: &Bench, peak: f64) {
 }
 
 /// The MLP's and LeNet's steps with `bf16` GEMMs (`--precision bf16`) against `f32`,
-/// interleaved, where the CPU has AMX.
+/// interleaved, where the CPU has AMX or AVX512_BF16 (`DP_BF16=avx512` measures the latter
+/// where both are).
 fn mixed_precision(cases: &mut [(&str, Bench); 3], mlp: &ModelSpec) {
-    if !Precision::Bf16.available() {
-        println!("bf16 step: not measured (this CPU has no AMX-BF16)");
+    let Some(kernels) = dp_model::Bf16Kernels::current() else {
+        println!("bf16 step: not measured (this CPU has neither AMX-BF16 nor AVX512_BF16)");
         return;
-    }
+    };
+    println!("bf16 kernels: {}", kernels.name());
     let specs = [mlp.clone(), ModelSpec::lenet([1, 28, 28], 10)];
     for (i, ((name, f32_bench), spec)) in cases.iter_mut().zip(&specs).enumerate() {
         let batch = f32_bench.batch();

@@ -90,7 +90,7 @@ pub use model::{
     Model, ModelMemory, ModelOptions, Recompute, SavedPrecision, SparseGrads, StepOptions,
 };
 pub use ops::dropout::DropoutStream;
-pub use ops::gemm::{GemmBackend, GemmShape, Precision};
+pub use ops::gemm::{Bf16Kernels, GemmBackend, GemmShape, Precision};
 pub use ops::loss::{LossTotals, Targets};
 pub use ops::norm_sync::NormSync;
 pub use ops::sparse::SparseInput;

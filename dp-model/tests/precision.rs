@@ -46,7 +46,7 @@ fn windows(curve: &[f64], width: usize) -> Vec<f64> {
 #[test]
 fn bf16_follows_the_f32_loss_curve_within_one_percent() {
     if !Precision::Bf16.available() {
-        eprintln!("skipped: this CPU has no AMX-BF16 (bf16 runs only there)");
+        eprintln!("skipped: this CPU has neither AMX-BF16 nor AVX512_BF16 (bf16 runs only there)");
         return;
     }
     // LeNet does not learn this task in 200 steps (its loss stays near ln 10 in either

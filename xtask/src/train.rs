@@ -134,7 +134,7 @@ struct ConfigFlags {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     sync_bn: bool,
     /// What the GEMMs multiply in: f32 (the default) or bf16 (bf16 operands with f32 sums
-    /// and f32 weights, on AMX).
+    /// and f32 weights, on AMX or AVX512_BF16).
     #[arg(long, value_name = "PRECISION")]
     precision: Option<dp_model::Precision>,
     /// What the activations kept for backward are stored in: f32 (the default) or bf16

@@ -48,7 +48,7 @@ impl Sizing {
         if !options.precision.available() {
             return Err(Error::spec(
                 "precision",
-                "bf16 needs a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids), which this one lacks; use f32",
+                "bf16 needs a CPU with AMX-BF16 (Intel Xeon since Sapphire Rapids) or AVX512_BF16 (AMD since Zen 4, Intel since Cooper Lake), which this one lacks; use f32",
             ));
         }
         let batch = options.max_batch;

@@ -155,7 +155,7 @@ pub struct TrainConfig {
     /// as PyTorch's optimizers do).
     pub decay_bias_and_norm: Option<bool>,
     /// What the GEMMs multiply in: `f32`, or `bf16` (operands rounded to `bf16`, sums,
-    /// weights and everything else `f32`; needs AMX-BF16).
+    /// weights and everything else `f32`; needs AMX-BF16 or AVX512_BF16).
     pub precision: Precision,
     /// What the activations kept from forward for backward are stored in: `f32`, or `bf16`
     /// (rounded to nearest even, 2 bytes a value: half the bytes of what is kept; forward and

@@ -80,7 +80,7 @@ impl TrainConfig {
         if self.device == Device::Cpu && !self.precision.available() {
             return Err(Error::config(
                 "precision",
-                "bf16 runs on AMX-BF16 (Intel Xeon since Sapphire Rapids), which this CPU lacks (or the OS does not grant); use f32",
+                "bf16 runs on AMX-BF16 (Intel Xeon since Sapphire Rapids) or AVX512_BF16 (AMD since Zen 4, Intel since Cooper Lake), which this CPU lacks (or the OS does not grant); use f32",
             ));
         }
         let n = self.replica_count();

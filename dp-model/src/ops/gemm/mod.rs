@@ -4,7 +4,8 @@
 //! blocked loop nest over packed panels ([`packed`]) whose buffers the model holds, so a step
 //! allocates nothing: register tiles 64, 32 or 16 columns wide, chosen per product by how well
 //! they fill it, and dot products for a small output over a long `k`. `bf16` products
-//! ([`Precision::Bf16`]) run in the same loop nest on AMX tiles. Elsewhere `f32` products run
+//! ([`Precision::Bf16`]) run in the same loop nest on AMX tiles, or where the CPU has no AMX on
+//! AVX512_BF16's `vdpbf16ps` ([`Bf16Kernels`]). Elsewhere `f32` products run
 //! on the `gemm` crate (AVX2 with FMA, NEON), which allocates its packing buffers on each
 //! call; those allocations are counted as the library's (`CountingAlloc::by_library`). The
 //! `f64` of gradient checks always runs there. `DP_GEMM` picks the `f32` backend: `avx512`,
@@ -125,14 +126,12 @@ impl std::str::FromStr for Precision {
 }
 
 impl Precision {
-    /// Whether this CPU multiplies in it (`bf16` needs AMX-BF16, and an OS that grants it).
+    /// Whether this CPU multiplies in it (`bf16` needs AMX-BF16, with an OS that grants it, or
+    /// AVX512_BF16).
     pub fn available(self) -> bool {
         match self {
             Precision::F32 => true,
-            #[cfg(target_arch = "x86_64")]
-            Precision::Bf16 => x86::amx_ready(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Precision::Bf16 => false,
+            Precision::Bf16 => Bf16Kernels::current().is_some(),
         }
     }
 
@@ -141,6 +140,44 @@ impl Precision {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// The kernels `bf16` products run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernels {
+    /// AMX tiles (`tdpbf16ps`), where the CPU has them and the OS grants them.
+    Amx,
+    /// AVX512_BF16's `vdpbf16ps` in AVX-512 register tiles: where there is no AMX, or where
+    /// `DP_BF16=avx512` asks for them.
+    Avx512Bf16,
+}
+
+impl Bf16Kernels {
+    /// This process's `bf16` kernels (`None`: the CPU has neither), chosen once.
+    pub fn current() -> Option<Self> {
+        static CHOSEN: OnceLock<Option<Bf16Kernels>> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx512 = x86::avx512_bf16_ready().then_some(Bf16Kernels::Avx512Bf16);
+                let asked = std::env::var("DP_BF16").is_ok_and(|v| v == "avx512");
+                match x86::amx_ready() {
+                    true if !(asked && avx512.is_some()) => Some(Bf16Kernels::Amx),
+                    _ => avx512,
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            None
+        })
+    }
+
+    /// Its name, for benchmarks to say what they measured.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Kernels::Amx => "AMX",
+            Bf16Kernels::Avx512Bf16 => "AVX512_BF16",
         }
     }
 }
@@ -194,7 +231,10 @@ impl Gemm {
         #[cfg(target_arch = "x86_64")]
         if is_f32 {
             let own: Option<packed::Product> = match self.precision {
-                Precision::Bf16 => Some(packed::gemm::<x86::Amx>),
+                Precision::Bf16 => match Bf16Kernels::current() {
+                    Some(Bf16Kernels::Amx) => Some(packed::gemm::<x86::Amx>),
+                    _ => Some(packed::gemm::<x86::Avx512Bf16>),
+                },
                 Precision::F32 => match self.backend {
                     GemmBackend::Avx512 => {
                         Some(avx512_kernel((m, k, n), &strided(&a), &strided(&b)))
@@ -441,6 +481,32 @@ mod tests {
             agrees(&label, precision, |a, b, beta, c| gemm.matmul(a, b, beta, c));
         }
         assert!(ran >= 2, "the portable backends always run");
+    }
+
+    /// Both `bf16` kernels, whichever this process chose, where the CPU has them.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_bf16_kernel_computes_what_ndarray_does_from_the_rounded_operands() {
+        let kernels: [(&str, bool, packed::Product); 2] = [
+            ("AMX", x86::amx_ready(), packed::gemm::<x86::Amx>),
+            ("AVX512_BF16", x86::avx512_bf16_ready(), packed::gemm::<x86::Avx512Bf16>),
+        ];
+        let mut workspace = vec![0u32; packed::workspace_words()];
+        for (label, ready, product) in kernels {
+            if !ready {
+                eprintln!("{label}: this CPU lacks it, skipped");
+                continue;
+            }
+            agrees(label, Precision::Bf16, |a, b, beta, c| {
+                let out = strided_mut(c);
+                let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+                // SAFETY: the kernel's features were detected; the views' strides address
+                // their own elements, and `c` aliases neither operand.
+                unsafe {
+                    product((m, k, n), strided(&a), strided(&b), out, beta != 0.0, &mut workspace)
+                };
+            });
+        }
     }
 
     /// Each AVX-512 tile width, and the dot products, on every shape and layout, whichever a

@@ -4,9 +4,11 @@
 //! * [`Avx512Wide`]: 64 `f32` columns (four zmm) by up to 6 rows, the fewest loads per FMA.
 //! * [`Avx512`]: 32 columns (two zmm) by up to 12 rows, 24 of the 32 registers summing.
 //! * [`Avx512Narrow`]: 16 columns by up to 24 rows, for outputs a few columns wide.
-//! * [`Amx`]: `bf16` products summed in `f32` on the matrix unit, 32 x 32 per tile. (AVX512_BF16's
-//!   `vdpbf16ps` does twice the products of an `f32` FMA per instruction, but on the Xeons
-//!   measured it issues at half the rate: no faster than `f32`, so it has no kernel here.)
+//! * [`Amx`]: `bf16` products summed in `f32` on the matrix unit, 32 x 32 per tile.
+//! * [`Avx512Bf16`]: `bf16` pairs summed in `f32` by AVX512_BF16's `vdpbf16ps`, the tiles of
+//!   [`Avx512`] with a pair of `k` per word: twice the products of an `f32` FMA per
+//!   instruction, for CPUs with AVX512_BF16 but no AMX (AMD since Zen 4, Intel's Cooper
+//!   Lake). (On the Xeons with AMX measured it issues at half the rate, no faster than `f32`.)
 //! * [`Avx2`]: 16 columns (two ymm) by up to 6 rows, 12 of the 16 registers summing.
 //!
 //! and [`avx512_dots`] and [`avx2_dots`] sum dot products for a small output over a long `k`.
@@ -86,6 +88,50 @@ f32_tiles!(
     /// `f32` tiles 16 columns wide on AVX2 with FMA.
     Avx2: 16 wide, 6, 4 tall, avx2_f32
 );
+
+/// `bf16` tiles 32 columns wide on AVX512_BF16: [`Avx512`]'s register tiles, each word of `a`
+/// and `b` a pair of `k` rounded to `bf16` (`b`'s pairs along `k`, as [`Amx`] packs them),
+/// multiplied and summed into `f32` by `vdpbf16ps`.
+pub(crate) struct Avx512Bf16;
+
+impl Tile for Avx512Bf16 {
+    const NR: usize = 32;
+    const MRS: &'static [usize] = &[12, 8, 6, 4];
+    const K_PER_WORD: usize = 2;
+    const PARTIAL: bool = true;
+
+    fn word(lo: f32, hi: f32) -> u32 {
+        bf16_bits(lo) | (bf16_bits(hi) << 16)
+    }
+
+    unsafe fn pack(
+        src: *const f32,
+        strides: (isize, isize),
+        len: usize,
+        kc: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        // SAFETY: passed on from the caller (AVX512_BF16 was detected).
+        unsafe { pack_avx512_bf16::<Self>(src, strides, len, kc, width, out) }
+    }
+
+    unsafe fn tile(mr: usize, words: usize, a: Panel, b: Panel, out: TileOut) {
+        // SAFETY: passed on from the caller.
+        unsafe { by_height!(mr, avx512_bf16_pairs, 12, 8, 6, 4; (words, a, b, out)) }
+    }
+}
+
+/// `sum + a . b` over each lane's `bf16` pair: `vdpbf16ps`, with the operands' bits as pairs.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[inline]
+fn dot_pairs(a: __m512, b: __m512, sum: __m512) -> __m512 {
+    // SAFETY: reinterpreting 512 bits as 32 `bf16` changes no bit.
+    let (a, b) = unsafe {
+        (std::mem::transmute::<__m512, __m512bh>(a), std::mem::transmute::<__m512, __m512bh>(b))
+    };
+    _mm512_dpbf16_ps(sum, a, b)
+}
 
 /// An `f32` tile kernel `$name::<MR, PACKED>`: `MR` rows of `$vectors` vectors of `$lanes` lanes,
 /// each a broadcast word of `a` times the vectors of `b` per `k`. A corner narrower than the
@@ -219,6 +265,21 @@ macro_rules! avx512_tile {
 avx512_tile!(avx512_f32, 2);
 avx512_tile!(avx512_wide_f32, 4);
 avx512_tile!(avx512_narrow_f32, 1);
+// `bf16` pairs: each word of `a` broadcast (its bits unchanged) against `b`'s pairs.
+f32_tile!(
+    avx512_bf16_pairs,
+    "avx512f,avx512bf16",
+    2 x 16,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    dot_pairs,
+    _mm512_add_ps,
+    mask16,
+    masked_load16,
+    masked_store16
+);
 f32_tile!(
     avx2_f32,
     "avx2,fma",
@@ -252,9 +313,9 @@ unsafe fn pack_avx512_f32(
     unsafe { pack_avx512::<Avx512>(src, strides, len, kc, width, out) }
 }
 
-/// [`pack_avx512`] rounding to `bf16` pairs.
+/// [`pack_avx512`] rounding to `bf16` pairs, for tile `K`'s panels.
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn pack_avx512_bf16(
+unsafe fn pack_avx512_bf16<K: Tile>(
     src: *const f32,
     strides: (isize, isize),
     len: usize,
@@ -263,7 +324,7 @@ unsafe fn pack_avx512_bf16(
     out: &mut [u32],
 ) {
     // SAFETY: passed on from the caller.
-    unsafe { pack_avx512::<Amx>(src, strides, len, kc, width, out) }
+    unsafe { pack_avx512::<K>(src, strides, len, kc, width, out) }
 }
 
 /// The body of the two above, inlined into each so that its intrinsics compile with their
@@ -457,7 +518,7 @@ impl Tile for Amx {
         out: &mut [u32],
     ) {
         // SAFETY: passed on from the caller (`amx_ready` checked AVX512_BF16).
-        unsafe { pack_avx512_bf16(src, strides, len, kc, width, out) }
+        unsafe { pack_avx512_bf16::<Self>(src, strides, len, kc, width, out) }
     }
 
     unsafe fn pack_rows(
@@ -690,6 +751,12 @@ fn sum8(v: __m256) -> f32 {
     let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
     _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)))
+}
+
+/// Whether this CPU has AVX512_BF16 (`vdpbf16ps`).
+pub(crate) fn avx512_bf16_ready() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bf16")
 }
 
 /// Whether this CPU has AMX with `bf16` and the kernel lets this process use it (Linux asks
