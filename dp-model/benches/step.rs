@@ -365,7 +365,10 @@ fn backends(cases: &mut [(&str, Bench); 3], peer: Option<&Peer>) {
         .iter()
         .map(|(b, p)| match p {
             Precision::F32 => b.name().to_string(),
-            Precision::Bf16 => "amx bf16".to_string(),
+            Precision::Bf16 => {
+                let kernels = dp_model::Bf16Kernels::current().map_or("no", |k| k.name());
+                format!("{} bf16", kernels.to_lowercase())
+            }
         })
         .collect();
     println!(

@@ -104,6 +104,21 @@ pub(crate) fn decoding_context(tape: &Tape) -> Result<usize> {
     Ok(context)
 }
 
+/// Refuses `token` at position `position` of a model that decodes (`tape`): an id outside its
+/// vocabulary, or a position past its context; `input` names what is fed.
+pub(crate) fn check_next(tape: &Tape, token: usize, position: usize, input: &str) -> Result<()> {
+    let Op::Embedding(embedding) = &tape.nodes[0].op else { unreachable!("checked when made") };
+    if token >= embedding.vocab {
+        let expected = format!("a token id in 0..{}", embedding.vocab);
+        return Err(Error::shape(input, expected, token));
+    }
+    if position == embedding.t {
+        let expected = format!("at most {} tokens (the context)", embedding.t);
+        return Err(Error::shape(input, expected, format!("token {}", position + 1)));
+    }
+    Ok(())
+}
+
 impl<T: Float> Generator<'_, T> {
     /// Positions the model has: at most this many tokens are fed before a [`Generator::reset`].
     pub fn context(&self) -> usize {
@@ -125,17 +140,9 @@ impl<T: Float> Generator<'_, T> {
     /// full (then [`Generator::reset`] and feed the tokens to keep again).
     pub fn next(&mut self, token: usize) -> Result<&[T]> {
         let nodes = &self.model.tape().nodes;
-        let Op::Embedding(embedding) = &nodes[0].op else { unreachable!("checked when made") };
-        let input = || format!("{} input", self.model.spec().name);
-        if token >= embedding.vocab {
-            let expected = format!("a token id in 0..{}", embedding.vocab);
-            return Err(Error::shape(input(), expected, token));
-        }
+        let input = format!("{} input", self.model.spec().name);
+        check_next(self.model.tape(), token, self.position, &input)?;
         let p = self.position;
-        if p == self.context {
-            let expected = format!("at most {} tokens (the context)", self.context);
-            return Err(Error::shape(input(), expected, format!("token {}", p + 1)));
-        }
         let params = self.model.params();
         for (i, node) in nodes.iter().enumerate() {
             let (before, rest) = self.rows.split_at_mut(i);

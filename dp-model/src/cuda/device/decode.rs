@@ -7,8 +7,8 @@ use dp_mem::Tag;
 
 use super::{Device, DeviceBuf, GpuModel, ptr};
 use crate::cuda::activation_kind;
-use crate::error::{Error, Result};
-use crate::generate::decoding_context;
+use crate::error::Result;
+use crate::generate::{check_next, decoding_context};
 use crate::ops::Op;
 use crate::ops::attention::CausalAttention;
 use crate::ops::embedding::Embedding;
@@ -84,17 +84,8 @@ impl<D: Device> GpuGenerator<'_, D> {
     pub fn next(&mut self, token: usize) -> Result<&[f32]> {
         let model = self.model;
         let nodes = &model.tape.nodes;
-        let Op::Embedding(embedding) = &nodes[0].op else { unreachable!("checked when made") };
-        let input = || "GPU model input".to_string();
-        if token >= embedding.vocab {
-            let expected = format!("a token id in 0..{}", embedding.vocab);
-            return Err(Error::shape(input(), expected, token));
-        }
+        check_next(&model.tape, token, self.position, "GPU model input")?;
         let p = self.position;
-        if p == self.context {
-            let expected = format!("at most {} tokens (the context)", self.context);
-            return Err(Error::shape(input(), expected, format!("token {}", p + 1)));
-        }
         model.copy_in(ptr(&self.token), &[token as f32])?;
         for i in 0..nodes.len() {
             let done = self.node(i, p);
