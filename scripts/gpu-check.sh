@@ -17,6 +17,9 @@
 # f32 and bf16 against PyTorch eager (dp-model's cuda_image_step bench and
 # scripts/torch_resnet_gpu_step.py; targets: at least 1.0x PyTorch's images/s, at most 0.7x
 # its device memory, both by the allocator's peak and by the fall of the GPU's free memory),
+# measures GPT-2 small's bf16 step (context 1024, batch 8) with and without recomputation
+# against PyTorch eager with autocast and SDPA (dp-model's cuda_gpt_step bench and
+# scripts/torch_gpt_gpu_step.py: tokens/s, MFU, device memory),
 # trains gpt-mini on text (the repository's own Markdown) to a little above the CPU's eval
 # loss with the same command, trains ResNet-20 on small images (the built-in digits) on the
 # GPU to a little below the
@@ -47,7 +50,7 @@ build() {
         cargo bench --no-run --message-format=json -p dp-comm --features cuda \
             --bench collectives 2>/dev/null &&
         cargo bench --no-run --message-format=json -p dp-model --features cuda \
-            --bench cuda_step --bench cuda_image_step 2>/dev/null) || return 1
+            --bench cuda_step --bench cuda_image_step --bench cuda_gpt_step 2>/dev/null) || return 1
     # The trainer with the GPU path (the `dp` binary users install), in a target directory of
     # its own.
     cargo build --release --quiet -p xtask --bin dp --features cuda --target-dir target/cuda ||
@@ -62,7 +65,8 @@ wanted = {"cuda": "dp-mem-cuda", "pipeline": "dp-data-pipeline",
           "cuda_host_memory": "dp-model-cuda-host-memory",
           "nccl": "dp-comm-nccl",
           "collectives": "dp-comm-collectives", "cuda_step": "dp-model-cuda-step",
-          "cuda_image_step": "dp-model-cuda-image-step"}
+          "cuda_image_step": "dp-model-cuda-image-step",
+          "cuda_gpt_step": "dp-model-cuda-gpt-step"}
 found = {}
 for line in sys.stdin:
     try:
@@ -178,6 +182,15 @@ STEP_TIMEOUT=180 run imagestep "$bin/dp-model-cuda-image-step" --bench --warm-up
     --measurement-time 2
 imagestep_status=$?
 STEP_TIMEOUT=180 run torchimage python3 scripts/torch_resnet_gpu_step.py; torchimage_status=$?
+# GPT-2 small (context 1024, batch 8, bf16, AdamW) without and with recomputation per block,
+# against PyTorch eager with autocast and scaled_dot_product_attention, each side's two cases
+# in fresh processes.
+STEP_TIMEOUT=300 run gptstep "$bin/dp-model-cuda-gpt-step" --bench --warm-up-time 1 \
+    --measurement-time 2
+gptstep_status=$?
+STEP_TIMEOUT=240 run torchgpt bash -c 'python3 scripts/torch_gpt_gpu_step.py \
+    && python3 scripts/torch_gpt_gpu_step.py --checkpoint'
+torchgpt_status=$?
 # ResNet-20 on small images on the GPU: the built-in digits (28x28 grey, taken as a 1x28x28
 # image), 6,000 to train and 2,000 to evaluate, 3 epochs at batch 64 of the ResNet recipe's
 # defaults (279 steps), to at least 98% eval accuracy: a little below the 99.2% that the CPU
@@ -290,6 +303,41 @@ for case in cases:
         print(f"               PyTorch's process as NVML counts it (context included): {b[4]}")
 PY
 echo "               (targets: >= 1.0x images/s, <= 0.7x device memory; exits $imagestep_status, $torchimage_status)"
+# GPT-2 small: tokens/s and device memory ours against PyTorch's, case by case; our MFU and
+# recomputation's cost (targets: >= 1.0x the speed, <= 0.7x the memory; recomputation <= 1.3x
+# the step time with >= 2.5x less activation memory).
+python3 - "$log.gptstep" "$log.torchgpt" <<'PY'
+import re, sys
+line = re.compile(r"^(cuda|torch) gpt step: (gpt2-small [^,]*), (.*)$")
+figures = re.compile(r"(\d+) tokens/s .*device peak ([\d.]+) MiB \(allocator\), ([\d.]+) MiB")
+found = {"cuda": {}, "torch": {}}
+for side, path in zip(("cuda", "torch"), sys.argv[1:]):
+    try:
+        text = open(path).read()
+    except OSError:
+        continue
+    for l in text.splitlines():
+        m = line.match(l)
+        if m:
+            found[side][m.group(2)] = m.group(3)
+        elif l.startswith("cuda gpt step: recomputation") or "failed" in l:
+            print(f"gpt step:      {l}")
+for case in ("gpt2-small bf16 batch 8 context 1024",
+             "gpt2-small bf16 batch 8 context 1024 recompute"):
+    ours, theirs = found["cuda"].get(case, "no line"), found["torch"].get(case, "no line")
+    a, b = figures.match(ours), figures.match(theirs)
+    if not (a and b):
+        print(f"gpt step:      {case}: ours: {ours[:200]}; PyTorch: {theirs[:200]}")
+        continue
+    speed, memory = float(a[1]) / float(b[1]), float(a[2]) / float(b[2])
+    print(f"gpt step:      {case}: {a[1]} tokens/s vs PyTorch {b[1]}: {speed:.2f}x "
+          f"({'met' if speed >= 1.0 else 'missed'}); allocator peak {a[2]} vs {b[2]} MiB: "
+          f"{memory:.2f}x ({'met' if memory <= 0.7 else 'missed'}); driver {a[3]} vs {b[3]} MiB")
+    mfu = re.search(r"(MFU .*?); device peak", ours)
+    if mfu:
+        print(f"               {mfu.group(1)}")
+PY
+echo "               (exits $gptstep_status, $torchgpt_status)"
 echo "image job:     resnet20 on digits, eval accuracy $image_accuracy (>= $IMAGE_ACCURACY; CPU $IMAGE_CPU_ACCURACY), $(grep -E '^throughput' "$log.imagejob" | tail -1) (exit $imagejob_status)"
 echo "text job:      gpt-mini on the repository's Markdown, eval loss $text_loss (<= $TEXT_LOSS; CPU $TEXT_CPU_LOSS), $(grep -E '^throughput' "$log.textjob" | tail -1) (exit $textjob_status)"
 grep -E '^f32 |tokens after a prompt' "$log.textjob" | sed 's/^/               on the GPU: /'
@@ -305,4 +353,5 @@ rm -f "$log" "$log".*
     && [ "$host_status" -eq 0 ] && [ "$pipeline_status" -eq 0 ] \
     && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
     && [ "$bench_status" -eq 0 ] && [ "$imagestep_status" -eq 0 ] \
-    && [ "$torchimage_status" -eq 0 ] && [ "$imagejob_status" -eq 0 ] && [ "$textjob_status" -eq 0 ]
+    && [ "$torchimage_status" -eq 0 ] && [ "$imagejob_status" -eq 0 ] && [ "$textjob_status" -eq 0 ] \
+    && [ "$gptstep_status" -eq 0 ] && [ "$torchgpt_status" -eq 0 ]
