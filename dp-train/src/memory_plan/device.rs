@@ -1,0 +1,94 @@
+//! Under `device = cuda`: the GPU's memory, predicted to the byte by dp-model
+//! ([`GpuMemory::predict`]) for the model the run puts on the device (one replica per process,
+//! at its micro-batch), with the optimizer state dp-train's GPU step takes. The budget is the
+//! device tracker's, which counts exactly these buffers, so a plan fits when their blocks do:
+//! no headroom.
+
+use std::collections::HashMap;
+
+use dp_model::{GpuMemory, GpuState, ModelOptions, Recompute, SavedPrecision, StatePrecision};
+
+use crate::config::OptimizerConfig;
+use crate::error::Result;
+use crate::plan::RunPlan;
+
+/// Device predictions by (model, micro-batch, recomputation, bf16 saved activations, bf16
+/// products, state bits): a search sizes the same model at many settings.
+#[derive(Default)]
+pub(crate) struct DevicePredictions {
+    memory: HashMap<(String, usize, bool, bool, bool, u8), GpuMemory>,
+}
+
+impl DevicePredictions {
+    /// The GPU memory `plan`'s run will hold on its device.
+    pub(crate) fn of(&mut self, plan: &RunPlan) -> Result<GpuMemory> {
+        let config = &plan.config;
+        let key = (
+            plan.spec.name.clone(),
+            plan.batching.micro,
+            config.recompute,
+            config.activations == SavedPrecision::Bf16,
+            config.precision == dp_model::Precision::Bf16,
+            config.optimizer_bits,
+        );
+        if let Some(&memory) = self.memory.get(&key) {
+            return Ok(memory);
+        }
+        let memory = predict_device(plan)?;
+        self.memory.insert(key, memory);
+        Ok(memory)
+    }
+}
+
+/// The optimizer state `plan`'s GPU step keeps on the device (`gpu/mod.rs`): Adam's two
+/// moments, SGD's momentum (none without), in the config's precision; weight decay's ranges
+/// when biases and norms are left out of it, and a pruning mask when the run prunes.
+fn state(plan: &RunPlan) -> Result<GpuState> {
+    let config = &plan.config;
+    let buffers = match &plan.optimizer {
+        OptimizerConfig::Sgd(sgd) if sgd.momentum == 0.0 => 0,
+        OptimizerConfig::Sgd(_) => 1,
+        OptimizerConfig::Adam(_) => 2,
+    };
+    let decayed_ranges = match config.decay_bias_and_norm {
+        Some(false) => Some(plan.spec.layout()?.decayed_ranges().len()),
+        _ => None,
+    };
+    Ok(GpuState {
+        buffers,
+        precision: StatePrecision::from_bits(config.optimizer_bits).unwrap_or_default(),
+        decayed_ranges,
+        pruned: config.prune.is_some(),
+    })
+}
+
+/// The GPU memory `plan`'s run will hold: its model as the replica builds it on the device
+/// (`replica/build.rs`: the micro-batch, recomputation and saved precision; products in the
+/// config's precision), and its optimizer state.
+pub(crate) fn predict_device(plan: &RunPlan) -> Result<GpuMemory> {
+    let config = &plan.config;
+    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    let options = ModelOptions::new(plan.batching.micro, config.seed)
+        .recompute(recompute)
+        .saved(config.activations);
+    Ok(GpuMemory::predict(&plan.spec, &options, config.precision, state(plan)?)?)
+}
+
+/// What the GPU holds by role, in words, for the printed plan.
+pub(crate) fn roles(memory: &GpuMemory) -> String {
+    let roles = [
+        ("parameters", memory.params),
+        ("gradients", memory.grads),
+        ("optimizer state", memory.optimizer_state),
+        ("saved activations", memory.saved_activations),
+        ("activation gradients", memory.activation_grads),
+        ("batch", memory.batch),
+        ("scratch", memory.scratch),
+    ];
+    let parts: Vec<String> = roles
+        .iter()
+        .filter(|(_, bytes)| *bytes > 0)
+        .map(|(role, bytes)| format!("{role} {}", dp_mem::ByteSize(*bytes)))
+        .collect();
+    parts.join(", ")
+}
