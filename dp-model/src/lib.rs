@@ -79,9 +79,8 @@ pub use checkpoint::{
 #[cfg(feature = "cuda")]
 pub use cuda::CudaKernels;
 pub use cuda::{
-    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaQuantizedBuf, CudaRuntime, DeviceNormSync, GpuMemory,
-    GpuState,
-    cuda_kernels_ptx,
+    CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaModel, CudaQuantizedBuf, CudaRuntime, DeviceNormSync,
+    GpuMemory, GpuState, cuda_kernels_ptx,
 };
 pub use error::{Error, Result};
 pub use float::Float;

@@ -68,6 +68,7 @@ fn predicted(plan: &MemoryPlan) -> GpuMemory {
     let state = GpuState {
         buffers: 2,
         precision: StatePrecision::from_bits(config.optimizer_bits).unwrap(),
+        shard: None,
         decayed_ranges,
         pruned: false,
     };

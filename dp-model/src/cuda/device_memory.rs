@@ -21,6 +21,7 @@ use crate::model::{ModelOptions, SavedPrecision};
 use crate::ops::Op;
 use crate::ops::conv::Conv2d;
 use crate::ops::gemm::Precision;
+use crate::optim::codebook::DEVICE_TABLE_LEN;
 use crate::optim::{STATE_BLOCK, StatePrecision};
 use crate::spec::ModelSpec;
 use crate::tape::Tape;
@@ -33,9 +34,9 @@ pub(crate) const CUDA_CHUNK_VALUES: usize = 1 << 25;
 /// Gradients each thread of the clipping norm sums.
 pub(crate) const CLIP_PARTS: usize = 4096;
 
-/// Per block of 8-bit state, the values the update's scratch keeps: 32 lane maxima and the
-/// old scale.
-const INT8_SCRATCH_PER_BLOCK: usize = 33;
+/// Threads per block of 8-bit state in an update (`DP_STATE_LANES` in `optim8.cu`): the
+/// update's work area keeps each one's maximum.
+const INT8_LANES: usize = 32;
 
 /// Images of `batch` a convolution unfolds at a time into `chunk_values` values at most (or
 /// one image, if that takes more).
@@ -256,7 +257,10 @@ pub struct GpuState {
     pub buffers: usize,
     /// How each is stored.
     pub precision: StatePrecision,
-    /// With weight decay on some parameters only: how many ranges decay.
+    /// The values each is as long as when the updates cover fewer than all parameters (a
+    /// ZeRO-1 shard, `GpuModel::set_update_range`); `None`: all of them.
+    pub shard: Option<usize>,
+    /// With weight decay on some parameters only: how many ranges of the updated ones decay.
     pub decayed_ranges: Option<usize>,
     /// Whether a pruning mask holds the parameters (a bit each).
     pub pruned: bool,
@@ -264,15 +268,18 @@ pub struct GpuState {
 
 impl GpuState {
     fn account(&self, params: usize, memory: &mut Accounted) {
+        let len = self.shard.unwrap_or(params);
         for _ in 0..self.buffers {
             match self.precision {
-                StatePrecision::F32 => memory.add(Role::State, 4 * params),
+                StatePrecision::F32 => memory.add(Role::State, 4 * len),
                 StatePrecision::Int8 => {
-                    // Codes, a scale per block, and the update's scratch per block.
-                    let blocks = params.div_ceil(STATE_BLOCK);
-                    memory.add(Role::State, params);
-                    memory.add(Role::State, 4 * blocks);
-                    memory.add(Role::State, 4 * INT8_SCRATCH_PER_BLOCK * blocks);
+                    // A code per value, a scale per block, and the update's work area: the
+                    // codebook's table, each block's old scale and its lanes' maxima
+                    // (`optim8.rs`).
+                    let blocks = len.div_ceil(STATE_BLOCK);
+                    memory.add(Role::State, len.max(1));
+                    memory.add(Role::State, 4 * blocks.max(1));
+                    memory.add(Role::State, 4 * (DEVICE_TABLE_LEN + blocks + INT8_LANES * blocks));
                 }
             }
         }
@@ -467,7 +474,11 @@ mod tests {
         let int8 = GpuState { precision: StatePrecision::Int8, ..adam };
         let int8 = GpuMemory::predict(&spec, &options, Precision::F32, int8).unwrap();
         let blocks = params.div_ceil(STATE_BLOCK as u64);
-        assert_eq!(int8.optimizer_state, 2 * (params + 4 * blocks + 4 * 33 * blocks));
+        let table = DEVICE_TABLE_LEN as u64;
+        assert_eq!(int8.optimizer_state, 2 * (params + 4 * blocks + 4 * (table + 33 * blocks)));
+        let shard = GpuState { shard: Some(params as usize / 2), ..adam };
+        let shard = GpuMemory::predict(&spec, &options, Precision::F32, shard).unwrap();
+        assert_eq!(shard.optimizer_state, 2 * 4 * (params / 2));
         let recompute = options.clone().recompute(Recompute::Auto);
         let less = GpuMemory::predict(&spec, &recompute, Precision::F32, none).unwrap();
         assert!(less.saved_activations < plain.saved_activations);
@@ -476,5 +487,13 @@ mod tests {
         assert!(less.saved_activations < plain.saved_activations);
         let tags = plain.by_tag();
         assert_eq!(tags.total(), plain.total());
+    }
+
+    /// The 8-bit work area is sized by the kernels' lanes and codebook table.
+    #[test]
+    fn the_int8_work_area_is_the_kernels() {
+        let source = crate::cuda::CUDA_KERNEL_SOURCE;
+        assert!(source.contains(&format!("#define DP_STATE_LANES {INT8_LANES}\n")));
+        assert!(source.contains(&format!("#define DP_BOOK_LEN {DEVICE_TABLE_LEN}\n")));
     }
 }

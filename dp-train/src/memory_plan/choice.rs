@@ -25,9 +25,9 @@
 //!
 //! The estimates below follow this order; they rank plans, and are not a measurement. On the
 //! GPU (`device = cuda`) the budget is the device's, and what changes the device's memory is
-//! offered: recomputation, 8-bit optimizer state, bf16 saved activations and smaller
-//! micro-batches. Prefetch changes only host memory; shared parameters, ZeRO and fewer
-//! replicas have no place with one replica per process.
+//! offered: recomputation, 8-bit optimizer state, bf16 saved activations, smaller
+//! micro-batches, and over several GPUs ZeRO-1. Prefetch changes only host memory; shared
+//! parameters and fewer replicas have no place with one replica per process.
 
 use dp_model::SavedPrecision;
 
@@ -102,8 +102,12 @@ impl Settings {
     ) -> Vec<Settings> {
         let fewest = if keep_replicas { self.replicas } else { 1 };
         // Bits of the savers this device has (the GPU: recomputation, 8-bit state, bf16
-        // saved activations).
-        let savers: u8 = if self.device == Device::Cuda { 0b11_1000 } else { 0b11_1111 };
+        // saved activations, and over several GPUs ZeRO-1).
+        let savers: u8 = match self.device {
+            Device::Cuda if processes > 1 => 0b11_1010,
+            Device::Cuda => 0b11_1000,
+            Device::Cpu => 0b11_1111,
+        };
         let mut all = Vec::new();
         for replicas in (fewest..=self.replicas).rev() {
             let mut accum = self.grad_accum;

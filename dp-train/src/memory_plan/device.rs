@@ -11,12 +11,13 @@ use dp_model::{GpuMemory, GpuState, ModelOptions, Recompute, SavedPrecision, Sta
 use crate::config::OptimizerConfig;
 use crate::error::Result;
 use crate::plan::RunPlan;
+use crate::zero::{decayed_in, zero_shard};
 
 /// Device predictions by (model, micro-batch, recomputation, bf16 saved activations, bf16
-/// products, state bits): a search sizes the same model at many settings.
+/// products, state bits, ZeRO stage): a search sizes the same model at many settings.
 #[derive(Default)]
 pub(crate) struct DevicePredictions {
-    memory: HashMap<(String, usize, bool, bool, bool, u8), GpuMemory>,
+    memory: HashMap<(String, usize, bool, bool, bool, u8, u8), GpuMemory>,
 }
 
 impl DevicePredictions {
@@ -30,6 +31,7 @@ impl DevicePredictions {
             config.activations == SavedPrecision::Bf16,
             config.precision == dp_model::Precision::Bf16,
             config.optimizer_bits,
+            config.zero_stage,
         );
         if let Some(&memory) = self.memory.get(&key) {
             return Ok(memory);
@@ -41,22 +43,30 @@ impl DevicePredictions {
 }
 
 /// The optimizer state `plan`'s GPU step keeps on the device (`gpu/mod.rs`): Adam's two
-/// moments, SGD's momentum (none without), in the config's precision; weight decay's ranges
-/// when biases and norms are left out of it, and a pruning mask when the run prunes.
+/// moments, SGD's momentum (none without), in the config's precision, for all parameters or
+/// under ZeRO-1 over several GPUs for rank 0's shard (the first, and so the longest); weight
+/// decay's ranges in it when biases and norms are left out of decay, and a pruning mask when
+/// the run prunes.
 fn state(plan: &RunPlan) -> Result<GpuState> {
     let config = &plan.config;
+    let len = plan.spec.layout()?.len();
+    let shard = match (config.zero_stage, plan.world()) {
+        (1, world) if world > 1 => zero_shard(len, world, 0, config.piece_align()),
+        _ => 0..len,
+    };
     let buffers = match &plan.optimizer {
         OptimizerConfig::Sgd(sgd) if sgd.momentum == 0.0 => 0,
         OptimizerConfig::Sgd(_) => 1,
         OptimizerConfig::Adam(_) => 2,
     };
     let decayed_ranges = match config.decay_bias_and_norm {
-        Some(false) => Some(plan.spec.layout()?.decayed_ranges().len()),
+        Some(false) => Some(decayed_in(&plan.spec.layout()?.decayed_ranges(), &shard).len()),
         _ => None,
     };
     Ok(GpuState {
         buffers,
         precision: StatePrecision::from_bits(config.optimizer_bits).unwrap_or_default(),
+        shard: (shard.len() < len).then_some(shard.len()),
         decayed_ranges,
         pruned: config.prune.is_some(),
     })
