@@ -12,7 +12,8 @@ use common::TempDir;
 use dp_data::{TextOptions, WriterOptions, import_text};
 use dp_model::{GpuMemory, GpuState, ModelOptions, ModelSpec, Recompute, StatePrecision};
 use dp_train::{
-    ByteSize, Device, MemoryPlan, RunOptions, TrainConfig, largest_model, plan_memory, train,
+    ByteSize, Device, GradCompression, MemoryPlan, RunOptions, TrainConfig, largest_model,
+    plan_memory, train,
 };
 
 const CONTEXT: usize = 24;
@@ -134,4 +135,25 @@ fn the_largest_gpt_for_a_gpu_budget_fits_it_and_the_next_does_not() {
     };
     let error = plan_memory(&next, 1).unwrap_err().to_string();
     assert!(error.contains("memory_budget") && error.contains("of GPU memory"), "{error}");
+}
+
+/// Over two GPUs: ZeRO-1 keeps the state of rank 0's shard only, and an int8 compressed
+/// all-reduce takes its buffers from the model's pool (the residual of every gradient, a
+/// piece's payload and both ranks', the partial maxima).
+#[test]
+fn zero_1_and_a_compressed_all_reduce_among_gpus_are_counted() {
+    let whole = plan_memory(&config(None), 2).unwrap().gpu.unwrap();
+    let two = TrainConfig {
+        zero_stage: 1,
+        compression: GradCompression::Int8,
+        bucket_size: ByteSize(4096),
+        ..config(None)
+    };
+    let plan = plan_memory(&two, 2).unwrap();
+    let device = plan.gpu.unwrap();
+    let params = ModelSpec::builtin("gpt:2,2,64", &[CONTEXT], 256).unwrap().layout().unwrap().len();
+    let payload = (4 + 1024) as u64;
+    assert_eq!(device.comm, 4 * params as u64 + 3 * payload + 4 * 1024, "{plan}");
+    assert!(device.optimizer_state < whole.optimizer_state, "{plan}");
+    assert!(plan.to_string().contains("compressed all-reduce"), "{plan}");
 }

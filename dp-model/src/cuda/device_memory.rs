@@ -314,6 +314,10 @@ pub struct GpuMemory {
     /// Working buffers: unfolded convolution input, norms' sums and statistics, bf16 copies,
     /// each row's loss.
     pub scratch: u64,
+    /// Buffers of the gradients' exchange that the caller takes from the model's pool (tag
+    /// `Comm`: dp-train's compressed all-reduce among GPUs), added with
+    /// [`GpuMemory::with_comm`]; [`GpuMemory::predict`] knows none.
+    pub comm: u64,
     /// Bytes of the pool's blocks behind all of these (each buffer rounded up to its size
     /// class): what the device tracker holds, and its budget caps.
     pub blocks: u64,
@@ -333,9 +337,19 @@ impl GpuMemory {
         predict_spec(spec, options, precision, state, CUDA_CHUNK_VALUES)
     }
 
+    /// These and the caller's buffers of `buffer_bytes` bytes each, tagged `Comm`.
+    pub fn with_comm(self, buffer_bytes: &[usize]) -> Self {
+        let mut memory = Accounted { memory: self };
+        for &bytes in buffer_bytes {
+            memory.add(Role::Comm, bytes);
+        }
+        memory.memory
+    }
+
     /// Bytes in all.
     pub fn total(&self) -> u64 {
-        self.params
+        self.comm
+            + self.params
             + self.grads
             + self.optimizer_state
             + self.saved_activations
@@ -353,6 +367,7 @@ impl GpuMemory {
             Tag::Activation => self.saved_activations + self.activation_grads,
             Tag::Data => self.batch,
             Tag::Temp => self.scratch,
+            Tag::Comm => self.comm,
             _ => 0,
         })
     }
@@ -398,6 +413,7 @@ enum Role {
     ActGrads,
     Batch,
     Scratch,
+    Comm,
 }
 
 /// Bytes added up by role, and the blocks behind them.
@@ -418,6 +434,7 @@ impl Accounted {
             Role::ActGrads => &mut m.activation_grads,
             Role::Batch => &mut m.batch,
             Role::Scratch => &mut m.scratch,
+            Role::Comm => &mut m.comm,
         };
         *field += bytes as u64;
         m.blocks += block_bytes(bytes);
@@ -487,6 +504,9 @@ mod tests {
         assert!(less.saved_activations < plain.saved_activations);
         let tags = plain.by_tag();
         assert_eq!(tags.total(), plain.total());
+        let comm = plain.with_comm(&[0, 100]);
+        assert_eq!((comm.comm, comm.total()), (100, plain.total() + 100));
+        assert_eq!((comm.blocks - plain.blocks, comm.by_tag()[Tag::Comm]), (128, 100));
     }
 
     /// The 8-bit work area is sized by the kernels' lanes and codebook table.

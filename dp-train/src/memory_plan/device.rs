@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use dp_comm::Compression;
 use dp_model::{GpuMemory, GpuState, ModelOptions, Recompute, SavedPrecision, StatePrecision};
 
 use crate::config::OptimizerConfig;
@@ -72,16 +73,33 @@ fn state(plan: &RunPlan) -> Result<GpuState> {
     })
 }
 
+/// Threads taking a compressed int8 piece's partial maxima (`gpu/compress.rs`).
+pub(crate) const COMPRESSION_PARTS: usize = 1024;
+
+/// Bytes of each device buffer a compressed all-reduce among GPUs takes from the model's pool
+/// (`gpu/compress.rs`): the residual of every gradient, a piece's payload and every rank's,
+/// the partial maxima; none with one GPU or no compression.
+fn comm_buffers(plan: &RunPlan, params: usize) -> Result<Vec<usize>> {
+    let buckets = plan.config.buckets()?;
+    let world = plan.world();
+    if world == 1 || buckets.compression == Compression::None {
+        return Ok(Vec::new());
+    }
+    let payload = buckets.compression.payload_bytes((buckets.bucket_bytes / 4).max(1));
+    Ok(vec![4 * params.max(1), payload, payload * world, 4 * COMPRESSION_PARTS])
+}
+
 /// The GPU memory `plan`'s run will hold: its model as the replica builds it on the device
 /// (`replica/build.rs`: the micro-batch, recomputation and saved precision; products in the
-/// config's precision), and its optimizer state.
+/// config's precision), its optimizer state, and its compressed all-reduce's buffers.
 pub(crate) fn predict_device(plan: &RunPlan) -> Result<GpuMemory> {
     let config = &plan.config;
     let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
     let options = ModelOptions::new(plan.batching.micro, config.seed)
         .recompute(recompute)
         .saved(config.activations);
-    Ok(GpuMemory::predict(&plan.spec, &options, config.precision, state(plan)?)?)
+    let memory = GpuMemory::predict(&plan.spec, &options, config.precision, state(plan)?)?;
+    Ok(memory.with_comm(&comm_buffers(plan, plan.spec.layout()?.len())?))
 }
 
 /// What the GPU holds by role, in words, for the printed plan.
@@ -94,6 +112,7 @@ pub(crate) fn roles(memory: &GpuMemory) -> String {
         ("activation gradients", memory.activation_grads),
         ("batch", memory.batch),
         ("scratch", memory.scratch),
+        ("compressed all-reduce", memory.comm),
     ];
     let parts: Vec<String> = roles
         .iter()

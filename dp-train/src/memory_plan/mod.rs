@@ -20,6 +20,8 @@ use crate::config::{Device, TrainConfig};
 use crate::error::{Error, Result};
 use crate::plan::RunPlan;
 use choice::Settings;
+#[cfg(feature = "cuda")]
+pub(crate) use device::COMPRESSION_PARTS;
 pub use largest::largest_model;
 pub(crate) use predict::{DataNeeds, predict, reads_object_storage};
 
