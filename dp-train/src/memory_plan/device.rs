@@ -18,8 +18,11 @@ use crate::zero::{decayed_in, zero_shard};
 /// products, state bits, ZeRO stage): a search sizes the same model at many settings.
 #[derive(Default)]
 pub(crate) struct DevicePredictions {
-    memory: HashMap<(String, usize, bool, bool, bool, u8, u8), GpuMemory>,
+    memory: HashMap<Key, GpuMemory>,
 }
+
+/// What a device prediction depends on within one search (see [`DevicePredictions`]).
+type Key = (String, usize, bool, bool, bool, u8, u8);
 
 impl DevicePredictions {
     /// The GPU memory `plan`'s run will hold on its device.
