@@ -83,6 +83,7 @@ pub use pool::{Pool, PoolBuf, PoolConfig, PoolStats};
 pub use process::{
     ProcessMemory, THREAD_REFUSED, address_space_limit, process_memory, reset_peak_rss,
 };
+pub use size_class::block_bytes;
 pub use snapshot::{MemorySnapshot, TagStats};
 pub use tag::Tag;
 pub use trace::{AllocTrace, TraceEvent};

@@ -69,6 +69,17 @@ impl SizeClass {
     }
 }
 
+/// Bytes of the block a pool takes for a request of `bytes` bytes: its size class (0 for a
+/// zero-byte request, which takes no block; `bytes` itself past the largest class, which no
+/// pool hands out). A tracker's budget caps these bytes, so a plan that must fit a budget
+/// predicts them, not the bytes asked for.
+pub fn block_bytes(bytes: usize) -> u64 {
+    match bytes {
+        0 => 0,
+        _ => SizeClass::of(bytes).map_or(bytes, |class| class.bytes) as u64,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +92,11 @@ mod tests {
         assert_eq!(SizeClass::of(65).unwrap().bytes, 128);
         assert_eq!(SizeClass::of(2048).unwrap().bytes, 2048);
         assert_eq!(SizeClass::of(2049).unwrap().bytes, 2112);
+    }
+
+    #[test]
+    fn a_requests_block_is_its_class() {
+        assert_eq!((block_bytes(0), block_bytes(1), block_bytes(2049)), (0, 64, 2112));
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub use checkpoint::{
 pub use cuda::CudaKernels;
 pub use cuda::{
     CUDA_KERNEL_SOURCE, CUDA_KERNELS, CudaGenerator, CudaModel, CudaQuantizedBuf, CudaRuntime,
-    DeviceNormSync, cuda_kernels_ptx,
+    DeviceNormSync, GpuMemory, GpuState, cuda_kernels_ptx,
 };
 pub use error::{Error, Result};
 pub use float::Float;

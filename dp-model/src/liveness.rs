@@ -93,7 +93,6 @@ impl ActivationPlan {
 
     /// [`ActivationPlan::new`] for a step that runs whole batches only (the GPU's: its
     /// kernels cover a batch at once), bf16 stores or not.
-    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn whole_batches(
         tape: &Tape,
         segments: &[Range<usize>],

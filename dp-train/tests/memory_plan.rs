@@ -185,16 +185,17 @@ fn the_largest_model_for_a_budget_fits_and_the_next_size_does_not() {
     }
     let unknown = largest_model("transformer", &config, 1).unwrap_err().to_string();
     assert!(unknown.contains("mlp, gpt or resnet"), "{unknown}");
-    // Under device = cuda the budget is the GPU's, which host predictions do not size.
-    let gpu = TrainConfig { device: dp_train::Device::Cuda, ..config.clone() };
-    let refused = largest_model("mlp", &gpu, 1).unwrap_err().to_string();
-    assert!(refused.contains("device") && refused.contains("--model"), "{refused}");
-    // A GPU run's budget is checked on the GPU: `plan` says it cannot answer for it rather
-    // than print a host plan as if the run fitted (its parameters and gradients alone are more
-    // than the budget), and without a budget it plans as usual.
-    let gpu = TrainConfig { model: "mlp:8192,8192".into(), replicas: 1, ..gpu };
+    // Under device = cuda the budget is the GPU's: the search fits each size to the GPU's
+    // memory (one replica per process there), and the host's headroom plays no part.
+    let gpu = TrainConfig { device: dp_train::Device::Cuda, replicas: 1, ..config.clone() };
+    let on_gpu = largest_model("mlp", &gpu, 1).unwrap();
+    let device = on_gpu.gpu.expect("the GPU's memory");
+    assert!(device.blocks <= 400 << 20 && on_gpu.budgeted_bytes() == device.blocks, "{on_gpu}");
+    // A model whose parameters, gradients and Adam's moments alone pass the budget: the
+    // plan names the least GPU memory it takes, and without a budget it plans as usual.
+    let gpu = TrainConfig { model: "mlp:8192,8192".into(), ..gpu };
     let refused = plan_memory(&gpu, 1).unwrap_err().to_string();
-    assert!(refused.contains("memory_budget") && refused.contains("GPU"), "{refused}");
+    assert!(refused.contains("memory_budget") && refused.contains("of GPU memory"), "{refused}");
     let planned = plan_memory(&TrainConfig { memory_budget: None, ..gpu }, 1).unwrap();
-    assert!(planned.turned_on.is_empty(), "{planned}");
+    assert!(planned.turned_on.is_empty() && planned.gpu.is_some(), "{planned}");
 }

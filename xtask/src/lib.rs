@@ -79,7 +79,8 @@ enum UserCmd {
     /// and with --memory-budget the settings it would turn on to fit, cheapest in speed
     /// first: shared parameters, ZeRO-1, no input prefetch, smaller micro-batches
     /// accumulated, 8-bit optimizer state, bf16 saved activations, recomputation, fewer
-    /// replicas.
+    /// replicas. With --device cuda the budget is the GPU's: the plan predicts the device's
+    /// memory by role, exactly, and fits it with the savers that change it.
     Plan(Box<PlanArgs>),
     /// Evaluate a run's model on a labelled dataset: accuracy, loss, confusion matrix.
     Eval {

@@ -110,9 +110,9 @@ struct ConfigFlags {
     /// ZeRO stage: 0 or 1 (optimizer state sharded across replicas).
     #[arg(long = "zero", allow_negative_numbers = true)]
     zero_stage: Option<u8>,
-    /// The memory this process may hold at its peak, e.g. 12GiB: the run turns on what
-    /// saves memory at the least cost in speed until its predicted peak fits, prints the
-    /// plan, and runs it (see `plan`).
+    /// The memory this process may hold at its peak, e.g. 12GiB (with --device cuda, the
+    /// GPU's memory): the run turns on what saves memory at the least cost in speed until its
+    /// predicted peak fits, prints the plan, and runs it (see `plan`).
     #[arg(long, value_name = "SIZE")]
     memory_budget: Option<String>,
     /// Bits per value of the optimizer's state: 32, or 8 (blockwise-quantised momentum and

@@ -14,12 +14,15 @@ mod cpu_check;
 // The GPU step; without the `cuda` feature its tests run it on the CPU (see its emulator).
 #[cfg(any(feature = "cuda", test))]
 mod device;
+// Always compiled: a machine without a GPU plans a GPU run's memory.
+mod device_memory;
 mod norm_sync;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 #[cfg(feature = "cuda")]
 pub use device::{CudaGenerator, CudaKernels, CudaModel, CudaQuantizedBuf, CudaRuntime};
+pub use device_memory::{GpuMemory, GpuState};
 pub use norm_sync::DeviceNormSync;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{CudaGenerator, CudaModel, CudaQuantizedBuf, CudaRuntime};

@@ -102,8 +102,8 @@ pub(crate) struct Codebook {
     lookup: Box<[u8]>,
 }
 
-/// Values of [`Codebook::device_table`] (`DP_BOOK_LEN` in `optim8.cu`).
-#[cfg(any(feature = "cuda", test))]
+/// Values of [`Codebook::device_table`] (`DP_BOOK_LEN` in `optim8.cu`). Always compiled:
+/// the GPU's memory is predicted without the `cuda` feature (`cuda/device_memory.rs`).
 pub(crate) const DEVICE_TABLE_LEN: usize = 256 + 3 + (GRIDS - 1) + 5 * GRIDS;
 
 /// Bits of a float's representation that index [`Codebook::lookup`].

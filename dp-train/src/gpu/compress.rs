@@ -15,8 +15,8 @@ use dp_model::{CudaKernels, CudaModel};
 
 use crate::error::Result;
 
-/// Threads taking an int8 piece's partial maxima.
-const PARTS: usize = 1024;
+/// Threads taking an int8 piece's partial maxima (the memory plan sizes the buffer by it).
+const PARTS: usize = crate::memory_plan::COMPRESSION_PARTS;
 
 pub(crate) struct DeviceCompression {
     kind: Compression,

@@ -24,8 +24,10 @@
 //! 8. **Fewer replicas** per process: each one given up is a core not computing.
 //!
 //! The estimates below follow this order; they rank plans, and are not a measurement. On the
-//! GPU, whose model, state and activations live in device memory, only micro-batches and
-//! prefetch change what the host holds.
+//! GPU (`device = cuda`) the budget is the device's, and what changes the device's memory is
+//! offered: recomputation, 8-bit optimizer state, bf16 saved activations, smaller
+//! micro-batches, and over several GPUs ZeRO-1. Prefetch changes only host memory; shared
+//! parameters and fewer replicas have no place with one replica per process.
 
 use dp_model::SavedPrecision;
 
@@ -99,8 +101,13 @@ impl Settings {
         keep_replicas: bool,
     ) -> Vec<Settings> {
         let fewest = if keep_replicas { self.replicas } else { 1 };
-        // Bits of the savers this device has (the GPU: only no prefetch).
-        let savers: u8 = if self.device == Device::Cuda { 1 << 2 } else { 0b11_1111 };
+        // Bits of the savers this device has (the GPU: recomputation, 8-bit state, bf16
+        // saved activations, and over several GPUs ZeRO-1).
+        let savers: u8 = match self.device {
+            Device::Cuda if processes > 1 => 0b11_1010,
+            Device::Cuda => 0b11_1000,
+            Device::Cpu => 0b11_1111,
+        };
         let mut all = Vec::new();
         for replicas in (fewest..=self.replicas).rev() {
             let mut accum = self.grad_accum;
@@ -207,9 +214,17 @@ mod tests {
         // Each saver alone, and accumulation up to micro-batches of one sample.
         assert_eq!(offered(&cpu).len(), 64 * 7);
         let on_gpu = offered(&gpu);
-        assert_eq!(on_gpu.len(), 2 * 7);
+        assert_eq!(on_gpu.len(), 8 * 7);
+        // The device's savers only: the prefetch, sharing and ZeRO stay as given.
         for s in on_gpu {
-            assert_eq!(Settings { data_prefetch: gpu.data_prefetch, grad_accum: 1, ..s }, gpu);
+            let device_savers = Settings {
+                recompute: false,
+                optimizer_bits: 32,
+                activations: SavedPrecision::F32,
+                grad_accum: 1,
+                ..s
+            };
+            assert_eq!(device_savers, gpu);
         }
     }
 }

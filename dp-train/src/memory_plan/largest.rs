@@ -78,20 +78,13 @@ fn search<T>(max: usize, mut fits: impl FnMut(usize) -> Result<Option<T>>) -> Re
 /// other settings the planner turns on for it. Models grow by width for `mlp` (in steps of
 /// 8), by width and depth for `gpt`, by depth for `resnet`, up to a largest size per family
 /// (an MLP a million wide, a GPT of 256 blocks, a CIFAR ResNet of depth 1,538):
-/// a budget that trains even those is an error saying so, not an answer.
+/// a budget that trains even those is an error saying so, not an answer. Under
+/// `device = cuda` the budget is the GPU's, and each size is fitted to the GPU's memory.
 pub fn largest_model(family: &str, config: &TrainConfig, processes: usize) -> Result<MemoryPlan> {
     if config.memory_budget.is_none() {
         return Err(Error::config(
             "memory_budget",
             "the largest model is found for a budget; give one",
-        ));
-    }
-    if config.device == crate::config::Device::Cuda {
-        return Err(Error::config(
-            "device",
-            "the largest model is searched by predicting host memory; under device = cuda the \
-             budget is the GPU's, which only putting a model on it checks so far: give a model \
-             (--model) and train it with --memory-budget",
         ));
     }
     model(family, 1)?;
@@ -118,11 +111,12 @@ pub fn largest_model(family: &str, config: &TrainConfig, processes: usize) -> Re
         Found::Beyond(n, plan) => Err(Error::config(
             "memory_budget",
             format!(
-                "{} trains even the largest {family} this search describes ({}, {} parameters, a predicted peak of {}): the budget is beyond every {family} it sizes; give a model (--model) and plan it instead",
+                "{} trains even the largest {family} this search describes ({}, {} parameters, {} {}): the budget is beyond every {family} it sizes; give a model (--model) and plan it instead",
                 dp_mem::ByteSize(config.memory_budget.map_or(0, |b| b.0)),
                 model(family, n * step)?,
                 plan.params,
-                dp_mem::ByteSize(plan.predicted_peak)
+                if plan.gpu.is_some() { "GPU memory of" } else { "a predicted peak of" },
+                dp_mem::ByteSize(plan.budgeted_bytes())
             ),
         )),
     }

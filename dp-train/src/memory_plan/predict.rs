@@ -10,6 +10,7 @@ use dp_model::{
     Adam, Model, ModelMemory, ModelOptions, Recompute, SavedPrecision, Sgd, StatePrecision,
 };
 
+use super::device::DevicePredictions;
 use crate::config::OptimizerConfig;
 use crate::error::Result;
 use crate::plan::{RunPlan, pipeline_config};
@@ -51,6 +52,8 @@ pub(crate) struct DataNeeds {
     models: HashMap<(String, usize, bool, bool), ModelMemory>,
     /// Parameters by model: counting them builds the model's tape.
     params: HashMap<String, usize>,
+    /// Under `device = cuda`, the GPU's memory by settings.
+    pub(super) device: DevicePredictions,
 }
 
 impl DataNeeds {

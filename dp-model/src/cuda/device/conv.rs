@@ -2,14 +2,14 @@
 //! `[C, B, H, W]` activations the product `W [OC, C*k*k] x cols [C*k*k, B*OH*OW]` is already
 //! the next layer's `[OC, B, OH, OW]`. The unfolded input `cols` is `k*k` times the input, so
 //! it is made a chunk of images at a time into a scratch buffer of bounded size
-//! (`buffers::images_per_chunk`), and each chunk's products run on it: one GEMM per chunk for
+//! (`device_memory::images_per_chunk`), and each chunk's products run on it: one GEMM per chunk for
 //! the output, two for the gradients (the weights', summed over chunks, and the unfolded
 //! input's, folded back with `dp_col2im`). With bf16 the chunk is unfolded straight into bf16.
 
 use super::Gemm;
 use super::backward::InputGrad;
-use super::buffers::images_per_chunk;
 use super::{Device, GpuModel, ptr};
+use crate::cuda::device_memory::images_per_chunk;
 use crate::error::Result;
 use crate::ops::conv::Conv2d;
 

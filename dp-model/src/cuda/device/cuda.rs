@@ -12,6 +12,7 @@ use dp_mem::{CudaBackend, PinnedBackend, Tracker};
 
 use super::blas::Blas;
 use super::{Device, Gemm, GpuModel, Parts};
+use crate::cuda::device_memory::CUDA_CHUNK_VALUES;
 use crate::cuda::{CUDA_KERNELS, cuda_kernels_ptx};
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -155,9 +156,8 @@ impl Cuda {
 impl Device for Cuda {
     type Memory = CudaBackend;
     type Staging = PinnedBackend;
-    /// 128 MiB of `f32`: a chunk's product is large enough to fill the GPU, and the scratch
-    /// small beside the batch's activations.
-    const CHUNK_VALUES: usize = 1 << 25;
+    /// 128 MiB of `f32` (see the constant: the planner predicts with the same).
+    const CHUNK_VALUES: usize = CUDA_CHUNK_VALUES;
 
     unsafe fn launch(
         &self,

@@ -189,7 +189,7 @@ fn missing(name: &str, error: libloading::Error) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use dp_mem::{Pool, SystemBackend, Tracker};
 
     use super::Emulator;
@@ -200,7 +200,8 @@ mod tests {
     use crate::optim::{Optimizer, Sgd, SgdConfig, clip_grad_norm};
     use crate::spec::{LayerSpec, ModelSpec};
 
-    fn emulator() -> Option<Emulator> {
+    /// The emulated device, or `None` (after saying why) where no C++ compiler runs.
+    pub(in crate::cuda::device) fn emulator() -> Option<Emulator> {
         match Emulator::new() {
             Ok(emulator) => Some(emulator),
             Err(why) if std::env::var_os("DP_REQUIRE_CXX").is_none() => {

@@ -32,6 +32,8 @@ mod gemm;
 mod norm;
 mod optim;
 mod optim8;
+#[cfg(test)]
+mod predicted;
 #[cfg(feature = "cuda")]
 mod runtime;
 mod sequence;
@@ -50,10 +52,11 @@ use ndarray::ArrayView2;
 #[cfg(feature = "cuda")]
 pub use runtime::CudaRuntime;
 
-use self::buffers::Buffers;
+use self::buffers::{Buffers, fits};
 use self::staging::{STAGING_PIECE, Staged};
 use self::tokens::TokenSort;
 use crate::cuda::DeviceNormSync;
+use crate::cuda::device_memory::{GpuState, Held, predict};
 use crate::error::{Error, Result};
 use crate::liveness::segments;
 use crate::model::{Model, ModelMemory, StepOptions};
@@ -234,9 +237,10 @@ pub struct Parts<'a, D: Device> {
 impl<D: Device> GpuModel<D> {
     /// `model` on `parts.device`: its spec, batch size, label smoothing, dropout stream,
     /// current parameters and running statistics; device memory accounted under the first
-    /// tracker by tag, the host staging buffers under the second. Fails before taking any
-    /// device memory when the model and its largest batch do not fit the device's free memory,
-    /// or what the device tracker's budget leaves.
+    /// tracker by tag (exactly what [`GpuMemory::predict`](crate::GpuMemory::predict) says
+    /// with no optimizer state), the host staging buffers under the second. Fails before
+    /// taking any device memory when the model and its largest batch do not fit the device's
+    /// free memory (with room for Adam's state), or what the device tracker's budget leaves.
     pub fn build(model: &Model<f32>, parts: Parts<'_, D>) -> Result<Self> {
         let Parts { device, memory, free, staging, trackers: (tracker, host_tracker), precision } =
             parts;
@@ -246,9 +250,6 @@ impl<D: Device> GpuModel<D> {
         let options = model.options();
         let (batch, outputs) = (options.max_batch, model.outputs());
         let rows = batch * tape.out_rows;
-        // Parameters, gradients and up to two optimizer state buffers, the batch and its
-        // targets: what the step holds besides its working buffers.
-        let fixed = 4 * (4 * tape.layout.len() + batch * tape.input_len + 2 * rows * outputs);
         let held = tracker.snapshot();
         let room = match held.budget.map(|b| b.saturating_sub(held.held)) {
             Some(left) if left < free => (left, "left in the device memory budget"),
@@ -257,28 +258,37 @@ impl<D: Device> GpuModel<D> {
         // Recomputed as the CPU model recomputes (`ModelOptions::recompute`).
         let segments = segments(&tape, model.spec(), &options.recompute)?;
         let plan = (&tape, segments.as_slice(), options.saved);
-        let work =
-            Buffers::new(plan, (batch, precision), &pool, (fixed as u64, room), D::CHUNK_VALUES)?;
-        let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len.max(1), tag);
+        // The optimizer state is taken after (`state_buffer`). Within a budget, the planner
+        // sized it (`GpuMemory::predict`) and the pool holds it to the budget; on a GPU's free
+        // memory, room is kept for the most any optimizer takes: Adam's two f32 moments.
+        let state = match held.budget {
+            Some(_) => GpuState::default(),
+            None => GpuState { buffers: 2, ..GpuState::default() },
+        };
+        let memory = predict(plan, (batch, precision), state, D::CHUNK_VALUES);
+        fits(&memory, room, batch)?;
+        let work = Buffers::new(plan, (batch, precision), &pool, D::CHUNK_VALUES)?;
+        let sizes = Held::new(&tape, batch);
+        let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len, tag);
         let mut this = Self {
             max_batch: batch,
             precision,
             smoothing: options.label_smoothing as f32,
             dropout: DropoutStream { seed: options.seed, stream: options.replica },
             sync_each_layer: std::env::var_os("DP_CUDA_SYNC").is_some_and(|v| v != "0"),
-            params: f32s(tape.layout.len(), Tag::Param)?,
-            grads: f32s(tape.layout.len(), Tag::Grad)?,
-            norm_buffers: f32s(tape.buffers.len(), Tag::Param)?,
-            norm_stats: f32s(tape.stats_len, Tag::Temp)?,
+            params: f32s(sizes.params, Tag::Param)?,
+            grads: f32s(sizes.params, Tag::Grad)?,
+            norm_buffers: f32s(sizes.norm_buffers, Tag::Param)?,
+            norm_stats: f32s(sizes.norm_stats, Tag::Temp)?,
             decayed: None,
             prune_mask: None,
             update: 0..tape.layout.len(),
-            input: f32s(batch * tape.input_len, Tag::Data)?,
-            labels: pool.alloc::<i64>(rows.max(1), Tag::Data)?,
-            values: f32s(rows * outputs, Tag::Data)?,
-            row_loss: f32s(rows, Tag::Temp)?,
-            row_counted: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
-            row_correct: pool.alloc::<i32>(rows.max(1), Tag::Temp)?,
+            input: f32s(sizes.input, Tag::Data)?,
+            labels: pool.alloc::<i64>(sizes.rows, Tag::Data)?,
+            values: f32s(sizes.values, Tag::Data)?,
+            row_loss: f32s(sizes.rows, Tag::Temp)?,
+            row_counted: pool.alloc::<i32>(sizes.rows, Tag::Temp)?,
+            row_correct: pool.alloc::<i32>(sizes.rows, Tag::Temp)?,
             staged: Staged::new(staging, host_tracker, rows, (tape.input_len, outputs))?,
             norm_sync: RefCell::default(),
             token_sort: TokenSort::default(),

@@ -6,8 +6,8 @@
 //! the f64 sums are summed over the replicas between the two halves, as on the CPU.
 
 use super::backward::InputGrad;
-use super::buffers::norm_parts;
 use super::{Device, GpuModel, ptr};
+use crate::cuda::device_memory::norm_parts;
 use crate::error::Result;
 use crate::ops::batch_norm::{BatchNorm, NormPass};
 
