@@ -344,6 +344,9 @@ pub(crate) struct GradientPlan {
     /// gradient).
     pub(crate) runs: Vec<bool>,
     pub(crate) buffers: usize,
+    /// Per buffer, values per sample: the largest gradient it holds (a language model's
+    /// logits' is one buffer; the others are a layer's width, not the vocabulary's).
+    pub(crate) lens: Vec<usize>,
     /// Some node that cannot add its input gradient itself must add one.
     pub(crate) spills: bool,
 }
@@ -357,6 +360,7 @@ impl GradientPlan {
             adds: vec![[false; 2]; n],
             runs: vec![false; n],
             buffers: 0,
+            lens: Vec::new(),
             spills: false,
         };
         let mut free = Vec::new();
@@ -385,6 +389,10 @@ impl GradientPlan {
             if plan.grad_buf[i] != usize::MAX {
                 free.push(plan.grad_buf[i]);
             }
+        }
+        plan.lens = vec![0; plan.buffers];
+        for (node, &buf) in nodes.iter().zip(&plan.grad_buf).filter(|(_, b)| **b != usize::MAX) {
+            plan.lens[buf] = plan.lens[buf].max(node.out_len);
         }
         plan
     }

@@ -55,9 +55,12 @@ pub(crate) fn norm_parts(count: usize) -> usize {
 /// block, so every one has at least one value).
 pub(crate) struct Sizes {
     pub(crate) plan: ActivationPlan,
+    /// (Read where the GPU step is built, which builds without the `cuda` feature only in
+    /// tests.)
+    #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
     pub(crate) grads: GradientPlan,
-    /// Gradient buffers are each as long as the largest activation.
-    pub(crate) grad_len: usize,
+    /// Values of each gradient buffer: the largest gradient it holds.
+    pub(crate) grad_lens: Vec<usize>,
     /// The spill buffer's values (0: none).
     pub(crate) spill: usize,
     pub(crate) cols: usize,
@@ -88,7 +91,7 @@ impl Sizes {
     ) -> Self {
         let plan = ActivationPlan::whole_batches(tape, segments, batch, saved);
         let grads = GradientPlan::new(tape);
-        let grad_len = tape.ping_len(batch).max(1);
+        let grad_lens = grads.lens.iter().map(|len| (len * batch).max(1)).collect();
         let spill = if grads.spills {
             tape.nodes.iter().map(|n| n.in_len).max().unwrap_or(0) * batch
         } else {
@@ -125,12 +128,15 @@ impl Sizes {
         }
         let (half_weights, half_act) = match precision {
             Precision::F32 => (0, 0),
-            Precision::Bf16 => (half_weights.max(1), grad_len.max(tape.input_len * batch)),
+            // The largest activation or gradient a product reads.
+            Precision::Bf16 => {
+                (half_weights.max(1), tape.ping_len(batch).max(tape.input_len * batch).max(1))
+            }
         };
         Sizes {
             plan,
             grads,
-            grad_len,
+            grad_lens,
             spill,
             cols: cols.max(1),
             ones: ones.max(1),
@@ -168,8 +174,8 @@ impl Sizes {
         for len in self.store_lens() {
             memory.add(Role::Saved, 2 * len);
         }
-        for _ in 0..self.grads.buffers {
-            memory.add(Role::ActGrads, 4 * self.grad_len);
+        for &len in &self.grad_lens {
+            memory.add(Role::ActGrads, 4 * len);
         }
         memory.add(Role::ActGrads, 4 * self.spill);
         for len in [self.cols, self.ones, self.norm_partials, self.norm_consts] {

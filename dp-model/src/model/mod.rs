@@ -171,9 +171,8 @@ impl<T: Float> Model<T> {
         let sizing = Sizing::new(spec, &options)?;
         let alloc = |len: usize| pool.alloc_zeroed(len, Tag::Activation);
         let acts = sizing.acts.lens.iter().map(|&len| alloc(len)).collect::<Result<Vec<_>, _>>()?;
-        let dacts = (0..sizing.grads.buffers)
-            .map(|_| alloc(sizing.ping_len))
-            .collect::<Result<Vec<_>, _>>()?;
+        let dacts =
+            sizing.grad_lens.iter().map(|&len| alloc(len)).collect::<Result<Vec<_>, _>>()?;
         let Sizing {
             tape, acts: plan, grads: gradient_plan, spill_len, scratch, dirty_words, ..
         } = sizing;

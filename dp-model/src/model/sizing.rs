@@ -22,7 +22,7 @@ pub(crate) struct Sizing {
     /// Where activation gradients live.
     pub(crate) grads: GradientPlan,
     /// Values of each activation-gradient buffer (one per `grads.buffers`).
-    pub(crate) ping_len: usize,
+    pub(crate) grad_lens: Vec<usize>,
     /// Values of the spill buffer (see `Model::spill`).
     pub(crate) spill_len: usize,
     /// Values of each scratch buffer.
@@ -66,7 +66,7 @@ impl Sizing {
             spill_len: if grads.spills { ping_len } else { 0 },
             packing_words: Gemm::workspace_words(GemmBackend::current(), options.precision),
             dirty_words: if tape.sparse_input { tape.input_len.div_ceil(64) } else { 0 },
-            ping_len,
+            grad_lens: grads.lens.iter().map(|len| len * batch).collect(),
             scratch,
             acts,
             grads,
@@ -84,7 +84,7 @@ impl Sizing {
             grads: bytes(tape.layout.len(), t) + bytes(self.dirty_words, size_of::<u64>()),
             saved_activations: self.acts.lens.iter().map(|&l| bytes(l, t)).sum::<u64>()
                 + self.acts.store_lens.iter().map(|&l| bytes(l, size_of::<u16>())).sum::<u64>(),
-            workspace: bytes(self.grads.buffers * self.ping_len + self.spill_len, t)
+            workspace: bytes(self.grad_lens.iter().sum::<usize>() + self.spill_len, t)
                 + bytes(self.scratch.cols + self.scratch.attention + tape.stats_len, t)
                 + bytes(self.scratch.norm, size_of::<f64>()),
             packing: bytes(self.packing_words, size_of::<u32>()),

@@ -101,8 +101,8 @@ impl Tape {
         Ok(Self { nodes, layout, buffers, stats_len, input_len, sparse_input, out_rows })
     }
 
-    /// Values of the largest activation of `batch` samples: the size of each of the two
-    /// buffers activations and their gradients alternate between.
+    /// Values of the largest activation of `batch` samples (the spill buffer's, and the bf16
+    /// copy of a product's operand).
     pub(crate) fn ping_len(&self, batch: usize) -> usize {
         self.nodes.iter().map(|n| n.out_len).max().unwrap_or(0) * batch
     }

@@ -112,7 +112,7 @@ impl<B: Backend> Buffers<B> {
         };
         let acts = sizes.act_lens().map(|len| f32s(len, Tag::Activation));
         let stores = sizes.store_lens().map(|len| pool.alloc::<u16>(len, Tag::Activation));
-        let dacts = (0..sizes.grads.buffers).map(|_| f32s(sizes.grad_len, Tag::Activation));
+        let dacts = sizes.grad_lens.iter().map(|&len| f32s(len, Tag::Activation));
         let (sorted, starts) = sizes.token_lens();
         Ok(Buffers {
             acts: acts.collect::<std::result::Result<_, _>>()?,
