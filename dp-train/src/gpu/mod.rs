@@ -142,12 +142,27 @@ impl GpuStep {
             model.decay_only(&decayed_in(&host.layout().decayed_ranges(), &shard))?;
         }
         let len = host.params().len();
-        let shards = match peers {
+        let shards: Vec<Range<usize>> = match peers {
             Some(peers) if shard != (0..len) => (0..peers.world)
                 .map(|rank| zero_shard(len, peers.world, rank, plan.config.piece_align()))
                 .collect(),
             _ => Vec::new(),
         };
+        // The shard this rank's optimizer was built for must be the one the broadcasts take
+        // from it: otherwise its update would go nowhere, and another's be overwritten.
+        if let Some(peers) = peers.filter(|_| !shards.is_empty())
+            && shards.get(peers.rank) != Some(&shard)
+        {
+            return Err(crate::error::Error::config(
+                "zero_stage",
+                format!(
+                    "GPU rank {} of {} updates parameters {shard:?}, but its ZeRO-1 shard is {:?}",
+                    peers.rank,
+                    peers.world,
+                    shards.get(peers.rank)
+                ),
+            ));
+        }
         let timeout = Duration::from_secs_f64(plan.config.timeout_s);
         let reducer = match peers {
             None => None,
