@@ -19,7 +19,9 @@
 # its device memory, both by the allocator's peak and by the fall of the GPU's free memory),
 # measures GPT-2 small's bf16 step (context 1024, batch 8) with and without recomputation
 # against PyTorch eager with autocast and SDPA (dp-model's cuda_gpt_step bench and
-# scripts/torch_gpt_gpu_step.py: tokens/s, MFU, device memory),
+# scripts/torch_gpt_gpu_step.py: tokens/s, MFU, device memory), finds the largest GPT each
+# side trains within 16 GiB of the GPU (dp plan --largest gpt --device cuda, trained two steps
+# under that budget; scripts/torch_gpt_largest_gpu.py; target 2x the parameters),
 # trains gpt-mini on text (the repository's own Markdown) to a little above the CPU's eval
 # loss with the same command, trains ResNet-20 on small images (the built-in digits) on the
 # GPU to a little below the
@@ -146,6 +148,21 @@ fi
 ls -l "$bin"
 
 log=$(mktemp)
+# The largest GPT within 16 GiB on token dataset $1: our planner's pick (trained two steps
+# under the budget, into runs directory $2), then PyTorch's by search.
+largest_job() {
+    local data=$1 runs=$2 model
+    "$bin/dp-cuda" plan --largest gpt --device cuda --replicas 1 --memory-budget 16GiB \
+        --context 128 --batch 16 --data "$data" | tee "$runs.plan" || return 1
+    model=$(sed -n 's/^largest *--model \(gpt:[0-9,]*\).*/\1/p' "$runs.plan")
+    [ -n "$model" ] || { echo "largest: the plan named no model"; return 1; }
+    "$bin/dp-cuda" train --device cuda --replicas 1 --model "$model" --memory-budget 16GiB \
+        --context 128 --batch 16 --steps 2 --data "$data" --out "$runs" --name largest \
+        --no-plot || return 1
+    python3 scripts/torch_gpt_largest_gpu.py --budget-gib 16 --vocab 256 --context 128 --batch 16
+}
+export -f largest_job
+export bin
 run() { # name, then the command
     local name=$1; shift
     step "$name"
@@ -225,6 +242,13 @@ STEP_TIMEOUT=150 run textjob bash -c "'$bin/dp-cuda' data import --format text \
     && '$bin/dp-cuda' eval --device cuda '$textjob/runs/gpu' --data '$textjob/text/eval' \
     && '$bin/dp-cuda' sample --device cuda '$textjob/runs/gpu' --prompt 'The ' --tokens 256"
 textjob_status=$?
+# The largest GPT each side trains on this GPU within the same 16 GiB, both found by search on
+# the text job's byte tokens (vocabulary 256, context 128, batch 16): ours by the planner,
+# confirmed by training it two steps under that budget; PyTorch's by trying sizes (AdamW,
+# autocast, SDPA). Target: ours at least 2x the parameters.
+STEP_TIMEOUT=400 run largest bash -c 'largest_job "$0" "$1"' "$textjob/text/train" \
+    "$textjob/runs"
+largest_status=$?
 text_loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["eval_loss"])' \
     "$textjob/runs/gpu/summary.json" 2>/dev/null || echo inf)
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' \
@@ -341,6 +365,22 @@ echo "               (exits $gptstep_status, $torchgpt_status)"
 echo "image job:     resnet20 on digits, eval accuracy $image_accuracy (>= $IMAGE_ACCURACY; CPU $IMAGE_CPU_ACCURACY), $(grep -E '^throughput' "$log.imagejob" | tail -1) (exit $imagejob_status)"
 echo "text job:      gpt-mini on the repository's Markdown, eval loss $text_loss (<= $TEXT_LOSS; CPU $TEXT_CPU_LOSS), $(grep -E '^throughput' "$log.textjob" | tail -1) (exit $textjob_status)"
 grep -E '^f32 |tokens after a prompt' "$log.textjob" | sed 's/^/               on the GPU: /'
+python3 - "$log.largest" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read() if len(sys.argv) > 1 else ""
+ours = re.search(r"^largest\s+--model gpt:(\d+),(\d+),(\d+)", text, re.M)
+theirs = re.search(r"^torch largest gpt: gpt:(\d+),\d+,\d+ \((\d+) parameters\)", text, re.M)
+def params(n):  # gpt:n,n,64n at vocabulary 256, context 128, as gpt_model.py counts them
+    c = 64 * n
+    return n * (12 * c * c + 13 * c) + (256 + 128) * c + 2 * c
+if ours and theirs:
+    a, b = params(int(ours[1])), int(theirs[2])
+    print(f"largest GPT:   within 16 GiB: ours gpt:{ours[1]},{ours[1]},{ours[3]} ({a} parameters) "
+          f"vs PyTorch gpt:{theirs[1]} ({b}): {a / b:.2f}x ({'met' if a >= 2 * b else 'missed'}: >= 2x)")
+else:
+    print(f"largest GPT:   not measured: {(text.strip().splitlines() or ['no log'])[-1][:200]}")
+PY
+echo "               (exit $largest_status)"
 echo "nccl tests:    $(grep -E '^test result:' "$log.nccl" | tail -1) (exit $test_status)"
 skipped=$(grep -c 'skipping NCCL test' "$log.nccl")
 [ "$skipped" -gt 0 ] && echo "               $skipped skipped: $(grep -m1 'skipping NCCL test' "$log.nccl")"
@@ -354,4 +394,4 @@ rm -f "$log" "$log".*
     && [ "$job_status" -eq 0 ] && [ "$step_status" -eq 0 ] && [ "$test_status" -eq 0 ] \
     && [ "$bench_status" -eq 0 ] && [ "$imagestep_status" -eq 0 ] \
     && [ "$torchimage_status" -eq 0 ] && [ "$imagejob_status" -eq 0 ] && [ "$textjob_status" -eq 0 ] \
-    && [ "$gptstep_status" -eq 0 ] && [ "$torchgpt_status" -eq 0 ]
+    && [ "$gptstep_status" -eq 0 ] && [ "$torchgpt_status" -eq 0 ] && [ "$largest_status" -eq 0 ]
