@@ -29,7 +29,8 @@
 # (world size 1: NCCL refuses two ranks on one GPU; set DP_COMM_NCCL_RANKS=N on a machine with
 # N GPUs), then prints a short report. A GPU test that would skip fails here instead. Each
 # step has a timeout (STEP_TIMEOUT, 150 s unless the step sets its own), so the whole check
-# stays within minutes.
+# stays within minutes; GPU_CHECK_ONLY="NAME ..." runs only the steps named (the names `run`
+# prints after "==>"), to split the check over several device calls.
 #
 # cudarc looks for NCCL as `libnccl.so` (and a few other names) but installs and the
 # `nvidia-nccl-cu13` Python wheel ship `libnccl.so.2`; this script finds it and puts a
@@ -166,6 +167,12 @@ export bin
 run() { # name, then the command
     local name=$1; shift
     step "$name"
+    # GPU_CHECK_ONLY="gptstep torchgpt largest" runs only the steps named (a device call has
+    # at most 10 minutes; the whole check may take more): the others say so and pass.
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+        echo "skipped: not in GPU_CHECK_ONLY" | tee -a "$log.$name"
+        return 0
+    fi
     # A step that hangs must not take the whole check with it.
     timeout "${STEP_TIMEOUT:-150}" "$@" 2>&1 | tee -a "$log.$name"
     return "${PIPESTATUS[0]}"
