@@ -344,6 +344,10 @@ pub(crate) struct GradientPlan {
     /// gradient).
     pub(crate) runs: Vec<bool>,
     pub(crate) buffers: usize,
+    /// The last node's gradient is written over its output (see [`GradientPlan::new`]; the
+    /// GPU step reads it, which builds without the `cuda` feature only in tests).
+    #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+    pub(crate) logits_in_place: bool,
     /// Per buffer, values per sample: the largest gradient it holds (a language model's
     /// logits' is one buffer; the others are a layer's width, not the vocabulary's).
     pub(crate) lens: Vec<usize>,
@@ -352,14 +356,20 @@ pub(crate) struct GradientPlan {
 }
 
 impl GradientPlan {
-    pub(crate) fn new(tape: &Tape) -> Self {
+    /// The plan of `tape`'s activation gradients; asked for `logits_in_place`, the last
+    /// node's gradient is written over its output by the loss (the GPU step's: a language
+    /// model's logits then take no second vocabulary-wide buffer) and has no buffer here,
+    /// unless that node's backward reads its output (a final tanh).
+    pub(crate) fn new(tape: &Tape, logits_in_place: bool) -> Self {
         let nodes = &tape.nodes;
         let n = nodes.len();
+        let logits_in_place = logits_in_place && !reads_output(&nodes[n - 1].op);
         let mut plan = Self {
             grad_buf: vec![usize::MAX; n],
             adds: vec![[false; 2]; n],
             runs: vec![false; n],
             buffers: 0,
+            logits_in_place,
             lens: Vec::new(),
             spills: false,
         };
@@ -370,7 +380,9 @@ impl GradientPlan {
                 *buffers - 1
             })
         };
-        plan.grad_buf[n - 1] = take(&mut free, &mut plan.buffers);
+        if !logits_in_place {
+            plan.grad_buf[n - 1] = take(&mut free, &mut plan.buffers);
+        }
         for i in (0..n).rev() {
             let node = &nodes[i];
             plan.runs[i] = !node.params.is_empty() || node.sources().any(|s| s.is_some());

@@ -90,7 +90,8 @@ impl Sizes {
         chunk_values: usize,
     ) -> Self {
         let plan = ActivationPlan::whole_batches(tape, segments, batch, saved);
-        let grads = GradientPlan::new(tape);
+        // The loss writes the logits' gradient over them (`GpuModel::forward_backward_with`).
+        let grads = GradientPlan::new(tape, true);
         let grad_lens = grads.lens.iter().map(|len| (len * batch).max(1)).collect();
         let spill = if grads.spills {
             tape.nodes.iter().map(|n| n.in_len).max().unwrap_or(0) * batch

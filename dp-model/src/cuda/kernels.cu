@@ -84,7 +84,9 @@ __global__ void dp_add_bias(float* y, const float* bias, long long rows, long lo
 // src/ops/loss.rs: a negative label means "ignore this sample" (zero gradient, not counted).
 // With label smoothing s the target is 1 - s on the label plus s / cols on every class.
 // Writes each row's loss, whether it counts and whether its argmax is the label; with grad,
-// the gradient of the loss divided by the denominator.
+// the gradient of the loss divided by the denominator. `grad` may be `logits` itself (a
+// language model's logits take no second buffer): a row is read whole before its gradient
+// is written over it.
 __global__ void dp_softmax_cross_entropy(const float* logits, const long long* labels,
                                          float* grad, float* row_loss, int* row_counted,
                                          int* row_correct, long long rows, long long cols,
@@ -110,6 +112,10 @@ __global__ void dp_softmax_cross_entropy(const float* logits, const long long* l
             total += z[c];
         }
         float keep = 1.0f - smoothing, spread = smoothing / (float)cols;
+        float mean = smoothing > 0.0f ? total * spread : 0.0f;
+        row_loss[r] = max + logf(sum) - keep * z[label] - mean;
+        row_counted[r] = 1;
+        row_correct[r] = best == label;
         if (grad) {
             float scale = inv_denominator / sum;
             for (long long c = 0; c < cols; ++c) {
@@ -117,15 +123,12 @@ __global__ void dp_softmax_cross_entropy(const float* logits, const long long* l
             }
             grad[r * cols + label] -= keep * inv_denominator;
         }
-        float mean = smoothing > 0.0f ? total * spread : 0.0f;
-        row_loss[r] = max + logf(sum) - keep * z[label] - mean;
-        row_counted[r] = 1;
-        row_correct[r] = best == label;
     }
 }
 
 // Mean squared error per row of [rows, cols] outputs against targets, one thread per row; its
 // gradient divided by the denominator, and whether the row's argmax matches the target's.
+// `grad` may be `z` itself: a row is read whole before its gradient is written over it.
 __global__ void dp_squared_error(const float* z, const float* t, float* grad, float* row_loss,
                                  int* row_correct, long long rows, long long cols,
                                  float inv_denominator) {
@@ -136,12 +139,15 @@ __global__ void dp_squared_error(const float* z, const float* t, float* grad, fl
             long long i = r * cols + c;
             float d = z[i] - t[i];
             sum += d * d;
-            if (grad) grad[i] = d * (2.0f * inv_denominator / (float)cols);
             if (z[i] > z[r * cols + best_z]) best_z = c;
             if (t[i] > t[r * cols + best_t]) best_t = c;
         }
         row_loss[r] = sum / (float)cols;
         row_correct[r] = best_z == best_t;
+        if (!grad) continue;
+        for (long long i = r * cols; i < (r + 1) * cols; ++i) {
+            grad[i] = (z[i] - t[i]) * (2.0f * inv_denominator / (float)cols);
+        }
     }
 }
 

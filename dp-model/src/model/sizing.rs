@@ -55,7 +55,7 @@ impl Sizing {
         let tape = Tape::build(spec, batch)?;
         let segments = segments(&tape, spec, &options.recompute)?;
         let acts = ActivationPlan::new(&tape, &segments, batch, options.saved);
-        let grads = GradientPlan::new(&tape);
+        let grads = GradientPlan::new(&tape, false);
         let ping_len = tape.ping_len(batch);
         let scratch = ScratchLens {
             cols: tape.scratch_len(batch),

@@ -69,38 +69,49 @@ fn cross_entropy(
         .map(|r| if r % 3 == 2 { -1 } else { (rng.next_u32() as usize % cols) as i64 })
         .collect();
     let kernel = k.get::<CrossEntropy>("dp_softmax_cross_entropy");
-    let (mut grad, mut row_loss) = (vec![f32::NAN; rows * cols], vec![f32::NAN; rows]);
-    let (mut counted, mut correct) = (vec![-1i32; rows], vec![-1i32; rows]);
-    k.launch(grid, || {
-        // SAFETY: the buffers hold `rows * cols` or `rows` values.
-        unsafe {
-            kernel(
-                logits.as_ptr(),
-                labels.as_ptr(),
-                grad.as_mut_ptr(),
-                row_loss.as_mut_ptr(),
-                counted.as_mut_ptr(),
-                correct.as_mut_ptr(),
-                rows as i64,
-                cols as i64,
-                1.0 / denominator,
-                smoothing,
-            )
-        }
-    });
     let mut want_grad = vec![0.0; rows * cols];
     let targets = Targets::Classes(&labels);
     let s = f64::from(smoothing);
     let want = smoothed_loss(&logits, rows, cols, &targets, denominator, s, Some(&mut want_grad));
-    close(&grad, &want_grad, &format!("cross-entropy gradient of {what}"));
-    let sum: f64 = row_loss.iter().map(|&l| l as f64).sum();
-    assert!(
-        (sum - want.loss_sum).abs() <= 1e-5 * want.loss_sum.abs().max(1.0),
-        "cross-entropy of {what}: {sum} against {}",
-        want.loss_sum
-    );
-    assert_eq!(counted.iter().sum::<i32>() as usize, want.samples, "samples counted of {what}");
-    assert_eq!(correct.iter().sum::<i32>() as usize, want.correct, "correct samples of {what}");
+    // Into a buffer of its own, and over the logits themselves (as the GPU step runs it).
+    for in_place in [false, true] {
+        let what = format!("{what}, in place {in_place}");
+        let (mut grad, mut row_loss) = (vec![f32::NAN; rows * cols], vec![f32::NAN; rows]);
+        let (mut counted, mut correct) = (vec![-1i32; rows], vec![-1i32; rows]);
+        let mut over = logits.clone();
+        let (z, g) = match in_place {
+            true => (over.as_mut_ptr().cast_const(), over.as_mut_ptr()),
+            false => (logits.as_ptr(), grad.as_mut_ptr()),
+        };
+        k.launch(grid, || {
+            // SAFETY: the buffers hold `rows * cols` or `rows` values.
+            unsafe {
+                kernel(
+                    z,
+                    labels.as_ptr(),
+                    g,
+                    row_loss.as_mut_ptr(),
+                    counted.as_mut_ptr(),
+                    correct.as_mut_ptr(),
+                    rows as i64,
+                    cols as i64,
+                    1.0 / denominator,
+                    smoothing,
+                )
+            }
+        });
+        let grad = if in_place { over } else { grad };
+        close(&grad, &want_grad, &format!("cross-entropy gradient of {what}"));
+        let sum: f64 = row_loss.iter().map(|&l| l as f64).sum();
+        assert!(
+            (sum - want.loss_sum).abs() <= 1e-5 * want.loss_sum.abs().max(1.0),
+            "cross-entropy of {what}: {sum} against {}",
+            want.loss_sum
+        );
+        let counted = counted.iter().sum::<i32>() as usize;
+        assert_eq!(counted, want.samples, "samples counted of {what}");
+        assert_eq!(correct.iter().sum::<i32>() as usize, want.correct, "correct samples of {what}");
+    }
 }
 
 fn squared_error(k: &Kernels, grid: Grid, rows: usize, cols: usize, rng: &mut Xoshiro256PlusPlus) {
@@ -110,41 +121,45 @@ fn squared_error(k: &Kernels, grid: Grid, rows: usize, cols: usize, rng: &mut Xo
     let (logits, values) = (random(rows * cols, rng), random(rows * cols, rng));
     let denominator = rows.max(1) as f32;
     let kernel = k.get::<SquaredError>("dp_squared_error");
-    let (mut grad, mut row_loss, mut correct) =
-        (vec![f32::NAN; rows * cols], vec![f32::NAN; rows], vec![-1i32; rows]);
-    k.launch(grid, || {
-        // SAFETY: the buffers hold `rows * cols` or `rows` values.
-        unsafe {
-            kernel(
-                logits.as_ptr(),
-                values.as_ptr(),
-                grad.as_mut_ptr(),
-                row_loss.as_mut_ptr(),
-                correct.as_mut_ptr(),
-                rows as i64,
-                cols as i64,
-                1.0 / denominator,
-            )
-        }
-    });
     let mut want_grad = vec![0.0; rows * cols];
-    let values = ndarray::Array2::from_shape_vec((rows, cols), values).expect("shape");
-    let want = loss(
-        &logits,
-        rows,
-        cols,
-        &Targets::Values(values.view()),
-        denominator,
-        Some(&mut want_grad),
-    );
-    close(&grad, &want_grad, &format!("squared error gradient of {what}"));
-    let sum: f64 = row_loss.iter().map(|&l| l as f64).sum();
-    assert!(
-        (sum - want.loss_sum).abs() <= 1e-5 * want.loss_sum.abs().max(1.0),
-        "squared error of {what}: {sum} against {}",
-        want.loss_sum
-    );
-    assert_eq!(correct.iter().sum::<i32>() as usize, want.correct, "correct samples of {what}");
+    let targets = ndarray::Array2::from_shape_vec((rows, cols), values.clone()).expect("shape");
+    let targets = Targets::Values(targets.view());
+    let want = loss(&logits, rows, cols, &targets, denominator, Some(&mut want_grad));
+    // Into a buffer of its own, and over the outputs themselves (as the GPU step runs it).
+    for in_place in [false, true] {
+        let what = format!("{what}, in place {in_place}");
+        let (mut grad, mut row_loss, mut correct) =
+            (vec![f32::NAN; rows * cols], vec![f32::NAN; rows], vec![-1i32; rows]);
+        let mut over = logits.clone();
+        let (z, g) = match in_place {
+            true => (over.as_mut_ptr().cast_const(), over.as_mut_ptr()),
+            false => (logits.as_ptr(), grad.as_mut_ptr()),
+        };
+        k.launch(grid, || {
+            // SAFETY: the buffers hold `rows * cols` or `rows` values.
+            unsafe {
+                kernel(
+                    z,
+                    values.as_ptr(),
+                    g,
+                    row_loss.as_mut_ptr(),
+                    correct.as_mut_ptr(),
+                    rows as i64,
+                    cols as i64,
+                    1.0 / denominator,
+                )
+            }
+        });
+        let grad = if in_place { over } else { grad };
+        close(&grad, &want_grad, &format!("squared error gradient of {what}"));
+        let sum: f64 = row_loss.iter().map(|&l| l as f64).sum();
+        assert!(
+            (sum - want.loss_sum).abs() <= 1e-5 * want.loss_sum.abs().max(1.0),
+            "squared error of {what}: {sum} against {}",
+            want.loss_sum
+        );
+        assert_eq!(correct.iter().sum::<i32>() as usize, want.correct, "correct samples of {what}");
+    }
 }
 
 /// The decay mask of `n` parameters as the kernels take it (flat `[start, end)` pairs) and as

@@ -53,7 +53,12 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
+    /// Where node `j`'s output gradient is: its buffer, or for the last node its output,
+    /// which the loss overwrote with it.
     fn grad_of(&self, j: usize) -> u64 {
+        if j + 1 == self.tape.nodes.len() && self.work.grad_plan.logits_in_place {
+            return self.output_of(j);
+        }
         ptr(&self.work.dacts[self.work.grad_plan.grad_buf[j]])
     }
 

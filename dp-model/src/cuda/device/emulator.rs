@@ -436,23 +436,30 @@ pub(super) mod tests {
 
     #[test]
     fn squared_error_targets_step_as_on_the_cpu() {
-        let (spec, rows) = models().remove(0);
-        let pool = Pool::new(&Tracker::new());
-        let Some((mut cpu, mut gpu)) =
-            pair(&spec, ModelOptions::new(rows, 4), Precision::F32, &pool)
-        else {
-            return;
-        };
-        let (x, _) = batch(&spec, rows, 5);
-        let values = ndarray::Array2::from_shape_vec((rows, 10), values(rows * 10, 6));
-        let values = values.expect("targets");
-        let options = StepOptions::default();
-        let a = cpu.forward_backward(x.view(), Targets::Values(values.view()), &options).unwrap();
-        let b = gpu.forward_backward(x.view(), Targets::Values(values.view()), &options).unwrap();
-        assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
-        let mut grads = vec![0f32; cpu.params().len()];
-        gpu.download_grads(&mut grads).unwrap();
-        assert!(difference(&grads, cpu.grads()) <= 1e-5);
+        // The MLP, whose loss writes its gradient over the outputs, and the MLP ending in a
+        // tanh, whose backward reads its output (so the gradient takes a buffer of its own).
+        let (mlp, rows) = models().remove(0);
+        let mut tanh = mlp.clone();
+        tanh.layers.push(LayerSpec::Tanh);
+        for spec in [mlp, tanh] {
+            let pool = Pool::new(&Tracker::new());
+            let Some((mut cpu, mut gpu)) =
+                pair(&spec, ModelOptions::new(rows, 4), Precision::F32, &pool)
+            else {
+                return;
+            };
+            let (x, _) = batch(&spec, rows, 5);
+            let values = ndarray::Array2::from_shape_vec((rows, 10), values(rows * 10, 6));
+            let values = values.expect("targets");
+            let options = StepOptions::default();
+            let targets = Targets::Values(values.view());
+            let a = cpu.forward_backward(x.view(), targets, &options).unwrap();
+            let b = gpu.forward_backward(x.view(), targets, &options).unwrap();
+            assert!((a.loss_sum - b.loss_sum).abs() <= 1e-5 * a.loss_sum, "{a:?} vs {b:?}");
+            let mut grads = vec![0f32; cpu.params().len()];
+            gpu.download_grads(&mut grads).unwrap();
+            assert!(difference(&grads, cpu.grads()) <= 1e-5, "{:?}", spec.layers.last());
+        }
     }
 
     /// Two replicas' sums of the same batch norm, added where they lie (the emulated device's

@@ -481,7 +481,12 @@ impl<D: Device> GpuModel<D> {
         };
         let denominator = options.denominator.map(|d| d * self.tape.out_rows);
         let inv_denominator = 1.0 / denominator.unwrap_or(counted).max(1) as f32;
-        let grad = ptr(&self.work.dacts[self.work.grad_plan.grad_buf[self.tape.nodes.len() - 1]]);
+        // The gradient goes over the logits where nothing reads them after the loss.
+        let last = self.tape.nodes.len() - 1;
+        let grad = match self.work.grad_plan.logits_in_place {
+            true => self.output_of(last),
+            false => ptr(&self.work.dacts[self.work.grad_plan.grad_buf[last]]),
+        };
         self.loss(rows, targets, Some((grad, inv_denominator)))?;
         self.backward(batch, options, grads_ready)?;
         self.finish_norm_sync()?;
