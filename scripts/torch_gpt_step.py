@@ -11,10 +11,10 @@ ran in each step is reported beside it: on a shared machine the wall clock also 
 time other processes held the cores, and the CPU time does not.
 
     python3 scripts/torch_gpt_step.py --threads 1 [--batch 8] [--steps 9] [--warmup 2]
-        [--memory]
+        [--memory] [--bf16]
 
 Prints one JSON object:
-    {"torch": version, "threads": n, "batch": b, "context": 256, "params": count,
+    {"torch": version, "threads": n, "batch": b, "bf16": autocast, "context": 256, "params": count,
      "tokens_per_s": batch * context / median step time, "step_seconds": [each timed step],
      "cpu_seconds": median CPU time of the process per step (all its threads),
      "peak_rss_bytes": ..., "baseline_rss_bytes": ..., "step_peak_bytes": ...,
@@ -55,6 +55,9 @@ def main() -> None:
     parser.add_argument(
         "--memory", action="store_true", help="a short run for the memory figure (1 + 3 steps)"
     )
+    parser.add_argument(
+        "--bf16", action="store_true", help="forward under torch.autocast(bfloat16)"
+    )
     args = parser.parse_args()
     steps = args.steps if args.steps is not None else (3 if args.memory else 9)
     warmup = args.warmup if args.warmup is not None else (1 if args.memory else 2)
@@ -80,7 +83,8 @@ def main() -> None:
 
     def one_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = model(x, y)
         loss.backward()
         optimizer.step()
 
@@ -104,6 +108,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "batch": args.batch,
+        "bf16": args.bf16,
         "context": CONTEXT,
         "params": params,
         "tokens_per_s": args.batch * CONTEXT / statistics.median(times),

@@ -34,7 +34,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use dp_mem::Pool;
-use dp_model::{Adam, AdamConfig, BareGemm, ModelSpec, Recompute};
+use dp_model::{Adam, AdamConfig, BareGemm, Bf16Kernels, ModelSpec, Precision, Recompute};
 use ndarray::{Array2, s};
 
 mod child_memory;
@@ -64,11 +64,20 @@ const MEMORY_CHILD: &str = "DP_GPT_MEMORY";
 type Gpt = Bench<Adam<f32>>;
 
 /// gpt-mini's optimizer, AdamW (betas 0.9/0.99, decoupled weight decay 0.1) at 1e-3, on
-/// batch `input`.
+/// batch `input`, its products in f32.
 fn bench(spec: &ModelSpec, recompute: Recompute, input: (Array2<f32>, Vec<i64>)) -> Gpt {
+    bench_in(spec, (recompute, Precision::F32), input)
+}
+
+/// [`bench`] with the products in `precision`.
+fn bench_in(
+    spec: &ModelSpec,
+    settings: (Recompute, Precision),
+    input: (Array2<f32>, Vec<i64>),
+) -> Gpt {
     let config = AdamConfig { betas: (0.9, 0.99), eps: 1e-8, weight_decay: 0.1, decoupled: true };
     let adam = |len, pool: &Pool| Adam::new(len, config, pool).expect("optimizer");
-    Bench::new(spec, recompute, input, adam, 1e-3)
+    Bench::new(spec, settings, input, adam, 1e-3)
 }
 
 /// Sequences `rows` of one fixed global batch of `2 * BATCH` random sequences: token ids (as
@@ -200,6 +209,9 @@ fn report(spec: &ModelSpec) {
             p.cpu_seconds / step_cpu,
         );
     }
+
+    // 2b. One thread in bf16 products, against ours in f32 and PyTorch's bf16 autocast.
+    bf16_step(spec, ours);
 
     // 3. The step's GEMMs: each product bare, median of 3 runs after one warm-up.
     print_gemms(&one, step, peak);
@@ -357,6 +369,36 @@ fn memory_child(mode: &str) {
 }
 
 /// PyTorch's figures, measured in this run by `scripts/torch_gpt_step.py`.
+/// The one-thread step with bf16 products (`--precision bf16`, on whichever kernels this CPU
+/// has) against our f32 step's `f32_rate` tokens/s and PyTorch's under
+/// `torch.autocast(bfloat16)` (target >= 1.2x).
+fn bf16_step(spec: &ModelSpec, f32_rate: f64) {
+    let Some(kernels) = Bf16Kernels::current() else {
+        println!("  bf16: not measured (this CPU has neither AMX-BF16 nor AVX512_BF16)");
+        return;
+    };
+    let mut bf16 = bench_in(spec, (Recompute::Off, Precision::Bf16), batch(0..BATCH));
+    let Times { wall, .. } = timed(WARMUP, ROUNDS, || {
+        black_box(bf16.step());
+    });
+    let ours = (BATCH * CONTEXT) as f64 / wall;
+    println!(
+        "  bf16 products ({} kernels), one thread: {ours:.0} tokens/s, {:.2}x our f32 step",
+        kernels.name(),
+        ours / f32_rate
+    );
+    match Peer::measure(1, BATCH, &["--bf16"]) {
+        Ok(p) => println!(
+            "  PyTorch {} eager, bf16 autocast, one thread, measured now: {:.0} tokens/s; ours {:.2}x  >= 1.2 {}",
+            p.version,
+            p.tokens_per_s,
+            ours / p.tokens_per_s,
+            verdict(ours / p.tokens_per_s >= 1.2)
+        ),
+        Err(why) => println!("  PyTorch's bf16 autocast not measured ({why})"),
+    }
+}
+
 struct Peer {
     version: String,
     tokens_per_s: f64,
@@ -375,7 +417,7 @@ impl Peer {
         let (threads, batch) = (threads.to_string(), batch.to_string());
         let (warmup, rounds) = (WARMUP.to_string(), ROUNDS.to_string());
         let mut args = vec![script, "--threads", &threads, "--batch", &batch];
-        if extra.is_empty() {
+        if !extra.contains(&"--memory") {
             args.extend(["--warmup", &warmup, "--steps", &rounds]);
         }
         args.extend(extra);

@@ -22,7 +22,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use dp_mem::Pool;
-use dp_model::{BareGemm, ModelSpec, Recompute, Sgd, SgdConfig};
+use dp_model::{BareGemm, ModelSpec, Precision, Recompute, Sgd, SgdConfig};
 use ndarray::{Array2, s};
 
 mod child_memory;
@@ -47,7 +47,7 @@ type ResNet = Bench<Sgd<f32>>;
 fn bench(spec: &ModelSpec, recompute: Recompute, input: (Array2<f32>, Vec<i64>)) -> ResNet {
     let config = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
     let sgd = |len, pool: &Pool| Sgd::new(len, config, pool).expect("optimizer");
-    Bench::new(spec, recompute, input, sgd, 0.1)
+    Bench::new(spec, (recompute, Precision::F32), input, sgd, 0.1)
 }
 
 /// Rows `rows` of one fixed global batch: inputs in [0, 1], labels cycling over the classes.

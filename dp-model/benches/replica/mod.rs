@@ -7,7 +7,9 @@ use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use dp_mem::{Pool, Tracker};
-use dp_model::{Model, ModelOptions, ModelSpec, Optimizer, Recompute, StepOptions, Targets};
+use dp_model::{
+    Model, ModelOptions, ModelSpec, Optimizer, Precision, Recompute, StepOptions, Targets,
+};
 use ndarray::Array2;
 
 use crate::report_parts::median;
@@ -26,18 +28,19 @@ pub(crate) struct Bench<O> {
 }
 
 impl<O: Optimizer<f32>> Bench<O> {
-    /// The model on batch `(x, y)`, with the optimizer `optimizer` makes for its parameter
-    /// count, stepping at `lr`; the seed is the same everywhere, so replicas start identical.
+    /// The model on batch `(x, y)` with `recompute` and its products in `precision`, with
+    /// the optimizer `optimizer` makes for its parameter count, stepping at `lr`; the seed is
+    /// the same everywhere, so replicas start identical.
     pub(crate) fn new(
         spec: &ModelSpec,
-        recompute: Recompute,
+        (recompute, precision): (Recompute, Precision),
         (x, y): (Array2<f32>, Vec<i64>),
         optimizer: impl FnOnce(usize, &Pool) -> O,
         lr: f64,
     ) -> Self {
         let tracker = Tracker::new();
         let pool = Pool::new(&tracker);
-        let options = ModelOptions::new(x.nrows(), 1).recompute(recompute);
+        let options = ModelOptions::new(x.nrows(), 1).recompute(recompute).precision(precision);
         let model = Model::<f32>::new(spec, &pool, options).expect("build the model");
         let optimizer = optimizer(model.params().len(), &pool);
         Self { model, optimizer, lr, x, y, step: 0, denominator: None, tracker }
