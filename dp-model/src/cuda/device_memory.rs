@@ -36,7 +36,13 @@ pub(crate) const CLIP_PARTS: usize = 4096;
 
 /// Threads per block of 8-bit state in an update (`DP_STATE_LANES` in `optim8.cu`): the
 /// update's work area keeps each one's maximum.
-const INT8_LANES: usize = 32;
+pub(crate) const INT8_LANES: usize = 32;
+
+/// Values of an 8-bit state buffer's work area for `blocks` blocks: the codebook's table,
+/// each block's old scale and its lanes' maxima (`optim8.cu`).
+pub(crate) fn int8_work_len(blocks: usize) -> usize {
+    DEVICE_TABLE_LEN + blocks + INT8_LANES * blocks
+}
 
 /// Images of `batch` a convolution unfolds at a time into `chunk_values` values at most (or
 /// one image, if that takes more).
@@ -286,7 +292,7 @@ impl GpuState {
                     let blocks = len.div_ceil(STATE_BLOCK);
                     memory.add(Role::State, len.max(1));
                     memory.add(Role::State, 4 * blocks.max(1));
-                    memory.add(Role::State, 4 * (DEVICE_TABLE_LEN + blocks + INT8_LANES * blocks));
+                    memory.add(Role::State, 4 * int8_work_len(blocks));
                 }
             }
         }

@@ -6,7 +6,8 @@ use dp_mem::{Pool, Tracker};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use super::{Grid, Kernels, close, random};
-use crate::optim::codebook::{DEVICE_TABLE_LEN, StateCodebook};
+use crate::cuda::device_memory::int8_work_len;
+use crate::optim::codebook::StateCodebook;
 use crate::optim::{
     Adam, AdamConfig, AdamUpdate, Optimizer, STATE_BLOCK, Sgd, SgdConfig, StatePrecision,
 };
@@ -14,9 +15,6 @@ use crate::optim::{
 /// The kernels [`check`] covers.
 pub(super) const KERNELS: &[&str] =
     &["dp_adam8_maxima", "dp_adam8_step", "dp_sgd8_maxima", "dp_sgd8_step"];
-
-/// Threads per block of state (`DP_STATE_LANES`): each block's maxima in the work area.
-const LANES: usize = 32;
 
 /// Every kernel of [`KERNELS`] on `grid`, over no values, one, a whole block and a partial
 /// last block, decaying everything or the ranges of a mask.
@@ -43,7 +41,7 @@ impl State {
     fn zeros(n: usize, book: StateCodebook) -> Self {
         let blocks = n.div_ceil(STATE_BLOCK);
         let mut work = book.codebook().device_table();
-        work.resize(DEVICE_TABLE_LEN + blocks * (1 + LANES), f32::NAN);
+        work.resize(int8_work_len(blocks), f32::NAN);
         State { codes: vec![0; n], scales: vec![0.0; blocks], work }
     }
 

@@ -6,15 +6,12 @@
 use dp_mem::Tag;
 
 use super::{Device, DeviceBuf, GpuModel, ptr};
+use crate::cuda::device_memory::{INT8_LANES, int8_work_len};
 use crate::error::{Error, Result};
-use crate::optim::codebook::DEVICE_TABLE_LEN;
 use crate::optim::{
     AdamConfig, AdamUpdate, QuantizedState, QuantizedStateMut, STATE_BLOCK, SgdConfig,
     StateCodebook,
 };
-
-/// Threads per block of state in an update (`DP_STATE_LANES` in `optim8.cu`).
-const LANES: usize = 32;
 
 /// One 8-bit state buffer on the device: a code per value, a scale per block of
 /// [`STATE_BLOCK`], and the update's work area (the codebook's table, the blocks' old scales
@@ -25,19 +22,6 @@ pub struct QuantizedDeviceBuf<D: Device> {
     work: DeviceBuf<f32, D>,
 }
 
-impl<D: Device> QuantizedDeviceBuf<D> {
-    /// Device bytes of the buffer for `len` values, its work area included.
-    pub fn bytes_for(len: usize) -> u64 {
-        let blocks = len.div_ceil(STATE_BLOCK);
-        (len + 4 * (blocks + work_len(blocks))) as u64
-    }
-}
-
-/// Values of a work area for `blocks` blocks.
-fn work_len(blocks: usize) -> usize {
-    DEVICE_TABLE_LEN + blocks + blocks * LANES
-}
-
 impl<D: Device> GpuModel<D> {
     /// A zeroed 8-bit state buffer as long as the updated parameters, in `book` (tag
     /// `OptState`).
@@ -46,7 +30,7 @@ impl<D: Device> GpuModel<D> {
         let buf = QuantizedDeviceBuf {
             codes: self.pool.alloc::<u8>(len.max(1), Tag::OptState)?,
             scales: self.pool.alloc::<f32>(blocks.max(1), Tag::OptState)?,
-            work: self.pool.alloc::<f32>(work_len(blocks), Tag::OptState)?,
+            work: self.pool.alloc::<f32>(int8_work_len(blocks), Tag::OptState)?,
         };
         // SAFETY: live device buffers of these sizes; the device orders it before use.
         unsafe {
@@ -76,7 +60,7 @@ impl<D: Device> GpuModel<D> {
         let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.eps as f32);
         let (coupled_wd, shrink) = (s.coupled_wd as f32, s.shrink as f32);
         let (decayed, ranges) = self.decay_args();
-        let threads = self.update.len().div_ceil(STATE_BLOCK) * LANES;
+        let threads = self.update.len().div_ceil(STATE_BLOCK) * INT8_LANES;
         launch!(self, "dp_adam8_maxima", threads; p, g, n, mc, ms, mw, vc, vs, vw, b1, b2, coupled_wd, decayed, ranges);
         launch!(self, "dp_adam8_step", threads; p, g, n, mc, ms, mw, vc, vs, vw, step_size, sqrt_c2, b1, b2, eps, coupled_wd, shrink, decayed, ranges);
         Ok(())
@@ -96,7 +80,7 @@ impl<D: Device> GpuModel<D> {
         let (lr, wd, mu) = (lr as f32, config.weight_decay as f32, config.momentum as f32);
         let nesterov = i32::from(config.nesterov);
         let (decayed, ranges) = self.decay_args();
-        let threads = self.update.len().div_ceil(STATE_BLOCK) * LANES;
+        let threads = self.update.len().div_ceil(STATE_BLOCK) * INT8_LANES;
         launch!(self, "dp_sgd8_maxima", threads; p, g, n, codes, scales, work, wd, mu, decayed, ranges);
         launch!(self, "dp_sgd8_step", threads; p, g, n, codes, scales, work, lr, wd, mu, nesterov, decayed, ranges);
         Ok(())

@@ -463,6 +463,11 @@ pub(crate) fn pack<K: Tile>(
     }
 }
 
+/// The word of a `bf16` pair of `k`: `lo` in its low half, `hi` in its high half.
+pub(crate) fn bf16_pair(lo: f32, hi: f32) -> u32 {
+    bf16_bits(lo) | (bf16_bits(hi) << 16)
+}
+
 /// `x` rounded to the nearest `bf16` (ties to even), as its 16 bits, as `vcvtneps2bf16` does:
 /// NaN stays NaN and subnormals flush to zero.
 pub(crate) fn bf16_bits(x: f32) -> u32 {

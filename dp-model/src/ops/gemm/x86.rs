@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{Panel, Strided, StridedMut, Tile, TileOut, bf16_bits, pack};
+use super::packed::{Panel, Strided, StridedMut, Tile, TileOut, bf16_pair, pack};
 
 /// Chooses the instantiation for tile height `mr` (one of the kernel's `MRS`) and for `a`
 /// packed (`line` 1, `step` `mr`: constant offsets) or read in place.
@@ -101,7 +101,7 @@ impl Tile for Avx512Bf16 {
     const PARTIAL: bool = true;
 
     fn word(lo: f32, hi: f32) -> u32 {
-        bf16_bits(lo) | (bf16_bits(hi) << 16)
+        bf16_pair(lo, hi)
     }
 
     unsafe fn pack(
@@ -506,7 +506,7 @@ impl Tile for Amx {
     const A_LINE_MAJOR: bool = true;
 
     fn word(lo: f32, hi: f32) -> u32 {
-        bf16_bits(lo) | (bf16_bits(hi) << 16)
+        bf16_pair(lo, hi)
     }
 
     unsafe fn pack(
