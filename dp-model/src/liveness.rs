@@ -25,8 +25,9 @@ use crate::tape::Tape;
 pub(crate) struct ActivationPlan {
     /// Per node, its output's buffer.
     pub(crate) out_buf: Vec<usize>,
-    /// For each node that ends a recomputation segment, the segment's first node.
-    pub(crate) recompute_from: Vec<Option<usize>>,
+    /// Per node that ends a recomputation segment, the nodes inside it to run again (in
+    /// order) before its backward.
+    pub(crate) recompute_at: Vec<Vec<usize>>,
     /// Values per buffer: kept outputs, then slots, then transient buffers.
     pub(crate) lens: Vec<usize>,
     /// Values per bf16 store (`u16` each).
@@ -84,33 +85,32 @@ pub(crate) fn reads_output(op: &Op) -> bool {
 impl ActivationPlan {
     pub(crate) fn new(
         tape: &Tape,
-        segments: &[Range<usize>],
+        recomputation: &Recomputation,
         batch: usize,
         saved: SavedPrecision,
     ) -> Self {
-        Self::plan(tape, segments, batch, (saved, true))
+        Self::plan(tape, recomputation, batch, (saved, true))
     }
 
     /// [`ActivationPlan::new`] for a step that runs whole batches only (the GPU's: its
     /// kernels cover a batch at once), bf16 stores or not.
     pub(crate) fn whole_batches(
         tape: &Tape,
-        segments: &[Range<usize>],
+        recomputation: &Recomputation,
         batch: usize,
         saved: SavedPrecision,
     ) -> Self {
-        Self::plan(tape, segments, batch, (saved, false))
+        Self::plan(tape, recomputation, batch, (saved, false))
     }
 
     fn plan(
         tape: &Tape,
-        segments: &[Range<usize>],
+        recomputation: &Recomputation,
         batch: usize,
         (saved, chunks): (SavedPrecision, bool),
     ) -> Self {
         let nodes = &tape.nodes;
         let n = nodes.len();
-        let in_segment = |i: usize| segments.iter().any(|s| s.contains(&i));
         let consumers =
             |i: usize| (i + 1..n).filter(move |&k| nodes[k].sources().any(|s| s == Some(i)));
         #[derive(Clone, Copy, PartialEq)]
@@ -119,18 +119,32 @@ impl ActivationPlan {
             Slot(usize),
             Transient,
         }
-        let mut home = vec![Home::Kept; n];
-        let mut recompute_from = vec![None; n];
         // Backward reads the output of `i` (its own backward, or a consumer's).
         let read_back = |i: usize| {
             reads_output(&nodes[i].op)
                 || consumers(i).any(|k| nodes[k].input == Some(i) && reads_input(&nodes[k].op))
         };
+        // Per segment, from its last inner node down: an output is wanted again when backward
+        // or a recomputed node reads it, and then recomputed, but only from what is there
+        // anyway with a selective policy (see `recomputable`). Nothing else runs again: an
+        // output only the segment's own output depends on (a block's last product) is not
+        // recomputed.
+        let mut recomputed = vec![false; n];
+        let mut recompute_at = vec![Vec::new(); n];
+        for segment in &recomputation.segments {
+            let at = segment.end - 1;
+            let recomputable = recomputable(tape, segment, recomputation.keep_products, read_back);
+            for j in (segment.start..at).rev() {
+                let wanted = read_back(j) || consumers(j).any(|k| recomputed[k]);
+                recomputed[j] = wanted && recomputable[j - segment.start];
+            }
+            recompute_at[at] = (segment.start..at).filter(|&j| recomputed[j]).collect();
+        }
+        let mut home = vec![Home::Kept; n];
         let mut slot_lens: Vec<usize> = Vec::new();
-        for segment in segments {
-            recompute_from[segment.end - 1] = Some(segment.start);
-            let interior = (segment.start..segment.end - 1).filter(|&i| read_back(i));
-            for (slot, i) in interior.enumerate() {
+        for list in &recompute_at {
+            // Recomputed outputs backward reads go to slots every segment reuses.
+            for (slot, &i) in list.iter().filter(|&&i| read_back(i)).enumerate() {
                 let len = nodes[i].out_len * batch;
                 match slot_lens.get_mut(slot) {
                     Some(l) => *l = (*l).max(len),
@@ -140,13 +154,8 @@ impl ActivationPlan {
             }
         }
         for i in 0..n - 1 {
-            let ends_segment = recompute_from[i].is_some();
-            let interior = !ends_segment && in_segment(i);
-            // A segment's recomputation reads what its first node reads.
-            let read_by_recomputation = consumers(i).any(|k| in_segment(k) && !in_segment(i));
-            if (interior && home[i] == Home::Kept)
-                || (!interior && !read_back(i) && !read_by_recomputation)
-            {
+            let wanted = read_back(i) || consumers(i).any(|k| recomputed[k]);
+            if home[i] == Home::Kept && (recomputed[i] || !wanted) {
                 home[i] = Home::Transient;
             }
         }
@@ -160,8 +169,10 @@ impl ActivationPlan {
         for &i in &stored {
             home[i] = Home::Transient;
         }
-        let chunked =
-            chunks && saved == SavedPrecision::Bf16 && segments.is_empty() && samples_apart(tape);
+        let chunked = chunks
+            && saved == SavedPrecision::Bf16
+            && recomputation.segments.is_empty()
+            && samples_apart(tape);
         let chunk = if chunked { batch.div_ceil(CHUNKS) } else { batch };
         let kept: Vec<usize> = (0..n).filter(|&i| home[i] == Home::Kept).collect();
         let mut lens: Vec<usize> = kept.iter().map(|&i| nodes[i].out_len * batch).collect();
@@ -205,7 +216,7 @@ impl ActivationPlan {
         let mut plan = Self {
             back_buf: out_buf.clone(),
             out_buf,
-            recompute_from,
+            recompute_at,
             lens,
             store_lens: Vec::new(),
             store_of: vec![None; n],
@@ -215,7 +226,7 @@ impl ActivationPlan {
         };
         match chunked {
             true => plan.stage_chunks(tape, batch, &stored, transient_at),
-            false => plan.stage(tape, segments, batch, &stored, transient_at),
+            false => plan.stage(tape, batch, &stored, transient_at),
         }
         plan
     }
@@ -256,14 +267,7 @@ impl ActivationPlan {
     /// Gives each stored output a store, and a buffer to be widened into during backward:
     /// a transient buffer where one is free for as long as backward reads the output (they
     /// all are, but those a recomputation runs in meanwhile), else a new one.
-    fn stage(
-        &mut self,
-        tape: &Tape,
-        segments: &[Range<usize>],
-        batch: usize,
-        stored: &[usize],
-        transient_at: usize,
-    ) {
+    fn stage(&mut self, tape: &Tape, batch: usize, stored: &[usize], transient_at: usize) {
         let nodes = &tape.nodes;
         // When backward reads each stored output, as node indices (backward runs them from
         // the last down): the node's own backward, a consumer's, and the recomputation
@@ -281,13 +285,13 @@ impl ActivationPlan {
                 uses[j].push(k);
             }
         }
-        // The transient buffers each recomputation writes, at the time it runs.
+        // The transient buffers each recomputation writes, at the time it runs; what it reads
+        // that it does not compute is read then too.
         let mut recomputed: Vec<(usize, Vec<usize>)> = Vec::new();
-        for segment in segments {
-            let at = segment.end - 1;
+        for (at, list) in self.recompute_at.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
             let mut writes = Vec::new();
-            for (k, node) in nodes.iter().enumerate().take(at).skip(segment.start) {
-                for j in node.sources().flatten().filter(|&j| j < segment.start) {
+            for &k in list {
+                for j in nodes[k].sources().flatten().filter(|j| !list.contains(j)) {
                     uses[j].push(at);
                 }
                 if self.out_buf[k] >= transient_at {
@@ -410,16 +414,60 @@ impl GradientPlan {
     }
 }
 
-/// The recomputation segments as node ranges, each at least two nodes long (a one-node
-/// segment keeps its only output and so saves nothing).
-pub(crate) fn segments(
+/// Per node of `segment`, whether recomputation may run it. Recomputing everything, each
+/// may; keeping `products`, only an op between them ([`costly`]: norms, activations,
+/// dropout) whose every input is there anyway: kept because backward reads it (a GELU's
+/// product, a layer norm's input), or itself such an op. So a ReLU right after a
+/// convolution is kept, not recomputed: recomputing it would keep the convolution's output,
+/// as large, in its stead.
+fn recomputable(
+    tape: &Tape,
+    segment: &Range<usize>,
+    products: bool,
+    read_back: impl Fn(usize) -> bool,
+) -> Vec<bool> {
+    let mut may = vec![!products; segment.len()];
+    if products {
+        for i in segment.clone() {
+            let there = |j: usize| read_back(j) || (segment.contains(&j) && may[j - segment.start]);
+            let node = &tape.nodes[i];
+            may[i - segment.start] = !costly(&node.op) && node.sources().flatten().all(there);
+        }
+    }
+    may
+}
+
+/// What a step drops after forward and computes again in backward.
+pub(crate) struct Recomputation {
+    /// Node ranges, each at least two nodes long (a one-node segment keeps its only output
+    /// and so saves nothing), of which only the last output is kept.
+    pub(crate) segments: Vec<Range<usize>>,
+    /// Inside them, the outputs of products ([`costly`]) are kept all the same
+    /// ([`Recompute::Selective`]).
+    pub(crate) keep_products: bool,
+}
+
+impl Recomputation {
+    /// Nothing recomputed: every output backward reads is kept.
+    #[cfg(test)]
+    pub(crate) const NONE: Self = Self { segments: Vec::new(), keep_products: false };
+}
+
+/// Whether `op` costs a product's arithmetic (a matrix product or attention), where the ops
+/// between them (norms, activations, dropout, sums) cost a pass over memory.
+fn costly(op: &Op) -> bool {
+    matches!(op, Op::Linear(_) | Op::Conv2d(_) | Op::Attention(_) | Op::TiedHead(_) | Op::Sparse(_))
+}
+
+/// The recomputation `recompute` asks of `tape`, checked.
+pub(crate) fn recomputation(
     tape: &Tape,
     spec: &ModelSpec,
     recompute: &Recompute,
-) -> Result<Vec<Range<usize>>> {
+) -> Result<Recomputation> {
     let layer_ranges: Vec<Range<usize>> = match recompute {
         Recompute::Off => Vec::new(),
-        Recompute::Auto => {
+        Recompute::Auto | Recompute::Selective => {
             let starts: Vec<usize> =
                 (0..spec.layers.len()).filter(|&l| spec.layers[l].has_params()).collect();
             starts
@@ -471,7 +519,7 @@ pub(crate) fn segments(
             }
         }
     }
-    Ok(segments)
+    Ok(Recomputation { segments, keep_products: *recompute == Recompute::Selective })
 }
 
 #[cfg(test)]
@@ -539,8 +587,8 @@ mod tests {
                 assert!(fits(plan.back_buf[j], j));
                 held[plan.back_buf[j]] = Held::Widened(j);
             }
-            if let Some(start) = plan.recompute_from[i] {
-                for k in start..i {
+            {
+                for &k in &plan.recompute_at[i] {
                     for j in nodes[k].sources().flatten() {
                         assert_eq!(held[plan.back_buf[j]], backward_value(j), "recompute {k}");
                     }
@@ -551,6 +599,34 @@ mod tests {
                 assert_eq!(held[plan.back_buf[j]], backward_value(j), "backward of {i} reads {j}");
             }
         }
+    }
+
+    #[test]
+    fn recomputation_runs_only_what_backward_reads_and_selective_no_product() {
+        let gpt = GptShape { layers: 2, heads: 2, dim: 16, dropout: 0.1 };
+        let spec = ModelSpec::gpt("gpt", 10, 8, gpt);
+        let tape = Tape::build(&spec, 4).unwrap();
+        let nodes = &tape.nodes;
+        let recomputed = |recompute| {
+            let recomputation = recomputation(&tape, &spec, &recompute).unwrap();
+            let plan = ActivationPlan::new(&tape, &recomputation, 4, SavedPrecision::F32);
+            plan.recompute_at.into_iter().flatten().collect::<Vec<usize>>()
+        };
+        let (auto, selective) = (recomputed(Recompute::Auto), recomputed(Recompute::Selective));
+        let ops = |list: &[usize], what: fn(&Op) -> bool| {
+            list.iter().filter(|&&j| what(&nodes[j].op)).count()
+        };
+        // Per block: the attention half recomputes its norm, qkv and attention, not the
+        // projection or dropout after them (only the kept sum reads those); the MLP half its
+        // norm, first product and GELU. And the final norm.
+        assert_eq!(auto.len(), 2 * 6 + 1, "{auto:?}");
+        assert_eq!(ops(&auto, |op| matches!(op, Op::Dropout(_))), 0);
+        assert_eq!(ops(&auto, |op| matches!(op, Op::Linear(_))), 2 * 2);
+        assert_eq!(ops(&auto, |op| matches!(op, Op::Attention(_))), 2);
+        // Selective: the norms and GELUs only.
+        assert_eq!(ops(&selective, costly), 0, "{selective:?}");
+        assert_eq!(selective.len(), 2 * 3 + 1, "{selective:?}");
+        assert_eq!(ops(&selective, |op| matches!(op, Op::LayerNorm(_))), 2 * 2 + 1);
     }
 
     #[test]
@@ -567,13 +643,13 @@ mod tests {
         for spec in &specs {
             let tape = Tape::build(spec, 19).unwrap();
             let explicit = Recompute::Layers(vec![0..2, 3..spec.layers.len() - 1]);
-            for recompute in [Recompute::Off, Recompute::Auto, explicit] {
-                let Ok(segments) = segments(&tape, spec, &recompute) else { continue };
+            for recompute in [Recompute::Off, Recompute::Auto, Recompute::Selective, explicit] {
+                let Ok(recomputation) = recomputation(&tape, spec, &recompute) else { continue };
                 for (saved, batch) in [(SavedPrecision::F32, 1), (SavedPrecision::Bf16, 1)]
                     .into_iter()
                     .chain([(SavedPrecision::Bf16, 19)])
                 {
-                    let plan = ActivationPlan::new(&tape, &segments, batch, saved);
+                    let plan = ActivationPlan::new(&tape, &recomputation, batch, saved);
                     walk(&tape, batch, &plan);
                     let stored = plan.store_of.iter().flatten().count();
                     assert_eq!(stored, plan.store_lens.len());
@@ -581,7 +657,8 @@ mod tests {
                     // Chunks exactly where the samples never meet and nothing is recomputed.
                     let apart =
                         !spec.layers.iter().any(|l| matches!(l, LayerSpec::BatchNorm { .. }));
-                    let chunked = saved == SavedPrecision::Bf16 && segments.is_empty() && apart;
+                    let chunked =
+                        saved == SavedPrecision::Bf16 && recomputation.segments.is_empty() && apart;
                     assert_eq!(plan.staging.is_some(), chunked, "{} {recompute:?}", spec.name);
                 }
             }

@@ -11,12 +11,10 @@
 //! slots the segments share. The batches' page-locked staging buffers are host memory, under
 //! the host's tracker, and not counted here.
 
-use std::ops::Range;
-
 use dp_mem::{ByTag, Tag, block_bytes};
 
 use crate::error::Result;
-use crate::liveness::{ActivationPlan, GradientPlan, segments};
+use crate::liveness::{ActivationPlan, GradientPlan, Recomputation, recomputation};
 use crate::model::{ModelOptions, SavedPrecision};
 use crate::ops::Op;
 use crate::ops::conv::Conv2d;
@@ -86,16 +84,16 @@ pub(crate) struct Sizes {
 }
 
 impl Sizes {
-    /// The working buffers of `tape` at `batch` samples, its recomputation `segments` dropped
+    /// The working buffers of `tape` at `batch` samples, its `recomputation`'s outputs dropped
     /// after forward and kept activations in `saved`; convolutions unfold `chunk_values`
     /// values of input at a time.
     pub(crate) fn new(
-        (tape, segments, saved): (&Tape, &[Range<usize>], SavedPrecision),
+        (tape, recomputation, saved): (&Tape, &Recomputation, SavedPrecision),
         batch: usize,
         precision: Precision,
         chunk_values: usize,
     ) -> Self {
-        let plan = ActivationPlan::whole_batches(tape, segments, batch, saved);
+        let plan = ActivationPlan::whole_batches(tape, recomputation, batch, saved);
         // The loss writes the logits' gradient over them (`GpuModel::forward_backward_with`).
         let grads = GradientPlan::new(tape, true);
         let grad_lens = grads.lens.iter().map(|len| (len * batch).max(1)).collect();
@@ -396,15 +394,15 @@ pub(crate) fn predict_spec(
     chunk_values: usize,
 ) -> Result<GpuMemory> {
     let tape = Tape::build(spec, options.max_batch)?;
-    let segments = segments(&tape, spec, &options.recompute)?;
-    let plan = (&tape, segments.as_slice(), options.saved);
+    let recomputation = recomputation(&tape, spec, &options.recompute)?;
+    let plan = (&tape, &recomputation, options.saved);
     Ok(predict(plan, (options.max_batch, precision), state, chunk_values))
 }
 
 /// The device memory of the GPU model of a tape at a batch and precision, with `state`,
 /// convolutions unfolding `chunk_values` values at a time (the device's).
 pub(crate) fn predict(
-    plan: (&Tape, &[Range<usize>], SavedPrecision),
+    plan: (&Tape, &Recomputation, SavedPrecision),
     (batch, precision): (usize, Precision),
     state: GpuState,
     chunk_values: usize,
@@ -470,10 +468,20 @@ mod tests {
         let cpu = Model::<f32>::new(&spec, &pool, ModelOptions::new(64, 1)).expect("a model");
         let tape = cpu.tape();
         let chunk = CUDA_CHUNK_VALUES;
-        let f32s = Sizes::new((tape, &[], SavedPrecision::F32), 64, Precision::F32, chunk)
-            .bytes(Precision::F32);
-        let bf16s = Sizes::new((tape, &[], SavedPrecision::F32), 64, Precision::Bf16, chunk)
-            .bytes(Precision::Bf16);
+        let f32s = Sizes::new(
+            (tape, &Recomputation::NONE, SavedPrecision::F32),
+            64,
+            Precision::F32,
+            chunk,
+        )
+        .bytes(Precision::F32);
+        let bf16s = Sizes::new(
+            (tape, &Recomputation::NONE, SavedPrecision::F32),
+            64,
+            Precision::Bf16,
+            chunk,
+        )
+        .bytes(Precision::Bf16);
         assert_eq!(f32s[0], cpu.memory().saved_activations);
         assert_eq!((bf16s[0], bf16s[1]), (f32s[0], f32s[1]));
         assert!(bf16s[2] > f32s[2]);

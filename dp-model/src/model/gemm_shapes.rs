@@ -31,9 +31,8 @@ impl<T: Float> Model<T> {
             .flat_map(|s| nodes.iter().filter_map(move |node| forward(node, s.len)))
             .collect();
         for (i, node) in nodes.iter().enumerate().rev() {
-            if let Some(start) = self.act_plan.recompute_from[i] {
-                shapes.extend(nodes[start..i].iter().filter_map(|node| forward(node, batch)));
-            }
+            let recomputed = self.act_plan.recompute_at[i].iter().map(|&j| &nodes[j]);
+            shapes.extend(recomputed.filter_map(|node| forward(node, batch)));
             for Samples { len: batch, .. } in self.chunks(batch) {
                 let rows = batch * node.rows;
                 match &node.op {

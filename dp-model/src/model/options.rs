@@ -120,9 +120,10 @@ impl std::str::FromStr for SavedPrecision {
 }
 
 /// Activation recomputation (gradient checkpointing): inside a segment of layers, only the
-/// segment's output is kept after forward; the activations inside it are computed again
-/// during backward. The gradients are bitwise the same, since the same code runs on the same
-/// inputs (dropout masks included).
+/// segment's output is kept after forward; the activations inside it that backward reads
+/// are computed again during backward (and only those, with what they are computed from).
+/// The gradients are bitwise the same, since the same code runs on the same inputs (dropout
+/// masks included).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Recompute {
     /// Keep every activation.
@@ -131,6 +132,11 @@ pub enum Recompute {
     /// One segment per parameterized layer and the layers after it up to the next one (a
     /// linear layer and its activation, a convolution, its activation and its pooling).
     Auto,
+    /// [`Recompute::Auto`]'s segments, keeping inside them the outputs of the products
+    /// (linear layers, convolutions, attention) and recomputing only the cheap ops between
+    /// them (norms, activations, dropout) from those: selective activation checkpointing,
+    /// which saves less memory than `Auto` for little more than a pass over it.
+    Selective,
     /// Explicit segments, as ranges of spec layer indices, sorted and disjoint.
     Layers(Vec<Range<usize>>),
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::options::ModelOptions;
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::liveness::{ActivationPlan, GradientPlan, segments};
+use crate::liveness::{ActivationPlan, GradientPlan, recomputation};
 use crate::ops::gemm::{Gemm, GemmBackend};
 use crate::ops::workspace::ScratchLens;
 use crate::spec::ModelSpec;
@@ -53,8 +53,8 @@ impl Sizing {
         }
         let batch = options.max_batch;
         let tape = Tape::build(spec, batch)?;
-        let segments = segments(&tape, spec, &options.recompute)?;
-        let acts = ActivationPlan::new(&tape, &segments, batch, options.saved);
+        let recomputation = recomputation(&tape, spec, &options.recompute)?;
+        let acts = ActivationPlan::new(&tape, &recomputation, batch, options.saved);
         let grads = GradientPlan::new(&tape, false);
         let ping_len = tape.ping_len(batch);
         let scratch = ScratchLens {

@@ -108,11 +108,9 @@ impl<T: Float> Model<T> {
                     (plan.store_of[j].expect("planned"), batch * self.tape.nodes[j].out_len);
                 widen_into(&self.stores[store][..len], &mut self.acts[plan.back_buf[j]][..len]);
             }
-            if let Some(start) = plan.recompute_from[i] {
-                for j in start..i {
-                    let all = Samples { first: 0, len: batch };
-                    self.forward_node(j, all, x, NormPass::Recompute, options.step);
-                }
+            for k in 0..plan.recompute_at[i].len() {
+                let (j, all) = (self.act_plan.recompute_at[i][k], Samples { first: 0, len: batch });
+                self.forward_node(j, all, x, NormPass::Recompute, options.step);
             }
             let node = &self.tape.nodes[i];
             if let (Input::Sparse(x), None) = (x, node.input) {

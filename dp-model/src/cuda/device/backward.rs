@@ -33,11 +33,12 @@ impl<D: Device> GpuModel<D> {
             }
             // A recomputation segment's inner outputs, dropped after forward, again (batch
             // norms by the statistics forward saved, dropout by the same masks).
-            if let Some(start) = self.work.plan.recompute_from[i] {
-                let mut j = start;
-                while j < i {
+            // (A linear layer's forward also runs the activation after it: that one is skipped.)
+            let mut next = 0;
+            for &j in &self.work.plan.recompute_at[i] {
+                if j >= next {
                     let done = self.forward_node(j, batch, NormPass::Recompute, options.step);
-                    j += self.after_layer(j, done)?;
+                    next = j + self.after_layer(j, done)?;
                 }
             }
             if !self.work.grad_plan.runs[i] {

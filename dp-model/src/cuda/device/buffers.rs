@@ -3,15 +3,13 @@
 //! device has free before any of it is taken: a model that does not fit fails when it is
 //! put on the GPU, with the figures, never with a CUDA error in the middle of a step.
 
-use std::ops::Range;
-
 use dp_mem::{Backend, Pool, PoolBuf, Tag};
 
 // The optimizer's clipping sums into `clip`, sized here.
 pub(super) use crate::cuda::device_memory::CLIP_PARTS;
 use crate::cuda::device_memory::{GpuMemory, Sizes};
 use crate::error::{Error, Result};
-use crate::liveness::{ActivationPlan, GradientPlan};
+use crate::liveness::{ActivationPlan, GradientPlan, Recomputation};
 use crate::model::SavedPrecision;
 use crate::ops::gemm::Precision;
 use crate::tape::Tape;
@@ -93,12 +91,12 @@ impl<B: Backend> Buffers<B> {
     /// forward and kept activations in `saved`, each as long as [`Sizes`] says (what the
     /// prediction counts); convolutions unfold `chunk_values` values of input at a time.
     pub(super) fn new(
-        (tape, segments, saved): (&Tape, &[Range<usize>], SavedPrecision),
+        (tape, recomputation, saved): (&Tape, &Recomputation, SavedPrecision),
         (batch, precision): (usize, Precision),
         pool: &Pool<B>,
         chunk_values: usize,
     ) -> Result<Self> {
-        let sizes = Sizes::new((tape, segments, saved), batch, precision, chunk_values);
+        let sizes = Sizes::new((tape, recomputation, saved), batch, precision, chunk_values);
         let bytes = sizes.bytes(precision);
         let f32s = |len: usize, tag: Tag| pool.alloc::<f32>(len, tag);
         let halves = match precision {
@@ -150,7 +148,7 @@ mod tests {
     fn a_model_that_does_not_fit_is_refused_with_the_figures() {
         let spec = crate::spec::ModelSpec::resnet18([3, 224, 224], 1000);
         let tape = Tape::build(&spec, 256).expect("a tape");
-        let plan = (&tape, &[][..], SavedPrecision::F32);
+        let plan = (&tape, &Recomputation::NONE, SavedPrecision::F32);
         let memory = predict(plan, (256, Precision::F32), GpuState::default(), CUDA_CHUNK_VALUES);
         // ResNet-18's activations at batch 256 and 224x224 take several GiB.
         assert!(memory.saved_activations > 4 << 30, "{memory:?}");

@@ -631,7 +631,8 @@ pub(super) mod tests {
     }
 
     /// The memory savers: recomputation per block (`Recompute::Auto`: batch norms by their
-    /// saved statistics, dropout by its masks) and activations kept for backward in bf16
+    /// saved statistics, dropout by its masks; `Recompute::Selective`, the products' outputs
+    /// kept) and activations kept for backward in bf16
     /// (`SavedPrecision::Bf16`: the CPU reads the same rounded values). With each, the device
     /// keeps fewer activation bytes and steps as the CPU does.
     #[test]
@@ -639,9 +640,13 @@ pub(super) mod tests {
         use crate::model::{Recompute, SavedPrecision};
         let (mlp, _) = models().remove(0);
         let resnet = smooth(&ModelSpec::resnet_cifar(8, [3, 8, 8], 10).expect("a ResNet depth"));
-        let savers: [fn(ModelOptions) -> ModelOptions; 2] =
-            [|o| o.recompute(Recompute::Auto), |o| o.saved(SavedPrecision::Bf16)];
-        for (saver, models) in savers.into_iter().zip([vec![], vec![(mlp, 9, false)]]) {
+        let savers: [fn(ModelOptions) -> ModelOptions; 3] = [
+            |o| o.recompute(Recompute::Auto),
+            |o| o.recompute(Recompute::Selective),
+            |o| o.saved(SavedPrecision::Bf16),
+        ];
+        let extra = [vec![], vec![], vec![(mlp, 9, false)]];
+        for (saver, models) in savers.into_iter().zip(extra) {
             let models = [(resnet.clone(), 6, false), (gpt(), 3, true)].into_iter().chain(models);
             for (spec, rows, tokens_in) in models {
                 let pool = Pool::new(&Tracker::new());

@@ -58,7 +58,7 @@ use self::tokens::TokenSort;
 use crate::cuda::DeviceNormSync;
 use crate::cuda::device_memory::{GpuState, Held, predict};
 use crate::error::{Error, Result};
-use crate::liveness::segments;
+use crate::liveness::recomputation;
 use crate::model::{Model, ModelMemory, StepOptions};
 use crate::ops::Op;
 use crate::ops::batch_norm::NormPass;
@@ -256,8 +256,8 @@ impl<D: Device> GpuModel<D> {
             _ => (free, "free on the GPU"),
         };
         // Recomputed as the CPU model recomputes (`ModelOptions::recompute`).
-        let segments = segments(&tape, model.spec(), &options.recompute)?;
-        let plan = (&tape, segments.as_slice(), options.saved);
+        let recomputation = recomputation(&tape, model.spec(), &options.recompute)?;
+        let plan = (&tape, &recomputation, options.saved);
         // The optimizer state is taken after (`state_buffer`). Within a budget, the planner
         // sized it (`GpuMemory::predict`) and the pool holds it to the budget; on a GPU's free
         // memory, room is kept for the most any optimizer takes: Adam's two f32 moments.

@@ -41,10 +41,11 @@ fn models() -> Vec<(ModelSpec, usize, GpuState)> {
 #[test]
 fn the_device_holds_what_the_prediction_says() {
     type Variant = (Precision, fn(ModelOptions) -> ModelOptions);
-    let variants: [Variant; 4] = [
+    let variants: [Variant; 5] = [
         (Precision::F32, |o| o),
         (Precision::Bf16, |o| o),
         (Precision::F32, |o| o.recompute(Recompute::Auto)),
+        (Precision::F32, |o| o.recompute(Recompute::Selective)),
         (Precision::F32, |o| o.saved(SavedPrecision::Bf16)),
     ];
     for (spec, rows, state) in models() {
