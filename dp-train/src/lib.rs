@@ -68,7 +68,7 @@ mod zero;
 
 pub use config::{
     Augmentation, Device, GradCompression, MAX_REPLICAS_PER_CORE, Normalization, OptimizerConfig,
-    PruneConfig, SPARSE_C, SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch,
+    PruneConfig, RecomputePolicy, SPARSE_C, SPARSE_LR, TrainConfig, auto_epochs, auto_global_batch,
     sparse_auto_epochs, sparse_optimizer,
 };
 pub use dp_data::CropPolicy;

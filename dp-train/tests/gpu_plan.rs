@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use common::TempDir;
 use dp_data::{TextOptions, WriterOptions, import_text};
-use dp_model::{GpuMemory, GpuState, ModelOptions, ModelSpec, Recompute, StatePrecision};
+use dp_model::{GpuMemory, GpuState, ModelOptions, ModelSpec, StatePrecision};
 use dp_train::{
     ByteSize, Device, GradCompression, MemoryPlan, RunOptions, TrainConfig, largest_model,
     plan_memory, train,
@@ -58,7 +58,7 @@ fn config(budget: Option<u64>) -> TrainConfig {
 fn predicted(plan: &MemoryPlan) -> GpuMemory {
     let config = &plan.config;
     let spec = ModelSpec::builtin(&config.model, &[CONTEXT], 256).unwrap();
-    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    let recompute = config.recompute.model();
     let options = ModelOptions::new(plan.micro_batch, config.seed)
         .recompute(recompute)
         .saved(config.activations);

@@ -11,7 +11,9 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{TempDir, config};
-use dp_train::{ByteSize, RunOptions, TrainConfig, largest_model, plan_memory, train};
+use dp_train::{
+    ByteSize, RecomputePolicy, RunOptions, TrainConfig, largest_model, plan_memory, train,
+};
 
 /// Set in a child process: the case it runs, its data and where its run goes.
 const CASE: &str = "DP_MEMORY_PLAN_CASE";
@@ -52,7 +54,7 @@ fn one_planned_run() {
         summary.process_peak_rss.unwrap_or(0),
         saved.replicas,
         saved.share_params,
-        saved.recompute || saved.grad_accum > 1,
+        saved.recompute != RecomputePolicy::Off || saved.grad_accum > 1,
         saved.optimizer_bits,
     );
 }
@@ -125,7 +127,7 @@ fn a_budget_is_met_with_the_cheapest_settings_and_one_too_small_fails_before_the
     let shared = plan_memory(&config, 1).unwrap();
     assert!(shared.predicted_peak <= budget);
     assert_eq!(shared.turned_on, ["shared parameters (share_params)"]);
-    assert!(shared.config.share_params && !shared.config.recompute);
+    assert!(shared.config.share_params && shared.config.recompute == RecomputePolicy::Off);
     assert_eq!((shared.config.replicas, shared.config.grad_accum), (2, 1));
 
     let out = TempDir::new("memory-plan-too-small");
@@ -164,7 +166,10 @@ fn activations_are_rounded_to_bf16_before_they_are_recomputed() {
     let planned = plan_memory(&TrainConfig { memory_budget: Some(ByteSize(budget)), ..config }, 1);
     let planned = planned.unwrap();
     assert_eq!(planned.turned_on, ["bf16 saved activations (activations = \"bf16\")"]);
-    assert!(!planned.config.recompute && planned.config.replicas == 2, "{planned}");
+    assert!(
+        planned.config.recompute == RecomputePolicy::Off && planned.config.replicas == 2,
+        "{planned}"
+    );
 }
 
 #[test]

@@ -195,7 +195,7 @@ fn the_run_directory_holds_config_metrics_summary_and_checkpoint() {
 fn memory_techniques_and_compression_train_too() {
     let out = TempDir::new("techniques");
     let mut c = config(2, 60);
-    c.recompute = true;
+    c.recompute = dp_train::RecomputePolicy::Full;
     c.grad_accum = 2;
     c.clip_grad_norm = Some(1.0);
     c.compression = dp_train::GradCompression::Bf16;
@@ -418,7 +418,10 @@ fn the_memory_minimum_moves_with_accumulation_recomputation_and_zero() {
     let peak = |s: &dp_train::Summary, tag: &str| s.peak_memory[tag];
     let base = run("base", config(2, 4));
     let accum = run("accum", TrainConfig { grad_accum: 2, ..config(2, 4) });
-    let recompute = run("recompute", TrainConfig { recompute: true, ..config(2, 4) });
+    let recompute = run(
+        "recompute",
+        TrainConfig { recompute: dp_train::RecomputePolicy::Full, ..config(2, 4) },
+    );
     let zero = run("zero", TrainConfig { zero_stage: 1, ..config(2, 4) });
     let own = run("own", TrainConfig { share_params: false, ..config(2, 4) });
     let zero_own =

@@ -119,10 +119,11 @@ struct ConfigFlags {
     /// moments: about 2 bytes per parameter for Adam instead of 8; CPU only).
     #[arg(long = "optimizer-bits", value_name = "BITS")]
     optimizer_bits: Option<u8>,
-    /// Activation recomputation (per residual block in a ResNet).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    recompute: bool,
+    /// Activation recomputation: `selective` (the norms, activations and dropout between the
+    /// products, a few percent more time) or `full` (per residual block in a ResNet or a
+    /// GPT, the most memory saved); `--recompute` alone is `full`.
+    #[arg(long, value_name = "POLICY", num_args = 0..=1, default_missing_value = "full")]
+    recompute: Option<dp_train::RecomputePolicy>,
     /// Label smoothing of the training targets, in [0, 1) (0.1 is usual for ImageNet).
     #[arg(long, value_name = "EPS", allow_negative_numbers = true)]
     label_smoothing: Option<f64>,
@@ -678,13 +679,14 @@ mod tests {
             "auto",
         ])
         .unwrap();
-        let mut config = TrainConfig { recompute: true, epochs: 7, ..TrainConfig::default() };
+        let full = dp_train::RecomputePolicy::Full;
+        let mut config = TrainConfig { recompute: full, epochs: 7, ..TrainConfig::default() };
         apply(&mut config, &cli.train).unwrap();
         assert_eq!(config.train_data, Path::new("d"));
         assert_eq!(config.eval_data, None, "a dataset given alone is not evaluated on another");
         assert_eq!((config.input_feature.as_str(), config.label_feature.as_str()), ("x", "y"));
         assert_eq!((config.per_replica_batch, config.clip_grad_norm), (Some(8), Some(2.0)));
-        assert_eq!((config.zero_stage, config.epochs, config.recompute), (1, 0, true));
+        assert_eq!((config.zero_stage, config.epochs, config.recompute), (1, 0, full));
         assert_eq!(config.optimizer_bits, 8);
         assert_eq!(config.normalize_mean, Some(vec![0.5]));
         assert_eq!(config.normalize_std, Some(vec![2.0, 3.0]));
@@ -709,7 +711,10 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--eval-data", "e", "--recompute"]).unwrap();
         let mut config = TrainConfig { eval_data: Some("kept".into()), ..TrainConfig::default() };
         apply(&mut config, &cli.train).unwrap();
-        assert_eq!((config.eval_data, config.recompute), (Some("e".into()), true));
+        assert_eq!((config.eval_data.clone(), config.recompute), (Some("e".into()), full));
+        let cli = Cli::try_parse_from(["train", "--recompute", "selective"]).unwrap();
+        apply(&mut config, &cli.train).unwrap();
+        assert_eq!(config.recompute, dp_train::RecomputePolicy::Selective);
         // A resumed run takes a new length and replica count, and refuses every other option
         // given, even one equal to its default, instead of ignoring it.
         let given = |args: &[&str]| {

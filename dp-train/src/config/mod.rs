@@ -20,7 +20,7 @@ mod run_name;
 mod validate;
 
 pub use augmentation::Augmentation;
-pub use choices::{Device, GradCompression, Normalization};
+pub use choices::{Device, GradCompression, Normalization, RecomputePolicy};
 pub use defaults::{
     MAX_REPLICAS_PER_CORE, SPARSE_C, SPARSE_LR, auto_epochs, auto_global_batch, sparse_auto_epochs,
     sparse_optimizer,
@@ -136,9 +136,10 @@ pub struct TrainConfig {
     pub share_params: bool,
     /// Where the replicas compute: `cpu`, or `cuda` (one replica per process on its GPU).
     pub device: Device,
-    /// Activation recomputation (one segment per parameterized layer: per residual block in
-    /// a ResNet).
-    pub recompute: bool,
+    /// Activation recomputation: `off`, `selective` (the products' outputs kept, the ops
+    /// between them recomputed) or `full` (one segment per parameterized layer: per residual
+    /// block in a ResNet or a GPT); `true` means `full`.
+    pub recompute: RecomputePolicy,
     /// Label smoothing of the training loss's class targets, in `[0, 1)` (PyTorch's
     /// `label_smoothing`; evaluation reports the plain cross-entropy).
     pub label_smoothing: f64,
@@ -254,7 +255,7 @@ impl Default for TrainConfig {
             optimizer_bits: 32,
             share_params: true,
             device: Device::Cpu,
-            recompute: false,
+            recompute: RecomputePolicy::Off,
             label_smoothing: 0.0,
             context: None,
             sync_bn: false,
@@ -470,7 +471,12 @@ mod tests {
         c.set("optimizer.momentum", "0.8").unwrap();
         c.set("lr", "0.02").unwrap();
         c.set("activations", "bf16").unwrap();
-        assert_eq!((c.data_workers, c.bucket_size, c.recompute), (3, ByteSize(512 << 10), true));
+        let full = RecomputePolicy::Full;
+        assert_eq!((c.data_workers, c.bucket_size, c.recompute), (3, ByteSize(512 << 10), full));
+        c.set("recompute", "selective").unwrap();
+        assert_eq!(c.recompute, RecomputePolicy::Selective);
+        let refused = c.set("recompute", "most").unwrap_err().to_string();
+        assert!(refused.contains("recompute") && refused.contains("selective"), "{refused}");
         assert_eq!(c.activations, SavedPrecision::Bf16);
         assert_eq!(c.train_data, std::path::PathBuf::from("data/my table"));
         // With no optimizer given, a setting of one starts from the `sgd` preset.

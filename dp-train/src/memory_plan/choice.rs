@@ -19,8 +19,9 @@
 //!    backward, and the step run in chunks of the batch where it can be; 1.01-1.12x the step
 //!    time, and backward sees rounded activations (accuracy within 0.01 points on the digits
 //!    MLP and LeNet, `cargo xtask bench train --filter bf16act`).
-//! 7. **Recomputation**: backward runs the forward of each segment again, about a third more
-//!    arithmetic.
+//! 7. **Recomputation**, selective first: backward runs the norms, activations and dropout
+//!    between the products again (a few percent), or, full, each block's products too
+//!    (1.17x gpt-mini's step measured, 1.23x ResNet-20's).
 //! 8. **Fewer replicas** per process: each one given up is a core not computing.
 //!
 //! The estimates below follow this order; they rank plans, and are not a measurement. On the
@@ -31,7 +32,7 @@
 
 use dp_model::SavedPrecision;
 
-use crate::config::{Device, TrainConfig};
+use crate::config::{Device, RecomputePolicy, TrainConfig};
 use crate::plan::RunPlan;
 
 /// Estimated step-time factors of each setting (see the module docs).
@@ -40,7 +41,17 @@ const NO_PREFETCH: f64 = 1.03;
 const EIGHT_BIT_STATE: f64 = 1.15;
 const BF16_ACTIVATIONS: f64 = 1.1;
 const PER_ACCUMULATION_DOUBLING: f64 = 1.06;
-const RECOMPUTE: f64 = 1.33;
+const SELECTIVE_RECOMPUTE: f64 = 1.04;
+const FULL_RECOMPUTE: f64 = 1.25;
+
+/// The estimated step-time factor of recomputing at `policy`.
+fn recompute_cost(policy: RecomputePolicy) -> f64 {
+    match policy {
+        RecomputePolicy::Off => 1.0,
+        RecomputePolicy::Selective => SELECTIVE_RECOMPUTE,
+        RecomputePolicy::Full => FULL_RECOMPUTE,
+    }
+}
 
 /// The settings that change a run's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +63,7 @@ pub(crate) struct Settings {
     pub(crate) data_prefetch: usize,
     pub(crate) optimizer_bits: u8,
     pub(crate) activations: SavedPrecision,
-    pub(crate) recompute: bool,
+    pub(crate) recompute: RecomputePolicy,
     /// Where the replicas compute (what the savers above can be turned on on).
     pub(crate) device: Device,
 }
@@ -101,18 +112,22 @@ impl Settings {
         keep_replicas: bool,
     ) -> Vec<Settings> {
         let fewest = if keep_replicas { self.replicas } else { 1 };
-        // Bits of the savers this device has (the GPU: recomputation, 8-bit state, bf16
-        // saved activations, and over several GPUs ZeRO-1).
+        // Bits of the savers this device has (the GPU: 8-bit state, bf16 saved activations,
+        // and over several GPUs ZeRO-1); recomputation aside, whose levels every device has.
         let savers: u8 = match self.device {
-            Device::Cuda if processes > 1 => 0b11_1010,
-            Device::Cuda => 0b11_1000,
-            Device::Cpu => 0b11_1111,
+            Device::Cuda if processes > 1 => 0b11_0010,
+            Device::Cuda => 0b11_0000,
+            Device::Cpu => 0b11_0111,
         };
+        let levels = [RecomputePolicy::Off, RecomputePolicy::Selective, RecomputePolicy::Full];
+        let recomputes = levels.into_iter().filter(|&level| level >= self.recompute);
         let mut all = Vec::new();
         for replicas in (fewest..=self.replicas).rev() {
             let mut accum = self.grad_accum;
             while global_batch.is_multiple_of(replicas * processes * accum) {
-                for bits in (0..64u8).filter(|bits| bits & !savers == 0) {
+                let all_bits = (0..64u8).filter(|bits| bits & !savers == 0);
+                let both = all_bits.flat_map(|b| recomputes.clone().map(move |r| (b, r)));
+                for (bits, recompute) in both {
                     let on = |i: u8| bits & (1 << i) != 0;
                     let settings = Settings {
                         replicas,
@@ -120,7 +135,7 @@ impl Settings {
                         share_params: self.share_params || on(0),
                         zero_stage: self.zero_stage.max(u8::from(on(1))),
                         data_prefetch: if on(2) { 0 } else { self.data_prefetch },
-                        recompute: self.recompute || on(3),
+                        recompute,
                         optimizer_bits: if on(4) { 8 } else { self.optimizer_bits },
                         activations: if on(5) { SavedPrecision::Bf16 } else { self.activations },
                         device: self.device,
@@ -144,7 +159,8 @@ impl Settings {
             * PER_ACCUMULATION_DOUBLING.powf(doublings)
             * turned(self.zero_stage == 1, base.zero_stage == 1, ZERO1)
             * turned(self.data_prefetch == 0, base.data_prefetch == 0, NO_PREFETCH)
-            * turned(self.recompute, base.recompute, RECOMPUTE)
+            * recompute_cost(self.recompute)
+            / recompute_cost(base.recompute)
             * turned(self.optimizer_bits == 8, base.optimizer_bits == 8, EIGHT_BIT_STATE)
             * turned(bf16(self), bf16(base), BF16_ACTIVATIONS)
     }
@@ -179,8 +195,9 @@ impl Settings {
         if self.activations == SavedPrecision::Bf16 && base.activations != SavedPrecision::Bf16 {
             changes.push("bf16 saved activations (activations = \"bf16\")".to_string());
         }
-        if self.recompute && !base.recompute {
-            changes.push("activation recomputation (recompute)".to_string());
+        if self.recompute != base.recompute {
+            let name = self.recompute.name();
+            changes.push(format!("{name} activation recomputation (recompute = \"{name}\")"));
         }
         if self.replicas != base.replicas {
             changes.push(format!(
@@ -206,19 +223,28 @@ mod tests {
             data_prefetch: 2,
             optimizer_bits: 32,
             activations: SavedPrecision::F32,
-            recompute: false,
+            recompute: RecomputePolicy::Off,
             device: Device::Cpu,
         };
         let gpu = Settings { device: Device::Cuda, ..cpu };
         let offered = |base: &Settings| base.candidates(64, 1, true);
-        // Each saver alone, and accumulation up to micro-batches of one sample.
-        assert_eq!(offered(&cpu).len(), 64 * 7);
+        // Each on-off saver, each level of recomputation, and accumulation up to
+        // micro-batches of one sample.
+        assert_eq!(offered(&cpu).len(), 32 * 3 * 7);
         let on_gpu = offered(&gpu);
-        assert_eq!(on_gpu.len(), 8 * 7);
+        assert_eq!(on_gpu.len(), 4 * 3 * 7);
+        // Full recomputation is offered from selective, selective never from full.
+        let selective = Settings { recompute: RecomputePolicy::Selective, ..cpu };
+        assert_eq!(offered(&selective).len(), 32 * 2 * 7);
+        let full = Settings { recompute: RecomputePolicy::Full, ..cpu };
+        assert!(offered(&full).iter().all(|s| s.recompute == RecomputePolicy::Full));
+        let slower = |s: RecomputePolicy| Settings { recompute: s, ..cpu }.slowdown(&cpu);
+        assert!(1.0 < slower(RecomputePolicy::Selective));
+        assert!(slower(RecomputePolicy::Selective) < slower(RecomputePolicy::Full));
         // The device's savers only: the prefetch, sharing and ZeRO stay as given.
         for s in on_gpu {
             let device_savers = Settings {
-                recompute: false,
+                recompute: RecomputePolicy::Off,
                 optimizer_bits: 32,
                 activations: SavedPrecision::F32,
                 grad_accum: 1,

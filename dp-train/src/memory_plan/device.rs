@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 
 use dp_comm::Compression;
-use dp_model::{GpuMemory, GpuState, ModelOptions, Recompute, SavedPrecision, StatePrecision};
+use dp_model::{GpuMemory, GpuState, ModelOptions, SavedPrecision, StatePrecision};
 
-use crate::config::OptimizerConfig;
+use crate::config::{OptimizerConfig, RecomputePolicy};
 use crate::error::Result;
 use crate::plan::RunPlan;
 use crate::zero::{decayed_in, zero_shard};
@@ -22,7 +22,7 @@ pub(crate) struct DevicePredictions {
 }
 
 /// What a device prediction depends on within one search (see [`DevicePredictions`]).
-type Key = (String, usize, bool, bool, bool, u8, u8);
+type Key = (String, usize, RecomputePolicy, bool, bool, u8, u8);
 
 impl DevicePredictions {
     /// The GPU memory `plan`'s run will hold on its device.
@@ -97,7 +97,7 @@ fn comm_buffers(plan: &RunPlan, params: usize) -> Result<Vec<usize>> {
 /// config's precision), its optimizer state, and its compressed all-reduce's buffers.
 pub(crate) fn predict_device(plan: &RunPlan) -> Result<GpuMemory> {
     let config = &plan.config;
-    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    let recompute = config.recompute.model();
     let options = ModelOptions::new(plan.batching.micro, config.seed)
         .recompute(recompute)
         .saved(config.activations);

@@ -6,12 +6,10 @@ use std::collections::HashMap;
 
 use dp_data::{Pipeline, TokenPipeline};
 use dp_mem::{ByTag, Tag};
-use dp_model::{
-    Adam, Model, ModelMemory, ModelOptions, Recompute, SavedPrecision, Sgd, StatePrecision,
-};
+use dp_model::{Adam, Model, ModelMemory, ModelOptions, SavedPrecision, Sgd, StatePrecision};
 
 use super::device::DevicePredictions;
-use crate::config::OptimizerConfig;
+use crate::config::{OptimizerConfig, RecomputePolicy};
 use crate::error::Result;
 use crate::plan::{RunPlan, pipeline_config};
 use crate::replica::reduces_in_place;
@@ -49,7 +47,7 @@ pub(crate) struct Prediction {
 #[derive(Default)]
 pub(crate) struct DataNeeds {
     pipelines: HashMap<(usize, usize, bool), u64>,
-    models: HashMap<(String, usize, bool, bool), ModelMemory>,
+    models: HashMap<(String, usize, RecomputePolicy, bool), ModelMemory>,
     /// Parameters by model: counting them builds the model's tape.
     params: HashMap<String, usize>,
     /// Under `device = cuda`, the GPU's memory by settings.
@@ -75,7 +73,7 @@ impl DataNeeds {
         if let Some(&memory) = self.models.get(&key) {
             return Ok(memory);
         }
-        let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+        let recompute = config.recompute.model();
         let options = ModelOptions::new(plan.batching.micro, config.seed)
             .recompute(recompute)
             .precision(config.precision)

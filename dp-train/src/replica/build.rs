@@ -10,8 +10,7 @@ use dp_comm::Communicator;
 use dp_data::{Pipeline, Transform};
 use dp_mem::{Pool, Tag};
 use dp_model::{
-    CheckpointReader, Model, ModelOptions, Optimizer, Precision, Pruner, Recompute, SharedParams,
-    Sparsity,
+    CheckpointReader, Model, ModelOptions, Optimizer, Precision, Pruner, SharedParams, Sparsity,
 };
 
 use super::params::Params;
@@ -74,7 +73,7 @@ pub(super) fn model(
     pool: &Pool,
 ) -> Result<Model<f32>> {
     let config = &plan.config;
-    let recompute = if config.recompute { Recompute::Auto } else { Recompute::Off };
+    let recompute = config.recompute.model();
     // A GPU run's CPU model only holds its parameters (the GPU multiplies in `precision`).
     let precision = match config.device {
         Device::Cpu => config.precision,
