@@ -91,6 +91,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--steps-per-round", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--bf16", action="store_true", help="forward under torch.autocast(bfloat16)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
@@ -106,7 +109,8 @@ def main() -> None:
 
     def one_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
 
@@ -134,6 +138,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "batch": args.batch,
+        "bf16": args.bf16,
         "params": params,
         "samples_per_s": statistics.median(rounds),
         "rounds": rounds,

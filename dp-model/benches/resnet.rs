@@ -2,16 +2,22 @@
 //! SGD with momentum 0.9 and weight decay 5e-4) against PyTorch eager measured in this same run
 //! by `scripts/torch_resnet_step.py`, with the ratios and their targets:
 //!
-//! - one thread, batch 128: samples/s against PyTorch on one thread (target >= 1.2x);
+//! - one thread, batch 128: samples/s against PyTorch on one thread (target >= 1.5x);
+//! - the same with bf16 products (on AMX or AVX512_BF16, whichever this CPU has) against
+//!   PyTorch under `torch.autocast(bfloat16)` (target >= 1.2x);
 //! - the step's GEMMs run bare (each product alone, operands of the step's shapes) as a share of
 //!   the core's measured peak f32 rate, and the whole step's rate over the same FLOPs;
+//! - the convolution layers run alone (unfolding, products and folding back, forward and
+//!   backward) as a share of the rate of their precision: the core's measured peak `f32`
+//!   rate, and for bf16 the rate our bf16 kernels reach on a large square product (target
+//!   >= 60% for both);
 //! - two replicas on two threads, batch 64 each (global 128), their gradients summed before each
 //!   SGD step so their parameters stay identical: global samples/s against PyTorch on two
 //!   threads (target >= 1.2x);
 //! - the resident memory a step adds over the process's resident set before the model is
 //!   built, measured in a clean child process (this binary run again with `DP_RESNET_MEMORY`
 //!   set to `off` or `auto`), against PyTorch's (target <= 0.5x), and the activations saved
-//!   without and with recomputation per block (target >= 2x lower).
+//!   without and with recomputation per block (target >= 2x lower), and selective.
 //!
 //! Times are medians of timed rounds after warm-up steps. `cargo bench -p dp-model --bench
 //! resnet` prints the report (about two minutes on two cores); without `--bench` among the
@@ -22,7 +28,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use dp_mem::Pool;
-use dp_model::{BareGemm, ModelSpec, Precision, Recompute, Sgd, SgdConfig};
+use dp_model::{
+    BareGemm, Bf16Kernels, GemmBackend, GemmShape, ModelSpec, Precision, Recompute, Sgd, SgdConfig,
+};
 use ndarray::{Array2, s};
 
 mod child_memory;
@@ -45,9 +53,18 @@ type ResNet = Bench<Sgd<f32>>;
 /// ResNet-20's optimizer, SGD with momentum 0.9 and weight decay 5e-4 at 0.1, on batch
 /// `input`.
 fn bench(spec: &ModelSpec, recompute: Recompute, input: (Array2<f32>, Vec<i64>)) -> ResNet {
+    bench_in(spec, (recompute, Precision::F32), input)
+}
+
+/// [`bench`] with products in a precision.
+fn bench_in(
+    spec: &ModelSpec,
+    settings: (Recompute, Precision),
+    input: (Array2<f32>, Vec<i64>),
+) -> ResNet {
     let config = SgdConfig { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
     let sgd = |len, pool: &Pool| Sgd::new(len, config, pool).expect("optimizer");
-    Bench::new(spec, (recompute, Precision::F32), input, sgd, 0.1)
+    Bench::new(spec, settings, input, sgd, 0.1)
 }
 
 /// Rows `rows` of one fixed global batch: inputs in [0, 1], labels cycling over the classes.
@@ -101,23 +118,26 @@ fn report(spec: &ModelSpec) {
         black_box(one.step());
     });
     let ours = BATCH as f64 / step;
-    let peer1 = Peer::measure(1);
+    let peer1 = Peer::measure(1, false);
     println!(
         "\nResNet-20 b{BATCH}, one thread, SGD momentum 0.9 + weight decay 5e-4, medians of 13 steps: {:.1} ms/step, {ours:.1} samples/s",
         step * 1e3
     );
     match &peer1 {
         Ok(p) => println!(
-            "  PyTorch {} eager, one thread, measured now: {:.1} samples/s ({} params, ours {}); ours {:.2}x  >= 1.2 {}",
+            "  PyTorch {} eager, one thread, measured now: {:.1} samples/s ({} params, ours {}); ours {:.2}x  >= 1.5 {}",
             p.version,
             p.samples_per_s,
             p.params,
             one.model.params().len(),
             ours / p.samples_per_s,
-            verdict(ours / p.samples_per_s >= 1.2)
+            verdict(ours / p.samples_per_s >= 1.5)
         ),
         Err(why) => println!("  PyTorch peer not measured ({why})"),
     }
+
+    // 2b. One thread in bf16 products, against ours in f32 and PyTorch's bf16 autocast.
+    bf16_step(spec, ours);
 
     // 3. The step's GEMMs: each product bare, median of 5 runs after one warm-up.
     let shapes = one.model.gemm_shapes(BATCH);
@@ -141,6 +161,9 @@ fn report(spec: &ModelSpec) {
         100.0 * bare / step,
     );
 
+    // 3b. The convolutions alone, at each precision.
+    print_convs(spec, peak);
+
     // 4. Two replicas on two threads.
     let replica = |r: usize| {
         let half = BATCH / 2;
@@ -156,13 +179,13 @@ fn report(spec: &ModelSpec) {
         step2 * 1e3,
         if identical { "yes" } else { "NO" }
     );
-    match Peer::measure(2) {
+    match Peer::measure(2, false) {
         Ok(p) => println!(
-            "  PyTorch {} eager, two threads, measured now: {:.1} samples/s; ours {:.2}x  >= 1.2 {}",
+            "  PyTorch {} eager, two threads, measured now: {:.1} samples/s; ours {:.2}x  >= 1.5 {}",
             p.version,
             p.samples_per_s,
             ours2 / p.samples_per_s,
-            verdict(ours2 / p.samples_per_s >= 1.2)
+            verdict(ours2 / p.samples_per_s >= 1.5)
         ),
         Err(why) => println!("  PyTorch peer not measured ({why})"),
     }
@@ -189,6 +212,72 @@ fn report(spec: &ModelSpec) {
             auto.step_seconds / off.step_seconds
         );
     }
+    let saved =
+        |recompute| bench(spec, recompute, batch(0..BATCH)).model.memory().saved_activations as f64;
+    println!(
+        "  selective recomputation (the batch norms and ReLUs between convolutions) lowers them {:.2}x",
+        saved(Recompute::Off) / saved(Recompute::Selective)
+    );
+}
+
+/// The one-thread step with bf16 products (on whichever kernels this CPU has) against our
+/// f32 step's `f32_rate` samples/s and PyTorch's under `torch.autocast(bfloat16)` (target
+/// >= 1.2x).
+fn bf16_step(spec: &ModelSpec, f32_rate: f64) {
+    let Some(kernels) = Bf16Kernels::current() else {
+        println!("  bf16: not measured (this CPU has neither AMX-BF16 nor AVX512_BF16)");
+        return;
+    };
+    let mut bf16 = bench_in(spec, (Recompute::Off, Precision::Bf16), batch(0..BATCH));
+    let step = timed(3, 13, || {
+        black_box(bf16.step());
+    });
+    let ours = BATCH as f64 / step;
+    println!(
+        "  bf16 products ({} kernels), one thread: {ours:.1} samples/s, {:.2}x our f32 step",
+        kernels.name(),
+        ours / f32_rate
+    );
+    match Peer::measure(1, true) {
+        Ok(p) => println!(
+            "  PyTorch {} eager, bf16 autocast, one thread, measured now: {:.1} samples/s; ours {:.2}x  >= 1.2 {}",
+            p.version,
+            p.samples_per_s,
+            ours / p.samples_per_s,
+            verdict(ours / p.samples_per_s >= 1.2)
+        ),
+        Err(why) => println!("  PyTorch's bf16 autocast not measured ({why})"),
+    }
+}
+
+/// Each convolution layer run alone (median of 5 runs after one warm-up), in f32 and bf16,
+/// as a share of the rate of its precision: the core's `peak` f32 rate, and for bf16 our
+/// bf16 kernels' rate on a 1024-cube product (the core's bf16 peak is not measured
+/// directly).
+fn print_convs(spec: &ModelSpec, peak: f64) {
+    let square = GemmShape { m: 1024, k: 1024, n: 1024, a_transposed: false, b_transposed: false };
+    let bf16_rate = BareGemm::<f32>::on(square, GemmBackend::current(), Precision::Bf16)
+        .map(|mut gemm| square.flops() as f64 / timed(1, 5, || gemm.run()) / 1e9);
+    let mut precisions = vec![(Precision::F32, "the core's peak f32 rate", peak)];
+    if let Some(rate) = bf16_rate {
+        precisions.push((Precision::Bf16, "our bf16 kernels' rate on a 1024-cube", rate));
+    }
+    for (precision, reference, rate) in precisions {
+        let model = bench_in(spec, (Recompute::Off, precision), batch(0..BATCH)).model;
+        let (mut flops, mut seconds) = (0u64, 0.0);
+        for mut conv in model.bare_convs(BATCH) {
+            flops += conv.gemm_shapes().iter().map(|s| s.flops()).sum::<u64>();
+            seconds += timed(1, 5, || conv.run());
+        }
+        let conv_rate = flops as f64 / seconds / 1e9;
+        let share = conv_rate / rate;
+        println!(
+            "  the convolutions alone in {} (unfolding, products, folding back): {conv_rate:.1} GFLOP/s = {:.0}% of {reference} ({rate:.0} GFLOP/s)  >= 60% {}",
+            precision.name(),
+            100.0 * share,
+            verdict(share >= 0.6)
+        );
+    }
 }
 
 /// The memory measurement's child, without or with recomputation (`mode`).
@@ -207,17 +296,17 @@ struct Peer {
 }
 
 impl Peer {
-    /// Runs the peer script on `threads` threads, or says why it could not.
-    fn measure(threads: usize) -> Result<Peer, String> {
+    /// Runs the peer script on `threads` threads, under bf16 autocast with `bf16`, or says
+    /// why it could not.
+    fn measure(threads: usize, bf16: bool) -> Result<Peer, String> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_resnet_step.py");
         let mut command = Command::new("python3");
-        let json = torch_peer::run(command.args([
-            script,
-            "--threads",
-            &threads.to_string(),
-            "--warmup",
-            "6",
-        ]))?;
+        let threads = threads.to_string();
+        command.args([script, "--threads", &threads, "--warmup", "6"]);
+        if bf16 {
+            command.arg("--bf16");
+        }
+        let json = torch_peer::run(&mut command)?;
         let number = |key: &str| torch_peer::number(&json, key);
         Ok(Peer {
             version: json["torch"].as_str().unwrap_or("?").to_string(),

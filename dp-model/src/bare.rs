@@ -74,7 +74,7 @@ pub struct BareConv<T: Float> {
 }
 
 impl<T: Float> BareConv<T> {
-    fn new(conv: &Conv2d, batch: usize, first: bool) -> Self {
+    fn new(conv: &Conv2d, batch: usize, first: bool, precision: Precision) -> Self {
         let conv = Conv2d { offset: 0, ..conv.clone() };
         let fill = |len: usize, seed: usize| -> Vec<T> {
             (0..len).map(|i| T::of(((i * 7 + seed) % 11) as f64 / 11.0 - 0.5)).collect()
@@ -85,7 +85,7 @@ impl<T: Float> BareConv<T> {
         let work = Workspace::new(
             &pool,
             ScratchLens { cols: conv.scratch_len(batch), norm: 0, attention: 0 },
-            Precision::F32,
+            precision,
         )
         .expect("an unlimited pool");
         Self {
@@ -140,10 +140,12 @@ impl<T: Float> BareConv<T> {
 }
 
 impl<T: Float> Model<T> {
-    /// Each convolution layer of the model, to run alone on `batch` samples ([`BareConv`]).
+    /// Each convolution layer of the model, to run alone on `batch` samples ([`BareConv`]),
+    /// its products in the model's precision.
     pub fn bare_convs(&self, batch: usize) -> Vec<BareConv<T>> {
+        let precision = self.options().precision;
         let conv = |(i, op): (usize, &Op)| match op {
-            Op::Conv2d(c) => Some(BareConv::new(c, batch, i == 0)),
+            Op::Conv2d(c) => Some(BareConv::new(c, batch, i == 0, precision)),
             _ => None,
         };
         self.ops().enumerate().filter_map(conv).collect()
