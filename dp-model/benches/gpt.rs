@@ -273,6 +273,16 @@ fn report(spec: &ModelSpec) {
     }
 
     // 7. Recomputation: saved activations (from this process's models) and step time.
+    print_recomputation(recomputed);
+}
+
+/// A recomputation policy, the step times without and with it and their ratio
+/// ([`alternate`]), and the activation bytes saved without and with it.
+type Recomputed = (Recompute, (Times, Times, Times), (u64, u64));
+
+/// Per recomputation policy, the saved activations without and with it and the alternate
+/// steps' times (targets for `Recompute::Auto`).
+fn print_recomputation(recomputed: [Recomputed; 2]) {
     for (recompute, (off_step, step, time_ratio), (off_saved, saved)) in recomputed {
         let saved_ratio = off_saved as f64 / saved as f64;
         let auto = recompute == Recompute::Auto;

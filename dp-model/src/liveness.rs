@@ -111,34 +111,17 @@ impl ActivationPlan {
     ) -> Self {
         let nodes = &tape.nodes;
         let n = nodes.len();
-        let consumers =
-            |i: usize| (i + 1..n).filter(move |&k| nodes[k].sources().any(|s| s == Some(i)));
         #[derive(Clone, Copy, PartialEq)]
         enum Home {
             Kept,
             Slot(usize),
             Transient,
         }
-        // Backward reads the output of `i` (its own backward, or a consumer's).
-        let read_back = |i: usize| {
-            reads_output(&nodes[i].op)
-                || consumers(i).any(|k| nodes[k].input == Some(i) && reads_input(&nodes[k].op))
-        };
-        // Per segment, from its last inner node down: an output is wanted again when backward
-        // or a recomputed node reads it, and then recomputed, but only from what is there
-        // anyway with a selective policy (see `recomputable`). Nothing else runs again: an
-        // output only the segment's own output depends on (a block's last product) is not
-        // recomputed.
+        let read_back = |i: usize| read_back(tape, i);
+        let recompute_at = recompute_lists(tape, recomputation);
         let mut recomputed = vec![false; n];
-        let mut recompute_at = vec![Vec::new(); n];
-        for segment in &recomputation.segments {
-            let at = segment.end - 1;
-            let recomputable = recomputable(tape, segment, recomputation.keep_products, read_back);
-            for j in (segment.start..at).rev() {
-                let wanted = read_back(j) || consumers(j).any(|k| recomputed[k]);
-                recomputed[j] = wanted && recomputable[j - segment.start];
-            }
-            recompute_at[at] = (segment.start..at).filter(|&j| recomputed[j]).collect();
+        for &j in recompute_at.iter().flatten() {
+            recomputed[j] = true;
         }
         let mut home = vec![Home::Kept; n];
         let mut slot_lens: Vec<usize> = Vec::new();
@@ -154,7 +137,7 @@ impl ActivationPlan {
             }
         }
         for i in 0..n - 1 {
-            let wanted = read_back(i) || consumers(i).any(|k| recomputed[k]);
+            let wanted = read_back(i) || consumers(tape, i).any(|k| recomputed[k]);
             if home[i] == Home::Kept && (recomputed[i] || !wanted) {
                 home[i] = Home::Transient;
             }
@@ -420,21 +403,51 @@ impl GradientPlan {
 /// product, a layer norm's input), or itself such an op. So a ReLU right after a
 /// convolution is kept, not recomputed: recomputing it would keep the convolution's output,
 /// as large, in its stead.
-fn recomputable(
-    tape: &Tape,
-    segment: &Range<usize>,
-    products: bool,
-    read_back: impl Fn(usize) -> bool,
-) -> Vec<bool> {
+fn recomputable(tape: &Tape, segment: &Range<usize>, products: bool) -> Vec<bool> {
     let mut may = vec![!products; segment.len()];
     if products {
         for i in segment.clone() {
-            let there = |j: usize| read_back(j) || (segment.contains(&j) && may[j - segment.start]);
+            let there =
+                |j: usize| read_back(tape, j) || (segment.contains(&j) && may[j - segment.start]);
             let node = &tape.nodes[i];
             may[i - segment.start] = !costly(&node.op) && node.sources().flatten().all(there);
         }
     }
     may
+}
+
+/// The nodes after `i` that read its output.
+fn consumers(tape: &Tape, i: usize) -> impl Iterator<Item = usize> + '_ {
+    let nodes = &tape.nodes;
+    (i + 1..nodes.len()).filter(move |&k| nodes[k].sources().any(|s| s == Some(i)))
+}
+
+/// Whether backward reads the output of `i` (its own backward, or a consumer's).
+fn read_back(tape: &Tape, i: usize) -> bool {
+    let nodes = &tape.nodes;
+    reads_output(&nodes[i].op)
+        || consumers(tape, i).any(|k| nodes[k].input == Some(i) && reads_input(&nodes[k].op))
+}
+
+/// Per node that ends a segment, the nodes inside it that recomputation runs, in order. Per
+/// segment, from its last inner node down: an output is wanted again when backward or a
+/// recomputed node reads it, and then recomputed, but only from what is there anyway with a
+/// selective policy (see [`recomputable`]). Nothing else runs again: an output only the
+/// segment's own output depends on (a block's last product) is not recomputed.
+fn recompute_lists(tape: &Tape, recomputation: &Recomputation) -> Vec<Vec<usize>> {
+    let n = tape.nodes.len();
+    let mut recomputed = vec![false; n];
+    let mut lists = vec![Vec::new(); n];
+    for segment in &recomputation.segments {
+        let at = segment.end - 1;
+        let recomputable = recomputable(tape, segment, recomputation.keep_products);
+        for j in (segment.start..at).rev() {
+            let wanted = read_back(tape, j) || consumers(tape, j).any(|k| recomputed[k]);
+            recomputed[j] = wanted && recomputable[j - segment.start];
+        }
+        lists[at] = (segment.start..at).filter(|&j| recomputed[j]).collect();
+    }
+    lists
 }
 
 /// What a step drops after forward and computes again in backward.
