@@ -33,7 +33,8 @@ enum XtaskCmd {
     /// (`bench data --filter images` for that alone) and reading from S3-compatible object
     /// storage against local disk (`--filter objects`); `bench train` ends with a language model
     /// against PyTorch's training of the same (`bench train --filter lm` for that alone), then
-    /// f32 against 8-bit Adam state (`bench train --filter optim8` for that alone).
+    /// f32 against 8-bit Adam state (`bench train --filter optim8` for that alone), bf16 saved
+    /// activations (`--filter bf16act`) and bf16 products (`--filter bf16`).
     Bench {
         /// The crate whose benchmarks to run, e.g. `dp-mem` or just `mem`; all crates when
         /// omitted; `comm` for the all-reduce table; `train` for the trainer's scaling and a

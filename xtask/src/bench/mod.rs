@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: every benchmark section, each against a reference measured in the same
 //! run. Only the `xtask` binary has this tree; `dp` links none of it.
 
+mod bf16;
 mod bf16act;
 mod comm;
 mod corpus;
