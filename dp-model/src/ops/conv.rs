@@ -8,12 +8,18 @@
 //! written whole and read back, it made the layer run at the speed of memory, not of its
 //! products. So it is unfolded a chunk of output rows at a time, into a buffer that stays in
 //! L2 ([`CHUNK_VALUES`]), and each product runs on the chunk while it is there.
+//!
+//! A ResNet's 3x3 convolutions of stride 1 in `f32` on AVX-512 unfold nothing: forward and
+//! the input gradient run directly on the image (`conv_direct.rs`), and only the weight
+//! gradient unfolds, as above.
 
 use std::ops::Range;
 
 use ndarray::s;
 
 use crate::float::Float;
+#[cfg(target_arch = "x86_64")]
+use crate::ops::conv_direct;
 use crate::ops::gemm::{Gemm, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
 
@@ -95,6 +101,25 @@ impl Conv2d {
         (0..all).step_by(rows).map(move |r| r * width..(r + rows).min(all) * width)
     }
 
+    /// The direct kernels' view of this layer at `batch` samples, when they run it: a 3x3
+    /// kernel of stride 1 and padding 1 over an image they tile, `f32` products on AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    fn direct<T: Float>(&self, batch: usize, gemm: &Gemm) -> Option<conv_direct::Shape> {
+        let shape = conv_direct::Shape {
+            channels: self.channels,
+            out_channels: self.out_channels,
+            batch,
+            height: self.height,
+            width: self.width,
+        };
+        (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+            && gemm.precision() == crate::ops::gemm::Precision::F32
+            && (self.kernel, self.stride, self.padding) == (3, 1, 1)
+            && conv_direct::fits(self.height, self.width)
+            && rows::avx512())
+        .then_some(shape)
+    }
+
     pub(crate) fn forward<T: Float>(
         &self,
         batch: usize,
@@ -107,6 +132,14 @@ impl Conv2d {
         let (n, patch) = (batch * self.out_height * self.out_width, self.patch_len());
         let w = &params[self.offset..self.offset + self.out_channels * patch];
         let b = &params[self.offset + w.len()..self.offset + self.param_len()];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(shape) = self.direct::<T>(batch, gemm) {
+            let f32s = |v| rows::as_f32(v).expect("checked f32");
+            let bias = self.bias.then(|| f32s(b));
+            let y = rows::as_f32_mut(y).expect("checked f32");
+            // SAFETY: `direct` checked the CPU and the shape; the buffers are the layer's.
+            return unsafe { conv_direct::correlate(shape, f32s(w), bias, f32s(x), y, false) };
+        }
         let w = view(w, self.out_channels, patch);
         let mut y = view_mut(y, self.out_channels, n);
         for columns in self.chunks(batch) {
@@ -135,7 +168,7 @@ impl Conv2d {
         grads: &mut [T],
         x: &[T],
         dy: &[T],
-        mut dx: Option<&mut [T]>,
+        dx: Option<&mut [T]>,
         add_dx: bool,
         scratch: &mut [T],
         accumulate: bool,
@@ -149,6 +182,27 @@ impl Conv2d {
             let sum = sum_lanes(row);
             *g = if accumulate { *g + sum } else { sum };
         }
+        // The direct kernels take the input gradient whole, the flipped kernels in `scratch`
+        // before the weight gradient's chunks unfold there.
+        #[cfg(target_arch = "x86_64")]
+        let dx = match (self.direct::<T>(batch, gemm), dx) {
+            (Some(shape), Some(dx)) if scratch.len() >= weights => {
+                let flipped = rows::as_f32_mut(&mut scratch[..weights]).expect("checked f32");
+                let w = rows::as_f32(&params[self.offset..self.offset + weights]).expect("f32");
+                conv_direct::flip(w, self.out_channels, self.channels, flipped);
+                let gradient = conv_direct::Shape {
+                    channels: self.out_channels,
+                    out_channels: self.channels,
+                    ..shape
+                };
+                let (dy, dx) = (rows::as_f32(dy).expect("f32"), rows::as_f32_mut(dx).expect("f32"));
+                // SAFETY: `direct` checked the CPU and the shape; the buffers are the layer's.
+                unsafe { conv_direct::correlate(gradient, flipped, None, dy, dx, add_dx) };
+                None
+            }
+            (_, dx) => dx,
+        };
+        let mut dx = dx;
         let w = view(&params[self.offset..self.offset + weights], self.out_channels, patch);
         if let Some(dx) = dx.as_deref_mut()
             && !add_dx
@@ -434,9 +488,12 @@ mod tests {
 
     fn agrees_with_the_definition<T: Float>(tolerance: f64) {
         let pool = Pool::new(&Tracker::new());
-        for (channels, size, out_channels, kernel, stride, padding, batch) in
-            [(16, 32, 8, 3, 1, 1, 3), (64, 20, 4, 3, 2, 1, 5), (3, 9, 5, 5, 1, 2, 2)]
-        {
+        for (channels, size, out_channels, kernel, stride, padding, batch) in [
+            (16, 32, 8, 3, 1, 1, 3),
+            (64, 20, 4, 3, 2, 1, 5),
+            (3, 9, 5, 5, 1, 2, 2),
+            (8, 8, 6, 3, 1, 1, 2),
+        ] {
             let out = (size + 2 * padding - kernel) / stride + 1;
             let c = Conv2d {
                 channels,

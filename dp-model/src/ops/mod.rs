@@ -7,6 +7,8 @@ pub(crate) mod attention;
 pub(crate) mod avg_pool;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
+#[cfg(target_arch = "x86_64")]
+mod conv_direct;
 pub(crate) mod dropout;
 pub(crate) mod embedding;
 pub(crate) mod gemm;

@@ -213,6 +213,12 @@ impl Gemm {
     }
 
     /// Bytes of packing buffer held.
+    /// What the products multiply in (the direct convolutions run only in `f32`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn precision(&self) -> Precision {
+        self.precision
+    }
+
     pub(crate) fn workspace_bytes(&self) -> usize {
         std::mem::size_of_val(&*self.workspace)
     }
