@@ -535,12 +535,24 @@ fn open_run(
 ///
 /// A new run with a `memory_budget` is planned to fit it by the first process, whose config
 /// the others take; a resumed run keeps the settings it was planned with.
+/// Address space a run's setup must find free under a limit (`ulimit -v`): several times
+/// what it allocates before the budgets are checked.
+const SETUP_HEADROOM: u64 = 32 << 20;
+
 fn set_up(
     config: TrainConfig,
     options: &RunOptions,
     processes: &mut Processes,
     baseline: u64,
 ) -> Result<(RunPlan, Option<RunLock>, Planned)> {
+    // Under an address-space limit, what the setup allocates before any budget is checked
+    // (the config, the data's manifests, the plan) would abort the process where the system
+    // refused it: a limit that leaves less than that free is refused first, in the budgets'
+    // words.
+    if dp_mem::address_space_limit().is_some() {
+        dp_mem::check_headroom(SETUP_HEADROOM, dp_mem::Tag::Temp)
+            .map_err(|e| config.explain(Error::Memory(e)))?;
+    }
     let mut planned = Planned { slowdown: 1.0, ..Planned::default() };
     let count = processes.count();
     let mut lock = None;
