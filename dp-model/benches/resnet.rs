@@ -123,18 +123,10 @@ fn report(spec: &ModelSpec) {
         "\nResNet-20 b{BATCH}, one thread, SGD momentum 0.9 + weight decay 5e-4, medians of 13 steps: {:.1} ms/step, {ours:.1} samples/s",
         step * 1e3
     );
-    match &peer1 {
-        Ok(p) => println!(
-            "  PyTorch {} eager, one thread, measured now: {:.1} samples/s ({} params, ours {}); ours {:.2}x  >= 1.5 {}",
-            p.version,
-            p.samples_per_s,
-            p.params,
-            one.model.params().len(),
-            ours / p.samples_per_s,
-            verdict(ours / p.samples_per_s >= 1.5)
-        ),
-        Err(why) => println!("  PyTorch peer not measured ({why})"),
+    if let Ok(p) = &peer1 {
+        println!("  PyTorch's model: {} params, ours {}", p.params, one.model.params().len());
     }
+    compare(&peer1, "eager, one thread", ours, 1.5);
 
     // 2b. One thread in bf16 products, against ours in f32 and PyTorch's bf16 autocast.
     bf16_step(spec, ours);
@@ -179,16 +171,7 @@ fn report(spec: &ModelSpec) {
         step2 * 1e3,
         if identical { "yes" } else { "NO" }
     );
-    match Peer::measure(2, false) {
-        Ok(p) => println!(
-            "  PyTorch {} eager, two threads, measured now: {:.1} samples/s; ours {:.2}x  >= 1.5 {}",
-            p.version,
-            p.samples_per_s,
-            ours2 / p.samples_per_s,
-            verdict(ours2 / p.samples_per_s >= 1.5)
-        ),
-        Err(why) => println!("  PyTorch peer not measured ({why})"),
-    }
+    compare(&Peer::measure(2, false), "eager, two threads", ours2, 1.5);
 
     // 5. Memory, each measured in a clean child process.
     let (off, auto) = (memory_of(MEMORY_CHILD, "off"), memory_of(MEMORY_CHILD, "auto"));
@@ -238,15 +221,20 @@ fn bf16_step(spec: &ModelSpec, f32_rate: f64) {
         kernels.name(),
         ours / f32_rate
     );
-    match Peer::measure(1, true) {
+    compare(&Peer::measure(1, true), "eager, bf16 autocast, one thread", ours, 1.2);
+}
+
+/// Prints our `ours` samples/s against the peer's (run as `how` says) and the `target` ratio.
+fn compare(peer: &Result<Peer, String>, how: &str, ours: f64, target: f64) {
+    match peer {
         Ok(p) => println!(
-            "  PyTorch {} eager, bf16 autocast, one thread, measured now: {:.1} samples/s; ours {:.2}x  >= 1.2 {}",
+            "  PyTorch {} {how}, measured now: {:.1} samples/s; ours {:.2}x  >= {target} {}",
             p.version,
             p.samples_per_s,
             ours / p.samples_per_s,
-            verdict(ours / p.samples_per_s >= 1.2)
+            verdict(ours / p.samples_per_s >= target)
         ),
-        Err(why) => println!("  PyTorch's bf16 autocast not measured ({why})"),
+        Err(why) => println!("  PyTorch {how} not measured ({why})"),
     }
 }
 
