@@ -25,9 +25,9 @@ bench's format:
 import argparse
 import statistics
 import sys
-import time
 
 from gpt_model import Gpt, GptConfig
+from gpu_timing import timed_steps
 
 GPT2_SMALL = GptConfig(vocab=50257, context=1024, layers=12, heads=12, dim=768, dropout=0.0)
 BATCH, BATCHES, WARM_UP_STEPS, RUNS, STEPS = 8, 4, 3, 3, 10
@@ -64,7 +64,7 @@ def run(checkpoint: bool) -> None:
     batch_bytes = 2 * batches[0][0].numel() * 8
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    used_before = used_peak = total - free
+    used_before = total - free
     model = build(torch, GPT2_SMALL, checkpoint).to(device)
     model.train()
     optimizer = torch.optim.AdamW(
@@ -82,24 +82,8 @@ def run(checkpoint: bool) -> None:
         optimizer.step()
         step += 1
 
-    def sample() -> None:
-        nonlocal used_peak
-        free, total = torch.cuda.mem_get_info()
-        used_peak = max(used_peak, total - free)
-
-    for _ in range(WARM_UP_STEPS):
-        one_step()
-    torch.cuda.synchronize()
-    sample()
-    torch.cuda.reset_peak_memory_stats()
-    rates = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        for _ in range(STEPS):
-            one_step()
-        torch.cuda.synchronize()
-        rates.append(STEPS * BATCH * GPT2_SMALL.context / (time.perf_counter() - start))
-        sample()
+    tokens = BATCH * GPT2_SMALL.context
+    rates, used_peak = timed_steps(one_step, WARM_UP_STEPS, RUNS, STEPS, tokens, used_before)
     allocator = (torch.cuda.max_memory_allocated() - (BATCHES - 1) * batch_bytes) / MIB
     driver = (used_peak - used_before) / MIB
     label = " recompute" if checkpoint else ""

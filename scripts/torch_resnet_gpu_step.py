@@ -44,7 +44,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from gpu_timing import timed_steps
 
 MIB = 1024.0 * 1024.0
 BATCHES = 4
@@ -152,7 +153,6 @@ def run_case(model_name: str, precision: str) -> None:
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     used_before = total - free
-    used_peak = used_before
 
     model = build(model_name).to(device=device, memory_format=memory_format)
     model.train()
@@ -170,24 +170,7 @@ def run_case(model_name: str, precision: str) -> None:
         optimizer.step()
         step += 1
 
-    def sample() -> None:
-        nonlocal used_peak
-        free, total = torch.cuda.mem_get_info()
-        used_peak = max(used_peak, total - free)
-
-    for _ in range(WARM_UP_STEPS):
-        one_step()
-    torch.cuda.synchronize()
-    sample()
-    torch.cuda.reset_peak_memory_stats()
-    rates = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        for _ in range(steps):
-            one_step()
-        torch.cuda.synchronize()
-        rates.append(steps * batch / (time.perf_counter() - start))
-        sample()
+    rates, used_peak = timed_steps(one_step, WARM_UP_STEPS, RUNS, steps, batch, used_before)
     allocator = (torch.cuda.max_memory_allocated() - (BATCHES - 1) * batch_bytes) / MIB
     driver = (used_peak - used_before) / MIB
     print(

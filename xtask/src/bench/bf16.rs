@@ -10,8 +10,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use dp_model::Precision;
-use dp_train::{Observer, RunOptions, StepMetrics, TrainConfig};
+use dp_train::{RunOptions, TrainConfig};
 
+use super::bf16act::Curve;
 use super::corpus::{CorpusSpec, generate};
 use super::support::{median, verdict, with_scratch};
 
@@ -22,16 +23,6 @@ const SEEDS: u64 = 3;
 const STEPS: u64 = 300;
 /// ResNet-20's accuracy must agree within this many points.
 const ACCURACY_POINTS: f64 = 0.3;
-
-/// The median step time of a run.
-#[derive(Default)]
-struct StepTimes(Vec<f64>);
-
-impl Observer for StepTimes {
-    fn step(&mut self, metrics: &StepMetrics) {
-        self.0.push(metrics.step_s);
-    }
-}
 
 /// A run's held-out figure (accuracy or loss) and its median step time.
 struct Run {
@@ -51,13 +42,13 @@ fn train(out: &Path, config: &TrainConfig, precision: Precision, seed: u64) -> R
     let name = format!("{}-{}-{seed}", config.model.replace([':', ','], "_"), precision.name());
     let config =
         TrainConfig { precision, seed, name: Some(name), steps: Some(STEPS), ..config.clone() };
-    let mut times = StepTimes::default();
-    let summary = dp_train::train(config, &RunOptions::new(out), &mut times)?;
+    let mut curve = Curve::default();
+    let summary = dp_train::train(config, &RunOptions::new(out), &mut curve)?;
     let held_out = match summary.eval_accuracy {
         Some(accuracy) => accuracy,
         None => summary.eval_loss.context("the run reported no held-out figure")?,
     };
-    Ok(Run { held_out, step_s: median(times.0.iter().copied()) })
+    Ok(Run { held_out, step_s: median(curve.step_s.iter().copied()) })
 }
 
 /// Both precisions over the seeds: (f32's runs, bf16's runs).

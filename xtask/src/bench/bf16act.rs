@@ -29,11 +29,12 @@ const BYTES_TARGET: f64 = 0.52;
 const ACCURACY_POINTS: f64 = 0.3;
 const LOSS_TARGET: f64 = 0.01;
 
-/// One run's curve and figures.
+/// One run's training losses and step times, step by step (the bf16 products section reads
+/// its step times too).
 #[derive(Default)]
-struct Curve {
+pub(super) struct Curve {
     losses: Vec<f64>,
-    step_s: Vec<f64>,
+    pub(super) step_s: Vec<f64>,
 }
 
 impl Observer for Curve {
