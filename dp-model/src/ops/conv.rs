@@ -10,18 +10,18 @@
 //! L2 ([`CHUNK_VALUES`]), and each product runs on the chunk while it is there.
 //!
 //! A ResNet's 3x3 convolutions of stride 1 in `f32` on AVX-512 unfold nothing: forward and
-//! the input gradient run directly on the image (`conv_direct.rs`), and only the weight
-//! gradient unfolds, as above.
+//! the input gradient run directly on the image (`conv_direct.rs`), and so does the weight
+//! gradient (`conv_weight_gradient.rs`).
 
 use std::ops::Range;
 
 use ndarray::s;
 
 use crate::float::Float;
-#[cfg(target_arch = "x86_64")]
-use crate::ops::conv_direct;
 use crate::ops::gemm::{Gemm, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
+#[cfg(target_arch = "x86_64")]
+use crate::ops::{conv_direct, conv_staging, conv_weight_gradient};
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
 /// float sum cannot be reordered, so it runs one add per cycle of latency).
@@ -89,9 +89,19 @@ impl Conv2d {
         (CHUNK_VALUES / (self.patch_len() * self.out_width)).clamp(1, batch * self.out_height)
     }
 
-    /// Scratch values a chunk of unfolded input of `batch` samples takes.
+    /// Scratch values the layer needs at `batch` samples: a chunk of unfolded input, or
+    /// what the direct kernels stage, whichever is more.
     pub(crate) fn scratch_len(&self, batch: usize) -> usize {
-        self.patch_len() * self.chunk_rows(batch) * self.out_width
+        let unfolded = self.patch_len() * self.chunk_rows(batch) * self.out_width;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(forward) = self.direct_shape(batch) {
+            let backward = forward.input_gradient();
+            let least = conv_direct::least_scratch(forward)
+                .max(conv_direct::least_scratch(backward))
+                .max(conv_weight_gradient::least_scratch(forward));
+            return unfolded.max(least);
+        }
+        unfolded
     }
 
     /// The chunks of output rows, as ranges of columns of the output `[OC, B*OH*OW]`.
@@ -101,23 +111,30 @@ impl Conv2d {
         (0..all).step_by(rows).map(move |r| r * width..(r + rows).min(all) * width)
     }
 
-    /// The direct kernels' view of this layer at `batch` samples, when they run it: a 3x3
-    /// kernel of stride 1 and padding 1 over an image they tile, `f32` products on AVX-512.
+    /// The direct kernels' view of this layer at `batch` samples, when its shape is theirs:
+    /// a 3x3 kernel of stride 1 and padding 1 over an image they tile.
     #[cfg(target_arch = "x86_64")]
-    fn direct<T: Float>(&self, batch: usize, gemm: &Gemm) -> Option<conv_direct::Shape> {
-        let shape = conv_direct::Shape {
+    fn direct_shape(&self, batch: usize) -> Option<conv_staging::Shape> {
+        let shape = conv_staging::Shape {
             channels: self.channels,
             out_channels: self.out_channels,
             batch,
             height: self.height,
             width: self.width,
         };
+        ((self.kernel, self.stride, self.padding) == (3, 1, 1)
+            && conv_staging::fits(self.height, self.width))
+        .then_some(shape)
+    }
+
+    /// [`Conv2d::direct_shape`] where the direct kernels run it: `f32` products on AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    fn direct<T: Float>(&self, batch: usize, gemm: &Gemm) -> Option<conv_staging::Shape> {
         (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
             && gemm.precision() == crate::ops::gemm::Precision::F32
-            && (self.kernel, self.stride, self.padding) == (3, 1, 1)
-            && conv_direct::fits(self.height, self.width)
             && rows::avx512())
-        .then_some(shape)
+        .then(|| self.direct_shape(batch))
+        .flatten()
     }
 
     pub(crate) fn forward<T: Float>(
@@ -133,12 +150,18 @@ impl Conv2d {
         let w = &params[self.offset..self.offset + self.out_channels * patch];
         let b = &params[self.offset + w.len()..self.offset + self.param_len()];
         #[cfg(target_arch = "x86_64")]
-        if let Some(shape) = self.direct::<T>(batch, gemm) {
+        if let Some(shape) = self.direct::<T>(batch, gemm)
+            && conv_direct::fits(shape, scratch.len())
+        {
             let f32s = |v| rows::as_f32(v).expect("checked f32");
-            let bias = self.bias.then(|| f32s(b));
+            let (w, bias, x) = (f32s(w), self.bias.then(|| f32s(b)), f32s(x));
             let y = rows::as_f32_mut(y).expect("checked f32");
-            // SAFETY: `direct` checked the CPU and the shape; the buffers are the layer's.
-            return unsafe { conv_direct::correlate(shape, f32s(w), bias, f32s(x), y, false) };
+            let scratch = rows::as_f32_mut(scratch).expect("checked f32");
+            let kernels = conv_staging::Kernels::Forward;
+            // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
+            return unsafe {
+                conv_direct::correlate(shape, w, kernels, bias, x, y, false, scratch)
+            };
         }
         let w = view(w, self.out_channels, patch);
         let mut y = view_mut(y, self.out_channels, n);
@@ -182,26 +205,38 @@ impl Conv2d {
             let sum = sum_lanes(row);
             *g = if accumulate { *g + sum } else { sum };
         }
-        // The direct kernels take the input gradient whole, the flipped kernels in `scratch`
-        // before the weight gradient's chunks unfold there.
+        // The direct kernels take the input gradient whole, staging in `scratch` before the
+        // weight gradient does.
         #[cfg(target_arch = "x86_64")]
         let dx = match (self.direct::<T>(batch, gemm), dx) {
-            (Some(shape), Some(dx)) if scratch.len() >= weights => {
-                let flipped = rows::as_f32_mut(&mut scratch[..weights]).expect("checked f32");
+            (Some(shape), Some(dx)) if conv_direct::fits(shape.input_gradient(), scratch.len()) => {
                 let w = rows::as_f32(&params[self.offset..self.offset + weights]).expect("f32");
-                conv_direct::flip(w, self.out_channels, self.channels, flipped);
-                let gradient = conv_direct::Shape {
-                    channels: self.out_channels,
-                    out_channels: self.channels,
-                    ..shape
-                };
                 let (dy, dx) = (rows::as_f32(dy).expect("f32"), rows::as_f32_mut(dx).expect("f32"));
-                // SAFETY: `direct` checked the CPU and the shape; the buffers are the layer's.
-                unsafe { conv_direct::correlate(gradient, flipped, None, dy, dx, add_dx) };
+                let scratch = rows::as_f32_mut(scratch).expect("f32");
+                let (gradient, kernels) = (shape.input_gradient(), conv_staging::Kernels::Flipped);
+                // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
+                unsafe {
+                    conv_direct::correlate(gradient, w, kernels, None, dy, dx, add_dx, scratch)
+                };
                 None
             }
             (_, dx) => dx,
         };
+        // With the input gradient done (or not asked for), the weight gradient is summed
+        // directly too, where its staged band fits the scratch.
+        #[cfg(target_arch = "x86_64")]
+        if let Some(shape) = self.direct::<T>(batch, gemm)
+            && dx.is_none()
+            && conv_weight_gradient::fits(shape, scratch.len())
+        {
+            let (x, dy) = (rows::as_f32(x).expect("f32"), rows::as_f32(dy).expect("f32"));
+            let (dw, scratch) = (rows::as_f32_mut(dw).expect("f32"), rows::as_f32_mut(scratch));
+            let scratch = scratch.expect("f32");
+            // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
+            return unsafe {
+                conv_weight_gradient::weight_gradient(shape, x, dy, dw, accumulate, scratch)
+            };
+        }
         let mut dx = dx;
         let w = view(&params[self.offset..self.offset + weights], self.out_channels, patch);
         if let Some(dx) = dx.as_deref_mut()
@@ -493,6 +528,7 @@ mod tests {
             (64, 20, 4, 3, 2, 1, 5),
             (3, 9, 5, 5, 1, 2, 2),
             (8, 8, 6, 3, 1, 1, 2),
+            (4, 8, 16, 3, 1, 1, 3),
         ] {
             let out = (size + 2 * padding - kernel) / stride + 1;
             let c = Conv2d {

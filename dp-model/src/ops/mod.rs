@@ -9,6 +9,10 @@ pub(crate) mod batch_norm;
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 mod conv_direct;
+#[cfg(target_arch = "x86_64")]
+mod conv_staging;
+#[cfg(target_arch = "x86_64")]
+mod conv_weight_gradient;
 pub(crate) mod dropout;
 pub(crate) mod embedding;
 pub(crate) mod gemm;
