@@ -15,7 +15,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::ops::conv_staging::{self, Band, Kernels, Shape, lanes, tile_rows, transpose};
+use crate::ops::conv_staging::{self, Band, Kernels, Shape, lanes, tile_rows};
+use crate::ops::register_transpose::transpose;
 
 /// `body` once for each literal `q` that meets `cond`, written out: a loop the compiler
 /// might not unroll.

@@ -14,7 +14,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::ops::conv_staging::{self, Band, Shape, lanes, transpose};
+use crate::ops::conv_staging::{self, Band, Shape, lanes};
+use crate::ops::register_transpose::transpose;
 
 /// Pixels of a row summed at a time: their taps overlap, so 4 pixels' 36 FMAs per input
 /// row read 6 input values, where one pixel at a time would load a value per FMA, and the

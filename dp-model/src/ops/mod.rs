@@ -23,6 +23,8 @@ pub(crate) mod loss;
 pub(crate) mod norm_sync;
 mod op;
 pub(crate) mod pool;
+#[cfg(target_arch = "x86_64")]
+mod register_transpose;
 pub(crate) mod rows;
 pub(crate) mod sparse;
 pub(crate) mod transpose;

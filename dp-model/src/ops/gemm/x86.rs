@@ -17,6 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::packed::{Panel, Strided, StridedMut, Tile, TileOut, bf16_pair, pack};
+use crate::ops::register_transpose::transpose;
 
 /// Chooses the instantiation for tile height `mr` (one of the kernel's `MRS`) and for `a`
 /// packed (`line` 1, `step` `mr`: constant offsets) or read in place.
@@ -442,7 +443,7 @@ unsafe fn pack_k_contiguous<K: Tile>(
                             load(w0)
                         };
                     }
-                    transpose16(&mut rows);
+                    let rows = transpose(rows);
                     for (c, row) in rows.iter().enumerate().take((used - w0).min(16)) {
                         let at = packed.as_mut_ptr().add((w0 + c) * width + group);
                         _mm512_mask_storeu_ps(at.cast(), write, *row);
@@ -452,40 +453,6 @@ unsafe fn pack_k_contiguous<K: Tile>(
         }
         // Words past `k`, up to the kernel's multiple.
         packed[used * width..].fill(0);
-    }
-}
-
-/// Transposes 16 rows of 16 lanes in registers: unpack pairs, shuffle quads, then two rounds
-/// of 128-bit lane shuffles (row `4 l + e` of the result gathers lane `l`'s element `e`).
-#[inline(always)]
-fn transpose16(rows: &mut [__m512; 16]) {
-    // SAFETY: register shuffles only; the callers enable AVX-512F.
-    unsafe {
-        let mut t = [_mm512_setzero_ps(); 16];
-        for q in 0..8 {
-            t[2 * q] = _mm512_unpacklo_ps(rows[2 * q], rows[2 * q + 1]);
-            t[2 * q + 1] = _mm512_unpackhi_ps(rows[2 * q], rows[2 * q + 1]);
-        }
-        // u[4 q + e], 128-bit lane l: element 4 l + e of rows 4 q .. 4 q + 4.
-        let mut u = [_mm512_setzero_ps(); 16];
-        for q in 0..4 {
-            let (lo, hi) = (t[4 * q], t[4 * q + 1]);
-            let (lo2, hi2) = (t[4 * q + 2], t[4 * q + 3]);
-            u[4 * q] = _mm512_shuffle_ps::<0x44>(lo, lo2);
-            u[4 * q + 1] = _mm512_shuffle_ps::<0xEE>(lo, lo2);
-            u[4 * q + 2] = _mm512_shuffle_ps::<0x44>(hi, hi2);
-            u[4 * q + 3] = _mm512_shuffle_ps::<0xEE>(hi, hi2);
-        }
-        for e in 0..4 {
-            let even = _mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
-            let odd = _mm512_shuffle_f32x4::<0xDD>(u[e], u[4 + e]);
-            let even2 = _mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
-            let odd2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + e], u[12 + e]);
-            rows[e] = _mm512_shuffle_f32x4::<0x88>(even, even2);
-            rows[8 + e] = _mm512_shuffle_f32x4::<0xDD>(even, even2);
-            rows[4 + e] = _mm512_shuffle_f32x4::<0x88>(odd, odd2);
-            rows[12 + e] = _mm512_shuffle_f32x4::<0xDD>(odd, odd2);
-        }
     }
 }
 
