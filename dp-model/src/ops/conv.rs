@@ -18,10 +18,10 @@ use std::ops::Range;
 use ndarray::s;
 
 use crate::float::Float;
-use crate::ops::gemm::{Gemm, view, view_mut};
+use crate::ops::gemm::{Bf16Kernels, Gemm, Precision, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
 #[cfg(target_arch = "x86_64")]
-use crate::ops::{conv_direct, conv_staging, conv_weight_gradient};
+use crate::ops::{conv_amx, conv_direct, conv_staging, conv_weight_gradient};
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
 /// float sum cannot be reordered, so it runs one add per cycle of latency).
@@ -96,9 +96,12 @@ impl Conv2d {
         #[cfg(target_arch = "x86_64")]
         if let Some(forward) = self.direct_shape(batch) {
             let backward = forward.input_gradient();
-            let least = conv_direct::least_scratch(forward)
-                .max(conv_direct::least_scratch(backward))
-                .max(conv_weight_gradient::least_scratch(forward));
+            let least = [forward, backward]
+                .into_iter()
+                .flat_map(|s| [conv_direct::least_scratch(s), conv_amx::least_scratch(s)])
+                .chain([conv_weight_gradient::least_scratch(forward)])
+                .max()
+                .unwrap_or(0);
             return unfolded.max(least);
         }
         unfolded
@@ -127,14 +130,12 @@ impl Conv2d {
         .then_some(shape)
     }
 
-    /// [`Conv2d::direct_shape`] where the direct kernels run it: `f32` products on AVX-512.
+    /// [`Conv2d::direct_shape`] where the direct kernels can run it: `f32` values on AVX-512.
     #[cfg(target_arch = "x86_64")]
-    fn direct<T: Float>(&self, batch: usize, gemm: &Gemm) -> Option<conv_staging::Shape> {
-        (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-            && gemm.precision() == crate::ops::gemm::Precision::F32
-            && rows::avx512())
-        .then(|| self.direct_shape(batch))
-        .flatten()
+    fn direct<T: Float>(&self, batch: usize) -> Option<conv_staging::Shape> {
+        (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && rows::avx512())
+            .then(|| self.direct_shape(batch))
+            .flatten()
     }
 
     pub(crate) fn forward<T: Float>(
@@ -150,18 +151,16 @@ impl Conv2d {
         let w = &params[self.offset..self.offset + self.out_channels * patch];
         let b = &params[self.offset + w.len()..self.offset + self.param_len()];
         #[cfg(target_arch = "x86_64")]
-        if let Some(shape) = self.direct::<T>(batch, gemm)
-            && conv_direct::fits(shape, scratch.len())
-        {
+        if let Some(shape) = self.direct::<T>(batch) {
             let f32s = |v| rows::as_f32(v).expect("checked f32");
             let (w, bias, x) = (f32s(w), self.bias.then(|| f32s(b)), f32s(x));
-            let y = rows::as_f32_mut(y).expect("checked f32");
-            let scratch = rows::as_f32_mut(scratch).expect("checked f32");
-            let kernels = conv_staging::Kernels::Forward;
-            // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
-            return unsafe {
-                conv_direct::correlate(shape, w, kernels, bias, x, y, false, scratch)
-            };
+            let out = rows::as_f32_mut(&mut *y).expect("checked f32");
+            let work = rows::as_f32_mut(&mut *scratch).expect("checked f32");
+            let operands = Operands { w, bias, x, y: out, accumulate: false, scratch: work };
+            let forward = conv_staging::Kernels::Forward;
+            if correlate_directly(shape, forward, gemm.precision(), operands) {
+                return;
+            }
         }
         let w = view(w, self.out_channels, patch);
         let mut y = view_mut(y, self.out_channels, n);
@@ -208,24 +207,22 @@ impl Conv2d {
         // The direct kernels take the input gradient whole, staging in `scratch` before the
         // weight gradient does.
         #[cfg(target_arch = "x86_64")]
-        let dx = match (self.direct::<T>(batch, gemm), dx) {
-            (Some(shape), Some(dx)) if conv_direct::fits(shape.input_gradient(), scratch.len()) => {
+        let dx = match (self.direct::<T>(batch), dx) {
+            (Some(shape), Some(dx)) => {
                 let w = rows::as_f32(&params[self.offset..self.offset + weights]).expect("f32");
-                let (dy, dx) = (rows::as_f32(dy).expect("f32"), rows::as_f32_mut(dx).expect("f32"));
-                let scratch = rows::as_f32_mut(scratch).expect("f32");
-                let (gradient, kernels) = (shape.input_gradient(), conv_staging::Kernels::Flipped);
-                // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
-                unsafe {
-                    conv_direct::correlate(gradient, w, kernels, None, dy, dx, add_dx, scratch)
-                };
-                None
+                let x = rows::as_f32(dy).expect("f32");
+                let y = rows::as_f32_mut(&mut *dx).expect("f32");
+                let work = rows::as_f32_mut(&mut *scratch).expect("f32");
+                let operands = Operands { w, bias: None, x, y, accumulate: add_dx, scratch: work };
+                let (gradient, flipped) = (shape.input_gradient(), conv_staging::Kernels::Flipped);
+                (!correlate_directly(gradient, flipped, gemm.precision(), operands)).then_some(dx)
             }
             (_, dx) => dx,
         };
         // With the input gradient done (or not asked for), the weight gradient is summed
         // directly too, where its staged band fits the scratch.
         #[cfg(target_arch = "x86_64")]
-        if let Some(shape) = self.direct::<T>(batch, gemm)
+        if let Some(shape) = self.direct::<T>(batch)
             && dx.is_none()
             && conv_weight_gradient::fits(shape, scratch.len())
         {
@@ -452,6 +449,43 @@ impl Conv2d {
                 }
             }
         }
+    }
+}
+
+/// What a direct correlation reads and writes: `y (+)= correlate(x, w) (+ bias)`.
+#[cfg(target_arch = "x86_64")]
+struct Operands<'a> {
+    w: &'a [f32],
+    bias: Option<&'a [f32]>,
+    x: &'a [f32],
+    y: &'a mut [f32],
+    accumulate: bool,
+    scratch: &'a mut [f32],
+}
+
+/// Runs the correlation `shape` in the direct kernel of the products' `precision` (`f32` on
+/// AVX-512, `bf16` on AMX), where one takes it and the scratch holds what it stages; says
+/// whether one ran. The caller checked AVX-512F ([`Conv2d::direct`]).
+#[cfg(target_arch = "x86_64")]
+fn correlate_directly(
+    shape: conv_staging::Shape,
+    kernels: conv_staging::Kernels,
+    precision: Precision,
+    Operands { w, bias, x, y, accumulate, scratch }: Operands<'_>,
+) -> bool {
+    let amx = Bf16Kernels::current() == Some(Bf16Kernels::Amx);
+    match precision {
+        Precision::F32 if conv_direct::fits(shape, scratch.len()) => {
+            // SAFETY: the CPU has AVX-512F (the caller checked), `fits` the scratch.
+            unsafe { conv_direct::correlate(shape, w, kernels, bias, x, y, accumulate, scratch) };
+            true
+        }
+        Precision::Bf16 if amx && conv_amx::fits(shape, scratch.len()) => {
+            // SAFETY: `fits` checked AMX and the scratch.
+            unsafe { conv_amx::correlate(shape, w, kernels, bias, x, y, accumulate, scratch) };
+            true
+        }
+        _ => false,
     }
 }
 

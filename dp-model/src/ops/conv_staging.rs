@@ -152,12 +152,26 @@ pub(crate) fn stage_weights(shape: Shape, w: &[f32], kernels: Kernels, staged: &
     for c in 0..channels {
         for o in 0..out_channels {
             for t in 0..9 {
-                staged[(c * 9 + t) * stride + o] = match kernels {
-                    Kernels::Forward => w[(o * channels + c) * 9 + t],
-                    Kernels::Flipped => w[(c * out_channels + o) * 9 + 8 - t],
-                };
+                staged[(c * 9 + t) * stride + o] = kernel(shape, w, kernels, o, c, t);
             }
         }
+    }
+}
+
+/// Tap `t` (row-major in the 3x3 kernel) from input channel `c` to output channel `o` of the
+/// correlation `shape`, from the layer's `w` as [`stage_weights`] reads it.
+pub(crate) fn kernel(
+    shape: Shape,
+    w: &[f32],
+    kernels: Kernels,
+    o: usize,
+    c: usize,
+    t: usize,
+) -> f32 {
+    let Shape { channels, out_channels, .. } = shape;
+    match kernels {
+        Kernels::Forward => w[(o * channels + c) * 9 + t],
+        Kernels::Flipped => w[(c * out_channels + o) * 9 + 8 - t],
     }
 }
 

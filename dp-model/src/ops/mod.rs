@@ -8,6 +8,8 @@ pub(crate) mod avg_pool;
 pub(crate) mod batch_norm;
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
+mod conv_amx;
+#[cfg(target_arch = "x86_64")]
 mod conv_direct;
 #[cfg(target_arch = "x86_64")]
 mod conv_staging;

@@ -182,6 +182,12 @@ impl Bf16Kernels {
     }
 }
 
+/// Whether this CPU has AMX with `bf16` and the OS lets this process use it.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn amx_ready() -> bool {
+    x86::amx_ready()
+}
+
 /// How a model's products run, with the packing buffers they run in (held for the model's
 /// life, so a step allocates nothing).
 #[derive(Debug)]
