@@ -8,6 +8,7 @@
 use std::any::TypeId;
 
 use crate::float::Float;
+use crate::ops::widest::widest;
 
 /// An elementwise nonlinearity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,11 +26,14 @@ const GELU_A: f64 = 0.044_715;
 impl Activation {
     pub(crate) fn forward<T: Float>(self, x: &[T], y: &mut [T]) {
         match self {
-            Self::Relu => {
-                for (y, &x) in y.iter_mut().zip(x) {
-                    *y = if x > T::zero() { x } else { T::zero() };
-                }
-            }
+            Self::Relu => widest(
+                #[inline(always)]
+                || {
+                    for (y, &x) in y.iter_mut().zip(x) {
+                        *y = if x > T::zero() { x } else { T::zero() };
+                    }
+                },
+            ),
             Self::Gelu if TypeId::of::<T>() == TypeId::of::<f32>() => {
                 fast_gelu::forward(bytemuck::cast_slice(x), bytemuck::cast_slice_mut(y));
             }
@@ -50,11 +54,14 @@ impl Activation {
 
     pub(crate) fn backward<T: Float>(self, x: &[T], y: &[T], dy: &[T], dx: &mut [T]) {
         match self {
-            Self::Relu => {
-                for ((dx, &dy), &y) in dx.iter_mut().zip(dy).zip(y) {
-                    *dx = if y > T::zero() { dy } else { T::zero() };
-                }
-            }
+            Self::Relu => widest(
+                #[inline(always)]
+                || {
+                    for ((dx, &dy), &y) in dx.iter_mut().zip(dy).zip(y) {
+                        *dx = if y > T::zero() { dy } else { T::zero() };
+                    }
+                },
+            ),
             Self::Gelu if TypeId::of::<T>() == TypeId::of::<f32>() => {
                 fast_gelu::backward(
                     bytemuck::cast_slice(x),

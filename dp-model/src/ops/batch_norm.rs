@@ -19,6 +19,7 @@
 
 use crate::float::Float;
 use crate::ops::lanes::{LANES, lanes_f64, moment_lanes};
+use crate::ops::widest::widest;
 
 /// Values summed in `T` before the sum joins the `f64` total: 128 a lane.
 const BLOCK: usize = 128 * LANES;
@@ -62,9 +63,35 @@ pub(crate) trait SumAcross {
 }
 
 /// Adds `dy` and `dy * (x - mean)` over whole chunks into the lanes `a` and `b` (out of line
-/// as [`moment_lanes`]).
+/// and on AVX-512F where the CPU has it, as [`moment_lanes`]).
 #[inline(never)]
 fn grad_lanes<T: Float>(
+    xs: &[[T; LANES]],
+    dys: &[[T; LANES]],
+    mean: T,
+    a: &mut [T; LANES],
+    b: &mut [T; LANES],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        #[target_feature(enable = "avx512f")]
+        fn wide<T: Float>(
+            xs: &[[T; LANES]],
+            dys: &[[T; LANES]],
+            mean: T,
+            a: &mut [T; LANES],
+            b: &mut [T; LANES],
+        ) {
+            grads(xs, dys, mean, a, b)
+        }
+        // SAFETY: the CPU has AVX-512F.
+        return unsafe { wide(xs, dys, mean, a, b) };
+    }
+    grads(xs, dys, mean, a, b)
+}
+
+#[inline(always)]
+fn grads<T: Float>(
     xs: &[[T; LANES]],
     dys: &[[T; LANES]],
     mean: T,
@@ -123,16 +150,26 @@ fn grad_sums<T: Float>(xs: &[T], dys: &[T], mean: T) -> (f64, f64) {
 
 /// `y = x * scale + shift`.
 fn scale_shift<T: Float>(xs: &[T], ys: &mut [T], scale: T, shift: T) {
-    for (y, &x) in ys.iter_mut().zip(xs) {
-        *y = x * scale + shift;
-    }
+    widest(
+        #[inline(always)]
+        || {
+            for (y, &x) in ys.iter_mut().zip(xs) {
+                *y = x * scale + shift;
+            }
+        },
+    )
 }
 
 /// `dx = k * ((dy - mean_dy) - (x - mean) * b)`, with `b = inv_std * mean(dy * xhat)`.
 fn input_grad<T: Float>(xs: &[T], dys: &[T], dxs: &mut [T], [k, mean_dy, mean, b]: [T; 4]) {
-    for ((dx, &x), &dy) in dxs.iter_mut().zip(xs).zip(dys) {
-        *dx = k * ((dy - mean_dy) - (x - mean) * b);
-    }
+    widest(
+        #[inline(always)]
+        || {
+            for ((dx, &x), &dy) in dxs.iter_mut().zip(xs).zip(dys) {
+                *dx = k * ((dy - mean_dy) - (x - mean) * b);
+            }
+        },
+    )
 }
 
 /// A channel's `(scale, shift)` from its parameters and statistics.
