@@ -6,6 +6,7 @@
 //! chunk of the batch (from element `first`) draws the batch's mask for its elements.
 
 use crate::float::Float;
+use crate::ops::widest::widest;
 
 /// Where a step's dropout masks come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,6 +26,7 @@ pub(crate) struct Dropout {
 }
 
 /// SplitMix64's finalizer: a bijective mix with full avalanche.
+#[inline(always)]
 pub(crate) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -82,10 +84,15 @@ impl Dropout {
         let key = self.key(stream, step);
         let threshold = self.threshold();
         let scale = T::of(self.scale());
-        for (i, (d, &s)) in (first..).zip(dst.iter_mut().zip(src)) {
-            let keep = mix(key ^ i as u64) >= threshold;
-            *d = if keep { s * scale } else { T::zero() };
-        }
+        widest(
+            #[inline(always)]
+            || {
+                for (i, (d, &s)) in (first..).zip(dst.iter_mut().zip(src)) {
+                    let keep = mix(key ^ i as u64) >= threshold;
+                    *d = if keep { s * scale } else { T::zero() };
+                }
+            },
+        )
     }
 }
 
