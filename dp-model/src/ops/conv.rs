@@ -362,9 +362,8 @@ impl Conv2d {
                     let rows = out[above * ow..].chunks_exact_mut(ow).take(to - from);
                     for (t, out) in rows.enumerate() {
                         let src = &x[start + i * plane + t * s * w..][..w];
-                        for (ox, o) in out[lo..hi].iter_mut().enumerate() {
-                            *o = src[(lo + ox) * s + kj - p];
-                        }
+                        // SAFETY: as above.
+                        unsafe { R::every_nth(&mut out[lo..hi], &src[lo * s + kj - p..], s) };
                     }
                 }
             }
@@ -442,9 +441,8 @@ impl Conv2d {
                     let rows = grads[above * ow..].chunks_exact(ow).take(to - from);
                     for (t, grad) in rows.enumerate() {
                         let dst = &mut dx[start + i * plane + t * s * w..][..w];
-                        for ox in lo..hi {
-                            dst[ox * s + kj - p] += grad[ox];
-                        }
+                        // SAFETY: as above.
+                        unsafe { R::add_every_nth(&mut dst[lo * s + kj - p..], &grad[lo..hi], s) };
                     }
                 }
             }

@@ -61,6 +61,10 @@ pub(crate) trait Rows<T> {
     unsafe fn zeros(out: &mut [T]);
     /// Adds the run's rows of `unfolded` (their values, not the zeros) back onto `image`.
     unsafe fn add(run: Run, image: &mut [T], unfolded: &[T]);
+    /// `out[k] = src[k * step]`: a row of a strided convolution's unfolded input.
+    unsafe fn every_nth(out: &mut [T], src: &[T], step: usize);
+    /// `dst[k * step] += grad[k]`: the same row folded back.
+    unsafe fn add_every_nth(dst: &mut [T], grad: &[T], step: usize);
 }
 
 /// Rows in portable code, for any [`Float`].
@@ -106,6 +110,24 @@ impl<T: Float> Rows<T> for Portable {
                     *d += s;
                 }
             }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn every_nth(out: &mut [T], src: &[T], step: usize) {
+        let Some(last) = out.len().checked_sub(1) else { return };
+        let src = &src[..=step * last];
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = src[step * k];
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn add_every_nth(dst: &mut [T], grad: &[T], step: usize) {
+        let Some(last) = grad.len().checked_sub(1) else { return };
+        let dst = &mut dst[..=step * last];
+        for (k, &g) in grad.iter().enumerate() {
+            dst[step * k] += g;
         }
     }
 }
@@ -251,6 +273,71 @@ impl Rows<f32> for Avx512 {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Every other value by a permute of two vectors, for a stride of 2 (the compiler left
+    /// that loop one value at a time); other strides as [`Portable`] does.
+    #[inline(always)]
+    unsafe fn every_nth(out: &mut [f32], src: &[f32], step: usize) {
+        use std::arch::x86_64::*;
+        if step != 2 {
+            // SAFETY: portable rows need nothing.
+            return unsafe { <Portable as Rows<f32>>::every_nth(out, src, step) };
+        }
+        let n = out.len();
+        assert!(n == 0 || 2 * (n - 1) < src.len());
+        // SAFETY: register operations; the caller runs on AVX-512F.
+        let even =
+            unsafe { _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) };
+        for k in (0..n).step_by(16) {
+            // SAFETY: the masks keep the loads inside `src` and the store inside `out`.
+            unsafe {
+                let from = src.as_ptr().add(2 * k);
+                let low = _mm512_maskz_loadu_ps(lanes(2 * k, 0, src.len()), from);
+                let high =
+                    _mm512_maskz_loadu_ps(lanes(2 * k + 16, 0, src.len()), from.wrapping_add(16));
+                let values = _mm512_permutex2var_ps(low, even, high);
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(k), lanes(k, 0, n), values);
+            }
+        }
+    }
+
+    /// [`Avx512::every_nth`] folded back: the gradients spread to the even lanes of two
+    /// vectors and added there.
+    #[inline(always)]
+    unsafe fn add_every_nth(dst: &mut [f32], grad: &[f32], step: usize) {
+        use std::arch::x86_64::*;
+        if step != 2 {
+            // SAFETY: portable rows need nothing.
+            return unsafe { <Portable as Rows<f32>>::add_every_nth(dst, grad, step) };
+        }
+        let n = grad.len();
+        assert!(n == 0 || 2 * (n - 1) < dst.len());
+        let len = dst.len();
+        // SAFETY: register operations; the caller runs on AVX-512F.
+        let (low_half, high_half) = unsafe {
+            (
+                _mm512_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0),
+                _mm512_setr_epi32(8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15, 0),
+            )
+        };
+        for k in (0..n).step_by(16) {
+            // SAFETY: the masks keep the loads inside `grad` and `dst`, and the stores inside
+            // `dst`: lanes past the last gradient add zero.
+            unsafe {
+                let g = _mm512_maskz_loadu_ps(lanes(k, 0, n), grad.as_ptr().add(k));
+                let to = dst.as_mut_ptr().add(2 * k);
+                let (low_lanes, high_lanes) = (lanes(2 * k, 0, len), lanes(2 * k + 16, 0, len));
+                let low = _mm512_maskz_loadu_ps(low_lanes, to);
+                let high = _mm512_maskz_loadu_ps(high_lanes, to.wrapping_add(16));
+                let evens = 0x5555;
+                let low = _mm512_mask_add_ps(low, evens, low, _mm512_permutexvar_ps(low_half, g));
+                let high =
+                    _mm512_mask_add_ps(high, evens, high, _mm512_permutexvar_ps(high_half, g));
+                _mm512_mask_storeu_ps(to, low_lanes, low);
+                _mm512_mask_storeu_ps(to.wrapping_add(16), high_lanes, high);
             }
         }
     }
