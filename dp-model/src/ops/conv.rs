@@ -21,7 +21,9 @@ use crate::float::Float;
 use crate::ops::gemm::{Bf16Kernels, Gemm, Precision, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
 #[cfg(target_arch = "x86_64")]
-use crate::ops::{conv_amx, conv_direct, conv_staging, conv_weight_gradient};
+use crate::ops::{
+    conv_amx, conv_amx_weight_gradient, conv_direct, conv_staging, conv_weight_gradient,
+};
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
 /// float sum cannot be reordered, so it runs one add per cycle of latency).
@@ -99,7 +101,10 @@ impl Conv2d {
             let least = [forward, backward]
                 .into_iter()
                 .flat_map(|s| [conv_direct::least_scratch(s), conv_amx::least_scratch(s)])
-                .chain([conv_weight_gradient::least_scratch(forward)])
+                .chain([
+                    conv_weight_gradient::least_scratch(forward),
+                    conv_amx_weight_gradient::least_scratch(forward),
+                ])
                 .max()
                 .unwrap_or(0);
             return unfolded.max(least);
@@ -220,19 +225,30 @@ impl Conv2d {
             (_, dx) => dx,
         };
         // With the input gradient done (or not asked for), the weight gradient is summed
-        // directly too, where its staged band fits the scratch.
+        // directly too, where its staged band fits the scratch: on AMX for `bf16` products,
+        // else in `f32`.
         #[cfg(target_arch = "x86_64")]
         if let Some(shape) = self.direct::<T>(batch)
             && dx.is_none()
-            && conv_weight_gradient::fits(shape, scratch.len())
         {
             let (x, dy) = (rows::as_f32(x).expect("f32"), rows::as_f32(dy).expect("f32"));
-            let (dw, scratch) = (rows::as_f32_mut(dw).expect("f32"), rows::as_f32_mut(scratch));
-            let scratch = scratch.expect("f32");
-            // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
-            return unsafe {
-                conv_weight_gradient::weight_gradient(shape, x, dy, dw, accumulate, scratch)
-            };
+            let dw = rows::as_f32_mut(&mut *dw).expect("f32");
+            let work = rows::as_f32_mut(&mut *scratch).expect("f32");
+            let amx = gemm.precision() == Precision::Bf16
+                && Bf16Kernels::current() == Some(Bf16Kernels::Amx)
+                && conv_amx_weight_gradient::fits(shape, work.len());
+            if amx {
+                // SAFETY: `fits` checked AMX and the scratch.
+                return unsafe {
+                    conv_amx_weight_gradient::weight_gradient(shape, x, dy, dw, accumulate, work)
+                };
+            }
+            if conv_weight_gradient::fits(shape, work.len()) {
+                // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
+                return unsafe {
+                    conv_weight_gradient::weight_gradient(shape, x, dy, dw, accumulate, work)
+                };
+            }
         }
         let mut dx = dx;
         let w = view(&params[self.offset..self.offset + weights], self.out_channels, patch);

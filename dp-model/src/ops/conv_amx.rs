@@ -154,32 +154,61 @@ pub(crate) unsafe fn correlate(
     }
 }
 
-/// The AMX tile registers, configured for one layer's pixels per tile and released when
-/// dropped: tmm0 and tmm1 two tiles' sums, tmm2 and tmm6 their whole steps of A, tmm3 and
-/// tmm7 their half steps, tmm4 and tmm5 a whole and a half step of B.
+/// The AMX tile registers as a kernel configured them (palette 1), released when dropped.
+pub(crate) struct TileConfig(());
+
+impl TileConfig {
+    /// Configures tile `t` as `rows` rows of `bytes` bytes, for each `(t, rows, bytes)`.
+    ///
+    /// # Safety
+    /// The CPU has AMX and the process may use it (`amx_ready`).
+    pub(crate) unsafe fn load(tiles: &[(usize, u8, u8)]) -> Self {
+        /// Bytes 16 + 2t hold tile t's bytes per row, byte 48 + t its rows.
+        #[repr(C, align(64))]
+        struct Config([u8; 64]);
+        let mut config = Config([0; 64]);
+        config.0[0] = 1;
+        for &(tile, rows, bytes) in tiles {
+            config.0[16 + 2 * tile] = bytes;
+            config.0[48 + tile] = rows;
+        }
+        // SAFETY: as the caller promised.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
+        Self(())
+    }
+}
+
+impl Drop for TileConfig {
+    fn drop(&mut self) {
+        // SAFETY: after `ldtilecfg` in `load`.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// The tiles of [`correlate`]: tmm0 and tmm1 two tiles' sums, tmm2 and tmm6 their whole
+/// steps of A, tmm3 and tmm7 their half steps, tmm4 and tmm5 a whole and a half step of B.
 struct Tiles {
     pixels: usize,
+    _config: TileConfig,
 }
 
 impl Tiles {
     /// # Safety
     /// The CPU has AMX and the process may use it.
     unsafe fn new(pixels: usize) -> Self {
-        /// Palette 1: bytes 16 + 2t hold tile t's bytes per row, byte 48 + t its rows.
-        #[repr(C, align(64))]
-        struct Config([u8; 64]);
-        let mut config = Config([0; 64]);
-        config.0[0] = 1;
         let rows = pixels as u8;
-        let sums_and_a = [(0, rows, 64), (1, rows, 64), (2, rows, 64), (6, rows, 64)];
-        let halves_and_b = [(3, rows, 32), (7, rows, 32), (4, 16, 64), (5, 8, 64)];
-        for (tile, rows, bytes) in sums_and_a.into_iter().chain(halves_and_b) {
-            config.0[16 + 2 * tile] = bytes;
-            config.0[48 + tile] = rows;
-        }
+        let config = [
+            (0, rows, 64),
+            (1, rows, 64),
+            (2, rows, 64),
+            (6, rows, 64),
+            (3, rows, 32),
+            (7, rows, 32),
+            (4, 16, 64),
+            (5, 8, 64),
+        ];
         // SAFETY: as the caller promised.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
-        Self { pixels }
+        Self { pixels, _config: unsafe { TileConfig::load(&config) } }
     }
 
     /// The sums of 16 output channels from `o` at two tiles' pixels from `(n, i, j)` of the
@@ -252,13 +281,6 @@ impl Tiles {
             asm!("tilestored [{0} + {1}*1], tmm1", in(reg) sums[1].0.as_mut_ptr(), in(reg) stride, options(nostack));
         }
         sums
-    }
-}
-
-impl Drop for Tiles {
-    fn drop(&mut self) {
-        // SAFETY: after `ldtilecfg` in `new`.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 }
 

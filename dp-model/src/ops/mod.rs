@@ -10,6 +10,8 @@ pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 mod conv_amx;
 #[cfg(target_arch = "x86_64")]
+mod conv_amx_weight_gradient;
+#[cfg(target_arch = "x86_64")]
 mod conv_direct;
 #[cfg(target_arch = "x86_64")]
 mod conv_staging;
