@@ -144,7 +144,7 @@ fn report(spec: &ModelSpec) {
     drop(one);
     let (bare_rate, step_rate) = (flops as f64 / bare / 1e9, flops as f64 / step / 1e9);
     println!(
-        "  the step's {} GEMMs: {:.2} GFLOP per step; run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time; with AVX-512 the 3x3 convolutions of stride 1 multiply forward and for the input gradient in direct kernels, not these GEMMs)",
+        "  the step's {} GEMMs: {:.2} GFLOP per step; run bare {:.1} ms = {bare_rate:.1} GFLOP/s = {:.0}% of the core's peak; the whole step {step_rate:.1} GFLOP/s ({:.0}% of peak, GEMMs bare are {:.0}% of the step's time; with AVX-512 the 3x3 convolutions of stride 1 run forward and both gradients in direct kernels instead of these GEMMs)",
         shapes.len(),
         flops as f64 / 1e9,
         bare * 1e3,

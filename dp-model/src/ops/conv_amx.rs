@@ -353,42 +353,65 @@ fn stage_weights(layout: Layout, w: &[f32], kernels: Kernels, staged: &mut [u16]
 /// The band's input channels last in `bf16`, with a zero border: pixel `(n, r, q)` (row `r`
 /// of the band's image `n` from the row above its first, column `q` from the column left of
 /// the image's first) holds its `layout.channels` values from
-/// `staged[((n * (rows + 2) + r) * (width + 2) + q) * channels]`. 16 channels by 16 pixels
-/// transposed in registers, rounded as the GEMM's packing rounds.
+/// `staged[((n * (rows + 2) + r) * (width + 2) + q) * channels]`.
 ///
 /// # Safety
 /// The CPU has AVX-512F and AVX512_BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn stage_input(layout: Layout, band: Band, x: &[f32], staged: &mut [u16]) {
-    let Shape { channels, batch, height, width, .. } = layout.shape;
-    let padded = width + 2;
-    assert!(x.len() >= channels * batch * height * width);
     let staged = &mut staged[..layout.input_values(band.images, band.rows)];
     staged.fill(0);
+    // SAFETY: as the caller promised; every staged pixel lies inside the band.
+    unsafe {
+        in_bf16(layout.shape, band, x, |pixel, c, words| {
+            let at = staged.as_mut_ptr().add(pixel * layout.channels + c);
+            _mm256_storeu_si256(at.cast(), words);
+        })
+    };
+}
+
+/// Calls `put(pixel, c, words)` for each pixel of the band's images and each 16 channels
+/// from `c`: their values at the pixel rounded to `bf16` (as the GEMM's packing rounds),
+/// zero past the last channel. `pixel` counts the staged pixels, borders included: `(n *
+/// (rows + 2) + r) * (width + 2) + q` for image row `row + r - 1`, column `q - 1`. 16
+/// channels by 16 pixels at a time, transposed in registers.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[inline]
+pub(crate) unsafe fn in_bf16(
+    shape: Shape,
+    band: Band,
+    x: &[f32],
+    mut put: impl FnMut(usize, usize, __m256i),
+) {
+    let Shape { channels, batch, height, width, .. } = shape;
+    let padded = width + 2;
+    assert!(x.len() >= channels * batch * height * width);
     for n in 0..band.images {
         for r in 0..band.rows + 2 {
             let Some(row) = (band.row + r).checked_sub(1).filter(|&row| row < height) else {
                 continue;
             };
-            let line = (((band.image + n) * height) + row) * width;
+            let line = ((band.image + n) * height + row) * width;
+            let first = (n * (band.rows + 2) + r) * padded + 1;
             for c in (0..channels).step_by(16) {
                 for q in (0..width).step_by(16) {
                     let count = (width - q).min(16);
                     let lanes = ((1u32 << count) - 1) as __mmask16;
-                    // SAFETY: channel `c + k`'s row holds `count` values from `q`; the
-                    // staged pixels lie inside the band's row.
-                    unsafe {
-                        let rows = std::array::from_fn(|k| {
-                            let at = (c + k) * batch * height * width + line + q;
-                            let lanes = if c + k < channels { lanes } else { 0 };
-                            _mm512_maskz_loadu_ps(lanes, x.as_ptr().wrapping_add(at))
-                        });
-                        for (p, values) in transpose(rows).into_iter().take(count).enumerate() {
-                            let pixel =
-                                ((n * (band.rows + 2) + r) * padded + q + p + 1) * layout.channels;
-                            let words: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(values));
-                            _mm256_storeu_si256(staged.as_mut_ptr().add(pixel + c).cast(), words);
-                        }
+                    // SAFETY: channel `c + k`'s row holds `count` values from `q` (asserted).
+                    let rows = std::array::from_fn(|k| unsafe {
+                        let at = (c + k) * batch * height * width + line + q;
+                        let lanes = if c + k < channels { lanes } else { 0 };
+                        _mm512_maskz_loadu_ps(lanes, x.as_ptr().wrapping_add(at))
+                    });
+                    for (p, values) in transpose(rows).into_iter().take(count).enumerate() {
+                        // SAFETY: a vector of 16 `bf16` is 32 bytes.
+                        let words = unsafe {
+                            std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(values))
+                        };
+                        put(first + q + p, c, words);
                     }
                 }
             }
@@ -399,114 +422,33 @@ unsafe fn stage_input(layout: Layout, band: Band, x: &[f32], staged: &mut [u16])
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The correlation of the `bf16`-rounded operands as its definition says, in `f64`.
-    fn reference(shape: Shape, w: &[f32], bias: Option<&[f32]>, x: &[f32]) -> Vec<f64> {
-        let Shape { channels, out_channels, batch, height, width } = shape;
-        let round = |v: f32| f64::from(f32::from_bits(u32::from(to_bf16(v)) << 16));
-        let mut y = vec![0.0; out_channels * batch * height * width];
-        for o in 0..out_channels {
-            for n in 0..batch {
-                for i in 0..height {
-                    for j in 0..width {
-                        let mut sum = bias.map_or(0.0, |b| b[o] as f64);
-                        for c in 0..channels {
-                            for (a, b) in (0..3).flat_map(|a| (0..3).map(move |b| (a, b))) {
-                                let (r, q) = ((i + a) as isize - 1, (j + b) as isize - 1);
-                                if r < 0 || q < 0 || r >= height as isize || q >= width as isize {
-                                    continue;
-                                }
-                                let at = ((c * batch + n) * height + r as usize) * width;
-                                let weight = round(w[((o * channels + c) * 3 + a) * 3 + b]);
-                                sum += weight * round(x[at + q as usize]);
-                            }
-                        }
-                        y[((o * batch + n) * height + i) * width + j] = sum;
-                    }
-                }
-            }
-        }
-        y
-    }
-
-    fn fill(len: usize, seed: usize) -> Vec<f32> {
-        (0..len).map(|i| ((i * 13 + seed) % 17) as f32 / 17.0 - 0.5).collect()
-    }
+    use crate::ops::conv_checks::{bf16, check_correlate};
 
     /// Rows 32, 16, 8 and 5 wide; 16, 32 and 48 staged channels (whole steps of `k` and a
     /// half one); output channels in whole vectors and not; bands of several images and of
-    /// rows of one; the kernels flipped.
+    /// two rows of one; the kernels flipped.
     #[test]
     fn tiles_compute_the_definition_of_the_rounded_operands() {
         if !crate::ops::gemm::amx_ready() {
             eprintln!("skipped: the AMX kernels need AMX, which this CPU (or OS) does not grant");
             return;
         }
-        for (channels, out_channels, batch, height, width, scratch) in [
-            (16, 16, 2, 3, 32, 1 << 20),
-            (3, 20, 3, 4, 16, 1 << 20),
-            (32, 7, 2, 3, 8, 1 << 20),
-            (40, 33, 1, 2, 5, 1 << 20),
-            // Bands of two rows: the least scratch holds one, a band of two more values.
-            (
-                16,
-                16,
-                2,
-                5,
-                16,
-                least_scratch(Shape {
-                    channels: 16,
-                    out_channels: 16,
-                    batch: 2,
-                    height: 5,
-                    width: 16,
-                }) + 18 * 16 / 2,
-            ),
-        ] {
+        let rows = |shape: Shape| least_scratch(shape) + shape.width.next_multiple_of(16) * 18 / 2;
+        let cases = [
+            (16, 16, 2, 3, 32, None),
+            (3, 20, 3, 4, 16, None),
+            (32, 7, 2, 3, 8, None),
+            (40, 33, 1, 2, 5, None),
+            (16, 16, 2, 5, 16, Some(rows)),
+        ]
+        .map(|(channels, out_channels, batch, height, width, scratch)| {
             let shape = Shape { channels, out_channels, batch, height, width };
+            (shape, scratch.map_or(1 << 20, |rows| rows(shape)))
+        });
+        for &(shape, scratch) in &cases {
             assert!(fits(shape, scratch), "{shape:?} with {scratch}");
-            let w = fill(out_channels * channels * 9, 1);
-            let bias = fill(out_channels, 2);
-            let x = fill(channels * batch * height * width, 3);
-            let start = fill(out_channels * batch * height * width, 4);
-            for (bias, accumulate) in [(None, false), (Some(&bias[..]), true)] {
-                let mut y = start.clone();
-                let mut work = vec![f32::NAN; scratch];
-                // SAFETY: AMX was granted; the shape fits the scratch.
-                unsafe {
-                    correlate(shape, &w, Kernels::Forward, bias, &x, &mut y, accumulate, &mut work)
-                };
-                let want = reference(shape, &w, bias, &x);
-                for (k, (&got, want)) in y.iter().zip(&want).enumerate() {
-                    let want = want + if accumulate { start[k] as f64 } else { 0.0 };
-                    assert!(
-                        (got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
-                        "{shape:?} accumulate {accumulate}: value {k} is {got}, not {want}"
-                    );
-                }
-            }
-            // The flipped kernels give the transposed correlation: `<dy, W x> = <W^T dy, x>`
-            // for operands `bf16` holds exactly.
-            let exact =
-                |v: Vec<f32>| v.into_iter().map(|v| (v * 16.0).round() / 16.0).collect::<Vec<_>>();
-            let (w, x) = (exact(w), exact(x));
-            let dy = exact(fill(out_channels * batch * height * width, 5));
-            let (mut y, mut dx) = (vec![0.0; dy.len()], vec![0.0; x.len()]);
-            let mut work = vec![f32::NAN; scratch.max(least_scratch(shape.input_gradient()))];
-            // SAFETY: as above.
-            unsafe {
-                correlate(shape, &w, Kernels::Forward, None, &x, &mut y, false, &mut work);
-                let back = shape.input_gradient();
-                correlate(back, &w, Kernels::Flipped, None, &dy, &mut dx, false, &mut work);
-            }
-            let dot = |a: &[f32], b: &[f32]| {
-                a.iter().zip(b).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>()
-            };
-            let (left, right) = (dot(&dy, &y), dot(&dx, &x));
-            assert!(
-                (left - right).abs() <= 1e-5 * left.abs().max(1.0),
-                "{shape:?}: {left} vs {right}"
-            );
         }
+        // SAFETY: AMX was granted; each shape fits its scratch.
+        unsafe { check_correlate(&cases, correlate, bf16) };
     }
 }

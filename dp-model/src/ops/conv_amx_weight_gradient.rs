@@ -12,9 +12,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use crate::ops::conv_amx::TileConfig;
+use crate::ops::conv_amx::{self, TileConfig};
 use crate::ops::conv_staging::{Band, Shape, lanes};
-use crate::ops::register_transpose::transpose;
 
 /// Scratch (`f32`) values a band aims at: 512 KiB, a quarter of a core's L2 on the Xeons
 /// measured.
@@ -236,138 +235,58 @@ unsafe fn stage_gradient(shape: Shape, band: Band, dy: &[f32], gradient: &mut [u
 /// The CPU has AVX-512F and AVX512_BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn stage_pairs(shape: Shape, band: Band, x: &[f32], input: &mut [u16]) {
-    let Shape { channels, batch, height, width, .. } = shape;
-    let (padded, in_lanes) = (width + 2, lanes(channels));
-    let staged = &mut input[..band.images * (band.rows + 2) * padded * in_lanes * 2];
+    let in_lanes = lanes(shape.channels);
+    let staged = &mut input[..band.images * (band.rows + 2) * (shape.width + 2) * in_lanes * 2];
     staged.fill(0);
-    for n in 0..band.images {
-        for r in 0..band.rows + 2 {
-            let Some(row) = (band.row + r).checked_sub(1).filter(|&row| row < height) else {
-                continue;
-            };
-            let line = ((band.image + n) * height + row) * width;
-            let first = (n * (band.rows + 2) + r) * padded;
-            for c in (0..channels).step_by(16) {
-                // Image column `q - 1` lands at staged pixel `q` (as the first of its pair)
-                // and `q - 1` (as the second): both written from the same vector of
-                // channels.
-                for q in (0..width).step_by(16) {
-                    let count = (width - q).min(16);
-                    let valid = ((1u32 << count) - 1) as __mmask16;
-                    // SAFETY: channel `c + k`'s row holds `count` values from `q`; the staged
-                    // pixels lie inside the band's row.
-                    unsafe {
-                        let rows = std::array::from_fn(|k| {
-                            let at = (c + k) * batch * height * width + line + q;
-                            let valid = if c + k < channels { valid } else { 0 };
-                            _mm512_maskz_loadu_ps(valid, x.as_ptr().wrapping_add(at))
-                        });
-                        for (p, values) in transpose(rows).into_iter().take(count).enumerate() {
-                            let words: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(values));
-                            let pixel = first + q + p + 1;
-                            for (to, e) in [(pixel, 0), (pixel - 1, 1)] {
-                                let at = staged.as_mut_ptr().add((to * in_lanes + c) * 2);
-                                // Every other `u16` from `at`: the channels' words, spread.
-                                let spread = _mm512_cvtepu16_epi32(words);
-                                let old = _mm512_loadu_si512(at.cast());
-                                let merged = if e == 0 {
-                                    _mm512_or_si512(
-                                        _mm512_and_si512(old, _mm512_set1_epi32(!0xffff)),
-                                        spread,
-                                    )
-                                } else {
-                                    _mm512_or_si512(
-                                        _mm512_and_si512(old, _mm512_set1_epi32(0xffff)),
-                                        _mm512_slli_epi32::<16>(spread),
-                                    )
-                                };
-                                _mm512_storeu_si512(at.cast(), merged);
-                            }
-                        }
-                    }
-                }
+    // A value lands at its staged pixel (as the first of that pixel's pair) and at the pixel
+    // before (as the second): each pair's 16 channels are 16 words of two `bf16`.
+    let (keep_second, keep_first) = (_mm512_set1_epi32(!0xffff), _mm512_set1_epi32(0xffff));
+    // SAFETY: as the caller promised; an image pixel and the pixel before lie inside the band.
+    unsafe {
+        conv_amx::in_bf16(shape, band, x, |pixel, c, words| {
+            let spread = _mm512_cvtepu16_epi32(words);
+            for (to, keep, value) in [
+                (pixel, keep_second, spread),
+                (pixel - 1, keep_first, _mm512_slli_epi32::<16>(spread)),
+            ] {
+                let at = staged.as_mut_ptr().add((to * in_lanes + c) * 2).cast::<__m512i>();
+                let merged = _mm512_or_si512(_mm512_and_si512(_mm512_loadu_si512(at), keep), value);
+                _mm512_storeu_si512(at, merged);
             }
-        }
-    }
+        })
+    };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::saved::to_bf16;
-
-    /// The weight gradient of the `bf16`-rounded operands as its definition says, in `f64`.
-    fn reference(shape: Shape, x: &[f32], dy: &[f32]) -> Vec<f64> {
-        let Shape { channels, out_channels, batch, height, width } = shape;
-        let round = |v: f32| f64::from(f32::from_bits(u32::from(to_bf16(v)) << 16));
-        let mut dw = vec![0.0; out_channels * channels * 9];
-        for o in 0..out_channels {
-            for c in 0..channels {
-                for t in 0..9 {
-                    let (a, b) = (t / 3, t % 3);
-                    let mut sum = 0.0;
-                    for n in 0..batch {
-                        for i in 0..height {
-                            for j in 0..width {
-                                let (r, q) = ((i + a) as isize - 1, (j + b) as isize - 1);
-                                if r < 0 || q < 0 || r >= height as isize || q >= width as isize {
-                                    continue;
-                                }
-                                let input =
-                                    ((c * batch + n) * height + r as usize) * width + q as usize;
-                                let output = ((o * batch + n) * height + i) * width + j;
-                                sum += round(dy[output]) * round(x[input]);
-                            }
-                        }
-                    }
-                    dw[(o * channels + c) * 9 + t] = sum;
-                }
-            }
-        }
-        dw
-    }
+    use crate::ops::conv_checks::{bf16, check_weight_gradient};
 
     /// Rows 64, 32, 16, 8 and 2 wide; channels in whole vectors and not; bands of several
-    /// images and of rows of one; with and without adding.
+    /// images and of two rows of one; with and without adding.
     #[test]
     fn tiles_sum_the_definition_of_the_rounded_operands() {
         if !crate::ops::gemm::amx_ready() {
             eprintln!("skipped: the AMX kernels need AMX, which this CPU (or OS) does not grant");
             return;
         }
-        let fill = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len).map(|i| ((i * 13 + seed) % 17) as f32 / 17.0 - 0.5).collect()
-        };
-        for (channels, out_channels, batch, height, width, scratch) in [
+        let cases = [
             (16, 16, 2, 3, 32, None),
             (3, 20, 3, 4, 16, None),
             (33, 7, 2, 3, 8, None),
             (5, 16, 1, 2, 64, None),
             (2, 3, 2, 8, 2, None),
-            // Bands of two rows of one image.
             (16, 32, 2, 5, 16, Some(2)),
-        ] {
+        ]
+        .map(|(channels, out_channels, batch, height, width, rows)| {
             let shape = Shape { channels, out_channels, batch, height, width };
-            let scratch = scratch.map_or(1 << 20, |rows| need(shape, 1, rows));
+            (shape, rows.map_or(1 << 20, |rows| need(shape, 1, rows)))
+        });
+        for &(shape, scratch) in &cases {
             assert!(fits(shape, scratch), "{shape:?} with {scratch}");
-            let x = fill(channels * batch * height * width, 1);
-            let dy = fill(out_channels * batch * height * width, 2);
-            let start = fill(out_channels * channels * 9, 3);
-            let want = reference(shape, &x, &dy);
-            for accumulate in [false, true] {
-                let mut dw = start.clone();
-                let mut work = vec![f32::NAN; scratch];
-                // SAFETY: AMX was granted; the shape fits the scratch.
-                unsafe { weight_gradient(shape, &x, &dy, &mut dw, accumulate, &mut work) };
-                for (k, (&got, want)) in dw.iter().zip(&want).enumerate() {
-                    let want = want + if accumulate { start[k] as f64 } else { 0.0 };
-                    assert!(
-                        (got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
-                        "{shape:?} accumulate {accumulate}: value {k} is {got}, not {want}"
-                    );
-                }
-            }
         }
+        // SAFETY: AMX was granted; each shape fits its scratch.
+        unsafe { check_weight_gradient(&cases, weight_gradient, bf16) };
         let odd = Shape { channels: 2, out_channels: 3, batch: 1, height: 4, width: 12 };
         assert!(!fits(odd, 1 << 20), "rows of 12 split into no runs");
     }

@@ -223,48 +223,18 @@ impl Store<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The correlation as its definition says, in `f64`.
-    fn reference(shape: Shape, w: &[f32], bias: Option<&[f32]>, x: &[f32]) -> Vec<f64> {
-        let Shape { channels, out_channels, batch, height, width } = shape;
-        let mut y = vec![0.0; out_channels * batch * height * width];
-        for o in 0..out_channels {
-            for n in 0..batch {
-                for i in 0..height {
-                    for j in 0..width {
-                        let mut sum = bias.map_or(0.0, |b| b[o] as f64);
-                        for c in 0..channels {
-                            for (a, b) in (0..3).flat_map(|a| (0..3).map(move |b| (a, b))) {
-                                let (r, q) = ((i + a) as isize - 1, (j + b) as isize - 1);
-                                if r < 0 || q < 0 || r >= height as isize || q >= width as isize {
-                                    continue;
-                                }
-                                let at = ((c * batch + n) * height + r as usize) * width;
-                                let weight = w[((o * channels + c) * 3 + a) * 3 + b] as f64;
-                                sum += weight * x[at + q as usize] as f64;
-                            }
-                        }
-                        y[((o * batch + n) * height + i) * width + j] = sum;
-                    }
-                }
-            }
-        }
-        y
-    }
-
-    fn fill(len: usize, seed: usize) -> Vec<f32> {
-        (0..len).map(|i| ((i * 13 + seed) % 17) as f32 / 17.0 - 0.5).collect()
-    }
+    use crate::ops::conv_checks::{check_correlate, exact};
 
     /// Tiles inside rows 16, 32 and 48 wide and over whole rows 8, 4, 2 and 1 wide; output
-    /// channels in whole vectors and not; bands of several images and of rows of one.
+    /// channels in whole vectors and not; bands of several images and of rows of one (where
+    /// the scratch holds one or two tiles' rows); the kernels flipped.
     #[test]
     fn tiles_compute_the_definition_at_every_border_and_remainder() {
         if !std::arch::is_x86_feature_detected!("avx512f") {
             eprintln!("skipped: the direct kernels need AVX-512F, which this CPU lacks");
             return;
         }
-        for (channels, out_channels, batch, height, width, scratch) in [
+        let cases = [
             (3, 16, 2, 5, 32, 1 << 20),
             (16, 15, 3, 4, 16, 1 << 20),
             (2, 7, 3, 3, 48, 2 * 9 * 16 + 2 * 3 * 50),
@@ -273,59 +243,18 @@ mod tests {
             (3, 5, 1, 8, 4, 1 << 20),
             (2, 17, 2, 16, 2, 1 << 20),
             (1, 3, 3, 16, 1, 1 << 20),
-        ] {
-            let shape = Shape { channels, out_channels, batch, height, width };
+        ]
+        .map(|(channels, out_channels, batch, height, width, scratch)| {
+            (Shape { channels, out_channels, batch, height, width }, scratch)
+        });
+        for &(shape, scratch) in &cases {
             assert!(fits(shape, scratch), "{shape:?} with {scratch}");
-            let w = fill(out_channels * channels * 9, 1);
-            let bias = fill(out_channels, 2);
-            let x = fill(channels * batch * height * width, 3);
-            let start = fill(out_channels * batch * height * width, 4);
-            for (bias, accumulate) in [(None, false), (Some(&bias[..]), true)] {
-                let mut y = start.clone();
-                let mut work = vec![f32::NAN; scratch];
-                // SAFETY: AVX-512F was detected; the shape fits the scratch.
-                unsafe {
-                    correlate(shape, &w, Kernels::Forward, bias, &x, &mut y, accumulate, &mut work)
-                };
-                let want = reference(shape, &w, bias, &x);
-                for (k, (&got, want)) in y.iter().zip(&want).enumerate() {
-                    let want = want + if accumulate { start[k] as f64 } else { 0.0 };
-                    assert!(
-                        (got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
-                        "{shape:?} accumulate {accumulate}: value {k} is {got}, not {want}"
-                    );
-                }
-            }
         }
+        // SAFETY: AVX-512F was detected; each shape fits its scratch.
+        unsafe { check_correlate(&cases, correlate, exact) };
         let shape = Shape { channels: 2, out_channels: 3, batch: 1, height: 4, width: 8 };
         assert!(!fits(shape, 2 * 9 * 16 + 2 * 4 * 10 - 1), "two rows of the image must fit");
         assert!(!fits(Shape { height: 3, ..shape }, 1 << 20), "tiles span two rows of 8");
         assert!(!fits(Shape { width: 12, ..shape }, 1 << 20), "rows of 12 fit no tile");
-    }
-
-    /// The input gradient as the correlation of the output gradient with the flipped
-    /// kernels equals the transpose of the forward correlation: `<dy, W x> = <W^T dy, x>`.
-    #[test]
-    fn flipped_kernels_give_the_transposed_correlation() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("skipped: the direct kernels need AVX-512F, which this CPU lacks");
-            return;
-        }
-        let (channels, out_channels, batch, height, width) = (6, 20, 2, 4, 32);
-        let forward = Shape { channels, out_channels, batch, height, width };
-        let backward = forward.input_gradient();
-        let (w, x) = (fill(out_channels * channels * 9, 1), fill(channels * batch * 128, 2));
-        let dy = fill(out_channels * batch * 128, 3);
-        let (mut y, mut dx) = (vec![0.0; dy.len()], vec![0.0; x.len()]);
-        let mut work = vec![f32::NAN; 1 << 16];
-        // SAFETY: AVX-512F was detected; the shapes fit and the buffers are sized.
-        unsafe {
-            correlate(forward, &w, Kernels::Forward, None, &x, &mut y, false, &mut work);
-            correlate(backward, &w, Kernels::Flipped, None, &dy, &mut dx, false, &mut work);
-        }
-        let dot =
-            |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
-        let (left, right) = (dot(&dy, &y), dot(&dx, &x));
-        assert!((left - right).abs() <= 1e-5 * left.abs().max(1.0), "{left} vs {right}");
     }
 }

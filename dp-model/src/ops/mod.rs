@@ -11,6 +11,8 @@ pub(crate) mod conv;
 mod conv_amx;
 #[cfg(target_arch = "x86_64")]
 mod conv_amx_weight_gradient;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod conv_checks;
 #[cfg(target_arch = "x86_64")]
 mod conv_direct;
 #[cfg(target_arch = "x86_64")]
