@@ -2,6 +2,7 @@
 
 use crate::float::Float;
 use crate::ops::gemm::{Gemm, view, view_mut};
+use crate::ops::widest::widest;
 
 /// Shape of a linear layer and where its parameters sit in the flat buffer.
 #[derive(Clone, Debug)]
@@ -62,11 +63,16 @@ impl Linear {
         if !accumulate {
             db.fill(T::zero());
         }
-        for row in dy[..batch * self.outputs].chunks_exact(self.outputs) {
-            for (g, &d) in db.iter_mut().zip(row) {
-                *g += d;
-            }
-        }
+        widest(
+            #[inline(always)]
+            || {
+                for row in dy[..batch * self.outputs].chunks_exact(self.outputs) {
+                    for (g, &d) in db.iter_mut().zip(row) {
+                        *g += d;
+                    }
+                }
+            },
+        );
         if let Some(dx) = dx {
             let (w, _) = weights_and_bias(params, self.offset, self.outputs, self.inputs);
             let w = view(w, self.outputs, self.inputs);

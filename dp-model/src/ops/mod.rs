@@ -34,7 +34,7 @@ mod register_transpose;
 pub(crate) mod rows;
 pub(crate) mod sparse;
 pub(crate) mod transpose;
-mod widest;
+pub(crate) mod widest;
 pub(crate) mod workspace;
 
 pub(crate) use op::Op;

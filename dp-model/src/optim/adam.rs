@@ -9,6 +9,7 @@ use super::quantized::{self, QuantizedBuf, STATE_BLOCK, StatePrecision};
 use super::{Optimizer, check_piece, check_range, decay_runs};
 use crate::error::Result;
 use crate::float::Float;
+use crate::ops::widest::widest;
 use crate::optim::{OptimizerState, OptimizerStateMut};
 
 /// Adam (`decoupled = false`: weight decay added to the gradient) or AdamW (`decoupled =
@@ -255,12 +256,17 @@ fn step_f32<T: Float>(
         let (params, grads) = (&mut params[run.clone()], &grads[run.clone()]);
         let moments = offset + run.start..offset + run.end;
         let (m, v) = (&mut m[moments.clone()], &mut v[moments]);
-        for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
-            let g = g + coupled_wd * *p;
-            *m = b1 * *m + one_b1 * g;
-            *v = b2 * *v + one_b2 * g * g;
-            *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
-        }
+        widest(
+            #[inline(always)]
+            || {
+                for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
+                    let g = g + coupled_wd * *p;
+                    *m = b1 * *m + one_b1 * g;
+                    *v = b2 * *v + one_b2 * g * g;
+                    *p = *p * shrink - step_size * *m / (v.sqrt() / sqrt_c2 + eps);
+                }
+            },
+        );
     }
 }
 
