@@ -1,6 +1,7 @@
-//! What the direct 3x3 kernels (`conv_direct.rs`, `conv_weight_gradient.rs`) stage in the
-//! layer's scratch before they run: the input a band at a time with a zero border, and the
-//! weights with their output channels last.
+//! What the direct 3x3 kernels share: the correlation's shape and the bands of images that
+//! fit their scratch; and what the `f32` ones (`conv_direct.rs`, `conv_weight_gradient.rs`)
+//! stage before they run: the input a band at a time with a zero border, and the weights
+//! with their output channels last. (The AMX kernels stage theirs in `bf16`, channels last.)
 //!
 //! The model keeps activations `[channels, batch, height, width]`, so one image's channels
 //! lie a batch of planes apart: at batch 128 every channel's rows fall on the same cache

@@ -6,11 +6,11 @@
 //! unfolded nine times over; here the output channels lie in the lanes instead. A band of
 //! images (or of rows of one large image) is staged in the scratch twice: the output
 //! gradient with its channels last (`[pixel, out_channel]`, one pass), and the input with a
-//! zero border (so no tap needs a mask). Then, per pixel, one vector load of 16 (or 32)
-//! output channels' gradients serves every tap of a few input channels, each tap one FMA
-//! whose other operand is the input value broadcast from memory: no shifts, no masks, two
-//! loads for two FMAs at most, and the 9 x channels x vectors sums stay in registers over the
-//! whole band.
+//! zero border (so no tap needs a mask). Then, per pixel, one vector load of 16 output
+//! channels' gradients serves every tap of two input channels, each tap one FMA with the
+//! input value broadcast: no shifts, no masks, and the 18 sums stay in registers over the
+//! whole band. Four pixels of a row go together, so that their overlapping taps share each
+//! input value's load.
 
 use std::arch::x86_64::*;
 
