@@ -112,11 +112,9 @@ pub(crate) unsafe fn correlate(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    let Shape { channels, out_channels, batch, height, width } = shape;
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the AMX kernels");
-    assert!(w.len() >= out_channels * channels * 9 && x.len() >= channels * batch * height * width);
-    assert!(y.len() >= out_channels * batch * height * width);
-    assert!(bias.is_none_or(|b| b.len() >= out_channels));
+    shape.check_correlation(w, bias, x, y);
+    let Shape { out_channels, height, width, .. } = shape;
     let layout = Layout::new(shape);
     let (weights, input) = scratch.split_at_mut(Layout::scratch(layout.weight_values()));
     // SAFETY: `bf16` values in `f32` slots: same alignment or looser, twice the count.

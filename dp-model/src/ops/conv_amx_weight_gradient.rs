@@ -67,14 +67,9 @@ pub(crate) unsafe fn weight_gradient(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    let Shape { channels, out_channels, batch, height, width } = shape;
+    let Shape { channels, out_channels, width, .. } = shape;
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the AMX weight gradient");
-    let plane = height * width;
-    assert!(x.len() >= channels * batch * plane && dy.len() >= out_channels * batch * plane);
-    assert!(dw.len() >= out_channels * channels * 9);
-    if !accumulate {
-        dw[..out_channels * channels * 9].fill(0.0);
-    }
+    shape.start_weight_gradient(x, dy, dw, accumulate);
     let k = run(width).expect("checked by fits");
     // A: 16 output channels x `k` pixels; B: `k / 2` pairs x 16 channels; sums 16 x 16.
     let (pixels, pairs) = ((2 * k) as u8, (k / 2) as u8);

@@ -69,11 +69,9 @@ pub(crate) unsafe fn correlate(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    let Shape { channels, out_channels, batch, height, width } = shape;
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the direct kernels");
-    assert!(w.len() >= out_channels * channels * 9 && x.len() >= channels * batch * height * width);
-    assert!(y.len() >= out_channels * batch * height * width);
-    assert!(bias.is_none_or(|b| b.len() >= out_channels));
+    shape.check_correlation(w, bias, x, y);
+    let Shape { out_channels, width, .. } = shape;
     let (staged_weights, input) = scratch.split_at_mut(weights(shape));
     conv_staging::stage_weights(shape, w, kernels, staged_weights);
     let rows = tile_rows(width);

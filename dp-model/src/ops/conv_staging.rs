@@ -23,6 +23,33 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
+    /// Asserts that a correlation's operands hold what the shape says: `w [out_channels,
+    /// channels, 3, 3]`, `bias [out_channels]`, `x` and `y` the images.
+    pub(crate) fn check_correlation(self, w: &[f32], bias: Option<&[f32]>, x: &[f32], y: &[f32]) {
+        let Shape { channels, out_channels, batch, height, width } = self;
+        let plane = batch * height * width;
+        assert!(w.len() >= out_channels * channels * 9 && x.len() >= channels * plane);
+        assert!(y.len() >= out_channels * plane && bias.is_none_or(|b| b.len() >= out_channels));
+    }
+
+    /// Asserts that a weight gradient's operands hold what the shape says, and clears `dw`
+    /// unless the gradient adds to it.
+    pub(crate) fn start_weight_gradient(
+        self,
+        x: &[f32],
+        dy: &[f32],
+        dw: &mut [f32],
+        accumulate: bool,
+    ) {
+        let Shape { channels, out_channels, batch, height, width } = self;
+        let plane = batch * height * width;
+        assert!(x.len() >= channels * plane && dy.len() >= out_channels * plane);
+        let dw = &mut dw[..out_channels * channels * 9];
+        if !accumulate {
+            dw.fill(0.0);
+        }
+    }
+
     /// The correlation that gives this one's input gradient: from its output's channels to
     /// its input's, with the kernels flipped ([`Kernels::Flipped`]).
     pub(crate) fn input_gradient(self) -> Shape {

@@ -58,14 +58,9 @@ pub(crate) unsafe fn weight_gradient(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    let Shape { channels, out_channels, batch, height, width } = shape;
-    let plane = height * width;
+    let Shape { channels, out_channels, width, .. } = shape;
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the direct weight gradient");
-    assert!(x.len() >= channels * batch * plane && dy.len() >= out_channels * batch * plane);
-    assert!(dw.len() >= out_channels * channels * 9);
-    if !accumulate {
-        dw[..out_channels * channels * 9].fill(0.0);
-    }
+    shape.start_weight_gradient(x, dy, dw, accumulate);
     let budget = scratch.len().min(BAND_VALUES);
     for band in Band::all(shape, budget, 1, |images, rows| need(shape, images, rows)) {
         let pixels = band.images * band.rows * width;
