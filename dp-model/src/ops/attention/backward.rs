@@ -13,7 +13,7 @@ impl CausalAttention {
     /// `dQ += dS K * scale`, `dK += dS^T Q * scale`, all accumulated in place in `dqkv`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn backward_in<const F: bool, T: Float>(
+    pub(super) fn backward_in<const F: bool, const WIDE: bool, T: Float>(
         &self,
         batch: usize,
         qkv: &[T],
@@ -61,7 +61,7 @@ impl CausalAttention {
                         let shift = i0 - j0;
                         let q_rows = Left { data: &q[i0 * ld..], row: ld, col: 1 };
                         let do_rows = Left { data: &d_o[i0 * d..], row: d, col: 1 };
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nq, hd, padded),
                             q_rows,
                             (kt, BLOCK),
@@ -74,7 +74,7 @@ impl CausalAttention {
                             let row = &mut p[r * BLOCK..r * BLOCK + nk];
                             exp_row::<F, T>(row, seen, scale, lse_h[i0 + r]);
                         }
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nk, nq, hd),
                             Left { data: &*p, row: 1, col: BLOCK },
                             (&d_o[i0 * d..], d),
@@ -82,7 +82,7 @@ impl CausalAttention {
                             true,
                             Visible::SumFrom(shift),
                         );
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nq, hd, padded),
                             do_rows,
                             (vt, BLOCK),
@@ -102,7 +102,7 @@ impl CausalAttention {
                             }
                             ds_row[seen..].fill(T::zero());
                         }
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nq, nk, hd),
                             Left { data: &*ds, row: BLOCK, col: 1 },
                             (&k[j0 * ld..], ld),
@@ -110,7 +110,7 @@ impl CausalAttention {
                             true,
                             Visible::SumUpTo(shift),
                         );
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nk, nq, hd),
                             Left { data: &*ds, row: 1, col: BLOCK },
                             (&q[i0 * ld..], ld),

@@ -9,7 +9,7 @@ impl CausalAttention {
     /// Forward with fused multiply-adds (`F`) or without. Inlined into its callers so that
     /// [`CausalAttention::forward_fma`]'s features reach every loop.
     #[inline(always)]
-    pub(super) fn forward_in<const F: bool, T: Float>(
+    pub(super) fn forward_in<const F: bool, const WIDE: bool, T: Float>(
         &self,
         batch: usize,
         qkv: &[T],
@@ -51,7 +51,7 @@ impl CausalAttention {
                         // `c <= r + shift`.
                         let shift = i0 - j0;
                         let q_rows = Left { data: &q[i0 * ld..], row: ld, col: 1 };
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nq, hd, padded),
                             q_rows,
                             (kt, BLOCK),
@@ -75,7 +75,7 @@ impl CausalAttention {
                                 }
                             }
                         }
-                        product::<F, T>(
+                        product::<F, WIDE, T>(
                             (nq, nk, hd),
                             Left { data: &*s, row: BLOCK, col: 1 },
                             (&v[j0 * ld..], ld),

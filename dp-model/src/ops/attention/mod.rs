@@ -13,15 +13,18 @@
 //! The block products run on the register tiles of `tiles.rs` rather than on [`Gemm`]. At these
 //! sizes (64 x 64 x 64, operands strided through `qkv`) they measured as fast as the library
 //! kernels or faster, they allocate nothing (the `gemm` crate allocates its packing buffers on
-//! each call), and only they can stop at the diagonal. On x86-64 with AVX2 and FMA they, the
-//! softmax and its `exp` are compiled for those features and chosen at run time; elsewhere
-//! the same code runs on the baseline instruction set.
+//! each call), and only they can stop at the diagonal. On x86-64 they, the softmax and its
+//! `exp` are compiled for AVX-512F (with the `f32` tiles of `wide_tile.rs`) and for AVX2 and
+//! FMA, and chosen at run time, every build giving the same bits; elsewhere the same code
+//! runs on the baseline instruction set.
 
 mod backward;
 mod decode;
 mod forward;
 mod softmax;
 mod tiles;
+#[cfg(target_arch = "x86_64")]
+mod wide_tile;
 
 use crate::float::Float;
 use crate::ops::gemm::Gemm;
@@ -88,12 +91,14 @@ impl CausalAttention {
         _gemm: &mut Gemm,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if fma_ready() {
-            // SAFETY: the CPU has AVX2 and FMA (detected just above).
-            unsafe { self.forward_fma(batch, qkv, y, lse, scratch) };
-            return;
+        match Isa::detect() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (detected).
+            Isa::Avx512 => return unsafe { self.forward_avx512(batch, qkv, y, lse, scratch) },
+            // SAFETY: the CPU has AVX2 and FMA (detected).
+            Isa::Avx2 => return unsafe { self.forward_fma(batch, qkv, y, lse, scratch) },
+            Isa::Baseline => {}
         }
-        self.forward_in::<BASELINE_FMA, T>(batch, qkv, y, lse, scratch);
+        self.forward_in::<BASELINE_FMA, false, T>(batch, qkv, y, lse, scratch);
     }
 
     /// Writes `dqkv` (overwriting it) for the output gradient `dy`, given forward's input
@@ -112,12 +117,18 @@ impl CausalAttention {
         _gemm: &mut Gemm,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if fma_ready() {
-            // SAFETY: the CPU has AVX2 and FMA (detected just above).
-            unsafe { self.backward_fma(batch, qkv, y, dy, lse, dqkv, scratch) };
-            return;
+        match Isa::detect() {
+            Isa::Avx512 => {
+                // SAFETY: the CPU has AVX-512F, AVX2 and FMA (detected).
+                return unsafe { self.backward_avx512(batch, qkv, y, dy, lse, dqkv, scratch) };
+            }
+            Isa::Avx2 => {
+                // SAFETY: the CPU has AVX2 and FMA (detected).
+                return unsafe { self.backward_fma(batch, qkv, y, dy, lse, dqkv, scratch) };
+            }
+            Isa::Baseline => {}
         }
-        self.backward_in::<BASELINE_FMA, T>(batch, qkv, y, dy, lse, dqkv, scratch);
+        self.backward_in::<BASELINE_FMA, false, T>(batch, qkv, y, dy, lse, dqkv, scratch);
     }
 
     /// KV-cache decoding of one new position for one sequence: `q` is the new position's
@@ -134,7 +145,7 @@ impl CausalAttention {
         scratch: &mut [T],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if fma_ready() {
+        if Isa::detect() != Isa::Baseline {
             // SAFETY: the CPU has AVX2 and FMA (detected just above).
             unsafe { self.decode_fma(q, k_cache, v_cache, len, y, scratch) };
             return;
@@ -153,7 +164,21 @@ impl CausalAttention {
         lse: &mut [T],
         scratch: &mut [T],
     ) {
-        self.forward_in::<true, T>(batch, qkv, y, lse, scratch);
+        self.forward_in::<true, false, T>(batch, qkv, y, lse, scratch);
+    }
+
+    /// [`CausalAttention::forward_in`] compiled for AVX-512F, on its wider tiles.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn forward_avx512<T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &mut [T],
+        lse: &mut [T],
+        scratch: &mut [T],
+    ) {
+        self.forward_in::<true, true, T>(batch, qkv, y, lse, scratch);
     }
 
     /// [`CausalAttention::backward_in`] compiled for AVX2 and FMA.
@@ -170,7 +195,24 @@ impl CausalAttention {
         dqkv: &mut [T],
         scratch: &mut [T],
     ) {
-        self.backward_in::<true, T>(batch, qkv, y, dy, lse, dqkv, scratch);
+        self.backward_in::<true, false, T>(batch, qkv, y, dy, lse, dqkv, scratch);
+    }
+
+    /// [`CausalAttention::backward_in`] compiled for AVX-512F, on its wider tiles.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    fn backward_avx512<T: Float>(
+        &self,
+        batch: usize,
+        qkv: &[T],
+        y: &[T],
+        dy: &[T],
+        lse: &[T],
+        dqkv: &mut [T],
+        scratch: &mut [T],
+    ) {
+        self.backward_in::<true, true, T>(batch, qkv, y, dy, lse, dqkv, scratch);
     }
 
     /// [`CausalAttention::decode_in`] compiled for AVX2 and FMA.
@@ -189,11 +231,29 @@ impl CausalAttention {
     }
 }
 
-/// Whether this CPU runs the AVX2 and FMA build of the kernels (detected once by `std`,
-/// then an atomic load).
+/// Which build of the kernels this CPU runs. All give the same bits: a tile sums the same
+/// products in the same order whatever its shape, and the softmax's reductions keep a fixed
+/// number of lanes.
 #[cfg(target_arch = "x86_64")]
-fn fma_ready() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Isa {
+    /// AVX-512F (with AVX2 and FMA), on the tiles of `wide_tile.rs`.
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Isa {
+    /// Detected once by `std`, then atomic loads.
+    fn detect() -> Isa {
+        use std::arch::is_x86_feature_detected as has;
+        match (has!("avx512f"), has!("avx2") && has!("fma")) {
+            (true, true) => Isa::Avx512,
+            (false, true) => Isa::Avx2,
+            _ => Isa::Baseline,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -479,6 +539,44 @@ mod tests {
         }
     }
 
+    /// The AVX-512 build, on its wider tiles, gives the AVX2 build's bits, so that a run
+    /// does not change with the CPU it lands on (where this one has AVX-512F).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_build_equals_the_avx2_build_bit_for_bit() {
+        if Isa::detect() != Isa::Avx512 {
+            eprintln!("skipped: this CPU lacks AVX-512F, so only the AVX2 build runs here");
+            return;
+        }
+        for (seed, (batch, att)) in shapes().into_iter().enumerate() {
+            let (t, d) = (att.t, att.heads * att.head_dim);
+            let qkv = values::<f32>(batch * t * 3 * d, seed as u64, 2.0);
+            let dy = values::<f32>(batch * t * d, 300 + seed as u64, 1.0);
+            let run = |wide: bool| {
+                let mut y = vec![f32::NAN; batch * t * d];
+                let mut lse = vec![f32::NAN; batch * att.stats_len()];
+                let mut dqkv = vec![f32::NAN; qkv.len()];
+                let mut scratch = vec![f32::NAN; att.scratch_len()];
+                // SAFETY: the CPU has AVX-512F, AVX2 and FMA (detected above).
+                unsafe {
+                    if wide {
+                        att.forward_avx512(batch, &qkv, &mut y, &mut lse, &mut scratch);
+                        att.backward_avx512(batch, &qkv, &y, &dy, &lse, &mut dqkv, &mut scratch);
+                    } else {
+                        att.forward_fma(batch, &qkv, &mut y, &mut lse, &mut scratch);
+                        att.backward_fma(batch, &qkv, &y, &dy, &lse, &mut dqkv, &mut scratch);
+                    }
+                }
+                [y, lse, dqkv].map(|xs| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            };
+            let (wide, narrow) = (run(true), run(false));
+            for (name, (w, n)) in ["y", "lse", "dqkv"].iter().zip(wide.iter().zip(&narrow)) {
+                let differ = w.iter().zip(n).filter(|(a, b)| a != b).count();
+                assert_eq!(differ, 0, "{att:?}: {differ} of {} values of {name} differ", w.len());
+            }
+        }
+    }
+
     /// The build for CPUs without AVX2 and FMA (what [`CausalAttention::forward`] and the
     /// others fall back to) computes the same, although this machine's dispatch may never
     /// reach it.
@@ -493,10 +591,18 @@ mod tests {
             let mut lse = vec![f64::NAN; batch * att.stats_len()];
             let mut dqkv = vec![f64::NAN; qkv.len()];
             let mut scratch = vec![f64::NAN; att.scratch_len()];
-            att.forward_in::<false, f64>(batch, &qkv, &mut y, &mut lse, &mut scratch);
+            att.forward_in::<false, false, f64>(batch, &qkv, &mut y, &mut lse, &mut scratch);
             assert_close(&format!("{att:?}: y"), &y, &want.y, 1e-12);
             assert_close(&format!("{att:?}: lse"), &lse, &want.lse, 1e-12);
-            att.backward_in::<false, f64>(batch, &qkv, &y, &dy, &lse, &mut dqkv, &mut scratch);
+            att.backward_in::<false, false, f64>(
+                batch,
+                &qkv,
+                &y,
+                &dy,
+                &lse,
+                &mut dqkv,
+                &mut scratch,
+            );
             assert_close(&format!("{att:?}: dqkv"), &dqkv, &want.dqkv, 1e-12);
             let mut out = vec![f64::NAN; d];
             let row = &qkv[(t - 1) * 3 * d..t * 3 * d];

@@ -1,5 +1,9 @@
 //! The block products attention runs on register tiles, and the block sizes they assume.
 
+use std::any::TypeId;
+
+#[cfg(target_arch = "x86_64")]
+use super::wide_tile::{self, COLUMNS, ROWS};
 use crate::float::Float;
 
 /// Query rows, and keys, per block. 64 keeps a block pair's scores (16 KiB of `f32`) and
@@ -54,8 +58,10 @@ pub(super) enum Visible {
 /// `c = a b`, or `c += a b` when `accumulate`, for an `m x k` left operand `a`, a `k x n`
 /// right operand `b` (row-major, rows `ldb` apart) and an `m x n` output `c` (row-major, rows
 /// `ldc` apart), on 4 x 16 register tiles, skipping what `visible` masks.
+/// With `WIDE` (only in builds for AVX-512F), `f32` products run on the tiles of
+/// `wide_tile.rs`.
 #[inline(always)]
-pub(super) fn product<const F: bool, T: Float>(
+pub(super) fn product<const F: bool, const WIDE: bool, T: Float>(
     (m, k, n): (usize, usize, usize),
     a: Left<'_, T>,
     (b, ldb): (&[T], usize),
@@ -63,8 +69,13 @@ pub(super) fn product<const F: bool, T: Float>(
     accumulate: bool,
     visible: Visible,
 ) {
-    for r0 in (0..m).step_by(MR) {
-        let mr = MR.min(m - r0);
+    #[cfg(target_arch = "x86_64")]
+    let wide = WIDE && TypeId::of::<T>() == TypeId::of::<f32>();
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    let (tile_rows, tile_columns) = if wide { (ROWS, COLUMNS) } else { (MR, NR) };
+    for r0 in (0..m).step_by(tile_rows) {
+        let mr = tile_rows.min(m - r0);
         let (k0, k1, n1) = match visible {
             Visible::Columns(shift) => (0, k, n.min(r0 + mr + shift)),
             Visible::SumUpTo(shift) => (0, k.min(r0 + mr + shift), n),
@@ -73,9 +84,19 @@ pub(super) fn product<const F: bool, T: Float>(
         if accumulate && k0 == k1 {
             continue;
         }
-        for j0 in (0..n1).step_by(NR) {
-            let nr = NR.min(n - j0);
+        for j0 in (0..n1).step_by(tile_columns) {
+            let nr = tile_columns.min(n - j0);
             let at = Tile { r0, j0, k0, k1 };
+            #[cfg(target_arch = "x86_64")]
+            if wide && mr == ROWS {
+                let a = Left { data: bytemuck::cast_slice(a.data), row: a.row, col: a.col };
+                let b = bytemuck::cast_slice(b);
+                let c = bytemuck::cast_slice_mut(&mut *c);
+                // SAFETY: `WIDE` is set only in builds for AVX-512F, run where it was
+                // detected.
+                unsafe { wide_tile::tile(at, nr, a, (b, ldb), (c, ldc), accumulate) };
+                continue;
+            }
             if mr == MR && nr == NR {
                 tile::<F, T>(at, a, (b, ldb), (c, ldc), accumulate);
             } else {
@@ -88,10 +109,10 @@ pub(super) fn product<const F: bool, T: Float>(
 /// Where a tile sits: output rows from `r0`, columns from `j0`, summing over `k0..k1`.
 #[derive(Clone, Copy)]
 pub(super) struct Tile {
-    r0: usize,
-    j0: usize,
-    k0: usize,
-    k1: usize,
+    pub(super) r0: usize,
+    pub(super) j0: usize,
+    pub(super) k0: usize,
+    pub(super) k1: usize,
 }
 
 /// One full `MR x NR` tile of [`product`], its accumulators in registers.
