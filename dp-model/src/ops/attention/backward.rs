@@ -2,8 +2,9 @@
 //! then the gradients of the queries, keys and values.
 
 use super::CausalAttention;
+use super::operands::Left;
 use super::softmax::{dot_of, exp_row};
-use super::tiles::{BLOCK, Left, NR, Visible, pack_transposed, product};
+use super::tiles::{BLOCK, NR, Visible, pack_transposed, product};
 use crate::float::Float;
 
 impl CausalAttention {

@@ -1,8 +1,9 @@
 //! Attention's forward: the streaming softmax over blocks of keys, block pair by block pair.
 
 use super::CausalAttention;
+use super::operands::Left;
 use super::softmax::{exp_row, rescale, row_max_of};
-use super::tiles::{BLOCK, Left, NR, Visible, pack_transposed, product};
+use super::tiles::{BLOCK, NR, Visible, pack_transposed, product};
 use crate::float::Float;
 
 impl CausalAttention {

@@ -21,6 +21,7 @@
 mod backward;
 mod decode;
 mod forward;
+mod operands;
 mod softmax;
 mod tiles;
 #[cfg(target_arch = "x86_64")]

@@ -2,6 +2,7 @@
 
 use std::any::TypeId;
 
+use super::operands::{Left, Tile};
 #[cfg(target_arch = "x86_64")]
 use super::wide_tile::{self, COLUMNS, ROWS};
 use crate::float::Float;
@@ -28,15 +29,6 @@ pub(super) const BASELINE_FMA: bool = cfg!(any(target_feature = "fma", target_ar
 #[inline(always)]
 pub(super) fn madd<const F: bool, T: Float>(a: T, b: T, c: T) -> T {
     if F { a.mul_add(b, c) } else { a * b + c }
-}
-
-/// The left operand of a block product: element `(r, p)` at `data[r * row + p * col]`, so a
-/// block of `qkv` (rows `3d` apart) and a transposed scratch block read alike.
-#[derive(Clone, Copy)]
-pub(super) struct Left<'a, T> {
-    pub(super) data: &'a [T],
-    pub(super) row: usize,
-    pub(super) col: usize,
 }
 
 /// Which part of a block product the causal mask needs, for a block pair whose query `r`
@@ -104,15 +96,6 @@ pub(super) fn product<const F: bool, const WIDE: bool, T: Float>(
             }
         }
     }
-}
-
-/// Where a tile sits: output rows from `r0`, columns from `j0`, summing over `k0..k1`.
-#[derive(Clone, Copy)]
-pub(super) struct Tile {
-    pub(super) r0: usize,
-    pub(super) j0: usize,
-    pub(super) k0: usize,
-    pub(super) k1: usize,
 }
 
 /// One full `MR x NR` tile of [`product`], its accumulators in registers.

@@ -8,7 +8,7 @@ use std::arch::x86_64::{
     _mm512_maskz_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
 };
 
-use super::tiles::{Left, Tile};
+use super::operands::{Left, Tile};
 
 /// Rows of a tile.
 pub(super) const ROWS: usize = 8;
