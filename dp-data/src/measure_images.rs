@@ -25,7 +25,8 @@ pub struct EncodedReport {
     /// Worker threads of the pipeline.
     pub workers: usize,
     /// The decoder alone, on one thread, the encoded bytes already in memory: images per
-    /// second (zune-jpeg for JPEG, png for PNG, to 8-bit RGB).
+    /// second (libjpeg-turbo for JPEG, png for PNG, to 8-bit RGB), each decoded as far as a
+    /// crop drawn as the pipeline draws them needs.
     pub decoder_images_per_s: f64,
     /// The decoder alone on as many threads as workers at once, each taking the next image:
     /// what the machine decodes with every worker's core busy (shared caches, and clocks a
@@ -67,8 +68,8 @@ pub fn measure_encoded(
     };
     let mut rows = Vec::new();
     for _ in 0..rounds.max(3) {
-        let single = decode_all(dir, &images, input.channels, 1)?;
-        let parallel = decode_all(dir, &images, input.channels, workers)?;
+        let single = decode_all(dir, &images, &input, 1)?;
+        let parallel = decode_all(dir, &images, &input, workers)?;
         let (rate, stats) = epoch(dir, &config)?;
         rows.push(Row { single, parallel, rate, stats });
     }
@@ -95,19 +96,25 @@ struct Row {
     stats: crate::PipelineStats,
 }
 
-/// Decodes every image once on `threads` threads, each taking the next: images per second.
-fn decode_all(dir: &Path, images: &[Vec<u8>], channels: usize, threads: usize) -> Result<f64> {
+/// Decodes every image once on `threads` threads, each taking the next, as much of it as a
+/// crop of `input` needs (the crops drawn as the pipeline draws them): images per second.
+fn decode_all(dir: &Path, images: &[Vec<u8>], input: &ImageInput, threads: usize) -> Result<f64> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let started = Instant::now();
+    let size = (input.height, input.width);
     std::thread::scope(|scope| {
         let decoders: Vec<_> = (0..threads.max(1))
             .map(|_| {
                 scope.spawn(|| {
                     let mut decoder = Decoder::default();
                     let order = std::sync::atomic::Ordering::Relaxed;
-                    while let Some(stored) = images.get(next.fetch_add(1, order)) {
+                    loop {
+                        let index = next.fetch_add(1, order);
+                        let Some(stored) = images.get(index) else { break };
                         let (info, encoded) = ImageInfo::stored(stored)?;
-                        decoder.decode(&info, encoded, channels)?;
+                        let mut rng = crate::rng::Rng::new(index as u64);
+                        let region = input.crop.region(info.width, info.height, &mut rng);
+                        decoder.decode_region(&info, encoded, input.channels, region, size)?;
                     }
                     Ok(())
                 })

@@ -1,19 +1,19 @@
 //! Decoding a stored image into 8-bit pixels of the channel count a model takes, in buffers a
-//! worker keeps from one image to the next. JPEG through zune-jpeg (baseline, progressive,
-//! grayscale, CMYK and YCCK), PNG through `png` (palette, gray-alpha and 16-bit images
-//! expanded to 8-bit channels); an EXIF orientation is applied, so that the pixels stand as
-//! the photograph was taken. A color image becomes gray by ITU-R 601 luma (as PIL's
-//! `convert("L")`); an alpha channel is dropped (as `convert("RGB")`).
+//! worker keeps from one image to the next. JPEG through libjpeg-turbo (`jpeg.rs`: baseline,
+//! progressive, grayscale, CMYK and YCCK; for a crop only what it covers, scaled down in the
+//! DCT domain when it is at least twice the sample's size), PNG through `png` (palette,
+//! gray-alpha and 16-bit images expanded to 8-bit channels); an EXIF orientation is applied,
+//! so that the pixels stand as the photograph was taken. A color image becomes gray by
+//! ITU-R 601 luma (as PIL's `convert("L")`); an alpha channel is dropped (as
+//! `convert("RGB")`).
 
 use std::io::Cursor;
 
-use zune_jpeg::JpegDecoder;
-use zune_jpeg::zune_core::bytestream::ZCursor;
-use zune_jpeg::zune_core::colorspace::ColorSpace;
-use zune_jpeg::zune_core::options::DecoderOptions;
-
-use super::headers::exif_orientation;
-use super::info::{ImageFormat, ImageInfo, MAX_PIXELS};
+use super::area::Area;
+use super::color::luma;
+use super::crop::Region;
+use super::info::{ImageFormat, ImageInfo, check_pixels};
+use super::jpeg::{self, Window};
 
 /// Decoded 8-bit pixels, row-major, channels interleaved.
 #[derive(Debug)]
@@ -73,33 +73,44 @@ impl Decoder {
         Ok(Pixels { data: &self.pixels[..len], width, height, channels })
     }
 
-    fn jpeg(&mut self, encoded: &[u8], channels: usize) -> Result<(u32, u32), String> {
-        let fail = |e: &dyn std::fmt::Display| format!("does not decode as JPEG: {e}");
-        let mut decoder = JpegDecoder::new(ZCursor::new(encoded));
-        decoder.decode_headers().map_err(|e| fail(&e))?;
-        // zune-jpeg gives the luma of YCbCr and gray images directly, but CMYK and YCCK ones
-        // only as RGB, made gray here.
-        let four = decoder.input_colorspace().is_some_and(|c| c.num_components() == 4);
-        let luma_here = channels == 1 && four;
-        let out = if channels == 1 && !four { ColorSpace::Luma } else { ColorSpace::RGB };
-        let options = DecoderOptions::default()
-            .jpeg_set_out_colorspace(out)
-            .set_strict_mode(true)
-            .set_max_width(1 << 16)
-            .set_max_height(1 << 16);
-        decoder.set_options(options);
-        let (width, height) = decoder.dimensions().unwrap_or_default();
-        check_pixels(width as u64 * height as u64)?;
-        let size = decoder.output_buffer_size().unwrap_or(0);
-        let target = if luma_here { &mut self.scratch } else { &mut self.pixels };
-        decoder.decode_into(grow(target, size)).map_err(|e| fail(&e))?;
-        if luma_here {
-            let gray = grow(&mut self.pixels, width * height);
-            convert_channels(&self.scratch[..width * height * 3], 3, gray, 1);
+    /// Decodes `region` (of the displayed image) of `encoded`, whose stored header is
+    /// `info`, for a sample of `size` (height, width): a JPEG only as far as the region
+    /// needs, at the smallest DCT scale (1/2, 1/4, 1/8) that leaves the region at least
+    /// `size`; anything else whole. Returns the pixels and where the region lies in them.
+    pub(crate) fn decode_region(
+        &mut self,
+        info: &ImageInfo,
+        encoded: &[u8],
+        channels: usize,
+        region: Region,
+        size: (usize, usize),
+    ) -> Result<(Pixels<'_>, Area), String> {
+        if info.format != ImageFormat::Jpeg {
+            return Ok((self.decode(info, encoded, channels)?, region.into()));
         }
-        let orientation = decoder.exif().map_or(1, |exif| exif_orientation(exif));
-        let (w, h) = (width as u32, height as u32);
-        Ok(self.orient(w, h, channels, orientation))
+        let region = Area::from(region);
+        let plan = |header: &jpeg::Header| Some(window(header, region, size));
+        let (header, decoded) = jpeg::decode(encoded, plan, channels, &mut self.pixels)?;
+        let displayed = header.displayed_size();
+        if displayed != (info.width, info.height) {
+            return Err(format!(
+                "decodes to {}x{} pixels, but was recorded as {}x{}",
+                displayed.0, displayed.1, info.width, info.height
+            ));
+        }
+        let (o, stored) = (header.orientation, (f64::from(header.width), f64::from(header.height)));
+        let area = region.to_stored(o, stored).scaled(decoded.denom, (decoded.x, decoded.y));
+        let (width, height) = (decoded.width, decoded.height);
+        let area = area.to_displayed(o, (f64::from(width), f64::from(height)));
+        let (w, h) = self.orient(width, height, channels, o);
+        let len = w as usize * h as usize * channels;
+        Ok((Pixels { data: &self.pixels[..len], width: w, height: h, channels }, area))
+    }
+
+    /// Decodes a JPEG whole, oriented.
+    fn jpeg(&mut self, encoded: &[u8], channels: usize) -> Result<(u32, u32), String> {
+        let (header, decoded) = jpeg::decode(encoded, |_| None, channels, &mut self.pixels)?;
+        Ok(self.orient(decoded.width, decoded.height, channels, header.orientation))
     }
 
     fn png(&mut self, encoded: &[u8], channels: usize) -> Result<(u32, u32), String> {
@@ -153,6 +164,36 @@ impl Decoder {
     }
 }
 
+/// The window of a JPEG with `header` to decode for a sample of `size` (height, width) cut
+/// from `region` of the displayed image: the region in stored pixels, at the smallest DCT
+/// scale (1/2, 1/4, 1/8) that leaves it at least `size`.
+fn window(header: &jpeg::Header, region: Area, size: (usize, usize)) -> Window {
+    let o = header.orientation;
+    let stored = (f64::from(header.width), f64::from(header.height));
+    let area = region.to_stored(o, stored);
+    let (height, width) =
+        if o >= 5 { (size.1 as f64, size.0 as f64) } else { (size.0 as f64, size.1 as f64) };
+    let mut denom = 1;
+    while denom < 8
+        && area.width / f64::from(2 * denom) >= width
+        && area.height / f64::from(2 * denom) >= height
+    {
+        denom *= 2;
+    }
+    // The resampling filter reaches past the region's edges by up to its step (one output
+    // pixel's span, plus the bilinear taps): decoded too, as a whole decode has them, so
+    // that the edges come out the same.
+    let margin_x = (area.width / width).ceil() + 2.0;
+    let margin_y = (area.height / height).ceil() + 2.0;
+    Window {
+        x0: (area.x - margin_x).max(0.0).floor() as u32,
+        y0: (area.y - margin_y).max(0.0).floor() as u32,
+        x1: (area.x + area.width + margin_x).min(stored.0).ceil() as u32,
+        y1: (area.y + area.height + margin_y).min(stored.1).ceil() as u32,
+        denom,
+    }
+}
+
 /// The first `len` bytes of `buffer`, which only ever grows: a smaller image after a larger
 /// one costs no zeroing of what the larger one left.
 fn grow(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
@@ -162,20 +203,8 @@ fn grow(buffer: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut buffer[..len]
 }
 
-fn check_pixels(pixels: u64) -> Result<(), String> {
-    if pixels > MAX_PIXELS {
-        return Err(format!(
-            "has {pixels} pixels, more than the {MAX_PIXELS} an image may have (a decompression bomb?)"
-        ));
-    }
-    Ok(())
-}
-
 /// `have`-channel 8-bit pixels (1 gray, 2 gray-alpha, 3 RGB, 4 RGBA) as `want` (1 or 3).
 fn convert_channels(src: &[u8], have: usize, out: &mut [u8], want: usize) {
-    let luma = |p: &[u8]| {
-        ((u32::from(p[0]) * 299 + u32::from(p[1]) * 587 + u32::from(p[2]) * 114 + 500) / 1000) as u8
-    };
     let pixels = src.chunks_exact(have).zip(out.chunks_exact_mut(want));
     match (have, want) {
         (1 | 2, 1) => pixels.for_each(|(p, o)| o[0] = p[0]),

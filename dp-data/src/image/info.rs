@@ -111,6 +111,17 @@ impl ImageInfo {
     }
 }
 
+/// Whether an image of `pixels` pixels may be decoded; the error says why not.
+#[cfg_attr(not(feature = "images"), allow(dead_code))]
+pub(crate) fn check_pixels(pixels: u64) -> Result<(), String> {
+    if pixels > MAX_PIXELS {
+        return Err(format!(
+            "has {pixels} pixels, more than the {MAX_PIXELS} an image may have (a decompression bomb?)"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

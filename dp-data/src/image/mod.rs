@@ -1,17 +1,27 @@
 //! Encoded images (JPEG and PNG) as a feature kind: each record's bytes kept as they were
 //! encoded, behind a small header with the image's format, size and channels recorded at
 //! import, so that crops are planned without decoding. The pipeline's workers decode them
-//! ([`decode`]), crop them ([`crop`], as a [`recipe`] chooses) and resample them to the training
+//! ([`decode`]; JPEG only as far as the crop needs, [`jpeg`]), crop them ([`crop`], as a [`recipe`] chooses) and resample them to the training
 //! size ([`resample`]).
 
+#[cfg(feature = "images")]
+pub(crate) mod area;
+#[cfg(feature = "images")]
+pub(crate) mod color;
 pub(crate) mod counts;
 pub(crate) mod crop;
+#[cfg(all(test, feature = "images"))]
+mod crop_checks;
 #[cfg(feature = "images")]
 pub(crate) mod decode;
+#[cfg(feature = "images")]
+pub(crate) mod exif;
 #[cfg(feature = "images")]
 pub(crate) mod headers;
 pub(crate) mod info;
 pub(crate) mod input;
+#[cfg(feature = "images")]
+pub(crate) mod jpeg;
 pub(crate) mod recipe;
 #[cfg(feature = "images")]
 pub(crate) mod resample;

@@ -5,7 +5,7 @@
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use super::crop::Region;
+use super::area::Area;
 use super::decode::Pixels;
 
 /// One worker's resampler: fast_image_resize's scratch and the resampled pixels, kept from
@@ -29,19 +29,19 @@ impl Resampler {
         self.resized.capacity() as u64
     }
 
-    /// Resamples `region` of `pixels` to `height x width` and writes it into `out`
+    /// Resamples `area` of `pixels` to `height x width` and writes it into `out`
     /// (`[channels, height, width]`) as `a * value + b`, mirrored left to right when `flip`.
     pub(crate) fn resample(
         &mut self,
         pixels: &Pixels<'_>,
-        region: Region,
+        area: Area,
         (height, width): (usize, usize),
         flip: bool,
         (a, b): (f32, f32),
         out: &mut [f32],
     ) -> Result<(), String> {
         let channels = pixels.channels;
-        self.resize(pixels, region, (height, width))?;
+        self.resize(pixels, area, (height, width))?;
         let plane = width * height;
         for (c, plane_out) in out[..channels * plane].chunks_exact_mut(plane).enumerate() {
             for (row_out, row) in
@@ -62,13 +62,13 @@ impl Resampler {
         Ok(())
     }
 
-    /// Resamples `region` of `pixels` to `height x width`: the resampled pixels, row-major
+    /// Resamples `area` of `pixels` to `height x width`: the resampled pixels, row-major
     /// with channels interleaved, which [`Resampler::resample`] lays out and the image
     /// importer stores or encodes.
     pub(crate) fn resize(
         &mut self,
         pixels: &Pixels<'_>,
-        region: Region,
+        area: Area,
         (height, width): (usize, usize),
     ) -> Result<&[u8], String> {
         let channels = pixels.channels;
@@ -80,9 +80,9 @@ impl Resampler {
         let mut resized =
             Image::from_slice_u8(width as u32, height as u32, &mut self.resized, pixel_type)
                 .map_err(|e| fail(&e))?;
-        let Region { x, y, width: w, height: h } = region;
+        let Area { x, y, width: w, height: h } = area;
         let options = ResizeOptions::new()
-            .crop(f64::from(x), f64::from(y), f64::from(w), f64::from(h))
+            .crop(x, y, w, h)
             .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
         self.resizer.resize(&source, &mut resized, &options).map_err(|e| fail(&e))?;
         Ok(&self.resized)
@@ -92,6 +92,7 @@ impl Resampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::crop::Region;
 
     #[test]
     fn a_crop_is_resampled_planar_and_flipped_on_request() {
@@ -103,14 +104,14 @@ mod tests {
         let mut out = vec![0f32; 3 * 2 * 2];
         // The right half, at its own size: a copy.
         let region = Region { x: 2, y: 0, width: 2, height: 2 };
-        resampler.resample(&pixels, region, (2, 2), false, (1.0, 0.0), &mut out).unwrap();
+        resampler.resample(&pixels, region.into(), (2, 2), false, (1.0, 0.0), &mut out).unwrap();
         assert_eq!(out, [120., 180., 120., 180., 0., 0., 100., 100., 7., 7., 7., 7.]);
-        resampler.resample(&pixels, region, (2, 2), true, (0.5, 1.0), &mut out).unwrap();
+        resampler.resample(&pixels, region.into(), (2, 2), true, (0.5, 1.0), &mut out).unwrap();
         assert_eq!(&out[..4], &[91., 61., 91., 61.]);
         // The whole image shrunk to one pixel averages it.
         let mut one = vec![0f32; 3];
         let whole = Region { x: 0, y: 0, width: 4, height: 2 };
-        resampler.resample(&pixels, whole, (1, 1), false, (1.0, 0.0), &mut one).unwrap();
+        resampler.resample(&pixels, whole.into(), (1, 1), false, (1.0, 0.0), &mut one).unwrap();
         assert!(
             (one[0] - 90.0).abs() < 2.0 && (one[1] - 50.0).abs() < 2.0 && one[2] == 7.0,
             "{one:?}"

@@ -1,4 +1,4 @@
-//! Making one sample of a stored image: decode, crop, resample.
+//! Making one sample of a stored image: decode (as much as its crop needs), crop, resample.
 
 use super::crop::Region;
 #[cfg(feature = "images")]
@@ -71,9 +71,10 @@ impl ImageSampler {
         affine: (f32, f32),
         out: &mut [f32],
     ) -> Result<(), String> {
-        let pixels = self.decoder.decode(info, encoded, input.channels)?;
         let size = (input.height, input.width);
-        self.resampler.resample(&pixels, region, size, flip, affine, &mut out[..input.elements()])
+        let (pixels, area) =
+            self.decoder.decode_region(info, encoded, input.channels, region, size)?;
+        self.resampler.resample(&pixels, area, size, flip, affine, &mut out[..input.elements()])
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use image::ImageEncoder;
 
+use crate::image::area::Area;
 use crate::image::crop::Region;
 use crate::image::decode::{Decoder, Pixels};
 use crate::image::resample::Resampler;
@@ -98,8 +99,7 @@ pub fn import_image_folder(
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
         let made = decoder.check(&bytes).and_then(|info| match options.decoded {
             Some(size) => {
-                let pixels = decoder.decode(&info, &bytes, channels)?;
-                decoded(&pixels, size, &mut resampler, &mut stored)
+                decoded(&info, &bytes, channels, size, (&mut decoder, &mut resampler), &mut stored)
             }
             None => {
                 encoded(&bytes, info, options.max_side, (&mut decoder, &mut resampler), &mut stored)
@@ -262,16 +262,19 @@ fn encoded(
     Ok(true)
 }
 
-/// The decoded `pixels` squashed to `size x size` as the pipeline's workers resample a whole
-/// image, planar `[channels, size, size]`.
+/// The image squashed to `size x size` as the pipeline's workers make a sample of the whole
+/// image (decoded as they decode it), planar `[channels, size, size]`.
 fn decoded(
-    pixels: &Pixels<'_>,
+    info: &ImageInfo,
+    bytes: &[u8],
+    channels: usize,
     size: usize,
-    resampler: &mut Resampler,
+    (decoder, resampler): (&mut Decoder, &mut Resampler),
     stored: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
-    let channels = pixels.channels;
-    let interleaved = resampler.resize(pixels, whole(pixels), (size, size))?;
+    let whole = Region { x: 0, y: 0, width: info.width, height: info.height };
+    let (pixels, area) = decoder.decode_region(info, bytes, channels, whole, (size, size))?;
+    let interleaved = resampler.resize(&pixels, area, (size, size))?;
     let plane = size * size;
     stored.clear();
     stored.resize(channels * plane, 0);
@@ -283,7 +286,7 @@ fn decoded(
     Ok(())
 }
 
-/// The region of all of `pixels`.
-fn whole(pixels: &Pixels<'_>) -> Region {
-    Region { x: 0, y: 0, width: pixels.width, height: pixels.height }
+/// The area of all of `pixels`.
+fn whole(pixels: &Pixels<'_>) -> Area {
+    Region { x: 0, y: 0, width: pixels.width, height: pixels.height }.into()
 }

@@ -66,12 +66,12 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let ours = dp_data::measure_images::measure_encoded(&encoded, input, BATCH, WORKERS, ROUNDS)?;
     let verdict = |met: bool| if met { "met" } else { "NOT MET" };
     println!(
-        "  zune-jpeg alone, 1 thread     {:>9.0} images/s (limit for {WORKERS} workers: {:.0})",
+        "  decoder alone, 1 thread       {:>9.0} images/s (limit for {WORKERS} workers: {:.0})",
         ours.decoder_images_per_s,
         ours.decoder_images_per_s * WORKERS as f64
     );
     println!(
-        "  zune-jpeg alone, {WORKERS} threads    {:>9.0} images/s",
+        "  decoder alone, {WORKERS} threads      {:>9.0} images/s",
         ours.parallel_decoder_images_per_s
     );
     println!(
