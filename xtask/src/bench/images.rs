@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::support::python_peer;
+use super::support::{python_peer, verdict};
 use anyhow::{Context, Result};
 use dp_data::{ImageFolderOptions, ImageInput, SyntheticPhotos, WriterOptions};
 use serde_json::Value;
@@ -28,16 +28,6 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let photos = prepared(&dir.join("photos"), || {
         dp_data::generate_photo_folder(&dir.join("photos"), &PHOTOS).map(drop)
     })?;
-    let encoded = prepared(&dir.join("encoded"), || {
-        let options = ImageFolderOptions::default();
-        dp_data::import_image_folder(
-            &photos,
-            &dir.join("encoded"),
-            &options,
-            WriterOptions::default(),
-        )
-        .map(drop)
-    })?;
     let decoded = prepared(&dir.join("decoded-32"), || {
         let folder = dir.join("small-photos");
         let _ = std::fs::remove_dir_all(&folder);
@@ -54,43 +44,80 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     })?;
 
     println!(
-        "\nimages: {} JPEG photographs of {}-{} px (quality {}), RandomResizedCrop {SIZE}, flip, batch {BATCH}, {WORKERS} workers; {} cores, {}",
-        PHOTOS.classes * PHOTOS.per_class,
-        PHOTOS.sides.0,
-        PHOTOS.sides.1,
-        PHOTOS.quality,
+        "\nimages: RandomResizedCrop {SIZE}, flip, batch {BATCH}, {WORKERS} workers; {} cores, {}",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_features()
     );
+    let synthetic = format!(
+        "{} synthetic JPEG photographs of {}-{} px (quality {})",
+        PHOTOS.classes * PHOTOS.per_class,
+        PHOTOS.sides.0,
+        PHOTOS.sides.1,
+        PHOTOS.quality
+    );
+    photo_set(root, &synthetic, &photos, &dir.join("encoded"))?;
+    let real = dir.join("real-photos");
+    let made = prepared(&real, || {
+        python_peer(root, "real_photos.py", [real.as_os_str(), "--count".as_ref(), "1000".as_ref()])
+            .map(drop)
+            .map_err(|e| dp_data::Error::Config { field: "bench", what: format!("{e:#}") })
+    });
+    let about = "1,000 real photographs (scikit-learn's two samples cut and rescaled to 300-650 px, quality 90)";
+    match made {
+        Ok(real) => photo_set(root, about, &real, &dir.join("real-encoded"))?,
+        Err(error) => println!("\n{about}: not measured: {error:#}"),
+    }
+
+    let small = dp_data::measure_images::measure_decoded(&decoded, SMALL_BATCH, WORKERS, ROUNDS)?;
+    println!(
+        "\nimages stored decoded, {} of 32x32x3, random crop (pad 4), flip, batch {SMALL_BATCH}, {WORKERS} workers, cached",
+        small.images
+    );
+    println!(
+        "  dp pipeline                   {:>9.0} images/s, {:.2} GB/s of pixels (target 300,000 images/s) {}",
+        small.images_per_s,
+        small.pixel_bytes_per_s / 1e9,
+        verdict(small.images_per_s >= 300_000.0)
+    );
+    Ok(())
+}
+
+/// One set of photographs (`folder`, imported to `encoded`): the decoder alone on the crops
+/// the pipeline takes, the pipeline, and the peers on the same files.
+fn photo_set(root: &Path, about: &str, folder: &Path, encoded: &Path) -> Result<()> {
+    let encoded = prepared(encoded, || {
+        let options = ImageFolderOptions::default();
+        dp_data::import_image_folder(folder, encoded, &options, WriterOptions::default()).map(drop)
+    })?;
+    println!("\n{about}");
     let input = ImageInput::train(SIZE, 3);
     let ours = dp_data::measure_images::measure_encoded(&encoded, input, BATCH, WORKERS, ROUNDS)?;
-    let verdict = |met: bool| if met { "met" } else { "NOT MET" };
     println!(
-        "  decoder alone, 1 thread       {:>9.0} images/s (limit for {WORKERS} workers: {:.0})",
+        "  decoder alone, its crops, 1 thread {:>6.0} images/s (limit for {WORKERS} workers: {:.0})",
         ours.decoder_images_per_s,
         ours.decoder_images_per_s * WORKERS as f64
     );
     println!(
-        "  decoder alone, {WORKERS} threads      {:>9.0} images/s",
+        "  decoder alone, its crops, {WORKERS} threads {:>5.0} images/s",
         ours.parallel_decoder_images_per_s
     );
     println!(
-        "  dp pipeline                   {:>9.0} images/s, {:.2} of the limit (target >= 0.85: {}), {:.2} of {WORKERS} decoding threads; peak {:.1} MiB",
+        "  dp pipeline                   {:>9.0} images/s, {:.2} of {WORKERS} decoding threads (target 0.9) {}, {:.2} of the 1-thread limit; peak {:.1} MiB",
         ours.images_per_s,
-        ours.vs_decoder_limit,
-        verdict(ours.vs_decoder_limit >= 0.85),
         ours.vs_parallel_decoder,
+        verdict(ours.vs_parallel_decoder >= 0.9),
+        ours.vs_decoder_limit,
         ours.peak_bytes as f64 / (1 << 20) as f64
     );
     for (name, script, target) in
         [("PyTorch DataLoader", "images_torch.py", 3.0), ("tf.data", "images_tfdata.py", 2.0)]
     {
-        match peer(root, script, &photos) {
+        match peer(root, script, folder) {
             Ok(peer) => {
                 let rate = peer["images_per_s"].as_f64().unwrap_or(f64::NAN);
                 let ratio = ours.images_per_s / rate;
                 println!(
-                    "  {name:<29} {rate:>9.0} images/s: dp {ratio:.2}x (target >= {target}: {})",
+                    "  {name:<29} {rate:>9.0} images/s: dp {ratio:.2}x (target {target}x) {}",
                     verdict(ratio >= target)
                 );
                 if let Some(decode) = peer["decode_images_per_s"].as_f64() {
@@ -101,18 +128,6 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             Err(error) => println!("  {name:<29} not measured: {error:#}"),
         }
     }
-
-    let small = dp_data::measure_images::measure_decoded(&decoded, SMALL_BATCH, WORKERS, ROUNDS)?;
-    println!(
-        "\nimages stored decoded, {} of 32x32x3, random crop (pad 4), flip, batch {SMALL_BATCH}, {WORKERS} workers, cached",
-        small.images
-    );
-    println!(
-        "  dp pipeline                   {:>9.0} images/s, {:.2} GB/s of pixels (target >= 300,000: {})",
-        small.images_per_s,
-        small.pixel_bytes_per_s / 1e9,
-        verdict(small.images_per_s >= 300_000.0)
-    );
     Ok(())
 }
 
