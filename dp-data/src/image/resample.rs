@@ -43,19 +43,16 @@ impl Resampler {
         let channels = pixels.channels;
         self.resize(pixels, area, (height, width))?;
         let plane = width * height;
-        for (c, plane_out) in out[..channels * plane].chunks_exact_mut(plane).enumerate() {
-            for (row_out, row) in
-                plane_out.chunks_exact_mut(width).zip(self.resized.chunks_exact(width * channels))
-            {
-                let values = row.iter().skip(c).step_by(channels);
+        let out = &mut out[..channels * plane];
+        for (y, row) in self.resized.chunks_exact(width * channels).enumerate() {
+            for c in 0..channels {
+                let row_out = &mut out[c * plane + y * width..][..width];
+                match channels {
+                    3 => planar::<3>(row, c, row_out, (a, b)),
+                    _ => planar::<1>(row, c, row_out, (a, b)),
+                }
                 if flip {
-                    row_out
-                        .iter_mut()
-                        .rev()
-                        .zip(values)
-                        .for_each(|(o, &v)| *o = f32::from(v) * a + b);
-                } else {
-                    row_out.iter_mut().zip(values).for_each(|(o, &v)| *o = f32::from(v) * a + b);
+                    row_out.reverse();
                 }
             }
         }
@@ -86,6 +83,16 @@ impl Resampler {
             .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
         self.resizer.resize(&source, &mut resized, &options).map_err(|e| fail(&e))?;
         Ok(&self.resized)
+    }
+}
+
+/// Channel `c` of a row of `C`-channel pixels as `a * value + b`: the channel count a constant,
+/// so that the compiler vectorizes the strided reads (with it a variable, they ran one value
+/// at a time, 12% of a worker's time on real photographs).
+#[inline(always)]
+fn planar<const C: usize>(row: &[u8], c: usize, out: &mut [f32], (a, b): (f32, f32)) {
+    for (o, pixel) in out.iter_mut().zip(row.chunks_exact(C)) {
+        *o = f32::from(pixel[c]) * a + b;
     }
 }
 
