@@ -29,10 +29,11 @@
 //! * Object storage: wherever a dataset directory is taken, `s3://bucket/prefix` (or `gs://`,
 //!   `az://`, `http(s)://`) is too, read with ranged GETs through a local cache with a hard
 //!   limit ([`ObjectOptions`]); [`upload_dataset`] writes one there.
-//! * Measurement, in the `measure` and `measure_images` modules behind the `bench` feature
-//!   (not needed to use the crate): read, pipeline and image throughput against their
-//!   references, used by the benchmarks and `cargo xtask bench-read|bench-pipeline`; and
-//!   `LocalS3`, an S3-compatible server on 127.0.0.1 for tests and benchmarks.
+//! * Measurement: the `measure` module, behind the `bench` feature (not needed to use the
+//!   crate), read and pipeline throughput against their references, used by the benchmarks
+//!   and `cargo xtask bench-read|bench-pipeline`, and `LocalS3`, an S3-compatible server on
+//!   127.0.0.1 for tests and benchmarks; `measure_images` (with `images`), an image
+//!   pipeline against its decoder alone, which `dp data bench` runs on a user's dataset.
 //!
 //! ```
 //! use dp_data::{Dataset, DatasetWriter, DType, Feature, Schema, Value, WriterOptions};
@@ -86,7 +87,7 @@ mod int_range;
 mod manifest;
 #[cfg(feature = "bench")]
 pub mod measure;
-#[cfg(all(feature = "bench", feature = "images"))]
+#[cfg(feature = "images")]
 pub mod measure_images;
 mod npy_format;
 #[cfg(feature = "objects")]

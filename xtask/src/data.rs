@@ -9,6 +9,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use dp_data::{Dataset, WriterOptions};
 use dp_mem::ByteSize;
 
+use crate::data_bench::Bench;
 use crate::preview::Preview;
 
 #[derive(Subcommand)]
@@ -104,6 +105,25 @@ pub(crate) enum DataCmd {
         /// Seed of the crops and flips (a run's `seed` shows its first samples).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+    /// Measure the training pipeline on an image dataset: random resized crops at the
+    /// trainer's sample size (or --image-size), flipped, in batches, against the decoder
+    /// alone; prints one JSON line (`images_per_s`, `decoder_images_per_s`, peak memory).
+    Bench {
+        /// The dataset directory.
+        dir: PathBuf,
+        /// The samples' side (default: the trainer's, from the images' sizes).
+        #[arg(long, value_name = "PIXELS")]
+        image_size: Option<usize>,
+        /// Images per batch.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// Worker threads (default: one per core).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Epochs timed (at least 3).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Copy a dataset (or a directory of datasets, such as `data gen`'s train and eval) to
     /// object storage, `s3://bucket/prefix` (credentials and endpoint from the usual AWS_*
@@ -388,6 +408,10 @@ pub(crate) fn run(cmd: DataCmd) -> Result<ExitCode> {
             let written = dp_data::generate_photo_folder(&out, &spec)?;
             println!("{}: {written} photographs in {classes} class folders", out.display());
             Ok(ExitCode::SUCCESS)
+        }
+        DataCmd::Bench { dir, image_size, batch, workers, rounds } => {
+            let bench = Bench { dir: &dir, size: image_size, batch, workers, rounds };
+            crate::data_bench::bench(&bench).map(|()| ExitCode::SUCCESS)
         }
         DataCmd::Preview { dir, out, image_size, crop, augment, count, eval, seed } => {
             let size = image_size;

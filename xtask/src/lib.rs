@@ -7,6 +7,7 @@
 //! parses, calls and prints; the logic lives in the library crates.
 
 mod data;
+mod data_bench;
 mod inference;
 mod preview;
 mod procs;
