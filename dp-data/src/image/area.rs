@@ -68,40 +68,45 @@ impl Area {
     }
 }
 
+/// Where displayed pixel `(x, y)` of an image stored `w x h` under EXIF `orientation` is
+/// stored (1 and anything out of 1 to 8: where it is).
+pub(crate) fn stored_pixel(
+    orientation: u16,
+    (w, h): (usize, usize),
+    (x, y): (usize, usize),
+) -> (usize, usize) {
+    match orientation {
+        2 => (w - 1 - x, y),
+        3 => (w - 1 - x, h - 1 - y),
+        4 => (x, h - 1 - y),
+        5 => (y, x),
+        6 => (y, h - 1 - x),
+        7 => (w - 1 - y, h - 1 - x),
+        8 => (w - 1 - y, x),
+        _ => (x, y),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Displayed pixel `(x, y)` of a stored `w x h` image, as `Decoder::orient` maps it.
-    fn stored_pixel(orientation: u16, (w, h): (u32, u32), (x, y): (u32, u32)) -> (u32, u32) {
-        match orientation {
-            2 => (w - 1 - x, y),
-            3 => (w - 1 - x, h - 1 - y),
-            4 => (x, h - 1 - y),
-            5 => (y, x),
-            6 => (y, h - 1 - x),
-            7 => (w - 1 - y, h - 1 - x),
-            8 => (w - 1 - y, x),
-            _ => (x, y),
-        }
-    }
-
     #[test]
     fn an_area_moves_with_the_pixels_it_covers_and_back() {
-        let (w, h) = (7u32, 4u32);
+        let (w, h) = (7usize, 4usize);
         for orientation in 1..=8 {
             let displayed = if orientation >= 5 { (h, w) } else { (w, h) };
             for (x, y) in (0..displayed.0).flat_map(|x| (0..displayed.1).map(move |y| (x, y))) {
                 // A one-pixel area lands on the stored pixel it shows.
-                let one = Area { x: f64::from(x), y: f64::from(y), width: 1.0, height: 1.0 };
-                let stored = one.to_stored(orientation, (f64::from(w), f64::from(h)));
+                let one = Area { x: x as f64, y: y as f64, width: 1.0, height: 1.0 };
+                let stored = one.to_stored(orientation, (w as f64, h as f64));
                 let (sx, sy) = stored_pixel(orientation, (w, h), (x, y));
-                let want = Area { x: f64::from(sx), y: f64::from(sy), width: 1.0, height: 1.0 };
+                let want = Area { x: sx as f64, y: sy as f64, width: 1.0, height: 1.0 };
                 assert_eq!(stored, want, "orientation {orientation}, pixel ({x}, {y})");
             }
             let area = Area { x: 0.5, y: 1.25, width: 2.0, height: 1.5 };
-            let there = area.to_stored(orientation, (f64::from(w), f64::from(h)));
-            let back = there.to_displayed(orientation, (f64::from(w), f64::from(h)));
+            let there = area.to_stored(orientation, (w as f64, h as f64));
+            let back = there.to_displayed(orientation, (w as f64, h as f64));
             assert_eq!(back, area, "orientation {orientation}");
         }
     }

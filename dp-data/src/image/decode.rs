@@ -9,7 +9,7 @@
 
 use std::io::Cursor;
 
-use super::area::Area;
+use super::area::{Area, stored_pixel};
 use super::color::luma;
 use super::crop::Region;
 use super::info::{ImageFormat, ImageInfo, check_pixels};
@@ -144,16 +144,7 @@ impl Decoder {
         grow(&mut self.scratch, w * h * channels);
         for y in 0..oh {
             for x in 0..ow {
-                // Where displayed pixel (x, y) is stored.
-                let (sx, sy) = match orientation {
-                    2 => (w - 1 - x, y),
-                    3 => (w - 1 - x, h - 1 - y),
-                    4 => (x, h - 1 - y),
-                    5 => (y, x),
-                    6 => (y, h - 1 - x),
-                    7 => (w - 1 - y, h - 1 - x),
-                    _ => (w - 1 - y, x),
-                };
+                let (sx, sy) = stored_pixel(orientation, (w, h), (x, y));
                 let (to, from) = ((y * ow + x) * channels, (sy * w + sx) * channels);
                 self.scratch[to..to + channels]
                     .copy_from_slice(&self.pixels[from..from + channels]);
