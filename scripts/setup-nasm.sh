@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs nasm, with which the JPEG decoder (libjpeg-turbo, built from source by
 # mozjpeg-sys) compiles its SIMD kernels: without it the build still works, on the plain C
-# kernels, about 1.4x slower (dp-data/README.md). Debian and Ubuntu (apt-get), Fedora (dnf);
+# kernels, about 1.5x slower (dp-data/README.md). Debian and Ubuntu (apt-get), Fedora (dnf);
 # a no-op when it is there already. Run as root or with sudo available. Run it before the first
 # build: cargo builds the decoder once, and rebuilds it only when told (`cargo clean -p
 # mozjpeg-sys`).
