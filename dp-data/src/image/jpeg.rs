@@ -6,6 +6,7 @@
 //! scan is still entropy-decoded to its end, so that a damaged file fails whatever part of
 //! it a crop takes. Every warning libjpeg gives (corrupt data, a premature end) is an error.
 
+use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use mozjpeg_sys::{
@@ -110,21 +111,27 @@ fn guarded<R>(body: impl FnOnce() -> Result<R, String>) -> Result<R, String> {
 /// What libjpeg reported, carried out of it by unwinding.
 struct Failure(String);
 
-/// One decompression: libjpeg's state and its error manager, boxed so that the pointers
-/// libjpeg keeps between them stay put; destroyed on drop, also when an error unwinds.
-struct Session {
+/// One decompression of the JPEG bytes it borrows: libjpeg's state and its error manager,
+/// boxed so that the pointers libjpeg keeps between them stay put; destroyed on drop, also
+/// when an error unwinds.
+struct Session<'a> {
     info: jpeg_decompress_struct,
     errors: jpeg_error_mgr,
+    /// libjpeg reads the bytes through a pointer the session keeps.
+    source: PhantomData<&'a [u8]>,
 }
 
-impl Session {
-    fn open(bytes: &[u8]) -> Box<Session> {
+impl<'a> Session<'a> {
+    fn open(bytes: &'a [u8]) -> Box<Session<'a>> {
         // SAFETY: both structs are plain C data that libjpeg initializes (all-zero is how C
         // callers start them); `jpeg_create_decompress` runs after the error manager is set,
-        // as libjpeg requires, and the source outlives the session (its borrow of `bytes`
-        // spans every use, in `header` and `decode`).
+        // as libjpeg requires; the session borrows `bytes` for as long as it lives.
         unsafe {
-            let mut session: Box<Session> = Box::new(std::mem::zeroed());
+            let mut session = Box::new(Session {
+                info: std::mem::zeroed(),
+                errors: std::mem::zeroed(),
+                source: PhantomData,
+            });
             let errors = jpeg_std_error(&mut session.errors);
             errors.error_exit = Some(error_exit);
             errors.emit_message = Some(emit_message);
@@ -248,7 +255,7 @@ impl Session {
     }
 }
 
-impl Drop for Session {
+impl Drop for Session<'_> {
     fn drop(&mut self) {
         // SAFETY: created in `open`; destroying frees what libjpeg allocated, whatever state
         // an error left it in.
