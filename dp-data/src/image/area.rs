@@ -51,20 +51,16 @@ impl Area {
     }
 
     /// Where this area of the stored image (`stored` wide and tall) lies in the displayed
-    /// one: the inverse of [`Area::to_stored`].
+    /// one: the inverse of [`Area::to_stored`]. The stored image is the displayed one under
+    /// the inverse orientation (6 and 8 undo each other; every other undoes itself).
     pub(crate) fn to_displayed(self, orientation: u16, (w, h): (f64, f64)) -> Area {
-        let Area { x, y, width: aw, height: ah } = self;
-        let (x, y, width, height) = match orientation {
-            2 => (w - x - aw, y, aw, ah),
-            3 => (w - x - aw, h - y - ah, aw, ah),
-            4 => (x, h - y - ah, aw, ah),
-            5 => (y, x, ah, aw),
-            6 => (h - y - ah, x, ah, aw),
-            7 => (h - y - ah, w - x - aw, ah, aw),
-            8 => (y, w - x - aw, ah, aw),
-            _ => (x, y, aw, ah),
+        let (inverse, displayed) = match orientation {
+            6 => (8, (h, w)),
+            8 => (6, (h, w)),
+            5 | 7 => (orientation, (h, w)),
+            _ => (orientation, (w, h)),
         };
-        Area { x, y, width, height }
+        self.to_stored(inverse, displayed)
     }
 }
 
