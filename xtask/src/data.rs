@@ -106,9 +106,9 @@ pub(crate) enum DataCmd {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-    /// Measure the training pipeline on an image dataset: random resized crops at the
-    /// trainer's sample size (or --image-size), flipped, in batches, against the decoder
-    /// alone; prints one JSON line (`images_per_s`, `decoder_images_per_s`, peak memory).
+    /// Measure the training pipeline on an image dataset: the trainer's crops and flips at
+    /// its sample size (or --image-size), in batches, against the decoder alone; prints one
+    /// JSON line (`images_per_s`, `decoder_images_per_s`, peak memory).
     Bench {
         /// The dataset directory.
         dir: PathBuf,

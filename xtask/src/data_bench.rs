@@ -1,6 +1,6 @@
 //! `data bench`: the training pipeline measured on the user's own image dataset, because
-//! photographs differ (size, smoothness, encoding) and so does what a decoder can skip: random
-//! resized crops at the trainer's sample size, flipped, in batches, against the decoder alone on
+//! photographs differ (size, smoothness, encoding) and so does what a decoder can skip: the
+//! trainer's crops and flips for its sample size, in batches, against the decoder alone on
 //! the same kind of crops, printed as one JSON line.
 
 use std::path::Path;
@@ -38,7 +38,10 @@ pub(crate) fn bench(b: &Bench<'_>) -> Result<()> {
     let counts = &dataset.manifest().images[&feature.name];
     let size = b.size.unwrap_or_else(|| counts.sample_size());
     let crop = dp_train::CropPolicy::for_side(size);
-    let input = dp_data::ImageInput { flip: true, ..crop.train(size, counts.channels()) };
+    // Flipped as the trainer flips samples of this size (photographs, not small pictures).
+    let flip =
+        dp_train::Augmentation::defaults_for_images(size).contains(&dp_train::Augmentation::FlipH);
+    let input = dp_data::ImageInput { flip, ..crop.train(size, counts.channels()) };
     let workers = b.workers.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
@@ -53,6 +56,7 @@ pub(crate) fn bench(b: &Bench<'_>) -> Result<()> {
         "image_size": size,
         "channels": counts.channels(),
         "crop": crop.to_string(),
+        "flip": flip,
         "batch": b.batch,
     });
     if let (Some(line), serde_json::Value::Object(head)) = (line.as_object_mut(), head) {

@@ -25,6 +25,7 @@ fn data_bench_measures_an_image_dataset_and_refuses_one_without_images() {
     assert_eq!((line["images"].as_u64(), line["decoder_images"].as_u64()), (Some(12), Some(12)));
     assert_eq!((line["image_size"].as_u64(), line["workers"].as_u64()), (Some(64), Some(1)));
     assert_eq!(line["crop"], "pad:8", "the trainer's recipe for 64-pixel samples");
+    assert_eq!(line["flip"], false, "small pictures train unflipped");
     for rate in ["images_per_s", "decoder_images_per_s"] {
         let value = line[rate].as_f64().unwrap_or(f64::NAN);
         assert!(value.is_finite() && value > 0.0, "{rate}: {line}");
