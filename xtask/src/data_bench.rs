@@ -37,7 +37,11 @@ pub(crate) fn bench(b: &Bench<'_>) -> Result<()> {
     }
     let counts = &dataset.manifest().images[&feature.name];
     let size = b.size.unwrap_or_else(|| counts.sample_size());
+    if size == 0 {
+        bail!("--image-size 0: a sample is at least 1 pixel a side");
+    }
     let crop = dp_train::CropPolicy::for_side(size);
+    crop.check(size).map_err(|why| anyhow::anyhow!("--image-size {size}: {why}"))?;
     // Flipped as the trainer flips samples of this size (photographs, not small pictures).
     let flip =
         dp_train::Augmentation::defaults_for_images(size).contains(&dp_train::Augmentation::FlipH);

@@ -32,6 +32,11 @@ fn data_bench_measures_an_image_dataset_and_refuses_one_without_images() {
     }
     assert!(line["peak_bytes"].as_u64().is_some_and(|b| b > 0), "{line}");
 
+    let mut zero = dp();
+    let output = zero.args(["data", "bench", "--image-size", "0"]).arg(dir.join("data")).output();
+    let stderr = failed(&output.unwrap());
+    assert!(stderr.contains("--image-size 0"), "{stderr}");
+
     small_digits(&dir.join("digits"));
     let mut dense = dp();
     let output = dense.args(["data", "bench"]).arg(dir.join("digits/train")).output().unwrap();
