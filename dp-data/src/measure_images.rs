@@ -9,8 +9,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::image::ImageInfo;
 use crate::image::decode::Decoder;
+use crate::image::{ImageInfo, ImageSampler};
 use crate::{Dataset, ImageInput, Kind, Pipeline, PipelineConfig, RandomCrop, RandomFlip};
 
 /// What [`measure_encoded`] found: medians over rounds that alternate the decoder and the
@@ -42,10 +42,22 @@ pub struct EncodedReport {
     pub vs_decoder_limit: f64,
     /// `images_per_s / parallel_decoder_images_per_s`, the median of the rounds' ratios.
     pub vs_parallel_decoder: f64,
+    /// The samples alone on as many threads as workers: each image decoded as far as its crop
+    /// needs, resampled, flipped and laid out planar as `f32` into one buffer per thread, as a
+    /// worker makes it, without the pipeline around it (reading blocks, batches, the queue).
+    pub parallel_sampler_images_per_s: f64,
+    /// `images_per_s / parallel_sampler_images_per_s`, the median of the rounds' ratios: what
+    /// the pipeline's own work (reading, batching, handing over) leaves of the samples' rate.
+    pub vs_parallel_sampler: f64,
     /// Of the workers' time, the share spent decoding, transforming and collating.
     pub map_share: f64,
     /// The most `Data` bytes the pipeline held at once, its image buffers included.
     pub peak_bytes: u64,
+    /// What the pipeline's plan holds with every batch in flight (a shuffle window's blocks,
+    /// a batch per maker, the prefetched ones and the consumer's, each worker's image buffers:
+    /// [`Pipeline::minimum_bytes`]) and, when it caches the dataset (by default, where it fits
+    /// the budget), every block, from the first epoch's end.
+    pub planned_bytes: u64,
 }
 
 /// Measures a pipeline over the encoded images of the dataset at `dir`, sampled as `input`
@@ -71,10 +83,11 @@ pub fn measure_encoded(
     };
     let mut rows = Vec::new();
     for _ in 0..rounds.max(3) {
-        let single = decode_all(dir, &images, &input, 1)?;
-        let parallel = decode_all(dir, &images, &input, workers)?;
-        let (rate, stats) = epoch(dir, &config)?;
-        rows.push(Row { single, parallel, rate, stats });
+        let single = alone(dir, &images, &input, 1, Alone::Decoder)?;
+        let parallel = alone(dir, &images, &input, workers, Alone::Decoder)?;
+        let sampler = alone(dir, &images, &input, workers, Alone::Sampler)?;
+        let (rate, stats, planned) = epoch(dir, &config, dataset.raw_bytes())?;
+        rows.push(Row { single, parallel, sampler, rate, stats, planned });
     }
     let column = |f: &dyn Fn(&Row) -> f64| median(rows.iter().map(f).collect());
     Ok(EncodedReport {
@@ -87,22 +100,43 @@ pub fn measure_encoded(
         images_per_s: column(&|r| r.rate),
         vs_decoder_limit: column(&|r| r.rate / (r.single * workers as f64)),
         vs_parallel_decoder: column(&|r| r.rate / r.parallel),
+        parallel_sampler_images_per_s: column(&|r| r.sampler),
+        vs_parallel_sampler: column(&|r| r.rate / r.sampler),
         map_share: column(&|r| r.stats.map_s / (r.stats.wall_s * workers as f64).max(1e-9)),
         peak_bytes: rows.iter().map(|r| r.stats.peak_bytes).max().unwrap_or(0),
+        planned_bytes: rows.iter().map(|r| r.planned).max().unwrap_or(0),
     })
 }
 
-/// One round's rates: the decoder on one thread and on the workers' count, the pipeline.
+/// One round's rates: the decoder on one thread and on the workers' count, the samples alone
+/// on the workers' count, the pipeline.
 struct Row {
     single: f64,
     parallel: f64,
+    sampler: f64,
     rate: f64,
     stats: crate::PipelineStats,
+    planned: u64,
 }
 
-/// Decodes every image once on `threads` threads, each taking the next, as much of it as a
-/// crop of `input` needs (the crops drawn as the pipeline draws them): images per second.
-fn decode_all(dir: &Path, images: &[Vec<u8>], input: &ImageInput, threads: usize) -> Result<f64> {
+/// What [`alone`] runs on each image.
+#[derive(Clone, Copy)]
+enum Alone {
+    /// Decodes as much of it as its crop needs.
+    Decoder,
+    /// Makes its sample: decodes, resamples, flips, lays it out.
+    Sampler,
+}
+
+/// Runs `what` on every image once on `threads` threads, each taking the next, with the crops
+/// of `input` drawn as the pipeline draws them: images per second.
+fn alone(
+    dir: &Path,
+    images: &[Vec<u8>],
+    input: &ImageInput,
+    threads: usize,
+    what: Alone,
+) -> Result<f64> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let started = Instant::now();
     let size = (input.height, input.width);
@@ -110,13 +144,19 @@ fn decode_all(dir: &Path, images: &[Vec<u8>], input: &ImageInput, threads: usize
         let decoders: Vec<_> = (0..threads.max(1))
             .map(|_| {
                 scope.spawn(|| {
-                    let mut decoder = Decoder::default();
+                    let (mut decoder, mut sampler) = (Decoder::default(), ImageSampler::new());
+                    let mut sample = vec![0f32; input.elements()];
                     let order = std::sync::atomic::Ordering::Relaxed;
                     loop {
                         let index = next.fetch_add(1, order);
                         let Some(stored) = images.get(index) else { break };
-                        let (info, encoded) = ImageInfo::stored(stored)?;
                         let mut rng = crate::rng::Rng::new(index as u64);
+                        if let Alone::Sampler = what {
+                            let affine = (1.0 / 255.0, 0.0);
+                            sampler.sample(stored, input, affine, &mut rng, &mut sample)?;
+                            continue;
+                        }
+                        let (info, encoded) = ImageInfo::stored(stored)?;
                         let region = input.crop.region(info.width, info.height, &mut rng);
                         decoder.decode_region(&info, encoded, input.channels, region, size)?;
                     }
@@ -199,15 +239,22 @@ pub fn measure_decoded(
     })
 }
 
-/// One epoch of a new pipeline: images per second and its counters.
-fn epoch(dir: &Path, config: &PipelineConfig) -> Result<(f64, crate::PipelineStats)> {
+/// One epoch of a new pipeline over a dataset of `raw_bytes`: images per second, its counters,
+/// and what its plan holds (see [`EncodedReport::planned_bytes`]).
+fn epoch(
+    dir: &Path,
+    config: &PipelineConfig,
+    raw_bytes: u64,
+) -> Result<(f64, crate::PipelineStats, u64)> {
     let started = Instant::now();
     let mut pipeline = Pipeline::new(dir, config.clone(), Vec::new())?;
     let mut images = 0;
     for _ in 0..pipeline.batches_per_epoch() {
         images += pipeline.next_batch()?.len();
     }
-    Ok((images as f64 / started.elapsed().as_secs_f64(), pipeline.stats()))
+    let rate = images as f64 / started.elapsed().as_secs_f64();
+    let cache = if pipeline.caches_everything() { raw_bytes } else { 0 };
+    Ok((rate, pipeline.stats(), pipeline.minimum_bytes() + cache))
 }
 
 /// Encoded bytes of the images the decoder alone is measured on, held in memory: enough for

@@ -26,11 +26,15 @@ fn data_bench_measures_an_image_dataset_and_refuses_one_without_images() {
     assert_eq!((line["image_size"].as_u64(), line["workers"].as_u64()), (Some(64), Some(1)));
     assert_eq!(line["crop"], "pad:8", "the trainer's recipe for 64-pixel samples");
     assert_eq!(line["flip"], false, "small pictures train unflipped");
-    for rate in ["images_per_s", "decoder_images_per_s"] {
+    for rate in ["images_per_s", "decoder_images_per_s", "parallel_sampler_images_per_s"] {
         let value = line[rate].as_f64().unwrap_or(f64::NAN);
         assert!(value.is_finite() && value > 0.0, "{rate}: {line}");
     }
-    assert!(line["peak_bytes"].as_u64().is_some_and(|b| b > 0), "{line}");
+    // The pipeline holds what its plan says, the cached dataset included, and no more than
+    // the pool's size classes round it up.
+    let (peak, planned) = (line["peak_bytes"].as_u64(), line["planned_bytes"].as_u64());
+    assert!(peak.is_some_and(|b| b > 0), "{line}");
+    assert!(peak.zip(planned).is_some_and(|(p, q)| p * 5 <= q * 6), "{line}");
 
     let mut zero = dp();
     let output = zero.args(["data", "bench", "--image-size", "0"]).arg(dir.join("data")).output();
