@@ -107,8 +107,9 @@ pub(crate) enum DataCmd {
         seed: u64,
     },
     /// Measure the training pipeline on an image dataset: the trainer's crops and flips at
-    /// its sample size (or --image-size), in batches, against the decoder alone; prints one
-    /// JSON line (`images_per_s`, `decoder_images_per_s`, peak memory).
+    /// its sample size (or --image-size), in batches, against the decoder alone and the
+    /// samples alone; prints one JSON line (`images_per_s`, `decoder_images_per_s`,
+    /// `parallel_sampler_images_per_s`, peak memory).
     Bench {
         /// The dataset directory.
         dir: PathBuf,
