@@ -1,7 +1,8 @@
 //! The image path measured against its limit in the same run: a pipeline that decodes,
 //! crops, flips and batches encoded images, against its decoder alone on the same images
-//! (one thread, times the workers); and a pipeline over small images stored decoded. Used by
-//! `cargo xtask bench data`.
+//! (one thread, times the workers, and as many threads as workers) and against the samples
+//! made alone (decoded, resampled and laid out, with no pipeline around them); and a pipeline
+//! over small images stored decoded. Used by `cargo xtask bench data` and `dp data bench`.
 
 use std::path::Path;
 use std::time::Instant;
