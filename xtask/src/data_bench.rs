@@ -1,7 +1,7 @@
 //! `data bench`: the training pipeline measured on the user's own image dataset, because
 //! photographs differ (size, smoothness, encoding) and so does what a decoder can skip: the
-//! trainer's crops and flips for its sample size, in batches, against the decoder alone on
-//! the same kind of crops, printed as one JSON line.
+//! trainer's crops and flips for its sample size, in batches, against the decoder alone and
+//! the samples made alone on the same kind of crops, printed as one JSON line.
 
 use std::path::Path;
 
