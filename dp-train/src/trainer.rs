@@ -539,6 +539,20 @@ fn open_run(
 /// what it allocates before the budgets are checked.
 const SETUP_HEADROOM: u64 = 32 << 20;
 
+/// Under an address-space limit the headroom checks must mean what they say, but glibc's
+/// allocator gives threads arenas of their own, each taking 64 MiB of address space when
+/// a thread first allocates: which thread opens one, and when, depends on timing, so a run
+/// that passed its checks could find the space taken steps in. With one arena the address
+/// space is what is allocated; the threads share its lock, which the pools, reusing their
+/// blocks, seldom take.
+fn one_allocator_arena() {
+    // SAFETY: `mallopt` only sets one of the allocator's tunables, to a value it accepts.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn set_up(
     config: TrainConfig,
     options: &RunOptions,
@@ -550,6 +564,7 @@ fn set_up(
     // refused it: a limit that leaves less than that free is refused first, in the budgets'
     // words.
     if dp_mem::address_space_limit().is_some() {
+        one_allocator_arena();
         dp_mem::check_headroom(SETUP_HEADROOM, dp_mem::Tag::Temp)
             .map_err(|e| config.explain(Error::Memory(e)))?;
     }
