@@ -73,8 +73,8 @@ mod zoo;
 #[cfg(feature = "bench")]
 pub use bare::{BareConv, BareGemm};
 pub use checkpoint::{
-    CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, OptimizerMeta, ShardFile,
-    params_checksum, save_optimizer_shard,
+    CheckpointHeader, CheckpointInfo, CheckpointReader, CheckpointWriter, ModelSnapshot,
+    OptimizerMeta, OptimizerSnapshot, ShardFile, params_checksum, save_optimizer_shard,
 };
 #[cfg(feature = "cuda")]
 pub use cuda::CudaKernels;

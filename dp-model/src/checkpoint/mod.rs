@@ -11,12 +11,14 @@
 mod frame;
 mod reader;
 mod shard;
+mod snapshot;
 mod values;
 mod writer;
 mod zstd_stream;
 
 pub use reader::CheckpointReader;
 pub use shard::{params_checksum, save_optimizer_shard};
+pub use snapshot::{ModelSnapshot, OptimizerSnapshot};
 pub use writer::CheckpointWriter;
 
 use std::path::Path;

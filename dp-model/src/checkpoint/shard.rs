@@ -15,7 +15,7 @@ use super::frame::{self, Frame};
 use super::{OptimizerMeta, ShardFile};
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, OptimizerState};
 
 const MAGIC: &[u8; 8] = b"DPOPTIM\0";
 const WHAT: &str = "dp-model optimizer shard";
@@ -67,30 +67,49 @@ pub fn save_optimizer_shard<T: Float>(
     range: Range<usize>,
     params: &[T],
 ) -> Result<u64> {
-    let len = params.len();
-    if optimizer.len() != range.len() || range.end > len {
+    let bound = BoundTo { len: params.len(), checksum: params_checksum(params) };
+    write_shard(path, &optimizer.state(), optimizer.len(), range, bound)
+}
+
+/// The parameters a shard's state was saved with, as its file records them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BoundTo {
+    /// Parameters of the whole model.
+    pub(super) len: usize,
+    /// Their [`params_checksum`].
+    pub(super) checksum: u64,
+}
+
+/// Writes `state`, over `state_len` parameters, as the shard `range` of parameters `bound`.
+pub(super) fn write_shard<T: Float>(
+    path: &Path,
+    state: &OptimizerState<'_, T>,
+    state_len: usize,
+    range: Range<usize>,
+    bound: BoundTo,
+) -> Result<u64> {
+    let len = bound.len;
+    if state_len != range.len() || range.end > len {
         return Err(Error::Checkpoint {
             path: path.to_path_buf(),
             what: format!(
-                "an optimizer over {} parameters cannot be the shard {range:?} of {len}",
-                optimizer.len()
+                "an optimizer over {state_len} parameters cannot be the shard {range:?} of {len}"
             ),
         });
     }
-    let state = optimizer.state();
     let header = ShardHeader {
         kind: state.kind.into(),
         value_bytes: size_of::<T>() as u8,
         steps: state.steps,
         len,
-        params: params_checksum(params),
+        params: bound.checksum,
         start: range.start,
         end: range.end,
         buffers: state.buffers.len() + state.quantized.len(),
         bits: state.precision.bits(),
     };
     frame::write(path, MAGIC, &header, |out| {
-        super::state_bytes(&state).into_iter().try_for_each(|section| out.write_all(section))
+        super::state_bytes(state).into_iter().try_for_each(|section| out.write_all(section))
     })
 }
 

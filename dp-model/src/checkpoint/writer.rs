@@ -2,11 +2,15 @@
 
 use std::path::Path;
 
-use super::{CheckpointHeader, MAGIC, OptimizerMeta, ShardFile, TensorMeta, frame, values};
+use super::{
+    CheckpointHeader, MAGIC, OptimizerMeta, OptimizerSnapshot, ShardFile, TensorMeta, frame, values,
+};
 use crate::error::{Error, Result};
 use crate::float::Float;
+use crate::layout::ParamLayout;
 use crate::model::Model;
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, OptimizerState};
+use crate::spec::ModelSpec;
 
 /// A checkpoint to save: it borrows the model (and optimizer) and copies nothing of them.
 ///
@@ -31,22 +35,40 @@ use crate::optim::Optimizer;
 /// # Ok::<(), dp_model::Error>(())
 /// ```
 pub struct CheckpointWriter<'a, T: Float> {
-    model: &'a Model<T>,
-    /// The optimizer, and the shard files holding its state (none: this file holds it).
-    optimizer: Option<(&'a dyn Optimizer<T>, Vec<ShardFile>)>,
+    model: ModelView<'a, T>,
+    /// The optimizer's state, the parameters it covers, and the shard files holding it
+    /// (none: this file holds it).
+    optimizer: Option<(OptimizerState<'a, T>, usize, Vec<ShardFile>)>,
     extra: String,
+}
+
+/// What a checkpoint saves of a model, borrowed from the model or from a snapshot of it.
+#[derive(Clone, Copy)]
+pub(super) struct ModelView<'a, T> {
+    pub(super) spec: &'a ModelSpec,
+    pub(super) layout: &'a ParamLayout,
+    pub(super) params: &'a [T],
+    pub(super) buffers: &'a [T],
 }
 
 impl<'a, T: Float> CheckpointWriter<'a, T> {
     /// The model's parameters, each tensor stored dense or sparse, whichever is smaller.
     pub fn new(model: &'a Model<T>) -> Self {
+        Self::of(ModelView {
+            spec: model.spec(),
+            layout: model.layout(),
+            params: model.params(),
+            buffers: model.buffers(),
+        })
+    }
+
+    pub(super) fn of(model: ModelView<'a, T>) -> Self {
         Self { model, optimizer: None, extra: String::new() }
     }
 
     /// Adds the state of an optimizer over all of the model's parameters.
-    pub fn with_optimizer(mut self, optimizer: &'a dyn Optimizer<T>) -> Self {
-        self.optimizer = Some((optimizer, Vec::new()));
-        self
+    pub fn with_optimizer(self, optimizer: &'a dyn Optimizer<T>) -> Self {
+        self.with_state(optimizer.state(), optimizer.len(), Vec::new())
     }
 
     /// Names the shard files (see [`save_optimizer_shard`](super::save_optimizer_shard))
@@ -54,11 +76,36 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
     /// parameters in order. `optimizer` is one of the shards' optimizers: its kind and step
     /// count are every shard's.
     pub fn with_optimizer_shards(
-        mut self,
+        self,
         optimizer: &'a dyn Optimizer<T>,
         shards: Vec<ShardFile>,
     ) -> Self {
-        self.optimizer = Some((optimizer, shards));
+        self.with_state(optimizer.state(), optimizer.len(), shards)
+    }
+
+    /// Adds a copy of the state of an optimizer over all of the model's parameters.
+    pub fn with_optimizer_snapshot(self, optimizer: &'a OptimizerSnapshot<T>) -> Self {
+        self.with_state(optimizer.state(), optimizer.len(), Vec::new())
+    }
+
+    /// [`with_optimizer_shards`](Self::with_optimizer_shards), with a copy of one of the
+    /// shards' optimizers.
+    pub fn with_snapshot_shards(
+        self,
+        optimizer: &'a OptimizerSnapshot<T>,
+        shards: Vec<ShardFile>,
+    ) -> Self {
+        self.with_state(optimizer.state(), optimizer.len(), shards)
+    }
+
+    /// Adds optimizer state over `len` parameters, held here or (`shards`) in shard files.
+    pub(super) fn with_state(
+        mut self,
+        state: OptimizerState<'a, T>,
+        len: usize,
+        shards: Vec<ShardFile>,
+    ) -> Self {
+        self.optimizer = Some((state, len, shards));
         self
     }
 
@@ -70,17 +117,14 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
 
     /// Writes the checkpoint atomically, streaming it to the file; returns the bytes written.
     pub fn save(&self, path: &Path) -> Result<u64> {
-        let params = self.model.params();
-        let layout = self.model.layout();
+        let ModelView { spec, layout, params, buffers } = self.model;
         let fail = |what: String| Error::Checkpoint { path: path.to_path_buf(), what };
         let optimizer = match &self.optimizer {
             None => None,
-            Some((optimizer, shards)) => {
-                let state = optimizer.state();
-                if shards.is_empty() && optimizer.len() != params.len() {
+            Some((state, len, shards)) => {
+                if shards.is_empty() && *len != params.len() {
                     return Err(fail(format!(
-                        "the optimizer covers {} parameters, the model has {}",
-                        optimizer.len(),
+                        "the optimizer covers {len} parameters, the model has {}",
                         params.len()
                     )));
                 }
@@ -103,12 +147,12 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
             })
             .collect();
         let header = CheckpointHeader {
-            model: self.model.spec().name.clone(),
-            fingerprint: self.model.spec().fingerprint(),
+            model: spec.name.clone(),
+            fingerprint: spec.fingerprint(),
             value_bytes: size_of::<T>() as u8,
             layout: layout.clone(),
             tensors,
-            buffers: self.model.buffers().iter().map(|v| v.f64()).collect(),
+            buffers: buffers.iter().map(|v| v.f64()).collect(),
             optimizer,
             extra: self.extra.clone(),
         };
@@ -116,11 +160,11 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
             for (meta, t) in header.tensors.iter().zip(layout.tensors()) {
                 values::write(out, &params[t.range()], meta.nonzeros.is_some())?;
             }
-            if let Some((optimizer, shards)) = &self.optimizer
+            if let Some((state, _, shards)) = &self.optimizer
                 && shards.is_empty()
             {
                 // Quantised state as it is: codes and scales, nothing converted.
-                for section in super::state_bytes(&optimizer.state()) {
+                for section in super::state_bytes(state) {
                     out.write_all(section)?;
                 }
             }
