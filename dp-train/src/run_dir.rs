@@ -72,15 +72,17 @@ pub(crate) fn optimizer_shard(step: u64, rank: usize) -> String {
     format!("optimizer-{step:010}-{rank:05}.ckpt")
 }
 
-/// Removes the optimizer shards no checkpoint names: those of steps other than `latest` (the
-/// checkpoint just written) and the kept checkpoints'.
+/// Removes the optimizer shards no checkpoint names: those of steps before `latest` (the
+/// checkpoint just written) other than the kept checkpoints'. Shards of later steps are left:
+/// with background saves, replicas may be writing the next checkpoint's already (and a
+/// resumed run writes over those a killed attempt left, as it passes their steps).
 pub(crate) fn remove_unnamed_shards(dir: &Path, latest: u64) -> Result<()> {
     let kept: Vec<u64> = kept_checkpoints(dir)?.into_iter().map(|(step, _)| step).collect();
     for (name, path) in list(dir)? {
         let step = name.strip_prefix("optimizer-").and_then(|n| n.get(..10)).and_then(parse_step);
         if let Some(step) = step
             && name.ends_with(".ckpt")
-            && step != latest
+            && step < latest
             && !kept.contains(&step)
         {
             std::fs::remove_file(&path).map_err(|e| Error::io(&path, "remove", e))?;

@@ -19,6 +19,9 @@ pub(crate) struct Totals {
     pub(crate) stop: f64,
     /// Records left out because they could not be read (evaluation, `skip_corrupt`).
     pub(crate) skipped: f64,
+    /// Replicas whose part of the checkpoint being written in the background is written, or
+    /// that have none in flight (a step).
+    pub(crate) written: f64,
 }
 
 impl Totals {
@@ -47,10 +50,21 @@ impl Totals {
             self.absolute_error,
             self.stop,
             self.skipped,
+            self.written,
         ];
         comm.all_reduce(&mut values, ReduceOp::Sum)?;
-        let [loss_sum, correct, samples, squared_error, absolute_error, stop, skipped] = values;
-        *self = Totals { loss_sum, correct, samples, squared_error, absolute_error, stop, skipped };
+        let [loss_sum, correct, samples, squared_error, absolute_error, stop, skipped, written] =
+            values;
+        *self = Totals {
+            loss_sum,
+            correct,
+            samples,
+            squared_error,
+            absolute_error,
+            stop,
+            skipped,
+            written,
+        };
         Ok(())
     }
 }

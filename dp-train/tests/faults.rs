@@ -404,11 +404,22 @@ fn temporaries(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_full_disk_stops_the_run_where_its_record_does_and_it_resumes_elsewhere() {
+    full_disk("full-disk", false);
+}
+
+#[test]
+fn a_full_disk_under_background_saves_stops_the_run_and_it_resumes_elsewhere() {
+    full_disk("full-disk-async", true);
+}
+
+/// The full-disk test, with checkpoints written in the background or not.
+fn full_disk(name: &str, checkpoint_async: bool) {
     // A checkpoint of this model is about 190 KB and a metrics line 335 bytes: two
     // checkpoints (the old one and the one being written) and about 200 lines fill 448 KiB.
-    let Some(disk) = Tmpfs::mount("full-disk", 448) else { return };
-    let c = || TrainConfig { checkpoint_every: 1, eval_data: None, ..config(1, 300) };
-    let out = TempDir::new("faults-full-disk");
+    let Some(disk) = Tmpfs::mount(name, 448) else { return };
+    let c =
+        || TrainConfig { checkpoint_every: 1, checkpoint_async, eval_data: None, ..config(1, 300) };
+    let out = TempDir::new(&format!("faults-{name}"));
     train(c(), &RunOptions::new(&out.0), &mut ()).unwrap();
     let uninterrupted = train_losses(&run_dir(&out.0));
 

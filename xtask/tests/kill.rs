@@ -2,7 +2,8 @@
 //! and with a checkpoint written after every step (so a kill may land inside a write; the
 //! test counts those it sees), and resumed each time: the checkpoint is never torn, and the
 //! finished run's losses and parameters are bitwise the uninterrupted run's, every step
-//! recorded once, no temporary file left.
+//! recorded once, no temporary file left. Checkpoints written synchronously, and in the
+//! background (where a kill may also land between a shard and the checkpoint naming it).
 
 mod common;
 
@@ -26,7 +27,17 @@ fn spawn(args: &[&str], extra: &[&Path]) -> Child {
 
 #[test]
 fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
-    let scratch = common::scratch("kill");
+    killed_and_resumed("kill", "");
+}
+
+#[test]
+fn runs_killed_during_background_saves_resume_to_the_uninterrupted_run() {
+    killed_and_resumed("kill-async", "checkpoint_async = true\n");
+}
+
+/// The test, with `settings` added to the run's config.
+fn killed_and_resumed(name: &str, settings: &str) {
+    let scratch = common::scratch(name);
     let dir = scratch.path();
     let data = dir.join("data");
     small_digits(&data);
@@ -35,7 +46,7 @@ fn runs_killed_at_random_steps_resume_to_the_uninterrupted_run() {
     std::fs::write(
         &config,
         format!(
-            "train_data = {:?}\nmodel = \"mlp:32\"\nreplicas = 2\nglobal_batch = 64\nsteps = 240\ncheckpoint_every = 1\nshuffle_window = 2\n",
+            "train_data = {:?}\nmodel = \"mlp:32\"\nreplicas = 2\nglobal_batch = 64\nsteps = 240\ncheckpoint_every = 1\nshuffle_window = 2\n{settings}",
             train_data.to_str().unwrap()
         ),
     )

@@ -213,6 +213,11 @@ pub struct TrainConfig {
     /// kept as `checkpoint-STEP.ckpt`. Whatever this is, the model with the lowest evaluation
     /// loss so far is kept as `best.ckpt`.
     pub keep: usize,
+    /// Write checkpoints in the background: at a step boundary each replica copies what it
+    /// saves (the parameters and its optimizer state, accounted as `Temp`) and a thread
+    /// writes it while training goes on; the next checkpoint and the run's end wait for it.
+    /// Costs a copy of the state in memory while a save is in flight.
+    pub checkpoint_async: bool,
     /// Optimizer steps between evaluations (0: at the end of each epoch).
     pub eval_every: u64,
     /// Stop the run once this many evaluations in a row have not lowered the evaluation loss
@@ -276,6 +281,7 @@ impl Default for TrainConfig {
             compression: GradCompression::None,
             checkpoint_every: 0,
             keep: 1,
+            checkpoint_async: false,
             eval_every: 0,
             early_stop: None,
             checksum_every: 100,

@@ -138,6 +138,17 @@ pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Re
     let data_bytes = data.bytes(plan, true)? + data.bytes(plan, false)?;
     let shares = plan.shares_params();
     let replicas = plan.batching.replicas;
+    // Background saves copy the parameters (replica 0) and the optimizer state of every
+    // replica that saves some: replica 0, and each with a shard of it.
+    let staging = |local: usize, shard: usize| match config.checkpoint_async {
+        false => 0,
+        true => {
+            let params = if local == 0 { f32s(len) } else { 0 };
+            let saves_state = local == 0 || shares || config.zero_stage == 1;
+            let state = optimizer_state_bytes(&plan.optimizer, shard, config.state_precision());
+            params + if saves_state { state } else { 0 }
+        }
+    };
     let replica = |local: usize| {
         let shard = match (shares, config.zero_stage) {
             (true, _) => zero_shard(len, replicas, local, config.piece_align()).len(),
@@ -158,7 +169,7 @@ pub(crate) fn predict(plan: &RunPlan, baseline: u64, data: &mut DataNeeds) -> Re
             Tag::Activation => model.saved_activations + model.workspace,
             Tag::Data => data_bytes,
             Tag::Comm => comm,
-            Tag::Temp => model.packing,
+            Tag::Temp => model.packing + staging(local, shard),
             _ => 0,
         })
     };

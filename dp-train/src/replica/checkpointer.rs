@@ -7,8 +7,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use dp_comm::Communicator;
-use dp_model::{CheckpointWriter, Model, Optimizer, ShardFile, save_optimizer_shard};
+use dp_mem::{Pool, Tracker};
+use dp_model::{
+    CheckpointWriter, Model, ModelSnapshot, Optimizer, OptimizerSnapshot, ShardFile,
+    save_optimizer_shard,
+};
 
+use super::background_save::{BackgroundSaves, Job};
 use super::cadence::Cadence;
 use super::params::Params;
 use crate::emergency::{Emergency, Vote};
@@ -45,6 +50,8 @@ pub(super) struct Checkpointer {
     checkpointed: u64,
     /// With shared parameters: this replica's say in an emergency checkpoint.
     vote: Option<Vote>,
+    /// With `checkpoint_async`: the saves written on a thread while training goes on.
+    background: Option<BackgroundSaves>,
 }
 
 impl Checkpointer {
@@ -72,7 +79,15 @@ impl Checkpointer {
             shards,
             checkpointed: start,
             vote,
+            background: None,
         }
+    }
+
+    /// Saves from now on in the background, in staging buffers `tracker` accounts, as
+    /// replica `rank`.
+    pub(super) fn in_background(mut self, tracker: Tracker, rank: usize) -> Self {
+        self.background = Some(BackgroundSaves::new(tracker, self.shards.is_some(), rank));
+        self
     }
 
     /// Where the run's files go, from now on.
@@ -106,6 +121,9 @@ impl Checkpointer {
             let value = f64::from(value);
             return Err(Error::NonFinite { step, what: "a parameter", value });
         }
+        if self.background.is_some() {
+            return self.start_background(step, at, ctl, events, plan);
+        }
         let dir = self.run_dir.as_path();
         if let Some(shards) = &self.shards {
             if at.rank < shards.len() {
@@ -120,31 +138,101 @@ impl Checkpointer {
             return Ok(());
         }
         metrics_recorded(events.as_deref(), plan, dir)?;
-        let extra = serde_json::to_string(at.consistent).expect("the run state always serializes");
-        let writer = CheckpointWriter::new(at.model).with_extra(extra);
-        let writer = match &self.shards {
-            Some(shards) => {
-                let files = (shards.iter().enumerate())
-                    .map(|(r, range)| ShardFile {
-                        name: optimizer_shard(step, r),
-                        start: range.start,
-                        end: range.end,
-                    })
-                    .collect();
-                writer.with_optimizer_shards(at.optimizer, files)
-            }
+        let writer = CheckpointWriter::new(at.model).with_extra(run_state(at));
+        let writer = match self.shard_files(step) {
+            Some(files) => writer.with_optimizer_shards(at.optimizer, files),
             None => writer.with_optimizer(at.optimizer),
         };
         writer.save(&dir.join(CHECKPOINT))?;
-        // Replica 0 alone knows the checkpoint whole; the others, knowing only their shards
-        // written, would save them again for an emergency checkpoint of the same step.
-        self.checkpointed = step;
         keep_checkpoints(dir, step, plan.config.keep)?;
         remove_unnamed_shards(dir, step)?;
+        self.saved(Some(step), events);
+        Ok(())
+    }
+
+    /// [`save`](Self::save) in the background: once the save before is finished, what this
+    /// replica writes is copied, and its thread writes it.
+    fn start_background(
+        &mut self,
+        step: u64,
+        at: &Boundary<'_>,
+        ctl: &mut impl Communicator,
+        mut events: Option<&mut Events>,
+        plan: &RunPlan,
+    ) -> Result<()> {
+        self.finish(ctl, events.as_deref_mut())?;
+        let dir = self.run_dir.clone();
+        if at.rank == 0 {
+            metrics_recorded(events.as_deref(), plan, &dir)?;
+        }
+        let files = self.shard_files(step);
+        let Some(background) = &mut self.background else { return Ok(()) };
+        let pool = Pool::new(&background.tracker);
+        let shard = (self.shards.as_ref())
+            .filter(|shards| at.rank < shards.len())
+            .map(|_| (dir.join(optimizer_shard(step, at.rank)), at.shard.clone()));
+        let params = at.model.params();
+        let state = (at.rank == 0 || shard.is_some())
+            .then(|| OptimizerSnapshot::take(at.optimizer, params, &pool))
+            .transpose()?;
+        let checkpoint = match at.rank {
+            0 => Some((ModelSnapshot::take(at.model, &pool)?, run_state(at), files)),
+            _ => None,
+        };
+        background.start(Job { dir, step, keep: plan.config.keep, state, shard, checkpoint })
+    }
+
+    /// The optimizer shard files checkpoint `step` names (none: it holds the state itself).
+    fn shard_files(&self, step: u64) -> Option<Vec<ShardFile>> {
+        let shards = self.shards.as_ref()?;
+        let files = shards.iter().enumerate().map(|(r, range)| ShardFile {
+            name: optimizer_shard(step, r),
+            start: range.start,
+            end: range.end,
+        });
+        Some(files.collect())
+    }
+
+    /// Whether this replica's part of a save in flight is written (or none is in flight):
+    /// what it adds to a step's totals (see [`BackgroundSaves`]).
+    pub(super) fn written_here(&mut self) -> Result<bool> {
+        self.background.as_mut().map_or(Ok(true), BackgroundSaves::written_here)
+    }
+
+    /// After a step's totals: with every replica's part of a save in flight written (`all`),
+    /// replica 0 writes the checkpoint naming them; a save it finished is recorded.
+    pub(super) fn all_written(&mut self, all: bool, events: Option<&mut Events>) -> Result<()> {
+        let done = match &mut self.background {
+            Some(background) => background.all_written(all)?,
+            None => None,
+        };
+        self.saved(done, events);
+        Ok(())
+    }
+
+    /// Waits for a save in flight (all replicas together): before the next, and at the end.
+    pub(super) fn finish(
+        &mut self,
+        ctl: &mut impl Communicator,
+        events: Option<&mut Events>,
+    ) -> Result<()> {
+        let done = match &mut self.background {
+            Some(background) => background.finish(ctl)?,
+            None => None,
+        };
+        self.saved(done, events);
+        Ok(())
+    }
+
+    /// Records checkpoint `step` written whole (by replica 0, which alone knows it whole; the
+    /// others, knowing only their shards written, would save them again for an emergency
+    /// checkpoint of the same step).
+    fn saved(&mut self, step: Option<u64>, events: Option<&mut Events>) {
+        let Some(step) = step else { return };
+        self.checkpointed = step;
         if let Some(events) = events {
             events.send(Event::Checkpoint { step });
         }
-        Ok(())
     }
 
     /// After a failure: saves the last consistent step when it is past the last checkpoint.
@@ -157,6 +245,10 @@ impl Checkpointer {
         events: Option<&Events>,
         plan: &RunPlan,
     ) {
+        // A save in flight ends first: finished if every shard was written, else abandoned.
+        if let Some(step) = self.background.take().and_then(BackgroundSaves::abandon) {
+            self.checkpointed = self.checkpointed.max(step);
+        }
         if at.consistent.step <= self.checkpointed {
             return;
         }
@@ -174,6 +266,11 @@ impl Checkpointer {
             save.whole();
         }
     }
+}
+
+/// The run's state at the boundary, as the checkpoint carries it.
+fn run_state(at: &Boundary<'_>) -> String {
+    serde_json::to_string(at.consistent).expect("the run state always serializes")
 }
 
 /// How long replica 0 waits for the metrics before a checkpoint: half the collectives'

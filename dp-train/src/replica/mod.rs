@@ -31,6 +31,7 @@ use crate::totals::Totals;
 use crate::touched_rows::TouchedRows;
 use crate::zero::{decayed_in, zero_shard};
 
+mod background_save;
 mod build;
 mod cadence;
 mod checkpointer;
@@ -208,6 +209,11 @@ impl<C: Communicator> Replica<C> {
         let consistent = ResumeState { step: start, pipeline: train.state(), best };
         let checksums =
             ChecksumCheck::start(&mut ctl, model.params(), config.checksum_every, start)?;
+        let checkpointer = Checkpointer::new(&plan, params, (len, world), vote, start);
+        let checkpointer = match config.checkpoint_async {
+            true => checkpointer.in_background(tracker.clone(), rank),
+            false => checkpointer,
+        };
         Ok(Self {
             rank,
             ctl,
@@ -225,7 +231,7 @@ impl<C: Communicator> Replica<C> {
             train,
             evaluator,
             checksums,
-            checkpointer: Checkpointer::new(&plan, params, (len, world), vote, start),
+            checkpointer,
             values: vec![0.0; if plan.task.is_regression() { plan.batching.micro } else { 0 }],
             events,
             stop,
@@ -317,6 +323,8 @@ impl<C: Communicator> Replica<C> {
                 break;
             }
         }
+        // The run ends with its last checkpoint written.
+        self.checkpointer.finish(&mut self.ctl, self.events.as_mut())?;
         if counted > 0 {
             self.report.allocs_per_step = Some(allocs as f64 / counted as f64);
             self.report.gemm_allocs_per_step = library as f64 / counted as f64;
@@ -402,7 +410,10 @@ impl<C: Communicator> Replica<C> {
             totals.add(&loss);
         }
         totals.stop = if self.rank == 0 && self.stop.load(Ordering::Relaxed) { 1.0 } else { 0.0 };
+        totals.written = if self.checkpointer.written_here()? { 1.0 } else { 0.0 };
         totals.all_reduce(&mut self.ctl)?;
+        let all_written = totals.written == self.ctl.world_size() as f64;
+        self.checkpointer.all_written(all_written, self.events.as_mut())?;
         // Every replica sees the same sum, so all stop here together, before the update.
         if !totals.loss_sum.is_finite() {
             return Err(Error::NonFinite {
