@@ -59,6 +59,9 @@ pub struct ResumeChanges {
     pub steps: Option<u64>,
     /// Replicas per process (0: one per core).
     pub replicas: Option<usize>,
+    /// ZeRO stage (0 or 1): how the replicas hold the optimizer state, which the checkpoint
+    /// re-shards on load.
+    pub zero_stage: Option<u8>,
 }
 
 impl ResumeChanges {
@@ -71,6 +74,9 @@ impl ResumeChanges {
         }
         if self.steps.is_some() {
             changed.steps = self.steps;
+        }
+        if let Some(zero_stage) = self.zero_stage {
+            changed.zero_stage = zero_stage;
         }
         if let Some(replicas) = self.replicas {
             changed.replicas = replicas;

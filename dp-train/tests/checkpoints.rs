@@ -92,8 +92,9 @@ fn checkpoint_settings_that_cannot_work_are_refused() {
 
 /// Under ZeRO-1 each replica writes its own optimizer shard and the checkpoint names them;
 /// a resume on another number of replicas re-shards on load and continues as the
-/// uninterrupted run does (up to the reduction order of the new replica count), and the
-/// shards of checkpoints no longer kept are removed.
+/// uninterrupted run does (up to the reduction order of the new replica count), also with
+/// the state whole on each replica instead (ZeRO stage 0), and the shards of checkpoints no
+/// longer kept are removed.
 #[test]
 fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
     let out = TempDir::new("zero1-shards");
@@ -101,6 +102,7 @@ fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
     // A schedule that does not depend on the run's length, which the first part shortens.
     let c = TrainConfig {
         zero_stage: 1,
+        share_params: false,
         optimizer: Some(adam),
         schedule: Some(dp_model::Schedule::Constant { lr: 1e-3 }),
         checkpoint_every: 6,
@@ -138,6 +140,25 @@ fn zero1_shards_are_written_per_replica_and_a_resume_re_shards_them() {
     let text = error.to_string();
     assert!(text.contains(names[1]) && text.contains("another run"), "{text}");
     std::fs::write(dir.join(names[1]), own).unwrap();
+
+    // The same checkpoint resumed with the optimizer state whole on each replica (ZeRO
+    // stage 0), read from both shards.
+    let own = out.0.join("own");
+    common::copy_dir(&dir, &own);
+    let whole_state = RunOptions {
+        resume: Some(own.clone()),
+        resume_changes: dp_train::ResumeChanges {
+            steps: Some(12),
+            zero_stage: Some(0),
+            ..Default::default()
+        },
+        ..RunOptions::new(&parts)
+    };
+    train(TrainConfig::default(), &whole_state, &mut ()).unwrap();
+    let saved = TrainConfig::load(&own.join(dp_train::CONFIG)).unwrap();
+    assert_eq!(saved.zero_stage, 0, "the resumed run saves the stage it runs with");
+    let diff = common::max_relative_difference(&common::final_params(&own), &whole);
+    assert!(diff <= 1e-5, "resumed with ZeRO stage 0 differs by {diff}");
 
     let resumed = train(TrainConfig::default(), &resume, &mut ()).unwrap();
     assert_eq!(resumed.steps, 12);

@@ -312,7 +312,7 @@ fn a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes() {
     let checkpoint = CheckpointReader::open(&killed.join(dp_train::CHECKPOINT)).unwrap();
     assert!(checkpoint.header().extra().contains("\"step\":8"), "{}", checkpoint.header().extra());
     let copy = dir.0.join("copy");
-    copy_dir(&killed, &copy);
+    common::copy_dir(&killed, &copy);
 
     // The same number of processes continues exactly.
     let (output, _) = launch(test, 2, "resume", &dir.0).unwrap();
@@ -329,16 +329,6 @@ fn a_killed_process_ends_the_run_which_resumes_on_any_number_of_processes() {
     let diff =
         max_relative_difference(&final_params(&copy), &final_params(&dir.0.join("whole/run")));
     assert!(diff <= 1e-5, "resumed on one process: {diff}");
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_file() {
-            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
-        }
-    }
 }
 
 #[test]

@@ -229,8 +229,8 @@ fn parse_epochs(text: &str) -> std::result::Result<u64, String> {
 
 /// The options `--resume` applies: how long the resumed run goes on, on how many replicas
 /// and processes, and what it shows. Any other option describes another run.
-const RESUME_OPTIONS: [&str; 7] =
-    ["resume", "epochs", "steps", "replicas", "procs", "oversubscribe", "no-plot"];
+const RESUME_OPTIONS: [&str; 8] =
+    ["resume", "epochs", "steps", "replicas", "zero", "procs", "oversubscribe", "no-plot"];
 
 pub(crate) fn run(home: &Home, args: TrainArgs, given: &[String]) -> Result<ExitCode> {
     let root = &home.base;
@@ -413,19 +413,21 @@ fn refuse_unapplied(dir: &Path, given: &[String]) -> Result<()> {
     let saved = dp_train::resolve_run_dir(dir).join(dp_train::CONFIG);
     bail!(
         "--resume continues the run with the config it saved, {}; {} would not apply: only \
-         --epochs, --steps, --replicas and --procs change a resumed run; start a new run for \
+         --epochs, --steps, --replicas, --zero and --procs change a resumed run; start a new run for \
          the others",
         saved.display(),
         unapplied.join(", ")
     )
 }
 
-/// What `--resume` changes of the saved config: `--epochs`, `--steps` and `--replicas`.
+/// What `--resume` changes of the saved config: `--epochs`, `--steps`, `--replicas` and
+/// `--zero`.
 fn resume_changes(args: &TrainArgs) -> dp_train::ResumeChanges {
     dp_train::ResumeChanges {
         epochs: args.keys.epochs,
         steps: args.keys.steps,
         replicas: args.keys.replicas,
+        zero_stage: args.keys.zero_stage,
     }
 }
 
@@ -715,21 +717,31 @@ mod tests {
         let cli = Cli::try_parse_from(["train", "--recompute", "selective"]).unwrap();
         apply(&mut config, &cli.train).unwrap();
         assert_eq!(config.recompute, dp_train::RecomputePolicy::Selective);
-        // A resumed run takes a new length and replica count, and refuses every other option
-        // given, even one equal to its default, instead of ignoring it.
+        // A resumed run takes a new length, replica count and ZeRO stage, and refuses every
+        // other option given, even one equal to its default, instead of ignoring it.
         let given = |args: &[&str]| {
             let matches = Cli::command().try_get_matches_from(args).unwrap();
             let ids = crate::given_options(&Cli::command(), &matches);
             (Cli::from_arg_matches(&matches).unwrap().train, ids)
         };
-        let (args, ids) =
-            given(&["train", "--resume", "runs/x", "--epochs", "9", "--replicas", "1"]);
+        let (args, ids) = given(&[
+            "train",
+            "--resume",
+            "runs/x",
+            "--epochs",
+            "9",
+            "--replicas",
+            "1",
+            "--zero",
+            "1",
+        ]);
         refuse_unapplied(Path::new("runs/x"), &ids).unwrap();
         let changes = resume_changes(&args);
-        assert_eq!((changes.epochs, changes.steps, changes.replicas), (Some(9), None, Some(1)));
+        let got = (changes.epochs, changes.steps, changes.replicas, changes.zero_stage);
+        assert_eq!(got, (Some(9), None, Some(1), Some(1)));
         refuse_unapplied(Path::new("runs/x"), &given(&["train", "--resume", "x", "--no-plot"]).1)
             .unwrap();
-        let defaults = ["--seed", "0", "--model", "mlp", "--optimizer", "sgd", "--zero", "0"];
+        let defaults = ["--seed", "0", "--model", "mlp", "--optimizer", "sgd", "--clip", "1"];
         let (_, ids) = given(
             &[
                 &["train", "--resume", "runs/x", "--lr", "0.5"][..],
@@ -740,7 +752,7 @@ mod tests {
         );
         let error = refuse_unapplied(Path::new("runs/x"), &ids).unwrap_err().to_string();
         assert!(error.contains("runs/x/config.toml"), "{error}");
-        for flag in ["--lr", "--seed", "--model", "--optimizer", "--zero", "--out"] {
+        for flag in ["--lr", "--seed", "--model", "--optimizer", "--clip", "--out"] {
             assert!(error.contains(flag), "{flag}: {error}");
         }
         // Epochs are a positive count or `auto`; 0 is not a silent `auto`.

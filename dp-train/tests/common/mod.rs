@@ -213,3 +213,14 @@ pub fn assert_resumes_exactly(config: TrainConfig, stop_at: u64) -> (PathBuf, Pa
     assert_eq!(bits(eval_losses(&resumed)), bits(eval_losses(&whole)), "evaluation losses");
     (whole, resumed, out)
 }
+
+/// Copies the files of directory `from` into `to` (made if absent).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+}

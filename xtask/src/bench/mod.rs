@@ -3,6 +3,7 @@
 
 mod bf16;
 mod bf16act;
+mod checkpoints;
 mod comm;
 mod corpus;
 mod criterion;

@@ -184,7 +184,8 @@ fn print_large_model(runs: &[(String, dp_train::Summary)], torch: Option<&TorchP
 /// `cargo xtask bench train`: one replica against one per core on the default job, and the
 /// same replicas as processes, with the targets; then a language model's held-out loss against
 /// PyTorch's (`filter` `lm`: that section alone); then f32 against bf16 saved activations
-/// (`filter` `bf16act`: that section alone), and f32 against bf16 products (`filter` `bf16`).
+/// (`filter` `bf16act`: that section alone), f32 against bf16 products (`filter` `bf16`),
+/// and what checkpoints cost a run (`filter` `checkpoints`).
 pub(crate) fn run(root: &Path, filter: Option<&str>) -> Result<()> {
     let replicas = std::thread::available_parallelism().map_or(1, |n| n.get()).max(2);
     match filter {
@@ -194,9 +195,10 @@ pub(crate) fn run(root: &Path, filter: Option<&str>) -> Result<()> {
         Some("bf16act") => return super::bf16act::run(root),
         Some("bf16") => return super::bf16::run(root, replicas),
         Some("largest") => return super::largest::run(root),
+        Some("checkpoints") => return super::checkpoints::run(root, replicas),
         Some(other) => {
             bail!(
-                "bench train --filter {other}: the sections to pick are `lm`, `optim8`, `bf16act`, `bf16` and `largest`"
+                "bench train --filter {other}: the sections to pick are `lm`, `optim8`, `bf16act`, `bf16`, `largest` and `checkpoints`"
             )
         }
     }
@@ -299,5 +301,6 @@ pub(crate) fn run(root: &Path, filter: Option<&str>) -> Result<()> {
     super::optim8::run(root)?;
     super::bf16act::run(root)?;
     super::bf16::run(root, replicas)?;
+    super::checkpoints::run(root, replicas)?;
     super::largest::run(root)
 }
