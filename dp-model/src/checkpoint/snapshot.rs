@@ -8,6 +8,7 @@ use std::path::Path;
 
 use dp_mem::{Pool, PoolBuf, Tag};
 
+use super::ShardFile;
 use super::shard::{BoundTo, params_checksum, write_shard};
 use super::writer::{CheckpointWriter, ModelView};
 use crate::error::Result;
@@ -50,6 +51,23 @@ impl<T: Float> ModelSnapshot<T> {
     /// The bytes the copy holds.
     pub fn bytes(&self) -> u64 {
         (self.params.len() + self.buffers.len()) as u64 * size_of::<T>() as u64
+    }
+}
+
+impl<'a, T: Float> CheckpointWriter<'a, T> {
+    /// Adds a copy of the state of an optimizer over all of the model's parameters.
+    pub fn with_optimizer_snapshot(self, optimizer: &'a OptimizerSnapshot<T>) -> Self {
+        self.with_state(optimizer.state(), optimizer.len(), Vec::new())
+    }
+
+    /// [`with_optimizer_shards`](Self::with_optimizer_shards), with a copy of one of the
+    /// shards' optimizers.
+    pub fn with_snapshot_shards(
+        self,
+        optimizer: &'a OptimizerSnapshot<T>,
+        shards: Vec<ShardFile>,
+    ) -> Self {
+        self.with_state(optimizer.state(), optimizer.len(), shards)
     }
 }
 

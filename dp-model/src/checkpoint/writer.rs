@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use super::{
-    CheckpointHeader, MAGIC, OptimizerMeta, OptimizerSnapshot, ShardFile, TensorMeta, frame, values,
-};
+use super::{CheckpointHeader, MAGIC, OptimizerMeta, ShardFile, TensorMeta, frame, values};
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::layout::ParamLayout;
@@ -78,21 +76,6 @@ impl<'a, T: Float> CheckpointWriter<'a, T> {
     pub fn with_optimizer_shards(
         self,
         optimizer: &'a dyn Optimizer<T>,
-        shards: Vec<ShardFile>,
-    ) -> Self {
-        self.with_state(optimizer.state(), optimizer.len(), shards)
-    }
-
-    /// Adds a copy of the state of an optimizer over all of the model's parameters.
-    pub fn with_optimizer_snapshot(self, optimizer: &'a OptimizerSnapshot<T>) -> Self {
-        self.with_state(optimizer.state(), optimizer.len(), Vec::new())
-    }
-
-    /// [`with_optimizer_shards`](Self::with_optimizer_shards), with a copy of one of the
-    /// shards' optimizers.
-    pub fn with_snapshot_shards(
-        self,
-        optimizer: &'a OptimizerSnapshot<T>,
         shards: Vec<ShardFile>,
     ) -> Self {
         self.with_state(optimizer.state(), optimizer.len(), shards)
