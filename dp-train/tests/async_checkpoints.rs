@@ -8,7 +8,17 @@ mod common;
 use std::path::Path;
 
 use common::{TempDir, config, run_dir};
-use dp_train::{RunOptions, TrainConfig, train};
+use dp_train::{Observer, RunOptions, TrainConfig, train};
+
+/// The steps the run said it checkpointed, in order.
+#[derive(Default)]
+struct Checkpointed(Vec<u64>);
+
+impl Observer for Checkpointed {
+    fn checkpoint(&mut self, step: u64) {
+        self.0.push(step);
+    }
+}
 
 /// The run directory's checkpoint and optimizer shard files, by name, with their bytes.
 fn checkpoint_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -35,11 +45,16 @@ fn background_saves_write_the_files_a_synchronous_save_writes() {
         let c =
             TrainConfig { optimizer: Some(common::adam()), checkpoint_every: 4, keep: 3, ..layout };
         let sync_out = out.0.join(format!("{name}-sync"));
-        let sync = train(c.clone(), &RunOptions::new(&sync_out), &mut ()).unwrap();
+        let mut said = Checkpointed::default();
+        let sync = train(c.clone(), &RunOptions::new(&sync_out), &mut said).unwrap();
         let async_out = out.0.join(format!("{name}-async"));
         let background = TrainConfig { checkpoint_async: true, ..c };
-        let summary = train(background, &RunOptions::new(&async_out), &mut ()).unwrap();
+        let mut said_async = Checkpointed::default();
+        let summary = train(background, &RunOptions::new(&async_out), &mut said_async).unwrap();
         assert_eq!(summary.train_loss, sync.train_loss, "{name}");
+        // Each checkpoint is announced once it is whole, the last one included.
+        assert_eq!(said.0, [4, 8, 12, 16, 20, 22], "{name}");
+        assert_eq!(said_async.0, said.0, "{name}");
 
         let (want, got) =
             (checkpoint_files(&run_dir(&sync_out)), checkpoint_files(&run_dir(&async_out)));

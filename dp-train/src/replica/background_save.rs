@@ -18,7 +18,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
 use dp_comm::Communicator;
-use dp_mem::Tracker;
+use dp_mem::{Pool, Tracker};
 use dp_model::{ModelSnapshot, OptimizerSnapshot, ShardFile};
 
 use crate::error::{Error, Result};
@@ -53,10 +53,22 @@ struct Pending {
     committed: bool,
 }
 
+impl Pending {
+    /// Every replica's part is written: replica 0's thread may write the checkpoint.
+    fn commit(&mut self) {
+        self.committed = true;
+        if let Some(commit) = self.commit.take() {
+            // A thread that has gone already reports why when joined.
+            let _ = commit.send(());
+        }
+    }
+}
+
 /// A replica's asynchronous saves.
 pub(super) struct BackgroundSaves {
-    /// Accounts the staging buffers.
-    pub(super) tracker: Tracker,
+    /// The staging buffers' pool: a save reuses the blocks of the one before, instead of
+    /// faulting in fresh pages for every copy.
+    pub(super) staging: Pool,
     /// Whether saves name shard files, which every replica must have written first (then the
     /// replicas agree on it together).
     shards: bool,
@@ -65,8 +77,10 @@ pub(super) struct BackgroundSaves {
 }
 
 impl BackgroundSaves {
-    pub(super) fn new(tracker: Tracker, shards: bool, rank: usize) -> Self {
-        Self { tracker, shards, rank, pending: None }
+    /// The saves of replica `rank`, staged in a pool of `tracker`'s; `shards`: whether they
+    /// name shard files.
+    pub(super) fn new(tracker: &Tracker, shards: bool, rank: usize) -> Self {
+        Self { staging: Pool::new(tracker), shards, rank, pending: None }
     }
 
     /// Starts writing `job` on a thread (a previous save must be finished).
@@ -119,12 +133,8 @@ impl BackgroundSaves {
     /// to the checkpoint. Returns the step of a save now finished whole.
     pub(super) fn all_written(&mut self, all: bool) -> Result<Option<u64>> {
         let Some(pending) = &mut self.pending else { return Ok(None) };
-        if all && !pending.committed {
-            pending.committed = true;
-            if let Some(commit) = pending.commit.take() {
-                // A thread that has gone already reports why when joined.
-                let _ = commit.send(());
-            }
+        if all {
+            pending.commit();
         }
         let finished = pending.thread.as_ref().is_none_or(JoinHandle::is_finished);
         if pending.committed && finished { self.finish_pending() } else { Ok(None) }
@@ -137,16 +147,14 @@ impl BackgroundSaves {
         let rank = self.rank;
         let Some(pending) = &mut self.pending else { return Ok(None) };
         if !pending.committed {
-            if pending.commit.is_none() {
-                // The thread waits for nobody: its end is its part written.
-                join(pending, rank)?;
-            }
-            // Replica 0's thread, its shard written, waits for the word to write the
-            // checkpoint. Polled: the wait is the rest of one file's writing, at a save or
-            // the run's end.
+            // This replica's part first. Polled, as replica 0's thread goes on to wait for
+            // the word to write the checkpoint: the wait is the rest of one file's writing,
+            // at a save or the run's end.
             while !pending.written.load(Ordering::Acquire) {
-                if pending.thread.as_ref().is_some_and(JoinHandle::is_finished) {
+                if pending.thread.as_ref().is_none_or(JoinHandle::is_finished) {
+                    // Ended without its part written: it failed, and says why.
                     join(pending, rank)?;
+                    break;
                 }
                 std::thread::park_timeout(std::time::Duration::from_millis(5));
             }
@@ -155,9 +163,7 @@ impl BackgroundSaves {
                 // write has left the group, failing this.
                 ctl.barrier()?;
             }
-            if let done @ Some(_) = self.all_written(true)? {
-                return Ok(done);
-            }
+            pending.commit();
         }
         self.finish_pending()
     }

@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use dp_comm::Communicator;
-use dp_mem::{Pool, Tracker};
+use dp_mem::Tracker;
 use dp_model::{
     CheckpointWriter, Model, ModelSnapshot, Optimizer, OptimizerSnapshot, ShardFile,
     save_optimizer_shard,
@@ -86,7 +86,7 @@ impl Checkpointer {
     /// Saves from now on in the background, in staging buffers `tracker` accounts, as
     /// replica `rank`.
     pub(super) fn in_background(mut self, tracker: Tracker, rank: usize) -> Self {
-        self.background = Some(BackgroundSaves::new(tracker, self.shards.is_some(), rank));
+        self.background = Some(BackgroundSaves::new(&tracker, self.shards.is_some(), rank));
         self
     }
 
@@ -167,16 +167,16 @@ impl Checkpointer {
         }
         let files = self.shard_files(step);
         let Some(background) = &mut self.background else { return Ok(()) };
-        let pool = Pool::new(&background.tracker);
+        let pool = &background.staging;
         let shard = (self.shards.as_ref())
             .filter(|shards| at.rank < shards.len())
             .map(|_| (dir.join(optimizer_shard(step, at.rank)), at.shard.clone()));
         let params = at.model.params();
         let state = (at.rank == 0 || shard.is_some())
-            .then(|| OptimizerSnapshot::take(at.optimizer, params, &pool))
+            .then(|| OptimizerSnapshot::take(at.optimizer, params, pool))
             .transpose()?;
         let checkpoint = match at.rank {
-            0 => Some((ModelSnapshot::take(at.model, &pool)?, run_state(at), files)),
+            0 => Some((ModelSnapshot::take(at.model, pool)?, run_state(at), files)),
             _ => None,
         };
         background.start(Job { dir, step, keep: plan.config.keep, state, shard, checkpoint })
