@@ -753,12 +753,8 @@ fn outcome(endings: Vec<Ending>, first_rank: usize) -> Result<Vec<ReplicaReport>
             Ok(Ok(report)) => reports.push(report),
             Ok(Err(error)) => failures.push((rank, error)),
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into());
-                failures.push((rank, Error::Replica { rank, what: format!("panicked: {what}") }));
+                let what = format!("panicked: {}", crate::error::panic_message(&*panic));
+                failures.push((rank, Error::Replica { rank, what }));
             }
         }
     }

@@ -21,7 +21,7 @@ use dp_comm::Communicator;
 use dp_mem::{Pool, Tracker};
 use dp_model::{ModelSnapshot, OptimizerSnapshot, ShardFile};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_message};
 use crate::run_dir::{CHECKPOINT, keep_checkpoints, remove_unnamed_shards};
 
 /// What one replica writes of checkpoint `step`, copied at its step boundary.
@@ -191,12 +191,8 @@ impl BackgroundSaves {
 fn join(pending: &mut Pending, rank: usize) -> Result<bool> {
     let Some(thread) = pending.thread.take() else { return Ok(false) };
     thread.join().unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".into());
-        Err(Error::Replica { rank, what: format!("its checkpoint thread panicked: {what}") })
+        let what = format!("its checkpoint thread panicked: {}", panic_message(&*panic));
+        Err(Error::Replica { rank, what })
     })
 }
 

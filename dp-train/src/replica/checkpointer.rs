@@ -85,8 +85,8 @@ impl Checkpointer {
 
     /// Saves from now on in the background, in staging buffers `tracker` accounts, as
     /// replica `rank`.
-    pub(super) fn in_background(mut self, tracker: Tracker, rank: usize) -> Self {
-        self.background = Some(BackgroundSaves::new(&tracker, self.shards.is_some(), rank));
+    pub(super) fn in_background(mut self, tracker: &Tracker, rank: usize) -> Self {
+        self.background = Some(BackgroundSaves::new(tracker, self.shards.is_some(), rank));
         self
     }
 

@@ -211,7 +211,7 @@ impl<C: Communicator> Replica<C> {
             ChecksumCheck::start(&mut ctl, model.params(), config.checksum_every, start)?;
         let checkpointer = Checkpointer::new(&plan, params, (len, world), vote, start);
         let checkpointer = match config.checkpoint_async {
-            true => checkpointer.in_background(tracker.clone(), rank),
+            true => checkpointer.in_background(&tracker, rank),
             false => checkpointer,
         };
         Ok(Self {
