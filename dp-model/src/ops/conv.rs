@@ -9,9 +9,10 @@
 //! products. So it is unfolded a chunk of output rows at a time, into a buffer that stays in
 //! L2 ([`CHUNK_VALUES`]), and each product runs on the chunk while it is there.
 //!
-//! A ResNet's 3x3 convolutions of stride 1 in `f32` on AVX-512 unfold nothing: forward and
-//! the input gradient run directly on the image (`conv_direct.rs`), and so does the weight
-//! gradient (`conv_weight_gradient.rs`).
+//! A ResNet's 3x3 convolutions of stride 1 on AVX-512 unfold nothing: forward and the input
+//! gradient run directly on the image (`conv_direct.rs` in `f32`, `conv_amx.rs` and
+//! `conv_dpbf16.rs` in `bf16`), and so does the weight gradient (`conv_weight_gradient.rs`,
+//! `conv_amx_weight_gradient.rs`, `conv_dpbf16_weight_gradient.rs`).
 
 use std::ops::Range;
 
@@ -22,7 +23,8 @@ use crate::ops::gemm::{Bf16Kernels, Gemm, Precision, view, view_mut};
 use crate::ops::rows::{self, Portable, Rows, Run};
 #[cfg(target_arch = "x86_64")]
 use crate::ops::{
-    conv_amx, conv_amx_weight_gradient, conv_direct, conv_staging, conv_weight_gradient,
+    conv_amx, conv_amx_weight_gradient, conv_direct, conv_dpbf16, conv_dpbf16_weight_gradient,
+    conv_staging, conv_weight_gradient,
 };
 
 /// A sum in eight independent lanes, which the compiler can vectorize (a plain sequential
@@ -100,10 +102,18 @@ impl Conv2d {
             let backward = forward.input_gradient();
             let least = [forward, backward]
                 .into_iter()
-                .flat_map(|s| [conv_direct::least_scratch(s), conv_amx::least_scratch(s)])
+                .flat_map(|s| {
+                    [
+                        conv_direct::least_scratch,
+                        conv_amx::least_scratch,
+                        conv_dpbf16::least_scratch,
+                    ]
+                    .map(|least| least(s))
+                })
                 .chain([
                     conv_weight_gradient::least_scratch(forward),
                     conv_amx_weight_gradient::least_scratch(forward),
+                    conv_dpbf16_weight_gradient::least_scratch(forward),
                 ])
                 .max()
                 .unwrap_or(0);
@@ -225,8 +235,8 @@ impl Conv2d {
             (_, dx) => dx,
         };
         // With the input gradient done (or not asked for), the weight gradient is summed
-        // directly too, where its staged band fits the scratch: on AMX for `bf16` products,
-        // else in `f32`.
+        // directly too, where its staged band fits the scratch: on AMX or AVX512_BF16 for
+        // `bf16` products, else in `f32`.
         #[cfg(target_arch = "x86_64")]
         if let Some(shape) = self.direct::<T>(batch)
             && dx.is_none()
@@ -234,20 +244,8 @@ impl Conv2d {
             let (x, dy) = (rows::as_f32(x).expect("f32"), rows::as_f32(dy).expect("f32"));
             let dw = rows::as_f32_mut(&mut *dw).expect("f32");
             let work = rows::as_f32_mut(&mut *scratch).expect("f32");
-            let amx = gemm.precision() == Precision::Bf16
-                && Bf16Kernels::current() == Some(Bf16Kernels::Amx)
-                && conv_amx_weight_gradient::fits(shape, work.len());
-            if amx {
-                // SAFETY: `fits` checked AMX and the scratch.
-                return unsafe {
-                    conv_amx_weight_gradient::weight_gradient(shape, x, dy, dw, accumulate, work)
-                };
-            }
-            if conv_weight_gradient::fits(shape, work.len()) {
-                // SAFETY: `direct` checked the CPU and the shape, `fits` the scratch.
-                return unsafe {
-                    conv_weight_gradient::weight_gradient(shape, x, dy, dw, accumulate, work)
-                };
+            if weigh_directly(shape, gemm.precision(), x, dy, dw, accumulate, work) {
+                return;
             }
         }
         let mut dx = dx;
@@ -478,29 +476,58 @@ struct Operands<'a> {
 }
 
 /// Runs the correlation `shape` in the direct kernel of the products' `precision` (`f32` on
-/// AVX-512, `bf16` on AMX), where one takes it and the scratch holds what it stages; says
+/// AVX-512, `bf16` on AMX or AVX512_BF16), where one takes it and the scratch holds what it stages; says
 /// whether one ran. The caller checked AVX-512F ([`Conv2d::direct`]).
 #[cfg(target_arch = "x86_64")]
 fn correlate_directly(
     shape: conv_staging::Shape,
-    kernels: conv_staging::Kernels,
+    taps: conv_staging::Kernels,
     precision: Precision,
     Operands { w, bias, x, y, accumulate, scratch }: Operands<'_>,
 ) -> bool {
-    let amx = Bf16Kernels::current() == Some(Bf16Kernels::Amx);
-    match precision {
-        Precision::F32 if conv_direct::fits(shape, scratch.len()) => {
-            // SAFETY: the CPU has AVX-512F (the caller checked), `fits` the scratch.
-            unsafe { conv_direct::correlate(shape, w, kernels, bias, x, y, accumulate, scratch) };
-            true
+    let bf16 = (precision == Precision::Bf16).then(Bf16Kernels::current).flatten();
+    let kernel: conv_staging::Correlate = match bf16 {
+        Some(Bf16Kernels::Amx) if conv_amx::fits(shape, scratch.len()) => conv_amx::correlate,
+        Some(Bf16Kernels::Avx512Bf16) if conv_dpbf16::fits(shape, scratch.len()) => {
+            conv_dpbf16::correlate
         }
-        Precision::Bf16 if amx && conv_amx::fits(shape, scratch.len()) => {
-            // SAFETY: `fits` checked AMX and the scratch.
-            unsafe { conv_amx::correlate(shape, w, kernels, bias, x, y, accumulate, scratch) };
-            true
+        None if conv_direct::fits(shape, scratch.len()) => conv_direct::correlate,
+        _ => return false,
+    };
+    // SAFETY: the kernel's `fits` checked the CPU's features and the scratch (the caller
+    // checked AVX-512F for the `f32` one).
+    unsafe { kernel(shape, w, taps, bias, x, y, accumulate, scratch) };
+    true
+}
+
+/// Sums the weight gradient of `shape` in the direct kernel of the products' `precision`
+/// (`bf16` on AMX or AVX512_BF16, else `f32` on AVX-512), where one takes it and the scratch
+/// holds what it stages; says whether one ran. The caller checked AVX-512F.
+#[cfg(target_arch = "x86_64")]
+fn weigh_directly(
+    shape: conv_staging::Shape,
+    precision: Precision,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    accumulate: bool,
+    work: &mut [f32],
+) -> bool {
+    let bf16 = (precision == Precision::Bf16).then(Bf16Kernels::current).flatten();
+    let kernel: conv_staging::WeightGradient = match bf16 {
+        Some(Bf16Kernels::Amx) if conv_amx_weight_gradient::fits(shape, work.len()) => {
+            conv_amx_weight_gradient::weight_gradient
         }
-        _ => false,
-    }
+        Some(Bf16Kernels::Avx512Bf16) if conv_dpbf16_weight_gradient::fits(shape, work.len()) => {
+            conv_dpbf16_weight_gradient::weight_gradient
+        }
+        _ if conv_weight_gradient::fits(shape, work.len()) => conv_weight_gradient::weight_gradient,
+        _ => return false,
+    };
+    // SAFETY: the kernel's `fits` checked the CPU's features and the scratch (the caller
+    // checked AVX-512F for the `f32` one).
+    unsafe { kernel(shape, x, dy, dw, accumulate, work) };
+    true
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use crate::ops::conv_amx::{self, TileConfig};
+use crate::ops::conv_amx::TileConfig;
+use crate::ops::conv_bf16_staging::stage_pairs;
 use crate::ops::conv_staging::{Band, Shape, lanes};
 
 /// Scratch (`f32`) values a band aims at: 512 KiB, a quarter of a core's L2 on the Xeons
@@ -219,37 +220,6 @@ unsafe fn stage_gradient(shape: Shape, band: Band, dy: &[f32], gradient: &mut [u
             }
         }
     }
-}
-
-/// The band's input with a zero border, each staged pixel holding, per channel, the pair of
-/// its value and its right neighbour's in `bf16`: `input[(pixel * channels + c) * 2 + e]`
-/// holds `x[c]` at staged pixel `pixel + e`, pixels counted as in `conv_staging`'s
-/// `stage_input` (`(n * (rows + 2) + r) * (width + 2) + q`), channels in whole vectors.
-///
-/// # Safety
-/// The CPU has AVX-512F and AVX512_BF16.
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn stage_pairs(shape: Shape, band: Band, x: &[f32], input: &mut [u16]) {
-    let in_lanes = lanes(shape.channels);
-    let staged = &mut input[..band.images * (band.rows + 2) * (shape.width + 2) * in_lanes * 2];
-    staged.fill(0);
-    // A value lands at its staged pixel (as the first of that pixel's pair) and at the pixel
-    // before (as the second): each pair's 16 channels are 16 words of two `bf16`.
-    let (keep_second, keep_first) = (_mm512_set1_epi32(!0xffff), _mm512_set1_epi32(0xffff));
-    // SAFETY: as the caller promised; an image pixel and the pixel before lie inside the band.
-    unsafe {
-        conv_amx::in_bf16(shape, band, x, |pixel, c, words| {
-            let spread = _mm512_cvtepu16_epi32(words);
-            for (to, keep, value) in [
-                (pixel, keep_second, spread),
-                (pixel - 1, keep_first, _mm512_slli_epi32::<16>(spread)),
-            ] {
-                let at = staged.as_mut_ptr().add((to * in_lanes + c) * 2).cast::<__m512i>();
-                let merged = _mm512_or_si512(_mm512_and_si512(_mm512_loadu_si512(at), keep), value);
-                _mm512_storeu_si512(at, merged);
-            }
-        })
-    };
 }
 
 #[cfg(test)]

@@ -1,14 +1,8 @@
-//! The checks every direct 3x3 kernel passes (`f32` on AVX-512, `bf16` on AMX): its results
-//! against the definition, summed in `f64` over the operands as the kernel rounds them.
+//! The checks every direct 3x3 kernel passes (`f32` on AVX-512, `bf16` on AMX or
+//! AVX512_BF16): its results against the definition, summed in `f64` over the operands as
+//! the kernel rounds them.
 
-use crate::ops::conv_staging::{Kernels, Shape};
-
-/// A direct correlation kernel, as `conv_direct::correlate` and `conv_amx::correlate` are.
-pub(crate) type Correlate =
-    unsafe fn(Shape, &[f32], Kernels, Option<&[f32]>, &[f32], &mut [f32], bool, &mut [f32]);
-
-/// A direct weight-gradient kernel, as the two `weight_gradient`s are.
-pub(crate) type WeightGradient = unsafe fn(Shape, &[f32], &[f32], &mut [f32], bool, &mut [f32]);
+use crate::ops::conv_staging::{Correlate, Kernels, Shape, WeightGradient};
 
 /// How a kernel rounds its operands before it multiplies them.
 pub(crate) type Round = fn(f32) -> f64;

@@ -28,6 +28,7 @@ macro_rules! unrolled {
         })*
     };
 }
+pub(crate) use unrolled;
 
 /// Scratch values a band aims at: 512 KiB, a quarter of a core's L2 on the Xeons measured,
 /// so that the staged band stays there while every tile reads it.
@@ -107,10 +108,10 @@ pub(crate) unsafe fn correlate(
 
 /// A tile's first pixel: row `i`, column `j` of the band's image `n`.
 #[derive(Clone, Copy)]
-struct Pixels {
-    n: usize,
-    i: usize,
-    j: usize,
+pub(crate) struct Pixels {
+    pub(crate) n: usize,
+    pub(crate) i: usize,
+    pub(crate) j: usize,
 }
 
 /// One band, staged.
@@ -183,11 +184,11 @@ impl Staged<'_> {
 }
 
 /// Where tiles go: the layer's output `y [out_channels, batch, height, width]`.
-struct Store<'a> {
-    shape: Shape,
-    band: Band,
-    y: &'a mut [f32],
-    accumulate: bool,
+pub(crate) struct Store<'a> {
+    pub(crate) shape: Shape,
+    pub(crate) band: Band,
+    pub(crate) y: &'a mut [f32],
+    pub(crate) accumulate: bool,
 }
 
 impl Store<'_> {
@@ -198,7 +199,7 @@ impl Store<'_> {
     /// # Safety
     /// The CPU has AVX-512F; the pixels lie inside the band.
     #[target_feature(enable = "avx512f")]
-    unsafe fn tile(&mut self, o: usize, at: Pixels, sums: [__m512; 16]) {
+    pub(crate) unsafe fn tile(&mut self, o: usize, at: Pixels, sums: [__m512; 16]) {
         let Shape { out_channels, batch, height, width, .. } = self.shape;
         let plane = height * width;
         let first = (self.band.image + at.n) * plane + (self.band.row + at.i) * width + at.j;

@@ -57,6 +57,15 @@ impl Shape {
     }
 }
 
+/// A direct correlation kernel, as each `correlate` is: `(shape, w, kernels, bias, x, y,
+/// accumulate, scratch)`.
+pub(crate) type Correlate =
+    unsafe fn(Shape, &[f32], Kernels, Option<&[f32]>, &[f32], &mut [f32], bool, &mut [f32]);
+
+/// A direct weight-gradient kernel, as each `weight_gradient` is: `(shape, x, dy, dw,
+/// accumulate, scratch)`.
+pub(crate) type WeightGradient = unsafe fn(Shape, &[f32], &[f32], &mut [f32], bool, &mut [f32]);
+
 /// Whether an image `height x width` fits the kernels' tiles of 16 pixels of a plane: inside
 /// one row (rows a multiple of 16 wide) or whole rows (16, 8, 4, 2 or 1 wide; ResNet-20's
 /// last stage is 8 wide).

@@ -11,10 +11,16 @@ pub(crate) mod conv;
 mod conv_amx;
 #[cfg(target_arch = "x86_64")]
 mod conv_amx_weight_gradient;
+#[cfg(target_arch = "x86_64")]
+mod conv_bf16_staging;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod conv_checks;
 #[cfg(target_arch = "x86_64")]
 mod conv_direct;
+#[cfg(target_arch = "x86_64")]
+mod conv_dpbf16;
+#[cfg(target_arch = "x86_64")]
+mod conv_dpbf16_weight_gradient;
 #[cfg(target_arch = "x86_64")]
 mod conv_staging;
 #[cfg(target_arch = "x86_64")]

@@ -182,6 +182,12 @@ impl Bf16Kernels {
     }
 }
 
+/// Whether this CPU has AVX-512F and AVX512_BF16.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_bf16_ready() -> bool {
+    x86::avx512_bf16_ready()
+}
+
 /// Whether this CPU has AMX with `bf16` and the OS lets this process use it.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn amx_ready() -> bool {
