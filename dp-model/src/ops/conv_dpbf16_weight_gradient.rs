@@ -1,49 +1,50 @@
 //! The weight gradient of a 3x3 convolution of stride 1 and padding 1 with `bf16` products on
 //! AVX512_BF16, summed directly from the image (as `conv_weight_gradient.rs` does in `f32`).
 //!
-//! `dW[o, c, tap]` sums `dy[o, p] x[c, p + tap]` over the pixels `p`, here two pixels of a row
-//! per `vdpbf16ps`: the output channels lie in the lanes, each lane the pair of a channel's
-//! gradients at two neighbouring pixels, and the input is staged with each pixel paired with
-//! its right neighbour (`conv_bf16_staging::stage_pairs`), so a tap's pair of input values is
-//! one broadcast word wherever the pair of pixels starts. As in `f32`, one vector of output
-//! gradients serves every tap of two input channels, the 18 sums stay in registers over the
-//! whole band, and two pairs of pixels go together so that their overlapping taps share each
-//! input word's load.
+//! `dW[o, c, tap]` sums `dy[o, p] x[c, p + tap]` over the pixels `p`, here two pixels per
+//! `vdpbf16ps`, one above the other: the output channels lie in the lanes, each lane the pair
+//! of a channel's gradients at a pixel and the pixel below, and the input is staged per
+//! channel with a zero border, each word a pixel's value and the one below it. So a tap's pair
+//! of input values is one broadcast word, and the kernel is `conv_weight_gradient`'s with
+//! pairs of rows for rows: one vector of output gradients serves every tap of two input
+//! channels, the 18 sums stay in registers over the whole band, and four pixels of a row go
+//! together so that their overlapping taps share each input word's load. (Pairing a pixel
+//! with its right neighbour instead, the pairs' taps overlapped half as much, and the kernel
+//! ran at half the rate of the forward one.)
 
 use std::arch::x86_64::*;
 
-use crate::ops::conv_bf16_staging::stage_pairs;
 use crate::ops::conv_staging::{Band, Shape, lanes};
 use crate::ops::register_transpose::transpose;
 
-/// Pairs of pixels of a row summed at a time (as `conv_weight_gradient`'s four pixels).
-const PAIRS: usize = 2;
+/// Pixels of a row summed at a time (pairs of rows), as in `conv_weight_gradient`.
+const PIXELS: usize = 4;
 
 /// Scratch values a band aims at: 512 KiB, so that the staged band stays in L2 while every
 /// block of channels reads it.
 const BAND_VALUES: usize = 128 * 1024;
 
 /// Scratch (`f32`) values a band of `images x rows` stages: the output gradient (a word of two
-/// `bf16` per pair of pixels and output channel) and the input pairs (a word per channel and
+/// `bf16` per pair of rows, pixel and output channel) and the input (a word per channel and
 /// staged pixel, borders included), each rounded up to whole cache lines.
 fn need(shape: Shape, images: usize, rows: usize) -> usize {
     let Shape { width, .. } = shape;
-    let gradient = images * rows * width / 2 * lanes(shape.out_channels);
-    let pairs = images * (rows + 2) * (width + 2) * lanes(shape.channels);
-    gradient.next_multiple_of(16) + pairs.next_multiple_of(16)
+    let gradient = images * rows / 2 * width * lanes(shape.out_channels);
+    let input = images * (rows + 2) * (width + 2) * shape.channels;
+    gradient.next_multiple_of(16) + input.next_multiple_of(16)
 }
 
-/// The least scratch [`weight_gradient`] runs in: one row of one image staged.
+/// The least scratch [`weight_gradient`] runs in: two rows of one image staged.
 pub(crate) fn least_scratch(shape: Shape) -> usize {
-    need(shape, 1, 1)
+    need(shape, 1, 2)
 }
 
 /// Whether the kernel takes this layer with `scratch` values to stage in: the CPU has
-/// AVX512_BF16, the rows split into pairs of pixels, and one row of one image fits.
+/// AVX512_BF16, the images split into pairs of rows, and two rows of one image fit.
 pub(crate) fn fits(shape: Shape, scratch: usize) -> bool {
     crate::ops::gemm::avx512_bf16_ready()
         && shape.width > 0
-        && shape.width.is_multiple_of(2)
+        && shape.height.is_multiple_of(2)
         && least_scratch(shape) <= scratch
 }
 
@@ -65,16 +66,14 @@ pub(crate) unsafe fn weight_gradient(
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the AVX512_BF16 weight gradient");
     shape.start_weight_gradient(x, dy, dw, accumulate);
     let budget = scratch.len().min(BAND_VALUES);
-    for band in Band::all(shape, budget, 1, |images, rows| need(shape, images, rows)) {
-        let pairs = band.images * band.rows * width / 2;
-        let (gradient, input) =
-            scratch.split_at_mut((pairs * lanes(out_channels)).next_multiple_of(16));
-        // SAFETY: the CPU has AVX-512F and AVX512_BF16 (`fits`); `bf16` values in `f32` slots
-        // have the same alignment or looser, twice the count.
+    for band in Band::all(shape, budget, 2, |images, rows| need(shape, images, rows)) {
+        let words = band.images * band.rows / 2 * width * lanes(out_channels);
+        let (gradient, input) = scratch.split_at_mut(words.next_multiple_of(16));
+        // SAFETY: the CPU has AVX-512F and AVX512_BF16 (`fits`); the band's rows are even
+        // (the image's are, and `Band::all` cuts them in steps of 2).
         unsafe {
             stage_gradient(shape, band, dy, gradient);
-            let input = std::slice::from_raw_parts_mut(input.as_mut_ptr().cast(), 2 * input.len());
-            stage_pairs(shape, band, x, input);
+            stage_row_pairs(shape, band, x, input);
         }
         let staged = Staged { shape, band, gradient, input };
         for o in (0..out_channels).step_by(16) {
@@ -94,45 +93,58 @@ pub(crate) unsafe fn weight_gradient(
     }
 }
 
-/// The band's output gradient with its channels last, a pair of pixels per word:
-/// `gradient[pair * lanes + o]` holds output channel `o`'s `bf16` gradients at pixels `2 pair`
-/// and `2 pair + 1` (low half first), pixels counted through the band's images and rows, zero
-/// past the last channel. 16 channels by 16 pixels at a time, transposed in registers.
+/// Two `f32` vectors rounded to `bf16` and paired lane by lane: `lo`'s in the low halves.
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn paired(lo: __m512, hi: __m512) -> __m512i {
+    let half = |v: __m512| {
+        // SAFETY: 16 `bf16` are 256 bits, reinterpreted.
+        _mm512_cvtepu16_epi32(unsafe {
+            std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v))
+        })
+    };
+    _mm512_or_si512(half(lo), _mm512_slli_epi32::<16>(half(hi)))
+}
+
+/// The band's output gradient with its channels last, rows in pairs: word
+/// `((n * rows / 2 + i) * width + j) * lanes + o` holds output channel `o`'s `bf16` gradients
+/// at row `2 i` and `2 i + 1` of the band's image `n`, column `j` (the upper in the low half),
+/// zero past the last channel. 16 channels by 16 pixels of each row at a time, transposed in
+/// registers.
 ///
 /// # Safety
-/// The CPU has AVX-512F and AVX512_BF16; the rows are an even number of pixels wide.
+/// The CPU has AVX-512F and AVX512_BF16; the band's rows are even.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn stage_gradient(shape: Shape, band: Band, dy: &[f32], gradient: &mut [f32]) {
     let Shape { out_channels, batch, height, width, .. } = shape;
-    let (run, stride) = (band.rows * width, lanes(out_channels));
-    assert!(width.is_multiple_of(2) && gradient.len() >= band.images * run / 2 * stride);
+    let stride = lanes(out_channels);
+    assert!(band.rows.is_multiple_of(2));
+    assert!(gradient.len() >= band.images * band.rows / 2 * width * stride);
+    assert!(((out_channels * batch - 1) * height + height) * width <= dy.len());
     for n in 0..band.images {
-        let first = (band.image + n) * height + band.row;
-        assert!(((out_channels - 1) * batch * height + first) * width + run <= dy.len());
-        for o in (0..out_channels).step_by(16) {
-            for q in (0..run).step_by(16) {
-                let count = (run - q).min(16);
-                let pixels = ((1u32 << count) - 1) as __mmask16;
-                // SAFETY: rows `o..` of the image's run below `out_channels` hold `count`
-                // pixels from `q` (asserted above; `count` is even), and the staged pairs lie
-                // inside `gradient`.
-                unsafe {
-                    let rows: [__m512; 16] = std::array::from_fn(|r| {
-                        let at = ((o + r) * batch * height + first) * width + q;
-                        let lanes = if o + r < out_channels { pixels } else { 0 };
-                        _mm512_maskz_loadu_ps(lanes, dy.as_ptr().wrapping_add(at))
-                    });
-                    let by_pixel = transpose(rows);
-                    for p in (0..count).step_by(2) {
-                        let half = |v: __m512| {
-                            _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(
-                                _mm512_cvtneps_pbh(v),
-                            ))
-                        };
-                        let (lo, hi) = (half(by_pixel[p]), half(by_pixel[p + 1]));
-                        let words = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
-                        let at = (n * run + q + p) / 2 * stride + o;
-                        _mm512_storeu_si512(gradient.as_mut_ptr().add(at).cast(), words);
+        for i in 0..band.rows / 2 {
+            let row = (band.image + n) * height + band.row + 2 * i;
+            for o in (0..out_channels).step_by(16) {
+                for q in (0..width).step_by(16) {
+                    let count = (width - q).min(16);
+                    let pixels = ((1u32 << count) - 1) as __mmask16;
+                    // The 16 channels' `count` pixels from `q` of row `row + e`, by pixel.
+                    let by_pixel = |e: usize| {
+                        transpose(std::array::from_fn(|r| {
+                            let at = ((o + r) * batch * height + row + e) * width + q;
+                            let lanes = if o + r < out_channels { pixels } else { 0 };
+                            // SAFETY: channel `o + r`'s row holds `count` values from `q`
+                            // (asserted above); other lanes read nothing.
+                            unsafe { _mm512_maskz_loadu_ps(lanes, dy.as_ptr().wrapping_add(at)) }
+                        }))
+                    };
+                    let (upper, lower) = (by_pixel(0), by_pixel(1));
+                    for p in 0..count {
+                        let at = ((n * band.rows / 2 + i) * width + q + p) * stride + o;
+                        // SAFETY: the staged word lies inside `gradient` (asserted).
+                        unsafe {
+                            let to = gradient.as_mut_ptr().add(at).cast();
+                            _mm512_storeu_si512(to, paired(upper[p], lower[p]));
+                        }
                     }
                 }
             }
@@ -140,7 +152,47 @@ unsafe fn stage_gradient(shape: Shape, band: Band, dy: &[f32], gradient: &mut [f
     }
 }
 
-/// One band, staged: the gradient pairs and the input pairs, a word each.
+/// The band's input per channel with a zero border, each staged pixel's word the pair of its
+/// value and the one below in `bf16` (the upper in the low half): word
+/// `((n * (rows + 2) + r) * channels + c) * (width + 2) + q` holds channel `c` of the band's
+/// image `n` at rows `row + r - 1` and `row + r`, column `q - 1`; zero outside the image.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn stage_row_pairs(shape: Shape, band: Band, x: &[f32], staged: &mut [f32]) {
+    let Shape { channels, batch, height, width, .. } = shape;
+    let padded = width + 2;
+    assert!(x.len() >= channels * batch * height * width);
+    let staged = &mut staged[..band.images * (band.rows + 2) * channels * padded];
+    for (k, line) in staged.chunks_exact_mut(padded).enumerate() {
+        let (n, r, c) =
+            (k / channels / (band.rows + 2), k / channels % (band.rows + 2), k % channels);
+        let plane = (c * batch + band.image + n) * height;
+        // Image rows `row + r - 1` and `row + r`, where inside the image.
+        let [upper, lower] = [r, r + 1].map(|r| {
+            (band.row + r)
+                .checked_sub(1)
+                .filter(|&row| row < height)
+                .map(|row| (plane + row) * width)
+        });
+        line[0] = 0.0;
+        line[width + 1] = 0.0;
+        for j in (0..width).step_by(16) {
+            let lanes = ((1u32 << (width - j).min(16)) - 1) as __mmask16;
+            let load = |row: Option<usize>| match row {
+                // SAFETY: the row holds `width` values (asserted); the mask reads only those.
+                Some(row) => unsafe { _mm512_maskz_loadu_ps(lanes, x.as_ptr().add(row + j)) },
+                None => _mm512_setzero_ps(),
+            };
+            let words = paired(load(upper), load(lower));
+            // SAFETY: the mask writes only the line's words `1 + j ..= width`.
+            unsafe { _mm512_mask_storeu_epi32(line.as_mut_ptr().add(1 + j).cast(), lanes, words) };
+        }
+    }
+}
+
+/// One band, staged: the gradient and the input in words of two rows.
 struct Staged<'a> {
     shape: Shape,
     band: Band,
@@ -159,32 +211,32 @@ impl Staged<'_> {
     unsafe fn block<const C: usize>(&self, o: usize, c: usize, dw: &mut [f32]) -> usize {
         let Shape { channels, out_channels, width, .. } = self.shape;
         let Band { images, rows, .. } = self.band;
-        let (padded, stride, in_lanes) = (width + 2, lanes(out_channels), lanes(channels));
+        let (padded, stride) = (width + 2, lanes(out_channels));
         assert!(o + 16 <= stride && c + C <= channels);
-        assert!(self.gradient.len() >= images * rows * width / 2 * stride);
-        assert!(self.input.len() >= images * (rows + 2) * padded * in_lanes);
+        assert!(self.gradient.len() >= images * rows / 2 * width * stride);
+        assert!(self.input.len() >= images * (rows + 2) * channels * padded);
         let mut sums = [[_mm512_setzero_ps(); 9]; C];
         let gradient = self.gradient.as_ptr().wrapping_add(o).cast::<i32>();
-        let input = self.input.as_ptr().wrapping_add(c).cast::<i32>();
+        let input = self.input.as_ptr().wrapping_add(c * padded).cast::<i32>();
         for n in 0..images {
-            for i in 0..rows {
+            for i in 0..rows / 2 {
                 let run = Run {
-                    line: input.wrapping_add((n * (rows + 2) + i) * padded * in_lanes),
-                    pairs: gradient.wrapping_add((n * rows + i) * width / 2 * stride),
+                    line: input.wrapping_add((n * (rows + 2) + 2 * i) * channels * padded),
+                    pixels: gradient.wrapping_add((n * rows / 2 + i) * width * stride),
                     stride,
-                    pixel: in_lanes,
+                    row: channels * padded,
                     padded,
                 };
-                let (mut q, pairs) = (0, width / 2);
-                // SAFETY: the pairs lie inside the row, the blocks inside the staged band.
+                let mut j = 0;
+                // SAFETY: the pixels lie inside the row, the blocks inside the staged band.
                 unsafe {
-                    while q + PAIRS <= pairs {
-                        run.pairs::<C, PAIRS>(q, &mut sums);
-                        q += PAIRS;
+                    while j + PIXELS <= width {
+                        run.pixels::<C, PIXELS>(j, &mut sums);
+                        j += PIXELS;
                     }
-                    while q < pairs {
-                        run.pairs::<C, 1>(q, &mut sums);
-                        q += 1;
+                    while j < width {
+                        run.pixels::<C, 1>(j, &mut sums);
+                        j += 1;
                     }
                 }
             }
@@ -203,51 +255,51 @@ impl Staged<'_> {
     }
 }
 
-/// One staged row of the band, from a block's first channels (pointers to words of two
-/// `bf16`).
+/// One staged pair of rows of the band, from a block's first channels (pointers to words of
+/// two `bf16`).
 struct Run {
-    /// The row above's staged pixels, at the block's first input channel.
+    /// The staged row above the pair's upper row, in the block's first input channel.
     line: *const i32,
-    /// The row's first pair of pixels' output gradients, at the block's first output channel.
-    pairs: *const i32,
-    /// How far apart the pairs' output gradients lie.
+    /// The pair's first pixel's output gradients, at the block's first output channel.
+    pixels: *const i32,
+    /// How far apart the pixels' output gradients lie.
     stride: usize,
-    /// How far apart the staged pixels lie.
-    pixel: usize,
+    /// How far apart the staged rows lie.
+    row: usize,
+    /// How far apart the input channels lie in a staged row.
     padded: usize,
 }
 
 impl Run {
-    /// Adds `P` pairs of pixels from pair `q` to the block's sums.
+    /// Adds `P` pixels (of both rows) from column `j` to the block's sums.
     ///
     /// # Safety
-    /// The CPU has AVX512_BF16; the pairs lie inside the row and the block's channels inside
+    /// The CPU has AVX512_BF16; the pixels lie inside the row and the block's channels inside
     /// the staged band.
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[inline]
-    unsafe fn pairs<const C: usize, const P: usize>(&self, q: usize, sums: &mut [[__m512; 9]; C]) {
+    unsafe fn pixels<const C: usize, const P: usize>(&self, j: usize, sums: &mut [[__m512; 9]; C]) {
         // SAFETY: as the caller promised.
         unsafe {
             let dy: [__m512bh; P] = std::array::from_fn(|p| {
-                pairs(_mm512_loadu_si512(self.pairs.add((q + p) * self.stride).cast()))
+                words(_mm512_loadu_si512(self.pixels.add((j + p) * self.stride).cast()))
             });
             for (k, sums) in sums.iter_mut().enumerate() {
                 for a in 0..3 {
-                    // Staged pixels `2q .. 2q + 2P + 1` of kernel row `a`, each word the
-                    // pixel's value and its right neighbour's: tap `b` of pair `p` reads the
-                    // word at `2p + b`.
-                    let taps = self.line.add(a * self.padded * self.pixel + 2 * q * self.pixel + k);
-                    let words: [__m512bh; 6] = std::array::from_fn(|e| {
-                        if e < 2 * P + 1 {
-                            pairs(_mm512_set1_epi32(*taps.add(e * self.pixel)))
+                    let taps = self.line.add(a * self.row + k * self.padded + j);
+                    // Columns `j .. j + P + 2`, each loaded once for the `3 P` products that
+                    // read it (an array of 8, as in `conv_weight_gradient`).
+                    let values: [__m512bh; 8] = std::array::from_fn(|b| {
+                        if b < P + 2 {
+                            words(_mm512_set1_epi32(*taps.add(b)))
                         } else {
-                            pairs(_mm512_setzero_si512())
+                            words(_mm512_setzero_si512())
                         }
                     });
                     for b in 0..3 {
                         for (p, &dy) in dy.iter().enumerate() {
                             let sum = &mut sums[a * 3 + b];
-                            *sum = _mm512_dpbf16_ps(*sum, words[2 * p + b], dy);
+                            *sum = _mm512_dpbf16_ps(*sum, values[b + p], dy);
                         }
                     }
                 }
@@ -259,7 +311,7 @@ impl Run {
 /// 32 `bf16` as the instruction takes them: the same bits.
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[inline]
-fn pairs(v: __m512i) -> __m512bh {
+fn words(v: __m512i) -> __m512bh {
     // SAFETY: 512 bits reinterpreted, none changed.
     unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
 }
@@ -269,9 +321,9 @@ mod tests {
     use super::*;
     use crate::ops::conv_checks::{bf16, check_weight_gradient};
 
-    /// Rows 32, 16, 8, 6 and 2 wide (pairs in twos and not); channels in whole vectors and
-    /// not, input channels in twos and not; bands of several images and of rows of one; with
-    /// and without adding.
+    /// Rows 32, 16, 8, 6, 7 and 2 wide (pixels in fours and not); channels in whole vectors
+    /// and not, input channels in twos and not; bands of several images and of pairs of rows
+    /// of one; with and without adding.
     #[test]
     fn blocks_sum_the_definition_of_the_rounded_operands() {
         if !crate::ops::gemm::avx512_bf16_ready() {
@@ -279,12 +331,14 @@ mod tests {
             return;
         }
         let cases = [
-            (16, 16, 2, 3, 32, None),
+            (16, 16, 2, 4, 32, None),
             (3, 20, 3, 4, 16, None),
-            (33, 7, 2, 3, 8, None),
+            (33, 7, 2, 2, 8, None),
             (5, 16, 1, 2, 6, None),
+            (4, 9, 2, 6, 7, None),
             (2, 3, 2, 8, 2, None),
-            (16, 32, 2, 5, 16, Some(2)),
+            (16, 32, 2, 6, 16, Some(2)),
+            (3, 16, 1, 10, 8, Some(4)),
         ]
         .map(|(channels, out_channels, batch, height, width, rows)| {
             let shape = Shape { channels, out_channels, batch, height, width };
@@ -295,7 +349,7 @@ mod tests {
         }
         // SAFETY: AVX512_BF16 was detected; each shape fits its scratch.
         unsafe { check_weight_gradient(&cases, weight_gradient, bf16) };
-        let odd = Shape { channels: 2, out_channels: 3, batch: 1, height: 4, width: 7 };
-        assert!(!fits(odd, 1 << 20), "rows of 7 split into no pairs");
+        let odd = Shape { channels: 2, out_channels: 3, batch: 1, height: 5, width: 8 };
+        assert!(!fits(odd, 1 << 20), "5 rows split into no pairs");
     }
 }
