@@ -589,14 +589,21 @@ mod tests {
 
     /// Convolutions whose unfolded input takes several chunks, one ending inside an image,
     /// with padding and strides, computed as the definition says: in `f32` (on AVX-512 rows
-    /// where the CPU has them) and in `f64` (portable rows).
+    /// where the CPU has them) and in `f64` (portable rows); and with `bf16` products where
+    /// the CPU has them, through whichever kernels this CPU picks (direct or unfolded), to
+    /// `bf16`'s rounding of the operands.
     #[test]
     fn chunked_convolutions_compute_the_definition() {
-        agrees_with_the_definition::<f32>(1e-5);
-        agrees_with_the_definition::<f64>(1e-12);
+        agrees_with_the_definition::<f32>(Precision::F32, 1e-5);
+        agrees_with_the_definition::<f64>(Precision::F32, 1e-12);
+        if Precision::Bf16.available() {
+            agrees_with_the_definition::<f32>(Precision::Bf16, 1e-2);
+        } else {
+            eprintln!("bf16 products: skipped, this CPU has neither AMX-BF16 nor AVX512_BF16");
+        }
     }
 
-    fn agrees_with_the_definition<T: Float>(tolerance: f64) {
+    fn agrees_with_the_definition<T: Float>(precision: Precision, tolerance: f64) {
         let pool = Pool::new(&Tracker::new());
         for (channels, size, out_channels, kernel, stride, padding, batch) in [
             (16, 32, 8, 3, 1, 1, 3),
@@ -627,7 +634,7 @@ mod tests {
             let x = fill(channels * batch * size * size, 2);
             let dy = fill(out_channels * batch * out * out, 3);
             let lens = ScratchLens { cols: c.scratch_len(batch), norm: 0, attention: 0 };
-            let mut work = Workspace::<T>::new(&pool, lens, Precision::F32).expect("workspace");
+            let mut work = Workspace::<T>::new(&pool, lens, precision).expect("workspace");
             let mut y = vec![T::zero(); dy.len()];
             c.forward(batch, &params, &x, &mut y, &mut work.cols, &mut work.gemm);
             let mut grads = vec![T::zero(); c.param_len()];
@@ -658,7 +665,8 @@ mod tests {
                 let scale = want.iter().map(|w| w.abs()).fold(1.0, f64::max);
                 assert!(
                     worst <= tolerance * scale,
-                    "{channels}x{size}x{size} -> {out_channels}, k {kernel} s {stride} p {padding}, batch {batch} in {chunks} chunks: {name} off by {worst}"
+                    "{} {channels}x{size}x{size} -> {out_channels}, k {kernel} s {stride} p {padding}, batch {batch} in {chunks} chunks: {name} off by {worst}",
+                    precision.name()
                 );
             }
             if size == 32 || size == 20 {

@@ -1,9 +1,9 @@
-//! What the direct `bf16` kernels (`conv_amx.rs` on AMX, `conv_dpbf16.rs` on AVX512_BF16)
-//! stage before they run: a band of images channels last in `bf16` with a zero border, so
-//! that the three taps of a kernel row read `3 x channels` consecutive values per pixel; the
-//! kernels in words of two along `k`, each word row the output channels (the layout both
-//! `tdpbf16ps` and `vdpbf16ps` read); and, for the weight gradients, the input with each
-//! pixel paired with its right neighbour.
+//! What the direct `bf16` kernels stage before they run: the kernels in words of two along
+//! `k`, each word row the output channels (the layout both `tdpbf16ps` and `vdpbf16ps` read;
+//! `conv_amx.rs` on AMX and `conv_dpbf16.rs` on AVX512_BF16 share it); and, for the AMX
+//! kernels, a band of images channels last in `bf16` with a zero border, so that the three
+//! taps of a kernel row read `3 x channels` consecutive values per pixel, or, for the weight
+//! gradient, with each pixel paired with its right neighbour.
 
 use std::arch::x86_64::*;
 
