@@ -72,7 +72,7 @@ pub(crate) unsafe fn correlate(
 ) {
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the direct kernels");
     shape.check_correlation(w, bias, x, y);
-    let Shape { out_channels, width, .. } = shape;
+    let width = shape.width;
     let (staged_weights, input) = scratch.split_at_mut(weights(shape));
     conv_staging::stage_weights(shape, w, kernels, staged_weights);
     let rows = tile_rows(width);
@@ -81,25 +81,49 @@ pub(crate) unsafe fn correlate(
         // SAFETY: the CPU has AVX-512F.
         unsafe { conv_staging::stage_input(shape, band, x, input) };
         let staged = Staged { shape, band, weights: staged_weights, input, bias };
-        let mut store = Store { shape, band, y, accumulate };
-        for o in (0..out_channels).step_by(16) {
-            for n in 0..band.images {
-                for i in (0..band.rows).step_by(rows) {
-                    for j in (0..width).step_by(16.min(width)) {
-                        let at = Pixels { n, i, j };
-                        // SAFETY: the CPU has AVX-512F; the tile lies inside the band.
-                        let tile = unsafe {
-                            match width {
-                                8 => staged.tile::<2, 8>(o, at),
-                                4 => staged.tile::<4, 4>(o, at),
-                                2 => staged.tile::<8, 2>(o, at),
-                                1 => staged.tile::<16, 1>(o, at),
-                                _ => staged.tile::<1, 16>(o, at),
-                            }
-                        };
-                        // SAFETY: as above.
-                        unsafe { store.tile(o, at, tile) };
-                    }
+        // SAFETY: the CPU has AVX-512F; the band is staged.
+        unsafe { tile_band(&staged, &mut Store { shape, band, y, accumulate }) };
+    }
+}
+
+/// A staged band's register tiles: 16 output channels at 16 pixels, inside a row (`R` 1,
+/// `P` 16) or over whole rows (`R x P` 16).
+pub(crate) trait Tiles {
+    /// The sums of 16 output channels from `o` at the `R x P` pixels from `at`, pixel by
+    /// pixel (a vector of channels each).
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; `R x P` is 16, and the pixels lie inside the band.
+    unsafe fn tile<const R: usize, const P: usize>(&self, o: usize, at: Pixels) -> [__m512; 16];
+}
+
+/// Every tile of the band `store` writes, from `staged`: each 16 output channels, over the
+/// band's images, rows and columns, 16 pixels at a time.
+///
+/// # Safety
+/// The CPU has AVX-512F and the features of `staged`'s kernel; `staged` holds the band
+/// `store` writes.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tile_band(staged: &impl Tiles, store: &mut Store<'_>) {
+    let Shape { out_channels, width, .. } = store.shape;
+    let band = store.band;
+    for o in (0..out_channels).step_by(16) {
+        for n in 0..band.images {
+            for i in (0..band.rows).step_by(tile_rows(width)) {
+                for j in (0..width).step_by(16.min(width)) {
+                    let at = Pixels { n, i, j };
+                    // SAFETY: as the caller promised; the tile lies inside the band.
+                    let tile = unsafe {
+                        match width {
+                            8 => staged.tile::<2, 8>(o, at),
+                            4 => staged.tile::<4, 4>(o, at),
+                            2 => staged.tile::<8, 2>(o, at),
+                            1 => staged.tile::<16, 1>(o, at),
+                            _ => staged.tile::<1, 16>(o, at),
+                        }
+                    };
+                    // SAFETY: as above.
+                    unsafe { store.tile(o, at, tile) };
                 }
             }
         }
@@ -123,12 +147,7 @@ struct Staged<'a> {
     bias: Option<&'a [f32]>,
 }
 
-impl Staged<'_> {
-    /// The sums of 16 output channels from `o` at the `R x P` pixels from `at`, pixel by
-    /// pixel (a vector of channels each).
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; `R x P` is 16, and the pixels lie inside the band.
+impl Tiles for Staged<'_> {
     #[target_feature(enable = "avx512f")]
     // Compiled on its own: inlined into the loops that call it, LLVM spilled the sums, and
     // the kernel ran 10-25% slower.

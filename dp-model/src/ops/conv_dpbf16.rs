@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::ops::conv_bf16_staging::{Layout, stage_weights};
-use crate::ops::conv_direct::{Pixels, Store, unrolled};
+use crate::ops::conv_direct::{Pixels, Store, Tiles, tile_band, unrolled};
 use crate::ops::conv_staging::{self, Band, Kernels, Shape, tile_rows};
 
 /// Scratch values (`f32`, two `bf16` each) a band aims at: 512 KiB, so that the staged band
@@ -59,7 +59,7 @@ pub(crate) unsafe fn correlate(
 ) {
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the AVX512_BF16 kernels");
     shape.check_correlation(w, bias, x, y);
-    let Shape { out_channels, width, .. } = shape;
+    let width = shape.width;
     let layout = Layout::paired(shape);
     let (weights, input) = scratch.split_at_mut(Layout::scratch(layout.weight_values()));
     // SAFETY: `bf16` values in `f32` slots: same alignment or looser, twice the count.
@@ -74,28 +74,8 @@ pub(crate) unsafe fn correlate(
         // SAFETY: the CPU has AVX-512F and AVX512_BF16 (`fits`).
         unsafe { stage_channel_pairs(layout, band, x, input) };
         let staged = Staged { layout, band, weights: &*weights, input: &*input, bias };
-        let mut store = Store { shape, band, y, accumulate };
-        for o in (0..out_channels).step_by(16) {
-            for n in 0..band.images {
-                for i in (0..band.rows).step_by(rows) {
-                    for j in (0..width).step_by(16.min(width)) {
-                        let at = Pixels { n, i, j };
-                        // SAFETY: the CPU has AVX512_BF16; the tile lies inside the band.
-                        let tile = unsafe {
-                            match width {
-                                8 => staged.tile::<2, 8>(o, at),
-                                4 => staged.tile::<4, 4>(o, at),
-                                2 => staged.tile::<8, 2>(o, at),
-                                1 => staged.tile::<16, 1>(o, at),
-                                _ => staged.tile::<1, 16>(o, at),
-                            }
-                        };
-                        // SAFETY: as above.
-                        unsafe { store.tile(o, at, tile) };
-                    }
-                }
-            }
-        }
+        // SAFETY: the CPU has AVX-512F and AVX512_BF16 (`fits`); the band is staged.
+        unsafe { tile_band(&staged, &mut Store { shape, band, y, accumulate }) };
     }
 }
 
@@ -108,12 +88,7 @@ struct Staged<'a> {
     bias: Option<&'a [f32]>,
 }
 
-impl Staged<'_> {
-    /// The sums of 16 output channels from `o` at the `R x P` pixels from `at`, pixel by
-    /// pixel (a vector of channels each).
-    ///
-    /// # Safety
-    /// The CPU has AVX512_BF16; `R x P` is 16, and the pixels lie inside the band.
+impl Tiles for Staged<'_> {
     #[target_feature(enable = "avx512f,avx512bf16")]
     // Compiled on its own, as `conv_direct`'s tile is: inlined, LLVM spilled the sums.
     #[inline(never)]
