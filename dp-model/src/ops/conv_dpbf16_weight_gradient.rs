@@ -15,6 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::ops::conv_staging::{Band, Shape, lanes};
+use crate::ops::conv_weight_gradient::add_block;
 use crate::ops::register_transpose::transpose;
 
 /// Pixels of a row summed at a time (pairs of rows), as in `conv_weight_gradient`.
@@ -241,16 +242,7 @@ impl Staged<'_> {
                 }
             }
         }
-        for (k, sums) in sums.iter().enumerate() {
-            for (t, &sum) in sums.iter().enumerate() {
-                let mut values = [0f32; 16];
-                // SAFETY: `values` holds 16.
-                unsafe { _mm512_storeu_ps(values.as_mut_ptr(), sum) };
-                for (l, value) in values.into_iter().enumerate().take(out_channels - o) {
-                    dw[((o + l) * channels + c + k) * 9 + t] += value;
-                }
-            }
-        }
+        add_block(self.shape, (o, c), &sums, dw);
         C
     }
 }

@@ -175,17 +175,30 @@ impl Staged<'_> {
                 }
             }
         }
-        for (k, sums) in sums.iter().enumerate() {
-            for (t, &sum) in sums.iter().enumerate() {
-                let mut values = [0f32; 16];
-                // SAFETY: `values` holds 16.
-                unsafe { _mm512_storeu_ps(values.as_mut_ptr(), sum) };
-                for (l, value) in values.into_iter().enumerate().take(out_channels - o) {
-                    dw[((o + l) * channels + c + k) * 9 + t] += value;
-                }
+        add_block(self.shape, (o, c), &sums, dw);
+        C
+    }
+}
+
+/// Adds a block's sums to `dw`: per input channel `c + k` and tap `t`, the 16 output channels
+/// from `o` (those below the shape's).
+#[target_feature(enable = "avx512f")]
+pub(crate) fn add_block<const C: usize>(
+    shape: Shape,
+    (o, c): (usize, usize),
+    sums: &[[__m512; 9]; C],
+    dw: &mut [f32],
+) {
+    let Shape { channels, out_channels, .. } = shape;
+    for (k, sums) in sums.iter().enumerate() {
+        for (t, &sum) in sums.iter().enumerate() {
+            let mut values = [0f32; 16];
+            // SAFETY: `values` holds 16.
+            unsafe { _mm512_storeu_ps(values.as_mut_ptr(), sum) };
+            for (l, value) in values.into_iter().enumerate().take(out_channels - o) {
+                dw[((o + l) * channels + c + k) * 9 + t] += value;
             }
         }
-        C
     }
 }
 
