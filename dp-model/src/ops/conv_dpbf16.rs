@@ -160,8 +160,13 @@ unsafe fn stage_channel_pairs(layout: Layout, band: Band, x: &[f32], staged: &mu
     let (padded, pairs) = (width + 2, layout.channels / 2);
     assert!(x.len() >= channels * batch * height * width);
     let staged = &mut staged[..band.images * (band.rows + 2) * pairs * padded];
-    for (k, line) in staged.chunks_exact_mut(padded).enumerate() {
-        let (n, r, c) = (k / pairs / (band.rows + 2), k / pairs % (band.rows + 2), k % pairs);
+    // Channel by channel, so that the reads run down each plane (an image's channels lie a
+    // batch of planes apart, on the same cache sets).
+    for (c, line_of) in
+        (0..pairs).flat_map(|c| (0..band.images * (band.rows + 2)).map(move |k| (c, k)))
+    {
+        let (n, r) = (line_of / (band.rows + 2), line_of % (band.rows + 2));
+        let line = &mut staged[(line_of * pairs + c) * padded..][..padded];
         let Some(row) = (band.row + r).checked_sub(1).filter(|&row| row < height) else {
             line.fill(0.0);
             continue;

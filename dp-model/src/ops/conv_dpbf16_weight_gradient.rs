@@ -166,9 +166,12 @@ unsafe fn stage_row_pairs(shape: Shape, band: Band, x: &[f32], staged: &mut [f32
     let padded = width + 2;
     assert!(x.len() >= channels * batch * height * width);
     let staged = &mut staged[..band.images * (band.rows + 2) * channels * padded];
-    for (k, line) in staged.chunks_exact_mut(padded).enumerate() {
-        let (n, r, c) =
-            (k / channels / (band.rows + 2), k / channels % (band.rows + 2), k % channels);
+    // Channel by channel, so that the reads run down each plane (as in `conv_dpbf16`).
+    for (c, line_of) in
+        (0..channels).flat_map(|c| (0..band.images * (band.rows + 2)).map(move |k| (c, k)))
+    {
+        let (n, r) = (line_of / (band.rows + 2), line_of % (band.rows + 2));
+        let line = &mut staged[(line_of * channels + c) * padded..][..padded];
         let plane = (c * batch + band.image + n) * height;
         // Image rows `row + r - 1` and `row + r`, where inside the image.
         let [upper, lower] = [r, r + 1].map(|r| {
