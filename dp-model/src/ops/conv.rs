@@ -476,8 +476,8 @@ struct Operands<'a> {
 }
 
 /// Runs the correlation `shape` in the direct kernel of the products' `precision` (`f32` on
-/// AVX-512, `bf16` on AMX or AVX512_BF16), where one takes it and the scratch holds what it stages; says
-/// whether one ran. The caller checked AVX-512F ([`Conv2d::direct`]).
+/// AVX-512, `bf16` on AMX or AVX512_BF16), where one takes it and the scratch holds what it
+/// stages; says whether one ran. The caller checked AVX-512F ([`Conv2d::direct`]).
 #[cfg(target_arch = "x86_64")]
 fn correlate_directly(
     shape: conv_staging::Shape,
