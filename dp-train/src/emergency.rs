@@ -8,11 +8,11 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use dp_model::{CheckpointWriter, Model, Optimizer, ShardFile, save_optimizer_shard};
+use dp_model::{CheckpointWriter, Model, Optimizer, save_optimizer_shard};
 
 use crate::plan::{ResumeState, RunPlan};
 use crate::record::Events;
-use crate::run_dir::{CHECKPOINT, optimizer_shard};
+use crate::run_dir::{CHECKPOINT, optimizer_shard, shard_files};
 use crate::zero::zero_shard;
 
 /// What a failed replica saves from.
@@ -50,12 +50,8 @@ impl Emergency<'_> {
         if rank != 0 || !votes.board.all_saved(step, replicas, timeout) {
             return;
         }
-        let shards = (0..replicas)
-            .map(|r| {
-                let range = zero_shard(len, replicas, r, self.plan.config.piece_align());
-                ShardFile { name: optimizer_shard(step, r), start: range.start, end: range.end }
-            })
-            .collect();
+        let align = self.plan.config.piece_align();
+        let shards = shard_files(step, (0..replicas).map(|r| zero_shard(len, replicas, r, align)));
         self.save(|writer| writer.with_optimizer_shards(self.optimizer, shards));
     }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use dp_data::TokenInfo;
-use dp_model::ModelSpec;
+use dp_model::{ModelSpec, ShardFile};
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
@@ -70,6 +70,22 @@ fn kept_checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 /// whole.
 pub(crate) fn optimizer_shard(step: u64, rank: usize) -> String {
     format!("optimizer-{step:010}-{rank:05}.ckpt")
+}
+
+/// The shard files the checkpoint of `step` names: replica `r`'s range of the optimizer
+/// state, the `r`th of `ranges`, in the file [`optimizer_shard`] names.
+pub(crate) fn shard_files(
+    step: u64,
+    ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+) -> Vec<ShardFile> {
+    let named = ranges.into_iter().enumerate();
+    named
+        .map(|(r, range)| ShardFile {
+            name: optimizer_shard(step, r),
+            start: range.start,
+            end: range.end,
+        })
+        .collect()
 }
 
 /// Removes the optimizer shards no checkpoint names: those of steps before `latest` (the

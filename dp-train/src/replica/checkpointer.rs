@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::plan::{ResumeState, RunPlan};
 use crate::record::{Event, Events};
 use crate::run_dir::{
-    CHECKPOINT, METRICS, keep_checkpoints, optimizer_shard, remove_unnamed_shards,
+    CHECKPOINT, METRICS, keep_checkpoints, optimizer_shard, remove_unnamed_shards, shard_files,
 };
 use crate::zero::zero_shard;
 
@@ -184,13 +184,7 @@ impl Checkpointer {
 
     /// The optimizer shard files checkpoint `step` names (none: it holds the state itself).
     fn shard_files(&self, step: u64) -> Option<Vec<ShardFile>> {
-        let shards = self.shards.as_ref()?;
-        let files = shards.iter().enumerate().map(|(r, range)| ShardFile {
-            name: optimizer_shard(step, r),
-            start: range.start,
-            end: range.end,
-        });
-        Some(files.collect())
+        Some(shard_files(step, self.shards.as_ref()?.iter().cloned()))
     }
 
     /// Whether this replica's part of a save in flight is written (or none is in flight):
