@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::ops::conv_staging::{Band, Shape, lanes};
-use crate::ops::conv_weight_gradient::add_block;
+use crate::ops::conv_weight_gradient::{Blocks, add_block, weigh_band};
 use crate::ops::register_transpose::transpose;
 
 /// Pixels of a row summed at a time (pairs of rows), as in `conv_weight_gradient`.
@@ -63,7 +63,7 @@ pub(crate) unsafe fn weight_gradient(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    let Shape { channels, out_channels, width, .. } = shape;
+    let Shape { out_channels, width, .. } = shape;
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the AVX512_BF16 weight gradient");
     shape.start_weight_gradient(x, dy, dw, accumulate);
     let budget = scratch.len().min(BAND_VALUES);
@@ -77,20 +77,8 @@ pub(crate) unsafe fn weight_gradient(
             stage_row_pairs(shape, band, x, input);
         }
         let staged = Staged { shape, band, gradient, input };
-        for o in (0..out_channels).step_by(16) {
-            let mut c = 0;
-            while c < channels {
-                // SAFETY: the CPU has AVX512_BF16; the blocks lie inside the staged band and
-                // `dw`.
-                c += unsafe {
-                    if channels - c >= 2 {
-                        staged.block::<2>(o, c, dw)
-                    } else {
-                        staged.block::<1>(o, c, dw)
-                    }
-                };
-            }
-        }
+        // SAFETY: the CPU has AVX-512F and AVX512_BF16 (`fits`); the band is staged.
+        unsafe { weigh_band(shape, &staged, dw) };
     }
 }
 
@@ -204,13 +192,7 @@ struct Staged<'a> {
     input: &'a [f32],
 }
 
-impl Staged<'_> {
-    /// Adds to `dw` the gradient of 16 output channels from `o` and `C` input channels from
-    /// `c`, summed over the band; returns `C`.
-    ///
-    /// # Safety
-    /// The CPU has AVX512_BF16; `o` is below the output channels, `c + C` at most the input
-    /// channels.
+impl Blocks for Staged<'_> {
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn block<const C: usize>(&self, o: usize, c: usize, dw: &mut [f32]) -> usize {
         let Shape { channels, out_channels, width, .. } = self.shape;

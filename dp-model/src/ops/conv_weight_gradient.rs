@@ -58,7 +58,7 @@ pub(crate) unsafe fn weight_gradient(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    let Shape { channels, out_channels, width, .. } = shape;
+    let Shape { out_channels, width, .. } = shape;
     assert!(fits(shape, scratch.len()), "{shape:?} does not fit the direct weight gradient");
     shape.start_weight_gradient(x, dy, dw, accumulate);
     let budget = scratch.len().min(BAND_VALUES);
@@ -70,19 +70,8 @@ pub(crate) unsafe fn weight_gradient(
         // SAFETY: the CPU has AVX-512F.
         unsafe { conv_staging::stage_input(shape, band, x, input) };
         let staged = Staged { shape, band, gradient, input };
-        for o in (0..out_channels).step_by(16) {
-            let mut c = 0;
-            while c < channels {
-                // SAFETY: the CPU has AVX-512F; the blocks lie inside the staged band and `dw`.
-                c += unsafe {
-                    if channels - c >= 2 {
-                        staged.block::<2>(o, c, dw)
-                    } else {
-                        staged.block::<1>(o, c, dw)
-                    }
-                };
-            }
-        }
+        // SAFETY: the CPU has AVX-512F; the band is staged.
+        unsafe { weigh_band(shape, &staged, dw) };
     }
 }
 
@@ -124,6 +113,38 @@ unsafe fn stage_gradient(shape: Shape, band: Band, dy: &[f32], gradient: &mut [f
     }
 }
 
+/// A staged band's blocks of the weight gradient: 16 output channels by `C` input channels.
+pub(crate) trait Blocks {
+    /// Adds to `dw` the gradient of 16 output channels from `o` and `C` input channels from
+    /// `c`, summed over the band; returns `C`.
+    ///
+    /// # Safety
+    /// The CPU has the kernel's features; `o` is below the output channels, `c + C` at most
+    /// the input channels.
+    unsafe fn block<const C: usize>(&self, o: usize, c: usize, dw: &mut [f32]) -> usize;
+}
+
+/// Every block of the band `staged` holds into `dw`: each 16 output channels, two input
+/// channels at a time (one for an odd last).
+///
+/// # Safety
+/// The CPU has the features of `staged`'s kernel; `dw` holds the shape's weights.
+pub(crate) unsafe fn weigh_band(shape: Shape, staged: &impl Blocks, dw: &mut [f32]) {
+    for o in (0..shape.out_channels).step_by(16) {
+        let mut c = 0;
+        while c < shape.channels {
+            // SAFETY: as the caller promised; the blocks lie inside the staged band and `dw`.
+            c += unsafe {
+                if shape.channels - c >= 2 {
+                    staged.block::<2>(o, c, dw)
+                } else {
+                    staged.block::<1>(o, c, dw)
+                }
+            };
+        }
+    }
+}
+
 /// One band, staged.
 struct Staged<'a> {
     shape: Shape,
@@ -132,13 +153,7 @@ struct Staged<'a> {
     input: &'a [f32],
 }
 
-impl Staged<'_> {
-    /// Adds to `dw` the gradient of 16 output channels from `o` and `C` input channels from
-    /// `c`, summed over the band; returns `C`.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; `o` is below the output channels, `c + C` at most the input
-    /// channels.
+impl Blocks for Staged<'_> {
     #[target_feature(enable = "avx512f")]
     unsafe fn block<const C: usize>(&self, o: usize, c: usize, dw: &mut [f32]) -> usize {
         let Shape { channels, out_channels, width, .. } = self.shape;
